@@ -1,0 +1,74 @@
+package numerics
+
+import "math"
+
+// BF16FromF32 rounds f to bfloat16, nearest with ties to even. A NaN stays a
+// NaN with its sign and is made quiet; ±Inf stays ±Inf; finite values that
+// round past the largest bf16 become ±Inf, as IEEE rounding says.
+func BF16FromF32(f float32) uint16 {
+	u := math.Float32bits(f)
+	if u&0x7FFFFFFF > 0x7F800000 {
+		return uint16(u>>16) | 0x0040
+	}
+	u += 0x7FFF + (u >> 16 & 1)
+	return uint16(u >> 16)
+}
+
+// F32FromBF16 widens a bf16 exactly.
+func F32FromBF16(b uint16) float32 { return math.Float32frombits(uint32(b) << 16) }
+
+// RoundBF16 returns f rounded to bf16 and widened back to float32.
+func RoundBF16(f float32) float32 { return F32FromBF16(BF16FromF32(f)) }
+
+// E4M3NaN is the byte a NaN input becomes.
+const E4M3NaN = 0x7F
+
+// E4M3FromF32 converts like the hardware cvt.rn.satfinite.e4m3x2.f32:
+// round to nearest even; finite values beyond ±448 and ±Inf saturate to
+// ±448 (0x7E / 0xFE); any NaN becomes 0x7F.
+func E4M3FromF32(f float32) uint8 {
+	u := math.Float32bits(f)
+	sign := uint8(u >> 24 & 0x80)
+	a := u & 0x7FFFFFFF
+	if a > 0x7F800000 {
+		return E4M3NaN
+	}
+	var mag uint32
+	const minNormal = 0x3C800000 // 2^-6, the smallest normal e4m3
+	if a >= minNormal {
+		// Keep 3 mantissa bits and round the 20 dropped bits to even.
+		keep := a >> 20
+		rem := a & 0xFFFFF
+		if rem > 0x80000 || (rem == 0x80000 && keep&1 == 1) {
+			keep++
+		}
+		// Rebias the exponent from 127 to 7: subtract 120 from the 8-bit field.
+		mag = keep - 120<<3
+		if mag > 0x7E {
+			mag = 0x7E
+		}
+	} else {
+		// Subnormal e4m3: multiples of 2^-9. Scaling by 2^9 is exact.
+		v := math.Float32frombits(a) * 512
+		mag = uint32(math.RoundToEven(float64(v))) // 0..8; 8 is the smallest normal's encoding
+	}
+	return sign | uint8(mag)
+}
+
+// F32FromE4M3 decodes an e4m3 byte (0x7F and 0xFF are NaN).
+func F32FromE4M3(b uint8) float32 {
+	sign := float32(1)
+	if b&0x80 != 0 {
+		sign = -1
+	}
+	m := b & 0x7F
+	if m == 0x7F {
+		return float32(math.NaN())
+	}
+	exp := int(m >> 3)
+	man := float32(m & 7)
+	if exp == 0 {
+		return sign * man * Pow2(-9)
+	}
+	return sign * (1 + man/8) * Pow2(exp-7)
+}

@@ -1,0 +1,161 @@
+package numerics
+
+import "math"
+
+// Dimensions of one DSv4 MLA row.
+const (
+	HeadDim   = 512 // values per latent or per-head Q row
+	NopeDim   = 448 // leading values without position encoding
+	RopeDim   = 64  // trailing values rotated by RoPE
+	RopePairs = RopeDim / 2
+	GroupSize = 64 // nope values sharing one UE8M0 exponent
+	NumGroups = NopeDim / GroupSize
+
+	// Partials and PartialLen describe the canonical reduction: 32 partial
+	// sums (one per warp lane) of 16 consecutive squares each.
+	Partials   = 32
+	PartialLen = HeadDim / Partials
+)
+
+// Eps is rms_norm_eps for both RMSNorms.
+const Eps float32 = 1e-6
+
+// E4M3Max is the largest finite e4m3 value.
+const E4M3Max float32 = 448
+
+// UE8M0Floor keeps an all-zero group from producing a zero scale.
+const UE8M0Floor float32 = 1e-4
+
+// SumSquares returns S for a 512-value row in the canonical order: lane j
+// sums fl(x_i*x_i) for i in [16j, 16j+16) ascending, then a butterfly over
+// d = 16, 8, 4, 2, 1 adds p_j and p_{j xor d} for all j at once, as a warp
+// shuffle does. Every lane ends with the same value.
+func SumSquares(x []float32) float32 {
+	_ = x[HeadDim-1]
+	var p [Partials]float32
+	for j := 0; j < Partials; j++ {
+		var s float32
+		for _, v := range x[j*PartialLen : (j+1)*PartialLen] {
+			sq := float32(v * v)
+			s = float32(s + sq)
+		}
+		p[j] = s
+	}
+	for d := Partials / 2; d >= 1; d /= 2 {
+		var n [Partials]float32
+		for j := range p {
+			n[j] = float32(p[j] + p[j^d])
+		}
+		p = n
+	}
+	return p[0]
+}
+
+// RMSInv returns r = fl(1 / fl(sqrt(fl(fl(S/512) + eps)))).
+func RMSInv(sumSq float32) float32 {
+	mean := float32(sumSq / HeadDim)
+	v := float32(mean + Eps)
+	root := float32(math.Sqrt(float64(v))) // sqrt of a float32 in float64, rounded once: the IEEE float32 sqrt
+	return float32(1 / root)
+}
+
+// Rope rotates one GPT-J pair (y0, y1) by (c, s) and returns both results
+// rounded to bf16 and widened back:
+// y0' = bf16(fl(fl(y0*c) - fl(y1*s))), y1' = bf16(fl(fl(y0*s) + fl(y1*c))).
+func Rope(y0, y1, c, s float32) (float32, float32) {
+	a := float32(y0 * c)
+	b := float32(y1 * s)
+	r0 := float32(a - b)
+	d := float32(y0 * s)
+	e := float32(y1 * c)
+	r1 := float32(d + e)
+	return RoundBF16(r0), RoundBF16(r1)
+}
+
+// GroupAbsMax returns max |y| over y, ignoring NaN (as fmaxf does). An
+// all-NaN or empty group gives 0.
+func GroupAbsMax(y []float32) float32 {
+	var a float32
+	for _, v := range y {
+		av := float32(math.Abs(float64(v)))
+		if av > a { // false for NaN
+			a = av
+		}
+	}
+	return a
+}
+
+// UE8M0 returns the stored exponent byte and the exact inverse scale for a
+// group whose absolute maximum (NaN already ignored) is amax:
+// a = max(amax, 1e-4); t = fl(a/448); e = biased exponent of t, plus one
+// when t has a non-zero mantissa; e is clamped to 254; inv = 2^(127-e).
+func UE8M0(amax float32) (exp uint8, inv float32) {
+	a := amax
+	if !(a >= UE8M0Floor) { // also catches NaN, though callers pass none
+		a = UE8M0Floor
+	}
+	t := float32(a / E4M3Max)
+	bits := math.Float32bits(t)
+	e := bits >> 23 & 0xFF
+	if bits&0x7FFFFF != 0 {
+		e++
+	}
+	if e > 254 {
+		e = 254
+	}
+	return uint8(e), Pow2(127 - int(e))
+}
+
+// UE8M0Scale returns 2^(e-127), the dequantization factor of exponent byte e.
+func UE8M0Scale(e uint8) float32 { return Pow2(int(e) - 127) }
+
+// Pow2 returns 2^k exactly for k in [-149, 127], including subnormals.
+func Pow2(k int) float32 {
+	switch {
+	case k > 127:
+		return float32(math.Inf(1))
+	case k >= -126:
+		return math.Float32frombits(uint32(k+127) << 23)
+	case k >= -149:
+		return math.Float32frombits(1 << uint(k+149))
+	default:
+		return 0
+	}
+}
+
+// SchedulerParams are the dequantization and scaling inputs of the FMHA
+// scheduler scalars (DESIGN.md section 5).
+type SchedulerParams struct {
+	QDeq, KVDeq, QScaling, OScale float32
+}
+
+// DefaultSchedulerParams is all ones: unscaled bf16 or scale-1 FP8.
+func DefaultSchedulerParams() SchedulerParams {
+	return SchedulerParams{QDeq: 1, KVDeq: 1, QScaling: 1, OScale: 1}
+}
+
+// SchedulerScalars are what the FMHA kernel reads before each layer.
+type SchedulerScalars struct {
+	TileCounter uint32
+	BMM1        [2]float32
+	BMM2        float32
+}
+
+// Sqrt512 is fl(sqrt(512)).
+var Sqrt512 = float32(math.Sqrt(512))
+
+// Log2E is fl(log2(e)).
+const Log2E float32 = math.Log2E
+
+// ComputeSchedulerScalars evaluates, in this order and float32 throughout:
+// denom = fl(QScaling*Sqrt512); bmm1[0] = fl(fl(QDeq*KVDeq)/denom);
+// bmm1[1] = fl(bmm1[0]*Log2E); bmm2 = fl(OScale*KVDeq); tile_counter = 0.
+func ComputeSchedulerScalars(p SchedulerParams) SchedulerScalars {
+	denom := float32(p.QScaling * Sqrt512)
+	num := float32(p.QDeq * p.KVDeq)
+	b0 := float32(num / denom)
+	return SchedulerScalars{
+		BMM1: [2]float32{b0, float32(b0 * Log2E)},
+		BMM2: float32(p.OScale * p.KVDeq),
+	}
+}
