@@ -117,14 +117,6 @@ func TestPow2(t *testing.T) {
 	}
 }
 
-func TestSchedulerScalars(t *testing.T) {
-	s := ComputeSchedulerScalars(DefaultSchedulerParams())
-	require.Equal(t, float32(1/math.Sqrt(512)), s.BMM1[0])
-	require.Equal(t, float32(float32(1/math.Sqrt(512))*float32(math.Log2E)), s.BMM1[1])
-	require.Equal(t, float32(1), s.BMM2)
-	require.Zero(t, s.TileCounter)
-}
-
 func BenchmarkSumSquares(b *testing.B) {
 	x := randomRow(rand.New(rand.NewPCG(1, 1)))
 	b.SetBytes(HeadDim * 2)
