@@ -1,0 +1,250 @@
+package cpu
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"math"
+	"math/bits"
+	"runtime"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/dsv4mla/prologue/attention/mla"
+	"github.com/dsv4mla/prologue/kvcache"
+	"github.com/dsv4mla/prologue/metadata"
+	"github.com/dsv4mla/prologue/numerics"
+)
+
+const d = numerics.HeadDim
+
+// Buffer is host memory.
+type Buffer struct{ b []byte }
+
+// Len is the buffer's size in bytes.
+func (b *Buffer) Len() int { return len(b.b) }
+
+// Bytes exposes the memory of a CPU buffer.
+func Bytes(buf mla.Buffer) []byte { return buf.(*Buffer).b }
+
+// Backend runs the prologue on the host's cores.
+type Backend struct {
+	workers int
+	// rowsPerTask keeps a task large enough to amortize scheduling.
+	rowsPerTask int
+}
+
+// New returns a CPU backend using workers goroutines (0: GOMAXPROCS).
+func New(workers int) *Backend {
+	if workers <= 0 {
+		workers = runtime.GOMAXPROCS(0)
+	}
+	return &Backend{workers: workers, rowsPerTask: 64}
+}
+
+// Name is "cpu".
+func (*Backend) Name() string { return "cpu" }
+
+// Alloc returns zeroed host memory.
+func (*Backend) Alloc(n int) (mla.Buffer, error) {
+	if n < 0 {
+		return nil, fmt.Errorf("cpu: Alloc(%d): negative size", n)
+	}
+	return &Buffer{b: make([]byte, n)}, nil
+}
+
+// Free drops the buffer.
+func (*Backend) Free(b mla.Buffer) error {
+	if hb, ok := b.(*Buffer); ok {
+		hb.b = nil
+	}
+	return nil
+}
+
+func span(buf mla.Buffer, off, n int) ([]byte, error) {
+	hb, ok := buf.(*Buffer)
+	if !ok {
+		return nil, fmt.Errorf("cpu: buffer of type %T is not a CPU buffer", buf)
+	}
+	if off < 0 || n < 0 || off+n > len(hb.b) {
+		return nil, fmt.Errorf("cpu: range [%d,%d) outside a buffer of %d bytes", off, off+n, len(hb.b))
+	}
+	return hb.b[off : off+n], nil
+}
+
+// Write copies src into dst at off.
+func (*Backend) Write(dst mla.Buffer, off int, src []byte) error {
+	s, err := span(dst, off, len(src))
+	if err != nil {
+		return err
+	}
+	copy(s, src)
+	return nil
+}
+
+// Read copies from src at off into dst.
+func (*Backend) Read(dst []byte, src mla.Buffer, off int) error {
+	s, err := span(src, off, len(dst))
+	if err != nil {
+		return err
+	}
+	copy(dst, s)
+	return nil
+}
+
+// Fill sets n bytes at off to v.
+func (*Backend) Fill(dst mla.Buffer, off, n int, v byte) error {
+	s, err := span(dst, off, n)
+	if err != nil {
+		return err
+	}
+	for i := range s {
+		s[i] = v
+	}
+	return nil
+}
+
+// Synchronize is a no-op: CPU launches complete before they return.
+func (*Backend) Synchronize(ctx context.Context) error { return ctx.Err() }
+
+// Close releases nothing.
+func (*Backend) Close() error { return nil }
+
+// meta reads the encoded metadata buffer.
+type meta struct {
+	b  []byte
+	mb *mla.MetadataBuffers
+}
+
+func (m meta) at(off, i int) int32 { return int32(binary.LittleEndian.Uint32(m.b[off+4*i:])) }
+
+// rowPosition resolves a launch-local row to (batch index, position) as the
+// GPU kernels do; ok is false for padding rows.
+func (m meta) rowPosition(l mla.Launch, local int) (b, pos int, ok bool) {
+	if local >= l.ValidRows {
+		return 0, 0, false
+	}
+	t := int32(l.RowBegin + local)
+	if l.Phase == metadata.Context {
+		lo, hi := l.SeqBegin, l.SeqBegin+l.NumSeqs-1 // find the last b with cu_q[b] <= t
+		for lo < hi {
+			mid := (lo + hi + 1) / 2
+			if m.at(m.mb.OffCuQ, mid) <= t {
+				lo = mid
+			} else {
+				hi = mid - 1
+			}
+		}
+		return lo, int(t-m.at(m.mb.OffCuQ, lo)) + int(m.at(m.mb.OffCached, lo)), true
+	}
+	g := local / l.SeqLen
+	b = l.SeqBegin + g
+	return b, int(m.at(m.mb.OffKVLen, b)) - l.SeqLen + local%l.SeqLen, true
+}
+
+// parallel runs f over [0, n) in chunks on the backend's workers.
+func (c *Backend) parallel(ctx context.Context, n int, f func(i int)) error {
+	chunk := max(c.rowsPerTask, (n+c.workers-1)/c.workers)
+	var g errgroup.Group
+	g.SetLimit(c.workers)
+	for lo := 0; lo < n; lo += chunk {
+		hi := min(lo+chunk, n)
+		g.Go(func() error {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			for i := lo; i < hi; i++ {
+				f(i)
+			}
+			return nil
+		})
+	}
+	return g.Wait()
+}
+
+func loadRow(x *[d]float32, src []byte) {
+	for i := range x {
+		x[i] = numerics.F32FromBF16(binary.LittleEndian.Uint16(src[2*i:]))
+	}
+}
+
+func ropeTail(y *[d]float32, rope []byte) {
+	for k := 0; k < numerics.RopePairs; k++ {
+		c := math.Float32frombits(binary.LittleEndian.Uint32(rope[8*k:]))
+		s := math.Float32frombits(binary.LittleEndian.Uint32(rope[8*k+4:]))
+		i := numerics.NopeDim + 2*k
+		y[i], y[i+1] = numerics.Rope(y[i], y[i+1], c, s)
+	}
+}
+
+// KVNormRopeStore implements mla.Backend.
+func (c *Backend) KVNormRopeStore(ctx context.Context, l mla.Launch, a *mla.LayerArgs) error {
+	m := meta{b: Bytes(a.Meta.Buf), mb: a.Meta}
+	if l.WriteScheduler {
+		s := metadata.ComputeSchedulerScalars(a.Scheduler)
+		copy(m.b[a.Meta.OffScheduler:], mla.EncodeScheduler(s))
+	}
+	latent, rope, cache := Bytes(a.Latent), Bytes(a.Rope), Bytes(a.Cache)
+	var w [d]float32
+	wb := Bytes(a.KVWeight)
+	for i := range w {
+		w[i] = math.Float32frombits(binary.LittleEndian.Uint32(wb[4*i:]))
+	}
+	cfg := a.CacheConfig
+	pageBytes := cfg.Format.PageBytes(cfg.PageSize)
+	log2P := bits.TrailingZeros(uint(cfg.PageSize))
+	return c.parallel(ctx, l.Rows, func(local int) {
+		b, pos, ok := m.rowPosition(l, local)
+		if !ok || pos < 0 || pos >= a.RopePositions {
+			return
+		}
+		page := m.at(a.Meta.OffBlockTables, b*a.Meta.PageStride+pos>>log2P)
+		if page < 0 || int(page) >= cfg.NumPages {
+			return
+		}
+		t := l.RowBegin + local
+		var x, y [d]float32
+		loadRow(&x, latent[a.LatentOffset+t*a.LatentStride*2:])
+		r := numerics.RMSInv(numerics.SumSquares(x[:]))
+		for i := range y {
+			y[i] = numerics.RoundBF16(float32(float32(x[i]*r) * w[i]))
+		}
+		ropeTail(&y, rope[pos*numerics.RopeDim*4:])
+		pg := cache[int(page)*pageBytes : (int(page)+1)*pageBytes]
+		kvcache.EncodeToken(cfg.Format, pg, cfg.PageSize, pos&(cfg.PageSize-1), &y, cfg.KVScale)
+	})
+}
+
+// QNormRopeQuant implements mla.Backend.
+func (c *Backend) QNormRopeQuant(ctx context.Context, l mla.Launch, a *mla.LayerArgs) error {
+	m := meta{b: Bytes(a.Meta.Buf), mb: a.Meta}
+	qin, qout, rope := Bytes(a.QIn), Bytes(a.QOut), Bytes(a.Rope)
+	es := a.QFormat.ElemBytes()
+	rowOut := d * es
+	return c.parallel(ctx, l.Rows*a.Heads, func(i int) {
+		local, h := i/a.Heads, i%a.Heads
+		t := l.RowBegin + local
+		out := qout[(t*a.Heads+h)*rowOut : (t*a.Heads+h+1)*rowOut]
+		_, pos, ok := m.rowPosition(l, local)
+		if !ok || pos < 0 || pos >= a.RopePositions {
+			clear(out)
+			return
+		}
+		var x, y [d]float32
+		loadRow(&x, qin[(t*a.Heads+h)*d*2:])
+		r := numerics.RMSInv(numerics.SumSquares(x[:]))
+		for i := range y {
+			y[i] = numerics.RoundBF16(float32(x[i] * r))
+		}
+		ropeTail(&y, rope[pos*numerics.RopeDim*4:])
+		if a.QFormat == mla.QBF16 {
+			for i, v := range y {
+				binary.LittleEndian.PutUint16(out[2*i:], numerics.BF16FromF32(v))
+			}
+			return
+		}
+		for i, v := range y {
+			out[i] = numerics.E4M3FromF32(float32(v * a.QScale))
+		}
+	})
+}

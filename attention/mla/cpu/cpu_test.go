@@ -1,0 +1,19 @@
+package cpu_test
+
+import (
+	"testing"
+
+	"github.com/dsv4mla/prologue/attention/mla/cpu"
+	"github.com/dsv4mla/prologue/attention/mla/mlatest"
+)
+
+func TestConformance(t *testing.T) {
+	mlatest.Test(t, cpu.New(0))
+}
+
+func TestConformanceOneWorker(t *testing.T) {
+	if testing.Short() {
+		t.Skip("short mode: the parallel run covers the same scenarios")
+	}
+	mlatest.Test(t, cpu.New(1))
+}

@@ -1,0 +1,7 @@
+// Package cpu is the pure-Go backend of the MLA prologue: the bit-exact
+// reference that every GPU kernel is held to, parallel across cores.
+//
+// Its buffers are host byte slices; it reads the iteration's metadata from
+// the same encoded buffer a GPU kernel reads, so the upload path is tested
+// too.
+package cpu

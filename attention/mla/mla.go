@@ -1,0 +1,241 @@
+package mla
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/dsv4mla/prologue/kvcache"
+	"github.com/dsv4mla/prologue/metadata"
+	"github.com/dsv4mla/prologue/numerics"
+)
+
+// Buffer is memory owned by a backend: host memory for the CPU backend,
+// device memory for CUDA. Its address never changes while it lives, so a
+// captured CUDA graph can keep reading it.
+type Buffer interface {
+	Len() int
+}
+
+// QFormat is the element type of the attention Q buffer.
+type QFormat uint8
+
+const (
+	// QFP8 is e4m3 with one per-tensor scale.
+	QFP8 QFormat = iota
+	// QBF16 is bfloat16, unscaled.
+	QBF16
+)
+
+func (f QFormat) String() string {
+	switch f {
+	case QFP8:
+		return "fp8"
+	case QBF16:
+		return "bf16"
+	}
+	return fmt.Sprintf("QFormat(%d)", uint8(f))
+}
+
+// ParseQFormat is the inverse of QFormat.String.
+func ParseQFormat(s string) (QFormat, error) {
+	switch strings.ToLower(s) {
+	case "fp8", "e4m3":
+		return QFP8, nil
+	case "bf16":
+		return QBF16, nil
+	}
+	return 0, fmt.Errorf("mla: unknown Q format %q (want fp8 or bf16)", s)
+}
+
+// ElemBytes is the size of one Q element.
+func (f QFormat) ElemBytes() int {
+	if f == QBF16 {
+		return 2
+	}
+	return 1
+}
+
+// Launch is one kernel launch's share of a batch: a contiguous range of token
+// rows, all of one phase.
+type Launch struct {
+	Phase     metadata.Phase
+	RowBegin  int // first token row of the launch in the shared buffers
+	Rows      int // rows covered, padding included
+	ValidRows int // rows [RowBegin, RowBegin+ValidRows) are real; the rest are padding
+	SeqBegin  int // batch index of the launch's first sequence
+	NumSeqs   int
+	SeqLen    int // generation: the uniform query length; 0 for context
+	// WriteScheduler is set on one launch per layer: its KV kernel resets
+	// the tile counter and writes the bmm scales.
+	WriteScheduler bool
+}
+
+func (l Launch) String() string {
+	return fmt.Sprintf("%s rows [%d,%d) valid %d seqs [%d,%d) seq_len %d",
+		l.Phase, l.RowBegin, l.RowBegin+l.Rows, l.ValidRows, l.SeqBegin, l.SeqBegin+l.NumSeqs, l.SeqLen)
+}
+
+// LayerArgs are one layer's inputs and outputs. Row t of every token-indexed
+// buffer is token t of the batch.
+type LayerArgs struct {
+	Heads int
+
+	// Latent holds the KV latent rows, read in place from the fused A
+	// projection output: row t starts at LatentOffset + t*LatentStride*2
+	// bytes and holds 512 bf16 values.
+	Latent       Buffer
+	LatentOffset int // bytes; a multiple of 16
+	LatentStride int // elements between rows (q_lora_rank + 512 for the fused output); a multiple of 8
+
+	QIn     Buffer // [rows][Heads][512] bf16
+	QOut    Buffer // [rows][Heads][512] of QFormat
+	QFormat QFormat
+	QScale  float32 // per-tensor scale applied before e4m3 (QFP8 only)
+
+	KVWeight Buffer // kv_a_layernorm weight, 512 float32
+
+	Rope          Buffer // [RopePositions][32]{cos, sin} float32
+	RopePositions int
+
+	Cache       Buffer // NumPages pages of Format
+	CacheConfig kvcache.Config
+
+	Meta      *MetadataBuffers
+	Scheduler metadata.SchedulerParams
+}
+
+// Validate checks what every backend relies on before a launch.
+func (a *LayerArgs) Validate(rows int) error {
+	switch {
+	case a.Heads <= 0:
+		return fmt.Errorf("mla: Heads = %d, must be > 0", a.Heads)
+	case a.LatentOffset%16 != 0 || a.LatentOffset < 0:
+		return fmt.Errorf("mla: LatentOffset = %d bytes breaks 16-byte alignment", a.LatentOffset)
+	case a.LatentStride%8 != 0 || a.LatentStride < numerics.HeadDim:
+		return fmt.Errorf("mla: LatentStride = %d elements, must be >= 512 and a multiple of 8 (16-byte rows)", a.LatentStride)
+	case a.QFormat != QFP8 && a.QFormat != QBF16:
+		return fmt.Errorf("mla: QFormat = %d is unknown", a.QFormat)
+	case a.Meta == nil:
+		return errors.New("mla: LayerArgs.Meta is nil")
+	case a.RopePositions <= 0:
+		return fmt.Errorf("mla: RopePositions = %d, must be > 0", a.RopePositions)
+	}
+	if err := a.CacheConfig.Validate(); err != nil {
+		return fmt.Errorf("mla: %w", err)
+	}
+	need := []struct {
+		name string
+		buf  Buffer
+		n    int
+	}{
+		{"Latent", a.Latent, a.LatentOffset + ((rows-1)*a.LatentStride+numerics.HeadDim)*2},
+		{"QIn", a.QIn, rows * a.Heads * numerics.HeadDim * 2},
+		{"QOut", a.QOut, rows * a.Heads * numerics.HeadDim * a.QFormat.ElemBytes()},
+		{"KVWeight", a.KVWeight, numerics.HeadDim * 4},
+		{"Rope", a.Rope, a.RopePositions * numerics.RopeDim * 4},
+		{"Cache", a.Cache, a.CacheConfig.PoolBytes()},
+	}
+	for _, n := range need {
+		if n.buf == nil {
+			return fmt.Errorf("mla: LayerArgs.%s is nil", n.name)
+		}
+		if n.buf.Len() < n.n {
+			return fmt.Errorf("mla: LayerArgs.%s holds %d bytes, %d rows need %d", n.name, n.buf.Len(), rows, n.n)
+		}
+	}
+	return nil
+}
+
+// Backend runs the prologue kernels. Every backend must produce the bytes of
+// DESIGN.md section 4 exactly.
+type Backend interface {
+	Name() string
+	Alloc(nbytes int) (Buffer, error)
+	Free(b Buffer) error
+	Write(dst Buffer, off int, src []byte) error
+	Read(dst []byte, src Buffer, off int) error
+	Fill(dst Buffer, off, n int, v byte) error
+
+	// KVNormRopeStore normalizes each latent row of the launch with the
+	// kv_a_layernorm weight, rotates its rope tail at the token's position,
+	// quantizes it and stores it at the token's slot. Padding rows and
+	// negative slots write nothing.
+	KVNormRopeStore(ctx context.Context, l Launch, a *LayerArgs) error
+	// QNormRopeQuant normalizes each (token, head) row of QIn, rotates its
+	// rope tail and writes QOut. Padding rows are written as zeros.
+	QNormRopeQuant(ctx context.Context, l Launch, a *LayerArgs) error
+
+	// Synchronize waits for all work issued so far.
+	Synchronize(ctx context.Context) error
+	Close() error
+}
+
+// Plan turns one iteration's metadata into launches: one per phase present,
+// over disjoint row ranges; padding rows belong to the last launch. The first
+// launch writes the scheduler scalars.
+func Plan(m *metadata.Metadata) []Launch {
+	var ls []Launch
+	if m.NumCtx > 0 {
+		ls = append(ls, Launch{
+			Phase: metadata.Context, RowBegin: 0, Rows: m.CtxTokens, ValidRows: m.CtxTokens,
+			SeqBegin: 0, NumSeqs: m.NumCtx,
+		})
+	}
+	if m.NumGen > 0 {
+		ls = append(ls, Launch{
+			Phase: metadata.Generation, RowBegin: m.CtxTokens, Rows: m.GenTokens, ValidRows: m.GenTokens,
+			SeqBegin: m.NumCtx, NumSeqs: m.NumGen, SeqLen: m.GenSeqLen,
+		})
+	}
+	if len(ls) > 0 {
+		last := &ls[len(ls)-1]
+		last.Rows += m.PaddedTokens - m.Tokens
+		ls[0].WriteScheduler = true
+	}
+	return ls
+}
+
+// RunLayer issues one layer's prologue: for every launch, the KV kernel and
+// then the Q kernel. Every launch reads the same LayerArgs: there is no state
+// that one phase could leave behind for the other.
+func RunLayer(ctx context.Context, b Backend, launches []Launch, a *LayerArgs) error {
+	if len(launches) == 0 {
+		return errors.New("mla: no launches")
+	}
+	last := launches[len(launches)-1]
+	if err := a.Validate(last.RowBegin + last.Rows); err != nil {
+		return err
+	}
+	for _, l := range launches {
+		if err := b.KVNormRopeStore(ctx, l, a); err != nil {
+			return fmt.Errorf("mla: %s KV launch (%v): %w", b.Name(), l, err)
+		}
+		if err := b.QNormRopeQuant(ctx, l, a); err != nil {
+			return fmt.Errorf("mla: %s Q launch (%v): %w", b.Name(), l, err)
+		}
+	}
+	return nil
+}
+
+// Census counts launches by kind, for tests and reports.
+type Census struct {
+	ContextKV, ContextQ, GenerationKV, GenerationQ int
+}
+
+// Add counts the two kernels of each launch.
+func (c *Census) Add(ls []Launch) {
+	for _, l := range ls {
+		if l.Phase == metadata.Context {
+			c.ContextKV++
+			c.ContextQ++
+		} else {
+			c.GenerationKV++
+			c.GenerationQ++
+		}
+	}
+}
+
+// Total is the number of kernel launches counted.
+func (c Census) Total() int { return c.ContextKV + c.ContextQ + c.GenerationKV + c.GenerationQ }
