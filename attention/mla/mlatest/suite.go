@@ -439,3 +439,6 @@ func Check(b mla.Backend, s Scenario, c Config, seed uint64) error {
 	}
 	return cs.Compare(got, cs.Expected())
 }
+
+// Poison returns the pool's bytes before any launch ran.
+func (cs *Case) Poison() []byte { return cs.poison }
