@@ -34,7 +34,7 @@ type MetadataBuffers struct {
 
 	// Byte offsets into Buf.
 	OffHeader, OffCuQ, OffCuKV, OffCuQRows, OffQLen, OffKVLen, OffCached, OffBlockTables, OffScheduler int
-	Size                                                                                                  int
+	Size                                                                                               int
 }
 
 // SchedulerBytes is the size of the scheduler region: tile counter (uint32),

@@ -1,0 +1,411 @@
+package cuda
+
+import (
+	"context"
+	_ "embed"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"math/bits"
+	"strconv"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/dsv4mla/prologue/attention/mla"
+	"github.com/dsv4mla/prologue/kernels/cuda/driver"
+	"github.com/dsv4mla/prologue/kvcache"
+)
+
+//go:embed prologue.cu
+var prologueSource string
+
+// Source returns the embedded CUDA source of the prologue kernels.
+func Source() string { return prologueSource }
+
+// Available reports why the CUDA backend cannot run here, or nil.
+func Available() error {
+	if err := driver.Available(); err != nil {
+		return err
+	}
+	return driver.NVRTCAvailable()
+}
+
+// Options configure a Backend.
+type Options struct {
+	Device int
+	Logger zerolog.Logger
+	// RowsPerWarp is the number of rows each warp loads before its first
+	// reduction (instruction-level parallelism on the loads); 0 means 1.
+	RowsPerWarp int
+	// WarpsPerBlock sets the block size (32 threads a warp); 0 means 4.
+	WarpsPerBlock int
+}
+
+// Backend runs the prologue kernels on one device.
+type Backend struct {
+	ctx    *driver.Context
+	stream *driver.Stream
+	mod    *driver.Module
+	fns    map[string]*driver.Function
+	log    zerolog.Logger
+	rpw    int
+	wpb    int
+}
+
+// Buffer is device memory.
+type Buffer struct {
+	ptr driver.DevicePtr
+	n   int
+}
+
+// Len is the size in bytes.
+func (b *Buffer) Len() int { return b.n }
+
+// Ptr is the device address.
+func (b *Buffer) Ptr() driver.DevicePtr { return b.ptr }
+
+var kernelNames = []string{"kv_fp8_ue8m0", "kv_bf16", "kv_fp8_pertensor", "q_fp8", "q_bf16", "e4m3_sweep"}
+
+// New opens the device, compiles (or loads from the cache) the kernels and
+// creates the stream.
+func New(opts Options) (*Backend, error) {
+	if opts.RowsPerWarp <= 0 {
+		opts.RowsPerWarp = 1
+	}
+	if opts.WarpsPerBlock <= 0 {
+		opts.WarpsPerBlock = 4
+	}
+	if opts.RowsPerWarp > 8 || opts.WarpsPerBlock > 8 {
+		return nil, fmt.Errorf("cuda: RowsPerWarp = %d and WarpsPerBlock = %d, each must be at most 8", opts.RowsPerWarp, opts.WarpsPerBlock)
+	}
+	c, err := driver.Open(opts.Device)
+	if err != nil {
+		return nil, err
+	}
+	b := &Backend{ctx: c, log: opts.Logger, rpw: opts.RowsPerWarp, wpb: opts.WarpsPerBlock, fns: map[string]*driver.Function{}}
+	if err := b.init(); err != nil {
+		_ = c.Close()
+		return nil, err
+	}
+	p := c.Props()
+	b.log.Debug().Str("device", p.Name).Str("arch", p.Arch()).Int("sms", p.SMCount).Int("rows_per_warp", b.rpw).Msg("cuda backend ready")
+	return b, nil
+}
+
+func (b *Backend) init() error {
+	var err error
+	opts := driver.CompileOptions{Defines: map[string]string{"ROWS_PER_WARP": strconv.Itoa(b.rpw)}}
+	if b.mod, err = b.ctx.CompileModule(prologueSource, "prologue.cu", opts); err != nil {
+		return err
+	}
+	for _, n := range kernelNames {
+		if b.fns[n], err = b.mod.Function(n); err != nil {
+			return err
+		}
+	}
+	b.stream, err = b.ctx.NewStream()
+	return err
+}
+
+// Name is "cuda".
+func (b *Backend) Name() string { return "cuda" }
+
+// Context exposes the driver context (for benchmarks and graph capture).
+func (b *Backend) Context() *driver.Context { return b.ctx }
+
+// Stream is the stream every launch is issued on.
+func (b *Backend) Stream() *driver.Stream { return b.stream }
+
+// Props describes the device.
+func (b *Backend) Props() driver.DeviceProps { return b.ctx.Props() }
+
+// Alloc allocates device memory.
+func (b *Backend) Alloc(n int) (mla.Buffer, error) {
+	if n <= 0 {
+		n = 16 // the driver refuses zero-byte allocations; keep a valid address
+	}
+	p, err := b.ctx.Alloc(n)
+	if err != nil {
+		return nil, err
+	}
+	return &Buffer{ptr: p, n: n}, nil
+}
+
+// Free releases device memory (after the stream's work completes).
+func (b *Backend) Free(buf mla.Buffer) error {
+	db, err := dev(buf)
+	if err != nil {
+		return err
+	}
+	if db.ptr == 0 {
+		return nil
+	}
+	if err := b.stream.Synchronize(); err != nil {
+		return err
+	}
+	err = b.ctx.Free(db.ptr)
+	db.ptr, db.n = 0, 0
+	return err
+}
+
+func dev(buf mla.Buffer) (*Buffer, error) {
+	db, ok := buf.(*Buffer)
+	if !ok {
+		return nil, fmt.Errorf("cuda: buffer of type %T is not a CUDA buffer", buf)
+	}
+	return db, nil
+}
+
+func span(buf mla.Buffer, off, n int) (driver.DevicePtr, error) {
+	db, err := dev(buf)
+	if err != nil {
+		return 0, err
+	}
+	if off < 0 || n < 0 || off+n > db.n {
+		return 0, fmt.Errorf("cuda: range [%d,%d) outside a buffer of %d bytes", off, off+n, db.n)
+	}
+	return db.ptr + driver.DevicePtr(off), nil
+}
+
+// Write copies host bytes to the device, ordered after earlier launches.
+func (b *Backend) Write(dst mla.Buffer, off int, src []byte) error {
+	p, err := span(dst, off, len(src))
+	if err != nil || len(src) == 0 {
+		return err
+	}
+	if err := b.ctx.HtoDAsync(p, src, b.stream); err != nil {
+		return err
+	}
+	return b.stream.Synchronize() // src may be reused as soon as we return
+}
+
+// Read copies device bytes to the host after earlier launches complete.
+func (b *Backend) Read(dst []byte, src mla.Buffer, off int) error {
+	p, err := span(src, off, len(dst))
+	if err != nil || len(dst) == 0 {
+		return err
+	}
+	if err := b.ctx.DtoHAsync(dst, p, b.stream); err != nil {
+		return err
+	}
+	return b.stream.Synchronize()
+}
+
+// Fill sets device bytes, ordered on the stream.
+func (b *Backend) Fill(dst mla.Buffer, off, n int, v byte) error {
+	p, err := span(dst, off, n)
+	if err != nil || n == 0 {
+		return err
+	}
+	return b.ctx.Memset8Async(p, v, n, b.stream)
+}
+
+// Synchronize waits for the stream.
+func (b *Backend) Synchronize(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return b.stream.Synchronize()
+}
+
+// Close releases the module, stream and context.
+func (b *Backend) Close() error {
+	var errs []error
+	if b.stream != nil {
+		errs = append(errs, b.stream.Synchronize(), b.stream.Destroy())
+	}
+	if b.mod != nil {
+		errs = append(errs, b.mod.Unload())
+	}
+	errs = append(errs, b.ctx.Close())
+	return errors.Join(errs...)
+}
+
+// paramsSize is sizeof(Params) in prologue.cu.
+const paramsSize = 160
+
+// packParams lays out the kernel's Params struct: nine pointers, the input
+// row stride, then 4-byte fields in declaration order.
+func packParams(ptrs [9]driver.DevicePtr, inStride uint64, ints []int32, floats []float32, tail []int32) driver.Bytes {
+	p := make([]byte, paramsSize)
+	le := binary.LittleEndian
+	for i, v := range ptrs {
+		le.PutUint64(p[8*i:], uint64(v))
+	}
+	le.PutUint64(p[72:], inStride)
+	off := 80
+	for _, v := range ints {
+		le.PutUint32(p[off:], uint32(v))
+		off += 4
+	}
+	for _, v := range floats {
+		le.PutUint32(p[off:], math.Float32bits(v))
+		off += 4
+	}
+	for _, v := range tail {
+		le.PutUint32(p[off:], uint32(v))
+		off += 4
+	}
+	if off > paramsSize {
+		panic("cuda: Params overflow")
+	}
+	return p
+}
+
+// launchParams builds the Params of one launch.
+func (b *Backend) launchParams(l mla.Launch, a *mla.LayerArgs, in, out, weight driver.DevicePtr, inStride uint64, scale float32) (driver.Bytes, error) {
+	meta, err := dev(a.Meta.Buf)
+	if err != nil {
+		return nil, err
+	}
+	rope, err := dev(a.Rope)
+	if err != nil {
+		return nil, err
+	}
+	m := meta.ptr
+	var sched driver.DevicePtr
+	if l.WriteScheduler {
+		sched = m + driver.DevicePtr(a.Meta.OffScheduler)
+	}
+	ptrs := [9]driver.DevicePtr{in, out, weight, rope.ptr,
+		m + driver.DevicePtr(a.Meta.OffCuQ), m + driver.DevicePtr(a.Meta.OffCached),
+		m + driver.DevicePtr(a.Meta.OffKVLen), m + driver.DevicePtr(a.Meta.OffBlockTables), sched}
+	seqLenLog2 := int32(-1)
+	if l.SeqLen > 0 && l.SeqLen&(l.SeqLen-1) == 0 {
+		seqLenLog2 = int32(bits.TrailingZeros(uint(l.SeqLen)))
+	}
+	cfg := a.CacheConfig
+	ints := []int32{int32(l.RowBegin), int32(l.Rows), int32(l.ValidRows), int32(l.SeqBegin), int32(l.NumSeqs),
+		int32(l.SeqLen), seqLenLog2, int32(a.Heads), int32(a.RopePositions), int32(a.Meta.PageStride),
+		int32(bits.TrailingZeros(uint(cfg.PageSize))), int32(cfg.Format.PageBytes(cfg.PageSize)), int32(cfg.NumPages)}
+	s := a.Scheduler
+	floats := []float32{scale, s.QDeq, s.KVDeq, s.QScaling, s.OScale}
+	ws := int32(0)
+	if l.WriteScheduler {
+		ws = 1
+	}
+	return packParams(ptrs, inStride, ints, floats, []int32{ws, 0}), nil
+}
+
+func (b *Backend) grid(units int) (driver.Dim3, driver.Dim3) {
+	warps := (units + b.rpw - 1) / b.rpw
+	blocks := (warps + b.wpb - 1) / b.wpb
+	return driver.Dim3{uint32(max(blocks, 1)), 1, 1}, driver.Dim3{uint32(32 * b.wpb), 1, 1}
+}
+
+func kvKernel(f kvcache.Format) (string, error) {
+	switch f {
+	case kvcache.FormatFP8UE8M0:
+		return "kv_fp8_ue8m0", nil
+	case kvcache.FormatBF16:
+		return "kv_bf16", nil
+	case kvcache.FormatFP8PerTensor:
+		return "kv_fp8_pertensor", nil
+	}
+	return "", fmt.Errorf("cuda: no KV kernel for cache format %v", f)
+}
+
+// KVNormRopeStore implements mla.Backend.
+func (b *Backend) KVNormRopeStore(ctx context.Context, l mla.Launch, a *mla.LayerArgs) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	name, err := kvKernel(a.CacheConfig.Format)
+	if err != nil {
+		return err
+	}
+	lat, err := dev(a.Latent)
+	if err != nil {
+		return err
+	}
+	cache, err := dev(a.Cache)
+	if err != nil {
+		return err
+	}
+	w, err := dev(a.KVWeight)
+	if err != nil {
+		return err
+	}
+	p, err := b.launchParams(l, a, lat.ptr+driver.DevicePtr(a.LatentOffset), cache.ptr, w.ptr, uint64(a.LatentStride)*2, a.CacheConfig.KVScale)
+	if err != nil {
+		return err
+	}
+	grid, block := b.grid(l.Rows)
+	return b.ctx.Launch(b.fns[name], grid, block, 0, b.stream, p)
+}
+
+// QNormRopeQuant implements mla.Backend.
+func (b *Backend) QNormRopeQuant(ctx context.Context, l mla.Launch, a *mla.LayerArgs) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	qin, err := dev(a.QIn)
+	if err != nil {
+		return err
+	}
+	qout, err := dev(a.QOut)
+	if err != nil {
+		return err
+	}
+	name := "q_fp8"
+	if a.QFormat == mla.QBF16 {
+		name = "q_bf16"
+	}
+	p, err := b.launchParams(l, a, qin.ptr, qout.ptr, 0, 1024, a.QScale)
+	if err != nil {
+		return err
+	}
+	grid, block := b.grid(l.Rows * a.Heads)
+	return b.ctx.Launch(b.fns[name], grid, block, 0, b.stream, p)
+}
+
+// E4M3Sweep converts n float32 bit patterns base, base+1, ... with the
+// hardware conversion into out (n bytes, n even).
+func (b *Backend) E4M3Sweep(out mla.Buffer, base uint32, n int) error {
+	o, err := span(out, 0, n)
+	if err != nil {
+		return err
+	}
+	if n%2 != 0 {
+		return fmt.Errorf("cuda: E4M3Sweep n = %d must be even", n)
+	}
+	props := b.ctx.Props()
+	grid := driver.Dim3{uint32(props.SMCount * 8), 1, 1}
+	return b.ctx.Launch(b.fns["e4m3_sweep"], grid, driver.Dim3{256, 1, 1}, 0, b.stream, o, base, uint32(n))
+}
+
+// Time measures the device time of the work f issues on the stream, with
+// CUDA events.
+func (b *Backend) Time(ctx context.Context, f func() error) (time.Duration, error) {
+	start, err := b.ctx.NewEvent(true)
+	if err != nil {
+		return 0, err
+	}
+	defer start.Destroy()
+	end, err := b.ctx.NewEvent(true)
+	if err != nil {
+		return 0, err
+	}
+	defer end.Destroy()
+	if err := start.Record(b.stream); err != nil {
+		return 0, err
+	}
+	if err := f(); err != nil {
+		return 0, err
+	}
+	if err := end.Record(b.stream); err != nil {
+		return 0, err
+	}
+	if err := end.Synchronize(); err != nil {
+		return 0, err
+	}
+	ms, err := b.ctx.ElapsedMs(start, end)
+	if err != nil {
+		return 0, err
+	}
+	return time.Duration(float64(ms) * float64(time.Millisecond)), ctx.Err()
+}
+
+var _ mla.Backend = (*Backend)(nil)

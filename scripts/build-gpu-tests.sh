@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Builds every GPU test binary (and the commands the device runs) into .gpu/
+# with CGO_ENABLED=0, for a GPU machine that has no Go toolchain.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mkdir -p .gpu
+export CGO_ENABLED=0
+go test -c -o .gpu/driver.test ./kernels/cuda/driver
+go test -c -o .gpu/cuda.test ./kernels/cuda
+go test -c -o .gpu/tests.test ./tests
+for cmd in decode bench; do
+	if [ -d "cmd/$cmd" ]; then go build -o ".gpu/$cmd" "./cmd/$cmd"; fi
+done
+cp scripts/run-gpu-tests.sh .gpu/
+ls -la .gpu
