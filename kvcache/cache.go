@@ -1,0 +1,346 @@
+package kvcache
+
+import (
+	"errors"
+	"fmt"
+	"math/bits"
+	"sync"
+)
+
+// Errors a Cache returns, always wrapped with the sequence id or the
+// numbers involved; test with errors.Is.
+var (
+	// ErrUnknownSequence: the id was never created.
+	ErrUnknownSequence = errors.New("kvcache: unknown sequence")
+	// ErrFinishedSequence: the id was finished; its pages are gone and it
+	// cannot come back, not even by Create.
+	ErrFinishedSequence = errors.New("kvcache: finished sequence")
+	// ErrSequenceExists: Create for an id that is live.
+	ErrSequenceExists = errors.New("kvcache: sequence already exists")
+	// ErrSequenceBusy: the sequence belongs to a reservation that is neither
+	// committed nor rolled back.
+	ErrSequenceBusy = errors.New("kvcache: sequence held by a pending reservation")
+	// ErrDuplicateNeed: one Reserve call names the same id twice.
+	ErrDuplicateNeed = errors.New("kvcache: sequence named twice in one reservation")
+	// ErrInvalidNeed: a negative NewLength, or one below the current length.
+	ErrInvalidNeed = errors.New("kvcache: invalid need")
+	// ErrCacheFull: the free pages cannot cover the reservation.
+	ErrCacheFull = errors.New("kvcache: cache full")
+	// ErrReservationDone: Commit or Rollback of a reservation already
+	// committed or rolled back.
+	ErrReservationDone = errors.New("kvcache: reservation already committed or rolled back")
+	// ErrPositionOutOfRange: a position outside the sequence's reserved length.
+	ErrPositionOutOfRange = errors.New("kvcache: position out of range")
+)
+
+// Cache is the page bookkeeping of one KV cache pool: which pages each
+// sequence owns, in order, and how many tokens each holds. The page memory
+// itself lives elsewhere (Config.PoolBytes bytes, page i at
+// i*Config.PageBytes()).
+//
+// Free pages are reused LIFO: Finish pushes a sequence's pages back so that
+// the next allocations pop them again in the order the sequence held them.
+// A fresh cache hands out pages 0, 1, 2, ... in order.
+//
+// All methods are safe for concurrent use.
+type Cache struct {
+	cfg   Config
+	shift uint // log2(PageSize)
+
+	mu       sync.Mutex
+	free     []int32 // stack; the next page handed out is the last element
+	seqs     map[uint64]*sequence
+	finished map[uint64]struct{}
+	scratch  map[uint64]int // Reserve's duplicate check, reused under mu
+}
+
+type sequence struct {
+	pages    []int32
+	length   int          // committed tokens
+	reserved int          // tokens the pages cover for: length, or the pending NewLength
+	pending  *Reservation // non-nil while a reservation holds the sequence
+}
+
+// Need asks Reserve to make sequence ID cover NewLength tokens in total
+// (cached plus new), not NewLength more.
+type Need struct {
+	ID        uint64
+	NewLength int
+	// Create says the sequence is new: the id must be neither live nor
+	// finished, and the sequence starts empty. Otherwise it must be live.
+	Create bool
+}
+
+// Reservation is the pending result of a successful Reserve. Exactly one of
+// Commit or Rollback must follow; until then its sequences are busy (Reserve
+// and Finish refuse them) and BlockTable and Slot already see the reserved
+// pages. A spent reservation refuses both with ErrReservationDone and changes
+// nothing, so a deferred Rollback after Commit is harmless.
+type Reservation struct {
+	cache   *Cache
+	entries []reservedEntry
+	taken   []int32 // pages popped from the free list, in pop order
+	done    bool    // guarded by cache.mu
+}
+
+type reservedEntry struct {
+	seq      *sequence
+	id       uint64
+	created  bool
+	oldPages int
+}
+
+// New returns an empty cache for cfg, with every page free.
+func New(cfg Config) (*Cache, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	c := &Cache{
+		cfg:      cfg,
+		shift:    uint(bits.TrailingZeros(uint(cfg.PageSize))),
+		free:     make([]int32, cfg.NumPages),
+		seqs:     make(map[uint64]*sequence),
+		finished: make(map[uint64]struct{}),
+		scratch:  make(map[uint64]int),
+	}
+	for i := range c.free {
+		c.free[i] = int32(cfg.NumPages - 1 - i)
+	}
+	return c, nil
+}
+
+// Config returns the configuration the cache was built with.
+func (c *Cache) Config() Config { return c.cfg }
+
+// pagesFor returns ceil(n/P) without overflowing for huge n.
+func (c *Cache) pagesFor(n int) int {
+	p := n >> c.shift
+	if n&(c.cfg.PageSize-1) != 0 {
+		p++
+	}
+	return p
+}
+
+// liveLocked returns the live sequence id or the error that says why not.
+func (c *Cache) liveLocked(id uint64) (*sequence, error) {
+	if s, ok := c.seqs[id]; ok {
+		return s, nil
+	}
+	if _, ok := c.finished[id]; ok {
+		return nil, fmt.Errorf("%w %d", ErrFinishedSequence, id)
+	}
+	return nil, fmt.Errorf("%w %d", ErrUnknownSequence, id)
+}
+
+// Lookup returns the committed length of sequence id: the tokens stored
+// before any pending reservation (0 for a sequence whose creating
+// reservation is still pending).
+func (c *Cache) Lookup(id uint64) (length int, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s, err := c.liveLocked(id)
+	if err != nil {
+		return 0, err
+	}
+	return s.length, nil
+}
+
+// Reserve grows every sequence in needs so that its pages cover NewLength
+// tokens, all or nothing. Every need is checked first (unknown, finished,
+// existing, busy or duplicate ids, bad lengths; the first error in needs
+// order is returned); then, if the free pages cannot cover the total, it
+// returns ErrCacheFull saying how many pages were needed and free. On any
+// error nothing changes. Pages are handed out in needs order.
+func (c *Cache) Reserve(needs []Need) (*Reservation, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+
+	clear(c.scratch)
+	total := 0
+	for i, n := range needs {
+		if j, dup := c.scratch[n.ID]; dup {
+			return nil, fmt.Errorf("%w: sequence %d in needs[%d] and needs[%d]", ErrDuplicateNeed, n.ID, j, i)
+		}
+		c.scratch[n.ID] = i
+		if n.NewLength < 0 {
+			return nil, fmt.Errorf("%w: needs[%d] (sequence %d): NewLength %d is negative", ErrInvalidNeed, i, n.ID, n.NewLength)
+		}
+		have := 0
+		if n.Create {
+			if _, ok := c.finished[n.ID]; ok {
+				return nil, fmt.Errorf("%w %d: needs[%d] cannot create it again", ErrFinishedSequence, n.ID, i)
+			}
+			if _, ok := c.seqs[n.ID]; ok {
+				return nil, fmt.Errorf("%w: needs[%d] creates sequence %d", ErrSequenceExists, i, n.ID)
+			}
+		} else {
+			s, err := c.liveLocked(n.ID)
+			if err != nil {
+				return nil, fmt.Errorf("needs[%d]: %w", i, err)
+			}
+			if s.pending != nil {
+				return nil, fmt.Errorf("%w: needs[%d] (sequence %d)", ErrSequenceBusy, i, n.ID)
+			}
+			if n.NewLength < s.length {
+				return nil, fmt.Errorf("%w: needs[%d] (sequence %d): NewLength %d is below the current length %d",
+					ErrInvalidNeed, i, n.ID, n.NewLength, s.length)
+			}
+			have = len(s.pages)
+		}
+		total += c.pagesFor(n.NewLength) - have
+	}
+	if total > len(c.free) {
+		return nil, fmt.Errorf("%w: need %d pages, %d free of %d", ErrCacheFull, total, len(c.free), c.cfg.NumPages)
+	}
+
+	r := &Reservation{cache: c, entries: make([]reservedEntry, len(needs)), taken: make([]int32, 0, total)}
+	for i, n := range needs {
+		s := c.seqs[n.ID]
+		if n.Create {
+			s = &sequence{}
+			c.seqs[n.ID] = s
+		}
+		r.entries[i] = reservedEntry{seq: s, id: n.ID, created: n.Create, oldPages: len(s.pages)}
+		for len(s.pages) < c.pagesFor(n.NewLength) {
+			p := c.free[len(c.free)-1]
+			c.free = c.free[:len(c.free)-1]
+			s.pages = append(s.pages, p)
+			r.taken = append(r.taken, p)
+		}
+		s.reserved = n.NewLength
+		s.pending = r
+	}
+	c.afterMutation()
+	return r, nil
+}
+
+// Commit makes the reserved lengths permanent and releases the sequences.
+func (r *Reservation) Commit() error {
+	c := r.cache
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if r.done {
+		return ErrReservationDone
+	}
+	r.done = true
+	for _, e := range r.entries {
+		e.seq.length = e.seq.reserved
+		e.seq.pending = nil
+	}
+	c.afterMutation()
+	return nil
+}
+
+// Rollback undoes the reservation: reserved pages go back to the free list
+// (pushed back in reverse pop order, so that without intervening mutations
+// the free list is exactly as before), created sequences are forgotten and
+// reserved lengths return to the committed ones.
+func (r *Reservation) Rollback() error {
+	c := r.cache
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if r.done {
+		return ErrReservationDone
+	}
+	r.done = true
+	for i := len(r.entries) - 1; i >= 0; i-- {
+		e := r.entries[i]
+		e.seq.pages = e.seq.pages[:e.oldPages]
+		e.seq.reserved = e.seq.length
+		e.seq.pending = nil
+		if e.created {
+			delete(c.seqs, e.id)
+		}
+	}
+	for i := len(r.taken) - 1; i >= 0; i-- {
+		c.free = append(c.free, r.taken[i])
+	}
+	c.afterMutation()
+	return nil
+}
+
+// BlockTable returns a copy of the pages of sequence id, in position order,
+// including pages of a pending reservation (the metadata pass needs them
+// before the batch commits).
+func (c *Cache) BlockTable(id uint64) ([]int32, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s, err := c.liveLocked(id)
+	if err != nil {
+		return nil, err
+	}
+	return append([]int32(nil), s.pages...), nil
+}
+
+// Slot returns the slot of position pos of sequence id:
+// page*P + (pos & (P-1)) with page = BlockTable(id)[pos >> log2 P]. pos must
+// lie in [0, reserved length), where the reserved length counts a pending
+// reservation.
+func (c *Cache) Slot(id uint64, pos int) (int64, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s, err := c.liveLocked(id)
+	if err != nil {
+		return 0, err
+	}
+	if pos < 0 || pos >= s.reserved {
+		return 0, fmt.Errorf("%w: position %d of sequence %d not in [0, %d)", ErrPositionOutOfRange, pos, id, s.reserved)
+	}
+	page := s.pages[pos>>c.shift]
+	return int64(page)<<c.shift | int64(pos&(c.cfg.PageSize-1)), nil
+}
+
+// Finish ends sequence id: its pages return to the free list and the id is
+// remembered as finished, so later requests for it fail with
+// ErrFinishedSequence. A sequence held by a pending reservation cannot be
+// finished (ErrSequenceBusy).
+func (c *Cache) Finish(id uint64) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s, err := c.liveLocked(id)
+	if err != nil {
+		return err
+	}
+	if s.pending != nil {
+		return fmt.Errorf("%w: cannot finish sequence %d", ErrSequenceBusy, id)
+	}
+	for i := len(s.pages) - 1; i >= 0; i-- {
+		c.free = append(c.free, s.pages[i])
+	}
+	delete(c.seqs, id)
+	c.finished[id] = struct{}{}
+	c.afterMutation()
+	return nil
+}
+
+// FreePages returns the number of pages no sequence owns.
+func (c *Cache) FreePages() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.free)
+}
+
+// UsedPages returns the number of pages owned by sequences, pending
+// reservations included.
+func (c *Cache) UsedPages() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.cfg.NumPages - len(c.free)
+}
+
+// Sequences returns the number of live sequences, including those created by
+// a pending reservation.
+func (c *Cache) Sequences() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.seqs)
+}
+
+// afterMutation runs the invariant check in builds with -tags invariants.
+func (c *Cache) afterMutation() {
+	if invariantsEnabled {
+		if err := c.checkLocked(); err != nil {
+			panic(err)
+		}
+	}
+}

@@ -1,0 +1,77 @@
+package kvcache_test
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/dsv4mla/prologue/kvcache"
+)
+
+func ExampleCache() {
+	cache, err := kvcache.New(kvcache.Config{PageSize: 64, NumPages: 4})
+	if err != nil {
+		panic(err)
+	}
+	// One iteration: a new 70-token prompt (sequence 1) and a decode step of
+	// sequence 2, admitted together or not at all.
+	r, err := cache.Reserve([]kvcache.Need{
+		{ID: 1, NewLength: 70, Create: true},
+		{ID: 2, NewLength: 1, Create: true},
+	})
+	if err != nil {
+		panic(err)
+	}
+	// The metadata pass reads block tables and slots before the commit.
+	table, _ := cache.BlockTable(1)
+	slot, _ := cache.Slot(1, 64) // page 1, offset 0
+	fmt.Println("block table:", table, "slot of position 64:", slot)
+	if err := r.Commit(); err != nil {
+		panic(err)
+	}
+
+	// A batch that does not fit is refused whole.
+	_, err = cache.Reserve([]kvcache.Need{{ID: 1, NewLength: 300}})
+	fmt.Println(errors.Is(err, kvcache.ErrCacheFull), err)
+
+	if err := cache.Finish(1); err != nil {
+		panic(err)
+	}
+	_, err = cache.Lookup(1)
+	fmt.Println(err)
+	fmt.Println("free pages:", cache.FreePages())
+	// Output:
+	// block table: [0 1] slot of position 64: 64
+	// true kvcache: cache full: need 3 pages, 1 free of 4
+	// kvcache: finished sequence 1
+	// free pages: 3
+}
+
+func ExampleEncodeToken() {
+	const pageSize = 64
+	format := kvcache.FormatFP8UE8M0
+	page := make([]byte, format.PageBytes(pageSize))
+	var y [512]float32
+	y[0], y[1] = 448, -0.5 // group 0: amax 448, scale exponent 127
+	y[448] = 1             // first rope value, stored as bf16
+	kvcache.EncodeToken(format, page, pageSize, 3, &y, 1)
+
+	v, s := format.ValueOffset(pageSize, 3), format.ScaleOffset(pageSize, 3)
+	fmt.Printf("values at %d: % x, rope % x\n", v, page[v:v+2], page[v+448:v+450])
+	fmt.Printf("scales at %d: %d\n", s, page[s:s+7])
+	back := kvcache.DecodeToken(format, page, pageSize, 3, 1)
+	fmt.Println(back[0], back[1], back[448])
+	// Output:
+	// values at 1728: 7e b0, rope 80 3f
+	// scales at 36888: [127 105 105 105 105 105 105]
+	// 448 -0.5 1
+}
+
+func ExampleParseFormat() {
+	f, err := kvcache.ParseFormat("bf16")
+	fmt.Println(f, f.BytesPerToken(), f.PageBytes(64), err)
+	_, err = kvcache.ParseFormat("int8")
+	fmt.Println(err)
+	// Output:
+	// bf16 1024 65536 <nil>
+	// kvcache: unknown format "int8" (want fp8_ue8m0, bf16 or fp8_pertensor)
+}

@@ -1,0 +1,73 @@
+package kvcache
+
+import "fmt"
+
+// CheckInvariants verifies the bookkeeping: every page in [0, NumPages) is
+// either free or owned by exactly one live sequence; free + used pages ==
+// NumPages; each sequence owns exactly ceil(reserved/P) pages and its
+// committed length does not exceed its reserved length (they are equal
+// unless a pending reservation holds it); no live id is also finished.
+func (c *Cache) CheckInvariants() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.checkLocked()
+}
+
+func (c *Cache) checkLocked() error {
+	// owner[p] is 0 for an unclaimed page, 1 for a free one, and 2+k for
+	// one owned by the k-th sequence visited (ids[k]).
+	owner := make([]int, c.cfg.NumPages)
+	var ids []uint64
+	describe := func(o int) string {
+		if o == 1 {
+			return "the free list"
+		}
+		return fmt.Sprintf("sequence %d", ids[o-2])
+	}
+	claim := func(p int32, o int) error {
+		if p < 0 || int(p) >= c.cfg.NumPages {
+			return fmt.Errorf("kvcache invariant: %s holds page %d outside [0, %d)", describe(o), p, c.cfg.NumPages)
+		}
+		if owner[p] != 0 {
+			return fmt.Errorf("kvcache invariant: page %d held by %s and by %s", p, describe(owner[p]), describe(o))
+		}
+		owner[p] = o
+		return nil
+	}
+	for _, p := range c.free {
+		if err := claim(p, 1); err != nil {
+			return err
+		}
+	}
+	used := 0
+	for id, s := range c.seqs {
+		ids = append(ids, id)
+		o := len(ids) + 1
+		for _, p := range s.pages {
+			if err := claim(p, o); err != nil {
+				return err
+			}
+		}
+		used += len(s.pages)
+		what := describe(o)
+		if want := c.pagesFor(s.reserved); len(s.pages) != want {
+			return fmt.Errorf("kvcache invariant: %s has %d pages for %d reserved tokens, want %d", what, len(s.pages), s.reserved, want)
+		}
+		if s.length < 0 || s.length > s.reserved {
+			return fmt.Errorf("kvcache invariant: %s has length %d, reserved %d", what, s.length, s.reserved)
+		}
+		if s.pending == nil && s.length != s.reserved {
+			return fmt.Errorf("kvcache invariant: %s has no pending reservation but length %d != reserved %d", what, s.length, s.reserved)
+		}
+		if s.pending != nil && s.pending.done {
+			return fmt.Errorf("kvcache invariant: %s is held by a spent reservation", what)
+		}
+		if _, ok := c.finished[id]; ok {
+			return fmt.Errorf("kvcache invariant: %s is both live and finished", what)
+		}
+	}
+	if used+len(c.free) != c.cfg.NumPages {
+		return fmt.Errorf("kvcache invariant: %d used + %d free pages != %d", used, len(c.free), c.cfg.NumPages)
+	}
+	return nil
+}

@@ -1,0 +1,6 @@
+//go:build invariants
+
+package kvcache
+
+// invariantsEnabled makes every mutation check the cache's invariants.
+const invariantsEnabled = true
