@@ -2,13 +2,19 @@ package numerics
 
 import "math"
 
-// BF16FromF32 rounds f to bfloat16, nearest with ties to even. A NaN stays a
-// NaN with its sign and is made quiet; ±Inf stays ±Inf; finite values that
-// round past the largest bf16 become ±Inf, as IEEE rounding says.
+// BF16NaN is the one bf16 NaN every backend writes.
+const BF16NaN = 0x7FFF
+
+// BF16FromF32 rounds f to bfloat16, nearest with ties to even; ±Inf stays
+// ±Inf and finite values that round past the largest bf16 become ±Inf, as
+// IEEE rounding says. Every NaN becomes the canonical 0x7FFF, as the GPU's
+// cvt.rn.bf16.f32 does: the sign and payload of a NaN that arithmetic
+// produced differ between x86 (0xFFC00000) and the GPU (0x7FFFFFFF), so only
+// a canonical NaN keeps the backends byte-identical.
 func BF16FromF32(f float32) uint16 {
 	u := math.Float32bits(f)
 	if u&0x7FFFFFFF > 0x7F800000 {
-		return uint16(u>>16) | 0x0040
+		return BF16NaN
 	}
 	u += 0x7FFF + (u >> 16 & 1)
 	return uint16(u >> 16)

@@ -121,7 +121,7 @@ func TestE4M3DecodeRoundTrip(t *testing.T) {
 func slowBF16(f float32) uint16 {
 	u := math.Float32bits(f)
 	if math.IsNaN(float64(f)) {
-		return uint16(u>>16) | 0x40
+		return 0x7FFF
 	}
 	lo := uint16(u >> 16)
 	hi := lo + 1
@@ -159,8 +159,9 @@ func TestBF16FromF32(t *testing.T) {
 		{0x7F7FFFFF, 0x7F80}, // max float32 rounds to Inf
 		{0x7F800000, 0x7F80},
 		{0xFF800000, 0xFF80},
-		{0x7FC00000, 0x7FC0},
-		{0xFF800001, 0xFFC0}, // signalling NaN made quiet, sign kept
+		{0x7FC00000, 0x7FFF}, // every NaN becomes the canonical NaN
+		{0xFF800001, 0x7FFF},
+		{0xFFC00000, 0x7FFF}, // x86's default NaN
 		{0x00000001, 0x0000},
 	}
 	for _, c := range cases {

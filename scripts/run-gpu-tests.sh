@@ -21,7 +21,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noh
 step .gpu/driver.test -test.v
 step .gpu/cuda.test -test.v -test.run 'Conformance|Mixed|Available'
 step .gpu/cuda.test -test.v -test.run 'E4M3Exhaustive'
-step .gpu/tests.test -test.v
+step env -C tests ../.gpu/tests.test -test.v
 if command -v compute-sanitizer >/dev/null; then
 	for tool in memcheck racecheck; do
 		step compute-sanitizer --tool "$tool" --error-exitcode 9 .gpu/cuda.test -test.short -test.run 'TestCUDAConformance$'

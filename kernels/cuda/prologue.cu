@@ -48,11 +48,11 @@ struct Params {
 
 __device__ __forceinline__ float bf16_to_f32(u32 h) { return __uint_as_float(h << 16); }
 
-// Round to nearest even; NaN keeps its sign and becomes quiet. Integer
+// Round to nearest even; every NaN becomes the canonical 0x7fff. Integer
 // arithmetic, identical to numerics.BF16FromF32.
 __device__ __forceinline__ u32 f32_to_bf16(float f) {
     u32 u = __float_as_uint(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return ((u >> 16) | 0x40u) & 0xffffu;
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fffu;
     u += 0x7fffu + ((u >> 16) & 1u);
     return u >> 16;
 }
