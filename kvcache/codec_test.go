@@ -84,7 +84,7 @@ func TestEncodeUE8M0Bytes(t *testing.T) {
 	// Rope: bf16 little-endian after the 448 nope bytes.
 	y[448], want[valueAt+448], want[valueAt+449] = 1, 0x80, 0x3F
 	y[449], want[valueAt+450], want[valueAt+451] = -2, 0x00, 0xC0
-	y[450], want[valueAt+452], want[valueAt+453] = float32(math.NaN()), 0xC0, 0x7F
+	y[450], want[valueAt+452], want[valueAt+453] = float32(math.NaN()), 0xFF, 0x7F // the canonical bf16 NaN 0x7FFF
 	y[511], want[valueAt+574], want[valueAt+575] = 0.5, 0x00, 0x3F
 	// Scale byte 7 (scaleAt+7) is padding: not in want, so it must stay poison.
 
