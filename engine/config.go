@@ -1,0 +1,174 @@
+package engine
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+
+	"github.com/rs/zerolog"
+
+	"github.com/dsv4mla/prologue/attention/mla"
+	"github.com/dsv4mla/prologue/kvcache"
+	"github.com/dsv4mla/prologue/metadata"
+	"github.com/dsv4mla/prologue/model/dsv4"
+	"github.com/dsv4mla/prologue/numerics"
+)
+
+// Defaults of the capacity fields.
+const (
+	DefaultMaxSeqs   = 256
+	DefaultMaxTokens = 4096
+)
+
+// Config describes an engine. The zero value of every optional field picks
+// the documented default; New reports a bad field by name and value.
+type Config struct {
+	// Model supplies heads, q_lora_rank, the RoPE parameters and the
+	// per-layer compress ratios (dsv4.Flash, dsv4.Pro or dsv4.Load).
+	Model dsv4.Config
+	// Cache is the KV cache pool: format, page size, number of pages (and
+	// KVScale for fp8_pertensor). Every layer has its own pool of this
+	// size; the page bookkeeping (block tables) is shared by all layers.
+	Cache kvcache.Config
+
+	// Backend is "auto" (or ""), "cpu", or a registered name ("cuda" once
+	// kernels/cuda is linked in). See RegisterBackend.
+	Backend string
+	// Device is the accelerator ordinal for registered backends.
+	Device int
+	// CPUWorkers is the goroutine count of the cpu backend; 0 = GOMAXPROCS.
+	CPUWorkers int
+
+	// Layers is how many attention layers the engine runs, [0, Layers);
+	// 0 = all of them (Model.NumAttentionLayers, MTP layers included).
+	Layers int
+
+	// QFormat is the attention Q buffer's type (zero value: fp8 e4m3).
+	QFormat mla.QFormat
+	// QScale is the per-tensor scale applied before e4m3; 0 = 1.
+	QScale float32
+
+	// MaxSeqs and MaxTokens are the capacity of the fixed-address buffers
+	// (metadata, inputs, Q output), allocated once; a batch beyond them is
+	// refused with ErrBatchTooLarge. 0 = DefaultMaxSeqs, DefaultMaxTokens.
+	// The input and output buffers hold MaxTokens*Heads*512 elements each:
+	// size MaxTokens to the largest iteration the server runs.
+	MaxSeqs, MaxTokens int
+
+	// RopePositions is the length of the RoPE tables, the bound on every
+	// position; 0 = min(Model.MaxPositionEmbeddings, NumPages*PageSize).
+	RopePositions int
+
+	// Scheduler holds the FMHA scheduler inputs; the zero value means
+	// metadata.DefaultSchedulerParams.
+	Scheduler metadata.SchedulerParams
+
+	// WeightSeed seeds the default kv_a_layernorm weights (see
+	// DefaultLayerWeight) until SetLayerWeight replaces them.
+	WeightSeed uint64
+
+	// UseGraphs pads every iteration to MaxTokens rows (the CUDA-graph
+	// bucket), so that every iteration's launches cover the same rows and a
+	// captured graph can replay them; padding rows store nothing and their Q
+	// rows are written as zeros. The capture itself belongs to the backend.
+	UseGraphs bool
+
+	// Logger receives the engine's logs; the zero value discards them.
+	Logger zerolog.Logger
+}
+
+// DefaultLayerWeight is the kv_a_layernorm weight a layer gets until
+// SetLayerWeight replaces it: w[i] = bf16(1 + (u_i - 0.5)/4), u_i the i-th
+// Float64 of math/rand/v2's PCG seeded with (seed, layer). Values lie in
+// [0.875, 1.125], near 1 like a trained RMSNorm weight, and are bf16 values
+// as a checkpoint stores them.
+func DefaultLayerWeight(seed uint64, layer int) []float32 {
+	rng := rand.New(rand.NewPCG(seed, uint64(layer)))
+	w := make([]float32, numerics.HeadDim)
+	for i := range w {
+		w[i] = numerics.RoundBF16(float32(1 + (rng.Float64()-0.5)/4))
+	}
+	return w
+}
+
+// resolve fills the defaults and validates every field.
+func (c Config) resolve() (Config, error) {
+	if err := c.Model.Validate(); err != nil {
+		return c, fmt.Errorf("engine: Config.Model: %w", err)
+	}
+	if c.Model.QLoraRank%8 != 0 {
+		return c, fmt.Errorf("engine: Config.Model q_lora_rank = %d must be a multiple of 8: the latent is read in place at byte offset 2*q_lora_rank of each fused row, which must stay 16-byte aligned", c.Model.QLoraRank)
+	}
+	if err := c.Cache.Validate(); err != nil {
+		return c, fmt.Errorf("engine: Config.Cache: %w", err)
+	}
+	all := c.Model.NumAttentionLayers()
+	if c.Layers == 0 {
+		c.Layers = all
+	}
+	if c.Layers < 0 || c.Layers > all {
+		return c, fmt.Errorf("engine: Config.Layers = %d, must be in [1, %d] (%d layers + %d MTP layers), or 0 for all",
+			c.Layers, all, c.Model.NumLayers, c.Model.NumMTPLayers)
+	}
+	if c.QFormat != mla.QFP8 && c.QFormat != mla.QBF16 {
+		return c, fmt.Errorf("engine: Config.QFormat = %v is unknown", c.QFormat)
+	}
+	if c.QScale == 0 {
+		c.QScale = 1
+	}
+	if s := float64(c.QScale); !(s > 0) || math.IsInf(s, 0) {
+		return c, fmt.Errorf("engine: Config.QScale = %v, must be finite and > 0", c.QScale)
+	}
+	if c.MaxSeqs == 0 {
+		c.MaxSeqs = DefaultMaxSeqs
+	}
+	if c.MaxTokens == 0 {
+		c.MaxTokens = DefaultMaxTokens
+	}
+	if c.MaxSeqs < 0 || c.MaxSeqs > math.MaxInt32 {
+		return c, fmt.Errorf("engine: Config.MaxSeqs = %d, must be > 0", c.MaxSeqs)
+	}
+	if c.MaxTokens < 0 || int64(c.MaxTokens)*int64(c.Model.NumHeads) > math.MaxInt32 {
+		return c, fmt.Errorf("engine: Config.MaxTokens = %d, must be > 0 with MaxTokens*heads (%d) within int32", c.MaxTokens, c.Model.NumHeads)
+	}
+	if c.RopePositions == 0 {
+		c.RopePositions = c.Model.MaxPositionEmbeddings
+		if pool := int64(c.Cache.NumPages) * int64(c.Cache.PageSize); pool < int64(c.RopePositions) {
+			c.RopePositions = int(pool)
+		}
+	}
+	if c.RopePositions < 0 || c.RopePositions > c.Model.MaxPositionEmbeddings || c.RopePositions > math.MaxInt32 {
+		return c, fmt.Errorf("engine: Config.RopePositions = %d, must be in [1, %d] (max_position_embeddings)", c.RopePositions, c.Model.MaxPositionEmbeddings)
+	}
+	if c.Scheduler == (metadata.SchedulerParams{}) {
+		c.Scheduler = metadata.DefaultSchedulerParams()
+	}
+	if _, err := metadata.NewPlan([]metadata.Request{{Phase: metadata.Context, NewTokens: 1}},
+		func(uint64) (int, bool, error) { return 0, false, nil }, c.params()); err != nil {
+		return c, fmt.Errorf("engine: Config.Scheduler: %w", err)
+	}
+	return c, nil
+}
+
+// params are the metadata pass parameters of every iteration.
+func (c Config) params() metadata.Params {
+	p := metadata.Params{
+		Heads:        c.Model.NumHeads,
+		PageSize:     c.Cache.PageSize,
+		MaxPositions: c.RopePositions,
+		Scheduler:    c.Scheduler,
+	}
+	if c.UseGraphs {
+		p.PadTokensTo = c.MaxTokens
+	}
+	return p
+}
+
+// pageStride is the block-table width of the metadata buffer: the most pages
+// one sequence can hold, bounded by the pool and by the RoPE table.
+func (c Config) pageStride() int {
+	return min(c.Cache.NumPages, (c.RopePositions+c.Cache.PageSize-1)/c.Cache.PageSize)
+}
+
+// fusedRowElems is the fused A projection row: [q_lora_rank | 448 | 64].
+func (c Config) fusedRowElems() int { return c.Model.QLoraRank + numerics.HeadDim }

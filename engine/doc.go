@@ -1,0 +1,23 @@
+// Package engine is what a Go LLM server embeds to run the DeepSeek-V4 MLA
+// attention prologue: it owns the backend (CPU or an accelerator), the paged
+// KV cache (page bookkeeping plus one pool per layer), the RoPE tables, the
+// kv_a_layernorm weights and the fixed-address buffers a CUDA graph can
+// replay, and runs one iteration at a time:
+//
+//	it, err := e.Begin(ctx, batch)   // validate, reserve pages, metadata once
+//	for layer := range e.Layers() {
+//		it.SetInputs(layer, fusedA, q) // or write Engine.Inputs on the device
+//		it.RunLayer(ctx, layer)
+//	}
+//	err = it.End(ctx)                // wait, commit the new tokens
+//
+// A refused batch (an unknown or finished sequence, a full pool, a prompt
+// past the RoPE table, a batch beyond the capacity) changes nothing: no page,
+// no block table, no pool byte. An iteration that fails after Begin rolls
+// back the same way. Finish may be called from any goroutine; a sequence of
+// the running iteration is finished when that iteration ends.
+//
+// Backends: "cpu" is built in; accelerator backends register themselves
+// (RegisterBackend) from an init function, and "auto" takes the first one
+// that is available on the machine, else cpu.
+package engine

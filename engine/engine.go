@@ -1,0 +1,539 @@
+package engine
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"math/bits"
+	"slices"
+	"sync"
+
+	"github.com/rs/zerolog"
+
+	"github.com/dsv4mla/prologue/attention/mla"
+	"github.com/dsv4mla/prologue/kvcache"
+	"github.com/dsv4mla/prologue/metadata"
+	"github.com/dsv4mla/prologue/model/dsv4"
+	"github.com/dsv4mla/prologue/numerics"
+)
+
+// Errors of the engine; test with errors.Is. The cache's own errors
+// (kvcache.ErrCacheFull, kvcache.ErrUnknownSequence,
+// kvcache.ErrFinishedSequence) and the metadata pass's
+// (metadata.ErrUnknownSequence, metadata.ErrPositionOutOfRange) come through
+// wrapped.
+var (
+	// ErrCacheFull is kvcache.ErrCacheFull: the free pages cannot hold the
+	// batch. Nothing was allocated.
+	ErrCacheFull = kvcache.ErrCacheFull
+	// ErrBatchTooLarge: the batch has more sequences than MaxSeqs or more
+	// tokens than MaxTokens.
+	ErrBatchTooLarge = errors.New("engine: batch exceeds the engine's capacity")
+	// ErrIterationOpen: Begin while another iteration is neither ended nor
+	// aborted.
+	ErrIterationOpen = errors.New("engine: an iteration is already open")
+	// ErrIterationDone: a method of an iteration that was ended or aborted.
+	ErrIterationDone = errors.New("engine: iteration already ended or aborted")
+	// ErrClosed: the engine was closed.
+	ErrClosed = errors.New("engine: closed")
+)
+
+// Engine runs the DSv4 MLA prologue of a batch, layer after layer, on one
+// backend, and owns the paged KV cache it writes.
+//
+// Begin, the Iteration's methods and Close are called from one goroutine
+// (the server's step loop). Finish and the read-only accessors may be called
+// from any goroutine at any time.
+type Engine struct {
+	cfg     Config
+	log     zerolog.Logger
+	backend mla.Backend
+	cache   *kvcache.Cache
+	params  metadata.Params
+
+	pools      []mla.Buffer // one KV cache pool per layer
+	meta       *mla.MetadataBuffers
+	ropeHost   map[dsv4.RopeKind]*dsv4.RopeTable
+	ropeBufs   map[dsv4.RopeKind]mla.Buffer
+	layerRope  []dsv4.RopeKind
+	weightBufs []mla.Buffer
+	fusedA     mla.Buffer // [MaxTokens][q_lora_rank+512] bf16
+	qIn        mla.Buffer // [MaxTokens][heads][512] bf16
+	qOut       mla.Buffer // [MaxTokens][heads][512] of QFormat
+	args       []*mla.LayerArgs
+	allocated  []mla.Buffer // everything to free on Close
+
+	mu         sync.Mutex
+	weights    [][]float32 // host copies of the kv_a_layernorm weights
+	open       *Iteration
+	deferred   []uint64 // Finish calls waiting for the open iteration to end
+	closed     bool
+	census     mla.Census
+	iterations int // iterations begun
+}
+
+// New opens the backend and allocates, once, everything an iteration uses:
+// one zeroed KV cache pool per layer, the fixed-address metadata buffer,
+// one RoPE table per kind the layers use, the kv_a_layernorm weights
+// (DefaultLayerWeight until SetLayerWeight), the input buffers and the Q
+// output buffer. Nothing is allocated later, so buffer addresses never
+// change.
+func New(ctx context.Context, cfg Config) (_ *Engine, err error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("engine: New: %w", err)
+	}
+	if cfg, err = cfg.resolve(); err != nil {
+		return nil, err
+	}
+	b, err := openBackend(cfg.Backend, Options{Device: cfg.Device, Logger: cfg.Logger}, cfg.CPUWorkers)
+	if err != nil {
+		return nil, err
+	}
+	e := &Engine{cfg: cfg, log: cfg.Logger.With().Str("component", "engine").Logger(), backend: b, params: cfg.params()}
+	defer func() {
+		if err != nil {
+			e.release()
+		}
+	}()
+	if e.cache, err = kvcache.New(cfg.Cache); err != nil {
+		return nil, fmt.Errorf("engine: Config.Cache: %w", err)
+	}
+	alloc := func(what string, n int, fill byte) (mla.Buffer, error) {
+		buf, err := b.Alloc(n)
+		if err != nil {
+			return nil, fmt.Errorf("engine: allocating %s (%d bytes) on %s: %w", what, n, b.Name(), err)
+		}
+		e.allocated = append(e.allocated, buf)
+		if err := b.Fill(buf, 0, n, fill); err != nil {
+			return nil, fmt.Errorf("engine: clearing %s on %s: %w", what, b.Name(), err)
+		}
+		return buf, nil
+	}
+
+	heads := cfg.Model.NumHeads
+	for l := range cfg.Layers {
+		pool, err := alloc(fmt.Sprintf("layer %d KV cache pool", l), cfg.Cache.PoolBytes(), 0)
+		if err != nil {
+			return nil, err
+		}
+		e.pools = append(e.pools, pool)
+	}
+	if e.meta, err = mla.NewMetadataBuffers(b, cfg.MaxSeqs, cfg.pageStride()); err != nil {
+		return nil, fmt.Errorf("engine: metadata buffers: %w", err)
+	}
+	e.allocated = append(e.allocated, e.meta.Buf)
+
+	e.ropeHost = map[dsv4.RopeKind]*dsv4.RopeTable{}
+	e.ropeBufs = map[dsv4.RopeKind]mla.Buffer{}
+	for l := range cfg.Layers {
+		kind, err := cfg.Model.LayerRope(l)
+		if err != nil {
+			return nil, fmt.Errorf("engine: layer %d: %w", l, err)
+		}
+		e.layerRope = append(e.layerRope, kind)
+		if _, ok := e.ropeHost[kind]; ok {
+			continue
+		}
+		t, err := dsv4.NewRopeTable(cfg.Model, kind, cfg.RopePositions)
+		if err != nil {
+			return nil, fmt.Errorf("engine: %v RoPE table: %w", kind, err)
+		}
+		raw := t.Bytes()
+		buf, err := alloc(fmt.Sprintf("%v RoPE table", kind), len(raw), 0)
+		if err != nil {
+			return nil, err
+		}
+		if err := b.Write(buf, 0, raw); err != nil {
+			return nil, fmt.Errorf("engine: uploading the %v RoPE table: %w", kind, err)
+		}
+		e.ropeHost[kind], e.ropeBufs[kind] = t, buf
+	}
+
+	e.weights = make([][]float32, cfg.Layers)
+	for l := range cfg.Layers {
+		buf, err := alloc(fmt.Sprintf("layer %d kv_a_layernorm weight", l), numerics.HeadDim*4, 0)
+		if err != nil {
+			return nil, err
+		}
+		e.weightBufs = append(e.weightBufs, buf)
+		if err := e.setLayerWeight(l, DefaultLayerWeight(cfg.WeightSeed, l)); err != nil {
+			return nil, err
+		}
+	}
+
+	if e.fusedA, err = alloc("fused A input", cfg.MaxTokens*cfg.fusedRowElems()*2, 0); err != nil {
+		return nil, err
+	}
+	if e.qIn, err = alloc("Q input", cfg.MaxTokens*heads*numerics.HeadDim*2, 0); err != nil {
+		return nil, err
+	}
+	if e.qOut, err = alloc("Q output", cfg.MaxTokens*heads*numerics.HeadDim*cfg.QFormat.ElemBytes(), 0); err != nil {
+		return nil, err
+	}
+
+	for l := range cfg.Layers {
+		e.args = append(e.args, &mla.LayerArgs{
+			Heads:         heads,
+			Latent:        e.fusedA,
+			LatentOffset:  cfg.Model.QLoraRank * 2,
+			LatentStride:  cfg.fusedRowElems(),
+			QIn:           e.qIn,
+			QOut:          e.qOut,
+			QFormat:       cfg.QFormat,
+			QScale:        cfg.QScale,
+			KVWeight:      e.weightBufs[l],
+			Rope:          e.ropeBufs[e.layerRope[l]],
+			RopePositions: cfg.RopePositions,
+			Cache:         e.pools[l],
+			CacheConfig:   cfg.Cache,
+			Meta:          e.meta,
+			Scheduler:     cfg.Scheduler,
+		})
+	}
+	total := 0
+	for _, buf := range e.allocated {
+		total += buf.Len()
+	}
+	e.log.Info().Str("backend", b.Name()).Str("model", cfg.Model.Name).Int("layers", cfg.Layers).
+		Int("heads", heads).Stringer("cache_format", cfg.Cache.Format).Int("page_size", cfg.Cache.PageSize).
+		Int("pages", cfg.Cache.NumPages).Int("max_seqs", cfg.MaxSeqs).Int("max_tokens", cfg.MaxTokens).
+		Int("rope_positions", cfg.RopePositions).Int("bytes", total).Msg("engine ready")
+	return e, nil
+}
+
+// release frees every buffer and closes the backend.
+func (e *Engine) release() error {
+	var errs []error
+	for _, buf := range e.allocated {
+		if err := e.backend.Free(buf); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	e.allocated = nil
+	if err := e.backend.Close(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// Close aborts an open iteration, frees every buffer and closes the backend.
+// A second Close returns nil.
+func (e *Engine) Close() error {
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return nil
+	}
+	it := e.open
+	e.mu.Unlock()
+	if it != nil {
+		it.Abort()
+	}
+	e.mu.Lock()
+	e.closed = true
+	e.mu.Unlock()
+	return e.release()
+}
+
+// Config returns the configuration with every default filled in.
+func (e *Engine) Config() Config { return e.cfg }
+
+// Backend returns the backend the engine runs on.
+func (e *Engine) Backend() mla.Backend { return e.backend }
+
+// EventTimer returns the backend's device timer when it has one.
+func (e *Engine) EventTimer() (EventTimer, bool) {
+	t, ok := e.backend.(EventTimer)
+	return t, ok
+}
+
+// Layers is the number of layers the engine runs.
+func (e *Engine) Layers() int { return e.cfg.Layers }
+
+// Heads is the number of Q heads.
+func (e *Engine) Heads() int { return e.cfg.Model.NumHeads }
+
+// FusedRowElems is the number of bf16 elements of one fused A row,
+// q_lora_rank + 512; the latent is its last 512.
+func (e *Engine) FusedRowElems() int { return e.cfg.fusedRowElems() }
+
+// Inputs returns the input buffers, for producers that write them on the
+// device: fused A rows [MaxTokens][q_lora_rank+512] bf16 (the prologue reads
+// the latent in place at element offset q_lora_rank) and Q rows
+// [MaxTokens][heads][512] bf16. Row t is token row t of the iteration.
+func (e *Engine) Inputs() (fusedA, q mla.Buffer) { return e.fusedA, e.qIn }
+
+// RopeTable returns the host copy of the RoPE table a layer reads (its Kind
+// says plain or YaRN).
+func (e *Engine) RopeTable(layer int) (*dsv4.RopeTable, error) {
+	if err := e.checkLayer(layer); err != nil {
+		return nil, err
+	}
+	return e.ropeHost[e.layerRope[layer]], nil
+}
+
+// SetLayerWeight replaces the kv_a_layernorm weight of a layer (512 float32
+// values). It must not run while an iteration is open.
+func (e *Engine) SetLayerWeight(layer int, w []float32) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return ErrClosed
+	}
+	if e.open != nil {
+		return fmt.Errorf("engine: SetLayerWeight(%d) while iteration %d is open: %w", layer, e.open.index, ErrIterationOpen)
+	}
+	return e.setLayerWeight(layer, w)
+}
+
+func (e *Engine) setLayerWeight(layer int, w []float32) error {
+	if err := e.checkLayer(layer); err != nil {
+		return err
+	}
+	if len(w) != numerics.HeadDim {
+		return fmt.Errorf("engine: SetLayerWeight(%d): weight has %d values, want %d", layer, len(w), numerics.HeadDim)
+	}
+	raw := make([]byte, 4*len(w))
+	for i, v := range w {
+		binary.LittleEndian.PutUint32(raw[4*i:], math.Float32bits(v))
+	}
+	if err := e.backend.Write(e.weightBufs[layer], 0, raw); err != nil {
+		return fmt.Errorf("engine: uploading layer %d kv_a_layernorm weight: %w", layer, err)
+	}
+	e.weights[layer] = append([]float32(nil), w...)
+	return nil
+}
+
+// LayerWeight returns a copy of a layer's kv_a_layernorm weight.
+func (e *Engine) LayerWeight(layer int) ([]float32, error) {
+	if err := e.checkLayer(layer); err != nil {
+		return nil, err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return append([]float32(nil), e.weights[layer]...), nil
+}
+
+func (e *Engine) checkLayer(layer int) error {
+	if layer < 0 || layer >= e.cfg.Layers {
+		return fmt.Errorf("engine: layer %d out of range [0, %d)", layer, e.cfg.Layers)
+	}
+	return nil
+}
+
+// ReadPage returns a copy of one page of a layer's KV cache pool.
+func (e *Engine) ReadPage(layer int, page int) ([]byte, error) {
+	if err := e.checkLayer(layer); err != nil {
+		return nil, err
+	}
+	if page < 0 || page >= e.cfg.Cache.NumPages {
+		return nil, fmt.Errorf("engine: page %d out of range [0, %d)", page, e.cfg.Cache.NumPages)
+	}
+	n := e.cfg.Cache.PageBytes()
+	out := make([]byte, n)
+	if err := e.backend.Read(out, e.pools[layer], page*n); err != nil {
+		return nil, fmt.Errorf("engine: reading layer %d page %d: %w", layer, page, err)
+	}
+	return out, nil
+}
+
+// ReadPool returns a copy of a layer's whole KV cache pool.
+func (e *Engine) ReadPool(layer int) ([]byte, error) {
+	if err := e.checkLayer(layer); err != nil {
+		return nil, err
+	}
+	out := make([]byte, e.cfg.Cache.PoolBytes())
+	if err := e.backend.Read(out, e.pools[layer], 0); err != nil {
+		return nil, fmt.Errorf("engine: reading layer %d pool: %w", layer, err)
+	}
+	return out, nil
+}
+
+// SequenceLength returns the tokens the cache holds for seq (committed
+// iterations only).
+func (e *Engine) SequenceLength(seq uint64) (int, error) { return e.cache.Lookup(seq) }
+
+// BlockTable returns a copy of seq's pages in position order.
+func (e *Engine) BlockTable(seq uint64) ([]int32, error) { return e.cache.BlockTable(seq) }
+
+// FreePages returns the pages no sequence owns.
+func (e *Engine) FreePages() int { return e.cache.FreePages() }
+
+// Sequences returns the number of live sequences.
+func (e *Engine) Sequences() int { return e.cache.Sequences() }
+
+// Census returns the launches issued since New, by kind.
+func (e *Engine) Census() mla.Census {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.census
+}
+
+// Finish ends a sequence: its pages go back to the pool and later requests
+// for it fail (kvcache.ErrFinishedSequence). It is safe from any goroutine.
+//
+// When the sequence belongs to the open iteration, its pages are still being
+// written, so Finish does not free them now: it records the request, returns
+// nil, and the iteration's End or Abort finishes the sequence once the
+// iteration's work is committed or rolled back. Finishing it twice is an
+// error wrapping kvcache.ErrFinishedSequence either way.
+func (e *Engine) Finish(seq uint64) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return ErrClosed
+	}
+	if it := e.open; it != nil {
+		if _, held := it.holds[seq]; held {
+			for _, d := range e.deferred {
+				if d == seq {
+					return fmt.Errorf("engine: Finish(%d): already finishing once iteration %d ends: %w", seq, it.index, kvcache.ErrFinishedSequence)
+				}
+			}
+			e.deferred = append(e.deferred, seq)
+			e.log.Debug().Uint64("seq", seq).Int("iteration", it.index).Msg("finish deferred until the iteration ends")
+			return nil
+		}
+	}
+	if err := e.cache.Finish(seq); err != nil {
+		return fmt.Errorf("engine: Finish(%d): %w", seq, err)
+	}
+	return nil
+}
+
+// lookup adapts the cache to the metadata pass: an unknown sequence is not
+// an error there (a context request creates it), any other refusal is.
+func (e *Engine) lookup(seq uint64) (int, bool, error) {
+	n, err := e.cache.Lookup(seq)
+	if errors.Is(err, kvcache.ErrUnknownSequence) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, true, err
+	}
+	return n, true, nil
+}
+
+// Begin starts an iteration: it validates the batch (context requests
+// first, then generation requests of one MTP depth; a context request on an
+// unknown sequence creates it), reserves the cache pages it needs, builds
+// the metadata and uploads it once for every layer.
+//
+// On any error nothing changes: no page is allocated, no sequence created,
+// and every block table and pool byte is as before.
+func (e *Engine) Begin(ctx context.Context, reqs []metadata.Request) (_ *Iteration, err error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("engine: Begin: %w", err)
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	switch {
+	case e.closed:
+		return nil, ErrClosed
+	case e.open != nil:
+		return nil, fmt.Errorf("engine: Begin: iteration %d is neither ended nor aborted: %w", e.open.index, ErrIterationOpen)
+	case len(reqs) > e.cfg.MaxSeqs:
+		return nil, fmt.Errorf("%w: Begin: batch of %d sequences, more than MaxSeqs = %d", ErrBatchTooLarge, len(reqs), e.cfg.MaxSeqs)
+	}
+	plan, err := metadata.NewPlan(reqs, e.lookup, e.params)
+	if err != nil {
+		return nil, fmt.Errorf("engine: Begin: %w", err)
+	}
+	tokens := 0
+	for _, r := range reqs {
+		if r.Phase == metadata.Generation {
+			tokens += 1 + r.MTP
+		} else {
+			tokens += r.NewTokens
+		}
+	}
+	if tokens > e.cfg.MaxTokens {
+		return nil, fmt.Errorf("%w: Begin: batch of %d tokens, more than MaxTokens = %d", ErrBatchTooLarge, tokens, e.cfg.MaxTokens)
+	}
+	needs := plan.Needs()
+	kn := make([]kvcache.Need, len(needs))
+	for i, n := range needs {
+		kn[i] = kvcache.Need{ID: n.Seq, NewLength: n.Length, Create: n.Create}
+	}
+	res, err := e.cache.Reserve(kn)
+	if err != nil {
+		return nil, fmt.Errorf("engine: Begin: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			if rerr := res.Rollback(); rerr != nil {
+				err = errors.Join(err, rerr)
+			}
+		}
+	}()
+	m, err := plan.Build(e.cache.BlockTable)
+	if err != nil {
+		return nil, fmt.Errorf("engine: Begin: %w", err)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("engine: Begin: %w", err)
+	}
+	if err := e.meta.Upload(e.backend, m, e.cfg.Cache.NumPages); err != nil {
+		return nil, fmt.Errorf("engine: Begin: uploading metadata: %w", err)
+	}
+	it := &Iteration{
+		e:         e,
+		index:     e.iterations,
+		meta:      m,
+		launches:  mla.Plan(m),
+		res:       res,
+		holds:     make(map[uint64]struct{}, len(needs)),
+		ran:       make([]bool, e.cfg.Layers),
+		inputsFor: -1,
+		pages:     writtenPages(m),
+	}
+	for _, n := range needs {
+		it.holds[n.Seq] = struct{}{}
+	}
+	e.iterations++
+	e.open = it
+	e.log.Debug().Int("iteration", it.index).Int("ctx_tokens", m.CtxTokens).Int("gen_tokens", m.GenTokens).
+		Int("seqs", m.NumSeqs).Int("free_pages", e.cache.FreePages()).Msg("iteration begun")
+	return it, nil
+}
+
+// closeIteration commits or rolls back the open iteration, then runs the
+// Finish calls that waited for it. Called with e.mu held.
+func (e *Engine) closeIterationLocked(it *Iteration, commit bool) error {
+	var err error
+	if commit {
+		err = it.res.Commit()
+	} else {
+		err = it.res.Rollback()
+	}
+	if e.open == it {
+		e.open = nil
+	}
+	for _, seq := range e.deferred {
+		if ferr := e.cache.Finish(seq); ferr != nil {
+			// A sequence the rolled-back iteration created is gone already.
+			e.log.Warn().Err(ferr).Uint64("seq", seq).Msg("deferred finish")
+		}
+	}
+	e.deferred = e.deferred[:0]
+	return err
+}
+
+// writtenPages lists, in ascending order, the pages holding a slot of the
+// iteration's real rows.
+func writtenPages(m *metadata.Metadata) []int32 {
+	seen := map[int32]bool{}
+	var out []int32
+	shift := bits.TrailingZeros(uint(m.PageSize))
+	for _, s := range m.Slots()[:m.Tokens] {
+		p := int32(s >> shift)
+		if !seen[p] {
+			seen[p] = true
+			out = append(out, p)
+		}
+	}
+	slices.Sort(out)
+	return out
+}

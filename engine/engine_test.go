@@ -1,0 +1,486 @@
+package engine_test
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/dsv4mla/prologue/attention/mla"
+	"github.com/dsv4mla/prologue/attention/mla/cpu"
+	"github.com/dsv4mla/prologue/engine"
+	"github.com/dsv4mla/prologue/kvcache"
+	"github.com/dsv4mla/prologue/metadata"
+	"github.com/dsv4mla/prologue/model/dsv4"
+	"github.com/dsv4mla/prologue/numerics"
+)
+
+func widen(raw []byte) []float32 {
+	x := make([]float32, len(raw)/2)
+	for i := range x {
+		x[i] = numerics.F32FromBF16(binary.LittleEndian.Uint16(raw[2*i:]))
+	}
+	return x
+}
+
+// normRope is DESIGN.md section 4 steps 1-4 for one row (w nil: the Q side).
+func normRope(x []float32, w []float32, table *dsv4.RopeTable, pos int) *[512]float32 {
+	r := numerics.RMSInv(numerics.SumSquares(x))
+	var y [512]float32
+	for i := range y {
+		v := float32(x[i] * r)
+		if w != nil {
+			v = float32(v * w[i])
+		}
+		y[i] = numerics.RoundBF16(v)
+	}
+	for k := range numerics.RopePairs {
+		c, s := table.At(pos, k)
+		i := numerics.NopeDim + 2*k
+		y[i], y[i+1] = numerics.Rope(y[i], y[i+1], c, s)
+	}
+	return &y
+}
+
+// TestLayersReadTheirOwnInputs checks, against DESIGN.md section 4 computed
+// here row by row, that every layer reads the latent in place from the fused
+// row, uses its own kv_a_layernorm weight and RoPE kind (Flash layers 0, 1
+// plain, layer 2 YaRN) and writes its own pool at the slots of a chunked
+// prefill and an MTP generation step, and that the Q output holds the layer
+// that ran last.
+func TestLayersReadTheirOwnInputs(t *testing.T) {
+	rng := rand.New(rand.NewPCG(testSeed(t), 10))
+	cfg := smallConfig()
+	cfg.QScale = 0.5
+	e := newEngine(t, cfg)
+	custom := make([]float32, 512)
+	for i := range custom {
+		custom[i] = numerics.RoundBF16(float32(0.5 + rng.Float64()))
+	}
+	require.NoError(t, e.SetLayerWeight(1, custom))
+	for l, want := range []dsv4.RopeKind{dsv4.RopePlain, dsv4.RopePlain, dsv4.RopeYaRN} {
+		tb, err := e.RopeTable(l)
+		require.NoError(t, err)
+		require.Equal(t, want, tb.Kind, "layer %d", l)
+	}
+
+	ctx := context.Background()
+	step(t, rng, e, ctxReq(1, 20), ctxReq(2, 5))
+	it, err := e.Begin(ctx, []metadata.Request{ctxReq(1, 13), genReq(2, 2)})
+	require.NoError(t, err)
+	m := it.Metadata()
+	wantPos := []int32{20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 5, 6, 7}
+	require.Equal(t, wantPos, m.Positions())
+
+	fused := make([][]byte, e.Layers())
+	for l := range e.Layers() {
+		f, q := inputs(rng, e, it)
+		fused[l] = f
+		require.NoError(t, it.SetInputs(l, f, q))
+		require.NoError(t, it.RunLayer(ctx, l))
+		got, err := it.ReadQ()
+		require.NoError(t, err)
+		table, err := e.RopeTable(l)
+		require.NoError(t, err)
+		heads := e.Heads()
+		for row := range it.Tokens() {
+			for h := range heads {
+				i := row*heads + h
+				y := normRope(widen(q[i*1024:(i+1)*1024]), nil, table, int(wantPos[row]))
+				for j, v := range y {
+					want := numerics.E4M3FromF32(float32(v * 0.5))
+					require.Equal(t, want, got[i*512+j], "layer %d token %d head %d element %d", l, row, h, j)
+				}
+			}
+		}
+	}
+	require.NoError(t, it.End(ctx))
+	require.Equal(t, mla.Census{ContextKV: 3, ContextQ: 3, GenerationKV: 3, GenerationQ: 3}, it.Census())
+
+	cc := e.Config().Cache
+	row := e.FusedRowElems() * 2
+	for l := range e.Layers() {
+		w, err := e.LayerWeight(l)
+		require.NoError(t, err)
+		if l == 1 {
+			require.Equal(t, custom, w)
+		} else {
+			require.Equal(t, engine.DefaultLayerWeight(0, l), w)
+		}
+		table, err := e.RopeTable(l)
+		require.NoError(t, err)
+		for tok := range it.Tokens() {
+			slot := m.Slot(tok)
+			page, off := int(slot)/cc.PageSize, int(slot)%cc.PageSize
+			got, err := e.ReadPage(l, page)
+			require.NoError(t, err)
+			latent := fused[l][tok*row+2*cfg.Model.QLoraRank : (tok+1)*row]
+			y := normRope(widen(latent), w, table, int(wantPos[tok]))
+			want := append([]byte(nil), got...)
+			kvcache.EncodeToken(cc.Format, want, cc.PageSize, off, y, cc.KVScale)
+			require.Equal(t, want, got, "layer %d token %d (page %d offset %d): the stored bytes are not the reference encoding", l, tok, page, off)
+			require.Contains(t, it.WrittenPages(), int32(page))
+		}
+	}
+	n, err := e.SequenceLength(1)
+	require.NoError(t, err)
+	require.Equal(t, 33, n)
+	n, err = e.SequenceLength(2)
+	require.NoError(t, err)
+	require.Equal(t, 8, n)
+}
+
+// With UseGraphs every iteration covers MaxTokens rows, and the padding rows
+// of the Q buffer are zeros.
+func TestUseGraphsPadsToMaxTokens(t *testing.T) {
+	rng := rand.New(rand.NewPCG(testSeed(t), 11))
+	cfg := smallConfig()
+	cfg.UseGraphs = true
+	cfg.MaxTokens = 24
+	cfg.Layers = 1
+	cfg.QFormat = mla.QBF16
+	e := newEngine(t, cfg)
+	ctx := context.Background()
+	it, err := e.Begin(ctx, []metadata.Request{ctxReq(1, 7), ctxReq(2, 2)})
+	require.NoError(t, err)
+	require.Equal(t, 24, it.Rows())
+	require.Equal(t, 9, it.Tokens())
+	f, q := inputs(rng, e, it)
+	require.NoError(t, it.SetInputs(0, f, q))
+	require.NoError(t, it.RunLayer(ctx, 0))
+	got, err := it.ReadQ()
+	require.NoError(t, err)
+	rowBytes := e.Heads() * 512 * 2
+	require.Len(t, got, 24*rowBytes)
+	require.Equal(t, make([]byte, 15*rowBytes), got[9*rowBytes:])
+	require.NotEqual(t, make([]byte, rowBytes), got[8*rowBytes:9*rowBytes])
+	ls := it.Launches()
+	require.Len(t, ls, 1)
+	require.Equal(t, 24, ls[0].Rows)
+	require.NoError(t, it.End(ctx))
+}
+
+// Finish from other goroutines while iterations run: sequences of the
+// running batch are finished when it ends, the others at once; at the end
+// every page is free again.
+func TestFinishFromOtherGoroutines(t *testing.T) {
+	rng := rand.New(rand.NewPCG(testSeed(t), 12))
+	cfg := smallConfig()
+	cfg.Layers = 2
+	cfg.Cache.NumPages = 64
+	cfg.MaxSeqs, cfg.MaxTokens = 16, 512
+	e := newEngine(t, cfg)
+	const streams = 16
+	var reqs []metadata.Request
+	for s := range uint64(streams) {
+		reqs = append(reqs, ctxReq(s, 1+int(s)*3))
+	}
+	step(t, rng, e, reqs...)
+
+	var mu sync.Mutex
+	finished := map[uint64]bool{}
+	var wg sync.WaitGroup
+	for g := range 4 {
+		seed := rng.Uint64()
+		wg.Go(func() {
+			r := rand.New(rand.NewPCG(seed, uint64(g)))
+			for s := uint64(g); s < streams; s += 4 {
+				for range r.IntN(2000) { // let a few iterations pass
+					mu.Lock()
+					mu.Unlock()
+				}
+				if err := e.Finish(s); err != nil {
+					t.Errorf("Finish(%d): %v", s, err)
+				}
+				mu.Lock()
+				finished[s] = true
+				mu.Unlock()
+			}
+		})
+	}
+	ctx := context.Background()
+	for iter := 0; ; iter++ {
+		mu.Lock()
+		var batch []metadata.Request
+		for s := range uint64(streams) {
+			if !finished[s] {
+				batch = append(batch, genReq(s, 3))
+			}
+		}
+		mu.Unlock()
+		if len(batch) == 0 {
+			break
+		}
+		it, err := e.Begin(ctx, batch)
+		if errors.Is(err, kvcache.ErrFinishedSequence) {
+			continue // finished between the snapshot and Begin
+		}
+		require.NoError(t, err, "iteration %d", iter)
+		for l := range e.Layers() {
+			f, q := inputs(rng, e, it)
+			require.NoError(t, it.SetInputs(l, f, q))
+			require.NoError(t, it.RunLayer(ctx, l))
+		}
+		require.NoError(t, it.End(ctx))
+	}
+	wg.Wait()
+	require.Equal(t, 0, e.Sequences())
+	require.Equal(t, cfg.Cache.NumPages, e.FreePages())
+	for s := range uint64(streams) {
+		require.ErrorIs(t, e.Finish(s), kvcache.ErrFinishedSequence)
+	}
+}
+
+func TestFinishDuringIterationIsDeferred(t *testing.T) {
+	rng := rand.New(rand.NewPCG(testSeed(t), 13))
+	cfg := smallConfig()
+	cfg.Layers = 1
+	e := newEngine(t, cfg)
+	ctx := context.Background()
+	step(t, rng, e, ctxReq(1, 30), ctxReq(2, 3))
+	free := e.FreePages()
+
+	t.Run("end", func(t *testing.T) {
+		it, err := e.Begin(ctx, []metadata.Request{ctxReq(3, 16), genReq(1, 1)})
+		require.NoError(t, err)
+		require.NoError(t, e.Finish(1))
+		require.ErrorIs(t, e.Finish(1), kvcache.ErrFinishedSequence)
+		require.NoError(t, e.Finish(2), "a sequence outside the batch finishes at once")
+		n, err := e.SequenceLength(1)
+		require.NoError(t, err, "pages of the running batch are kept")
+		require.Equal(t, 30, n)
+		f, q := inputs(rng, e, it)
+		require.NoError(t, it.SetInputs(0, f, q))
+		require.NoError(t, it.RunLayer(ctx, 0))
+		require.NoError(t, it.End(ctx))
+		_, err = e.SequenceLength(1)
+		require.ErrorIs(t, err, kvcache.ErrFinishedSequence)
+		n, err = e.SequenceLength(3)
+		require.NoError(t, err)
+		require.Equal(t, 16, n)
+		require.Equal(t, free+1+2-1, e.FreePages(), "seq 1 (2 pages) and 2 (1 page) freed, seq 3 holds 1")
+	})
+	t.Run("abort", func(t *testing.T) {
+		it, err := e.Begin(ctx, []metadata.Request{genReq(3, 0)})
+		require.NoError(t, err)
+		require.NoError(t, e.Finish(3))
+		it.Abort()
+		_, err = e.SequenceLength(3)
+		require.ErrorIs(t, err, kvcache.ErrFinishedSequence)
+		require.Equal(t, cfg.Cache.NumPages, e.FreePages())
+	})
+}
+
+func TestConfigErrors(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		edit func(*engine.Config)
+		want string
+	}{
+		{"zero model", func(c *engine.Config) { c.Model = dsv4.Config{} }, "Config.Model"},
+		{"q_lora_rank not a multiple of 8", func(c *engine.Config) { c.Model.QLoraRank = 1020 }, "q_lora_rank = 1020"},
+		{"page size", func(c *engine.Config) { c.Cache.PageSize = 48 }, "PageSize 48"},
+		{"layers", func(c *engine.Config) { c.Layers = 45 }, "Config.Layers = 45"},
+		{"negative layers", func(c *engine.Config) { c.Layers = -1 }, "Config.Layers = -1"},
+		{"q scale", func(c *engine.Config) { c.QScale = -2 }, "Config.QScale = -2"},
+		{"q format", func(c *engine.Config) { c.QFormat = 9 }, "Config.QFormat"},
+		{"max tokens", func(c *engine.Config) { c.MaxTokens = -5 }, "Config.MaxTokens = -5"},
+		{"max seqs", func(c *engine.Config) { c.MaxSeqs = -1 }, "Config.MaxSeqs = -1"},
+		{"rope positions", func(c *engine.Config) { c.RopePositions = 1<<20 + 1 }, "Config.RopePositions = 1048577"},
+		{"scheduler", func(c *engine.Config) { c.Scheduler = metadata.SchedulerParams{QDeq: 1} }, "Scheduler.KVDeq"},
+		{"cuda not linked", func(c *engine.Config) { c.Backend = "cuda" }, `import _ "github.com/dsv4mla/prologue/kernels/cuda"`},
+		{"unknown backend", func(c *engine.Config) { c.Backend = "tpu" }, `Config.Backend "tpu" is not linked`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := smallConfig()
+			c.edit(&cfg)
+			e, err := engine.New(context.Background(), cfg)
+			if e != nil {
+				e.Close()
+			}
+			require.ErrorContains(t, err, c.want)
+		})
+	}
+}
+
+func TestDefaultsResolved(t *testing.T) {
+	cfg := smallConfig()
+	cfg.Layers, cfg.MaxSeqs, cfg.MaxTokens = 0, 0, 0
+	cfg.Model.NumHeads = 1
+	e := newEngine(t, cfg)
+	got := e.Config()
+	require.Equal(t, 44, got.Layers, "43 layers + the MTP layer")
+	require.Equal(t, engine.DefaultMaxSeqs, got.MaxSeqs)
+	require.Equal(t, engine.DefaultMaxTokens, got.MaxTokens)
+	require.Equal(t, 32*16, got.RopePositions, "the pool is shorter than max_position_embeddings")
+	require.Equal(t, float32(1), got.QScale)
+	require.Equal(t, metadata.DefaultSchedulerParams(), got.Scheduler)
+	tb, err := e.RopeTable(43)
+	require.NoError(t, err)
+	require.Equal(t, dsv4.RopePlain, tb.Kind, "the MTP layer (compress ratio 0)")
+}
+
+func TestDefaultLayerWeight(t *testing.T) {
+	a, b := engine.DefaultLayerWeight(7, 3), engine.DefaultLayerWeight(7, 4)
+	require.Equal(t, a, engine.DefaultLayerWeight(7, 3), "deterministic")
+	require.NotEqual(t, a, b, "layers differ")
+	for _, v := range append(a, b...) {
+		require.GreaterOrEqual(t, v, float32(0.875))
+		require.LessOrEqual(t, v, float32(1.125))
+		require.Equal(t, numerics.RoundBF16(v), v, "a bf16 value")
+	}
+}
+
+// accel is a registered test backend: the cpu backend under another name,
+// available while its switch says so, counting how often it was opened.
+type accel struct {
+	mu        sync.Mutex
+	available error
+	opened    int
+}
+
+var testAccel = &accel{available: errors.New("switched off")}
+
+func init() {
+	engine.RegisterBackend("test-accel", func(opts engine.Options) (mla.Backend, error) {
+		testAccel.mu.Lock()
+		defer testAccel.mu.Unlock()
+		testAccel.opened++
+		return renamed{cpu.New(1)}, nil
+	}, func() error {
+		testAccel.mu.Lock()
+		defer testAccel.mu.Unlock()
+		return testAccel.available
+	})
+}
+
+type renamed struct{ *cpu.Backend }
+
+func (renamed) Name() string { return "test-accel" }
+
+func TestBackendSelection(t *testing.T) {
+	set := func(err error) {
+		testAccel.mu.Lock()
+		testAccel.available = err
+		testAccel.mu.Unlock()
+	}
+	defer set(errors.New("switched off"))
+	open := func(name string) (string, error) {
+		cfg := smallConfig()
+		cfg.Layers, cfg.Backend = 1, name
+		e, err := engine.New(context.Background(), cfg)
+		if err != nil {
+			return "", err
+		}
+		defer e.Close()
+		return e.Backend().Name(), nil
+	}
+	require.Contains(t, engine.Backends(), "test-accel")
+
+	set(errors.New("no device"))
+	name, err := open("auto")
+	require.NoError(t, err)
+	require.Equal(t, "cpu", name, "auto falls back to cpu")
+	_, err = open("test-accel")
+	require.ErrorContains(t, err, `Config.Backend "test-accel" is unavailable on this machine: no device`)
+
+	set(nil)
+	for _, n := range []string{"auto", "", "test-accel"} {
+		name, err = open(n)
+		require.NoError(t, err)
+		require.Equal(t, "test-accel", name, "backend %q", n)
+	}
+	name, err = open("cpu")
+	require.NoError(t, err)
+	require.Equal(t, "cpu", name)
+
+	for _, bad := range []string{"", "auto", "cpu", "test-accel"} {
+		require.Panics(t, func() {
+			engine.RegisterBackend(bad, func(engine.Options) (mla.Backend, error) { return nil, nil }, func() error { return nil })
+		}, "name %q", bad)
+	}
+	require.Panics(t, func() { engine.RegisterBackend("x", nil, func() error { return nil }) })
+}
+
+func TestEventTimerOnlyWhenOffered(t *testing.T) {
+	cfg := smallConfig()
+	cfg.Layers = 1
+	e := newEngine(t, cfg)
+	_, ok := e.EventTimer()
+	require.False(t, ok, "the cpu backend has no device timer")
+}
+
+func TestSchedulerScalarsWritten(t *testing.T) {
+	rng := rand.New(rand.NewPCG(testSeed(t), 14))
+	cfg := smallConfig()
+	cfg.Layers = 1
+	cfg.Scheduler = metadata.SchedulerParams{QDeq: 0.5, KVDeq: 2, QScaling: 1, OScale: 3}
+	e := newEngine(t, cfg)
+	it, err := e.Begin(context.Background(), []metadata.Request{ctxReq(1, 3)})
+	require.NoError(t, err)
+	f, q := inputs(rng, e, it)
+	require.NoError(t, it.SetInputs(0, f, q))
+	require.NoError(t, it.RunLayer(context.Background(), 0))
+	s, err := it.Scheduler()
+	require.NoError(t, err)
+	require.Equal(t, metadata.ComputeSchedulerScalars(cfg.Scheduler), s)
+	require.NoError(t, it.End(context.Background()))
+}
+
+func TestCloseAbortsOpenIteration(t *testing.T) {
+	cfg := smallConfig()
+	cfg.Layers = 1
+	e, err := engine.New(context.Background(), cfg)
+	require.NoError(t, err)
+	it, err := e.Begin(context.Background(), []metadata.Request{ctxReq(1, 3)})
+	require.NoError(t, err)
+	require.NoError(t, e.Close())
+	require.ErrorIs(t, it.End(context.Background()), engine.ErrIterationDone)
+	require.NoError(t, e.Close())
+}
+
+func BenchmarkDecodeIteration(b *testing.B) {
+	for _, streams := range []int{8, 64} {
+		b.Run(fmt.Sprintf("flash/streams=%d/mtp=3", streams), func(b *testing.B) {
+			rng := rand.New(rand.NewPCG(1, 2))
+			cfg := engine.Config{
+				Model: dsv4.Flash(), Cache: kvcache.Config{PageSize: 64, NumPages: 1024},
+				Backend: engine.BackendCPU, Layers: 1, MaxSeqs: streams, MaxTokens: 4 * streams,
+			}
+			e := newEngine(b, cfg)
+			var prompt, decode []metadata.Request
+			for s := range uint64(streams) {
+				prompt = append(prompt, ctxReq(s, 4))
+				decode = append(decode, genReq(s, 3))
+			}
+			step(b, rng, e, prompt...)
+			ctx := context.Background()
+			var f, q []byte
+			b.ResetTimer()
+			for b.Loop() {
+				it, err := e.Begin(ctx, decode)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if f == nil {
+					f, q = inputs(rng, e, it)
+				}
+				if err := it.SetInputs(0, f, q); err != nil {
+					b.Fatal(err)
+				}
+				if err := it.RunLayer(ctx, 0); err != nil {
+					b.Fatal(err)
+				}
+				if err := it.End(ctx); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(4*streams*b.N)/b.Elapsed().Seconds(), "tokens/s")
+		})
+	}
+}

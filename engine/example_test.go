@@ -1,0 +1,95 @@
+package engine_test
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"math/rand/v2"
+
+	"github.com/dsv4mla/prologue/engine"
+	"github.com/dsv4mla/prologue/kvcache"
+	"github.com/dsv4mla/prologue/metadata"
+	"github.com/dsv4mla/prologue/model/dsv4"
+	"github.com/dsv4mla/prologue/numerics"
+)
+
+// The whole life of a request on the CPU backend: a 100-token prompt in
+// two chunked-prefill pieces, two generation steps with 3 MTP drafts each
+// (4 tokens per step), then Finish, after which the sequence is refused.
+func Example() {
+	ctx := context.Background()
+	e, err := engine.New(ctx, engine.Config{
+		Model:     dsv4.Flash(),
+		Cache:     kvcache.Config{Format: kvcache.FormatFP8UE8M0, PageSize: 64, NumPages: 16},
+		Backend:   engine.BackendCPU,
+		Layers:    2,
+		MaxSeqs:   4,
+		MaxTokens: 64,
+	})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer e.Close()
+
+	// Synthetic activations; a server passes the A and q_b projections'
+	// outputs (or writes engine.Inputs on the device).
+	rng := rand.New(rand.NewPCG(1, 2))
+	activations := func(n int) []byte {
+		b := make([]byte, 2*n)
+		for i := range n {
+			binary.LittleEndian.PutUint16(b[2*i:], numerics.BF16FromF32(float32(rng.NormFloat64())))
+		}
+		return b
+	}
+	step := func(reqs ...metadata.Request) {
+		it, err := e.Begin(ctx, reqs)
+		if err != nil {
+			fmt.Println("refused:", err)
+			return
+		}
+		defer it.Abort() // does nothing once End succeeded
+		for layer := range e.Layers() {
+			fusedA := activations(it.Tokens() * e.FusedRowElems())
+			q := activations(it.Tokens() * e.Heads() * numerics.HeadDim)
+			if err := it.SetInputs(layer, fusedA, q); err != nil {
+				fmt.Println(err)
+				return
+			}
+			if err := it.RunLayer(ctx, layer); err != nil {
+				fmt.Println(err)
+				return
+			}
+		}
+		if err := it.End(ctx); err != nil {
+			fmt.Println(err)
+			return
+		}
+		m, pos := it.Metadata(), it.Metadata().Positions()
+		fmt.Printf("ctx %2d gen %d tokens, positions %d..%d, slots %d..%d, launches %+v\n",
+			m.CtxTokens, m.GenTokens, pos[0], pos[len(pos)-1], m.Slot(0), m.Slot(m.Tokens-1), it.Census())
+	}
+
+	const seq = 7
+	step(metadata.Request{Seq: seq, Phase: metadata.Context, NewTokens: 64})
+	step(metadata.Request{Seq: seq, Phase: metadata.Context, NewTokens: 36})
+	step(metadata.Request{Seq: seq, Phase: metadata.Generation, MTP: 3})
+	step(metadata.Request{Seq: seq, Phase: metadata.Generation, MTP: 3})
+
+	n, _ := e.SequenceLength(seq)
+	pages, _ := e.BlockTable(seq)
+	fmt.Printf("seq %d holds %d tokens in pages %v; %d of 16 pages free\n", seq, n, pages, e.FreePages())
+	if err := e.Finish(seq); err != nil {
+		fmt.Println(err)
+	}
+	fmt.Printf("finished: %d of 16 pages free\n", e.FreePages())
+	step(metadata.Request{Seq: seq, Phase: metadata.Generation, MTP: 3})
+	// Output:
+	// ctx 64 gen 0 tokens, positions 0..63, slots 0..63, launches {ContextKV:2 ContextQ:2 GenerationKV:0 GenerationQ:0}
+	// ctx 36 gen 0 tokens, positions 64..99, slots 64..99, launches {ContextKV:2 ContextQ:2 GenerationKV:0 GenerationQ:0}
+	// ctx  0 gen 4 tokens, positions 100..103, slots 100..103, launches {ContextKV:0 ContextQ:0 GenerationKV:2 GenerationQ:2}
+	// ctx  0 gen 4 tokens, positions 104..107, slots 104..107, launches {ContextKV:0 ContextQ:0 GenerationKV:2 GenerationQ:2}
+	// seq 7 holds 108 tokens in pages [0 1]; 14 of 16 pages free
+	// finished: 16 of 16 pages free
+	// refused: engine: Begin: metadata: request 0 (seq 7): lookup: kvcache: finished sequence 7
+}

@@ -1,0 +1,242 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/dsv4mla/prologue/attention/mla"
+	"github.com/dsv4mla/prologue/kvcache"
+	"github.com/dsv4mla/prologue/metadata"
+	"github.com/dsv4mla/prologue/numerics"
+)
+
+// Iteration is one batch between Begin and End (or Abort). Its metadata is
+// on the device already; each layer's inputs go into the engine's input
+// buffers, then RunLayer runs that layer's prologue. Its methods are called
+// from the goroutine that called Begin.
+type Iteration struct {
+	e         *Engine
+	index     int
+	meta      *metadata.Metadata
+	launches  []mla.Launch
+	res       *kvcache.Reservation
+	holds     map[uint64]struct{} // sequences of the batch: Finish defers them
+	ran       []bool              // layers whose prologue ran
+	inputsFor int                 // layer of the last SetInputs, -1 before any
+	pages     []int32             // pages holding a slot of this iteration
+	census    mla.Census
+	err       error // the first RunLayer failure
+	done      bool
+}
+
+// Index is the iteration's number, counting every Begin that succeeded.
+func (it *Iteration) Index() int { return it.index }
+
+// Metadata is the iteration's metadata, as uploaded. It is shared: do not
+// modify it.
+func (it *Iteration) Metadata() *metadata.Metadata { return it.meta }
+
+// Launches returns the launches each layer issues (one per phase present).
+func (it *Iteration) Launches() []mla.Launch { return slices.Clone(it.launches) }
+
+// Census counts the launches issued so far by this iteration.
+func (it *Iteration) Census() mla.Census { return it.census }
+
+// WrittenPages returns, in ascending order, the pages this iteration writes:
+// those holding a slot of one of its tokens.
+func (it *Iteration) WrittenPages() []int32 { return slices.Clone(it.pages) }
+
+// Tokens is the number of real token rows; Rows counts the padding too.
+func (it *Iteration) Tokens() int { return it.meta.Tokens }
+
+// Rows is the number of token rows the launches cover, padding included.
+func (it *Iteration) Rows() int { return it.meta.PaddedTokens }
+
+func (it *Iteration) check(layer int) error {
+	if it.done {
+		return fmt.Errorf("engine: iteration %d: %w", it.index, ErrIterationDone)
+	}
+	return it.e.checkLayer(layer)
+}
+
+// SetInputs copies one layer's inputs into the input buffers: fusedA holds
+// Tokens() fused A projection rows of q_lora_rank+512 bf16 (little-endian;
+// the prologue reads the last 512 of each row in place) and q holds
+// Tokens() rows of heads*512 bf16. It first waits for the launches already
+// issued, which read the same buffers. RunLayer must then run the same
+// layer: a mismatch is refused.
+//
+// Producers that write the inputs on the device use Engine.Inputs instead.
+func (it *Iteration) SetInputs(layer int, fusedA, q []byte) error {
+	if err := it.check(layer); err != nil {
+		return err
+	}
+	e := it.e
+	if want := it.meta.Tokens * e.cfg.fusedRowElems() * 2; len(fusedA) != want {
+		return fmt.Errorf("engine: SetInputs(layer %d): fusedA has %d bytes, %d tokens of %d bf16 need %d",
+			layer, len(fusedA), it.meta.Tokens, e.cfg.fusedRowElems(), want)
+	}
+	if want := it.meta.Tokens * e.cfg.Model.NumHeads * numerics.HeadDim * 2; len(q) != want {
+		return fmt.Errorf("engine: SetInputs(layer %d): q has %d bytes, %d tokens x %d heads x 512 bf16 need %d",
+			layer, len(q), it.meta.Tokens, e.cfg.Model.NumHeads, want)
+	}
+	if err := e.backend.Synchronize(context.Background()); err != nil {
+		return fmt.Errorf("engine: SetInputs(layer %d): waiting for earlier launches: %w", layer, err)
+	}
+	if err := e.backend.Write(e.fusedA, 0, fusedA); err != nil {
+		return fmt.Errorf("engine: SetInputs(layer %d): fusedA: %w", layer, err)
+	}
+	if err := e.backend.Write(e.qIn, 0, q); err != nil {
+		return fmt.Errorf("engine: SetInputs(layer %d): q: %w", layer, err)
+	}
+	it.inputsFor = layer
+	return nil
+}
+
+// RunLayer issues one layer's prologue over the batch: for each phase, the
+// KV norm-RoPE-store kernel into the layer's cache pool, then the Q
+// norm-RoPE-quant kernel into the Q output buffer, with the layer's RoPE
+// table (plain or YaRN by its compress ratio). On a backend that queues
+// work, it returns once the work is issued; End waits for it. A failure
+// marks the iteration failed: End then rolls it back.
+func (it *Iteration) RunLayer(ctx context.Context, layer int) error {
+	if err := it.check(layer); err != nil {
+		return err
+	}
+	if it.inputsFor >= 0 && it.inputsFor != layer {
+		return fmt.Errorf("engine: RunLayer(%d): the input buffers hold layer %d's inputs (SetInputs)", layer, it.inputsFor)
+	}
+	if err := ctx.Err(); err != nil {
+		it.fail(err)
+		return fmt.Errorf("engine: RunLayer(%d): %w", layer, err)
+	}
+	if err := mla.RunLayer(ctx, it.e.backend, it.launches, it.e.args[layer]); err != nil {
+		it.fail(err)
+		return fmt.Errorf("engine: RunLayer(%d): %w", layer, err)
+	}
+	it.ran[layer] = true
+	it.census.Add(it.launches)
+	it.e.mu.Lock()
+	it.e.census.Add(it.launches)
+	it.e.mu.Unlock()
+	return nil
+}
+
+func (it *Iteration) fail(err error) {
+	if it.err == nil {
+		it.err = err
+	}
+}
+
+// End waits for the iteration's work and commits it: the sequences now hold
+// their new tokens. If a layer did not run, a RunLayer failed or the wait
+// fails (ctx cancelled, a device error), End rolls the iteration back
+// instead and returns why: the cache holds exactly what it held before
+// Begin. Finish calls deferred for this iteration's sequences run last.
+func (it *Iteration) End(ctx context.Context) error {
+	if it.done {
+		return fmt.Errorf("engine: End: iteration %d: %w", it.index, ErrIterationDone)
+	}
+	var why error
+	for l, ran := range it.ran {
+		if !ran {
+			why = fmt.Errorf("engine: End: iteration %d: layer %d did not run; rolled back", it.index, l)
+			break
+		}
+	}
+	if it.err != nil {
+		why = fmt.Errorf("engine: End: iteration %d: a layer failed, rolled back: %w", it.index, it.err)
+	}
+	if why == nil {
+		if err := it.e.backend.Synchronize(ctx); err != nil {
+			why = fmt.Errorf("engine: End: iteration %d: rolled back: %w", it.index, err)
+		}
+	}
+	it.done = true
+	e := it.e
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	err := e.closeIterationLocked(it, why == nil)
+	if why != nil {
+		return errors.Join(why, err)
+	}
+	if err != nil {
+		return fmt.Errorf("engine: End: iteration %d: %w", it.index, err)
+	}
+	e.log.Debug().Int("iteration", it.index).Int("free_pages", e.cache.FreePages()).Msg("iteration committed")
+	return nil
+}
+
+// Abort rolls the iteration back: pages it reserved return to the pool and
+// sequences it created are forgotten; the bytes of committed tokens were
+// never touched. It waits for issued work first, so no launch of this
+// iteration writes a page after it is freed. It does nothing after End or a
+// previous Abort.
+func (it *Iteration) Abort() {
+	if it.done {
+		return
+	}
+	it.done = true
+	e := it.e
+	if err := e.backend.Synchronize(context.Background()); err != nil {
+		e.log.Warn().Err(err).Int("iteration", it.index).Msg("abort: waiting for issued work")
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if err := e.closeIterationLocked(it, false); err != nil {
+		e.log.Warn().Err(err).Int("iteration", it.index).Msg("abort: rollback")
+	}
+}
+
+// ReadQ returns the Q output buffer's rows of this iteration, padding
+// included: [Rows()][heads][512] of the engine's QFormat. It holds the last
+// layer that ran.
+func (it *Iteration) ReadQ() ([]byte, error) {
+	e := it.e
+	out := make([]byte, it.meta.PaddedTokens*e.cfg.Model.NumHeads*numerics.HeadDim*e.cfg.QFormat.ElemBytes())
+	if err := e.backend.Synchronize(context.Background()); err != nil {
+		return nil, err
+	}
+	if err := e.backend.Read(out, e.qOut, 0); err != nil {
+		return nil, fmt.Errorf("engine: reading the Q output: %w", err)
+	}
+	return out, nil
+}
+
+// ReadLatent returns the latent rows as the KV kernel reads them, [Tokens()]
+// rows of 512 bf16, taken from the fused A input buffer at its stride.
+func (it *Iteration) ReadLatent() ([]byte, error) {
+	e := it.e
+	row := e.cfg.fusedRowElems() * 2
+	fused := make([]byte, it.meta.Tokens*row)
+	if err := e.backend.Read(fused, e.fusedA, 0); err != nil {
+		return nil, fmt.Errorf("engine: reading the fused A input: %w", err)
+	}
+	out := make([]byte, it.meta.Tokens*numerics.HeadDim*2)
+	off := e.cfg.Model.QLoraRank * 2
+	for t := range it.meta.Tokens {
+		copy(out[t*numerics.HeadDim*2:(t+1)*numerics.HeadDim*2], fused[t*row+off:])
+	}
+	return out, nil
+}
+
+// ReadQIn returns the Q input rows, [Tokens()][heads][512] bf16.
+func (it *Iteration) ReadQIn() ([]byte, error) {
+	e := it.e
+	out := make([]byte, it.meta.Tokens*e.cfg.Model.NumHeads*numerics.HeadDim*2)
+	if err := e.backend.Read(out, e.qIn, 0); err != nil {
+		return nil, fmt.Errorf("engine: reading the Q input: %w", err)
+	}
+	return out, nil
+}
+
+// Scheduler reads back the FMHA scheduler scalars the first launch of the
+// last layer wrote into the metadata buffer.
+func (it *Iteration) Scheduler() (metadata.SchedulerScalars, error) {
+	if err := it.e.backend.Synchronize(context.Background()); err != nil {
+		return metadata.SchedulerScalars{}, err
+	}
+	return it.e.meta.ReadScheduler(it.e.backend)
+}
