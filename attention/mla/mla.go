@@ -197,6 +197,25 @@ func Plan(m *metadata.Metadata) []Launch {
 	return ls
 }
 
+// LayerRunner is an optional fast path a backend may offer for a whole
+// layer (the CUDA backend hands all launches to its driver thread at once).
+// It must behave exactly as RunLaunches.
+type LayerRunner interface {
+	RunLayer(ctx context.Context, launches []Launch, a *LayerArgs) error
+}
+
+// Graph is a captured sequence of launches that can be replayed.
+type Graph interface {
+	Launch() error
+	Close() error
+}
+
+// GraphCapturer is an optional interface of backends that can record the
+// launches a function issues and replay them (CUDA graphs).
+type GraphCapturer interface {
+	Capture(f func() error) (Graph, error)
+}
+
 // RunLayer issues one layer's prologue: for every launch, the KV kernel and
 // then the Q kernel. Every launch reads the same LayerArgs: there is no state
 // that one phase could leave behind for the other.
@@ -208,6 +227,14 @@ func RunLayer(ctx context.Context, b Backend, launches []Launch, a *LayerArgs) e
 	if err := a.Validate(last.RowBegin + last.Rows); err != nil {
 		return err
 	}
+	if lr, ok := b.(LayerRunner); ok {
+		return lr.RunLayer(ctx, launches, a)
+	}
+	return RunLaunches(ctx, b, launches, a)
+}
+
+// RunLaunches is the generic path of RunLayer, without validation.
+func RunLaunches(ctx context.Context, b Backend, launches []Launch, a *LayerArgs) error {
 	for _, l := range launches {
 		if err := b.KVNormRopeStore(ctx, l, a); err != nil {
 			return fmt.Errorf("mla: %s KV launch (%v): %w", b.Name(), l, err)

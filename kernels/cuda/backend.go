@@ -409,3 +409,47 @@ func (b *Backend) Time(ctx context.Context, f func() error) (time.Duration, erro
 }
 
 var _ mla.Backend = (*Backend)(nil)
+
+// RunLayer is mla's optional fast path: the layer's launches are handed to
+// the context's owner thread in one batch instead of one hand-over each.
+func (b *Backend) RunLayer(ctx context.Context, launches []mla.Launch, a *mla.LayerArgs) error {
+	return b.ctx.Do(func() error { return mla.RunLaunches(ctx, b, launches, a) })
+}
+
+// Graph is a captured, instantiated CUDA graph of launches on the backend's
+// stream. The buffers it reads and writes keep their addresses, so replaying
+// it after new metadata is uploaded runs the new iteration.
+type Graph struct {
+	b    *Backend
+	g    *driver.Graph
+	exec *driver.GraphExec
+}
+
+// Capture records the launches f issues on the stream (without running
+// them) and instantiates them as a graph. f must only launch: no copies
+// that synchronize.
+func (b *Backend) Capture(f func() error) (mla.Graph, error) {
+	if err := b.ctx.BeginCapture(b.stream); err != nil {
+		return nil, err
+	}
+	ferr := b.ctx.Do(f)
+	g, err := b.ctx.EndCapture(b.stream)
+	if ferr != nil || err != nil {
+		if g != nil {
+			_ = g.Destroy()
+		}
+		return nil, errors.Join(ferr, err)
+	}
+	exec, err := b.ctx.Instantiate(g)
+	if err != nil {
+		_ = g.Destroy()
+		return nil, err
+	}
+	return &Graph{b: b, g: g, exec: exec}, nil
+}
+
+// Launch replays the graph on the backend's stream.
+func (g *Graph) Launch() error { return g.b.ctx.GraphLaunch(g.exec, g.b.stream) }
+
+// Close destroys the graph.
+func (g *Graph) Close() error { return errors.Join(g.exec.Destroy(), g.g.Destroy()) }

@@ -1,0 +1,28 @@
+// Device-side input generation for the benchmark: random inputs of many
+// gigabytes would take minutes to make on the host.
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+__device__ __forceinline__ u32 mix(u64 x) {
+    x ^= x >> 33; x *= 0xff51afd7ed558ccdull; x ^= x >> 33; x *= 0xc4ceb9fe1a85ec53ull; x ^= x >> 33;
+    return (u32)x;
+}
+
+// bf16 values in about +-4 * 2^e, with e fixed per row of row_elems values
+// (|e| <= 8), so row norms and group maxima vary; always finite.
+extern "C" __global__ void fill_bf16(unsigned short* p, u64 n, u32 seed, u32 row_elems) {
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
+        u32 h = mix(i * 0x9e3779b97f4a7c15ull + seed);
+        int e = (int)(mix((i / row_elems) + ((u64)seed << 32)) % 17u) - 8;
+        float v = ((float)(h & 0xffffu) / 32768.f - 1.f) * 4.f * __uint_as_float((u32)(127 + e) << 23);
+        p[i] = (unsigned short)(__float_as_uint(v) >> 16);
+    }
+}
+
+// float32 values in [lo, hi).
+extern "C" __global__ void fill_f32(float* p, u64 n, u32 seed, float lo, float hi) {
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
+        u32 h = mix(i * 0x9e3779b97f4a7c15ull + seed);
+        p[i] = lo + (hi - lo) * ((float)(h >> 8) / 16777216.f);
+    }
+}
