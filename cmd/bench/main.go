@@ -109,12 +109,12 @@ func main() {
 	reps := flag.Int("reps", 50, "timed repetitions per kernel and shape (median)")
 	models := flag.String("models", "flash,pro", "models")
 	formats := flag.String("formats", "fp8_ue8m0,bf16,fp8_pertensor", "cache formats")
-	variants := flag.String("variants", "", "extra kernel variants to time, rowsPerWarp x warpsPerBlock, e.g. 2x4,4x4")
+	variants := flag.String("variants", "", "extra kernel variants to time, ';'-separated option sets, e.g. 'rpw=4 wpb=4;qw=4 qr=8;pdl'")
 	quick := flag.Bool("quick", false, "a few shapes only")
-	rpw := flag.Int("rows-per-warp", 0, "rows per warp of the main variant (0: backend default)")
-	wpb := flag.Int("warps-per-block", 0, "warps per block of the main variant (0: backend default)")
+	mainVariant := flag.String("variant", "pdl", "option set of the main variant (see --variants)")
+	verbose := flag.Bool("verbose", false, "print ptxas's register report of the kernels")
 	flag.Parse()
-	if err := run(*out, *checkDir, *reps, *models, *formats, *variants, *quick, *rpw, *wpb); err != nil {
+	if err := run(*out, *checkDir, *reps, *models, *formats, *mainVariant, *variants, *quick, *verbose); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
@@ -368,7 +368,31 @@ func (b *bench) setup(md model, s shape, formats []kvcache.Format) (*layerSetup,
 func kvBytes(t int, f kvcache.Format) int64 { return int64(t) * int64(1024+256+f.BytesPerToken()) }
 func qBytes(t, heads int) int64             { return int64(t) * (int64(heads)*1536 + 256) }
 
-func run(out, checkDir string, reps int, modelList, formatList, variantList string, quick bool, rpw, wpb int) error {
+// parseVariant reads an option set: rpw=N wpb=N qw=N qr=N pdl.
+func parseVariant(v string) (cuda.Options, error) {
+	var o cuda.Options
+	for _, f := range strings.Fields(v) {
+		k, val, _ := strings.Cut(f, "=")
+		n, _ := strconv.Atoi(val)
+		switch k {
+		case "rpw":
+			o.RowsPerWarp = n
+		case "wpb":
+			o.WarpsPerBlock = n
+		case "qw":
+			o.QWarps = n
+		case "qr":
+			o.QRows = n
+		case "pdl":
+			o.PDL = true
+		default:
+			return o, fmt.Errorf("variant %q: unknown option %q", v, k)
+		}
+	}
+	return o, nil
+}
+
+func run(out, checkDir string, reps int, modelList, formatList, mainVariant, variantList string, quick, verbose bool) error {
 	if err := cuda.Available(); err != nil {
 		return err
 	}
@@ -393,9 +417,17 @@ func run(out, checkDir string, reps int, modelList, formatList, variantList stri
 			return fmt.Errorf("unknown model %q", name)
 		}
 	}
-	b, err := newBench(cuda.Options{RowsPerWarp: rpw, WarpsPerBlock: wpb}, reps)
+	mainOpts, err := parseVariant(mainVariant)
 	if err != nil {
 		return err
+	}
+	mainOpts.Verbose = verbose
+	b, err := newBench(mainOpts, reps)
+	if err != nil {
+		return err
+	}
+	if verbose {
+		fmt.Println(b.be.CompileLog())
 	}
 	rep := Report{Device: b.be.Props().Name, Date: time.Now().UTC().Format(time.RFC3339), Command: strings.Join(os.Args, " ")}
 	if rep.CopyGBps, err = b.measureCopy(); err != nil {
@@ -404,14 +436,14 @@ func run(out, checkDir string, reps int, modelList, formatList, variantList stri
 	b.copyGBps = rep.CopyGBps
 	fmt.Printf("device %s, copy %.0f GB/s (read+write)\n", rep.Device, rep.CopyGBps)
 	benches := []*bench{b}
-	names := []string{fmt.Sprintf("%dx%d", max(rpw, 1), max(wpb, 4))}
+	names := []string{mainVariant}
 	if variantList != "" {
-		for _, v := range strings.Split(variantList, ",") {
-			var r, w int
-			if _, err := fmt.Sscanf(v, "%dx%d", &r, &w); err != nil {
-				return fmt.Errorf("variant %q: want RxW", v)
+		for _, v := range strings.Split(variantList, ";") {
+			o, err := parseVariant(v)
+			if err != nil {
+				return err
 			}
-			vb, err := newBench(cuda.Options{RowsPerWarp: r, WarpsPerBlock: w}, reps)
+			vb, err := newBench(o, reps)
 			if err != nil {
 				return err
 			}

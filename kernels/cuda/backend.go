@@ -36,11 +36,21 @@ func Available() error {
 type Options struct {
 	Device int
 	Logger zerolog.Logger
-	// RowsPerWarp is the number of rows each warp loads before its first
-	// reduction (instruction-level parallelism on the loads); 0 means 1.
+	// RowsPerWarp is the number of consecutive latent rows a KV warp loads
+	// before its first reduction (1, 2 or 4); 0 picks by batch size: one row
+	// while the grid is small, so it still covers the SMs, more when rows
+	// are plenty and load latency is what limits.
 	RowsPerWarp int
-	// WarpsPerBlock sets the block size (32 threads a warp); 0 means 4.
+	// WarpsPerBlock sets the KV kernel's block size (32 threads a warp); 0 means 4.
 	WarpsPerBlock int
+	// QWarps and QRows shape the Q kernel: one block of QWarps warps per
+	// token, each warp loading QRows heads at once. 0 means 8 and 8.
+	QWarps, QRows int
+	// PDL launches the kernels with programmatic dependent launch, so a
+	// kernel's launch overlaps the tail of the one before it.
+	PDL bool
+	// Verbose keeps ptxas's resource report (registers, spills) in CompileLog.
+	Verbose bool
 }
 
 // Backend runs the prologue kernels on one device.
@@ -50,8 +60,8 @@ type Backend struct {
 	mod    *driver.Module
 	fns    map[string]*driver.Function
 	log    zerolog.Logger
-	rpw    int
-	wpb    int
+	opts   Options
+	clog   string
 }
 
 // Buffer is device memory.
@@ -66,41 +76,66 @@ func (b *Buffer) Len() int { return b.n }
 // Ptr is the device address.
 func (b *Buffer) Ptr() driver.DevicePtr { return b.ptr }
 
-var kernelNames = []string{"kv_fp8_ue8m0", "kv_bf16", "kv_fp8_pertensor", "q_fp8", "q_bf16", "e4m3_sweep"}
+func kernelNames() []string {
+	names := []string{"q_fp8", "q_bf16", "e4m3_sweep"}
+	for _, k := range []string{"1", "2", "4"} {
+		names = append(names, "kv_fp8_ue8m0_k"+k, "kv_bf16_k"+k, "kv_fp8_pertensor_k"+k)
+	}
+	return names
+}
 
 // New opens the device, compiles (or loads from the cache) the kernels and
 // creates the stream.
 func New(opts Options) (*Backend, error) {
-	if opts.RowsPerWarp <= 0 {
-		opts.RowsPerWarp = 1
-	}
 	if opts.WarpsPerBlock <= 0 {
 		opts.WarpsPerBlock = 4
 	}
-	if opts.RowsPerWarp > 8 || opts.WarpsPerBlock > 8 {
-		return nil, fmt.Errorf("cuda: RowsPerWarp = %d and WarpsPerBlock = %d, each must be at most 8", opts.RowsPerWarp, opts.WarpsPerBlock)
+	if opts.QWarps <= 0 {
+		opts.QWarps = 8
+	}
+	if opts.QRows <= 0 {
+		opts.QRows = 8
+	}
+	switch {
+	case opts.RowsPerWarp != 0 && opts.RowsPerWarp != 1 && opts.RowsPerWarp != 2 && opts.RowsPerWarp != 4:
+		return nil, fmt.Errorf("cuda: Options.RowsPerWarp = %d, want 0 (auto), 1, 2 or 4", opts.RowsPerWarp)
+	case opts.WarpsPerBlock > 8:
+		return nil, fmt.Errorf("cuda: Options.WarpsPerBlock = %d, at most 8", opts.WarpsPerBlock)
+	case opts.QWarps > 32 || opts.QRows > 16:
+		return nil, fmt.Errorf("cuda: Options.QWarps = %d (at most 32), QRows = %d (at most 16)", opts.QWarps, opts.QRows)
 	}
 	c, err := driver.Open(opts.Device)
 	if err != nil {
 		return nil, err
 	}
-	b := &Backend{ctx: c, log: opts.Logger, rpw: opts.RowsPerWarp, wpb: opts.WarpsPerBlock, fns: map[string]*driver.Function{}}
+	b := &Backend{ctx: c, log: opts.Logger, opts: opts, fns: map[string]*driver.Function{}}
 	if err := b.init(); err != nil {
 		_ = c.Close()
 		return nil, err
 	}
 	p := c.Props()
-	b.log.Debug().Str("device", p.Name).Str("arch", p.Arch()).Int("sms", p.SMCount).Int("rows_per_warp", b.rpw).Msg("cuda backend ready")
+	b.log.Debug().Str("device", p.Name).Str("arch", p.Arch()).Int("sms", p.SMCount).Msg("cuda backend ready")
 	return b, nil
 }
 
 func (b *Backend) init() error {
-	var err error
-	opts := driver.CompileOptions{Defines: map[string]string{"ROWS_PER_WARP": strconv.Itoa(b.rpw)}}
-	if b.mod, err = b.ctx.CompileModule(prologueSource, "prologue.cu", opts); err != nil {
+	opts := driver.CompileOptions{
+		Arch:    b.ctx.Props().Arch(),
+		Defines: map[string]string{"Q_WARPS": strconv.Itoa(b.opts.QWarps), "Q_ROWS": strconv.Itoa(b.opts.QRows)},
+	}
+	if b.opts.Verbose {
+		opts.Extra = []string{"--ptxas-options=-v"}
+		opts.NoCache = true
+	}
+	compiled, err := driver.CompileDetailed(prologueSource, "prologue.cu", opts)
+	if err != nil {
 		return err
 	}
-	for _, n := range kernelNames {
+	b.clog = compiled.Log
+	if b.mod, err = b.ctx.LoadModule(compiled.Cubin); err != nil {
+		return err
+	}
+	for _, n := range kernelNames() {
 		if b.fns[n], err = b.mod.Function(n); err != nil {
 			return err
 		}
@@ -108,6 +143,10 @@ func (b *Backend) init() error {
 	b.stream, err = b.ctx.NewStream()
 	return err
 }
+
+// CompileLog is NVRTC's log of the kernels' compilation (with Verbose, the
+// registers and spills of each kernel); empty on a cache hit.
+func (b *Backend) CompileLog() string { return b.clog }
 
 // Name is "cuda".
 func (b *Backend) Name() string { return "cuda" }
@@ -289,22 +328,41 @@ func (b *Backend) launchParams(l mla.Launch, a *mla.LayerArgs, in, out, weight d
 	return packParams(ptrs, inStride, ints, floats, []int32{ws, 0}), nil
 }
 
-func (b *Backend) grid(units int) (driver.Dim3, driver.Dim3) {
-	warps := (units + b.rpw - 1) / b.rpw
-	blocks := (warps + b.wpb - 1) / b.wpb
-	return driver.Dim3{uint32(max(blocks, 1)), 1, 1}, driver.Dim3{uint32(32 * b.wpb), 1, 1}
+// kvRowsPerWarp picks how many rows each KV warp loads ahead: the small-N
+// dispatch keeps one row a warp until the grid would still cover the SMs
+// several times over.
+func (b *Backend) kvRowsPerWarp(rows int) int {
+	if b.opts.RowsPerWarp > 0 {
+		return b.opts.RowsPerWarp
+	}
+	sms := b.ctx.Props().SMCount
+	switch {
+	case rows >= sms*b.opts.WarpsPerBlock*4*8:
+		return 4
+	case rows >= sms*b.opts.WarpsPerBlock*2*8:
+		return 2
+	}
+	return 1
 }
 
-func kvKernel(f kvcache.Format) (string, error) {
+func kvKernel(f kvcache.Format, k int) (string, error) {
+	suffix := "_k" + strconv.Itoa(k)
 	switch f {
 	case kvcache.FormatFP8UE8M0:
-		return "kv_fp8_ue8m0", nil
+		return "kv_fp8_ue8m0" + suffix, nil
 	case kvcache.FormatBF16:
-		return "kv_bf16", nil
+		return "kv_bf16" + suffix, nil
 	case kvcache.FormatFP8PerTensor:
-		return "kv_fp8_pertensor", nil
+		return "kv_fp8_pertensor" + suffix, nil
 	}
 	return "", fmt.Errorf("cuda: no KV kernel for cache format %v", f)
+}
+
+func (b *Backend) launch(fn *driver.Function, grid, block driver.Dim3, p driver.Bytes) error {
+	if b.opts.PDL {
+		return b.ctx.LaunchPDL(fn, grid, block, 0, b.stream, p)
+	}
+	return b.ctx.Launch(fn, grid, block, 0, b.stream, p)
 }
 
 // KVNormRopeStore implements mla.Backend.
@@ -312,7 +370,8 @@ func (b *Backend) KVNormRopeStore(ctx context.Context, l mla.Launch, a *mla.Laye
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	name, err := kvKernel(a.CacheConfig.Format)
+	k := b.kvRowsPerWarp(l.Rows)
+	name, err := kvKernel(a.CacheConfig.Format, k)
 	if err != nil {
 		return err
 	}
@@ -332,8 +391,9 @@ func (b *Backend) KVNormRopeStore(ctx context.Context, l mla.Launch, a *mla.Laye
 	if err != nil {
 		return err
 	}
-	grid, block := b.grid(l.Rows)
-	return b.ctx.Launch(b.fns[name], grid, block, 0, b.stream, p)
+	warps := (l.Rows + k - 1) / k
+	blocks := (warps + b.opts.WarpsPerBlock - 1) / b.opts.WarpsPerBlock
+	return b.launch(b.fns[name], driver.Dim3{uint32(blocks), 1, 1}, driver.Dim3{uint32(32 * b.opts.WarpsPerBlock), 1, 1}, p)
 }
 
 // QNormRopeQuant implements mla.Backend.
@@ -357,8 +417,7 @@ func (b *Backend) QNormRopeQuant(ctx context.Context, l mla.Launch, a *mla.Layer
 	if err != nil {
 		return err
 	}
-	grid, block := b.grid(l.Rows * a.Heads)
-	return b.ctx.Launch(b.fns[name], grid, block, 0, b.stream, p)
+	return b.launch(b.fns[name], driver.Dim3{uint32(l.Rows), 1, 1}, driver.Dim3{uint32(32 * b.opts.QWarps), 1, 1}, p)
 }
 
 // E4M3Sweep converts n float32 bit patterns base, base+1, ... with the

@@ -39,12 +39,22 @@ func TestCUDAConformance(t *testing.T) {
 	mlatest.Test(t, b)
 }
 
-func TestCUDAConformanceRowsPerWarp(t *testing.T) {
+// TestCUDAConformanceVariants runs the suite on every launch shape the
+// backend can pick, including odd ones (a Q chunk that does not divide the
+// heads) and programmatic dependent launch.
+func TestCUDAConformanceVariants(t *testing.T) {
 	backend(t)
-	for _, rpw := range []int{2, 4} {
-		b, err := cuda.New(cuda.Options{RowsPerWarp: rpw, WarpsPerBlock: 2})
+	variants := map[string]cuda.Options{
+		"rows2":           {RowsPerWarp: 2, WarpsPerBlock: 2},
+		"rows4":           {RowsPerWarp: 4, WarpsPerBlock: 3},
+		"q5x3":            {QWarps: 5, QRows: 3},
+		"q1x1-pdl":        {QWarps: 1, QRows: 1, PDL: true},
+		"rows4-q16x4-pdl": {RowsPerWarp: 4, QWarps: 16, QRows: 4, PDL: true},
+	}
+	for name, opts := range variants {
+		b, err := cuda.New(opts)
 		require.NoError(t, err)
-		t.Run("rpw"+string(rune('0'+rpw)), func(t *testing.T) { mlatest.Test(t, b) })
+		t.Run(name, func(t *testing.T) { mlatest.Test(t, b) })
 		require.NoError(t, b.Close())
 	}
 }

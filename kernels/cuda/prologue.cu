@@ -20,10 +20,6 @@ typedef unsigned long long u64;
 enum { FMT_FP8_UE8M0 = 0, FMT_BF16 = 1, FMT_FP8_PERTENSOR = 2 };
 enum { PHASE_CONTEXT = 0, PHASE_GENERATION = 1 };
 
-#ifndef ROWS_PER_WARP
-#define ROWS_PER_WARP 1
-#endif
-
 // Launch parameters, passed by value. Go packs the same layout
 // (kernels.go: packParams): eight 8-byte pointers, then 4-byte fields.
 struct Params {
@@ -103,23 +99,6 @@ __device__ __forceinline__ float warp_rms_inv(const float x[16]) {
     float mean = __fdiv_rn(s, 512.f);
     float root = __fsqrt_rn(__fadd_rn(mean, 1e-6f));
     return __fdiv_rn(1.f, root);
-}
-
-// Rotate the lane's 8 pairs (lanes 28..31 only) with the table row of pos.
-__device__ __forceinline__ void rope8(float y[16], const float* rope, int pos, int lane) {
-    const float* cs = rope + (size_t)pos * 64 + (lane - 28) * 16;
-#pragma unroll
-    for (int q = 0; q < 4; q++) {
-        float4 t = ld_f4(cs + 4 * q);  // (c, s) of two pairs
-        float c0 = t.x, s0 = t.y, c1 = t.z, s1 = t.w;
-        int i = 4 * q;
-        float y0 = y[i], y1 = y[i + 1];
-        y[i] = round_bf16(__fsub_rn(__fmul_rn(y0, c0), __fmul_rn(y1, s0)));
-        y[i + 1] = round_bf16(__fadd_rn(__fmul_rn(y0, s0), __fmul_rn(y1, c0)));
-        y0 = y[i + 2]; y1 = y[i + 3];
-        y[i + 2] = round_bf16(__fsub_rn(__fmul_rn(y0, c1), __fmul_rn(y1, s1)));
-        y[i + 3] = round_bf16(__fadd_rn(__fmul_rn(y0, s1), __fmul_rn(y1, c1)));
-    }
 }
 
 // Resolve a launch-local row to (batch index, position); false for padding.
@@ -208,32 +187,59 @@ __device__ __forceinline__ void kv_store(const Params& p, u8* page, int off, flo
     }
 }
 
-// KV: one warp per latent row, ROWS_PER_WARP rows per warp with all loads
-// issued before the first reduction.
-template <int FMT>
+// Programmatic dependent launch: wait for the previous grid's memory before
+// reading inputs it may have produced, and let the next grid start launching
+// once this one has read what it needs. Both are no-ops without PDL.
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;"); }
+
+// Resolve row local+1 from row local's batch index without a new search:
+// consecutive context rows stay in one sequence or move to the next.
+__device__ __forceinline__ bool resolve_next(const Params& p, int local, int& b, int& pos) {
+    if (local >= p.valid_rows) return false;
+    if (p.seq_len != 0) return resolve(p, local, b, pos);
+    int t = p.row_begin + local;
+    while (b + 1 < p.seq_begin + p.num_seqs && __ldg(p.cu_q + b + 1) <= t) b++;
+    pos = t - __ldg(p.cu_q + b) + __ldg(p.cached + b);
+    return pos >= 0 && pos < p.rope_positions;
+}
+
+__device__ __forceinline__ void load_rope(float cs[16], const float* rope, int pos, int lane) {
+    const float* src = rope + (size_t)pos * 64 + (lane - 28) * 16;
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        float4 t = ld_f4(src + 4 * q);
+        cs[4 * q] = t.x; cs[4 * q + 1] = t.y; cs[4 * q + 2] = t.z; cs[4 * q + 3] = t.w;
+    }
+}
+
+// Rotate the lane's 8 pairs (lanes 28..31) with preloaded (cos, sin).
+__device__ __forceinline__ void rope_pairs(float y[16], const float cs[16]) {
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        float c = cs[2 * k], s = cs[2 * k + 1];
+        float y0 = y[2 * k], y1 = y[2 * k + 1];
+        y[2 * k] = round_bf16(__fsub_rn(__fmul_rn(y0, c), __fmul_rn(y1, s)));
+        y[2 * k + 1] = round_bf16(__fadd_rn(__fmul_rn(y0, s), __fmul_rn(y1, c)));
+    }
+}
+
+// KV: each warp owns K consecutive latent rows. All K rows' loads are issued
+// first (they depend only on the row index), then the positions, pages and
+// RoPE rows are resolved while those loads are in flight.
+template <int FMT, int K>
 __device__ __forceinline__ void kv_body(const Params& p) {
     const int lane = threadIdx.x & 31;
     const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int first = warp * K;
+    pdl_wait();
     if (p.write_sched && blockIdx.x == 0 && threadIdx.x == 0) write_scheduler(p);
-    const int nwarps = (gridDim.x * blockDim.x) >> 5;
-
-    // Stage A: resolve every row's slot; stage B: issue every row's load.
-    int page[ROWS_PER_WARP], pos[ROWS_PER_WARP], local[ROWS_PER_WARP];
-    uint4 va[ROWS_PER_WARP], vb[ROWS_PER_WARP];
+    if (first >= p.rows) { pdl_trigger(); return; }
+    uint4 va[K], vb[K];
 #pragma unroll
-    for (int k = 0; k < ROWS_PER_WARP; k++) {
-        local[k] = warp + k * nwarps;
-        page[k] = -1;
-        int b;
-        if (local[k] < p.rows && resolve(p, local[k], b, pos[k])) {
-            int pg = __ldg(p.block_tables + (size_t)b * p.page_stride + (pos[k] >> p.page_size_log2));
-            if (pg >= 0 && pg < p.num_pages) page[k] = pg;
-        }
-    }
-#pragma unroll
-    for (int k = 0; k < ROWS_PER_WARP; k++) {
-        if (page[k] >= 0) {
-            const u8* src = p.in + (size_t)(p.row_begin + local[k]) * p.in_stride + lane * 32;
+    for (int k = 0; k < K; k++) {
+        if (first + k < p.rows) {
+            const u8* src = p.in + (size_t)(p.row_begin + first + k) * p.in_stride + lane * 32;
             va[k] = ld_stream(src);
             vb[k] = ld_stream(src + 16);
         }
@@ -247,88 +253,126 @@ __device__ __forceinline__ void kv_body(const Params& p) {
             w[4 * q] = t.x; w[4 * q + 1] = t.y; w[4 * q + 2] = t.z; w[4 * q + 3] = t.w;
         }
     }
+    int page[K], pos[K];
+    int b = 0;
 #pragma unroll
-    for (int k = 0; k < ROWS_PER_WARP; k++) {
+    for (int k = 0; k < K; k++) {
+        page[k] = -1;
+        bool ok = k == 0 ? resolve(p, first, b, pos[k]) : resolve_next(p, first + k, b, pos[k]);
+        if (first + k < p.rows && ok) {
+            int pg = __ldg(p.block_tables + (size_t)b * p.page_stride + (pos[k] >> p.page_size_log2));
+            if (pg >= 0 && pg < p.num_pages) page[k] = pg;
+        }
+    }
+    pdl_trigger();
+#pragma unroll
+    for (int k = 0; k < K; k++) {
         if (page[k] < 0) continue;  // warp-uniform
+        float cs[16];
+        if (lane >= 28) load_rope(cs, p.rope, pos[k], lane);
         float x[16];
         unpack16(va[k], vb[k], x);
         float r = warp_rms_inv(x);
 #pragma unroll
         for (int i = 0; i < 16; i++) x[i] = round_bf16(__fmul_rn(__fmul_rn(x[i], r), w[i]));
-        if (lane >= 28) rope8(x, p.rope, pos[k], lane);
+        if (lane >= 28) rope_pairs(x, cs);
         u8* pg = p.out + (size_t)page[k] * p.page_bytes;
         kv_store<FMT>(p, pg, pos[k] & ((1 << p.page_size_log2) - 1), x, lane);
     }
 }
 
-extern "C" __global__ void __launch_bounds__(256) kv_fp8_ue8m0(const Params p) { kv_body<FMT_FP8_UE8M0>(p); }
-extern "C" __global__ void __launch_bounds__(256) kv_bf16(const Params p) { kv_body<FMT_BF16>(p); }
-extern "C" __global__ void __launch_bounds__(256) kv_fp8_pertensor(const Params p) { kv_body<FMT_FP8_PERTENSOR>(p); }
+#define KV_KERNELS(K)                                                                                            \
+    extern "C" __global__ void __launch_bounds__(256) kv_fp8_ue8m0_k##K(const Params p) { kv_body<FMT_FP8_UE8M0, K>(p); } \
+    extern "C" __global__ void __launch_bounds__(256) kv_bf16_k##K(const Params p) { kv_body<FMT_BF16, K>(p); }           \
+    extern "C" __global__ void __launch_bounds__(256) kv_fp8_pertensor_k##K(const Params p) { kv_body<FMT_FP8_PERTENSOR, K>(p); }
+KV_KERNELS(1)
+KV_KERNELS(2)
+KV_KERNELS(4)
 
-// Q: one warp per (token, head) row.
+#ifndef Q_WARPS
+#define Q_WARPS 8
+#endif
+#ifndef Q_ROWS
+#define Q_ROWS 8
+#endif
+
+// Q: one block per token; warp w owns heads w, w+Q_WARPS, ... and loads
+// Q_ROWS of them at once. The token's position and RoPE row are resolved once
+// per warp while the first rows' loads are in flight.
 template <bool BF16OUT>
 __device__ __forceinline__ void q_body(const Params& p) {
     const int lane = threadIdx.x & 31;
-    const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    const int nwarps = (gridDim.x * blockDim.x) >> 5;
-    const int total = p.rows * p.heads;
+    const int warp = threadIdx.x >> 5;
+    const int local = blockIdx.x;
     const int es = BF16OUT ? 2 : 1;
-    int pos[ROWS_PER_WARP], row[ROWS_PER_WARP];
-    bool live[ROWS_PER_WARP];
-    uint4 va[ROWS_PER_WARP], vb[ROWS_PER_WARP];
+    const size_t row0 = (size_t)(p.row_begin + local) * p.heads;
+    pdl_wait();
+    uint4 va[Q_ROWS], vb[Q_ROWS];
+    int h0 = warp;
 #pragma unroll
-    for (int k = 0; k < ROWS_PER_WARP; k++) {
-        row[k] = warp + k * nwarps;
-        live[k] = false;
-        if (row[k] < total) {
-            int b;
-            live[k] = resolve(p, row[k] / p.heads, b, pos[k]);
-        }
-    }
-#pragma unroll
-    for (int k = 0; k < ROWS_PER_WARP; k++) {
-        if (live[k]) {
-            const u8* src = p.in + ((size_t)p.row_begin * p.heads + row[k]) * 1024 + lane * 32;
+    for (int k = 0; k < Q_ROWS; k++) {
+        int h = h0 + k * Q_WARPS;
+        if (h < p.heads) {
+            const u8* src = p.in + (row0 + h) * 1024 + lane * 32;
             va[k] = ld_stream(src);
             vb[k] = ld_stream(src + 16);
         }
     }
+    int b, pos;
+    const bool live = resolve(p, local, b, pos);
+    float cs[16];
+    if (live && lane >= 28) load_rope(cs, p.rope, pos, lane);
+    pdl_trigger();
+    for (;;) {
 #pragma unroll
-    for (int k = 0; k < ROWS_PER_WARP; k++) {
-        if (row[k] >= total) continue;
-        u8* dst = p.out + ((size_t)p.row_begin * p.heads + row[k]) * 512 * es + lane * 16 * es;
-        if (!live[k]) {
-            st_u4(dst, make_uint4(0, 0, 0, 0));
-            if (BF16OUT) st_u4(dst + 16, make_uint4(0, 0, 0, 0));
-            continue;
-        }
-        float x[16];
-        unpack16(va[k], vb[k], x);
-        float r = warp_rms_inv(x);
-#pragma unroll
-        for (int i = 0; i < 16; i++) x[i] = round_bf16(__fmul_rn(x[i], r));
-        if (lane >= 28) rope8(x, p.rope, pos[k], lane);
-        if (BF16OUT) {
-            u32 w[8];
-#pragma unroll
-            for (int i = 0; i < 8; i++) w[i] = f32_to_bf16(x[2 * i]) | (f32_to_bf16(x[2 * i + 1]) << 16);
-            st_u4(dst, make_uint4(w[0], w[1], w[2], w[3]));
-            st_u4(dst + 16, make_uint4(w[4], w[5], w[6], w[7]));
-        } else {
-            u32 w[4];
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                u32 lo = e4m3x2(__fmul_rn(x[4 * i + 1], p.scale), __fmul_rn(x[4 * i], p.scale));
-                u32 hi = e4m3x2(__fmul_rn(x[4 * i + 3], p.scale), __fmul_rn(x[4 * i + 2], p.scale));
-                w[i] = lo | (hi << 16);
+        for (int k = 0; k < Q_ROWS; k++) {
+            int h = h0 + k * Q_WARPS;
+            if (h >= p.heads) break;
+            u8* dst = p.out + (row0 + h) * 512 * es + lane * 16 * es;
+            if (!live) {
+                st_u4(dst, make_uint4(0, 0, 0, 0));
+                if (BF16OUT) st_u4(dst + 16, make_uint4(0, 0, 0, 0));
+                continue;
             }
-            st_u4(dst, make_uint4(w[0], w[1], w[2], w[3]));
+            float x[16];
+            unpack16(va[k], vb[k], x);
+            float r = warp_rms_inv(x);
+#pragma unroll
+            for (int i = 0; i < 16; i++) x[i] = round_bf16(__fmul_rn(x[i], r));
+            if (lane >= 28) rope_pairs(x, cs);
+            if (BF16OUT) {
+                u32 w[8];
+#pragma unroll
+                for (int i = 0; i < 8; i++) w[i] = f32_to_bf16(x[2 * i]) | (f32_to_bf16(x[2 * i + 1]) << 16);
+                st_u4(dst, make_uint4(w[0], w[1], w[2], w[3]));
+                st_u4(dst + 16, make_uint4(w[4], w[5], w[6], w[7]));
+            } else {
+                u32 w[4];
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    u32 lo = e4m3x2(__fmul_rn(x[4 * i + 1], p.scale), __fmul_rn(x[4 * i], p.scale));
+                    u32 hi = e4m3x2(__fmul_rn(x[4 * i + 3], p.scale), __fmul_rn(x[4 * i + 2], p.scale));
+                    w[i] = lo | (hi << 16);
+                }
+                st_u4(dst, make_uint4(w[0], w[1], w[2], w[3]));
+            }
+        }
+        h0 += Q_ROWS * Q_WARPS;
+        if (h0 >= p.heads) break;
+#pragma unroll
+        for (int k = 0; k < Q_ROWS; k++) {
+            int h = h0 + k * Q_WARPS;
+            if (h < p.heads && live) {
+                const u8* src = p.in + (row0 + h) * 1024 + lane * 32;
+                va[k] = ld_stream(src);
+                vb[k] = ld_stream(src + 16);
+            }
         }
     }
 }
 
-extern "C" __global__ void __launch_bounds__(256) q_fp8(const Params p) { q_body<false>(p); }
-extern "C" __global__ void __launch_bounds__(256) q_bf16(const Params p) { q_body<true>(p); }
+extern "C" __global__ void __launch_bounds__(Q_WARPS * 32) q_fp8(const Params p) { q_body<false>(p); }
+extern "C" __global__ void __launch_bounds__(Q_WARPS * 32) q_bf16(const Params p) { q_body<true>(p); }
 
 // The exhaustive conversion check: out[i] = e4m3(bits = base + i) for n inputs.
 extern "C" __global__ void e4m3_sweep(u8* out, u32 base, u32 n) {
