@@ -1,0 +1,589 @@
+package driver
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// The TestGPU tests need a CUDA device (and most need NVRTC); without one
+// they skip and say why. PROLOGUE_REQUIRE_GPU=1 turns the skips into
+// failures. TestGPUSuiteAgainstFakeDriver also runs them, on any machine with
+// a C compiler, against testdata/fakecuda.c.
+
+// loadTestModule compiles testdata/kernels.cu, or under the fake driver
+// (which runs host versions of those kernels) loads a stand-in image.
+func loadTestModule(t testing.TB, c *Context) *Module {
+	t.Helper()
+	var m *Module
+	var err error
+	if underFakeDriver() {
+		m, err = c.LoadModule(fakeCubin("host kernels"))
+	} else {
+		requireNVRTC(t)
+		m, err = c.CompileModule(testKernels, "driver_test.cu", CompileOptions{CacheDir: t.TempDir()})
+	}
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, m.Unload()) })
+	return m
+}
+
+func mustFunction(t testing.TB, m *Module, name string) *Function {
+	t.Helper()
+	f, err := m.Function(name)
+	require.NoError(t, err)
+	return f
+}
+
+func allocT(t testing.TB, c *Context, n int) DevicePtr {
+	t.Helper()
+	p, err := c.Alloc(n)
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, c.Free(p)) })
+	return p
+}
+
+func randomBytes(rng interface{ Uint64() uint64 }, n int) []byte {
+	b := make([]byte, n)
+	for i := 0; i < n; i += 8 {
+		var w [8]byte
+		binary.LittleEndian.PutUint64(w[:], rng.Uint64())
+		copy(b[i:], w[:])
+	}
+	return b
+}
+
+func readUint32s(t testing.TB, c *Context, p DevicePtr, n int) []uint32 {
+	t.Helper()
+	out := make([]uint32, n)
+	require.NoError(t, c.DtoH(AsBytes(out), p))
+	return out
+}
+
+// requireAllEqual reports the first mismatching index instead of dumping
+// a million elements.
+func requireAllEqual(t testing.TB, want, got []uint32) {
+	t.Helper()
+	require.Equal(t, len(want), len(got))
+	for i := range want {
+		if want[i] != got[i] {
+			t.Fatalf("element %d of %d: got %#x, want %#x", i, len(want), got[i], want[i])
+		}
+	}
+}
+
+// newStreamT creates a stream destroyed at cleanup (after any capture
+// cleanup registered later, since cleanups run last-in first-out).
+func newStreamT(t testing.TB, c *Context) *Stream {
+	t.Helper()
+	s, err := c.NewStream()
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, s.Destroy()) })
+	return s
+}
+
+// beginCaptureT starts a capture that cleanup ends if the test stops midway,
+// so one failed test cannot leave the device capturing for the next.
+func beginCaptureT(t testing.TB, c *Context, s *Stream) {
+	t.Helper()
+	require.NoError(t, c.BeginCapture(s))
+	t.Cleanup(func() {
+		if g, err := c.EndCapture(s); err == nil {
+			g.Destroy()
+		}
+	})
+}
+
+func blocksFor(n, block int) uint32 { return uint32((n + block - 1) / block) }
+
+func TestGPUDeviceProps(t *testing.T) {
+	c := openTestContext(t)
+	p := c.Props()
+	t.Logf("device %+v", p)
+	require.NotEmpty(t, p.Name)
+	require.GreaterOrEqual(t, p.Major, 5)
+	require.Positive(t, p.SMCount)
+	require.Positive(t, p.L2Bytes)
+	require.Equal(t, 32, p.WarpSize)
+	require.GreaterOrEqual(t, p.MaxThreadsPerBlock, 512)
+	require.GreaterOrEqual(t, p.MaxSharedBytesOptin, 48<<10)
+	require.Positive(t, p.TotalMemBytes)
+	require.GreaterOrEqual(t, p.DriverVersion, 12000)
+	require.Regexp(t, `^sm_[0-9]+$`, p.Arch())
+
+	free, total, err := c.MemInfo()
+	require.NoError(t, err)
+	require.Positive(t, total)
+	require.LessOrEqual(t, free, total)
+
+	n, err := DeviceCount()
+	require.NoError(t, err)
+	_, err = Open(n)
+	require.ErrorContains(t, err, fmt.Sprintf("device ordinal %d out of range", n))
+	_, err = Open(-1)
+	require.ErrorContains(t, err, "device ordinal -1 out of range")
+}
+
+func TestGPUMemoryRoundTrip(t *testing.T) {
+	c := openTestContext(t)
+	rng := newRand(t)
+	for _, n := range []int{1, 7, 4096, 1<<20 + rng.IntN(4096)} {
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			src := randomBytes(rng, n)
+			p, q := allocT(t, c, n), allocT(t, c, n)
+			require.NoError(t, c.HtoD(p, src))
+			got := make([]byte, n)
+			require.NoError(t, c.DtoH(got, p))
+			require.True(t, bytes.Equal(src, got), "HtoD then DtoH")
+
+			require.NoError(t, c.DtoD(q, p, n))
+			clear(got)
+			require.NoError(t, c.DtoH(got, q))
+			require.True(t, bytes.Equal(src, got), "DtoD")
+
+			off := rng.IntN(n)
+			require.NoError(t, c.Memset8(q+DevicePtr(off), 0xa5, n-off))
+			require.NoError(t, c.DtoH(got, q))
+			require.True(t, bytes.Equal(src[:off], got[:off]), "bytes before the memset are untouched")
+			require.Equal(t, bytes.Repeat([]byte{0xa5}, n-off), got[off:])
+		})
+	}
+}
+
+func TestGPUAsyncCopiesOnAStream(t *testing.T) {
+	c := openTestContext(t)
+	rng := newRand(t)
+	s, err := c.NewStream()
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, s.Destroy()); assert.NoError(t, s.Destroy(), "second Destroy is a no-op") }()
+
+	n := 3<<20 + rng.IntN(1000)
+	in, err := c.AllocHost(n)
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, in.Free()) }()
+	out, err := c.AllocHost(n)
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, out.Free()) }()
+	copy(in.Bytes(), randomBytes(rng, n))
+
+	p, q := allocT(t, c, n), allocT(t, c, n)
+	require.NoError(t, c.HtoDAsync(p, in.Bytes(), s))
+	require.NoError(t, c.DtoDAsync(q, p, n, s))
+	require.NoError(t, c.Memset8Async(q, 0, 64, s))
+	require.NoError(t, c.DtoHAsync(out.Bytes(), q, s))
+	require.NoError(t, s.Synchronize())
+	require.Equal(t, make([]byte, 64), out.Bytes()[:64])
+	require.True(t, bytes.Equal(in.Bytes()[64:], out.Bytes()[64:]))
+
+	// Pageable Go memory through the async entry points, on the default stream.
+	src := randomBytes(rng, 4096)
+	got := make([]byte, 4096)
+	require.NoError(t, c.HtoDAsync(p, src, nil))
+	require.NoError(t, c.DtoHAsync(got, p, nil))
+	require.NoError(t, c.StreamSynchronize(nil))
+	require.Equal(t, src, got)
+}
+
+func TestGPUAllocErrors(t *testing.T) {
+	c := openTestContext(t)
+	_, err := c.Alloc(1 << 52) // 4 PiB
+	require.ErrorIs(t, err, ResultOutOfMemory)
+	require.ErrorContains(t, err, "cuMemAlloc_v2: CUDA_ERROR_OUT_OF_MEMORY (")
+	_, err = c.Alloc(-1)
+	require.ErrorContains(t, err, "byte count -1 is negative")
+	_, err = c.AllocHost(0)
+	require.ErrorContains(t, err, "byte count 0 must be positive")
+	_, err = c.LoadModule([]byte("not a cubin"))
+	require.ErrorContains(t, err, "not a CUBIN")
+}
+
+func TestGPULaunchAddOne(t *testing.T) {
+	c := openTestContext(t)
+	rng := newRand(t)
+	addOne := mustFunction(t, loadTestModule(t, c), "add_one")
+
+	n := 1<<20 + rng.IntN(4096)
+	host := make([]uint32, n)
+	for i := range host {
+		host[i] = rng.Uint32()
+	}
+	host[0] = math.MaxUint32 // wraps to 0
+	p := allocT(t, c, 4*n)
+	require.NoError(t, c.HtoD(p, AsBytes(host)))
+	require.NoError(t, c.Launch(addOne, Dim3{blocksFor(n, 256), 1, 1}, Dim3{256, 1, 1}, 0, nil, p, uint32(n)))
+	require.NoError(t, c.Synchronize())
+
+	want := make([]uint32, n)
+	for i, v := range host {
+		want[i] = v + 1
+	}
+	requireAllEqual(t, want, readUint32s(t, c, p, n))
+
+	// Only the first n-1 elements: the bound argument really bounds.
+	s := newStreamT(t, c)
+	require.NoError(t, c.Launch(addOne, Dim3{blocksFor(n, 128), 1, 1}, Dim3{128, 1, 1}, 0, s, p, uint32(n-1)))
+	require.NoError(t, s.Synchronize())
+	for i := range n - 1 {
+		want[i]++
+	}
+	requireAllEqual(t, want, readUint32s(t, c, p, n))
+}
+
+func TestGPULaunchArgumentPacking(t *testing.T) {
+	c := openTestContext(t)
+	echo := mustFunction(t, loadTestModule(t, c), "echo_args")
+	out := allocT(t, c, 11*8)
+
+	blob := binary.LittleEndian.AppendUint32(nil, 0x01020304)
+	blob = binary.LittleEndian.AppendUint32(blob, math.Float32bits(2.5))
+	blob = binary.LittleEndian.AppendUint64(blob, 0x1122334455667788)
+	require.NoError(t, c.Launch(echo, Dim3{1, 1, 1}, Dim3{32, 1, 1}, 0, nil,
+		out, int8(-5), uint16(0xbeef), int32(-123456), uint32(0xfeedface), int64(-1<<40-3),
+		float32(-1.25), float64(math.Pi), true, Bytes(blob)))
+	require.NoError(t, c.Synchronize())
+
+	got := make([]uint64, 11)
+	require.NoError(t, c.DtoH(AsBytes(got), out))
+	neg := func(v int64) uint64 { return uint64(v) }
+	want := []uint64{neg(-5), 0xbeef, neg(-123456), 0xfeedface, neg(-1<<40 - 3),
+		uint64(math.Float32bits(-1.25)), math.Float64bits(math.Pi), 1,
+		0x01020304, uint64(math.Float32bits(2.5)), 0x1122334455667788}
+	require.Equal(t, want, got)
+}
+
+func TestGPUFunctionLookupAndAttributes(t *testing.T) {
+	c := openTestContext(t)
+	m := loadTestModule(t, c)
+	_, err := m.Function("no_such_kernel")
+	require.ErrorIs(t, err, ResultNotFound)
+	require.ErrorContains(t, err, `kernel "no_such_kernel": cuModuleGetFunction: CUDA_ERROR_NOT_FOUND`)
+
+	f := mustFunction(t, m, "add_one")
+	regs, err := f.Attribute(FuncNumRegs)
+	require.NoError(t, err)
+	require.Positive(t, regs)
+	maxThreads, err := f.Attribute(FuncMaxThreadsPerBlock)
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, maxThreads, 256)
+	require.NoError(t, f.SetAttribute(FuncMaxDynamicSharedSizeBytes, 64<<10))
+	got, err := f.Attribute(FuncMaxDynamicSharedSizeBytes)
+	require.NoError(t, err)
+	require.Equal(t, 64<<10, got)
+}
+
+func TestGPULaunchErrorTranslation(t *testing.T) {
+	c := openTestContext(t)
+	addOne := mustFunction(t, loadTestModule(t, c), "add_one")
+	p := allocT(t, c, 4*1024)
+	require.NoError(t, c.Memset8(p, 0, 4*1024))
+
+	err := c.Launch(addOne, Dim3{1, 1, 1}, Dim3{4096, 1, 1}, 0, nil, p, uint32(1024))
+	require.ErrorIs(t, err, ResultInvalidValue)
+	require.ErrorContains(t, err, "cuLaunchKernel: CUDA_ERROR_INVALID_VALUE (")
+	require.ErrorContains(t, err, "launch add_one grid [1 1 1] block [4096 1 1]")
+
+	err = c.LaunchPDL(addOne, Dim3{1, 1, 1}, Dim3{4096, 1, 1}, 0, nil, p, uint32(1024))
+	require.ErrorIs(t, err, ResultInvalidValue)
+	if c.Props().ProgrammaticLaunches {
+		require.ErrorContains(t, err, "cuLaunchKernelEx: CUDA_ERROR_INVALID_VALUE")
+	}
+
+	err = c.Launch(addOne, Dim3{1, 1, 1}, Dim3{32, 1, 1}, 1<<30, nil, p, uint32(1024))
+	require.Error(t, err, "1 GiB of dynamic shared memory is refused")
+	t.Logf("oversized shared memory: %v", err)
+
+	// Launch configuration errors are not sticky: the context still works.
+	require.NoError(t, c.Launch(addOne, Dim3{4, 1, 1}, Dim3{256, 1, 1}, 0, nil, p, uint32(1024)))
+	require.NoError(t, c.Synchronize())
+	want := make([]uint32, 1024)
+	for i := range want {
+		want[i] = 1
+	}
+	requireAllEqual(t, want, readUint32s(t, c, p, 1024))
+}
+
+func TestGPUGraphCaptureAndReplay(t *testing.T) {
+	c := openTestContext(t)
+	addOne := mustFunction(t, loadTestModule(t, c), "add_one")
+	s := newStreamT(t, c)
+	const n = 100_000
+	p := allocT(t, c, 4*n)
+	require.NoError(t, c.Memset8(p, 0, 4*n))
+	require.NoError(t, c.Synchronize()) // s does not order after the legacy stream
+
+	require.ErrorContains(t, c.BeginCapture(nil), "legacy default stream cannot be captured")
+	beginCaptureT(t, c, s)
+	for range 3 {
+		require.NoError(t, c.Launch(addOne, Dim3{blocksFor(n, 256), 1, 1}, Dim3{256, 1, 1}, 0, s, p, uint32(n)))
+	}
+	g, err := c.EndCapture(s)
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, g.Destroy()); assert.NoError(t, g.Destroy()) }()
+	requireAllEqual(t, make([]uint32, n), readUint32s(t, c, p, n)) // capturing does not run anything
+
+	exec, err := c.Instantiate(g)
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, exec.Destroy()); assert.NoError(t, exec.Destroy()) }()
+	const replays = 5
+	for range replays {
+		require.NoError(t, c.GraphLaunch(exec, s))
+	}
+	require.NoError(t, s.Synchronize())
+	want := make([]uint32, n)
+	for i := range want {
+		want[i] = 3 * replays
+	}
+	requireAllEqual(t, want, readUint32s(t, c, p, n))
+}
+
+func TestGPUCaptureMisuseIsReported(t *testing.T) {
+	c := openTestContext(t)
+	s := newStreamT(t, c)
+
+	_, err := c.EndCapture(s)
+	require.ErrorContains(t, err, "cuStreamEndCapture: ", "ending a capture that never began")
+
+	beginCaptureT(t, c, s)
+	syncErr := s.Synchronize()
+	require.Error(t, syncErr, "synchronizing a capturing stream is illegal")
+	t.Logf("synchronize during capture: %v", syncErr)
+	_, err = c.EndCapture(s)
+	require.ErrorContains(t, err, "cuStreamEndCapture: ", "the capture was invalidated")
+	t.Logf("end of invalidated capture: %v", err)
+	require.NoError(t, s.Synchronize(), "the stream is usable again")
+
+	// Capture always ends the capture, whatever f does.
+	enqueueFailed := errors.New("enqueue failed")
+	_, err = c.Capture(s, func() error { return enqueueFailed })
+	require.ErrorIs(t, err, enqueueFailed)
+	require.NoError(t, s.Synchronize(), "capture ended after f failed")
+	require.PanicsWithValue(t, "enqueue panicked", func() {
+		_, _ = c.Capture(s, func() error { panic("enqueue panicked") })
+	})
+	require.NoError(t, s.Synchronize(), "capture ended after f panicked")
+	require.NoError(t, c.HtoD(allocT(t, c, 8), make([]byte, 8)), "synchronous calls work again")
+}
+
+func TestGPUPDLLaunch(t *testing.T) {
+	c := openTestContext(t)
+	if c.Props().Major < 9 {
+		skipOrFail(t, "programmatic dependent launch needs compute capability 9.0, device is %d.%d", c.Props().Major, c.Props().Minor)
+	}
+	t.Logf("cuLaunchKernelEx available: %v", c.Props().ProgrammaticLaunches)
+	m := loadTestModule(t, c)
+	addOne, dependent := mustFunction(t, m, "add_one"), mustFunction(t, m, "add_one_after_dependency")
+	s := newStreamT(t, c)
+	const n = 1 << 22
+	p := allocT(t, c, 4*n)
+	require.NoError(t, c.Memset8(p, 0, 4*n))
+	require.NoError(t, c.Synchronize()) // s does not order after the legacy stream
+
+	// Each dependent kernel may start early but must see its predecessor's
+	// writes; any lost update shows up in the final count.
+	const pairs = 20
+	grid, block := Dim3{blocksFor(n, 256), 1, 1}, Dim3{256, 1, 1}
+	require.NoError(t, c.Do(func() error {
+		for range pairs {
+			if err := c.Launch(addOne, grid, block, 0, s, p, uint32(n)); err != nil {
+				return err
+			}
+			if err := c.LaunchPDL(dependent, grid, block, 0, s, p, uint32(n)); err != nil {
+				return err
+			}
+		}
+		return nil
+	}))
+	require.NoError(t, s.Synchronize())
+	want := make([]uint32, n)
+	for i := range want {
+		want[i] = 2 * pairs
+	}
+	requireAllEqual(t, want, readUint32s(t, c, p, n))
+}
+
+func TestGPUGraphCaptureWithPDL(t *testing.T) {
+	c := openTestContext(t)
+	if c.Props().Major < 9 || !c.Props().ProgrammaticLaunches {
+		skipOrFail(t, "needs compute capability 9.0 and cuLaunchKernelEx (device %d.%d, cuLaunchKernelEx %v)",
+			c.Props().Major, c.Props().Minor, c.Props().ProgrammaticLaunches)
+	}
+	m := loadTestModule(t, c)
+	addOne, dependent := mustFunction(t, m, "add_one"), mustFunction(t, m, "add_one_after_dependency")
+	s := newStreamT(t, c)
+	const n = 1 << 20
+	p := allocT(t, c, 4*n)
+	require.NoError(t, c.Memset8(p, 0, 4*n))
+	require.NoError(t, c.Synchronize()) // s does not order after the legacy stream
+	grid, block := Dim3{blocksFor(n, 256), 1, 1}, Dim3{256, 1, 1}
+
+	g, err := c.Capture(s, func() error {
+		for range 2 {
+			if err := c.Launch(addOne, grid, block, 0, s, p, uint32(n)); err != nil {
+				return err
+			}
+			if err := c.LaunchPDL(dependent, grid, block, 0, s, p, uint32(n)); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	defer g.Destroy()
+	exec, err := c.Instantiate(g)
+	require.NoError(t, err)
+	defer exec.Destroy()
+	for range 3 {
+		require.NoError(t, c.GraphLaunch(exec, s))
+	}
+	require.NoError(t, s.Synchronize())
+	want := make([]uint32, n)
+	for i := range want {
+		want[i] = 12
+	}
+	requireAllEqual(t, want, readUint32s(t, c, p, n))
+}
+
+func TestGPUEventTiming(t *testing.T) {
+	c := openTestContext(t)
+	rng := newRand(t)
+	lcg := mustFunction(t, loadTestModule(t, c), "lcg_rounds")
+	s := newStreamT(t, c)
+	start, err := c.NewEvent(true)
+	require.NoError(t, err)
+	defer start.Destroy()
+	end, err := c.NewEvent(true)
+	require.NoError(t, err)
+	defer end.Destroy()
+
+	const n, rounds = 1 << 22, 256
+	host := make([]uint32, n)
+	for i := range host {
+		host[i] = rng.Uint32()
+	}
+	p := allocT(t, c, 4*n)
+	require.NoError(t, c.HtoD(p, AsBytes(host)))
+	require.NoError(t, c.Synchronize()) // s does not order after the legacy stream
+	require.NoError(t, start.Record(s))
+	require.NoError(t, c.Launch(lcg, Dim3{blocksFor(n, 256), 1, 1}, Dim3{256, 1, 1}, 0, s, p, uint32(n), uint32(rounds)))
+	require.NoError(t, end.Record(s))
+	require.NoError(t, end.Synchronize())
+	ms, err := c.ElapsedMs(start, end)
+	require.NoError(t, err)
+	t.Logf("%d x %d LCG steps: %.3f ms", n, rounds, ms)
+	require.Greater(t, ms, float32(0))
+
+	got := readUint32s(t, c, p, n)
+	for _, i := range []int{0, 1, n / 2, n - 1, rng.IntN(n)} {
+		x := host[i]
+		for range rounds {
+			x = x*1664525 + 1013904223
+		}
+		require.Equalf(t, x, got[i], "element %d", i)
+	}
+
+	untimed, err := c.NewEvent(false)
+	require.NoError(t, err)
+	defer untimed.Destroy()
+	require.NoError(t, untimed.Record(s))
+	require.NoError(t, untimed.Synchronize())
+	_, err = c.ElapsedMs(start, untimed)
+	require.Error(t, err, "an event created without timing cannot be timed")
+	_, err = c.ElapsedMs(nil, end)
+	require.ErrorContains(t, err, "must both be non-nil")
+}
+
+func TestGPUDoIsReentrantAndSafeForConcurrentUse(t *testing.T) {
+	c := openTestContext(t)
+	rng := newRand(t)
+
+	// Context methods called inside Do run directly instead of deadlocking.
+	require.NoError(t, c.Do(func() error {
+		p, err := c.Alloc(64)
+		if err != nil {
+			return err
+		}
+		if err := c.Memset8(p, 7, 64); err != nil {
+			return err
+		}
+		return c.Do(func() error { return c.Free(p) })
+	}))
+
+	// A panic inside Do surfaces in the caller; the owner survives it.
+	require.PanicsWithValue(t, "boom", func() { _ = c.Do(func() error { panic("boom") }) })
+	sentinel := errors.New("sentinel")
+	require.ErrorIs(t, c.Do(func() error { return sentinel }), sentinel)
+
+	const workers, rounds = 16, 20
+	seeds := make([]uint64, workers)
+	for i := range seeds {
+		seeds[i] = rng.Uint64()
+	}
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			local := seeds[w]
+			for r := range rounds {
+				n := 1 + int(local%8192)
+				local = local*6364136223846793005 + 1442695040888963407
+				src := bytes.Repeat([]byte{byte(w), byte(r)}, n)
+				p, err := c.Alloc(len(src))
+				if !assert.NoError(t, err) {
+					return
+				}
+				got := make([]byte, len(src))
+				assert.NoError(t, c.HtoD(p, src))
+				assert.NoError(t, c.DtoH(got, p))
+				assert.Equal(t, src, got)
+				assert.NoError(t, c.Free(p))
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+func TestGPUClosedContext(t *testing.T) {
+	openTestContext(t) // skips without a device
+	c, err := Open(0)
+	require.NoError(t, err)
+	require.ErrorContains(t, c.Do(func() error { return c.Close() }), "Close called from inside Do")
+	require.NoError(t, c.Close())
+	require.NoError(t, c.Close(), "Close is idempotent")
+	_, err = c.Alloc(16)
+	require.ErrorIs(t, err, ErrClosed)
+	require.ErrorIs(t, c.Do(func() error { return nil }), ErrClosed)
+}
+
+func BenchmarkDoRoundTrip(b *testing.B) {
+	c := openTestContext(b)
+	for b.Loop() {
+		if err := c.Do(func() error { return nil }); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkLaunch measures host-side launch cost of a small kernel, the
+// overhead a layer without graphs pays per kernel.
+func BenchmarkLaunch(b *testing.B) {
+	c := openTestContext(b)
+	addOne := mustFunction(b, loadTestModule(b, c), "add_one")
+	p := allocT(b, c, 4*1024)
+	s, err := c.NewStream()
+	require.NoError(b, err)
+	defer s.Destroy()
+	for b.Loop() {
+		if err := c.Launch(addOne, Dim3{4, 1, 1}, Dim3{256, 1, 1}, 0, s, p, uint32(1024)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	require.NoError(b, s.Synchronize())
+}

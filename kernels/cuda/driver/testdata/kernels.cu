@@ -1,0 +1,55 @@
+// Kernels for the driver package's GPU tests. No CUDA headers: NVRTC
+// compiles this without include paths.
+
+// EchoArgs is passed by value as driver.Bytes; layout (16 bytes):
+// a at 0, b at 4, c at 8.
+struct EchoArgs {
+    unsigned int a;
+    float b;
+    unsigned long long c;
+};
+
+extern "C" __global__ void add_one(unsigned int* data, unsigned int n) {
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) data[i] += 1u;
+}
+
+// add_one_after_dependency is launched with programmatic dependent launch: it
+// may start while the previous kernel on the stream still runs, so it waits
+// for that kernel's results before touching data.
+extern "C" __global__ void add_one_after_dependency(unsigned int* data, unsigned int n) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) data[i] += 1u;
+}
+
+// echo_args writes every parameter back as 64-bit words so the test can
+// check the kernelParams packing of each Go type.
+extern "C" __global__ void echo_args(unsigned long long* out, signed char i8, unsigned short u16, int i32,
+                                     unsigned int u32, long long i64, float f32, double f64, bool flag,
+                                     EchoArgs s) {
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    out[0] = (unsigned long long)(long long)i8;
+    out[1] = u16;
+    out[2] = (unsigned long long)(long long)i32;
+    out[3] = u32;
+    out[4] = (unsigned long long)i64;
+    out[5] = __float_as_uint(f32);
+    out[6] = (unsigned long long)__double_as_longlong(f64);
+    out[7] = flag ? 1ull : 0ull;
+    out[8] = s.a;
+    out[9] = __float_as_uint(s.b);
+    out[10] = s.c;
+}
+
+// lcg_rounds advances each element through `rounds` steps of a linear
+// congruential generator: enough work for event timing to measure.
+extern "C" __global__ void lcg_rounds(unsigned int* data, unsigned int n, unsigned int rounds) {
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    unsigned int x = data[i];
+    for (unsigned int r = 0; r < rounds; ++r) x = x * 1664525u + 1013904223u;
+    data[i] = x;
+}
