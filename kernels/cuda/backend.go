@@ -36,16 +36,17 @@ func Available() error {
 type Options struct {
 	Device int
 	Logger zerolog.Logger
-	// RowsPerWarp is the number of consecutive latent rows a KV warp loads
-	// before its first reduction (1, 2 or 4); 0 picks by batch size: one row
-	// while the grid is small, so it still covers the SMs, more when rows
-	// are plenty and load latency is what limits.
-	RowsPerWarp int
-	// WarpsPerBlock sets the KV kernel's block size (32 threads a warp); 0 means 4.
-	WarpsPerBlock int
-	// QWarps and QRows shape the Q kernel: one block of QWarps warps per
-	// token, each warp loading QRows heads at once. 0 means 8 and 8.
-	QWarps, QRows int
+	// Warps is the number of warps per block (0: 8); each warp streams a
+	// contiguous range of rows.
+	Warps int
+	// KVDepth and QDepth are the rows each warp keeps in flight (0: 4).
+	KVDepth, QDepth int
+	// BlocksPerSM caps the grid at BlocksPerSM blocks per multiprocessor
+	// (0: 4); smaller batches get one warp per row.
+	BlocksPerSM int
+	// MaxBlocks, when set, caps the grid instead (tests use it to make a
+	// few warps stream long ranges).
+	MaxBlocks int
 	// PDL launches the kernels with programmatic dependent launch, so a
 	// kernel's launch overlaps the tail of the one before it.
 	PDL bool
@@ -76,33 +77,24 @@ func (b *Buffer) Len() int { return b.n }
 // Ptr is the device address.
 func (b *Buffer) Ptr() driver.DevicePtr { return b.ptr }
 
-func kernelNames() []string {
-	names := []string{"q_fp8", "q_bf16", "e4m3_sweep"}
-	for _, k := range []string{"1", "2", "4"} {
-		names = append(names, "kv_fp8_ue8m0_k"+k, "kv_bf16_k"+k, "kv_fp8_pertensor_k"+k)
-	}
-	return names
-}
+var kernelNames = []string{"kv_fp8_ue8m0", "kv_bf16", "kv_fp8_pertensor", "q_fp8", "q_bf16", "e4m3_sweep", "bf16_sweep"}
 
 // New opens the device, compiles (or loads from the cache) the kernels and
 // creates the stream.
 func New(opts Options) (*Backend, error) {
-	if opts.WarpsPerBlock <= 0 {
-		opts.WarpsPerBlock = 4
+	def := func(v *int, d int) {
+		if *v <= 0 {
+			*v = d
+		}
 	}
-	if opts.QWarps <= 0 {
-		opts.QWarps = 8
-	}
-	if opts.QRows <= 0 {
-		opts.QRows = 8
-	}
-	switch {
-	case opts.RowsPerWarp != 0 && opts.RowsPerWarp != 1 && opts.RowsPerWarp != 2 && opts.RowsPerWarp != 4:
-		return nil, fmt.Errorf("cuda: Options.RowsPerWarp = %d, want 0 (auto), 1, 2 or 4", opts.RowsPerWarp)
-	case opts.WarpsPerBlock > 8:
-		return nil, fmt.Errorf("cuda: Options.WarpsPerBlock = %d, at most 8", opts.WarpsPerBlock)
-	case opts.QWarps > 32 || opts.QRows > 16:
-		return nil, fmt.Errorf("cuda: Options.QWarps = %d (at most 32), QRows = %d (at most 16)", opts.QWarps, opts.QRows)
+	def(&opts.Warps, 8)
+	def(&opts.KVDepth, 4)
+	def(&opts.QDepth, 4)
+	def(&opts.BlocksPerSM, 4)
+	// Static shared memory is at most 48 KiB a block: warps x depth x slot.
+	if opts.Warps > 32 || opts.Warps*opts.KVDepth*1280 > 48<<10 || opts.Warps*opts.QDepth*1024 > 48<<10 {
+		return nil, fmt.Errorf("cuda: Options.Warps = %d with KVDepth = %d and QDepth = %d exceeds 48 KiB of shared memory a block (warps x depth x 1280 or 1024 bytes)",
+			opts.Warps, opts.KVDepth, opts.QDepth)
 	}
 	c, err := driver.Open(opts.Device)
 	if err != nil {
@@ -120,8 +112,12 @@ func New(opts Options) (*Backend, error) {
 
 func (b *Backend) init() error {
 	opts := driver.CompileOptions{
-		Arch:    b.ctx.Props().Arch(),
-		Defines: map[string]string{"Q_WARPS": strconv.Itoa(b.opts.QWarps), "Q_ROWS": strconv.Itoa(b.opts.QRows)},
+		Arch: b.ctx.Props().Arch(),
+		Defines: map[string]string{
+			"PIPE_WARPS": strconv.Itoa(b.opts.Warps),
+			"KV_DEPTH":   strconv.Itoa(b.opts.KVDepth),
+			"Q_DEPTH":    strconv.Itoa(b.opts.QDepth),
+		},
 	}
 	if b.opts.Verbose {
 		opts.Extra = []string{"--ptxas-options=-v"}
@@ -135,7 +131,7 @@ func (b *Backend) init() error {
 	if b.mod, err = b.ctx.LoadModule(compiled.Cubin); err != nil {
 		return err
 	}
-	for _, n := range kernelNames() {
+	for _, n := range kernelNames {
 		if b.fns[n], err = b.mod.Function(n); err != nil {
 			return err
 		}
@@ -328,32 +324,27 @@ func (b *Backend) launchParams(l mla.Launch, a *mla.LayerArgs, in, out, weight d
 	return packParams(ptrs, inStride, ints, floats, []int32{ws, 0}), nil
 }
 
-// kvRowsPerWarp picks how many rows each KV warp loads ahead: the small-N
-// dispatch keeps one row a warp until the grid would still cover the SMs
-// several times over.
-func (b *Backend) kvRowsPerWarp(rows int) int {
-	if b.opts.RowsPerWarp > 0 {
-		return b.opts.RowsPerWarp
+// grid sizes a streaming launch over n work rows: one warp a row while that
+// fits the cap (small batches keep every row's latency short), else the cap
+// of BlocksPerSM blocks a multiprocessor, each warp streaming its range.
+func (b *Backend) grid(n int) (driver.Dim3, driver.Dim3) {
+	blocks := (n + b.opts.Warps - 1) / b.opts.Warps
+	limit := b.ctx.Props().SMCount * b.opts.BlocksPerSM
+	if b.opts.MaxBlocks > 0 {
+		limit = b.opts.MaxBlocks
 	}
-	sms := b.ctx.Props().SMCount
-	switch {
-	case rows >= sms*b.opts.WarpsPerBlock*4*8:
-		return 4
-	case rows >= sms*b.opts.WarpsPerBlock*2*8:
-		return 2
-	}
-	return 1
+	blocks = max(1, min(blocks, limit))
+	return driver.Dim3{uint32(blocks), 1, 1}, driver.Dim3{uint32(32 * b.opts.Warps), 1, 1}
 }
 
-func kvKernel(f kvcache.Format, k int) (string, error) {
-	suffix := "_k" + strconv.Itoa(k)
+func kvKernel(f kvcache.Format) (string, error) {
 	switch f {
 	case kvcache.FormatFP8UE8M0:
-		return "kv_fp8_ue8m0" + suffix, nil
+		return "kv_fp8_ue8m0", nil
 	case kvcache.FormatBF16:
-		return "kv_bf16" + suffix, nil
+		return "kv_bf16", nil
 	case kvcache.FormatFP8PerTensor:
-		return "kv_fp8_pertensor" + suffix, nil
+		return "kv_fp8_pertensor", nil
 	}
 	return "", fmt.Errorf("cuda: no KV kernel for cache format %v", f)
 }
@@ -370,8 +361,7 @@ func (b *Backend) KVNormRopeStore(ctx context.Context, l mla.Launch, a *mla.Laye
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	k := b.kvRowsPerWarp(l.Rows)
-	name, err := kvKernel(a.CacheConfig.Format, k)
+	name, err := kvKernel(a.CacheConfig.Format)
 	if err != nil {
 		return err
 	}
@@ -391,9 +381,8 @@ func (b *Backend) KVNormRopeStore(ctx context.Context, l mla.Launch, a *mla.Laye
 	if err != nil {
 		return err
 	}
-	warps := (l.Rows + k - 1) / k
-	blocks := (warps + b.opts.WarpsPerBlock - 1) / b.opts.WarpsPerBlock
-	return b.launch(b.fns[name], driver.Dim3{uint32(blocks), 1, 1}, driver.Dim3{uint32(32 * b.opts.WarpsPerBlock), 1, 1}, p)
+	grid, block := b.grid(l.Rows)
+	return b.launch(b.fns[name], grid, block, p)
 }
 
 // QNormRopeQuant implements mla.Backend.
@@ -417,7 +406,22 @@ func (b *Backend) QNormRopeQuant(ctx context.Context, l mla.Launch, a *mla.Layer
 	if err != nil {
 		return err
 	}
-	return b.launch(b.fns[name], driver.Dim3{uint32(l.Rows), 1, 1}, driver.Dim3{uint32(32 * b.opts.QWarps), 1, 1}, p)
+	grid, block := b.grid(l.Rows * a.Heads)
+	return b.launch(b.fns[name], grid, block, p)
+}
+
+// BF16Sweep rounds n float32 bit patterns base, base+1, ... to bf16 with the
+// kernels' conversion into out (2n bytes, n even).
+func (b *Backend) BF16Sweep(out mla.Buffer, base uint32, n int) error {
+	o, err := span(out, 0, 2*n)
+	if err != nil {
+		return err
+	}
+	if n%2 != 0 {
+		return fmt.Errorf("cuda: BF16Sweep n = %d must be even", n)
+	}
+	grid := driver.Dim3{uint32(b.ctx.Props().SMCount * 8), 1, 1}
+	return b.ctx.Launch(b.fns["bf16_sweep"], grid, driver.Dim3{256, 1, 1}, 0, b.stream, o, base, uint32(n))
 }
 
 // E4M3Sweep converts n float32 bit patterns base, base+1, ... with the

@@ -5,6 +5,7 @@ import (
 	"math"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -39,17 +40,17 @@ func TestCUDAConformance(t *testing.T) {
 	mlatest.Test(t, b)
 }
 
-// TestCUDAConformanceVariants runs the suite on every launch shape the
-// backend can pick, including odd ones (a Q chunk that does not divide the
-// heads) and programmatic dependent launch.
+// TestCUDAConformanceVariants runs the suite on other launch shapes:
+// warps that stream long ranges through their rings (odd warp counts and
+// depths), one row in flight, and programmatic dependent launch.
 func TestCUDAConformanceVariants(t *testing.T) {
 	backend(t)
 	variants := map[string]cuda.Options{
-		"rows2":           {RowsPerWarp: 2, WarpsPerBlock: 2},
-		"rows4":           {RowsPerWarp: 4, WarpsPerBlock: 3},
-		"q5x3":            {QWarps: 5, QRows: 3},
-		"q1x1-pdl":        {QWarps: 1, QRows: 1, PDL: true},
-		"rows4-q16x4-pdl": {RowsPerWarp: 4, QWarps: 16, QRows: 4, PDL: true},
+		// One small block: every warp streams a long range through its ring.
+		"one-block": {Warps: 3, KVDepth: 3, QDepth: 5, MaxBlocks: 1},
+		"depth1":    {Warps: 1, KVDepth: 1, QDepth: 1, MaxBlocks: 2},
+		"pdl":       {PDL: true},
+		"wide-pdl":  {Warps: 4, KVDepth: 8, QDepth: 8, PDL: true},
 	}
 	for name, opts := range variants {
 		b, err := cuda.New(opts)
@@ -116,6 +117,46 @@ func TestCUDAE4M3Exhaustive(t *testing.T) {
 	}
 	t.Logf("2^32 inputs, %d differences; negative NaN inputs became %v", diffs, negNaN)
 	require.Zero(t, diffs)
+}
+
+// TestCUDABF16Exhaustive rounds every float32 bit pattern to bf16 with the
+// kernels' hardware conversion and compares it with numerics.BF16FromF32.
+func TestCUDABF16Exhaustive(t *testing.T) {
+	b := backend(t)
+	if testing.Short() {
+		t.Skip("short mode: the 2^32 sweep takes about a minute")
+	}
+	const chunk = 1 << 28
+	out, err := b.Alloc(2 * chunk)
+	require.NoError(t, err)
+	defer b.Free(out)
+	host := make([]byte, 2*chunk)
+	var diffs atomic.Int64
+	for c := uint64(0); c < 1<<32; c += chunk {
+		base := uint32(c)
+		require.NoError(t, b.BF16Sweep(out, base, chunk))
+		require.NoError(t, b.Read(host, out, 0))
+		var wg sync.WaitGroup
+		workers := runtime.GOMAXPROCS(0)
+		for w := 0; w < workers; w++ {
+			wg.Add(1)
+			go func(w int) {
+				defer wg.Done()
+				for i := w; i < chunk; i += workers {
+					bits := base + uint32(i)
+					got := uint16(host[2*i]) | uint16(host[2*i+1])<<8
+					if want := numerics.BF16FromF32(math.Float32frombits(bits)); got != want {
+						if diffs.Add(1) <= 3 {
+							t.Errorf("bf16(%#08x): GPU %#04x, Go %#04x", bits, got, want)
+						}
+					}
+				}
+			}(w)
+		}
+		wg.Wait()
+	}
+	t.Logf("2^32 inputs, %d differences", diffs.Load())
+	require.Zero(t, diffs.Load())
 }
 
 func TestCUDAAvailableOrSkip(t *testing.T) {

@@ -44,16 +44,26 @@ struct Params {
 
 __device__ __forceinline__ float bf16_to_f32(u32 h) { return __uint_as_float(h << 16); }
 
-// Round to nearest even; every NaN becomes the canonical 0x7fff. Integer
-// arithmetic, identical to numerics.BF16FromF32.
-__device__ __forceinline__ u32 f32_to_bf16(float f) {
-    u32 u = __float_as_uint(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fffu;
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return u >> 16;
+// Two float32 rounded to bf16 (nearest even; every NaN becomes the
+// canonical 0x7fff, as numerics.BF16FromF32 does) and packed, lo in the low
+// half: the hardware conversion, one instruction for both.
+__device__ __forceinline__ u32 bf16x2_rn(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
 }
 
-__device__ __forceinline__ float round_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
+// Round a and b to bf16 in place (widened back exactly).
+__device__ __forceinline__ void round2(float& a, float& b) {
+    u32 r = bf16x2_rn(a, b);
+    a = __uint_as_float(r << 16);
+    b = __uint_as_float(r & 0xffff0000u);
+}
+
+// Pack two values that are already exact bf16.
+__device__ __forceinline__ u32 pack2(float lo, float hi) {
+    return __byte_perm(__float_as_uint(lo), __float_as_uint(hi), 0x7632);
+}
 
 // Two float32 to two e4m3 with the hardware conversion: hi goes to the upper byte.
 __device__ __forceinline__ u32 e4m3x2(float hi, float lo) {
@@ -140,7 +150,7 @@ __device__ __forceinline__ void kv_store(const Params& p, u8* page, int off, flo
     if (FMT == FMT_BF16) {
         u32 w[8];
 #pragma unroll
-        for (int i = 0; i < 8; i++) w[i] = f32_to_bf16(y[2 * i]) | (f32_to_bf16(y[2 * i + 1]) << 16);
+        for (int i = 0; i < 8; i++) w[i] = pack2(y[2 * i], y[2 * i + 1]);
         u8* dst = page + (size_t)off * 1024 + lane * 32;
         st_u4(dst, make_uint4(w[0], w[1], w[2], w[3]));
         st_u4(dst + 16, make_uint4(w[4], w[5], w[6], w[7]));
@@ -179,7 +189,7 @@ __device__ __forceinline__ void kv_store(const Params& p, u8* page, int off, flo
         } else {
             u32 w[8];
 #pragma unroll
-            for (int i = 0; i < 8; i++) w[i] = f32_to_bf16(y[2 * i]) | (f32_to_bf16(y[2 * i + 1]) << 16);
+            for (int i = 0; i < 8; i++) w[i] = pack2(y[2 * i], y[2 * i + 1]);
             u8* dst = vals + 448 + (lane - 28) * 32;
             st_u4(dst, make_uint4(w[0], w[1], w[2], w[3]));
             st_u4(dst + 16, make_uint4(w[4], w[5], w[6], w[7]));
@@ -189,20 +199,9 @@ __device__ __forceinline__ void kv_store(const Params& p, u8* page, int off, flo
 
 // Programmatic dependent launch: wait for the previous grid's memory before
 // reading inputs it may have produced, and let the next grid start launching
-// once this one has read what it needs. Both are no-ops without PDL.
+// once every block of this one is running. Both are no-ops without PDL.
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;"); }
-
-// Resolve row local+1 from row local's batch index without a new search:
-// consecutive context rows stay in one sequence or move to the next.
-__device__ __forceinline__ bool resolve_next(const Params& p, int local, int& b, int& pos) {
-    if (local >= p.valid_rows) return false;
-    if (p.seq_len != 0) return resolve(p, local, b, pos);
-    int t = p.row_begin + local;
-    while (b + 1 < p.seq_begin + p.num_seqs && __ldg(p.cu_q + b + 1) <= t) b++;
-    pos = t - __ldg(p.cu_q + b) + __ldg(p.cached + b);
-    return pos >= 0 && pos < p.rope_positions;
-}
 
 __device__ __forceinline__ void load_rope(float cs[16], const float* rope, int pos, int lane) {
     const float* src = rope + (size_t)pos * 64 + (lane - 28) * 16;
@@ -213,37 +212,127 @@ __device__ __forceinline__ void load_rope(float cs[16], const float* rope, int p
     }
 }
 
-// Rotate the lane's 8 pairs (lanes 28..31) with preloaded (cos, sin).
+// Rotate the lane's 8 pairs (lanes 28..31) with their (cos, sin).
 __device__ __forceinline__ void rope_pairs(float y[16], const float cs[16]) {
 #pragma unroll
     for (int k = 0; k < 8; k++) {
         float c = cs[2 * k], s = cs[2 * k + 1];
         float y0 = y[2 * k], y1 = y[2 * k + 1];
-        y[2 * k] = round_bf16(__fsub_rn(__fmul_rn(y0, c), __fmul_rn(y1, s)));
-        y[2 * k + 1] = round_bf16(__fadd_rn(__fmul_rn(y0, s), __fmul_rn(y1, c)));
+        float r0 = __fsub_rn(__fmul_rn(y0, c), __fmul_rn(y1, s));
+        float r1 = __fadd_rn(__fmul_rn(y0, s), __fmul_rn(y1, c));
+        round2(r0, r1);
+        y[2 * k] = r0;
+        y[2 * k + 1] = r1;
     }
 }
 
-// KV: each warp owns K consecutive latent rows. All K rows' loads are issued
-// first (they depend only on the row index), then the positions, pages and
-// RoPE rows are resolved while those loads are in flight.
-template <int FMT, int K>
-__device__ __forceinline__ void kv_body(const Params& p) {
+// ---- The streaming pipeline -------------------------------------------------
+// Each warp owns a contiguous range of rows and keeps DEPTH of them in flight:
+// cp.async copies row i+DEPTH into shared memory while row i is computed, so
+// the loads never wait for the arithmetic. Each lane copies, and later reads,
+// only its own 32 bytes of a row, so the copies need no barrier, only the
+// lane's own cp.async.wait_group. Slot indices are compile-time constants
+// (the loop over a ring is unrolled), so per-row metadata stays in registers.
+
+#ifndef PIPE_WARPS
+#define PIPE_WARPS 8
+#endif
+#ifndef KV_DEPTH
+#define KV_DEPTH 4
+#endif
+#ifndef Q_DEPTH
+#define Q_DEPTH 4
+#endif
+
+__device__ __forceinline__ u32 smem_u32(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void cp16(u32 dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
+__device__ __forceinline__ void lds32(u32 addr, uint4& a, uint4& b) {
+    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(a.x), "=r"(a.y), "=r"(a.z), "=r"(a.w) : "r"(addr));
+    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(b.x), "=r"(b.y), "=r"(b.z), "=r"(b.w) : "r"(addr + 16));
+}
+
+// The warp's contiguous share of n work rows.
+__device__ __forceinline__ void warp_range(int n, int& begin, int& end) {
+    const int gw = blockIdx.x * PIPE_WARPS + (threadIdx.x >> 5);
+    const int nw = gridDim.x * PIPE_WARPS;
+    const int per = (n + nw - 1) / nw;
+    begin = min(gw * per, n);
+    end = min(begin + per, n);
+}
+
+// KV row resolution with the last sequence and page cached in registers:
+// consecutive rows mostly stay in one sequence and one page.
+struct KVState {
+    int b;       // batch index of the last row, -1 before the first
+    int next;    // context: first token row of sequence b+1
+    int base;    // context: pos = t + base; generation: pos = base + r
+    int lp, pp;  // last logical page and its physical page
+};
+
+__device__ __forceinline__ bool kv_resolve(const Params& p, KVState& st, int local, int& page, int& off, int& pos) {
+    if (local >= p.valid_rows) return false;
+    const int t = p.row_begin + local;
+    if (p.seq_len == 0) {
+        if (st.b < 0 || t >= st.next) {
+            int b;
+            if (st.b < 0) {  // first row of the warp: binary search
+                int lo = p.seq_begin, hi = p.seq_begin + p.num_seqs - 1;
+                while (lo < hi) {
+                    int mid = (lo + hi + 1) >> 1;
+                    if (__ldg(p.cu_q + mid) <= t) lo = mid; else hi = mid - 1;
+                }
+                b = lo;
+            } else {  // rows ascend: walk forward
+                b = st.b;
+                while (b + 1 < p.seq_begin + p.num_seqs && __ldg(p.cu_q + b + 1) <= t) b++;
+            }
+            st.b = b;
+            st.next = b + 1 < p.seq_begin + p.num_seqs ? __ldg(p.cu_q + b + 1) : 0x7fffffff;
+            st.base = __ldg(p.cached + b) - __ldg(p.cu_q + b);
+            st.lp = -1;
+        }
+        pos = t + st.base;
+    } else {
+        int g, r;
+        if (p.seq_len_log2 >= 0) { g = local >> p.seq_len_log2; r = local & (p.seq_len - 1); }
+        else { g = local / p.seq_len; r = local - g * p.seq_len; }
+        const int b = p.seq_begin + g;
+        if (b != st.b) {
+            st.b = b;
+            st.base = __ldg(p.kv_len + b) - p.seq_len;
+            st.lp = -1;
+        }
+        pos = st.base + r;
+    }
+    if (pos < 0 || pos >= p.rope_positions) return false;
+    const int lp = pos >> p.page_size_log2;
+    if (lp != st.lp) {
+        st.lp = lp;
+        st.pp = __ldg(p.block_tables + (size_t)st.b * p.page_stride + lp);
+    }
+    if (st.pp < 0 || st.pp >= p.num_pages) return false;
+    page = st.pp;
+    off = pos & ((1 << p.page_size_log2) - 1);
+    return true;
+}
+
+#define KV_SLOT 1280  // 1024 bytes of latent row + 256 bytes of its RoPE row
+
+template <int FMT>
+__device__ __forceinline__ void kv_pipeline(const Params& p) {
+    __shared__ __align__(16) u8 ring[PIPE_WARPS][KV_DEPTH][KV_SLOT];
     const int lane = threadIdx.x & 31;
-    const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    const int first = warp * K;
+    const int wib = threadIdx.x >> 5;
     pdl_wait();
     if (p.write_sched && blockIdx.x == 0 && threadIdx.x == 0) write_scheduler(p);
-    if (first >= p.rows) { pdl_trigger(); return; }
-    uint4 va[K], vb[K];
-#pragma unroll
-    for (int k = 0; k < K; k++) {
-        if (first + k < p.rows) {
-            const u8* src = p.in + (size_t)(p.row_begin + first + k) * p.in_stride + lane * 32;
-            va[k] = ld_stream(src);
-            vb[k] = ld_stream(src + 16);
-        }
-    }
+    int begin, end;
+    warp_range(p.rows, begin, end);
     float w[16];
     {
         const float* wp = p.weight + lane * 16;
@@ -253,126 +342,160 @@ __device__ __forceinline__ void kv_body(const Params& p) {
             w[4 * q] = t.x; w[4 * q + 1] = t.y; w[4 * q + 2] = t.z; w[4 * q + 3] = t.w;
         }
     }
-    int page[K], pos[K];
-    int b = 0;
+    KVState st;
+    st.b = -1;
+    int page[KV_DEPTH], off[KV_DEPTH];
+    const u32 base = smem_u32(&ring[wib][0][0]);
+    auto issue = [&](int i, int d) {
+        int pos;
+        page[d] = -1;
+        if (i < end && kv_resolve(p, st, i, page[d], off[d], pos)) {
+            const u8* src = p.in + (size_t)(p.row_begin + i) * p.in_stride + lane * 32;
+            const u32 dst = base + d * KV_SLOT + lane * 32;
+            cp16(dst, src);
+            cp16(dst + 16, src + 16);
+            if (lane >= 28) {
+                const float* cs = p.rope + (size_t)pos * 64 + (lane - 28) * 16;
+                const u32 rd = base + d * KV_SLOT + 1024 + (lane - 28) * 64;
 #pragma unroll
-    for (int k = 0; k < K; k++) {
-        page[k] = -1;
-        bool ok = k == 0 ? resolve(p, first, b, pos[k]) : resolve_next(p, first + k, b, pos[k]);
-        if (first + k < p.rows && ok) {
-            int pg = __ldg(p.block_tables + (size_t)b * p.page_stride + (pos[k] >> p.page_size_log2));
-            if (pg >= 0 && pg < p.num_pages) page[k] = pg;
-        }
-    }
-    pdl_trigger();
-#pragma unroll
-    for (int k = 0; k < K; k++) {
-        if (page[k] < 0) continue;  // warp-uniform
-        float cs[16];
-        if (lane >= 28) load_rope(cs, p.rope, pos[k], lane);
-        float x[16];
-        unpack16(va[k], vb[k], x);
-        float r = warp_rms_inv(x);
-#pragma unroll
-        for (int i = 0; i < 16; i++) x[i] = round_bf16(__fmul_rn(__fmul_rn(x[i], r), w[i]));
-        if (lane >= 28) rope_pairs(x, cs);
-        u8* pg = p.out + (size_t)page[k] * p.page_bytes;
-        kv_store<FMT>(p, pg, pos[k] & ((1 << p.page_size_log2) - 1), x, lane);
-    }
-}
-
-#define KV_KERNELS(K)                                                                                            \
-    extern "C" __global__ void __launch_bounds__(256) kv_fp8_ue8m0_k##K(const Params p) { kv_body<FMT_FP8_UE8M0, K>(p); } \
-    extern "C" __global__ void __launch_bounds__(256) kv_bf16_k##K(const Params p) { kv_body<FMT_BF16, K>(p); }           \
-    extern "C" __global__ void __launch_bounds__(256) kv_fp8_pertensor_k##K(const Params p) { kv_body<FMT_FP8_PERTENSOR, K>(p); }
-KV_KERNELS(1)
-KV_KERNELS(2)
-KV_KERNELS(4)
-
-#ifndef Q_WARPS
-#define Q_WARPS 8
-#endif
-#ifndef Q_ROWS
-#define Q_ROWS 8
-#endif
-
-// Q: one block per token; warp w owns heads w, w+Q_WARPS, ... and loads
-// Q_ROWS of them at once. The token's position and RoPE row are resolved once
-// per warp while the first rows' loads are in flight.
-template <bool BF16OUT>
-__device__ __forceinline__ void q_body(const Params& p) {
-    const int lane = threadIdx.x & 31;
-    const int warp = threadIdx.x >> 5;
-    const int local = blockIdx.x;
-    const int es = BF16OUT ? 2 : 1;
-    const size_t row0 = (size_t)(p.row_begin + local) * p.heads;
-    pdl_wait();
-    uint4 va[Q_ROWS], vb[Q_ROWS];
-    int h0 = warp;
-#pragma unroll
-    for (int k = 0; k < Q_ROWS; k++) {
-        int h = h0 + k * Q_WARPS;
-        if (h < p.heads) {
-            const u8* src = p.in + (row0 + h) * 1024 + lane * 32;
-            va[k] = ld_stream(src);
-            vb[k] = ld_stream(src + 16);
-        }
-    }
-    int b, pos;
-    const bool live = resolve(p, local, b, pos);
-    float cs[16];
-    if (live && lane >= 28) load_rope(cs, p.rope, pos, lane);
-    pdl_trigger();
-    for (;;) {
-#pragma unroll
-        for (int k = 0; k < Q_ROWS; k++) {
-            int h = h0 + k * Q_WARPS;
-            if (h >= p.heads) break;
-            u8* dst = p.out + (row0 + h) * 512 * es + lane * 16 * es;
-            if (!live) {
-                st_u4(dst, make_uint4(0, 0, 0, 0));
-                if (BF16OUT) st_u4(dst + 16, make_uint4(0, 0, 0, 0));
-                continue;
+                for (int q = 0; q < 4; q++) cp16(rd + 16 * q, cs + 4 * q);
             }
-            float x[16];
-            unpack16(va[k], vb[k], x);
-            float r = warp_rms_inv(x);
+        }
+        cp_commit();
+    };
 #pragma unroll
-            for (int i = 0; i < 16; i++) x[i] = round_bf16(__fmul_rn(x[i], r));
-            if (lane >= 28) rope_pairs(x, cs);
-            if (BF16OUT) {
-                u32 w[8];
+    for (int d = 0; d < KV_DEPTH; d++) issue(begin + d, d);
+    pdl_trigger();
+    for (int row = begin; row < end; row += KV_DEPTH) {
 #pragma unroll
-                for (int i = 0; i < 8; i++) w[i] = f32_to_bf16(x[2 * i]) | (f32_to_bf16(x[2 * i + 1]) << 16);
-                st_u4(dst, make_uint4(w[0], w[1], w[2], w[3]));
-                st_u4(dst + 16, make_uint4(w[4], w[5], w[6], w[7]));
-            } else {
-                u32 w[4];
+        for (int d = 0; d < KV_DEPTH; d++) {
+            const int i = row + d;
+            if (i < end) {
+                cp_wait<KV_DEPTH - 1>();
+                if (page[d] >= 0) {  // warp-uniform
+                    uint4 va, vb;
+                    lds32(base + d * KV_SLOT + lane * 32, va, vb);
+                    float x[16];
+                    unpack16(va, vb, x);
+                    const float r = warp_rms_inv(x);
 #pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    u32 lo = e4m3x2(__fmul_rn(x[4 * i + 1], p.scale), __fmul_rn(x[4 * i], p.scale));
-                    u32 hi = e4m3x2(__fmul_rn(x[4 * i + 3], p.scale), __fmul_rn(x[4 * i + 2], p.scale));
-                    w[i] = lo | (hi << 16);
+                    for (int k = 0; k < 8; k++) {
+                        float a = __fmul_rn(__fmul_rn(x[2 * k], r), w[2 * k]);
+                        float c = __fmul_rn(__fmul_rn(x[2 * k + 1], r), w[2 * k + 1]);
+                        round2(a, c);
+                        x[2 * k] = a;
+                        x[2 * k + 1] = c;
+                    }
+                    if (lane >= 28) {
+                        float cs[16];
+                        const u8* rp = &ring[wib][d][1024 + (lane - 28) * 64];
+#pragma unroll
+                        for (int q = 0; q < 4; q++) {
+                            float4 t = *reinterpret_cast<const float4*>(rp + 16 * q);
+                            cs[4 * q] = t.x; cs[4 * q + 1] = t.y; cs[4 * q + 2] = t.z; cs[4 * q + 3] = t.w;
+                        }
+                        rope_pairs(x, cs);
+                    }
+                    kv_store<FMT>(p, p.out + (size_t)page[d] * p.page_bytes, off[d], x, lane);
                 }
-                st_u4(dst, make_uint4(w[0], w[1], w[2], w[3]));
-            }
-        }
-        h0 += Q_ROWS * Q_WARPS;
-        if (h0 >= p.heads) break;
-#pragma unroll
-        for (int k = 0; k < Q_ROWS; k++) {
-            int h = h0 + k * Q_WARPS;
-            if (h < p.heads && live) {
-                const u8* src = p.in + (row0 + h) * 1024 + lane * 32;
-                va[k] = ld_stream(src);
-                vb[k] = ld_stream(src + 16);
+                issue(i + KV_DEPTH, d);
             }
         }
     }
+    cp_wait<0>();
 }
 
-extern "C" __global__ void __launch_bounds__(Q_WARPS * 32) q_fp8(const Params p) { q_body<false>(p); }
-extern "C" __global__ void __launch_bounds__(Q_WARPS * 32) q_bf16(const Params p) { q_body<true>(p); }
+extern "C" __global__ void __launch_bounds__(PIPE_WARPS * 32) kv_fp8_ue8m0(const Params p) { kv_pipeline<FMT_FP8_UE8M0>(p); }
+extern "C" __global__ void __launch_bounds__(PIPE_WARPS * 32) kv_bf16(const Params p) { kv_pipeline<FMT_BF16>(p); }
+extern "C" __global__ void __launch_bounds__(PIPE_WARPS * 32) kv_fp8_pertensor(const Params p) { kv_pipeline<FMT_FP8_PERTENSOR>(p); }
+
+// Q: the work rows are (token, head) pairs of the launch; a token's position
+// and RoPE row are resolved once when the warp reaches its first head.
+template <bool BF16OUT>
+__device__ __forceinline__ void q_pipeline(const Params& p) {
+    __shared__ __align__(16) u8 ring[PIPE_WARPS][Q_DEPTH][1024];
+    const int lane = threadIdx.x & 31;
+    const int wib = threadIdx.x >> 5;
+    const int es = BF16OUT ? 2 : 1;
+    pdl_wait();
+    int begin, end;
+    warp_range(p.rows * p.heads, begin, end);
+    const size_t row0 = (size_t)p.row_begin * p.heads;
+    const u32 base = smem_u32(&ring[wib][0][0]);
+    auto issue = [&](int i, int d) {
+        if (i < end) {
+            const u8* src = p.in + (row0 + i) * 1024 + lane * 32;
+            const u32 dst = base + d * 1024 + lane * 32;
+            cp16(dst, src);
+            cp16(dst + 16, src + 16);
+        }
+        cp_commit();
+    };
+#pragma unroll
+    for (int d = 0; d < Q_DEPTH; d++) issue(begin + d, d);
+    pdl_trigger();
+    int tok = -1;
+    bool live = false;
+    float cs[16];
+    int h = 0, t = 0;
+    if (begin < end) { t = begin / p.heads; h = begin - t * p.heads; }
+    for (int row = begin; row < end; row += Q_DEPTH) {
+#pragma unroll
+        for (int d = 0; d < Q_DEPTH; d++) {
+            const int i = row + d;
+            if (i < end) {
+                if (t != tok) {
+                    tok = t;
+                    int b, pos;
+                    live = resolve(p, t, b, pos);
+                    if (live && lane >= 28) load_rope(cs, p.rope, pos, lane);
+                }
+                cp_wait<Q_DEPTH - 1>();
+                u8* dst = p.out + (row0 + i) * 512 * es + lane * 16 * es;
+                if (!live) {
+                    st_u4(dst, make_uint4(0, 0, 0, 0));
+                    if (BF16OUT) st_u4(dst + 16, make_uint4(0, 0, 0, 0));
+                } else {
+                    uint4 va, vb;
+                    lds32(base + d * 1024 + lane * 32, va, vb);
+                    float x[16];
+                    unpack16(va, vb, x);
+                    const float r = warp_rms_inv(x);
+#pragma unroll
+                    for (int k = 0; k < 8; k++) {
+                        float a = __fmul_rn(x[2 * k], r), c = __fmul_rn(x[2 * k + 1], r);
+                        round2(a, c);
+                        x[2 * k] = a;
+                        x[2 * k + 1] = c;
+                    }
+                    if (lane >= 28) rope_pairs(x, cs);
+                    if (BF16OUT) {
+                        u32 o[8];
+#pragma unroll
+                        for (int k = 0; k < 8; k++) o[k] = pack2(x[2 * k], x[2 * k + 1]);
+                        st_u4(dst, make_uint4(o[0], o[1], o[2], o[3]));
+                        st_u4(dst + 16, make_uint4(o[4], o[5], o[6], o[7]));
+                    } else {
+                        u32 o[4];
+#pragma unroll
+                        for (int k = 0; k < 4; k++) {
+                            u32 lo = e4m3x2(__fmul_rn(x[4 * k + 1], p.scale), __fmul_rn(x[4 * k], p.scale));
+                            u32 hi = e4m3x2(__fmul_rn(x[4 * k + 3], p.scale), __fmul_rn(x[4 * k + 2], p.scale));
+                            o[k] = lo | (hi << 16);
+                        }
+                        st_u4(dst, make_uint4(o[0], o[1], o[2], o[3]));
+                    }
+                }
+                issue(i + Q_DEPTH, d);
+                if (++h == p.heads) { h = 0; t++; }
+            }
+        }
+    }
+    cp_wait<0>();
+}
+
+extern "C" __global__ void __launch_bounds__(PIPE_WARPS * 32) q_fp8(const Params p) { q_pipeline<false>(p); }
+extern "C" __global__ void __launch_bounds__(PIPE_WARPS * 32) q_bf16(const Params p) { q_pipeline<true>(p); }
 
 // The exhaustive conversion check: out[i] = e4m3(bits = base + i) for n inputs.
 extern "C" __global__ void e4m3_sweep(u8* out, u32 base, u32 n) {
@@ -382,5 +505,15 @@ extern "C" __global__ void e4m3_sweep(u8* out, u32 base, u32 n) {
         u32 a = base + 2 * i;
         u32 r = e4m3x2(__uint_as_float(a + 1), __uint_as_float(a));
         reinterpret_cast<u16*>(out)[i] = (u16)r;
+    }
+}
+
+// The exhaustive bf16 check: out[i] = bf16 bits of (base + i) for n inputs.
+extern "C" __global__ void bf16_sweep(unsigned short* out, u32 base, u32 n) {
+    u32 i = blockIdx.x * blockDim.x + threadIdx.x;
+    u32 stride = gridDim.x * blockDim.x;
+    for (; 2 * i < n; i += stride) {
+        u32 a = base + 2 * i;
+        reinterpret_cast<u32*>(out)[i] = bf16x2_rn(__uint_as_float(a), __uint_as_float(a + 1));
     }
 }
