@@ -26,3 +26,12 @@ extern "C" __global__ void fill_f32(float* p, u64 n, u32 seed, float lo, float h
         p[i] = lo + (hi - lo) * ((float)(h >> 8) / 16777216.f);
     }
 }
+
+// The copy baseline: 16-byte streaming loads and stores, grid-stride.
+extern "C" __global__ void copy16(uint4* dst, const uint4* src, u64 n16) {
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n16; i += (u64)gridDim.x * blockDim.x) {
+        uint4 v;
+        asm volatile("ld.global.cs.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(src + i));
+        asm volatile("st.global.cs.v4.u32 [%0], {%1,%2,%3,%4};" ::"l"(dst + i), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+    }
+}
