@@ -70,6 +70,24 @@ type Launch struct {
 	// WriteScheduler is set on one launch per layer: its KV kernel resets
 	// the tile counter and writes the bmm scales.
 	WriteScheduler bool
+	// FromHeader (generation-only batches) makes the kernels read
+	// ValidRows, NumSeqs and SeqLen from the metadata buffer's header on the
+	// device instead of from the launch, so one captured CUDA graph serves
+	// every generation batch of its padded size. RowBegin and SeqBegin must
+	// be 0 and Rows covers the padded batch.
+	FromHeader bool
+}
+
+// FromHeader returns the launches of a generation-only batch marked to read
+// their counts from the device header (see Launch.FromHeader); other
+// batches are returned unchanged.
+func FromHeader(ls []Launch) []Launch {
+	if len(ls) != 1 || ls[0].Phase != metadata.Generation || ls[0].RowBegin != 0 || ls[0].SeqBegin != 0 {
+		return ls
+	}
+	out := []Launch{ls[0]}
+	out[0].FromHeader = true
+	return out
 }
 
 func (l Launch) String() string {

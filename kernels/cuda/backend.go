@@ -259,18 +259,18 @@ func (b *Backend) Close() error {
 }
 
 // paramsSize is sizeof(Params) in prologue.cu.
-const paramsSize = 160
+const paramsSize = 168
 
-// packParams lays out the kernel's Params struct: nine pointers, the input
+// packParams lays out the kernel's Params struct: ten pointers, the input
 // row stride, then 4-byte fields in declaration order.
-func packParams(ptrs [9]driver.DevicePtr, inStride uint64, ints []int32, floats []float32, tail []int32) driver.Bytes {
+func packParams(ptrs [10]driver.DevicePtr, inStride uint64, ints []int32, floats []float32, tail []int32) driver.Bytes {
 	p := make([]byte, paramsSize)
 	le := binary.LittleEndian
 	for i, v := range ptrs {
 		le.PutUint64(p[8*i:], uint64(v))
 	}
-	le.PutUint64(p[72:], inStride)
-	off := 80
+	le.PutUint64(p[80:], inStride)
+	off := 88
 	for _, v := range ints {
 		le.PutUint32(p[off:], uint32(v))
 		off += 4
@@ -304,9 +304,10 @@ func (b *Backend) launchParams(l mla.Launch, a *mla.LayerArgs, in, out, weight d
 	if l.WriteScheduler {
 		sched = m + driver.DevicePtr(a.Meta.OffScheduler)
 	}
-	ptrs := [9]driver.DevicePtr{in, out, weight, rope.ptr,
+	ptrs := [10]driver.DevicePtr{in, out, weight, rope.ptr,
 		m + driver.DevicePtr(a.Meta.OffCuQ), m + driver.DevicePtr(a.Meta.OffCached),
-		m + driver.DevicePtr(a.Meta.OffKVLen), m + driver.DevicePtr(a.Meta.OffBlockTables), sched}
+		m + driver.DevicePtr(a.Meta.OffKVLen), m + driver.DevicePtr(a.Meta.OffBlockTables), sched,
+		m + driver.DevicePtr(a.Meta.OffHeader)}
 	seqLenLog2 := int32(-1)
 	if l.SeqLen > 0 && l.SeqLen&(l.SeqLen-1) == 0 {
 		seqLenLog2 = int32(bits.TrailingZeros(uint(l.SeqLen)))
@@ -321,7 +322,11 @@ func (b *Backend) launchParams(l mla.Launch, a *mla.LayerArgs, in, out, weight d
 	if l.WriteScheduler {
 		ws = 1
 	}
-	return packParams(ptrs, inStride, ints, floats, []int32{ws, 0}), nil
+	fromHdr := int32(0)
+	if l.FromHeader {
+		fromHdr = 1
+	}
+	return packParams(ptrs, inStride, ints, floats, []int32{ws, fromHdr}), nil
 }
 
 // grid sizes a streaming launch over n work rows: one warp a row while that

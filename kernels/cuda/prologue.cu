@@ -32,6 +32,7 @@ struct Params {
     const int* kv_len;
     const int* block_tables;
     u8* sched;             // scheduler region, or null
+    const int* hdr;        // metadata header (mla.Hdr* order), read when from_hdr
     u64 in_stride;         // bytes between consecutive input rows
     int row_begin, rows, valid_rows, seq_begin, num_seqs, seq_len, seq_len_log2;
     int heads, rope_positions, page_stride;
@@ -39,8 +40,22 @@ struct Params {
     float scale;           // KV: kv_scale (fp8_pertensor); Q: q_scale (fp8)
     float q_deq, kv_deq, q_scaling, o_scale;
     int write_sched;
-    int pad_;
+    int from_hdr;          // generation-only launch: valid_rows, num_seqs, seq_len from hdr
 };
+
+// A launch captured in a CUDA graph serves every generation batch of its
+// padded size: the batch's own counts come from the metadata header, which
+// each iteration rewrites at the same address.
+__device__ __forceinline__ Params with_header(const Params& p0) {
+    Params p = p0;
+    if (p.from_hdr) {
+        p.num_seqs = __ldg(p.hdr + 2);    // HdrNumGen
+        p.valid_rows = __ldg(p.hdr + 4);  // HdrGenTokens
+        p.seq_len = max(__ldg(p.hdr + 7), 1);  // HdrGenSeqLen
+        p.seq_len_log2 = (p.seq_len & (p.seq_len - 1)) == 0 ? __ffs(p.seq_len) - 1 : -1;
+    }
+    return p;
+}
 
 __device__ __forceinline__ float bf16_to_f32(u32 h) { return __uint_as_float(h << 16); }
 
@@ -325,11 +340,12 @@ __device__ __forceinline__ bool kv_resolve(const Params& p, KVState& st, int loc
 #define KV_SLOT 1280  // 1024 bytes of latent row + 256 bytes of its RoPE row
 
 template <int FMT>
-__device__ __forceinline__ void kv_pipeline(const Params& p) {
+__device__ __forceinline__ void kv_pipeline(const Params& p0) {
     __shared__ __align__(16) u8 ring[PIPE_WARPS][KV_DEPTH][KV_SLOT];
     const int lane = threadIdx.x & 31;
     const int wib = threadIdx.x >> 5;
     pdl_wait();
+    const Params p = with_header(p0);
     if (p.write_sched && blockIdx.x == 0 && threadIdx.x == 0) write_scheduler(p);
     int begin, end;
     warp_range(p.rows, begin, end);
@@ -412,12 +428,13 @@ extern "C" __global__ void __launch_bounds__(PIPE_WARPS * 32) kv_fp8_pertensor(c
 // Q: the work rows are (token, head) pairs of the launch; a token's position
 // and RoPE row are resolved once when the warp reaches its first head.
 template <bool BF16OUT>
-__device__ __forceinline__ void q_pipeline(const Params& p) {
+__device__ __forceinline__ void q_pipeline(const Params& p0) {
     __shared__ __align__(16) u8 ring[PIPE_WARPS][Q_DEPTH][1024];
     const int lane = threadIdx.x & 31;
     const int wib = threadIdx.x >> 5;
     const int es = BF16OUT ? 2 : 1;
     pdl_wait();
+    const Params p = with_header(p0);
     int begin, end;
     warp_range(p.rows * p.heads, begin, end);
     const size_t row0 = (size_t)p.row_begin * p.heads;

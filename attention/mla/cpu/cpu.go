@@ -118,6 +118,17 @@ type meta struct {
 
 func (m meta) at(off, i int) int32 { return int32(binary.LittleEndian.Uint32(m.b[off+4*i:])) }
 
+// withHeader replaces a FromHeader launch's counts with the header's, as
+// the GPU kernels do.
+func (m meta) withHeader(l mla.Launch) mla.Launch {
+	if l.FromHeader {
+		l.NumSeqs = int(m.at(m.mb.OffHeader, mla.HdrNumGen))
+		l.ValidRows = int(m.at(m.mb.OffHeader, mla.HdrGenTokens))
+		l.SeqLen = max(1, int(m.at(m.mb.OffHeader, mla.HdrGenSeqLen)))
+	}
+	return l
+}
+
 // rowPosition resolves a launch-local row to (batch index, position) as the
 // GPU kernels do; ok is false for padding rows.
 func (m meta) rowPosition(l mla.Launch, local int) (b, pos int, ok bool) {
@@ -180,6 +191,7 @@ func ropeTail(y *[d]float32, rope []byte) {
 // KVNormRopeStore implements mla.Backend.
 func (c *Backend) KVNormRopeStore(ctx context.Context, l mla.Launch, a *mla.LayerArgs) error {
 	m := meta{b: Bytes(a.Meta.Buf), mb: a.Meta}
+	l = m.withHeader(l)
 	if l.WriteScheduler {
 		s := metadata.ComputeSchedulerScalars(a.Scheduler)
 		copy(m.b[a.Meta.OffScheduler:], mla.EncodeScheduler(s))
@@ -218,6 +230,7 @@ func (c *Backend) KVNormRopeStore(ctx context.Context, l mla.Launch, a *mla.Laye
 // QNormRopeQuant implements mla.Backend.
 func (c *Backend) QNormRopeQuant(ctx context.Context, l mla.Launch, a *mla.LayerArgs) error {
 	m := meta{b: Bytes(a.Meta.Buf), mb: a.Meta}
+	l = m.withHeader(l)
 	qin, qout, rope := Bytes(a.QIn), Bytes(a.QOut), Bytes(a.Rope)
 	es := a.QFormat.ElemBytes()
 	rowOut := d * es

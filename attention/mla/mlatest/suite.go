@@ -101,7 +101,10 @@ func Configs() []Config {
 	return cs
 }
 
-// Test runs every scenario in every configuration on the backend.
+// Test runs every scenario in every configuration on the backend; a
+// generation-only scenario runs a second time with its launch reading the
+// counts from the device header (the CUDA-graph path), the host's counts
+// deliberately wrong so that only the header can give the right bytes.
 func Test(t *testing.T, b mla.Backend) {
 	for _, s := range Scenarios() {
 		for _, c := range Configs() {
@@ -109,6 +112,29 @@ func Test(t *testing.T, b mla.Backend) {
 				seed := rand.Uint64()
 				t.Logf("seed %d", seed)
 				if err := Check(b, s, c, seed); err != nil {
+					t.Fatal(err)
+				}
+			})
+			if !generationOnly(s) {
+				continue
+			}
+			t.Run(s.Name+"/"+c.String()+"/header", func(t *testing.T) {
+				seed := rand.Uint64()
+				t.Logf("seed %d", seed)
+				cs, err := NewCase(s, c, seed)
+				if err != nil {
+					t.Fatal(err)
+				}
+				ls := mla.FromHeader(mla.Plan(cs.M))
+				if !ls[0].FromHeader {
+					t.Fatalf("generation-only batch planned as %v", ls)
+				}
+				ls[0].ValidRows, ls[0].NumSeqs, ls[0].SeqLen = 0, 0, 1
+				got, err := cs.Run(b, ls)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := cs.Compare(got, cs.Expected()); err != nil {
 					t.Fatal(err)
 				}
 			})
@@ -442,3 +468,12 @@ func Check(b mla.Backend, s Scenario, c Config, seed uint64) error {
 
 // Poison returns the pool's bytes before any launch ran.
 func (cs *Case) Poison() []byte { return cs.poison }
+
+func generationOnly(s Scenario) bool {
+	for _, r := range s.Reqs {
+		if r.Phase != metadata.Generation {
+			return false
+		}
+	}
+	return true
+}
