@@ -130,9 +130,9 @@ func openBackend(name string, opts Options, cpuWorkers int) (mla.Backend, error)
 		}
 		return b, nil
 	}
-	msg := fmt.Sprintf("engine: Config.Backend %q is not linked into this program (selectable: %s)", name, strings.Join(Backends(), ", "))
+	msg := fmt.Sprintf("engine: Config.Backend %q is not registered in this program (selectable: %s)", name, strings.Join(Backends(), ", "))
 	if name == "cuda" {
-		msg += `; import _ "github.com/dsv4mla/prologue/kernels/cuda" to link it`
+		msg += `; the CUDA backend registers itself when linked in: import _ "github.com/dsv4mla/prologue/kernels/cuda"`
 	}
 	return nil, errors.New(msg)
 }

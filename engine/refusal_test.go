@@ -20,6 +20,7 @@ import (
 func refusalEngine(t *testing.T, rng *rand.Rand) *engine.Engine {
 	cfg := smallConfig()
 	cfg.RopePositions = 256
+	cfg.Layers = 2
 	e := newEngine(t, cfg)
 	step(t, rng, e, ctxReq(1, 64), ctxReq(2, 70), ctxReq(3, 10))
 	step(t, rng, e, ctxReq(1, 36), ctxReq(4, 200))
@@ -197,7 +198,7 @@ func TestIterationMisuse(t *testing.T) {
 	}{
 		{"short fusedA", it.SetInputs(0, f[:len(f)-2], q)},
 		{"long q", it.SetInputs(0, f, append(q, 0, 0))},
-		{"layer out of range", it.SetInputs(3, f, q)},
+		{"layer out of range", it.SetInputs(2, f, q)},
 		{"negative layer", it.RunLayer(ctx, -1)},
 	} {
 		require.Error(t, c.err, c.name)

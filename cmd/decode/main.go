@@ -1,0 +1,339 @@
+// Command decode replays a batch trace through the MLA prologue engine the
+// way an LLM server drives it: one iteration per trace line, every layer's
+// prologue on synthetic activations, the KV cache carried from line to line.
+//
+//	go run ./cmd/decode                     # the embedded default trace
+//	go run ./cmd/decode --trace my.jsonl --backend cpu --layers 4 --verify
+//
+// It prints one line per iteration (tokens, launches per kind, wall time and,
+// on CUDA, device time), a summary, and the summary again in Go benchmark
+// format for benchstat; --json prints a JSON report instead. The trace
+// format and the --dump tensors are described in the README.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"time"
+
+	"github.com/rs/zerolog"
+	"github.com/schollz/progressbar/v3"
+
+	"github.com/dsv4mla/prologue/attention/mla"
+	"github.com/dsv4mla/prologue/engine"
+	"github.com/dsv4mla/prologue/engine/replay"
+	"github.com/dsv4mla/prologue/engine/trace"
+	"github.com/dsv4mla/prologue/kvcache"
+	"github.com/dsv4mla/prologue/model/dsv4"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// Exit codes.
+const (
+	exitOK    = 0
+	exitError = 1 // a refused line, a verify difference, an engine error
+	exitUsage = 2 // bad flags
+)
+
+// Defaults chosen so that the default trace replays in well under a minute
+// on two CPU cores: two layers of V4-Flash, and a pool with room for the
+// trace's peak (467 pages of 64 tokens).
+const (
+	defaultLayers = 2
+	defaultPages  = 1024
+)
+
+type options struct {
+	tracePath    string
+	model        string
+	layers       int
+	backend      string
+	device       int
+	cacheFormat  kvcache.Format
+	kvScale      float64
+	qFormat      string
+	qScale       float64
+	pageSize     int
+	pages        int
+	ropePos      int
+	maxSeqs      int
+	maxTokens    int
+	seed         uint64
+	cpuWorkers   int
+	verify       bool
+	dumpDir      string
+	dumpIters    string
+	dumpLayers   string
+	jsonOut      bool
+	graph        bool
+	logLevel     string
+	noIterations bool
+}
+
+func parseFlags(args []string, stderr io.Writer) (*options, error) {
+	o := &options{}
+	fs := flag.NewFlagSet("decode", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&o.tracePath, "trace", "", "JSON Lines batch trace (- for stdin); empty: the embedded default trace")
+	fs.StringVar(&o.model, "model", "flash", "model: flash, pro, or the path of a checkpoint's config.json")
+	fs.IntVar(&o.layers, "layers", defaultLayers, "attention layers to run (0: all, MTP layers included)")
+	fs.StringVar(&o.backend, "backend", engine.BackendAuto, "backend: "+strings.Join(engine.Backends(), ", "))
+	fs.IntVar(&o.device, "device", 0, "GPU ordinal for accelerator backends")
+	fs.TextVar(&o.cacheFormat, "cache-format", kvcache.FormatFP8UE8M0, "KV cache format: fp8_ue8m0, bf16 or fp8_pertensor")
+	fs.Float64Var(&o.kvScale, "kv-scale", 1, "per-tensor KV scale (fp8_pertensor)")
+	fs.StringVar(&o.qFormat, "q-format", "fp8", "Q buffer format: fp8 or bf16")
+	fs.Float64Var(&o.qScale, "q-scale", 1, "per-tensor Q scale (fp8)")
+	fs.IntVar(&o.pageSize, "page-size", kvcache.DefaultPageSize, "KV cache page size in tokens (a power of two)")
+	fs.IntVar(&o.pages, "pages", defaultPages, "KV cache pool size in pages (per layer)")
+	fs.IntVar(&o.ropePos, "rope-positions", 0, "RoPE table length (0: min(max_position_embeddings, pages*page-size))")
+	fs.IntVar(&o.maxSeqs, "max-seqs", 0, "capacity in sequences per batch (0: the trace's largest batch)")
+	fs.IntVar(&o.maxTokens, "max-tokens", 0, "capacity in tokens per batch (0: the trace's largest batch)")
+	fs.Uint64Var(&o.seed, "seed", 1, "seed of the synthetic activations and kv_a_layernorm weights")
+	fs.IntVar(&o.cpuWorkers, "cpu-workers", 0, "goroutines of the cpu backend (0: GOMAXPROCS)")
+	fs.BoolVar(&o.verify, "verify", false, "also run every iteration on the cpu backend and compare every byte of Q and of the cache pages written")
+	fs.StringVar(&o.dumpDir, "dump", "", "write safetensors dumps of chosen iterations and layers into this directory")
+	fs.StringVar(&o.dumpIters, "dump-iters", "0", "iterations to dump: all, or a list like 0,5,10-12")
+	fs.StringVar(&o.dumpLayers, "dump-layers", "all", "layers to dump: all, or a list like 0,2")
+	fs.BoolVar(&o.jsonOut, "json", false, "print a JSON report on stdout instead of text")
+	fs.BoolVar(&o.graph, "graph", false, "pad every iteration to the capacity so launch shapes repeat (the CUDA-graph path; engine Config.UseGraphs)")
+	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	fs.BoolVar(&o.noIterations, "summary-only", false, "print only the summary, not a line per iteration")
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), "usage: decode [flags]\n\nReplays a batch trace through the MLA prologue engine. Flags:")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected argument %q (the trace goes in --trace)", fs.Arg(0))
+	}
+	return o, nil
+}
+
+func loadModel(name string) (dsv4.Config, error) {
+	switch strings.ToLower(name) {
+	case "flash":
+		return dsv4.Flash(), nil
+	case "pro":
+		return dsv4.Pro(), nil
+	}
+	if !strings.HasSuffix(name, ".json") {
+		if _, err := os.Stat(name); err != nil {
+			return dsv4.Config{}, fmt.Errorf("--model %q: not flash, pro or a config.json file", name)
+		}
+	}
+	m, err := dsv4.Load(name)
+	if err != nil {
+		return dsv4.Config{}, fmt.Errorf("--model %q: %w", name, err)
+	}
+	return m, nil
+}
+
+func loadTrace(path string, stdin io.Reader) ([]trace.Step, string, error) {
+	switch path {
+	case "":
+		s, err := trace.Default()
+		return s, "embedded default trace", err
+	case "-":
+		s, err := trace.Parse(stdin)
+		return s, "stdin", err
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, path, err
+	}
+	defer f.Close()
+	s, err := trace.Parse(f)
+	return s, path, err
+}
+
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}
+
+func newLogger(level string, stderr io.Writer) (zerolog.Logger, error) {
+	lvl, err := zerolog.ParseLevel(level)
+	if err != nil || level == "" {
+		return zerolog.Logger{}, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
+	}
+	var w io.Writer = stderr
+	if isTerminal(stderr) {
+		w = zerolog.ConsoleWriter{Out: stderr, TimeFormat: time.TimeOnly}
+	}
+	return zerolog.New(w).Level(lvl).With().Timestamp().Logger(), nil
+}
+
+// run is the whole command; it returns the exit code.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	o, err := parseFlags(args, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return exitOK
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "decode:", err)
+		return exitUsage
+	}
+	log, err := newLogger(o.logLevel, stderr)
+	if err != nil {
+		fmt.Fprintln(stderr, "decode:", err)
+		return exitUsage
+	}
+	cfg, steps, name, err := o.config(log)
+	if err != nil {
+		fmt.Fprintln(stderr, "decode:", err)
+		var ue usageError
+		if errors.As(err, &ue) {
+			return exitUsage
+		}
+		return exitError
+	}
+	if err := replayTrace(ctx, o, cfg, steps, name, stdout, stderr); err != nil {
+		log.Error().Err(err).Msg("replay stopped")
+		fmt.Fprintln(stderr, "decode:", err)
+		return exitError
+	}
+	return exitOK
+}
+
+// usageError is a bad flag value (exit status 2); other errors of config,
+// such as a malformed trace, exit with status 1.
+type usageError struct{ error }
+
+func (u usageError) Unwrap() error { return u.error }
+
+// config turns the flags into the replay's configuration.
+func (o *options) config(log zerolog.Logger) (replay.Options, []trace.Step, string, error) {
+	var ro replay.Options
+	model, err := loadModel(o.model)
+	if err != nil {
+		return ro, nil, "", usageError{err}
+	}
+	qf, err := mla.ParseQFormat(o.qFormat)
+	if err != nil {
+		return ro, nil, "", usageError{fmt.Errorf("--q-format: %w", err)}
+	}
+	steps, name, err := loadTrace(o.tracePath, os.Stdin)
+	if err != nil {
+		return ro, nil, "", fmt.Errorf("--trace %s: %w", name, err)
+	}
+	if len(steps) == 0 {
+		return ro, nil, "", fmt.Errorf("--trace %s: no iterations", name)
+	}
+	iters, err := parseSelection("--dump-iters", o.dumpIters)
+	if err != nil {
+		return ro, nil, "", usageError{err}
+	}
+	layers, err := parseSelection("--dump-layers", o.dumpLayers)
+	if err != nil {
+		return ro, nil, "", usageError{err}
+	}
+	if o.layers < 0 {
+		return ro, nil, "", usageError{fmt.Errorf("--layers %d: must be 0 (all) or positive", o.layers)}
+	}
+	st := trace.Summarize(steps)
+	cfg := engine.Config{
+		Model:         model,
+		Cache:         kvcache.Config{Format: o.cacheFormat, PageSize: o.pageSize, NumPages: o.pages, KVScale: float32(o.kvScale)},
+		Backend:       o.backend,
+		Device:        o.device,
+		CPUWorkers:    o.cpuWorkers,
+		Layers:        o.layers,
+		QFormat:       qf,
+		QScale:        float32(o.qScale),
+		MaxSeqs:       o.maxSeqs,
+		MaxTokens:     o.maxTokens,
+		RopePositions: o.ropePos,
+		WeightSeed:    o.seed,
+		UseGraphs:     o.graph,
+		Logger:        log,
+	}
+	if cfg.MaxSeqs == 0 {
+		cfg.MaxSeqs = max(1, st.MaxSeqs)
+	}
+	if cfg.MaxTokens == 0 {
+		cfg.MaxTokens = max(1, st.MaxTokens)
+	}
+	ev := log.Info().Str("trace", name).Int("lines", st.Lines).Int("iterations", st.Iterations).
+		Int("mixed", st.MixedIterations).Int("ctx_tokens", st.ContextTokens).Int("gen_tokens", st.GenerationTokens).
+		Int("sequences", st.Sequences)
+	if o.pageSize > 0 && o.pageSize&(o.pageSize-1) == 0 {
+		peak, longest := trace.Footprint(steps, o.pageSize)
+		ev = ev.Int("peak_pages", peak).Int("longest_seq", longest)
+		if peak > o.pages {
+			log.Warn().Int("peak_pages", peak).Int("pages", o.pages).Msg("the trace holds more pages at its peak than the pool has: expect a cache-full refusal")
+		}
+	}
+	ev.Msg("trace loaded")
+	return replay.Options{
+		Engine: cfg, Seed: o.seed, Verify: o.verify, DumpDir: o.dumpDir,
+		DumpIteration: iters, DumpLayer: layers, Logger: log,
+	}, steps, name, nil
+}
+
+func replayTrace(ctx context.Context, o *options, ro replay.Options, steps []trace.Step, name string, stdout, stderr io.Writer) error {
+	r, err := replay.New(ctx, ro)
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+
+	var bar *progressbar.ProgressBar
+	if isTerminal(stderr) {
+		bar = progressbar.NewOptions(len(steps),
+			progressbar.OptionSetWriter(stderr),
+			progressbar.OptionSetDescription("replaying "+name),
+			progressbar.OptionShowCount(),
+			progressbar.OptionSetPredictTime(true),
+			progressbar.OptionClearOnFinish(),
+			progressbar.OptionThrottle(100*time.Millisecond),
+		)
+	}
+	onIteration := func(ir *replay.IterationReport) {
+		if !o.jsonOut && !o.noIterations {
+			if bar != nil {
+				bar.Clear()
+			}
+			writeIteration(stdout, ir)
+		}
+		if bar != nil {
+			bar.Add(1)
+		}
+	}
+	rep, runErr := r.Run(ctx, steps, onIteration)
+	if bar != nil {
+		bar.Finish()
+	}
+	if o.jsonOut {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(rep); err != nil {
+			return errors.Join(runErr, err)
+		}
+		return runErr
+	}
+	if runErr != nil {
+		return runErr
+	}
+	writeSummary(stdout, rep, name)
+	fmt.Fprintln(stdout)
+	return rep.WriteBenchmark(stdout)
+}

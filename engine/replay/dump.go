@@ -1,0 +1,150 @@
+package replay
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"path/filepath"
+	"strconv"
+
+	"github.com/dsv4mla/prologue/attention/mla"
+	"github.com/dsv4mla/prologue/engine"
+	"github.com/dsv4mla/prologue/internal/safetensors"
+	"github.com/dsv4mla/prologue/numerics"
+)
+
+// DumpFileName is the file a dump of (iteration, layer) is written to.
+func DumpFileName(iteration, layer int) string {
+	return fmt.Sprintf("iter%05d_layer%02d.safetensors", iteration, layer)
+}
+
+func i32s(v []int32) []byte {
+	b := make([]byte, 4*len(v))
+	for i, x := range v {
+		binary.LittleEndian.PutUint32(b[4*i:], uint32(x))
+	}
+	return b
+}
+
+func i64s[T int64 | uint64](v []T) []byte {
+	b := make([]byte, 8*len(v))
+	for i, x := range v {
+		binary.LittleEndian.PutUint64(b[8*i:], uint64(x))
+	}
+	return b
+}
+
+func f32s(v []float32) []byte {
+	b := make([]byte, 4*len(v))
+	for i, x := range v {
+		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(x))
+	}
+	return b
+}
+
+// dump writes the inputs and outputs of one layer of the open iteration
+// (the tensor names are listed in the README, "cmd/decode dump tensors").
+func (r *Replayer) dump(it *engine.Iteration, line, layer int) (string, error) {
+	e := r.eng
+	cfg := e.Config()
+	m := it.Metadata()
+	heads, T, B := cfg.Model.NumHeads, m.Tokens, m.NumSeqs
+
+	latent, err := it.ReadLatent()
+	if err != nil {
+		return "", err
+	}
+	qIn, err := it.ReadQIn()
+	if err != nil {
+		return "", err
+	}
+	qOut, err := it.ReadQ()
+	if err != nil {
+		return "", err
+	}
+	sched, err := it.Scheduler()
+	if err != nil {
+		return "", err
+	}
+	w, err := e.LayerWeight(layer)
+	if err != nil {
+		return "", err
+	}
+	table, err := e.RopeTable(layer)
+	if err != nil {
+		return "", err
+	}
+	positions := m.Positions()[:T]
+	rope := make([]float32, 0, T*numerics.RopeDim)
+	for _, p := range positions {
+		rope = append(rope, table.Row(int(p))...)
+	}
+	pages := it.WrittenPages()
+	var pageBytes []byte
+	for _, p := range pages {
+		b, err := e.ReadPage(layer, int(p))
+		if err != nil {
+			return "", err
+		}
+		pageBytes = append(pageBytes, b...)
+	}
+	qType := "F8_E4M3"
+	if cfg.QFormat == mla.QBF16 {
+		qType = "BF16"
+	}
+	tensors := []safetensors.Tensor{
+		{Name: "latent", DType: "BF16", Shape: []int{T, numerics.HeadDim}, Data: latent},
+		{Name: "q_in", DType: "BF16", Shape: []int{T, heads, numerics.HeadDim}, Data: qIn},
+		{Name: "kv_weight", DType: "F32", Shape: []int{numerics.HeadDim}, Data: f32s(w)},
+		{Name: "rope", DType: "F32", Shape: []int{T, numerics.RopePairs, 2}, Data: f32s(rope)},
+		{Name: "positions", DType: "I32", Shape: []int{T}, Data: i32s(positions)},
+		{Name: "slots", DType: "I64", Shape: []int{T}, Data: i64s(m.Slots()[:T])},
+		{Name: "seq_ids", DType: "I64", Shape: []int{B}, Data: i64s(m.Seqs)},
+		{Name: "q_len", DType: "I32", Shape: []int{B}, Data: i32s(m.QLen)},
+		{Name: "kv_len", DType: "I32", Shape: []int{B}, Data: i32s(m.KVLen)},
+		{Name: "cached", DType: "I32", Shape: []int{B}, Data: i32s(m.Cached)},
+		{Name: "cu_q_seqlens", DType: "I32", Shape: []int{B + 1}, Data: i32s(m.CuQ)},
+		{Name: "cu_kv_seqlens", DType: "I32", Shape: []int{B + 1}, Data: i32s(m.CuKV)},
+		{Name: "cu_q_rows", DType: "I32", Shape: []int{B + 1}, Data: i32s(m.CuQRows)},
+		{Name: "block_tables", DType: "I32", Shape: []int{B, m.MaxPages}, Data: i32s(m.BlockTables)},
+		{Name: "scheduler_tile_counter", DType: "I32", Shape: []int{1}, Data: i32s([]int32{int32(sched.TileCounter)})},
+		{Name: "scheduler_bmm1", DType: "F32", Shape: []int{2}, Data: f32s(sched.BMM1[:])},
+		{Name: "scheduler_bmm2", DType: "F32", Shape: []int{1}, Data: f32s([]float32{sched.BMM2})},
+		{Name: "q_out", DType: qType, Shape: []int{m.PaddedTokens, heads, numerics.HeadDim}, Data: qOut},
+		{Name: "cache_page_ids", DType: "I32", Shape: []int{len(pages)}, Data: i32s(pages)},
+		{Name: "cache_pages", DType: "U8", Shape: []int{len(pages), cfg.Cache.PageBytes()}, Data: pageBytes},
+	}
+	f32 := func(v float32) string { return strconv.FormatFloat(float64(v), 'g', -1, 32) }
+	meta := map[string]string{
+		"producer":        "github.com/dsv4mla/prologue/cmd/decode",
+		"model":           cfg.Model.Name,
+		"backend":         e.Backend().Name(),
+		"iteration":       strconv.Itoa(it.Index()),
+		"trace_line":      strconv.Itoa(line),
+		"layer":           strconv.Itoa(layer),
+		"rope_kind":       table.Kind.String(),
+		"heads":           strconv.Itoa(heads),
+		"q_lora_rank":     strconv.Itoa(cfg.Model.QLoraRank),
+		"rms_norm_eps":    strconv.FormatFloat(float64(numerics.Eps), 'g', -1, 32),
+		"q_format":        cfg.QFormat.String(),
+		"q_scale":         f32(cfg.QScale),
+		"cache_format":    cfg.Cache.Format.String(),
+		"page_size":       strconv.Itoa(cfg.Cache.PageSize),
+		"page_bytes":      strconv.Itoa(cfg.Cache.PageBytes()),
+		"num_pages":       strconv.Itoa(cfg.Cache.NumPages),
+		"kv_scale":        f32(cfg.Cache.KVScale),
+		"tokens":          strconv.Itoa(T),
+		"padded_tokens":   strconv.Itoa(m.PaddedTokens),
+		"ctx_tokens":      strconv.Itoa(m.CtxTokens),
+		"gen_tokens":      strconv.Itoa(m.GenTokens),
+		"num_ctx":         strconv.Itoa(m.NumCtx),
+		"num_gen":         strconv.Itoa(m.NumGen),
+		"gen_seq_len":     strconv.Itoa(m.GenSeqLen),
+		"activation_seed": strconv.FormatUint(r.opts.Seed, 10),
+	}
+	path := filepath.Join(r.opts.DumpDir, DumpFileName(it.Index(), layer))
+	if err := safetensors.WriteFile(path, tensors, meta); err != nil {
+		return "", fmt.Errorf("dump %s: %w", path, err)
+	}
+	return path, nil
+}

@@ -1,0 +1,133 @@
+package replay
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/dsv4mla/prologue/engine"
+	"github.com/dsv4mla/prologue/kvcache"
+	"github.com/dsv4mla/prologue/numerics"
+)
+
+// VerifyError is the first difference between the engine and the cpu
+// reference.
+type VerifyError struct {
+	Iteration int
+	Layer     int
+	Backend   string // the engine's backend
+	Buffer    string // "Q output" or "cache page N"
+	Offset    int    // first differing byte in the buffer
+	Where     string // what that byte is: token, head, element, region
+	Got, Want []byte // up to 16 bytes from Offset: engine, reference
+	Differ    int    // bytes that differ in the buffer
+	Size      int    // bytes compared in the buffer
+}
+
+func (e *VerifyError) Error() string {
+	return fmt.Sprintf("verify: iteration %d layer %d: %s differs from the cpu reference at byte %d (%s): %s % x, cpu % x; %d of %d bytes differ",
+		e.Iteration, e.Layer, e.Buffer, e.Offset, e.Where, e.Backend, e.Got, e.Want, e.Differ, e.Size)
+}
+
+// compareBytes returns the first differing offset and the count of
+// differing bytes; -1 when equal.
+func compareBytes(got, want []byte) (first, differ int) {
+	first = -1
+	if len(got) != len(want) {
+		return min(len(got), len(want)), max(len(got), len(want)) - min(len(got), len(want))
+	}
+	for i := range got {
+		if got[i] != want[i] {
+			if first < 0 {
+				first = i
+			}
+			differ++
+		}
+	}
+	return first, differ
+}
+
+func window(b []byte, off int) []byte {
+	if off >= len(b) {
+		return nil
+	}
+	return append([]byte(nil), b[off:min(len(b), off+16)]...)
+}
+
+// compare checks the Q output after a layer and every page the iteration
+// wrote in that layer's pool.
+func (r *Replayer) compare(it, rit *engine.Iteration, layer int) error {
+	got, err := it.ReadQ()
+	if err != nil {
+		return err
+	}
+	want, err := rit.ReadQ()
+	if err != nil {
+		return fmt.Errorf("reference engine: %w", err)
+	}
+	cfg := r.eng.Config()
+	mk := func(buffer string, off, differ, size int, where string, g, w []byte) *VerifyError {
+		return &VerifyError{Iteration: it.Index(), Layer: layer, Backend: r.eng.Backend().Name(), Buffer: buffer,
+			Offset: off, Where: where, Got: window(g, off), Want: window(w, off), Differ: differ, Size: size}
+	}
+	if off, n := compareBytes(got, want); off >= 0 {
+		return mk("Q output", off, n, len(want), describeQ(off, cfg.Model.NumHeads, cfg.QFormat.ElemBytes()), got, want)
+	}
+	for _, p := range it.WrittenPages() {
+		g, err := r.eng.ReadPage(layer, int(p))
+		if err != nil {
+			return err
+		}
+		w, err := r.ref.ReadPage(layer, int(p))
+		if err != nil {
+			return fmt.Errorf("reference engine: %w", err)
+		}
+		if off, n := compareBytes(g, w); off >= 0 {
+			return mk(fmt.Sprintf("cache page %d", p), off, n, len(w), describePage(off, cfg.Cache), g, w)
+		}
+	}
+	return nil
+}
+
+// describeQ names the element a byte of the Q buffer belongs to.
+func describeQ(off, heads, elemBytes int) string {
+	e := off / elemBytes
+	tok, rest := e/(heads*numerics.HeadDim), e%(heads*numerics.HeadDim)
+	h, i := rest/numerics.HeadDim, rest%numerics.HeadDim
+	part := "nope"
+	if i >= numerics.NopeDim {
+		part = "rope"
+	}
+	return fmt.Sprintf("token row %d, head %d, %s element %d", tok, h, part, i)
+}
+
+// describePage names what a byte of a cache page holds in the format.
+func describePage(off int, c kvcache.Config) string {
+	f, p := c.Format, c.PageSize
+	if f == kvcache.FormatFP8UE8M0 {
+		values := kvcache.UE8M0ValueBytes * p
+		if off >= values {
+			s := off - values
+			if tok := s / kvcache.UE8M0ScaleBytes; tok < p {
+				g := s % kvcache.UE8M0ScaleBytes
+				if g == numerics.NumGroups {
+					return fmt.Sprintf("token offset %d, scale padding byte (never written)", tok)
+				}
+				return fmt.Sprintf("token offset %d, UE8M0 exponent of nope group %d", tok, g)
+			}
+			return "page padding after the scales region"
+		}
+		tok, b := off/kvcache.UE8M0ValueBytes, off%kvcache.UE8M0ValueBytes
+		if b < kvcache.UE8M0RopeOffset {
+			return fmt.Sprintf("token offset %d, e4m3 nope value %d (group %d)", tok, b, b/numerics.GroupSize)
+		}
+		return fmt.Sprintf("token offset %d, bf16 rope value %d", tok, (b-kvcache.UE8M0RopeOffset)/2)
+	}
+	per := f.BytesPerToken()
+	tok, b := off/per, off%per
+	elem := b / (per / numerics.HeadDim)
+	part := "nope"
+	if elem >= numerics.NopeDim {
+		part = "rope"
+	}
+	return fmt.Sprintf("token offset %d, %s %s value %d", tok, strings.ReplaceAll(f.String(), "_pertensor", ""), part, elem)
+}
