@@ -1,14 +1,18 @@
 package engine_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 
+	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
 	"github.com/dsv4mla/prologue/attention/mla"
@@ -174,6 +178,8 @@ func TestFinishFromOtherGoroutines(t *testing.T) {
 	cfg.Layers = 2
 	cfg.Cache.NumPages = 64
 	cfg.MaxSeqs, cfg.MaxTokens = 16, 512
+	var logs syncBuffer
+	cfg.Logger = zerolog.New(&logs).Level(zerolog.DebugLevel)
 	e := newEngine(t, cfg)
 	const streams = 16
 	var reqs []metadata.Request
@@ -184,22 +190,32 @@ func TestFinishFromOtherGoroutines(t *testing.T) {
 
 	var mu sync.Mutex
 	finished := map[uint64]bool{}
+	finish := func(s uint64) {
+		if err := e.Finish(s); err != nil {
+			t.Errorf("Finish(%d): %v", s, err)
+		}
+		mu.Lock()
+		finished[s] = true
+		mu.Unlock()
+	}
+	// Goroutines 0-2 finish their streams at random times, mostly while an
+	// iteration runs; goroutine 3 finishes its streams between iterations,
+	// when the main loop offers a gap.
+	gap, gapDone := make(chan struct{}), make(chan struct{})
 	var wg sync.WaitGroup
 	for g := range 4 {
 		seed := rng.Uint64()
 		wg.Go(func() {
 			r := rand.New(rand.NewPCG(seed, uint64(g)))
 			for s := uint64(g); s < streams; s += 4 {
-				for range r.IntN(2000) { // let a few iterations pass
-					mu.Lock()
-					mu.Unlock()
+				if g == 3 {
+					<-gap
+					finish(s)
+					gapDone <- struct{}{}
+					continue
 				}
-				if err := e.Finish(s); err != nil {
-					t.Errorf("Finish(%d): %v", s, err)
-				}
-				mu.Lock()
-				finished[s] = true
-				mu.Unlock()
+				time.Sleep(time.Duration(r.IntN(20000)) * time.Microsecond)
+				finish(s)
 			}
 		})
 	}
@@ -227,6 +243,11 @@ func TestFinishFromOtherGoroutines(t *testing.T) {
 			require.NoError(t, it.RunLayer(ctx, l))
 		}
 		require.NoError(t, it.End(ctx))
+		select {
+		case gap <- struct{}{}:
+			<-gapDone
+		default:
+		}
 	}
 	wg.Wait()
 	require.Equal(t, 0, e.Sequences())
@@ -234,6 +255,27 @@ func TestFinishFromOtherGoroutines(t *testing.T) {
 	for s := range uint64(streams) {
 		require.ErrorIs(t, e.Finish(s), kvcache.ErrFinishedSequence)
 	}
+	deferred := strings.Count(logs.String(), "finish deferred")
+	t.Logf("%d of %d finishes landed on a running iteration and were deferred", deferred, streams)
+	require.LessOrEqual(t, deferred, streams-4, "goroutine 3 finished between iterations")
+}
+
+// syncBuffer is a bytes.Buffer safe for the engine's concurrent logging.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
 
 func TestFinishDuringIterationIsDeferred(t *testing.T) {
