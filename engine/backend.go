@@ -109,7 +109,7 @@ func openBackend(name string, opts Options, cpuWorkers int) (mla.Backend, error)
 		}
 		ev := opts.Logger.Info().Str("backend", BackendCPU)
 		if len(why) == 0 {
-			ev.Msg("auto: no accelerator backend is linked into this program; using cpu")
+			ev.Msg("auto: no accelerator backend is registered in this program; using cpu")
 		} else {
 			ev.Strs("unavailable", why).Msg("auto: no accelerator backend is available; using cpu")
 		}
