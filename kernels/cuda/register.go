@@ -10,6 +10,10 @@ import (
 // way database/sql drivers register themselves.
 func init() {
 	engine.RegisterBackend("cuda", func(o engine.Options) (mla.Backend, error) {
-		return New(Options{Device: o.Device, Logger: o.Logger, PDL: true})
+		b, err := New(Options{Device: o.Device, Logger: o.Logger, PDL: true})
+		if err != nil {
+			return nil, err // not a typed nil inside the interface
+		}
+		return b, nil
 	}, Available)
 }
