@@ -67,10 +67,13 @@ type Config struct {
 	// DefaultLayerWeight) until SetLayerWeight replaces them.
 	WeightSeed uint64
 
-	// UseGraphs pads every iteration to MaxTokens rows (the CUDA-graph
-	// bucket), so that every iteration's launches cover the same rows and a
-	// captured graph can replay them; padding rows store nothing and their Q
-	// rows are written as zeros. The capture itself belongs to the backend.
+	// UseGraphs runs generation-only iterations through CUDA graphs when the
+	// backend can capture them (mla.GraphCapturer): such a batch is padded
+	// to the smallest power-of-two bucket of at least 16 tokens that holds
+	// it (at most MaxTokens), its launches read their counts from the
+	// device header (mla.Launch.FromHeader), and each layer replays a graph
+	// captured once per (layer, bucket). Context and mixed batches, and
+	// backends without graphs, run launch by launch as before.
 	UseGraphs bool
 
 	// Logger receives the engine's logs; the zero value discards them.
@@ -158,10 +161,21 @@ func (c Config) params() metadata.Params {
 		MaxPositions: c.RopePositions,
 		Scheduler:    c.Scheduler,
 	}
-	if c.UseGraphs {
-		p.PadTokensTo = c.MaxTokens
-	}
 	return p
+}
+
+// minGraphBucket is the smallest padded size of a graph iteration.
+const minGraphBucket = 16
+
+// graphBucket is the padded row count of a generation-only iteration of
+// tokens rows on the graph path: the smallest power of two >= tokens and
+// >= minGraphBucket, capped at MaxTokens.
+func (c Config) graphBucket(tokens int) int {
+	b := minGraphBucket
+	for b < tokens {
+		b *= 2
+	}
+	return min(b, c.MaxTokens)
 }
 
 // pageStride is the block-table width of the metadata buffer: the most pages

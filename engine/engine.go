@@ -65,6 +65,9 @@ type Engine struct {
 	args       []*mla.LayerArgs
 	allocated  []mla.Buffer // everything to free on Close
 
+	capturer mla.GraphCapturer      // nil unless UseGraphs and the backend captures graphs
+	graphs   map[graphKey]mla.Graph // captured per (layer, bucket); replayed by graph iterations
+
 	mu         sync.Mutex
 	weights    [][]float32 // host copies of the kv_a_layernorm weights
 	open       *Iteration
@@ -73,6 +76,10 @@ type Engine struct {
 	census     mla.Census
 	iterations int // iterations begun
 }
+
+// graphKey names a captured layer: its launches differ only by the padded
+// row count, since the batch's counts come from the device header.
+type graphKey struct{ layer, rows int }
 
 // New opens the backend and allocates, once, everything an iteration uses:
 // one zeroed KV cache pool per layer, the fixed-address metadata buffer,
@@ -92,6 +99,9 @@ func New(ctx context.Context, cfg Config) (_ *Engine, err error) {
 		return nil, err
 	}
 	e := &Engine{cfg: cfg, log: cfg.Logger.With().Str("component", "engine").Logger(), backend: b, params: cfg.params()}
+	if gc, ok := b.(mla.GraphCapturer); ok && cfg.UseGraphs {
+		e.capturer, e.graphs = gc, map[graphKey]mla.Graph{}
+	}
 	defer func() {
 		if err != nil {
 			e.release()
@@ -206,6 +216,10 @@ func New(ctx context.Context, cfg Config) (_ *Engine, err error) {
 // release frees every buffer and closes the backend.
 func (e *Engine) release() error {
 	var errs []error
+	for _, g := range e.graphs {
+		errs = append(errs, g.Close())
+	}
+	e.graphs = nil
 	for _, buf := range e.allocated {
 		if err := e.backend.Free(buf); err != nil {
 			errs = append(errs, err)
@@ -437,17 +451,23 @@ func (e *Engine) Begin(ctx context.Context, reqs []metadata.Request) (_ *Iterati
 	case len(reqs) > e.cfg.MaxSeqs:
 		return nil, fmt.Errorf("%w: Begin: batch of %d sequences, more than MaxSeqs = %d", ErrBatchTooLarge, len(reqs), e.cfg.MaxSeqs)
 	}
-	plan, err := metadata.NewPlan(reqs, e.lookup, e.params)
-	if err != nil {
-		return nil, fmt.Errorf("engine: Begin: %w", err)
-	}
-	tokens := 0
+	tokens, generationOnly := 0, len(reqs) > 0
 	for _, r := range reqs {
 		if r.Phase == metadata.Generation {
 			tokens += 1 + r.MTP
 		} else {
 			tokens += r.NewTokens
+			generationOnly = false
 		}
+	}
+	params := e.params
+	graph := e.capturer != nil && generationOnly && tokens <= e.cfg.MaxTokens
+	if graph {
+		params.PadTokensTo = e.cfg.graphBucket(tokens)
+	}
+	plan, err := metadata.NewPlan(reqs, e.lookup, params)
+	if err != nil {
+		return nil, fmt.Errorf("engine: Begin: %w", err)
 	}
 	if tokens > e.cfg.MaxTokens {
 		return nil, fmt.Errorf("%w: Begin: batch of %d tokens, more than MaxTokens = %d", ErrBatchTooLarge, tokens, e.cfg.MaxTokens)
@@ -478,11 +498,16 @@ func (e *Engine) Begin(ctx context.Context, reqs []metadata.Request) (_ *Iterati
 	if err := e.meta.Upload(e.backend, m, e.cfg.Cache.NumPages); err != nil {
 		return nil, fmt.Errorf("engine: Begin: uploading metadata: %w", err)
 	}
+	launches := mla.Plan(m)
+	if graph {
+		launches = mla.FromHeader(launches)
+	}
 	it := &Iteration{
 		e:         e,
 		index:     e.iterations,
 		meta:      m,
-		launches:  mla.Plan(m),
+		launches:  launches,
+		graph:     graph,
 		res:       res,
 		holds:     make(map[uint64]struct{}, len(needs)),
 		ran:       make([]bool, e.cfg.Layers),

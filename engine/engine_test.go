@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -139,34 +140,113 @@ func TestLayersReadTheirOwnInputs(t *testing.T) {
 	require.Equal(t, 8, n)
 }
 
-// With UseGraphs every iteration covers MaxTokens rows, and the padding rows
-// of the Q buffer are zeros.
-func TestUseGraphsPadsToMaxTokens(t *testing.T) {
+// graphCPU is the cpu backend with a stand-in for CUDA graphs: Capture
+// records the function and each Launch runs it again, as a replayed graph
+// reissues the captured launches with their captured arguments.
+type graphCPU struct {
+	*cpu.Backend
+	captures, launches int
+}
+
+type replayGraph struct {
+	b *graphCPU
+	f func() error
+}
+
+func (g *replayGraph) Launch() error { g.b.launches++; return g.f() }
+func (g *replayGraph) Close() error  { return nil }
+
+func (b *graphCPU) Capture(f func() error) (mla.Graph, error) {
+	b.captures++
+	return &replayGraph{b: b, f: f}, nil
+}
+
+var (
+	testGraphs   = &graphCPU{Backend: cpu.New(1)}
+	testGraphsOn atomic.Bool // available only inside the test that uses it, so "auto" never picks it
+)
+
+func init() {
+	engine.RegisterBackend("test-graphs", func(engine.Options) (mla.Backend, error) { return testGraphs, nil },
+		func() error {
+			if testGraphsOn.Load() {
+				return nil
+			}
+			return errors.New("test backend: switched off")
+		})
+}
+
+// With UseGraphs on a backend that captures graphs, generation-only
+// iterations are padded to a power-of-two bucket and each layer replays a
+// graph captured once per (layer, bucket); later batches of another size in
+// the same bucket reuse it, reading their counts from the device header.
+// Every byte equals the eager engine's; context and mixed batches stay eager.
+func TestGraphPathMatchesEager(t *testing.T) {
 	rng := rand.New(rand.NewPCG(testSeed(t), 11))
 	cfg := smallConfig()
-	cfg.UseGraphs = true
-	cfg.MaxTokens = 24
-	cfg.Layers = 1
 	cfg.QFormat = mla.QBF16
-	e := newEngine(t, cfg)
+	eager := newEngine(t, cfg)
+	cfg.Backend, cfg.UseGraphs = "test-graphs", true
+	testGraphsOn.Store(true)
+	graphs := newEngine(t, cfg)
+	testGraphsOn.Store(false)
+	*testGraphs = graphCPU{Backend: testGraphs.Backend}
 	ctx := context.Background()
-	it, err := e.Begin(ctx, []metadata.Request{ctxReq(1, 7), ctxReq(2, 2)})
-	require.NoError(t, err)
-	require.Equal(t, 24, it.Rows())
-	require.Equal(t, 9, it.Tokens())
-	f, q := inputs(rng, e, it)
-	require.NoError(t, it.SetInputs(0, f, q))
-	require.NoError(t, it.RunLayer(ctx, 0))
-	got, err := it.ReadQ()
-	require.NoError(t, err)
-	rowBytes := e.Heads() * 512 * 2
-	require.Len(t, got, 24*rowBytes)
-	require.Equal(t, make([]byte, 15*rowBytes), got[9*rowBytes:])
-	require.NotEqual(t, make([]byte, rowBytes), got[8*rowBytes:9*rowBytes])
-	ls := it.Launches()
-	require.Len(t, ls, 1)
-	require.Equal(t, 24, ls[0].Rows)
-	require.NoError(t, it.End(ctx))
+	gen := func(mtp int, ids ...uint64) []metadata.Request {
+		var rs []metadata.Request
+		for _, id := range ids {
+			rs = append(rs, metadata.Request{Seq: id, Phase: metadata.Generation, MTP: mtp})
+		}
+		return rs
+	}
+	batches := []struct {
+		reqs  []metadata.Request
+		graph bool
+		rows  int
+	}{
+		{[]metadata.Request{ctxReq(1, 20), ctxReq(2, 9), ctxReq(3, 40)}, false, 69},
+		{gen(3, 1, 2, 3), true, 16}, // 12 tokens -> bucket 16
+		{gen(3, 1, 3), true, 16},    // 8 tokens, same bucket: graphs reused
+		{gen(1, 1, 2, 3), true, 16}, // seq_len 2, same bucket
+		{append([]metadata.Request{ctxReq(4, 5)}, gen(2, 1, 2)...), false, 11}, // mixed: eager
+		{gen(2, 1, 2, 3, 4), true, 16},                                         // 15 tokens, non-power-of-two seq_len
+		{gen(3, 1, 2, 3, 4), true, 16},
+		{gen(3, 1, 2, 3, 4), true, 16},
+		{gen(3, 1, 2, 3, 4), true, 16},
+		{gen(3, 1, 2, 3, 4), true, 16},
+		{gen(0, 1, 2, 3, 4), true, 16},
+	}
+	for n, bt := range batches {
+		ig, err := graphs.Begin(ctx, bt.reqs)
+		require.NoError(t, err, "batch %d", n)
+		ie, err := eager.Begin(ctx, bt.reqs)
+		require.NoError(t, err)
+		require.Equal(t, bt.graph, ig.GraphPath(), "batch %d", n)
+		require.Equal(t, bt.rows, ig.Rows(), "batch %d", n)
+		for l := range cfg.Layers {
+			f, q := inputs(rng, graphs, ig)
+			require.NoError(t, ig.SetInputs(l, f, q))
+			require.NoError(t, ig.RunLayer(ctx, l))
+			require.NoError(t, ie.SetInputs(l, f, q))
+			require.NoError(t, ie.RunLayer(ctx, l))
+			gq, err := ig.ReadQ()
+			require.NoError(t, err)
+			eq, err := ie.ReadQ()
+			require.NoError(t, err)
+			rowBytes := graphs.Heads() * 512 * 2
+			require.Equal(t, eq[:ie.Tokens()*rowBytes], gq[:ig.Tokens()*rowBytes], "batch %d layer %d: Q", n, l)
+			require.Equal(t, make([]byte, (ig.Rows()-ig.Tokens())*rowBytes), gq[ig.Tokens()*rowBytes:], "padding rows of Q are zeros")
+			gp, err := graphs.ReadPool(l)
+			require.NoError(t, err)
+			ep, err := eager.ReadPool(l)
+			require.NoError(t, err)
+			require.Equal(t, ep, gp, "batch %d layer %d: cache pool", n, l)
+		}
+		require.NoError(t, ig.End(ctx))
+		require.NoError(t, ie.End(ctx))
+	}
+	require.Equal(t, cfg.Layers, testGraphs.captures, "one capture per layer for the one bucket used")
+	require.Equal(t, 9*cfg.Layers, testGraphs.launches)
 }
 
 // Finish from other goroutines while iterations run: sequences of the

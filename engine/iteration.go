@@ -21,6 +21,7 @@ type Iteration struct {
 	index     int
 	meta      *metadata.Metadata
 	launches  []mla.Launch
+	graph     bool // layers replay captured graphs (Config.UseGraphs)
 	res       *kvcache.Reservation
 	holds     map[uint64]struct{} // sequences of the batch: Finish defers them
 	ran       []bool              // layers whose prologue ran
@@ -112,7 +113,11 @@ func (it *Iteration) RunLayer(ctx context.Context, layer int) error {
 		it.fail(err)
 		return fmt.Errorf("engine: RunLayer(%d): %w", layer, err)
 	}
-	if err := mla.RunLayer(ctx, it.e.backend, it.launches, it.e.args[layer]); err != nil {
+	run := func() error { return mla.RunLayer(ctx, it.e.backend, it.launches, it.e.args[layer]) }
+	if it.graph {
+		run = func() error { return it.replay(ctx, layer) }
+	}
+	if err := run(); err != nil {
 		it.fail(err)
 		return fmt.Errorf("engine: RunLayer(%d): %w", layer, err)
 	}
@@ -122,6 +127,33 @@ func (it *Iteration) RunLayer(ctx context.Context, layer int) error {
 	it.e.census.Add(it.launches)
 	it.e.mu.Unlock()
 	return nil
+}
+
+// GraphPath reports whether the iteration's layers replay CUDA graphs.
+func (it *Iteration) GraphPath() bool { return it.graph }
+
+// replay launches the layer's graph for the iteration's padded size,
+// capturing it on first use. The graph reads this iteration's counts from
+// the metadata header, so it serves every later batch of the same size.
+func (it *Iteration) replay(ctx context.Context, layer int) error {
+	e := it.e
+	key := graphKey{layer: layer, rows: it.meta.PaddedTokens}
+	g, ok := e.graphs[key]
+	if !ok {
+		a := e.args[layer]
+		if err := a.Validate(it.meta.PaddedTokens); err != nil {
+			return err
+		}
+		var err error
+		launches := slices.Clone(it.launches) // the graph outlives this iteration
+		g, err = e.capturer.Capture(func() error { return mla.RunLaunches(context.Background(), e.backend, launches, a) })
+		if err != nil {
+			return fmt.Errorf("capturing layer %d for %d rows: %w", layer, key.rows, err)
+		}
+		e.graphs[key] = g
+		e.log.Debug().Int("layer", layer).Int("rows", key.rows).Msg("captured a CUDA graph")
+	}
+	return g.Launch()
 }
 
 func (it *Iteration) fail(err error) {

@@ -108,7 +108,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.dumpIters, "dump-iters", "0", "iterations to dump: all, or a list like 0,5,10-12")
 	fs.StringVar(&o.dumpLayers, "dump-layers", "all", "layers to dump: all, or a list like 0,2")
 	fs.BoolVar(&o.jsonOut, "json", false, "print a JSON report on stdout instead of text")
-	fs.BoolVar(&o.graph, "graph", false, "pad every iteration to the capacity so launch shapes repeat (the CUDA-graph path; engine Config.UseGraphs)")
+	fs.BoolVar(&o.graph, "graph", true, "replay generation-only iterations through CUDA graphs, padded to power-of-two buckets (engine Config.UseGraphs; no effect on the cpu backend)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	fs.BoolVar(&o.noIterations, "summary-only", false, "print only the summary, not a line per iteration")
 	fs.Usage = func() {
