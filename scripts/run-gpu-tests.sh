@@ -12,7 +12,7 @@ log=${OUT:-/tmp}/gpu-tests.log
 fail=0
 step() {
 	echo "=== $*" | tee -a "$log"
-	"$@" 2>&1 | tee -a "$log" | grep -E -- '^(=== RUN|--- FAIL|--- SKIP|FAIL|ok|PASS|panic)|cuda_test|differ|ERROR SUMMARY|seed|device|Error' | grep -v '^=== RUN' | tail -${TAIL:-40}
+	"$@" 2>&1 | tee -a "$log" | grep -E -- '^(=== RUN|--- FAIL|--- SKIP|FAIL|ok|PASS|panic)|cuda_test|differ|ERROR SUMMARY|device|Error|error|verify:|replayed|engine:|wall:|tokens:' | grep -v '^=== RUN' | tail -${TAIL:-40}
 	local rc=${PIPESTATUS[0]}
 	echo "=== exit $rc: $1" | tee -a "$log"
 	[ "$rc" -eq 0 ] || fail=1
@@ -22,6 +22,11 @@ step .gpu/driver.test -test.v
 step .gpu/cuda.test -test.v -test.run 'Conformance|Mixed|Available'
 step .gpu/cuda.test -test.v -test.run 'Exhaustive'
 step env -C tests ../.gpu/tests.test -test.v
+# The default trace end to end on the GPU, every byte compared with the CPU
+# backend: through the CUDA-graph path (the default) and launch by launch.
+step .gpu/decode --backend cuda --verify --summary-only
+step .gpu/decode --backend cuda --verify --summary-only --graph=false --cache-format bf16 --q-format bf16
+step .gpu/decode --backend cuda --verify --summary-only --cache-format fp8_pertensor --kv-scale 0.5 --model pro --layers 3
 if command -v compute-sanitizer >/dev/null; then
 	for tool in memcheck racecheck; do
 		step compute-sanitizer --tool "$tool" --error-exitcode 9 .gpu/cuda.test -test.short -test.run 'TestCUDAConformance$'
