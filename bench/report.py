@@ -1,0 +1,317 @@
+#!/usr/bin/env python3
+"""Merges our Go benchmark (bench-go.json) with the PyTorch peers (bench-peers.json) into Markdown.
+
+  python3 bench/report.py --go bench-go.json --peers bench-peers.json [--check check.json] [--markdown FILE]
+
+Rows are joined on (kernel, model, format, phase, batch, mtp, tokens); a context row whose batch
+differs between the two runs is joined on its token count alone when that is unambiguous. A
+ratio is peer time / our time: "2.50× faster" means ours takes 40% of the peer's time. Missing
+peers entries print as n/a. Needs only the standard library.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+KERNEL_TITLES = {"kv": "KV prologue (RMSNorm + RoPE + quantize + paged store)",
+                 "q": "Q prologue (RMSNorm + RoPE + FP8)"}
+MODEL_TITLES = {"flash": "V4-Flash", "pro": "V4-Pro"}
+FORMAT_ORDER = ["fp8_ue8m0", "bf16", "fp8_pertensor", "fp8"]
+MODEL_ORDER = ["flash", "pro"]
+
+
+def _key(r):
+    return (str(r.get("kernel")), str(r.get("model")), str(r.get("format")), str(r.get("phase")),
+            int(r.get("batch", -1)), int(r.get("mtp", 0)), int(r.get("tokens", -1)))
+
+
+def _loose_key(r):
+    return (str(r.get("kernel")), str(r.get("model")), str(r.get("format")), str(r.get("phase")),
+            int(r.get("tokens", -1)))
+
+
+def join(go_rows, peer_rows):
+    """[(go_row, peer_row or None)] in Go's order."""
+    exact = {_key(p): p for p in peer_rows}
+    loose = {}
+    for p in peer_rows:
+        loose.setdefault(_loose_key(p), []).append(p)
+    out = []
+    for g in go_rows:
+        p = exact.get(_key(g))
+        if p is None and g.get("phase") == "context":
+            candidates = loose.get(_loose_key(g), [])
+            if len(candidates) == 1:
+                p = candidates[0]
+        out.append((g, p))
+    return out
+
+
+def ratio(peer_us, our_us):
+    if not _num(peer_us) or not _num(our_us) or our_us <= 0:
+        return None
+    return peer_us / our_us
+
+
+def fmt_ratio(r):
+    if r is None:
+        return "n/a"
+    if r >= 1:
+        return f"{r:.2f}× faster"
+    return f"{r:.2f}× ({1 / r:.2f}× slower)"
+
+
+def _num(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v
+
+
+def fmt_us(v):
+    if not _num(v):
+        return "n/a"
+    if v < 10:
+        return f"{v:.2f}"
+    if v < 1000:
+        return f"{v:.1f}"
+    return f"{v:,.0f}"
+
+
+def fmt_num(v, spec):
+    return format(v, spec) if _num(v) else "n/a"
+
+
+def peer_cell(p, field, error_field, notes):
+    """A peer time, or 'n/a' / 'error [n]' with the error kept for a footnote."""
+    if p is None:
+        return "n/a"
+    v = p.get(field)
+    if _num(v):
+        return fmt_us(v)
+    err = p.get(error_field)
+    if err:
+        if err not in notes:
+            notes.append(err)
+        return f"error [{notes.index(err) + 1}]"
+    return "n/a"
+
+
+def md_table(head, rows):
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _sort_key(g):
+    phase = 0 if g.get("phase") == "generation" else 1
+    return (phase, int(g.get("tokens", 0)), int(g.get("batch", 0)), int(g.get("mtp", 0)))
+
+
+def kernel_sections(go, peers, notes):
+    out = []
+    pairs = join(go.get("results", []), peers.get("results", []) if peers else [])
+    groups = {}
+    for g, p in pairs:
+        groups.setdefault((g.get("kernel"), g.get("model"), g.get("format")), []).append((g, p))
+
+    def order(k):
+        kernel, model, fmt = k
+        return (0 if kernel == "kv" else 1,
+                MODEL_ORDER.index(model) if model in MODEL_ORDER else 9,
+                FORMAT_ORDER.index(fmt) if fmt in FORMAT_ORDER else 9, str(k))
+
+    for kernel, model, fmt in sorted(groups, key=order):
+        rows = []
+        for g, p in sorted(groups[(kernel, model, fmt)], key=lambda gp: _sort_key(gp[0])):
+            rows.append([
+                g.get("phase", "?"), g.get("batch", "?"), g.get("mtp", "?"), g.get("tokens", "?"),
+                fmt_us(g.get("us")), fmt_num(g.get("gbps"), ".0f"), fmt_num(g.get("pct_copy"), ".1f"),
+                peer_cell(p, "eager_us", "eager_error", notes), peer_cell(p, "compile_us", "compile_error", notes),
+                fmt_ratio(ratio(p.get("eager_us") if p else None, g.get("us"))),
+                fmt_ratio(ratio(p.get("compile_us") if p else None, g.get("us"))),
+            ])
+        title = f"### {KERNEL_TITLES.get(kernel, kernel)}: {MODEL_TITLES.get(model, model)}, {fmt}"
+        out.append(title + "\n\n" + md_table(
+            ["phase", "batch", "MTP", "tokens", "ours µs", "GB/s", "% of copy", "eager µs", "compile µs",
+             "vs eager", "vs compile"], rows))
+    return out, pairs
+
+
+def iteration_section(go, peers):
+    peer_iters = {(str(p.get("model")), int(p.get("batch", -1)), int(p.get("mtp", -1))): p
+                  for p in (peers.get("iteration", []) if peers else [])}
+    rows = []
+    for g in go.get("iteration", []):
+        p = peer_iters.get((str(g.get("model")), int(g.get("batch", -1)), int(g.get("mtp", -1))))
+        pe = p.get("eager_us") if p else None
+        pg = p.get("graph_us") if p else None
+        pc = p.get("compile_us") if p else None
+        rows.append([
+            MODEL_TITLES.get(g.get("model"), g.get("model")), g.get("batch"), g.get("mtp"), g.get("layers"),
+            fmt_us(g.get("eager_us")), fmt_us(g.get("graph_us")),
+            fmt_ratio(ratio(g.get("eager_us"), g.get("graph_us"))),
+            fmt_us(pe), fmt_us(pg), fmt_us(pc),
+            fmt_ratio(ratio(pg, g.get("graph_us"))), fmt_ratio(ratio(pe, g.get("graph_us"))),
+        ])
+    if not rows:
+        return None
+    return "### Decode iteration (every layer's KV + Q prologue)\n\n" + md_table(
+        ["model", "batch", "MTP", "layers", "ours eager µs (Go)", "ours graph µs", "graph vs our eager",
+         "peers eager µs", "peers graph µs", "peers compile µs", "ours graph vs peers graph",
+         "ours graph vs peers eager"], rows)
+
+
+def goals_section(go, pairs, peers):
+    lines = []
+    ctx = [(g, p) for g, p in pairs if g.get("phase") == "context" and int(g.get("tokens", 0)) >= 16384]
+    misses = [g for g, _ in ctx if not (_num(g.get("pct_copy")) and g["pct_copy"] >= 90)]
+    lines.append(_goal("Context batches of 16K+ tokens at >= 90% of copy bandwidth", len(ctx), misses,
+                       lambda g: f"{_label(g)}: {fmt_num(g.get('pct_copy'), '.1f')}% of copy"))
+    with_compile = [(g, p) for g, p in pairs if p is not None and _num(p.get("compile_us"))]
+    misses = [g for g, p in with_compile if ratio(p["compile_us"], g.get("us")) is None
+              or ratio(p["compile_us"], g.get("us")) < 1]
+    lines.append(_goal("Every shape faster than torch.compile", len(with_compile), misses,
+                       lambda g: f"{_label(g)}: {fmt_ratio(ratio(_peer(pairs, g).get('compile_us'), g.get('us')))}"))
+    no_compile = sum(1 for g, p in pairs if p is None or not _num(p.get("compile_us")))
+    if no_compile:
+        lines.append(f"  - {no_compile} shapes have no torch.compile time to compare with")
+    small = [(g, p) for g, p in pairs if g.get("phase") == "generation" and int(g.get("batch", 0)) <= 32
+             and p is not None and _num(p.get("eager_us"))]
+    misses = [g for g, p in small if (ratio(p["eager_us"], g.get("us")) or 0) < 3]
+    lines.append(_goal("Generation batches of 32 and fewer at least 3× faster than PyTorch eager", len(small),
+                       misses, lambda g: f"{_label(g)}: {fmt_ratio(ratio(_peer(pairs, g).get('eager_us'), g.get('us')))}"))
+    peer_iters = {(str(p.get("model")), int(p.get("batch", -1)), int(p.get("mtp", -1))): p
+                  for p in (peers.get("iteration", []) if peers else [])}
+    for g in go.get("iteration", []):
+        name = f"{MODEL_TITLES.get(g.get('model'), g.get('model'))} b={g.get('batch')} MTP {g.get('mtp')}"
+        r = ratio(g.get("eager_us"), g.get("graph_us"))
+        lines.append(f"- {_mark(r, 3)} Decode iteration {name}: graph vs our eager "
+                     f"launch {fmt_ratio(r)} (goal: 3×)")
+        p = peer_iters.get((str(g.get("model")), int(g.get("batch", -1)), int(g.get("mtp", -1))))
+        r = ratio(p.get("graph_us") if p else None, g.get("graph_us"))
+        lines.append(f"- {_mark(r, 1)} Decode iteration {name}: ours graph vs "
+                     f"peers' CUDA graph {fmt_ratio(r)} (goal: faster)")
+    return "### Goals (issue 5)\n\n" + "\n".join(lines)
+
+
+def _mark(r, goal):
+    if r is None:
+        return "?"
+    return "✓" if r >= goal else "✗"
+
+
+def _peer(pairs, g):
+    for gg, p in pairs:
+        if gg is g:
+            return p or {}
+    return {}
+
+
+def _label(g):
+    return (f"{g.get('kernel')} {MODEL_TITLES.get(g.get('model'), g.get('model'))} {g.get('format')} "
+            f"{g.get('phase')} b={g.get('batch')} MTP {g.get('mtp')} T={g.get('tokens')}")
+
+
+def _goal(title, n, misses, describe):
+    if n == 0:
+        return f"- ? {title}: no measured shapes"
+    mark = "✓" if not misses else "✗"
+    line = f"- {mark} {title}: {n - len(misses)} of {n} shapes"
+    for g in misses:
+        line += f"\n  - miss: {describe(g)}"
+    return line
+
+
+def check_section(check):
+    rows = check.get("rows", [])
+    errors = check.get("errors", [])
+    n_ok = sum(1 for r in rows if r.get("ok"))
+    lines = [f"### Equal work (bench/check_peers.py)\n",
+             f"{n_ok} of {len(rows)} comparisons passed" + (f", {len(errors)} files failed to check" if errors else "")
+             + ". Every decoded value of the peers within one quantum of ours (RoPE values: plus 2^-6 of the pair), "
+               "UE8M0 exponents equal (off by one in at most 1% of the groups), no byte outside the written slots changed.\n"]
+    table = []
+    for r in rows:
+        table.append([r.get("case"), r.get("part"), r.get("format"), r.get("tokens"), r.get("values"),
+                      r.get("failed"), fmt_num(r.get("max_err_quanta"), ".3g"),
+                      fmt_num(100 * r["bytes_equal"], ".3f") + "%" if _num(r.get("bytes_equal")) else "n/a",
+                      "pass" if r.get("ok") else "FAIL"])
+    if table:
+        lines.append(md_table(["case", "part", "format", "tokens", "values", "failed", "max err (quanta)",
+                               "bytes equal", "result"], table))
+    for e in errors:
+        lines.append(f"- {e.get('case')}: {e.get('error')}")
+    return "\n".join(lines)
+
+
+def build(go, peers, check=None):
+    notes = []
+    out = ["## Benchmarks", ""]
+    out.append(f"- Ours: {go.get('device', '?')}, {go.get('date', '?')}; device-to-device copy "
+               f"{fmt_num(go.get('copy_gbps'), '.0f')} GB/s")
+    if peers:
+        out.append(f"- Peers: {peers.get('device', '?')}, {peers.get('date', '?')}; torch {peers.get('torch', '?')}, "
+                   f"triton {peers.get('triton', '?')}; copy {fmt_num(peers.get('copy_gbps'), '.0f')} GB/s")
+        diff = [r for r in peers.get("results", []) if _num(r.get("compile_diff_bytes")) and r["compile_diff_bytes"] > 0]
+        if diff:
+            out.append(f"- torch.compile's output differs from eager's in {len(diff)} shapes "
+                       f"(at most {max(r['compile_diff_bytes'] for r in diff)} bytes): Inductor contracts "
+                       "multiply-adds and divides differently; the eager peer is the one checked against ours")
+        if peers.get("selftest") is not None:
+            st = peers["selftest"]
+            out.append(f"- Peers' self-test against a float64 model: {'ok' if st.get('ok') else 'FAILED'}")
+    else:
+        out.append("- Peers: no peers JSON given (every peer column is n/a)")
+    for doc, who in ((go, "ours"), (peers or {}, "peers")):
+        if doc.get("command"):
+            out.append(f"- Command ({who}): `{doc['command']}`")
+    out.append("- Ratios are peer time / our time.")
+    out.append("")
+    sections, pairs = kernel_sections(go, peers, notes)
+    out.extend(s + "\n" for s in sections)
+    it = iteration_section(go, peers)
+    if it:
+        out.append(it + "\n")
+    out.append(goals_section(go, pairs, peers) + "\n")
+    if check is not None:
+        out.append(check_section(check) + "\n")
+    if notes:
+        out.append("Peer errors:\n")
+        out.extend(f"{i + 1}. `{n}`" for i, n in enumerate(notes))
+        out.append("")
+    unmatched = sum(1 for _, p in pairs if p is None)
+    if peers and unmatched:
+        out.append(f"({unmatched} of our rows had no peers entry with the same shape.)\n")
+    return "\n".join(out)
+
+
+def _load(path, what):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise SystemExit(f"--{what} {path}: no such file")
+    except json.JSONDecodeError as e:
+        raise SystemExit(f"--{what} {path}: not JSON ({e})")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--go", required=True, help="our benchmark's JSON (cmd/bench)")
+    p.add_argument("--peers", default=None, help="bench/peers.py's JSON")
+    p.add_argument("--check", default=None, help="bench/check_peers.py --json output")
+    p.add_argument("--markdown", default=None, help="also write the Markdown here")
+    args = p.parse_args(argv)
+    go = _load(args.go, "go")
+    peers = _load(args.peers, "peers") if args.peers else None
+    check = _load(args.check, "check") if args.check else None
+    text = build(go, peers, check)
+    print(text)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
