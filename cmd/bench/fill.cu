@@ -27,9 +27,21 @@ extern "C" __global__ void fill_f32(float* p, u64 n, u32 seed, float lo, float h
     }
 }
 
-// The copy baseline: 16-byte streaming loads and stores, grid-stride.
+// The copy baseline: 16-byte streaming loads and stores, four in flight per
+// thread, grid-stride.
 extern "C" __global__ void copy16(uint4* dst, const uint4* src, u64 n16) {
-    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n16; i += (u64)gridDim.x * blockDim.x) {
+    const u64 stride = (u64)gridDim.x * blockDim.x;
+    u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x;
+    for (; i + 3 * stride < n16; i += 4 * stride) {
+        uint4 v[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            asm volatile("ld.global.cs.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v[k].x), "=r"(v[k].y), "=r"(v[k].z), "=r"(v[k].w) : "l"(src + i + k * stride));
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            asm volatile("st.global.cs.v4.u32 [%0], {%1,%2,%3,%4};" ::"l"(dst + i + k * stride), "r"(v[k].x), "r"(v[k].y), "r"(v[k].z), "r"(v[k].w) : "memory");
+    }
+    for (; i < n16; i += stride) {
         uint4 v;
         asm volatile("ld.global.cs.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(src + i));
         asm volatile("st.global.cs.v4.u32 [%0], {%1,%2,%3,%4};" ::"l"(dst + i), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");

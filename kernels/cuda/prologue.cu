@@ -126,18 +126,35 @@ __device__ __forceinline__ float warp_rms_inv(const float x[16]) {
     return __fdiv_rn(1.f, root);
 }
 
+// The last sequence b in [seq_begin, seq_begin+num_seqs) with cu_q[b] <= t,
+// found by the whole warp: each round, the 32 lanes test 32 evenly spaced
+// candidates at once, so up to 32 sequences take one memory round trip
+// (1024 take two) instead of a dependent chain of log2(n) loads. All lanes
+// must call it with the same t.
+__device__ __forceinline__ int warp_find_seq(const Params& p, int t) {
+    const int lane = threadIdx.x & 31;
+    int lo = p.seq_begin, n = p.num_seqs;
+    while (n > 1) {
+        const int step = (n + 31) >> 5;
+        const int idx = lo + lane * step;
+        const bool le = idx < lo + n && __ldg(p.cu_q + idx) <= t;
+        const unsigned m = __ballot_sync(FULL, le);
+        const int k = m ? 31 - __clz(m) : 0;
+        const int end = lo + n;
+        lo += k * step;
+        n = min(step, end - lo);
+    }
+    return lo;
+}
+
 // Resolve a launch-local row to (batch index, position); false for padding.
+// All lanes of the warp call it with the same row.
 __device__ __forceinline__ bool resolve(const Params& p, int local, int& b, int& pos) {
     if (local >= p.valid_rows) return false;
     if (p.seq_len == 0) {  // context: last b with cu_q[b] <= t
-        int t = p.row_begin + local;
-        int lo = p.seq_begin, hi = p.seq_begin + p.num_seqs - 1;
-        while (lo < hi) {
-            int mid = (lo + hi + 1) >> 1;
-            if (__ldg(p.cu_q + mid) <= t) lo = mid; else hi = mid - 1;
-        }
-        b = lo;
-        pos = t - __ldg(p.cu_q + lo) + __ldg(p.cached + lo);
+        const int t = p.row_begin + local;
+        b = warp_find_seq(p, t);
+        pos = t - __ldg(p.cu_q + b) + __ldg(p.cached + b);
     } else {
         int g, r;
         if (p.seq_len_log2 >= 0) { g = local >> p.seq_len_log2; r = local & (p.seq_len - 1); }
@@ -296,13 +313,8 @@ __device__ __forceinline__ bool kv_resolve(const Params& p, KVState& st, int loc
     if (p.seq_len == 0) {
         if (st.b < 0 || t >= st.next) {
             int b;
-            if (st.b < 0) {  // first row of the warp: binary search
-                int lo = p.seq_begin, hi = p.seq_begin + p.num_seqs - 1;
-                while (lo < hi) {
-                    int mid = (lo + hi + 1) >> 1;
-                    if (__ldg(p.cu_q + mid) <= t) lo = mid; else hi = mid - 1;
-                }
-                b = lo;
+            if (st.b < 0) {  // first row of the warp: warp-wide search
+                b = warp_find_seq(p, t);
             } else {  // rows ascend: walk forward
                 b = st.b;
                 while (b + 1 < p.seq_begin + p.num_seqs && __ldg(p.cu_q + b + 1) <= t) b++;
@@ -365,11 +377,15 @@ __device__ __forceinline__ void kv_pipeline(const Params& p0) {
     auto issue = [&](int i, int d) {
         int pos;
         page[d] = -1;
-        if (i < end && kv_resolve(p, st, i, page[d], off[d], pos)) {
+        if (i < end) {
+            // The row's load depends only on its index: start it before the
+            // metadata lookups, which then overlap it.
             const u8* src = p.in + (size_t)(p.row_begin + i) * p.in_stride + lane * 32;
             const u32 dst = base + d * KV_SLOT + lane * 32;
             cp16(dst, src);
             cp16(dst + 16, src + 16);
+        }
+        if (i < end && kv_resolve(p, st, i, page[d], off[d], pos)) {
             if (lane >= 28) {
                 const float* cs = p.rope + (size_t)pos * 64 + (lane - 28) * 16;
                 const u32 rd = base + d * KV_SLOT + 1024 + (lane - 28) * 64;
