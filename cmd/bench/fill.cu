@@ -47,3 +47,16 @@ extern "C" __global__ void copy16(uint4* dst, const uint4* src, u64 n16) {
         asm volatile("st.global.cs.v4.u32 [%0], {%1,%2,%3,%4};" ::"l"(dst + i), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
     }
 }
+
+// A copy with the KV kernel's read pattern: 1024 bytes out of each
+// src_stride-byte row (the latent slice of the fused A output), written
+// densely. The ceiling for a strided read.
+extern "C" __global__ void copy_rows(uint4* dst, const unsigned char* src, u64 rows, u64 src_stride) {
+    const u64 n16 = rows * 64;
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n16; i += (u64)gridDim.x * blockDim.x) {
+        const uint4* s = reinterpret_cast<const uint4*>(src + (i >> 6) * src_stride) + (i & 63);
+        uint4 v;
+        asm volatile("ld.global.cs.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(s));
+        asm volatile("st.global.cs.v4.u32 [%0], {%1,%2,%3,%4};" ::"l"(dst + i), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+    }
+}

@@ -38,6 +38,10 @@ import (
 //go:embed fill.cu
 var fillSource string
 
+// contiguousLatent (--contiguous-latent) lays the latent rows out densely,
+// to measure what the fused rows' stride costs.
+var contiguousLatent bool
+
 type model struct {
 	Name         string
 	Heads, QLora int
@@ -94,6 +98,19 @@ type Report struct {
 	Results   []Result    `json:"results"`
 	Iteration []Iteration `json:"iteration"`
 	Checks    []string    `json:"checks"`
+	// StridedCopy is a copy with the KV kernel's read pattern, L2-flushed
+	// like the kernels: the ceiling for reading the latent in place.
+	StridedCopy      []StridedCopy `json:"strided_copy"`
+	ContiguousLatent bool          `json:"contiguous_latent,omitempty"`
+}
+
+// StridedCopy reads 1 KiB of every StrideBytes and writes it densely.
+type StridedCopy struct {
+	Model       string  `json:"model"`
+	Rows        int     `json:"rows"`
+	StrideBytes int     `json:"stride_bytes"`
+	Us          float64 `json:"us"`
+	GBps        float64 `json:"gbps"`
 }
 
 type bench struct {
@@ -102,6 +119,7 @@ type bench struct {
 	fillBF16 *driver.Function
 	fillF32  *driver.Function
 	copy16   *driver.Function
+	copyRows *driver.Function
 	flush    mla.Buffer
 	copySrc  mla.Buffer
 	copyDst  mla.Buffer
@@ -120,7 +138,9 @@ func main() {
 	quick := flag.Bool("quick", false, "a few shapes only")
 	mainVariant := flag.String("variant", "pdl", "option set of the main variant (see --variants)")
 	verbose := flag.Bool("verbose", false, "print ptxas's register report of the kernels")
+	contiguous := flag.Bool("contiguous-latent", false, "diagnostic: read the latent from a contiguous [T][512] buffer instead of the fused A rows")
 	flag.Parse()
+	contiguousLatent = *contiguous
 	if err := run(*out, *checkDir, *reps, *models, *formats, *mainVariant, *variants, *quick, *verbose); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
@@ -144,6 +164,9 @@ func newBench(opts cuda.Options, reps int) (*bench, error) {
 		return nil, err
 	}
 	if b.copy16, err = mod.Function("copy16"); err != nil {
+		return nil, err
+	}
+	if b.copyRows, err = mod.Function("copy_rows"); err != nil {
 		return nil, err
 	}
 	if b.flush, err = be.Alloc(256 << 20); err != nil {
@@ -383,6 +406,9 @@ func (b *bench) setup(md model, s shape, formats []kvcache.Format) (*layerSetup,
 	}
 	T := m.PaddedTokens
 	rowElems := md.QLora + 512
+	if contiguousLatent {
+		rowElems = 512
+	}
 	steps := []func() error{
 		func() (err error) { a.Latent, err = keep(b.randBF16(T*rowElems, rowElems)); return },
 		func() (err error) { a.QIn, err = keep(b.randBF16(T*md.Heads*512, 512)); return },
@@ -400,7 +426,7 @@ func (b *bench) setup(md model, s shape, formats []kvcache.Format) (*layerSetup,
 			return nil, err
 		}
 	}
-	a.Heads, a.LatentOffset, a.LatentStride = md.Heads, md.QLora*2, rowElems
+	a.Heads, a.LatentOffset, a.LatentStride = md.Heads, (rowElems-512)*2, rowElems
 	a.RopePositions, a.QFormat, a.QScale = ropePositions, mla.QFP8, 1
 	a.Scheduler = metadata.DefaultSchedulerParams()
 	a.CacheConfig = kvcache.Config{Format: formats[0], PageSize: pageSize, NumPages: total, KVScale: 1}
@@ -449,6 +475,9 @@ func run(out, checkDir string, reps int, modelList, formatList, mainVariant, var
 	if err := cuda.Available(); err != nil {
 		return err
 	}
+	if contiguousLatent && checkDir != "" {
+		return fmt.Errorf("--contiguous-latent is a diagnostic: the --check-dir cases need the fused rows")
+	}
 	var formats []kvcache.Format
 	for _, f := range strings.Split(formatList, ",") {
 		ff, err := kvcache.ParseFormat(f)
@@ -482,12 +511,26 @@ func run(out, checkDir string, reps int, modelList, formatList, mainVariant, var
 	if verbose {
 		fmt.Println(b.be.CompileLog())
 	}
-	rep := Report{Device: b.be.Props().Name, Date: time.Now().UTC().Format(time.RFC3339), Command: strings.Join(os.Args, " ")}
+	rep := Report{Device: b.be.Props().Name, Date: time.Now().UTC().Format(time.RFC3339), Command: strings.Join(os.Args, " "), ContiguousLatent: contiguousLatent}
 	if rep.CopyGBps, err = b.measureCopy(); err != nil {
 		return err
 	}
 	b.copyGBps = rep.CopyGBps
 	fmt.Printf("device %s, copy %.0f GB/s (read+write)\n", rep.Device, rep.CopyGBps)
+	for _, md := range models {
+		const rows = 65536
+		stride := uint64(md.QLora+512) * 2
+		us, err := b.timeLaunch(func() error {
+			return b.ctx.Launch(b.copyRows, driver.Dim3{uint32(b.be.Props().SMCount * 8), 1, 1}, driver.Dim3{512, 1, 1}, 0, b.be.Stream(),
+				b.copyDst.(*cuda.Buffer).Ptr(), b.copySrc.(*cuda.Buffer).Ptr(), uint64(rows), stride)
+		})
+		if err != nil {
+			return err
+		}
+		gbps := float64(2*rows*1024) / us / 1e3
+		rep.StridedCopy = append(rep.StridedCopy, StridedCopy{Model: md.Name, Rows: rows, StrideBytes: int(stride), Us: us, GBps: gbps})
+		fmt.Printf("strided copy %s: 1 KiB of every %d bytes, %d rows: %.1f us, %.0f GB/s (%.1f%% of copy)\n", md.Name, stride, rows, us, gbps, 100*gbps/rep.CopyGBps)
+	}
 	benches := []*bench{b}
 	names := []string{mainVariant}
 	if variantList != "" {
