@@ -1,0 +1,25 @@
+package numerics_test
+
+import (
+	"fmt"
+
+	"github.com/dsv4mla/prologue/numerics"
+)
+
+func ExampleE4M3FromF32() {
+	for _, v := range []float32{1, 1.0625, 448, 1000, -0.001953125} {
+		fmt.Printf("%g -> %#02x\n", v, numerics.E4M3FromF32(v))
+	}
+	// Output:
+	// 1 -> 0x38
+	// 1.0625 -> 0x38
+	// 448 -> 0x7e
+	// 1000 -> 0x7e
+	// -0.001953125 -> 0x81
+}
+
+func ExampleUE8M0() {
+	e, inv := numerics.UE8M0(300) // the group's largest |value|
+	fmt.Println(e, inv, numerics.UE8M0Scale(e))
+	// Output: 127 1 1
+}
