@@ -146,7 +146,7 @@ func (it *Iteration) replay(ctx context.Context, layer int) error {
 		}
 		var err error
 		launches := slices.Clone(it.launches) // the graph outlives this iteration
-		g, err = e.capturer.Capture(func() error { return mla.RunLaunches(context.Background(), e.backend, launches, a) })
+		g, err = e.capturer.Capture(func() error { return mla.RunLayer(context.Background(), e.backend, launches, a) })
 		if err != nil {
 			return fmt.Errorf("capturing layer %d for %d rows: %w", layer, key.rows, err)
 		}

@@ -13,7 +13,7 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 check=/tmp/prologue-check
 rm -rf "$check"
-.gpu/bench --out "$OUT/bench-go.json" --check-dir "$check" "$@" | tee "$OUT/bench-go.log" | grep -Ev '^(kv|q) '
+.gpu/bench --out "$OUT/bench-go.json" --check-dir "$check" --variants separate --variant-kernels=false "$@" | tee "$OUT/bench-go.log" | grep -Ev '^(kv|q) '
 python3 bench/check_peers.py --self-test 2>&1 | tail -3
 python3 bench/check_peers.py "$check" --json "$OUT/check.json" 2>&1 | tail -12
 timeout 330 python3 bench/peers.py --out "$OUT/bench-peers.json" --back-to-back 2>&1 | tee "$OUT/peers.log" | grep -Ei 'error|iteration|device|copy' | tail -20

@@ -42,6 +42,10 @@ var fillSource string
 // to measure what the fused rows' stride costs.
 var contiguousLatent bool
 
+// variantKernels (--variant-kernels) times the kernels under the variants
+// too, not only the decode iteration.
+var variantKernels bool
+
 type model struct {
 	Name         string
 	Heads, QLora int
@@ -87,6 +91,7 @@ type Iteration struct {
 	GraphUs float64 `json:"graph_us"`
 	Speedup float64 `json:"graph_speedup"`
 	HostUs  float64 `json:"eager_host_us"`
+	Variant string  `json:"variant,omitempty"`
 }
 
 // Report is the JSON output.
@@ -97,7 +102,9 @@ type Report struct {
 	CopyGBps  float64     `json:"copy_gbps"`
 	Results   []Result    `json:"results"`
 	Iteration []Iteration `json:"iteration"`
-	Checks    []string    `json:"checks"`
+	// IterationVariants are the decode iteration under the --variants.
+	IterationVariants []Iteration `json:"iteration_variants,omitempty"`
+	Checks            []string    `json:"checks"`
 	// StridedCopy is a copy with the KV kernel's read pattern, L2-flushed
 	// like the kernels: the ceiling for reading the latent in place.
 	StridedCopy      []StridedCopy `json:"strided_copy"`
@@ -138,9 +145,10 @@ func main() {
 	quick := flag.Bool("quick", false, "a few shapes only")
 	mainVariant := flag.String("variant", "pdl", "option set of the main variant (see --variants)")
 	verbose := flag.Bool("verbose", false, "print ptxas's register report of the kernels")
+	vk := flag.Bool("variant-kernels", true, "also time every kernel and shape under the --variants (false: only the decode iteration)")
 	contiguous := flag.Bool("contiguous-latent", false, "diagnostic: read the latent from a contiguous [T][512] buffer instead of the fused A rows")
 	flag.Parse()
-	contiguousLatent = *contiguous
+	contiguousLatent, variantKernels = *contiguous, *vk
 	if err := run(*out, *checkDir, *reps, *models, *formats, *mainVariant, *variants, *quick, *verbose); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
@@ -464,6 +472,8 @@ func parseVariant(v string) (cuda.Options, error) {
 			o.MaxBlocks = n
 		case "pdl":
 			o.PDL = true
+		case "separate":
+			o.SeparateLaunches = true
 		default:
 			return o, fmt.Errorf("variant %q: unknown option %q", v, k)
 		}
@@ -554,6 +564,9 @@ func run(out, checkDir string, reps int, modelList, formatList, mainVariant, var
 				return fmt.Errorf("%s %s %d: %w", md.Name, s.Phase, s.Tokens, err)
 			}
 			for vi, vb := range benches {
+				if vi > 0 && !variantKernels {
+					continue
+				}
 				variant := ""
 				if vi > 0 {
 					variant = names[vi]
@@ -594,13 +607,20 @@ func run(out, checkDir string, reps int, modelList, formatList, mainVariant, var
 			}
 			b.free(ls)
 		}
-		it, err := b.iteration(md, 32, 3)
-		if err != nil {
-			return err
+		for vi, vb := range benches {
+			it, err := vb.iteration(md, 32, 3)
+			if err != nil {
+				return err
+			}
+			if vi == 0 {
+				rep.Iteration = append(rep.Iteration, it)
+			} else {
+				it.Variant = names[vi]
+				rep.IterationVariants = append(rep.IterationVariants, it)
+			}
+			fmt.Printf("iteration %s b=%d mtp=%d layers=%d: eager %.1f us (host %.1f us), graph %.1f us, %.2fx %s\n",
+				it.Model, it.Batch, it.MTP, it.Layers, it.EagerUs, it.HostUs, it.GraphUs, it.Speedup, it.Variant)
 		}
-		rep.Iteration = append(rep.Iteration, it)
-		fmt.Printf("iteration %s b=%d mtp=%d layers=%d: eager %.1f us (host %.1f us), graph %.1f us, %.2fx\n",
-			it.Model, it.Batch, it.MTP, it.Layers, it.EagerUs, it.HostUs, it.GraphUs, it.Speedup)
 	}
 	if checkDir != "" {
 		if rep.Checks, err = b.writeChecks(checkDir, models[0]); err != nil {
@@ -667,7 +687,7 @@ func (b *bench) iteration(md model, nb, mtp int) (Iteration, error) {
 	}
 	g, err := b.be.Capture(func() error {
 		for _, ls := range layers {
-			if err := mla.RunLaunches(ctx, b.be, ls.launches, &ls.args); err != nil {
+			if err := mla.RunLayer(ctx, b.be, ls.launches, &ls.args); err != nil {
 				return err
 			}
 		}

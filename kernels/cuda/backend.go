@@ -9,6 +9,7 @@ import (
 	"math"
 	"math/bits"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -52,6 +53,9 @@ type Options struct {
 	PDL bool
 	// Verbose keeps ptxas's resource report (registers, spills) in CompileLog.
 	Verbose bool
+	// SeparateLaunches makes RunLayer issue the KV and Q kernels as two
+	// launches instead of one fused layer launch (for tests and comparison).
+	SeparateLaunches bool
 }
 
 // Backend runs the prologue kernels on one device.
@@ -77,7 +81,9 @@ func (b *Buffer) Len() int { return b.n }
 // Ptr is the device address.
 func (b *Buffer) Ptr() driver.DevicePtr { return b.ptr }
 
-var kernelNames = []string{"kv_fp8_ue8m0", "kv_bf16", "kv_fp8_pertensor", "q_fp8", "q_bf16", "e4m3_sweep", "bf16_sweep"}
+var kernelNames = []string{"kv_fp8_ue8m0", "kv_bf16", "kv_fp8_pertensor", "q_fp8", "q_bf16", "e4m3_sweep", "bf16_sweep",
+	"layer_fp8_ue8m0_qfp8", "layer_fp8_ue8m0_qbf16", "layer_bf16_qfp8", "layer_bf16_qbf16",
+	"layer_fp8_pertensor_qfp8", "layer_fp8_pertensor_qbf16"}
 
 // New opens the device, compiles (or loads from the cache) the kernels and
 // creates the stream.
@@ -361,6 +367,34 @@ func (b *Backend) launch(fn *driver.Function, grid, block driver.Dim3, p driver.
 	return b.ctx.Launch(fn, grid, block, 0, b.stream, p)
 }
 
+func (b *Backend) kvParams(l mla.Launch, a *mla.LayerArgs) (driver.Bytes, error) {
+	lat, err := dev(a.Latent)
+	if err != nil {
+		return nil, err
+	}
+	cache, err := dev(a.Cache)
+	if err != nil {
+		return nil, err
+	}
+	w, err := dev(a.KVWeight)
+	if err != nil {
+		return nil, err
+	}
+	return b.launchParams(l, a, lat.ptr+driver.DevicePtr(a.LatentOffset), cache.ptr, w.ptr, uint64(a.LatentStride)*2, a.CacheConfig.KVScale)
+}
+
+func (b *Backend) qParams(l mla.Launch, a *mla.LayerArgs) (driver.Bytes, error) {
+	qin, err := dev(a.QIn)
+	if err != nil {
+		return nil, err
+	}
+	qout, err := dev(a.QOut)
+	if err != nil {
+		return nil, err
+	}
+	return b.launchParams(l, a, qin.ptr, qout.ptr, 0, 1024, a.QScale)
+}
+
 // KVNormRopeStore implements mla.Backend.
 func (b *Backend) KVNormRopeStore(ctx context.Context, l mla.Launch, a *mla.LayerArgs) error {
 	if err := ctx.Err(); err != nil {
@@ -370,19 +404,7 @@ func (b *Backend) KVNormRopeStore(ctx context.Context, l mla.Launch, a *mla.Laye
 	if err != nil {
 		return err
 	}
-	lat, err := dev(a.Latent)
-	if err != nil {
-		return err
-	}
-	cache, err := dev(a.Cache)
-	if err != nil {
-		return err
-	}
-	w, err := dev(a.KVWeight)
-	if err != nil {
-		return err
-	}
-	p, err := b.launchParams(l, a, lat.ptr+driver.DevicePtr(a.LatentOffset), cache.ptr, w.ptr, uint64(a.LatentStride)*2, a.CacheConfig.KVScale)
+	p, err := b.kvParams(l, a)
 	if err != nil {
 		return err
 	}
@@ -395,24 +417,45 @@ func (b *Backend) QNormRopeQuant(ctx context.Context, l mla.Launch, a *mla.Layer
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	qin, err := dev(a.QIn)
-	if err != nil {
-		return err
-	}
-	qout, err := dev(a.QOut)
-	if err != nil {
-		return err
-	}
 	name := "q_fp8"
 	if a.QFormat == mla.QBF16 {
 		name = "q_bf16"
 	}
-	p, err := b.launchParams(l, a, qin.ptr, qout.ptr, 0, 1024, a.QScale)
+	p, err := b.qParams(l, a)
 	if err != nil {
 		return err
 	}
 	grid, block := b.grid(l.Rows * a.Heads)
 	return b.launch(b.fns[name], grid, block, p)
+}
+
+// layerLaunch issues a launch's KV and Q work as one grid (the layer_*
+// kernels): the KV part's blocks first, then the Q part's.
+func (b *Backend) layerLaunch(l mla.Launch, a *mla.LayerArgs) error {
+	kvName, err := kvKernel(a.CacheConfig.Format)
+	if err != nil {
+		return err
+	}
+	name := "layer_" + strings.TrimPrefix(kvName, "kv_") + "_q" + a.QFormat.String()
+	fn, ok := b.fns[name]
+	if !ok {
+		return fmt.Errorf("cuda: no fused layer kernel %q", name)
+	}
+	pkv, err := b.kvParams(l, a)
+	if err != nil {
+		return err
+	}
+	pq, err := b.qParams(l, a)
+	if err != nil {
+		return err
+	}
+	kvGrid, block := b.grid(l.Rows)
+	qGrid, _ := b.grid(l.Rows * a.Heads)
+	grid := driver.Dim3{kvGrid[0] + qGrid[0], 1, 1}
+	if b.opts.PDL {
+		return b.ctx.LaunchPDL(fn, grid, block, 0, b.stream, pkv, pq, int32(kvGrid[0]))
+	}
+	return b.ctx.Launch(fn, grid, block, 0, b.stream, pkv, pq, int32(kvGrid[0]))
 }
 
 // BF16Sweep rounds n float32 bit patterns base, base+1, ... to bf16 with the
@@ -478,10 +521,25 @@ func (b *Backend) Time(ctx context.Context, f func() error) (time.Duration, erro
 
 var _ mla.Backend = (*Backend)(nil)
 
-// RunLayer is mla's optional fast path: the layer's launches are handed to
-// the context's owner thread in one batch instead of one hand-over each.
+// RunLayer is mla's optional fast path: each launch's KV and Q work goes
+// out as one fused grid (unless Options.SeparateLaunches), and the layer's
+// launches are handed to the context's owner thread in one batch instead of
+// one hand-over each.
 func (b *Backend) RunLayer(ctx context.Context, launches []mla.Launch, a *mla.LayerArgs) error {
-	return b.ctx.Do(func() error { return mla.RunLaunches(ctx, b, launches, a) })
+	if b.opts.SeparateLaunches {
+		return b.ctx.Do(func() error { return mla.RunLaunches(ctx, b, launches, a) })
+	}
+	return b.ctx.Do(func() error {
+		for _, l := range launches {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			if err := b.layerLaunch(l, a); err != nil {
+				return fmt.Errorf("cuda: fused %v launch: %w", l, err)
+			}
+		}
+		return nil
+	})
 }
 
 // Graph is a captured, instantiated CUDA graph of launches on the backend's

@@ -50,6 +50,7 @@ func TestCUDAConformanceVariants(t *testing.T) {
 		"one-block": {Warps: 3, KVDepth: 3, QDepth: 5, MaxBlocks: 1},
 		"depth1":    {Warps: 1, KVDepth: 1, QDepth: 1, MaxBlocks: 2},
 		"pdl":       {PDL: true},
+		"separate":  {SeparateLaunches: true, PDL: true},
 		"wide-pdl":  {Warps: 4, KVDepth: 8, QDepth: 8, PDL: true},
 	}
 	for name, opts := range variants {

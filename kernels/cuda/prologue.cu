@@ -87,13 +87,6 @@ __device__ __forceinline__ u32 e4m3x2(float hi, float lo) {
     return r;
 }
 
-__device__ __forceinline__ uint4 ld_stream(const void* p) {
-    uint4 v;
-    asm volatile("ld.global.cs.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-    return v;
-}
-
 __device__ __forceinline__ float4 ld_f4(const float* p) { return __ldg(reinterpret_cast<const float4*>(p)); }
 
 __device__ __forceinline__ void st_u4(void* p, uint4 v) { *reinterpret_cast<uint4*>(p) = v; }
@@ -290,9 +283,11 @@ __device__ __forceinline__ void lds32(u32 addr, uint4& a, uint4& b) {
 }
 
 // The warp's contiguous share of n work rows.
-__device__ __forceinline__ void warp_range(int n, int& begin, int& end) {
-    const int gw = blockIdx.x * PIPE_WARPS + (threadIdx.x >> 5);
-    const int nw = gridDim.x * PIPE_WARPS;
+// blk and nblk are the block's index and the block count of its part of
+// the grid (a fused layer launch splits one grid between KV and Q).
+__device__ __forceinline__ void warp_range(int n, int blk, int nblk, int& begin, int& end) {
+    const int gw = blk * PIPE_WARPS + (threadIdx.x >> 5);
+    const int nw = nblk * PIPE_WARPS;
     const int per = (n + nw - 1) / nw;
     begin = min(gw * per, n);
     end = min(begin + per, n);
@@ -351,16 +346,18 @@ __device__ __forceinline__ bool kv_resolve(const Params& p, KVState& st, int loc
 
 #define KV_SLOT 1280  // 1024 bytes of latent row + 256 bytes of its RoPE row
 
+#define KV_RING_BYTES (PIPE_WARPS * KV_DEPTH * KV_SLOT)
+#define Q_RING_BYTES (PIPE_WARPS * Q_DEPTH * 1024)
+
 template <int FMT>
-__device__ __forceinline__ void kv_pipeline(const Params& p0) {
-    __shared__ __align__(16) u8 ring[PIPE_WARPS][KV_DEPTH][KV_SLOT];
+__device__ __forceinline__ void kv_pipeline(const Params& p0, u8* ring, int blk, int nblk) {
     const int lane = threadIdx.x & 31;
     const int wib = threadIdx.x >> 5;
     pdl_wait();
     const Params p = with_header(p0);
-    if (p.write_sched && blockIdx.x == 0 && threadIdx.x == 0) write_scheduler(p);
+    if (p.write_sched && blk == 0 && threadIdx.x == 0) write_scheduler(p);
     int begin, end;
-    warp_range(p.rows, begin, end);
+    warp_range(p.rows, blk, nblk, begin, end);
     float w[16];
     {
         const float* wp = p.weight + lane * 16;
@@ -373,7 +370,8 @@ __device__ __forceinline__ void kv_pipeline(const Params& p0) {
     KVState st;
     st.b = -1;
     int page[KV_DEPTH], off[KV_DEPTH];
-    const u32 base = smem_u32(&ring[wib][0][0]);
+    u8* const wring = ring + wib * KV_DEPTH * KV_SLOT;
+    const u32 base = smem_u32(wring);
     auto issue = [&](int i, int d) {
         int pos;
         page[d] = -1;
@@ -420,7 +418,7 @@ __device__ __forceinline__ void kv_pipeline(const Params& p0) {
                     }
                     if (lane >= 28) {
                         float cs[16];
-                        const u8* rp = &ring[wib][d][1024 + (lane - 28) * 64];
+                        const u8* rp = wring + d * KV_SLOT + 1024 + (lane - 28) * 64;
 #pragma unroll
                         for (int q = 0; q < 4; q++) {
                             float4 t = *reinterpret_cast<const float4*>(rp + 16 * q);
@@ -437,24 +435,28 @@ __device__ __forceinline__ void kv_pipeline(const Params& p0) {
     cp_wait<0>();
 }
 
-extern "C" __global__ void __launch_bounds__(PIPE_WARPS * 32) kv_fp8_ue8m0(const Params p) { kv_pipeline<FMT_FP8_UE8M0>(p); }
-extern "C" __global__ void __launch_bounds__(PIPE_WARPS * 32) kv_bf16(const Params p) { kv_pipeline<FMT_BF16>(p); }
-extern "C" __global__ void __launch_bounds__(PIPE_WARPS * 32) kv_fp8_pertensor(const Params p) { kv_pipeline<FMT_FP8_PERTENSOR>(p); }
+#define KV_KERNEL(NAME, FMT)                                                                   \
+    extern "C" __global__ void __launch_bounds__(PIPE_WARPS * 32) NAME(const Params p) {      \
+        __shared__ __align__(16) u8 ring[KV_RING_BYTES];                                       \
+        kv_pipeline<FMT>(p, ring, blockIdx.x, gridDim.x);                                      \
+    }
+KV_KERNEL(kv_fp8_ue8m0, FMT_FP8_UE8M0)
+KV_KERNEL(kv_bf16, FMT_BF16)
+KV_KERNEL(kv_fp8_pertensor, FMT_FP8_PERTENSOR)
 
 // Q: the work rows are (token, head) pairs of the launch; a token's position
 // and RoPE row are resolved once when the warp reaches its first head.
 template <bool BF16OUT>
-__device__ __forceinline__ void q_pipeline(const Params& p0) {
-    __shared__ __align__(16) u8 ring[PIPE_WARPS][Q_DEPTH][1024];
+__device__ __forceinline__ void q_pipeline(const Params& p0, u8* ring, int blk, int nblk) {
     const int lane = threadIdx.x & 31;
     const int wib = threadIdx.x >> 5;
     const int es = BF16OUT ? 2 : 1;
     pdl_wait();
     const Params p = with_header(p0);
     int begin, end;
-    warp_range(p.rows * p.heads, begin, end);
+    warp_range(p.rows * p.heads, blk, nblk, begin, end);
     const size_t row0 = (size_t)p.row_begin * p.heads;
-    const u32 base = smem_u32(&ring[wib][0][0]);
+    const u32 base = smem_u32(ring + wib * Q_DEPTH * 1024);
     auto issue = [&](int i, int d) {
         if (i < end) {
             const u8* src = p.in + (row0 + i) * 1024 + lane * 32;
@@ -527,8 +529,34 @@ __device__ __forceinline__ void q_pipeline(const Params& p0) {
     cp_wait<0>();
 }
 
-extern "C" __global__ void __launch_bounds__(PIPE_WARPS * 32) q_fp8(const Params p) { q_pipeline<false>(p); }
-extern "C" __global__ void __launch_bounds__(PIPE_WARPS * 32) q_bf16(const Params p) { q_pipeline<true>(p); }
+#define Q_KERNEL(NAME, BF16OUT)                                                                \
+    extern "C" __global__ void __launch_bounds__(PIPE_WARPS * 32) NAME(const Params p) {      \
+        __shared__ __align__(16) u8 ring[Q_RING_BYTES];                                        \
+        q_pipeline<BF16OUT>(p, ring, blockIdx.x, gridDim.x);                                   \
+    }
+Q_KERNEL(q_fp8, false)
+Q_KERNEL(q_bf16, true)
+
+// A whole layer's launch in one grid: blocks [0, kv_blocks) run the KV
+// pipeline over the launch's latent rows, the rest the Q pipeline over its
+// (token, head) rows. The two parts touch disjoint memory, so they run side
+// by side and the KV part's fixed latency hides under the Q part's stream.
+#define RING_BYTES (KV_RING_BYTES > Q_RING_BYTES ? KV_RING_BYTES : Q_RING_BYTES)
+#define LAYER_KERNEL(NAME, FMT, BF16OUT)                                                      \
+    extern "C" __global__ void __launch_bounds__(PIPE_WARPS * 32)                             \
+        NAME(const Params kv, const Params q, const int kv_blocks) {                          \
+        __shared__ __align__(16) u8 ring[RING_BYTES];                                          \
+        if ((int)blockIdx.x < kv_blocks)                                                       \
+            kv_pipeline<FMT>(kv, ring, blockIdx.x, kv_blocks);                                 \
+        else                                                                                   \
+            q_pipeline<BF16OUT>(q, ring, blockIdx.x - kv_blocks, gridDim.x - kv_blocks);       \
+    }
+LAYER_KERNEL(layer_fp8_ue8m0_qfp8, FMT_FP8_UE8M0, false)
+LAYER_KERNEL(layer_fp8_ue8m0_qbf16, FMT_FP8_UE8M0, true)
+LAYER_KERNEL(layer_bf16_qfp8, FMT_BF16, false)
+LAYER_KERNEL(layer_bf16_qbf16, FMT_BF16, true)
+LAYER_KERNEL(layer_fp8_pertensor_qfp8, FMT_FP8_PERTENSOR, false)
+LAYER_KERNEL(layer_fp8_pertensor_qbf16, FMT_FP8_PERTENSOR, true)
 
 // The exhaustive conversion check: out[i] = e4m3(bits = base + i) for n inputs.
 extern "C" __global__ void e4m3_sweep(u8* out, u32 base, u32 n) {
