@@ -264,7 +264,10 @@ func RunLaunches(ctx context.Context, b Backend, launches []Launch, a *LayerArgs
 	return nil
 }
 
-// Census counts launches by kind, for tests and reports.
+// Census counts the prologue's kernels by kind, for tests and reports: a
+// KV and a Q kernel for every launch of a phase. (The CUDA backend issues
+// each launch's two as one fused grid; the census counts the work, which is
+// the same either way.)
 type Census struct {
 	ContextKV, ContextQ, GenerationKV, GenerationQ int
 }

@@ -234,8 +234,8 @@ func (c *Backend) QNormRopeQuant(ctx context.Context, l mla.Launch, a *mla.Layer
 	qin, qout, rope := Bytes(a.QIn), Bytes(a.QOut), Bytes(a.Rope)
 	es := a.QFormat.ElemBytes()
 	rowOut := d * es
-	return c.parallel(ctx, l.Rows*a.Heads, func(i int) {
-		local, h := i/a.Heads, i%a.Heads
+	return c.parallel(ctx, l.Rows*a.Heads, func(unit int) {
+		local, h := unit/a.Heads, unit%a.Heads
 		t := l.RowBegin + local
 		out := qout[(t*a.Heads+h)*rowOut : (t*a.Heads+h+1)*rowOut]
 		_, pos, ok := m.rowPosition(l, local)
