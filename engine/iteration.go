@@ -140,10 +140,7 @@ func (it *Iteration) replay(ctx context.Context, layer int) error {
 	key := graphKey{layer: layer, rows: it.meta.PaddedTokens}
 	g, ok := e.graphs[key]
 	if !ok {
-		a := e.args[layer]
-		if err := a.Validate(it.meta.PaddedTokens); err != nil {
-			return err
-		}
+		a := e.args[layer] // RunLayer validates it; a failed capture is ended and returned
 		var err error
 		launches := slices.Clone(it.launches) // the graph outlives this iteration
 		g, err = e.capturer.Capture(func() error { return mla.RunLayer(context.Background(), e.backend, launches, a) })

@@ -360,11 +360,11 @@ func kvKernel(f kvcache.Format) (string, error) {
 	return "", fmt.Errorf("cuda: no KV kernel for cache format %v", f)
 }
 
-func (b *Backend) launch(fn *driver.Function, grid, block driver.Dim3, p driver.Bytes) error {
+func (b *Backend) launch(fn *driver.Function, grid, block driver.Dim3, args ...any) error {
 	if b.opts.PDL {
-		return b.ctx.LaunchPDL(fn, grid, block, 0, b.stream, p)
+		return b.ctx.LaunchPDL(fn, grid, block, 0, b.stream, args...)
 	}
-	return b.ctx.Launch(fn, grid, block, 0, b.stream, p)
+	return b.ctx.Launch(fn, grid, block, 0, b.stream, args...)
 }
 
 func (b *Backend) kvParams(l mla.Launch, a *mla.LayerArgs) (driver.Bytes, error) {
@@ -452,10 +452,7 @@ func (b *Backend) layerLaunch(l mla.Launch, a *mla.LayerArgs) error {
 	kvGrid, block := b.grid(l.Rows)
 	qGrid, _ := b.grid(l.Rows * a.Heads)
 	grid := driver.Dim3{kvGrid[0] + qGrid[0], 1, 1}
-	if b.opts.PDL {
-		return b.ctx.LaunchPDL(fn, grid, block, 0, b.stream, pkv, pq, int32(kvGrid[0]))
-	}
-	return b.ctx.Launch(fn, grid, block, 0, b.stream, pkv, pq, int32(kvGrid[0]))
+	return b.launch(fn, grid, block, pkv, pq, int32(kvGrid[0]))
 }
 
 // BF16Sweep rounds n float32 bit patterns base, base+1, ... to bf16 with the
