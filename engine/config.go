@@ -32,7 +32,7 @@ type Config struct {
 	Cache kvcache.Config
 
 	// Backend is "auto" (or ""), "cpu", or a registered name ("cuda" once
-	// kernels/cuda is linked in). See RegisterBackend.
+	// attention/mla/cuda is linked in). See mla.Register.
 	Backend string
 	// Device is the accelerator ordinal for registered backends.
 	Device int

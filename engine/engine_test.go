@@ -415,7 +415,7 @@ func TestConfigErrors(t *testing.T) {
 		{"max seqs", func(c *engine.Config) { c.MaxSeqs = -1 }, "Config.MaxSeqs = -1"},
 		{"rope positions", func(c *engine.Config) { c.RopePositions = 1<<20 + 1 }, "Config.RopePositions = 1048577"},
 		{"scheduler", func(c *engine.Config) { c.Scheduler = metadata.SchedulerParams{QDeq: 1} }, "Scheduler.KVDeq"},
-		{"cuda not linked", func(c *engine.Config) { c.Backend = "cuda" }, `import _ "github.com/dsv4mla/prologue/kernels/cuda"`},
+		{"cuda not linked", func(c *engine.Config) { c.Backend = "cuda" }, `import _ "github.com/dsv4mla/prologue/attention/mla/cuda"`},
 		{"unknown backend", func(c *engine.Config) { c.Backend = "tpu" }, `Config.Backend "tpu" is not registered`},
 	} {
 		t.Run(c.name, func(t *testing.T) {

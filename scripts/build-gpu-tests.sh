@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 mkdir -p .gpu
 export CGO_ENABLED=0
 go test -c -o .gpu/driver.test ./kernels/cuda/driver
-go test -c -o .gpu/cuda.test ./kernels/cuda
+go test -c -o .gpu/cuda.test ./attention/mla/cuda
 go test -c -o .gpu/tests.test ./tests
 for cmd in decode bench; do
 	if [ -d "cmd/$cmd" ]; then go build -o ".gpu/$cmd" "./cmd/$cmd"; fi

@@ -8,7 +8,7 @@
 // ranges of the same buffers, and RunLayer issues, for every launch, the KV
 // norm-RoPE-store kernel and then the fused Q norm/RoPE/quant kernel.
 //
-// Backends (package mla/cpu, package kernels/cuda) differ only in where the
+// Backends (package mla/cpu, package mla/cuda) differ only in where the
 // buffers live and how the rows are scheduled; they produce the same bytes,
 // which the shared conformance suite in package mla/mlatest checks.
 package mla

@@ -27,8 +27,8 @@ import (
 
 	"github.com/dsv4mla/prologue/attention/mla"
 	"github.com/dsv4mla/prologue/attention/mla/cpu"
+	"github.com/dsv4mla/prologue/attention/mla/cuda"
 	"github.com/dsv4mla/prologue/internal/safetensors"
-	"github.com/dsv4mla/prologue/kernels/cuda"
 	"github.com/dsv4mla/prologue/kernels/cuda/driver"
 	"github.com/dsv4mla/prologue/kvcache"
 	"github.com/dsv4mla/prologue/metadata"
@@ -143,7 +143,7 @@ func main() {
 	formats := flag.String("formats", "fp8_ue8m0,bf16,fp8_pertensor", "cache formats")
 	variants := flag.String("variants", "", "extra kernel variants to time, ';'-separated option sets, e.g. 'warps=4 kvd=8;qd=6;bpsm=8'")
 	quick := flag.Bool("quick", false, "a few shapes only")
-	mainVariant := flag.String("variant", "pdl", "option set of the main variant (see --variants)")
+	mainVariant := flag.String("variant", "", "option set of the main variant (see --variants; empty: the defaults)")
 	verbose := flag.Bool("verbose", false, "print ptxas's register report of the kernels")
 	vk := flag.Bool("variant-kernels", true, "also time every kernel and shape under the --variants (false: only the decode iteration)")
 	contiguous := flag.Bool("contiguous-latent", false, "diagnostic: read the latent from a contiguous [T][512] buffer instead of the fused A rows")
@@ -470,8 +470,8 @@ func parseVariant(v string) (cuda.Options, error) {
 			o.BlocksPerSM = n
 		case "maxblocks":
 			o.MaxBlocks = n
-		case "pdl":
-			o.PDL = true
+		case "nopdl":
+			o.NoPDL = true
 		case "separate":
 			o.SeparateLaunches = true
 		default:

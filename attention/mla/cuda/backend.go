@@ -2,7 +2,6 @@ package cuda
 
 import (
 	"context"
-	_ "embed"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -15,15 +14,13 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/dsv4mla/prologue/attention/mla"
+	kernels "github.com/dsv4mla/prologue/kernels/cuda"
 	"github.com/dsv4mla/prologue/kernels/cuda/driver"
 	"github.com/dsv4mla/prologue/kvcache"
 )
 
-//go:embed prologue.cu
-var prologueSource string
-
 // Source returns the embedded CUDA source of the prologue kernels.
-func Source() string { return prologueSource }
+func Source() string { return kernels.PrologueSource() }
 
 // Available reports why the CUDA backend cannot run here, or nil.
 func Available() error {
@@ -48,9 +45,9 @@ type Options struct {
 	// MaxBlocks, when set, caps the grid instead (tests use it to make a
 	// few warps stream long ranges).
 	MaxBlocks int
-	// PDL launches the kernels with programmatic dependent launch, so a
-	// kernel's launch overlaps the tail of the one before it.
-	PDL bool
+	// NoPDL turns off programmatic dependent launch (the default), with
+	// which a kernel's launch overlaps the tail of the one before it.
+	NoPDL bool
 	// Verbose keeps ptxas's resource report (registers, spills) in CompileLog.
 	Verbose bool
 	// SeparateLaunches makes RunLayer issue the KV and Q kernels as two
@@ -129,7 +126,7 @@ func (b *Backend) init() error {
 		opts.Extra = []string{"--ptxas-options=-v"}
 		opts.NoCache = true
 	}
-	compiled, err := driver.CompileDetailed(prologueSource, "prologue.cu", opts)
+	compiled, err := driver.CompileDetailed(kernels.PrologueSource(), "prologue.cu", opts)
 	if err != nil {
 		return err
 	}
@@ -361,7 +358,7 @@ func kvKernel(f kvcache.Format) (string, error) {
 }
 
 func (b *Backend) launch(fn *driver.Function, grid, block driver.Dim3, args ...any) error {
-	if b.opts.PDL {
+	if !b.opts.NoPDL {
 		return b.ctx.LaunchPDL(fn, grid, block, 0, b.stream, args...)
 	}
 	return b.ctx.Launch(fn, grid, block, 0, b.stream, args...)

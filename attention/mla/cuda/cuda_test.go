@@ -10,8 +10,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/dsv4mla/prologue/attention/mla/cuda"
 	"github.com/dsv4mla/prologue/attention/mla/mlatest"
-	"github.com/dsv4mla/prologue/kernels/cuda"
 	"github.com/dsv4mla/prologue/numerics"
 )
 
@@ -42,16 +42,16 @@ func TestCUDAConformance(t *testing.T) {
 
 // TestCUDAConformanceVariants runs the suite on other launch shapes:
 // warps that stream long ranges through their rings (odd warp counts and
-// depths), one row in flight, and programmatic dependent launch.
+// depths), one row in flight, and launches without programmatic dependent launch.
 func TestCUDAConformanceVariants(t *testing.T) {
 	backend(t)
 	variants := map[string]cuda.Options{
 		// One small block: every warp streams a long range through its ring.
 		"one-block": {Warps: 3, KVDepth: 3, QDepth: 5, MaxBlocks: 1},
 		"depth1":    {Warps: 1, KVDepth: 1, QDepth: 1, MaxBlocks: 2},
-		"pdl":       {PDL: true},
-		"separate":  {SeparateLaunches: true, PDL: true},
-		"wide-pdl":  {Warps: 4, KVDepth: 8, QDepth: 8, PDL: true},
+		"no-pdl":    {NoPDL: true},
+		"separate":  {SeparateLaunches: true},
+		"wide":      {Warps: 4, KVDepth: 8, QDepth: 8},
 	}
 	for name, opts := range variants {
 		b, err := cuda.New(opts)
