@@ -662,4 +662,3 @@ func BenchmarkSyntheticLayer(b *testing.B) {
 		}
 	}
 }
-
