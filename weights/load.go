@@ -231,7 +231,7 @@ func (l *loader) shard(file, tensor string) (*shard, error) {
 	h, err := safetensors.ParseHeader(f, st.Size())
 	if err != nil {
 		f.Close()
-		return fail(fmt.Errorf("shard header: %w", err))
+		return fail(fmt.Errorf("its shard is refused: %w", err))
 	}
 	s := &shard{f: f, header: h}
 	l.shards[file] = s

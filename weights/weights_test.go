@@ -48,29 +48,38 @@ func write(t testing.TB, cfg dsv4.Config, seed uint64, opts SyntheticOptions) st
 }
 
 func TestRoundTrip(t *testing.T) {
-	for _, cfg := range []dsv4.Config{TinyConfig(), oddConfig()} {
-		for _, format := range []ScaleFormat{ScaleF32, ScaleE8M0} {
-			for _, naming := range []Naming{NamingDeepSeek, NamingVLLM, NamingHF, NamingHFV3} {
-				t.Run(fmt.Sprintf("%s/%v/%v", cfg.Name, format, naming), func(t *testing.T) {
-					seed := testSeed(t)
-					dir := write(t, cfg, seed, SyntheticOptions{ScaleFormat: format, Naming: naming, LayersPerShard: 1})
-					ck, err := Load(dir, nil, LoadOptions{MTP: true})
-					require.NoError(t, err)
-					require.Equal(t, cfg, ck.Config, "config.json round trip")
-					require.Equal(t, HeadRange{0, cfg.NumHeads}, ck.Heads)
-					require.Len(t, ck.Layers, cfg.NumAttentionLayers())
-					for i, got := range ck.Layers {
-						want, err := SyntheticLayer(&cfg, seed, i, format)
-						require.NoError(t, err)
-						require.Equal(t, want, got, "layer %d", i)
-						require.Same(t, got, ck.Layer(i))
-						ratio, _ := cfg.CompressRatio(i)
-						require.Equal(t, ratio != 0, got.Compressor != nil)
-					}
-					require.Nil(t, ck.Layer(cfg.NumAttentionLayers()))
-				})
+	tiny, odd := TinyConfig(), oddConfig()
+	for _, c := range []struct {
+		cfg    dsv4.Config
+		format ScaleFormat
+		naming Naming
+	}{
+		{tiny, ScaleF32, NamingDeepSeek},
+		{tiny, ScaleE8M0, NamingDeepSeek},
+		{odd, ScaleF32, NamingDeepSeek},
+		{odd, ScaleE8M0, NamingVLLM},
+		{tiny, ScaleE8M0, NamingHF},
+		{tiny, ScaleF32, NamingHFV3},
+	} {
+		cfg := c.cfg
+		t.Run(fmt.Sprintf("%s/%v/%v", cfg.Name, c.format, c.naming), func(t *testing.T) {
+			seed := testSeed(t)
+			dir := write(t, cfg, seed, SyntheticOptions{ScaleFormat: c.format, Naming: c.naming, LayersPerShard: 1})
+			ck, err := Load(dir, nil, LoadOptions{MTP: true})
+			require.NoError(t, err)
+			require.Equal(t, cfg, ck.Config, "config.json round trip")
+			require.Equal(t, HeadRange{0, cfg.NumHeads}, ck.Heads)
+			require.Len(t, ck.Layers, cfg.NumAttentionLayers())
+			for i, got := range ck.Layers {
+				want, err := SyntheticLayer(&cfg, seed, i, c.format)
+				require.NoError(t, err)
+				require.Equal(t, want, got, "layer %d", i)
+				require.Same(t, got, ck.Layer(i))
+				ratio, _ := cfg.CompressRatio(i)
+				require.Equal(t, ratio != 0, got.Compressor != nil)
 			}
-		}
+			require.Nil(t, ck.Layer(cfg.NumAttentionLayers()))
+		})
 	}
 }
 
@@ -660,5 +669,34 @@ func BenchmarkSyntheticLayer(b *testing.B) {
 		if _, err := SyntheticLayer(&cfg, 1, 2, ScaleE8M0); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// TestMixedSpellings renames single tensors to other accepted spellings
+// (other prefixes, .weight_scale, V3 names) in the shard and the index.
+func TestMixedSpellings(t *testing.T) {
+	cfg := TinyConfig()
+	seed := testSeed(t)
+	dir := write(t, cfg, seed, SyntheticOptions{ScaleFormat: ScaleE8M0})
+	renames := map[string]string{
+		"layers.1.attn.wq_a.scale":             "model.layers.1.attn.wq_a.weight_scale",
+		"layers.1.attn.kv_norm.weight":         "layers.1.self_attn.kv_a_layernorm.weight",
+		"layers.1.attn.wkv.weight":             "model.layers.1.self_attn.kv_proj.weight",
+		"layers.1.attn.compressor.norm.weight": "model.layers.1.self_attn.compressor.kv_norm.weight",
+		"mtp.0.attn.wq_b.weight":               "model.layers.3.self_attn.q_b_proj.weight",
+	}
+	m := readIndexMap(t, dir)
+	for from, to := range renames {
+		rewriteShard(t, dir, from, editTensor(from, func(x *safetensors.Tensor) { x.Name = to }))
+		m[to] = m[from]
+		delete(m, from)
+	}
+	writeIndexMap(t, dir, m)
+	ck, err := Load(dir, nil, LoadOptions{Layers: []int{1, 3}})
+	require.NoError(t, err)
+	for _, l := range ck.Layers {
+		want, err := SyntheticLayer(&cfg, seed, l.Index, ScaleE8M0)
+		require.NoError(t, err)
+		require.Equal(t, want, l)
 	}
 }
