@@ -148,8 +148,10 @@ var gemmTimes = flag.Bool("gemm.times", false, "TestGEMMTimes: time the GEMM imp
 // shapes for each implementation: "cold" with L2 flushed before each call
 // (a 256 MiB memset), "b2b" back to back on the same inputs (weights
 // partly L2-resident), and the weight bandwidth of the cold time. Run with
-// -gemm.times; GEMM_OWN_MAX style sweeps: the own column is the kernel
-// forced, the cuBLASLt column cuBLASLt wherever it accepts the shape.
+// -gemm.times. The first column is the own kernel forced (NoCuBLASLt), the
+// second cuBLASLt wherever it accepts the shape (GEMMOwnMaxM = -1; its
+// path column says "own" where cuBLASLt refused): together they choose
+// DefaultGEMMOwnMaxM.
 func TestGEMMTimes(t *testing.T) {
 	if !*gemmTimes {
 		t.Skip("run with -gemm.times")
