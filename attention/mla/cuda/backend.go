@@ -53,6 +53,12 @@ type Options struct {
 	// SeparateLaunches makes RunLayer issue the KV and Q kernels as two
 	// launches instead of one fused layer launch (for tests and comparison).
 	SeparateLaunches bool
+	// GEMMOwnMaxM: GEMMs of up to this many rows run the weight-streaming
+	// kernel, larger ones cuBLASLt (0: DefaultGEMMOwnMaxM; -1: cuBLASLt for
+	// every batch it accepts). See gemm.go.
+	GEMMOwnMaxM int
+	// NoCuBLASLt runs every GEMM on the own kernel (cuBLASLt is not loaded).
+	NoCuBLASLt bool
 }
 
 // Backend runs the prologue kernels on one device.
@@ -64,6 +70,7 @@ type Backend struct {
 	log    zerolog.Logger
 	opts   Options
 	clog   string
+	gemm   gemmState // gemm.go
 }
 
 // Buffer is device memory.
@@ -252,7 +259,7 @@ func (b *Backend) Synchronize(ctx context.Context) error {
 func (b *Backend) Close() error {
 	var errs []error
 	if b.stream != nil {
-		errs = append(errs, b.stream.Synchronize(), b.stream.Destroy())
+		errs = append(errs, b.stream.Synchronize(), b.closeGEMM(), b.stream.Destroy())
 	}
 	if b.mod != nil {
 		errs = append(errs, b.mod.Unload())
