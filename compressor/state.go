@@ -72,6 +72,9 @@ func (s *State) Append(startPos int, K, G [][]float32) ([]Entry, error) {
 				t, startPos+t, len(K[t]), len(G[t]), l.Width())
 		}
 	}
+	if len(K) == 0 {
+		return nil, nil // nothing to do; the last step stays rollback-able
+	}
 	end := startPos + len(K)
 	src := func(pos int) ([]float32, []float32) {
 		if pos >= startPos {
