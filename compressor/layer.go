@@ -153,15 +153,17 @@ func PoolChannel(logits, values []float32) float32 {
 			m = g
 		}
 	}
+	var buf [128]float32 // up to 128 candidates without a heap allocation
+	e := buf[:0]
 	var s float32
 	for _, g := range logits {
-		e := numerics.Exp32(float32(g - m))
-		s = float32(s + e)
+		ej := numerics.Exp32(float32(g - m))
+		e = append(e, ej)
+		s = float32(s + ej)
 	}
 	var acc float32
-	for j, g := range logits {
-		e := numerics.Exp32(float32(g - m))
-		w := float32(e / s)
+	for j, ej := range e {
+		w := float32(ej / s)
 		acc = float32(acc + float32(w*values[j]))
 	}
 	return acc
