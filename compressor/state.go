@@ -1,0 +1,134 @@
+package compressor
+
+import "fmt"
+
+// State is one sequence's compressor state in one layer: the projections
+// (K[t], G[t]) of the positions a later entry still reads, keyed by
+// position in a ring of Layer.StateRows rows. A new State is an empty
+// sequence (no previous window, never another sequence's leftovers). A
+// State is not safe for concurrent use; distinct States are independent.
+type State struct {
+	layer *Layer
+	n     int // positions processed: the sequence's length in this layer
+	first int // oldest position kept; rows [first, n) are valid
+	// rollbackFloor is the least length Accept may return to: the start of
+	// the last Append, but no more than MaxDrafts positions back.
+	rollbackFloor int
+	k, g          []float32 // [StateRows][Width] rings, position p at row p % StateRows
+}
+
+// NewState returns an empty state (length 0) for one sequence.
+func (l *Layer) NewState() *State {
+	rows := l.StateRows()
+	return &State{
+		layer: l,
+		k:     make([]float32, rows*l.Width()),
+		g:     make([]float32, rows*l.Width()),
+	}
+}
+
+// Len returns the number of positions processed.
+func (s *State) Len() int { return s.n }
+
+// Window returns [first, end): the positions whose (K, G) the state must
+// hold at its length, the state's defining content (rows an entry not yet
+// emitted reads). Rows kept only for a rollback are outside it.
+func (s *State) Window() (first, end int) { return s.layer.firstNeeded(s.n), s.n }
+
+// Row returns copies of the (K, G) rows of a position the state holds, or
+// ok = false.
+func (s *State) Row(pos int) (k, g []float32, ok bool) {
+	if pos < s.first || pos >= s.n {
+		return nil, nil, false
+	}
+	rk, rg := s.row(pos)
+	return append([]float32(nil), rk...), append([]float32(nil), rg...), true
+}
+
+func (s *State) row(pos int) (k, g []float32) {
+	w := s.layer.Width()
+	i := pos % s.layer.StateRows() * w
+	return s.k[i : i+w : i+w], s.g[i : i+w : i+w]
+}
+
+// Append processes the tokens at positions startPos, startPos+1, ... whose
+// projections are K[t] and G[t] (Width values each; G includes ape), and
+// returns the entries they complete, by ascending index: entry i when
+// position (i+1)*r - 1 is among them, the boundary token included. startPos
+// must equal Len(): a gap or an overlap is refused (to redo rejected drafts,
+// call Accept first). On error nothing changes.
+func (s *State) Append(startPos int, K, G [][]float32) ([]Entry, error) {
+	l := s.layer
+	if startPos != s.n {
+		return nil, fmt.Errorf("compressor: Append at position %d, but the sequence has %d positions (want startPos = %d; roll back drafts with Accept)",
+			startPos, s.n, s.n)
+	}
+	if len(K) != len(G) {
+		return nil, fmt.Errorf("compressor: %d K rows but %d G rows", len(K), len(G))
+	}
+	for t := range K {
+		if len(K[t]) != l.Width() || len(G[t]) != l.Width() {
+			return nil, fmt.Errorf("compressor: token %d (position %d): K has %d values and G %d, want %d each",
+				t, startPos+t, len(K[t]), len(G[t]), l.Width())
+		}
+	}
+	if len(K) == 0 {
+		return nil, nil // nothing to do; the last step stays rollback-able
+	}
+	end := startPos + len(K)
+	src := func(pos int) ([]float32, []float32) {
+		if pos >= startPos {
+			return K[pos-startPos], G[pos-startPos]
+		}
+		return s.row(pos)
+	}
+	// Entries first, from the state and the new rows: the state changes
+	// only once every entry succeeded.
+	var entries []Entry
+	var pooled [Dim]float32
+	for i := startPos / l.ratio; (i+1)*l.ratio <= end; i++ {
+		l.pool(i, src, &pooled)
+		e, err := l.FinishEntry(i, &pooled)
+		if err != nil {
+			return nil, err
+		}
+		entries = append(entries, e)
+	}
+	// Keep what any length this step may end at (after Accept) still needs.
+	floor := max(startPos, end-l.maxDrafts)
+	first := l.firstNeeded(floor)
+	for pos := max(first, startPos); pos < end; pos++ {
+		rk, rg := s.row(pos)
+		copy(rk, K[pos-startPos])
+		copy(rg, G[pos-startPos])
+	}
+	s.first, s.n, s.rollbackFloor = first, end, floor
+	return entries, nil
+}
+
+// EntryRange is a half-open range [Begin, End) of entry indices.
+type EntryRange struct{ Begin, End int }
+
+// Len returns the number of indices in the range.
+func (r EntryRange) Len() int { return r.End - r.Begin }
+
+// Accept sets the length to newLen after an MTP verify step: the positions
+// at or past newLen (rejected drafts) are forgotten, and the returned range
+// lists the entries they had completed, [floor(newLen/r), floor(Len()/r)),
+// which the caller drops from the compressed cache. Afterwards everything
+// equals a run in which the rejected positions were never appended, and no
+// further rollback is possible until the next Append. newLen must be in
+// [max(start of the last Append, Len() - MaxDrafts), Len()]; newLen = Len()
+// accepts everything. On error nothing changes.
+func (s *State) Accept(newLen int) (EntryRange, error) {
+	if newLen < s.rollbackFloor || newLen > s.n {
+		return EntryRange{}, fmt.Errorf("compressor: Accept length %d outside [%d, %d] (the last step's start, at most MaxDrafts %d back, to its end)",
+			newLen, s.rollbackFloor, s.n, s.layer.maxDrafts)
+	}
+	r := s.layer.ratio
+	dropped := EntryRange{Begin: newLen / r, End: s.n / r}
+	s.n = newLen
+	s.first = s.layer.firstNeeded(newLen)
+	s.rollbackFloor = newLen
+	return dropped, nil
+}
