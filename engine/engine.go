@@ -194,6 +194,7 @@ func New(ctx context.Context, cfg Config) (_ *Engine, err error) {
 			QFormat:       cfg.QFormat,
 			QScale:        cfg.QScale,
 			KVWeight:      e.weightBufs[l],
+			Eps:           float32(cfg.Model.RMSNormEps),
 			Rope:          e.ropeBufs[e.layerRope[l]],
 			RopePositions: cfg.RopePositions,
 			Cache:         e.pools[l],

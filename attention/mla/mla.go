@@ -114,6 +114,11 @@ type LayerArgs struct {
 
 	KVWeight Buffer // kv_a_layernorm weight, 512 float32
 
+	// Eps is the config's rms_norm_eps, added to the mean square in both
+	// RMSNorms (DESIGN.md section 4.2). Part of the bit-exact contract:
+	// every backend adds exactly this float32.
+	Eps float32
+
 	Rope          Buffer // [RopePositions][32]{cos, sin} float32
 	RopePositions int
 
@@ -140,6 +145,9 @@ func (a *LayerArgs) Validate(rows int) error {
 	case a.RopePositions <= 0:
 		return fmt.Errorf("mla: RopePositions = %d, must be > 0", a.RopePositions)
 	}
+	if err := ValidateEps(a.Eps); err != nil {
+		return err
+	}
 	if err := a.CacheConfig.Validate(); err != nil {
 		return fmt.Errorf("mla: %w", err)
 	}
@@ -162,6 +170,20 @@ func (a *LayerArgs) Validate(rows int) error {
 		if n.buf.Len() < n.n {
 			return fmt.Errorf("mla: LayerArgs.%s holds %d bytes, %d rows need %d", n.name, n.buf.Len(), rows, n.n)
 		}
+	}
+	return nil
+}
+
+// MaxEps bounds LayerArgs.Eps: RMSNorm epsilons are 1e-5 or 1e-6 in
+// practice, and a value above 1e-2 is a misread config field, not a model.
+const MaxEps = 1e-2
+
+// ValidateEps checks an rms_norm_eps as the kernels take it: finite, a
+// normal float32 (a subnormal or zero eps no longer guards the division),
+// at most MaxEps.
+func ValidateEps(eps float32) error {
+	if !(eps >= 0x1p-126 && eps <= MaxEps) { // also refuses NaN
+		return fmt.Errorf("mla: Eps (rms_norm_eps) = %g, must be a normal float32 in [2^-126, %g]", eps, MaxEps)
 	}
 	return nil
 }

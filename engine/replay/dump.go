@@ -125,7 +125,7 @@ func (r *Replayer) dump(it *engine.Iteration, line, layer int) (string, error) {
 		"rope_kind":       table.Kind.String(),
 		"heads":           strconv.Itoa(heads),
 		"q_lora_rank":     strconv.Itoa(cfg.Model.QLoraRank),
-		"rms_norm_eps":    strconv.FormatFloat(float64(numerics.Eps), 'g', -1, 32),
+		"rms_norm_eps":    f32(float32(cfg.Model.RMSNormEps)),
 		"q_format":        cfg.QFormat.String(),
 		"q_scale":         f32(cfg.QScale),
 		"cache_format":    cfg.Cache.Format.String(),
