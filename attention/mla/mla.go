@@ -28,6 +28,9 @@ const (
 	QBF16
 )
 
+// QFormats lists every Q format, in declaration order.
+func QFormats() []QFormat { return []QFormat{QFP8, QBF16} }
+
 func (f QFormat) String() string {
 	switch f {
 	case QFP8:
