@@ -146,7 +146,7 @@ func New(ctx context.Context, cfg Config) (_ *Engine, err error) {
 		if _, ok := e.ropeHost[kind]; ok {
 			continue
 		}
-		t, err := dsv4.NewRopeTable(cfg.Model, kind, cfg.RopePositions)
+		t, err := dsv4.NewRopeTable(cfg.Model, kind, cfg.RopeMode, cfg.RopePositions)
 		if err != nil {
 			return nil, fmt.Errorf("engine: %v RoPE table: %w", kind, err)
 		}
@@ -210,7 +210,7 @@ func New(ctx context.Context, cfg Config) (_ *Engine, err error) {
 	e.log.Info().Str("backend", b.Name()).Str("model", cfg.Model.Name).Int("layers", cfg.Layers).
 		Int("heads", heads).Stringer("cache_format", cfg.Cache.Format).Int("page_size", cfg.Cache.PageSize).
 		Int("pages", cfg.Cache.NumPages).Int("max_seqs", cfg.MaxSeqs).Int("max_tokens", cfg.MaxTokens).
-		Int("rope_positions", cfg.RopePositions).Int("bytes", total).Msg("engine ready")
+		Int("rope_positions", cfg.RopePositions).Stringer("rope_mode", cfg.RopeMode).Int("bytes", total).Msg("engine ready")
 	return e, nil
 }
 

@@ -448,6 +448,29 @@ func TestDefaultsResolved(t *testing.T) {
 	tb, err := e.RopeTable(43)
 	require.NoError(t, err)
 	require.Equal(t, dsv4.RopePlain, tb.Kind, "the MTP layer (compress ratio 0)")
+	require.Equal(t, dsv4.RopeReference, tb.Mode, "the default RoPE mode")
+}
+
+// TestRopeModeReachesTables: the engine builds its tables in the configured
+// mode (the bytes every backend reads), and refuses an unknown mode.
+func TestRopeModeReachesTables(t *testing.T) {
+	for _, mode := range dsv4.RopeModes() {
+		cfg := smallConfig()
+		cfg.RopeMode = mode
+		e := newEngine(t, cfg)
+		for l := range e.Layers() {
+			got, err := e.RopeTable(l)
+			require.NoError(t, err)
+			want, err := dsv4.NewRopeTable(cfg.Model, got.Kind, mode, got.Positions)
+			require.NoError(t, err)
+			require.Equal(t, mode, got.Mode)
+			require.Equal(t, want.CosSin, got.CosSin, "layer %d %v", l, mode)
+		}
+	}
+	cfg := smallConfig()
+	cfg.RopeMode = dsv4.RopeMode(7)
+	_, err := engine.New(context.Background(), cfg)
+	require.EqualError(t, err, "engine: Config.RopeMode = RopeMode(7) is unknown (want reference or exact)")
 }
 
 func TestDefaultLayerWeight(t *testing.T) {

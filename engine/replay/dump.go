@@ -123,6 +123,7 @@ func (r *Replayer) dump(it *engine.Iteration, line, layer int) (string, error) {
 		"trace_line":      strconv.Itoa(line),
 		"layer":           strconv.Itoa(layer),
 		"rope_kind":       table.Kind.String(),
+		"rope_mode":       table.Mode.String(),
 		"heads":           strconv.Itoa(heads),
 		"q_lora_rank":     strconv.Itoa(cfg.Model.QLoraRank),
 		"rms_norm_eps":    f32(float32(cfg.Model.RMSNormEps)),
