@@ -58,7 +58,7 @@ type Config struct {
 	// RopePositions is the length of the RoPE tables, the bound on every
 	// position; 0 = min(Model.MaxPositionEmbeddings, NumPages*PageSize).
 	RopePositions int
-	// RopeMode is how the RoPE tables are computed (DESIGN.md section 2):
+	// RopeMode is how the RoPE tables are computed (docs/DESIGN.md section 2):
 	// the zero value dsv4.RopeReference (float32 angles, as DeepSeek's
 	// reference code), or dsv4.RopeExact. Every backend reads the same
 	// table, and dumps record the mode.

@@ -379,7 +379,8 @@ func (e *Engine) FreePages() int { return e.cache.FreePages() }
 // Sequences returns the number of live sequences.
 func (e *Engine) Sequences() int { return e.cache.Sequences() }
 
-// Census returns the launches issued since New, by kind.
+// Census returns the KV and Q work issued since New, by phase (two units per
+// launch; the CUDA backend issues both units of a launch as one grid).
 func (e *Engine) Census() mla.Census {
 	e.mu.Lock()
 	defer e.mu.Unlock()

@@ -33,7 +33,7 @@ func widen(raw []byte) []float32 {
 	return x
 }
 
-// normRope is DESIGN.md section 4 steps 1-4 for one row (w nil: the Q side).
+// normRope is docs/DESIGN.md section 4 steps 1-4 for one row (w nil: the Q side).
 func normRope(x []float32, w []float32, table *dsv4.RopeTable, pos int, eps float32) *[512]float32 {
 	r := numerics.RMSInv(numerics.SumSquares(x), eps)
 	var y [512]float32
@@ -52,7 +52,7 @@ func normRope(x []float32, w []float32, table *dsv4.RopeTable, pos int, eps floa
 	return &y
 }
 
-// TestLayersReadTheirOwnInputs checks, against DESIGN.md section 4 computed
+// TestLayersReadTheirOwnInputs checks, against docs/DESIGN.md section 4 computed
 // here row by row, that every layer reads the latent in place from the fused
 // row, uses its own kv_a_layernorm weight and RoPE kind (Flash layers 0, 1
 // plain, layer 2 YaRN) and writes its own pool at the slots of a chunked

@@ -118,7 +118,7 @@ type LayerArgs struct {
 	KVWeight Buffer // kv_a_layernorm weight, 512 float32
 
 	// Eps is the config's rms_norm_eps, added to the mean square in both
-	// RMSNorms (DESIGN.md section 4.2). Part of the bit-exact contract:
+	// RMSNorms (docs/DESIGN.md section 4.2). Part of the bit-exact contract:
 	// every backend adds exactly this float32.
 	Eps float32
 
@@ -192,7 +192,7 @@ func ValidateEps(eps float32) error {
 }
 
 // Backend runs the prologue kernels. Every backend must produce the bytes of
-// DESIGN.md section 4 exactly.
+// docs/DESIGN.md section 4 exactly.
 type Backend interface {
 	Name() string
 	Alloc(nbytes int) (Buffer, error)
@@ -310,5 +310,6 @@ func (c *Census) Add(ls []Launch) {
 	}
 }
 
-// Total is the number of kernel launches counted.
+// Total is the number of KV and Q work units counted (two per launch,
+// whether a backend issues them as two kernels or one fused grid).
 func (c Census) Total() int { return c.ContextKV + c.ContextQ + c.GenerationKV + c.GenerationQ }

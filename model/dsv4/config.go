@@ -119,7 +119,7 @@ func compressPattern(first, pairs int) []int {
 // keeps only the sliding window, whatever the last main layer is.
 const mtpCompressRatio = 0
 
-// Flash returns the DeepSeek-V4-Flash configuration of DESIGN.md section 2.
+// Flash returns the DeepSeek-V4-Flash configuration of docs/DESIGN.md section 2.
 func Flash() Config {
 	c := common()
 	c.Name = "DeepSeek-V4-Flash"
@@ -131,7 +131,7 @@ func Flash() Config {
 	return c
 }
 
-// Pro returns the DeepSeek-V4-Pro configuration of DESIGN.md section 2, its
+// Pro returns the DeepSeek-V4-Pro configuration of docs/DESIGN.md section 2, its
 // compress_ratios as public copies of its config.json give them:
 // [128,128] + [4,128]x29 + [4,0].
 func Pro() Config {

@@ -30,7 +30,7 @@ func (k RopeKind) String() string {
 
 func (k RopeKind) valid() bool { return k == RopePlain || k == RopeYaRN }
 
-// RopeMode selects how the (cos, sin) table is computed (DESIGN.md section
+// RopeMode selects how the (cos, sin) table is computed (docs/DESIGN.md section
 // 2). The zero value is RopeReference, the default.
 type RopeMode uint8
 
@@ -237,7 +237,7 @@ func (c Config) frequencies32(kind RopeKind) ([]float32, error) {
 // sin(pos*f_k), computed as Mode says (RopeReference: of the float32 angle
 // fl(fl(pos) * f_k) with the float32 f_k; RopeExact: all in float64), each
 // rounded once to float32. This is the table every backend reads
-// (DESIGN.md section 2).
+// (docs/DESIGN.md section 2).
 type RopeTable struct {
 	Kind      RopeKind
 	Mode      RopeMode

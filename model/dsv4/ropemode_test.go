@@ -138,7 +138,7 @@ func TestRopeTablePinned(t *testing.T) {
 
 // TestRopeModesDiffer: the float32 angle of the reference mode moves cos
 // and sin at position 327680 by up to about 0.015 against exact math
-// (DESIGN.md section 2), and not at all at small positions where the
+// (docs/DESIGN.md section 2), and not at all at small positions where the
 // angles round alike.
 func TestRopeModesDiffer(t *testing.T) {
 	c := Flash()

@@ -2,9 +2,9 @@ package cuda_test
 
 import (
 	"context"
+	_ "embed"
 	"fmt"
 	"math"
-	"os"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -73,6 +73,12 @@ func TestCUDAMixedEqualsParts(t *testing.T) {
 	mlatest.MixedEqualsParts(t, backend(t))
 }
 
+// sweepSource holds the test-only conversion kernels, embedded so that the
+// test binary runs from any directory (scripts/run-gpu-tests.sh).
+//
+//go:embed testdata/sweep.cu
+var sweepSource string
+
 var (
 	sweeps     map[string]*driver.Function
 	sweepsErr  error
@@ -85,12 +91,7 @@ var (
 func sweep(t *testing.T, b *cuda.Backend, kernel string, out mla.Buffer, base uint32, n int) error {
 	t.Helper()
 	sweepsOnce.Do(func() {
-		src, err := os.ReadFile("testdata/sweep.cu")
-		if err != nil {
-			sweepsErr = err
-			return
-		}
-		mod, err := b.CompileWithTestKernels("sweep.cu", string(src))
+		mod, err := b.CompileWithTestKernels("sweep.cu", sweepSource)
 		if err != nil {
 			sweepsErr = err
 			return

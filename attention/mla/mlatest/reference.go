@@ -10,7 +10,7 @@ import (
 )
 
 // This file is the reference: scalar, one row at a time, every offset spelled
-// out from DESIGN.md sections 3 to 5. It shares only the scalar conversions
+// out from docs/DESIGN.md sections 3 to 5. It shares only the scalar conversions
 // (bf16, e4m3, which numerics tests exhaustively) with the backends.
 
 func bf16At(p []byte, i int) float32 {
@@ -75,7 +75,7 @@ func refKVRow(latent []byte, w []byte, table []byte, pos int, eps float32) []flo
 	return y
 }
 
-// refStore writes one token into the pool as DESIGN.md section 3 lays it out.
+// refStore writes one token into the pool as docs/DESIGN.md section 3 lays it out.
 func refStore(pool []byte, cfg kvcache.Config, slot int64, y []float32) {
 	P := int64(cfg.PageSize)
 	page, off := slot/P, int(slot%P)
