@@ -10,7 +10,7 @@ import (
 // A ratio-4 layer's state through a 6-token prefill, then an MTP verify
 // step of 1 + 3 tokens of which 2 are accepted.
 func ExampleState() {
-	rope, err := dsv4.NewRopeTable(dsv4.Flash(), dsv4.RopeYaRN, 64)
+	rope, err := dsv4.NewRopeTable(dsv4.Flash(), dsv4.RopeYaRN, dsv4.RopeReference, 64)
 	if err != nil {
 		panic(err)
 	}

@@ -224,7 +224,7 @@ func (l *Layer) FinishEntry(index int, pooled *[Dim]float32) (Entry, error) {
 	for c, v := range pooled {
 		x[c] = numerics.RoundBF16(v)
 	}
-	r := rmsInv(numerics.SumSquares(x[:]), l.eps)
+	r := numerics.RMSInv(numerics.SumSquares(x[:]), l.eps)
 	for c := range y {
 		y[c] = numerics.RoundBF16(float32(float32(x[c]*r) * l.norm[c]))
 	}
@@ -239,13 +239,4 @@ func (l *Layer) FinishEntry(index int, pooled *[Dim]float32) (Entry, error) {
 	e := Entry{Index: index}
 	copy(e.Bytes[:], page[:EntryBytes])
 	return e, nil
-}
-
-// rmsInv is numerics.RMSInv with the layer's eps:
-// fl(1 / fl(sqrt(fl(fl(S/512) + eps)))).
-func rmsInv(sumSq, eps float32) float32 {
-	mean := float32(sumSq / Dim)
-	v := float32(mean + eps)
-	root := float32(math.Sqrt(float64(v))) // the IEEE float32 square root
-	return float32(1 / root)
 }

@@ -58,6 +58,11 @@ type Config struct {
 	// RopePositions is the length of the RoPE tables, the bound on every
 	// position; 0 = min(Model.MaxPositionEmbeddings, NumPages*PageSize).
 	RopePositions int
+	// RopeMode is how the RoPE tables are computed (docs/DESIGN.md section 2):
+	// the zero value dsv4.RopeReference (float32 angles, as DeepSeek's
+	// reference code), or dsv4.RopeExact. Every backend reads the same
+	// table, and dumps record the mode.
+	RopeMode dsv4.RopeMode
 
 	// Scheduler holds the FMHA scheduler inputs; the zero value means
 	// metadata.DefaultSchedulerParams.
@@ -142,6 +147,9 @@ func (c Config) resolve() (Config, error) {
 	}
 	if c.RopePositions < 0 || c.RopePositions > c.Model.MaxPositionEmbeddings || c.RopePositions > math.MaxInt32 {
 		return c, fmt.Errorf("engine: Config.RopePositions = %d, must be in [1, %d] (max_position_embeddings)", c.RopePositions, c.Model.MaxPositionEmbeddings)
+	}
+	if !c.RopeMode.Valid() {
+		return c, fmt.Errorf("engine: Config.RopeMode = %v is unknown (want reference or exact)", c.RopeMode)
 	}
 	if c.Scheduler == (metadata.SchedulerParams{}) {
 		c.Scheduler = metadata.DefaultSchedulerParams()

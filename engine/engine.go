@@ -146,7 +146,7 @@ func New(ctx context.Context, cfg Config) (_ *Engine, err error) {
 		if _, ok := e.ropeHost[kind]; ok {
 			continue
 		}
-		t, err := dsv4.NewRopeTable(cfg.Model, kind, cfg.RopePositions)
+		t, err := dsv4.NewRopeTable(cfg.Model, kind, cfg.RopeMode, cfg.RopePositions)
 		if err != nil {
 			return nil, fmt.Errorf("engine: %v RoPE table: %w", kind, err)
 		}
@@ -194,6 +194,7 @@ func New(ctx context.Context, cfg Config) (_ *Engine, err error) {
 			QFormat:       cfg.QFormat,
 			QScale:        cfg.QScale,
 			KVWeight:      e.weightBufs[l],
+			Eps:           float32(cfg.Model.RMSNormEps),
 			Rope:          e.ropeBufs[e.layerRope[l]],
 			RopePositions: cfg.RopePositions,
 			Cache:         e.pools[l],
@@ -209,7 +210,7 @@ func New(ctx context.Context, cfg Config) (_ *Engine, err error) {
 	e.log.Info().Str("backend", b.Name()).Str("model", cfg.Model.Name).Int("layers", cfg.Layers).
 		Int("heads", heads).Stringer("cache_format", cfg.Cache.Format).Int("page_size", cfg.Cache.PageSize).
 		Int("pages", cfg.Cache.NumPages).Int("max_seqs", cfg.MaxSeqs).Int("max_tokens", cfg.MaxTokens).
-		Int("rope_positions", cfg.RopePositions).Int("bytes", total).Msg("engine ready")
+		Int("rope_positions", cfg.RopePositions).Stringer("rope_mode", cfg.RopeMode).Int("bytes", total).Msg("engine ready")
 	return e, nil
 }
 
@@ -378,7 +379,8 @@ func (e *Engine) FreePages() int { return e.cache.FreePages() }
 // Sequences returns the number of live sequences.
 func (e *Engine) Sequences() int { return e.cache.Sequences() }
 
-// Census returns the launches issued since New, by kind.
+// Census returns the KV and Q work issued since New, by phase (two units per
+// launch; the CUDA backend issues both units of a launch as one grid).
 func (e *Engine) Census() mla.Census {
 	e.mu.Lock()
 	defer e.mu.Unlock()

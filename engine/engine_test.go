@@ -33,9 +33,9 @@ func widen(raw []byte) []float32 {
 	return x
 }
 
-// normRope is DESIGN.md section 4 steps 1-4 for one row (w nil: the Q side).
-func normRope(x []float32, w []float32, table *dsv4.RopeTable, pos int) *[512]float32 {
-	r := numerics.RMSInv(numerics.SumSquares(x))
+// normRope is docs/DESIGN.md section 4 steps 1-4 for one row (w nil: the Q side).
+func normRope(x []float32, w []float32, table *dsv4.RopeTable, pos int, eps float32) *[512]float32 {
+	r := numerics.RMSInv(numerics.SumSquares(x), eps)
 	var y [512]float32
 	for i := range y {
 		v := float32(x[i] * r)
@@ -52,16 +52,19 @@ func normRope(x []float32, w []float32, table *dsv4.RopeTable, pos int) *[512]fl
 	return &y
 }
 
-// TestLayersReadTheirOwnInputs checks, against DESIGN.md section 4 computed
+// TestLayersReadTheirOwnInputs checks, against docs/DESIGN.md section 4 computed
 // here row by row, that every layer reads the latent in place from the fused
 // row, uses its own kv_a_layernorm weight and RoPE kind (Flash layers 0, 1
 // plain, layer 2 YaRN) and writes its own pool at the slots of a chunked
 // prefill and an MTP generation step, and that the Q output holds the layer
-// that ran last.
+// that ran last. The model's rms_norm_eps is not the default 1e-6, so an
+// engine or backend that ignores it fails.
 func TestLayersReadTheirOwnInputs(t *testing.T) {
 	rng := rand.New(rand.NewPCG(testSeed(t), 10))
 	cfg := smallConfig()
 	cfg.QScale = 0.5
+	cfg.Model.RMSNormEps = 1e-5
+	const eps = float32(1e-5)
 	e := newEngine(t, cfg)
 	custom := make([]float32, 512)
 	for i := range custom {
@@ -96,7 +99,7 @@ func TestLayersReadTheirOwnInputs(t *testing.T) {
 		for row := range it.Tokens() {
 			for h := range heads {
 				i := row*heads + h
-				y := normRope(widen(q[i*1024:(i+1)*1024]), nil, table, int(wantPos[row]))
+				y := normRope(widen(q[i*1024:(i+1)*1024]), nil, table, int(wantPos[row]), eps)
 				for j, v := range y {
 					want := numerics.E4M3FromF32(float32(v * 0.5))
 					require.Equal(t, want, got[i*512+j], "layer %d token %d head %d element %d", l, row, h, j)
@@ -125,7 +128,7 @@ func TestLayersReadTheirOwnInputs(t *testing.T) {
 			got, err := e.ReadPage(l, page)
 			require.NoError(t, err)
 			latent := fused[l][tok*row+2*cfg.Model.QLoraRank : (tok+1)*row]
-			y := normRope(widen(latent), w, table, int(wantPos[tok]))
+			y := normRope(widen(latent), w, table, int(wantPos[tok]), eps)
 			want := append([]byte(nil), got...)
 			kvcache.EncodeToken(cc.Format, want, cc.PageSize, off, y, cc.KVScale)
 			require.Equal(t, want, got, "layer %d token %d (page %d offset %d): the stored bytes are not the reference encoding", l, tok, page, off)
@@ -445,6 +448,29 @@ func TestDefaultsResolved(t *testing.T) {
 	tb, err := e.RopeTable(43)
 	require.NoError(t, err)
 	require.Equal(t, dsv4.RopePlain, tb.Kind, "the MTP layer (compress ratio 0)")
+	require.Equal(t, dsv4.RopeReference, tb.Mode, "the default RoPE mode")
+}
+
+// TestRopeModeReachesTables: the engine builds its tables in the configured
+// mode (the bytes every backend reads), and refuses an unknown mode.
+func TestRopeModeReachesTables(t *testing.T) {
+	for _, mode := range dsv4.RopeModes() {
+		cfg := smallConfig()
+		cfg.RopeMode = mode
+		e := newEngine(t, cfg)
+		for l := range e.Layers() {
+			got, err := e.RopeTable(l)
+			require.NoError(t, err)
+			want, err := dsv4.NewRopeTable(cfg.Model, got.Kind, mode, got.Positions)
+			require.NoError(t, err)
+			require.Equal(t, mode, got.Mode)
+			require.Equal(t, want.CosSin, got.CosSin, "layer %d %v", l, mode)
+		}
+	}
+	cfg := smallConfig()
+	cfg.RopeMode = dsv4.RopeMode(7)
+	_, err := engine.New(context.Background(), cfg)
+	require.EqualError(t, err, "engine: Config.RopeMode = RopeMode(7) is unknown (want reference or exact)")
 }
 
 func TestDefaultLayerWeight(t *testing.T) {

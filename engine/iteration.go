@@ -42,7 +42,8 @@ func (it *Iteration) Metadata() *metadata.Metadata { return it.meta }
 // Launches returns the launches each layer issues (one per phase present).
 func (it *Iteration) Launches() []mla.Launch { return slices.Clone(it.launches) }
 
-// Census counts the launches issued so far by this iteration.
+// Census counts the KV and Q work issued so far by this iteration, by phase
+// (two units per launch, see mla.Census).
 func (it *Iteration) Census() mla.Census { return it.census }
 
 // WrittenPages returns, in ascending order, the pages this iteration writes:

@@ -35,7 +35,7 @@ func requireBytes(t *testing.T, page []byte, want map[int]byte) {
 }
 
 // TestEncodeUE8M0Bytes pins the bytes of one fp8_ue8m0 token, computed by
-// hand from DESIGN.md section 4 step 5. P = 4, off = 2: values at 2*576 =
+// hand from docs/DESIGN.md section 4 step 5. P = 4, off = 2: values at 2*576 =
 // 1152, scales at 4*576 + 2*8 = 2320.
 func TestEncodeUE8M0Bytes(t *testing.T) {
 	const valueAt, scaleAt = 1152, 2320

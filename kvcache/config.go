@@ -7,7 +7,7 @@ import (
 	"math/bits"
 )
 
-// DefaultPageSize is the page size DESIGN.md calls the default.
+// DefaultPageSize is the page size docs/DESIGN.md calls the default.
 const DefaultPageSize = 64
 
 // MaxPageSize bounds Config.PageSize so that page byte sizes stay far from

@@ -1,5 +1,5 @@
 // Package kvcache owns the layout and the bookkeeping of the DSv4 MLA paged
-// KV cache (DESIGN.md sections 3, 5 and 6).
+// KV cache (docs/DESIGN.md sections 3, 5 and 6).
 //
 // Layout. A [Format] fixes how one 512-value latent row (448 nope + 64 rope
 // values) is stored: its bytes per token, the bytes of one page of P tokens,

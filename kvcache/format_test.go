@@ -60,7 +60,7 @@ func TestFormatFlagAndText(t *testing.T) {
 }
 
 func TestFormatSizes(t *testing.T) {
-	// Hand-computed from DESIGN.md section 3.
+	// Hand-computed from docs/DESIGN.md section 3.
 	tests := []struct {
 		f        Format
 		pageSize int

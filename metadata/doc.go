@@ -1,10 +1,10 @@
 // Package metadata computes the per-iteration, layer-invariant part of the
-// DSv4 MLA prologue (DESIGN.md section 5): query and KV lengths, cached
+// DSv4 MLA prologue (docs/DESIGN.md section 5): query and KV lengths, cached
 // offsets, the cumulative-length arrays, block tables, the token-row to
 // (sequence, position, slot) mapping and the FMHA scheduler scalars.
 //
 // The pass runs in two steps so that a rejected batch never touches the KV
-// cache (DESIGN.md section 6, refusal is atomic):
+// cache (docs/DESIGN.md section 6, refusal is atomic):
 //
 //  1. NewPlan validates the batch description against the lengths the cache
 //     already holds (through a LengthLookup) and the parameters, and

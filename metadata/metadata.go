@@ -3,7 +3,7 @@ package metadata
 import "math/bits"
 
 // Metadata is the per-iteration, layer-invariant description of a batch, in
-// the layout of the fixed-address device buffers (DESIGN.md section 5).
+// the layout of the fixed-address device buffers (docs/DESIGN.md section 5).
 // Sequences are ordered context-first.
 type Metadata struct {
 	NumSeqs, NumCtx, NumGen int

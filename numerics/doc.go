@@ -1,5 +1,5 @@
 // Package numerics holds the bit-exact arithmetic of the DSv4 MLA prologue
-// (DESIGN.md section 4): bf16 and e4m3 conversions, the canonical
+// (docs/DESIGN.md section 4): bf16 and e4m3 conversions, the canonical
 // sum-of-squares order, the RMS scale, RoPE on one pair, and UE8M0 group
 // quantization.
 //

@@ -17,8 +17,10 @@ const (
 	PartialLen = HeadDim / Partials
 )
 
-// Eps is rms_norm_eps for both RMSNorms.
-const Eps float32 = 1e-6
+// DefaultEps is rms_norm_eps of both published DSv4 configs. The kernels
+// take the config's value (mla.LayerArgs.Eps); this is only the default
+// of the embedded configs and of tests.
+const DefaultEps float32 = 1e-6
 
 // E4M3Max is the largest finite e4m3 value.
 const E4M3Max float32 = 448
@@ -51,10 +53,11 @@ func SumSquares(x []float32) float32 {
 	return p[0]
 }
 
-// RMSInv returns r = fl(1 / fl(sqrt(fl(fl(S/512) + eps)))).
-func RMSInv(sumSq float32) float32 {
+// RMSInv returns r = fl(1 / fl(sqrt(fl(fl(S/512) + eps)))), eps being the
+// config's rms_norm_eps as a float32.
+func RMSInv(sumSq, eps float32) float32 {
 	mean := float32(sumSq / HeadDim)
-	v := float32(mean + Eps)
+	v := float32(mean + eps)
 	root := float32(math.Sqrt(float64(v))) // sqrt of a float32 in float64, rounded once: the IEEE float32 sqrt
 	return float32(1 / root)
 }

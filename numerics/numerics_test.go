@@ -53,10 +53,16 @@ func TestSumSquaresOrder(t *testing.T) {
 }
 
 func TestRMSInv(t *testing.T) {
-	require.Equal(t, float32(1/math.Sqrt(float64(float32(1+1e-6)))), RMSInv(512))
-	require.InEpsilon(t, 1e3, RMSInv(0), 1e-6) // 1/sqrt(eps)
-	require.Equal(t, float32(0), RMSInv(float32(math.Inf(1))))
-	require.True(t, math.IsNaN(float64(RMSInv(float32(math.NaN())))))
+	require.Equal(t, float32(1/math.Sqrt(float64(float32(1+1e-6)))), RMSInv(512, DefaultEps))
+	require.InEpsilon(t, 1e3, RMSInv(0, DefaultEps), 1e-6) // 1/sqrt(eps)
+	require.Equal(t, float32(0), RMSInv(float32(math.Inf(1)), DefaultEps))
+	require.True(t, math.IsNaN(float64(RMSInv(float32(math.NaN()), DefaultEps))))
+	// The eps is the caller's: an all-zero row gives 1/sqrt(eps).
+	for _, eps := range []float32{1e-5, 1e-6, 1e-12} {
+		want := float32(1 / float32(math.Sqrt(float64(eps))))
+		require.Equal(t, want, RMSInv(0, eps), "eps %g", eps)
+	}
+	require.NotEqual(t, RMSInv(512*1e-6, 1e-5), RMSInv(512*1e-6, 1e-6))
 }
 
 func TestRope(t *testing.T) {

@@ -27,7 +27,7 @@ step env -C tests ../.gpu/tests.test -test.v
 # The default trace end to end on the GPU, every byte compared with the CPU
 # backend: through the CUDA-graph path (the default) and launch by launch.
 step .gpu/decode --backend cuda --verify --summary-only
-step .gpu/decode --backend cuda --verify --summary-only --graph=false --cache-format bf16 --q-format bf16
+step .gpu/decode --backend cuda --verify --summary-only --graph=false --cache-format bf16 --q-format bf16 --rope-mode exact
 step .gpu/decode --backend cuda --verify --summary-only --cache-format fp8_pertensor --kv-scale 0.5 --model pro --layers 3
 if command -v compute-sanitizer >/dev/null; then
 	for tool in memcheck racecheck; do

@@ -72,10 +72,10 @@ func bf16s(b []byte) []float32 {
 	return out
 }
 
-// normRope is DESIGN.md section 4 steps 1-4 for one 512-value row, with
+// normRope is docs/DESIGN.md section 4 steps 1-4 for one 512-value row, with
 // the (cos, sin) row taken from the dump (w nil: the weightless Q norm).
 func normRope(x, w, rope []float32) *[512]float32 {
-	r := numerics.RMSInv(numerics.SumSquares(x))
+	r := numerics.RMSInv(numerics.SumSquares(x), numerics.DefaultEps)
 	var y [512]float32
 	for i := range y {
 		v := float32(x[i] * r)

@@ -1,5 +1,5 @@
 // Package weights loads the attention weights of a DeepSeek-V4 checkpoint
-// (DESIGN.md sections 7 and 8) and writes synthetic checkpoints in the same
+// (docs/DESIGN.md sections 7 and 8) and writes synthetic checkpoints in the same
 // layout. It is the start of the data path: weights -> GEMMs -> norms ->
 // prologue kernels -> caches.
 //

@@ -2,7 +2,7 @@ package mla
 
 import "context"
 
-// The layer from hidden states (DESIGN.md section 7): act_quant, the fused
+// The layer from hidden states (docs/DESIGN.md section 7): act_quant, the fused
 // FP8 GEMM [wq_a; wkv], q_norm fused with its act_quant, the FP8 GEMM wq_b,
 // then the prologue of this package. A backend that runs the chain
 // implements ChainBackend beside Backend (an optional interface, found by
@@ -30,7 +30,7 @@ type FP8Activations struct {
 }
 
 // ActQuantArgs quantize Rows rows of K bf16 values (row r at XOffset +
-// r*XStride*2 bytes) into Out (DESIGN.md section 7 step 1). K is a multiple
+// r*XStride*2 bytes) into Out (docs/DESIGN.md section 7 step 1). K is a multiple
 // of 128.
 type ActQuantArgs struct {
 	X       Buffer
@@ -40,7 +40,7 @@ type ActQuantArgs struct {
 }
 
 // NormQuantArgs normalize Rows rows of K bf16 values with Weight (K float32;
-// RMSNorm of DESIGN.md section 4 with W = K and the config's Eps), round to
+// RMSNorm of docs/DESIGN.md section 4 with W = K and the config's Eps), round to
 // bf16 and quantize the result like ActQuant (section 7 step 3: q_norm).
 type NormQuantArgs struct {
 	X       Buffer
@@ -63,7 +63,7 @@ type GEMMArgs struct {
 
 // ChainBackend runs the steps of the chain before the prologue. ActQuant
 // and NormQuant are bit-exact like the prologue; GEMM may differ between
-// backends by the bound DESIGN.md section 7 documents (the accumulation
+// backends by the bound docs/DESIGN.md section 7 documents (the accumulation
 // order is the library's).
 type ChainBackend interface {
 	ActQuant(ctx context.Context, a *ActQuantArgs) error

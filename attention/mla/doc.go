@@ -5,10 +5,19 @@
 // The data path is batch -> metadata -> dispatch -> kernels -> cache. A batch
 // holds context sequences first, then generation sequences; Plan turns its
 // metadata into at most two launches (one per phase) over disjoint token-row
-// ranges of the same buffers, and RunLayer issues, for every launch, the KV
-// norm-RoPE-store kernel and then the fused Q norm/RoPE/quant kernel.
+// ranges of the same buffers, and RunLayer runs, for every launch, the KV work
+// (norm, RoPE, quantize, store into the cache) and the Q work (norm, RoPE,
+// quantize into the Q buffer). The two touch disjoint memory, so their order
+// is free: the generic path (RunLaunches, the CPU backend) calls
+// KVNormRopeStore then QNormRopeQuant, while a backend with a LayerRunner
+// (CUDA) issues both as one fused grid per launch, KV and Q blocks side by
+// side. The launches of a layer, and the layers of an iteration, run in
+// issue order.
 //
 // Backends (package mla/cpu, package mla/cuda) differ only in where the
-// buffers live and how the rows are scheduled; they produce the same bytes,
-// which the shared conformance suite in package mla/mlatest checks.
+// buffers live and how the rows are scheduled; they produce the same bytes
+// (docs/DESIGN.md section 4), which the shared conformance suite in package
+// mla/mlatest checks. The RoPE table, the kv_a_layernorm weight and the
+// rms_norm_eps (LayerArgs.Eps) come from the caller: a layer reads one table
+// of its kind, shared by every layer of that kind.
 package mla

@@ -57,7 +57,7 @@ func Example() {
 	cfg := kvcache.Config{Format: kvcache.FormatFP8UE8M0, PageSize: pageSize, NumPages: int(next)}
 	a := &mla.LayerArgs{
 		Heads: heads, Latent: fill(alloc(m.Tokens * 1024)), LatentStride: 512,
-		QIn: fill(alloc(m.Tokens * heads * 1024)), QOut: alloc(m.Tokens * heads * 512), QFormat: mla.QFP8, QScale: 1,
+		QIn: fill(alloc(m.Tokens * heads * 1024)), QOut: alloc(m.Tokens * heads * 512), QFormat: mla.QFP8, QScale: 1, Eps: 1e-6,
 		KVWeight: alloc(2048), Rope: alloc(64 * 256), RopePositions: 64,
 		Cache: alloc(cfg.PoolBytes()), CacheConfig: cfg, Scheduler: metadata.DefaultSchedulerParams(),
 	}

@@ -8,7 +8,8 @@ import (
 	"github.com/dsv4mla/prologue/metadata"
 )
 
-// Header fields of the metadata buffer, int32 each, in this order.
+// Header fields of the metadata buffer, int32 each, in this order (the
+// kernels read them by these indices: kernels/cuda/abi).
 const (
 	HdrNumSeqs = iota
 	HdrNumCtx
@@ -19,7 +20,8 @@ const (
 	HdrPaddedTokens
 	HdrGenSeqLen
 	HdrMaxPages
-	hdrFields
+	// NumHdrFields is the header's length in int32s.
+	NumHdrFields
 )
 
 // MetadataBuffers is the fixed-address device copy of one iteration's
@@ -41,6 +43,13 @@ type MetadataBuffers struct {
 // bmm1[2] and bmm2 (float32).
 const SchedulerBytes = 16
 
+// Indices of the scheduler region's 32-bit words.
+const (
+	SchedTileCounter = 0
+	SchedBMM1        = 1 // two words: bmm1[0], bmm1[1]
+	SchedBMM2        = 3
+)
+
 func align16(n int) int { return (n + 15) &^ 15 }
 
 // MetadataLayout computes the offsets for a capacity without allocating.
@@ -51,7 +60,7 @@ func MetadataLayout(maxSeqs, pageStride int) (*MetadataBuffers, error) {
 	mb := &MetadataBuffers{MaxSeqs: maxSeqs, PageStride: pageStride}
 	off := 0
 	next := func(n int) int { o := off; off = align16(off + n); return o }
-	mb.OffHeader = next(hdrFields * 4)
+	mb.OffHeader = next(NumHdrFields * 4)
 	mb.OffCuQ = next((maxSeqs + 1) * 4)
 	mb.OffCuKV = next((maxSeqs + 1) * 4)
 	mb.OffCuQRows = next((maxSeqs + 1) * 4)
@@ -93,7 +102,7 @@ func (mb *MetadataBuffers) Encode(m *metadata.Metadata, numPages int) ([]byte, e
 	}
 	out := make([]byte, mb.OffScheduler)
 	put := func(off, i int, v int32) { binary.LittleEndian.PutUint32(out[off+4*i:], uint32(v)) }
-	hdr := [hdrFields]int{m.NumSeqs, m.NumCtx, m.NumGen, m.CtxTokens, m.GenTokens, m.Tokens, m.PaddedTokens, m.GenSeqLen, m.MaxPages}
+	hdr := [NumHdrFields]int{m.NumSeqs, m.NumCtx, m.NumGen, m.CtxTokens, m.GenTokens, m.Tokens, m.PaddedTokens, m.GenSeqLen, m.MaxPages}
 	for i, v := range hdr {
 		if v > math.MaxInt32 {
 			return nil, fmt.Errorf("mla: metadata header field %d = %d overflows int32", i, v)
@@ -135,22 +144,22 @@ func (mb *MetadataBuffers) Upload(b Backend, m *metadata.Metadata, numPages int)
 // DecodeScheduler reads the scheduler region's bytes.
 func DecodeScheduler(p []byte) metadata.SchedulerScalars {
 	return metadata.SchedulerScalars{
-		TileCounter: binary.LittleEndian.Uint32(p[0:]),
+		TileCounter: binary.LittleEndian.Uint32(p[4*SchedTileCounter:]),
 		BMM1: [2]float32{
-			math.Float32frombits(binary.LittleEndian.Uint32(p[4:])),
-			math.Float32frombits(binary.LittleEndian.Uint32(p[8:])),
+			math.Float32frombits(binary.LittleEndian.Uint32(p[4*SchedBMM1:])),
+			math.Float32frombits(binary.LittleEndian.Uint32(p[4*SchedBMM1+4:])),
 		},
-		BMM2: math.Float32frombits(binary.LittleEndian.Uint32(p[12:])),
+		BMM2: math.Float32frombits(binary.LittleEndian.Uint32(p[4*SchedBMM2:])),
 	}
 }
 
 // EncodeScheduler is the inverse of DecodeScheduler.
 func EncodeScheduler(s metadata.SchedulerScalars) []byte {
 	p := make([]byte, SchedulerBytes)
-	binary.LittleEndian.PutUint32(p[0:], s.TileCounter)
-	binary.LittleEndian.PutUint32(p[4:], math.Float32bits(s.BMM1[0]))
-	binary.LittleEndian.PutUint32(p[8:], math.Float32bits(s.BMM1[1]))
-	binary.LittleEndian.PutUint32(p[12:], math.Float32bits(s.BMM2))
+	binary.LittleEndian.PutUint32(p[4*SchedTileCounter:], s.TileCounter)
+	binary.LittleEndian.PutUint32(p[4*SchedBMM1:], math.Float32bits(s.BMM1[0]))
+	binary.LittleEndian.PutUint32(p[4*SchedBMM1+4:], math.Float32bits(s.BMM1[1]))
+	binary.LittleEndian.PutUint32(p[4*SchedBMM2:], math.Float32bits(s.BMM2))
 	return p
 }
 

@@ -28,6 +28,9 @@ const (
 	QBF16
 )
 
+// QFormats lists every Q format, in declaration order.
+func QFormats() []QFormat { return []QFormat{QFP8, QBF16} }
+
 func (f QFormat) String() string {
 	switch f {
 	case QFP8:
@@ -114,6 +117,11 @@ type LayerArgs struct {
 
 	KVWeight Buffer // kv_a_layernorm weight, 512 float32
 
+	// Eps is the config's rms_norm_eps, added to the mean square in both
+	// RMSNorms (docs/DESIGN.md section 4.2). Part of the bit-exact contract:
+	// every backend adds exactly this float32.
+	Eps float32
+
 	Rope          Buffer // [RopePositions][32]{cos, sin} float32
 	RopePositions int
 
@@ -139,6 +147,9 @@ func (a *LayerArgs) Validate(rows int) error {
 		return errors.New("mla: LayerArgs.Meta is nil")
 	case a.RopePositions <= 0:
 		return fmt.Errorf("mla: RopePositions = %d, must be > 0", a.RopePositions)
+	}
+	if err := ValidateEps(a.Eps); err != nil {
+		return err
 	}
 	if err := a.CacheConfig.Validate(); err != nil {
 		return fmt.Errorf("mla: %w", err)
@@ -166,8 +177,22 @@ func (a *LayerArgs) Validate(rows int) error {
 	return nil
 }
 
+// MaxEps bounds LayerArgs.Eps: RMSNorm epsilons are 1e-5 or 1e-6 in
+// practice, and a value above 1e-2 is a misread config field, not a model.
+const MaxEps = 1e-2
+
+// ValidateEps checks an rms_norm_eps as the kernels take it: finite, a
+// normal float32 (a subnormal or zero eps no longer guards the division),
+// at most MaxEps.
+func ValidateEps(eps float32) error {
+	if !(eps >= 0x1p-126 && eps <= MaxEps) { // also refuses NaN
+		return fmt.Errorf("mla: Eps (rms_norm_eps) = %g, must be a normal float32 in [2^-126, %g]", eps, MaxEps)
+	}
+	return nil
+}
+
 // Backend runs the prologue kernels. Every backend must produce the bytes of
-// DESIGN.md section 4 exactly.
+// docs/DESIGN.md section 4 exactly.
 type Backend interface {
 	Name() string
 	Alloc(nbytes int) (Buffer, error)
@@ -285,5 +310,6 @@ func (c *Census) Add(ls []Launch) {
 	}
 }
 
-// Total is the number of kernel launches counted.
+// Total is the number of KV and Q work units counted (two per launch,
+// whether a backend issues them as two kernels or one fused grid).
 func (c Census) Total() int { return c.ContextKV + c.ContextQ + c.GenerationKV + c.GenerationQ }

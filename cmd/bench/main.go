@@ -28,11 +28,13 @@ import (
 	"github.com/dsv4mla/prologue/attention/mla"
 	"github.com/dsv4mla/prologue/attention/mla/cpu"
 	"github.com/dsv4mla/prologue/attention/mla/cuda"
+	"github.com/dsv4mla/prologue/internal/cudatune"
 	"github.com/dsv4mla/prologue/internal/safetensors"
 	"github.com/dsv4mla/prologue/kernels/cuda/driver"
 	"github.com/dsv4mla/prologue/kvcache"
 	"github.com/dsv4mla/prologue/metadata"
 	"github.com/dsv4mla/prologue/model/dsv4"
+	"github.com/dsv4mla/prologue/numerics"
 )
 
 //go:embed fill.cu
@@ -155,8 +157,15 @@ func main() {
 	}
 }
 
-func newBench(opts cuda.Options, reps int) (*bench, error) {
-	be, err := cuda.New(opts)
+// variant is one option set: the backend's Options and the launch-shape
+// knobs (embedded, so that parseVariant sets either by name).
+type variant struct {
+	cuda.Options
+	cudatune.Knobs
+}
+
+func newBench(opts variant, reps int) (*bench, error) {
+	be, err := cuda.NewTuned(opts.Options, opts.Knobs)
 	if err != nil {
 		return nil, err
 	}
@@ -435,7 +444,7 @@ func (b *bench) setup(md model, s shape, formats []kvcache.Format) (*layerSetup,
 		}
 	}
 	a.Heads, a.LatentOffset, a.LatentStride = md.Heads, (rowElems-512)*2, rowElems
-	a.RopePositions, a.QFormat, a.QScale = ropePositions, mla.QFP8, 1
+	a.RopePositions, a.QFormat, a.QScale, a.Eps = ropePositions, mla.QFP8, 1, numerics.DefaultEps
 	a.Scheduler = metadata.DefaultSchedulerParams()
 	a.CacheConfig = kvcache.Config{Format: formats[0], PageSize: pageSize, NumPages: total, KVScale: 1}
 	if a.Meta, err = mla.NewMetadataBuffers(b.be, m.NumSeqs, m.MaxPages); err != nil {
@@ -454,8 +463,8 @@ func kvBytes(t int, f kvcache.Format) int64 { return int64(t) * int64(1024+256+f
 func qBytes(t, heads int) int64             { return int64(t) * (int64(heads)*1536 + 256) }
 
 // parseVariant reads an option set: warps=N kvd=N qd=N bpsm=N pdl.
-func parseVariant(v string) (cuda.Options, error) {
-	var o cuda.Options
+func parseVariant(v string) (variant, error) {
+	var o variant
 	for _, f := range strings.Fields(v) {
 		k, val, _ := strings.Cut(f, "=")
 		n, _ := strconv.Atoi(val)

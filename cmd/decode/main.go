@@ -69,6 +69,7 @@ type options struct {
 	pageSize     int
 	pages        int
 	ropePos      int
+	ropeMode     dsv4.RopeMode
 	maxSeqs      int
 	maxTokens    int
 	seed         uint64
@@ -99,6 +100,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.pageSize, "page-size", kvcache.DefaultPageSize, "KV cache page size in tokens (a power of two)")
 	fs.IntVar(&o.pages, "pages", defaultPages, "KV cache pool size in pages (per layer)")
 	fs.IntVar(&o.ropePos, "rope-positions", 0, "RoPE table length (0: min(max_position_embeddings, pages*page-size))")
+	fs.TextVar(&o.ropeMode, "rope-mode", dsv4.RopeReference, "RoPE table: reference (float32 angles, as DeepSeek's reference code) or exact (float64)")
 	fs.IntVar(&o.maxSeqs, "max-seqs", 0, "capacity in sequences per batch (0: the trace's largest batch)")
 	fs.IntVar(&o.maxTokens, "max-tokens", 0, "capacity in tokens per batch (0: the trace's largest batch)")
 	fs.Uint64Var(&o.seed, "seed", 1, "seed of the synthetic activations and kv_a_layernorm weights")
@@ -262,6 +264,7 @@ func (o *options) config(log zerolog.Logger) (replay.Options, []trace.Step, stri
 		MaxSeqs:       o.maxSeqs,
 		MaxTokens:     o.maxTokens,
 		RopePositions: o.ropePos,
+		RopeMode:      o.ropeMode,
 		WeightSeed:    o.seed,
 		UseGraphs:     o.graph,
 		Logger:        log,

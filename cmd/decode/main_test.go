@@ -56,6 +56,20 @@ func TestJSONReport(t *testing.T) {
 	require.Equal(t, 4*2, rep.Summary.Launches.GenerationKV, "4 iterations with generation, 2 layers")
 }
 
+// TestRopeModeFlag: --rope-mode exact builds the exact tables, which the
+// dumps record and --verify checks byte for byte like the default.
+func TestRopeModeFlag(t *testing.T) {
+	dir := t.TempDir()
+	code, out, errOut := tiny(t, "--trace", "testdata/small.jsonl", "--rope-mode", "exact", "--verify", "--dump", dir, "--dump-iters", "1", "--dump-layers", "1", "--summary-only")
+	require.Equal(t, exitOK, code, errOut)
+	require.Contains(t, out, "verify:   5 iterations byte-identical")
+	data, err := os.ReadFile(filepath.Join(dir, "iter00001_layer01.safetensors"))
+	require.NoError(t, err)
+	_, meta, err := safetensors.Read(data)
+	require.NoError(t, err)
+	require.Equal(t, "exact", meta["rope_mode"])
+}
+
 func TestDump(t *testing.T) {
 	dir := t.TempDir()
 	code, out, errOut := tiny(t, "--trace", "testdata/small.jsonl", "--dump", dir, "--dump-iters", "1,3-4", "--dump-layers", "1", "--summary-only")
@@ -75,6 +89,8 @@ func TestDump(t *testing.T) {
 	require.Equal(t, "fp8_ue8m0", meta["cache_format"])
 	require.Equal(t, "64", meta["page_size"])
 	require.Equal(t, "yarn", meta["rope_kind"], "layer 1 has compress ratio 4")
+	require.Equal(t, "reference", meta["rope_mode"], "the default RoPE mode")
+	require.Equal(t, "1e-06", meta["rms_norm_eps"])
 	require.Equal(t, "3", meta["trace_line"])
 	shapes := map[string][]int{}
 	for _, tn := range tensors {
@@ -129,6 +145,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"--model", "missing.json"}, `--model "missing.json"`},
 		{[]string{"--cache-format", "fp4"}, `unknown format "fp4"`},
 		{[]string{"--q-format", "int8"}, `unknown Q format "int8"`},
+		{[]string{"--rope-mode", "float32"}, `unknown RoPE mode "float32"`},
 		{[]string{"--dump-iters", "3-1"}, `--dump-iters "3-1": range "3-1"`},
 		{[]string{"--dump-layers", "x"}, `--dump-layers "x"`},
 		{[]string{"--log-level", "loud"}, `--log-level "loud"`},

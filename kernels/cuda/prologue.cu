@@ -1,47 +1,23 @@
 // DSv4 MLA prologue kernels: KV norm-RoPE-quant-store and the fused Q
-// norm/RoPE/quant. Compiled by NVRTC at first use (see kernels.go).
+// norm/RoPE/quant. Compiled by NVRTC at first use (attention/mla/cuda),
+// after abi.h (generated from kernels/cuda/abi: the Params struct, the
+// format ids, the metadata header indices and the layout constants).
 //
 // Every float operation uses an explicit _rn intrinsic so that no multiply
 // and add are fused: the result must equal the Go reference byte for byte
-// (DESIGN.md section 4). Compile without -ftz: UE8M0's inverse scale 2^-127
-// is a subnormal.
+// (docs/DESIGN.md section 4). Compile without -ftz: UE8M0's inverse scale
+// 2^-127 is a subnormal.
 //
 // One warp owns one 512-value row; lane j holds values [16j, 16j+16), which
 // is exactly the canonical reduction's partial j. Lanes 28..31 hold the rope
 // tail, and lanes 4g..4g+3 hold UE8M0 group g.
 
-typedef unsigned char u8;
-typedef unsigned short u16;
-typedef unsigned int u32;
-typedef unsigned long long u64;
-
 #define FULL 0xffffffffu
 
-enum { FMT_FP8_UE8M0 = 0, FMT_BF16 = 1, FMT_FP8_PERTENSOR = 2 };
-enum { PHASE_CONTEXT = 0, PHASE_GENERATION = 1 };
-
-// Launch parameters, passed by value. Go packs the same layout
-// (kernels.go: packParams): eight 8-byte pointers, then 4-byte fields.
-struct Params {
-    const u8* in;          // KV: latent base (offset applied); Q: QIn
-    u8* out;               // KV: cache pool; Q: QOut
-    const float* weight;   // KV only
-    const float* rope;     // [positions][32]{cos, sin}
-    const int* cu_q;       // metadata arrays (int32)
-    const int* cached;
-    const int* kv_len;
-    const int* block_tables;
-    u8* sched;             // scheduler region, or null
-    const int* hdr;        // metadata header (mla.Hdr* order), read when from_hdr
-    u64 in_stride;         // bytes between consecutive input rows
-    int row_begin, rows, valid_rows, seq_begin, num_seqs, seq_len, seq_len_log2;
-    int heads, rope_positions, page_stride;
-    int page_size_log2, page_bytes, num_pages;
-    float scale;           // KV: kv_scale (fp8_pertensor); Q: q_scale (fp8)
-    float q_deq, kv_deq, q_scaling, o_scale;
-    int write_sched;
-    int from_hdr;          // generation-only launch: valid_rows, num_seqs, seq_len from hdr
-};
+// The kernels assume the row layout below: lane j of a warp holds values
+// [16j, 16j+16) of a 512-value row.
+static_assert(HEAD_DIM == 32 * 16 && NOPE_DIM == 28 * 16 && ROPE_DIM == 4 * 16 && GROUP_SIZE == 4 * 16,
+              "the warp-per-row mapping needs 512 = 448 + 64 values and 64-value groups");
 
 // A launch captured in a CUDA graph serves every generation batch of its
 // padded size: the batch's own counts come from the metadata header, which
@@ -49,9 +25,9 @@ struct Params {
 __device__ __forceinline__ Params with_header(const Params& p0) {
     Params p = p0;
     if (p.from_hdr) {
-        p.num_seqs = __ldg(p.hdr + 2);    // HdrNumGen
-        p.valid_rows = __ldg(p.hdr + 4);  // HdrGenTokens
-        p.seq_len = max(__ldg(p.hdr + 7), 1);  // HdrGenSeqLen
+        p.num_seqs = __ldg(p.hdr + HDR_NUM_GEN);
+        p.valid_rows = __ldg(p.hdr + HDR_GEN_TOKENS);
+        p.seq_len = max(__ldg(p.hdr + HDR_GEN_SEQ_LEN), 1);
         p.seq_len_log2 = (p.seq_len & (p.seq_len - 1)) == 0 ? __ffs(p.seq_len) - 1 : -1;
     }
     return p;
@@ -91,6 +67,19 @@ __device__ __forceinline__ float4 ld_f4(const float* p) { return __ldg(reinterpr
 
 __device__ __forceinline__ void st_u4(void* p, uint4 v) { *reinterpret_cast<uint4*>(p) = v; }
 
+// The one e4m3 packing of every FP8 output: e4m3(fl(y[i] * scale)) for the
+// lane's 16 values, value i in byte i, as one 16-byte store.
+__device__ __forceinline__ void st_e4m3x16(u8* dst, const float y[16], float scale) {
+    u32 w[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        u32 lo = e4m3x2(__fmul_rn(y[4 * i + 1], scale), __fmul_rn(y[4 * i], scale));
+        u32 hi = e4m3x2(__fmul_rn(y[4 * i + 3], scale), __fmul_rn(y[4 * i + 2], scale));
+        w[i] = lo | (hi << 16);
+    }
+    st_u4(dst, make_uint4(w[0], w[1], w[2], w[3]));
+}
+
 __device__ __forceinline__ float pow2i(int k) {
     // 2^k exactly for k in [-149, 127].
     if (k >= -126) return __uint_as_float((u32)(k + 127) << 23);
@@ -107,15 +96,16 @@ __device__ __forceinline__ void unpack16(uint4 a, uint4 b, float x[16]) {
     }
 }
 
-// The canonical inverse RMS of the warp's row.
-__device__ __forceinline__ float warp_rms_inv(const float x[16]) {
+// The canonical inverse RMS of the warp's row; eps is the config's
+// rms_norm_eps (Params.eps).
+__device__ __forceinline__ float warp_rms_inv(const float x[16], float eps) {
     float s = 0.f;
 #pragma unroll
     for (int i = 0; i < 16; i++) s = __fadd_rn(s, __fmul_rn(x[i], x[i]));
 #pragma unroll
     for (int d = 16; d >= 1; d >>= 1) s = __fadd_rn(s, __shfl_xor_sync(FULL, s, d));
-    float mean = __fdiv_rn(s, 512.f);
-    float root = __fsqrt_rn(__fadd_rn(mean, 1e-6f));
+    float mean = __fdiv_rn(s, (float)HEAD_DIM);
+    float root = __fsqrt_rn(__fadd_rn(mean, eps));
     return __fdiv_rn(1.f, root);
 }
 
@@ -159,42 +149,39 @@ __device__ __forceinline__ bool resolve(const Params& p, int local, int& b, int&
 }
 
 __device__ __forceinline__ void write_scheduler(const Params& p) {
-    float denom = __fmul_rn(p.q_scaling, __fsqrt_rn(512.f));
+    float denom = __fmul_rn(p.q_scaling, __fsqrt_rn((float)HEAD_DIM));
     float b0 = __fdiv_rn(__fmul_rn(p.q_deq, p.kv_deq), denom);
     float b1 = __fmul_rn(b0, 1.4426950408889634f);
     float b2 = __fmul_rn(p.o_scale, p.kv_deq);
     u32* s = reinterpret_cast<u32*>(p.sched);
-    s[0] = 0u;
-    s[1] = __float_as_uint(b0);
-    s[2] = __float_as_uint(b1);
-    s[3] = __float_as_uint(b2);
+    s[SCHED_TILE_COUNTER] = 0u;
+    s[SCHED_BMM1] = __float_as_uint(b0);
+    s[SCHED_BMM1 + 1] = __float_as_uint(b1);
+    s[SCHED_BMM2] = __float_as_uint(b2);
+}
+
+// The lane's 16 values, already exact bf16, as one 32-byte store.
+__device__ __forceinline__ void st_bf16x16(u8* dst, const float y[16]) {
+    u32 w[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) w[i] = pack2(y[2 * i], y[2 * i + 1]);
+    st_u4(dst, make_uint4(w[0], w[1], w[2], w[3]));
+    st_u4(dst + 16, make_uint4(w[4], w[5], w[6], w[7]));
 }
 
 template <int FMT>
 __device__ __forceinline__ void kv_store(const Params& p, u8* page, int off, float y[16], int lane) {
     if (FMT == FMT_BF16) {
-        u32 w[8];
-#pragma unroll
-        for (int i = 0; i < 8; i++) w[i] = pack2(y[2 * i], y[2 * i + 1]);
-        u8* dst = page + (size_t)off * 1024 + lane * 32;
-        st_u4(dst, make_uint4(w[0], w[1], w[2], w[3]));
-        st_u4(dst + 16, make_uint4(w[4], w[5], w[6], w[7]));
+        st_bf16x16(page + (size_t)off * BF16_TOKEN_BYTES + lane * 32, y);
     } else if (FMT == FMT_FP8_PERTENSOR) {
-        u32 w[4];
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            u32 lo = e4m3x2(__fmul_rn(y[4 * i + 1], p.scale), __fmul_rn(y[4 * i], p.scale));
-            u32 hi = e4m3x2(__fmul_rn(y[4 * i + 3], p.scale), __fmul_rn(y[4 * i + 2], p.scale));
-            w[i] = lo | (hi << 16);
-        }
-        st_u4(page + (size_t)off * 512 + lane * 16, make_uint4(w[0], w[1], w[2], w[3]));
+        st_e4m3x16(page + (size_t)off * FP8_PERTENSOR_TOKEN_BYTES + lane * 16, y, p.scale);
     } else {  // FP8_UE8M0
         float a = 0.f;
 #pragma unroll
         for (int i = 0; i < 16; i++) a = fmaxf(a, fabsf(y[i]));
         a = fmaxf(a, __shfl_xor_sync(FULL, a, 1));
         a = fmaxf(a, __shfl_xor_sync(FULL, a, 2));
-        u8* vals = page + (size_t)off * 576;
+        u8* vals = page + (size_t)off * UE8M0_VALUE_BYTES;
         if (lane < 28) {
             a = fmaxf(a, 1e-4f);
             u32 tb = __float_as_uint(__fdiv_rn(a, 448.f));
@@ -202,22 +189,11 @@ __device__ __forceinline__ void kv_store(const Params& p, u8* page, int off, flo
             if (tb & 0x7fffffu) e++;
             if (e > 254) e = 254;
             float inv = pow2i(127 - e);
-            u32 w[4];
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                u32 lo = e4m3x2(__fmul_rn(y[4 * i + 1], inv), __fmul_rn(y[4 * i], inv));
-                u32 hi = e4m3x2(__fmul_rn(y[4 * i + 3], inv), __fmul_rn(y[4 * i + 2], inv));
-                w[i] = lo | (hi << 16);
-            }
-            st_u4(vals + lane * 16, make_uint4(w[0], w[1], w[2], w[3]));
-            if ((lane & 3) == 0) page[576 * (1 << p.page_size_log2) + off * 8 + (lane >> 2)] = (u8)e;
+            st_e4m3x16(vals + lane * 16, y, inv);
+            if ((lane & 3) == 0)
+                page[UE8M0_VALUE_BYTES * (1 << p.page_size_log2) + off * UE8M0_SCALE_BYTES + (lane >> 2)] = (u8)e;
         } else {
-            u32 w[8];
-#pragma unroll
-            for (int i = 0; i < 8; i++) w[i] = pack2(y[2 * i], y[2 * i + 1]);
-            u8* dst = vals + 448 + (lane - 28) * 32;
-            st_u4(dst, make_uint4(w[0], w[1], w[2], w[3]));
-            st_u4(dst + 16, make_uint4(w[4], w[5], w[6], w[7]));
+            st_bf16x16(vals + UE8M0_ROPE_OFFSET + (lane - 28) * 32, y);
         }
     }
 }
@@ -407,7 +383,7 @@ __device__ __forceinline__ void kv_pipeline(const Params& p0, u8* ring, int blk,
                     lds32(base + d * KV_SLOT + lane * 32, va, vb);
                     float x[16];
                     unpack16(va, vb, x);
-                    const float r = warp_rms_inv(x);
+                    const float r = warp_rms_inv(x, p.eps);
 #pragma unroll
                     for (int k = 0; k < 8; k++) {
                         float a = __fmul_rn(__fmul_rn(x[2 * k], r), w[2 * k]);
@@ -446,8 +422,9 @@ KV_KERNEL(kv_fp8_pertensor, FMT_FP8_PERTENSOR)
 
 // Q: the work rows are (token, head) pairs of the launch; a token's position
 // and RoPE row are resolved once when the warp reaches its first head.
-template <bool BF16OUT>
+template <int QFMT>
 __device__ __forceinline__ void q_pipeline(const Params& p0, u8* ring, int blk, int nblk) {
+    constexpr bool BF16OUT = QFMT == QFMT_BF16;
     const int lane = threadIdx.x & 31;
     const int wib = threadIdx.x >> 5;
     const int es = BF16OUT ? 2 : 1;
@@ -495,7 +472,7 @@ __device__ __forceinline__ void q_pipeline(const Params& p0, u8* ring, int blk, 
                     lds32(base + d * 1024 + lane * 32, va, vb);
                     float x[16];
                     unpack16(va, vb, x);
-                    const float r = warp_rms_inv(x);
+                    const float r = warp_rms_inv(x, p.eps);
 #pragma unroll
                     for (int k = 0; k < 8; k++) {
                         float a = __fmul_rn(x[2 * k], r), c = __fmul_rn(x[2 * k + 1], r);
@@ -504,22 +481,10 @@ __device__ __forceinline__ void q_pipeline(const Params& p0, u8* ring, int blk, 
                         x[2 * k + 1] = c;
                     }
                     if (lane >= 28) rope_pairs(x, cs);
-                    if (BF16OUT) {
-                        u32 o[8];
-#pragma unroll
-                        for (int k = 0; k < 8; k++) o[k] = pack2(x[2 * k], x[2 * k + 1]);
-                        st_u4(dst, make_uint4(o[0], o[1], o[2], o[3]));
-                        st_u4(dst + 16, make_uint4(o[4], o[5], o[6], o[7]));
-                    } else {
-                        u32 o[4];
-#pragma unroll
-                        for (int k = 0; k < 4; k++) {
-                            u32 lo = e4m3x2(__fmul_rn(x[4 * k + 1], p.scale), __fmul_rn(x[4 * k], p.scale));
-                            u32 hi = e4m3x2(__fmul_rn(x[4 * k + 3], p.scale), __fmul_rn(x[4 * k + 2], p.scale));
-                            o[k] = lo | (hi << 16);
-                        }
-                        st_u4(dst, make_uint4(o[0], o[1], o[2], o[3]));
-                    }
+                    if (BF16OUT)
+                        st_bf16x16(dst, x);
+                    else
+                        st_e4m3x16(dst, x, p.scale);
                 }
                 issue(i + Q_DEPTH, d);
                 if (++h == p.heads) { h = 0; t++; }
@@ -529,52 +494,31 @@ __device__ __forceinline__ void q_pipeline(const Params& p0, u8* ring, int blk, 
     cp_wait<0>();
 }
 
-#define Q_KERNEL(NAME, BF16OUT)                                                                \
+#define Q_KERNEL(NAME, QFMT)                                                                   \
     extern "C" __global__ void __launch_bounds__(PIPE_WARPS * 32) NAME(const Params p) {      \
         __shared__ __align__(16) u8 ring[Q_RING_BYTES];                                        \
-        q_pipeline<BF16OUT>(p, ring, blockIdx.x, gridDim.x);                                   \
+        q_pipeline<QFMT>(p, ring, blockIdx.x, gridDim.x);                                      \
     }
-Q_KERNEL(q_fp8, false)
-Q_KERNEL(q_bf16, true)
+Q_KERNEL(q_fp8, QFMT_FP8)
+Q_KERNEL(q_bf16, QFMT_BF16)
 
 // A whole layer's launch in one grid: blocks [0, kv_blocks) run the KV
 // pipeline over the launch's latent rows, the rest the Q pipeline over its
 // (token, head) rows. The two parts touch disjoint memory, so they run side
 // by side and the KV part's fixed latency hides under the Q part's stream.
 #define RING_BYTES (KV_RING_BYTES > Q_RING_BYTES ? KV_RING_BYTES : Q_RING_BYTES)
-#define LAYER_KERNEL(NAME, FMT, BF16OUT)                                                      \
+#define LAYER_KERNEL(NAME, FMT, QFMT)                                                         \
     extern "C" __global__ void __launch_bounds__(PIPE_WARPS * 32)                             \
         NAME(const Params kv, const Params q, const int kv_blocks) {                          \
         __shared__ __align__(16) u8 ring[RING_BYTES];                                          \
         if ((int)blockIdx.x < kv_blocks)                                                       \
             kv_pipeline<FMT>(kv, ring, blockIdx.x, kv_blocks);                                 \
         else                                                                                   \
-            q_pipeline<BF16OUT>(q, ring, blockIdx.x - kv_blocks, gridDim.x - kv_blocks);       \
+            q_pipeline<QFMT>(q, ring, blockIdx.x - kv_blocks, gridDim.x - kv_blocks);          \
     }
-LAYER_KERNEL(layer_fp8_ue8m0_qfp8, FMT_FP8_UE8M0, false)
-LAYER_KERNEL(layer_fp8_ue8m0_qbf16, FMT_FP8_UE8M0, true)
-LAYER_KERNEL(layer_bf16_qfp8, FMT_BF16, false)
-LAYER_KERNEL(layer_bf16_qbf16, FMT_BF16, true)
-LAYER_KERNEL(layer_fp8_pertensor_qfp8, FMT_FP8_PERTENSOR, false)
-LAYER_KERNEL(layer_fp8_pertensor_qbf16, FMT_FP8_PERTENSOR, true)
-
-// The exhaustive conversion check: out[i] = e4m3(bits = base + i) for n inputs.
-extern "C" __global__ void e4m3_sweep(u8* out, u32 base, u32 n) {
-    u32 i = blockIdx.x * blockDim.x + threadIdx.x;
-    u32 stride = gridDim.x * blockDim.x;
-    for (; 2 * i < n; i += stride) {
-        u32 a = base + 2 * i;
-        u32 r = e4m3x2(__uint_as_float(a + 1), __uint_as_float(a));
-        reinterpret_cast<u16*>(out)[i] = (u16)r;
-    }
-}
-
-// The exhaustive bf16 check: out[i] = bf16 bits of (base + i) for n inputs.
-extern "C" __global__ void bf16_sweep(unsigned short* out, u32 base, u32 n) {
-    u32 i = blockIdx.x * blockDim.x + threadIdx.x;
-    u32 stride = gridDim.x * blockDim.x;
-    for (; 2 * i < n; i += stride) {
-        u32 a = base + 2 * i;
-        reinterpret_cast<u32*>(out)[i] = bf16x2_rn(__uint_as_float(a), __uint_as_float(a + 1));
-    }
-}
+LAYER_KERNEL(layer_fp8_ue8m0_qfp8, FMT_FP8_UE8M0, QFMT_FP8)
+LAYER_KERNEL(layer_fp8_ue8m0_qbf16, FMT_FP8_UE8M0, QFMT_BF16)
+LAYER_KERNEL(layer_bf16_qfp8, FMT_BF16, QFMT_FP8)
+LAYER_KERNEL(layer_bf16_qbf16, FMT_BF16, QFMT_BF16)
+LAYER_KERNEL(layer_fp8_pertensor_qfp8, FMT_FP8_PERTENSOR, QFMT_FP8)
+LAYER_KERNEL(layer_fp8_pertensor_qbf16, FMT_FP8_PERTENSOR, QFMT_BF16)

@@ -6,6 +6,13 @@ import (
 	"math"
 )
 
+// Bounds of rms_norm_eps: a normal float32 (as the kernels add it), and no
+// larger than any RMSNorm uses (1e-5 and 1e-6 in practice).
+const (
+	minEps = 0x1p-126
+	maxEps = 1e-2
+)
+
 // Dimensions the prologue is built for. A checkpoint with other values is
 // refused by Validate rather than run with a kernel that assumes these.
 const (
@@ -90,23 +97,29 @@ func fieldErr(field string, value any, format string, args ...any) *FieldError {
 
 // flashCompressRatios is V4-Flash's published compress_ratios: [0,0] +
 // [4,128]x20 + [4,0], 44 entries for 43 layers and the MTP layer.
-func flashCompressRatios() []int { return compressPattern(20) }
+func flashCompressRatios() []int { return compressPattern(0, 20) }
 
-// proCompressRatios assumes V4-Pro follows Flash's pattern scaled to 61
-// layers: [0,0] + [4,128]x29 + [4,0], 62 entries for 61 layers and the MTP
-// layer. DESIGN.md gives no Pro list; load the checkpoint's config.json
-// when the exact values matter.
-func proCompressRatios() []int { return compressPattern(29) }
+// proCompressRatios is V4-Pro's compress_ratios as public copies of its
+// config.json give it: [128,128] + [4,128]x29 + [4,0], 62 entries for 61
+// layers and the MTP layer. No main layer is SWA-only; layers 0 and 1 are
+// ratio 128 and so use the YaRN table.
+func proCompressRatios() []int { return compressPattern(128, 29) }
 
-func compressPattern(pairs int) []int {
-	r := []int{0, 0}
+// compressPattern is [first, first] + [4,128]x pairs + [4] for the main
+// layers, then 0 for the MTP layer (always uncompressed).
+func compressPattern(first, pairs int) []int {
+	r := []int{first, first}
 	for range pairs {
 		r = append(r, 4, 128)
 	}
-	return append(r, 4, 0)
+	return append(r, 4, mtpCompressRatio)
 }
 
-// Flash returns the DeepSeek-V4-Flash configuration of DESIGN.md section 2.
+// mtpCompressRatio is every MTP layer's compress_ratio: DSv4's MTP block
+// keeps only the sliding window, whatever the last main layer is.
+const mtpCompressRatio = 0
+
+// Flash returns the DeepSeek-V4-Flash configuration of docs/DESIGN.md section 2.
 func Flash() Config {
 	c := common()
 	c.Name = "DeepSeek-V4-Flash"
@@ -118,10 +131,9 @@ func Flash() Config {
 	return c
 }
 
-// Pro returns the DeepSeek-V4-Pro configuration of DESIGN.md section 2. Its
-// compress_ratios are an assumption, Flash's pattern scaled to 61 layers:
-// [0,0] + [4,128]x29 + [4,0]; load the checkpoint's config.json when the
-// exact list matters.
+// Pro returns the DeepSeek-V4-Pro configuration of docs/DESIGN.md section 2, its
+// compress_ratios as public copies of its config.json give them:
+// [128,128] + [4,128]x29 + [4,0].
 func Pro() Config {
 	c := common()
 	c.Name = "DeepSeek-V4-Pro"
@@ -194,7 +206,10 @@ func (c Config) Validate() error {
 		}
 		return true
 	}
-	finitePositive("rms_norm_eps", c.RMSNormEps)
+	if finitePositive("rms_norm_eps", c.RMSNormEps) && (c.RMSNormEps < minEps || c.RMSNormEps > maxEps) {
+		add(fieldErr("rms_norm_eps", c.RMSNormEps,
+			"must be in [2^-126, %g]: the kernels add it as a normal float32, and a larger eps is a misread field", maxEps))
+	}
 	for _, b := range []struct {
 		field string
 		v     float64
@@ -215,8 +230,11 @@ func (c Config) Validate() error {
 			n, c.NumLayers, c.NumLayers+c.NumMTPLayers))
 	}
 	for i, r := range c.CompressRatios {
-		if r < 0 {
+		switch {
+		case r < 0:
 			add(fieldErr(fmt.Sprintf("compress_ratios[%d]", i), r, "must be 0 or positive"))
+		case i >= c.NumLayers && r != mtpCompressRatio:
+			add(fieldErr(fmt.Sprintf("compress_ratios[%d]", i), r, "must be 0: MTP layer %d keeps only the sliding window", i-c.NumLayers))
 		}
 	}
 	return errors.Join(errs...)
@@ -278,18 +296,19 @@ func (s RopeScaling) validate(maxPositions int, base float64) []error {
 func (c Config) NumAttentionLayers() int { return c.NumLayers + c.NumMTPLayers }
 
 // CompressRatio returns the compress_ratio of a layer in
-// [0, NumAttentionLayers()). An MTP layer without an entry in CompressRatios
-// gets 0, as DeepSeek's reference builds its MTP block uncompressed.
+// [0, NumAttentionLayers()). An MTP layer is always 0 (DeepSeek's reference
+// builds its MTP block uncompressed), listed or not; Validate refuses a
+// listed MTP entry that is not 0.
 func (c Config) CompressRatio(layer int) (int, error) {
 	if layer < 0 || layer >= c.NumAttentionLayers() {
 		return 0, fmt.Errorf("dsv4: layer %d out of range [0, %d) (%d layers + %d MTP layers)",
 			layer, c.NumAttentionLayers(), c.NumLayers, c.NumMTPLayers)
 	}
+	if layer >= c.NumLayers {
+		return mtpCompressRatio, nil
+	}
 	if layer >= len(c.CompressRatios) {
-		if len(c.CompressRatios) != c.NumLayers {
-			return 0, fmt.Errorf("dsv4: layer %d: compress_ratios has %d entries for %d layers", layer, len(c.CompressRatios), c.NumLayers)
-		}
-		return 0, nil
+		return 0, fmt.Errorf("dsv4: layer %d: compress_ratios has %d entries for %d layers", layer, len(c.CompressRatios), c.NumLayers)
 	}
 	return c.CompressRatios[layer], nil
 }

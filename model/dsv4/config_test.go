@@ -19,7 +19,9 @@ func TestEmbeddedConfigs(t *testing.T) {
 		// Flash's counts and zero positions are those of the published
 		// config.json: ratio 0 at layers 0 and 1 and the MTP layer (43).
 		{"flash", Flash(), 4096, 43, 64, 1024, map[int]int{0: 3, 4: 21, 128: 20}, []int{0, 1, 43}},
-		{"pro", Pro(), 7168, 61, 128, 1536, map[int]int{0: 3, 4: 30, 128: 29}, []int{0, 1, 61}},
+		// Pro's are those of public copies of its config.json:
+		// [128,128] + [4,128]x29 + [4,0], no SWA-only main layer.
+		{"pro", Pro(), 7168, 61, 128, 1536, map[int]int{0: 1, 4: 30, 128: 31}, []int{61}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -55,6 +57,53 @@ func TestEmbeddedConfigs(t *testing.T) {
 	assert.Equal(t, 0, Flash().CompressRatios[0])
 }
 
+// TestProCompressRatios pins V4-Pro's list as written out by hand from a
+// public copy of its config.json: layers 0 and 1 are ratio 128 (so they read
+// the YaRN table), then 29 (4, 128) pairs, layer 60 ratio 4, and the MTP
+// layer 0.
+func TestProCompressRatios(t *testing.T) {
+	want := []int{128, 128,
+		4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128,
+		4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128,
+		4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, // 29 pairs
+		4, 0}
+	c := Pro()
+	require.Equal(t, want, c.CompressRatios)
+	for layer, kind := range map[int]RopeKind{0: RopeYaRN, 1: RopeYaRN, 2: RopeYaRN, 60: RopeYaRN, 61: RopePlain} {
+		got, err := c.LayerRope(layer)
+		require.NoError(t, err)
+		assert.Equal(t, kind, got, "layer %d", layer)
+	}
+}
+
+// TestMTPRatioAlwaysZero: the MTP layer is uncompressed whatever the last
+// main layer is, whether compress_ratios lists it or not, and a listed MTP
+// entry other than 0 is refused.
+func TestMTPRatioAlwaysZero(t *testing.T) {
+	for _, last := range []int{0, 4, 128} {
+		listed := Flash()
+		listed.CompressRatios[42] = last
+		unlisted := listed
+		unlisted.CompressRatios = append([]int(nil), listed.CompressRatios[:43]...)
+		twoMTP := unlisted
+		twoMTP.NumMTPLayers = 2
+		for name, c := range map[string]Config{"listed": listed, "unlisted": unlisted, "two MTP layers": twoMTP} {
+			require.NoError(t, c.Validate(), "%s, last main layer %d", name, last)
+			for layer := c.NumLayers; layer < c.NumAttentionLayers(); layer++ {
+				r, err := c.CompressRatio(layer)
+				require.NoError(t, err)
+				assert.Equal(t, 0, r, "%s, last main layer ratio %d: MTP layer %d", name, last, layer)
+				kind, err := c.LayerRope(layer)
+				require.NoError(t, err)
+				assert.Equal(t, RopePlain, kind)
+			}
+		}
+	}
+	bad := Flash()
+	bad.CompressRatios[43] = 4
+	assert.ErrorContains(t, bad.Validate(), `"compress_ratios[43]" = 4: must be 0: MTP layer 0 keeps only the sliding window`)
+}
+
 func TestValidateFields(t *testing.T) {
 	tests := []struct {
 		name   string
@@ -68,6 +117,8 @@ func TestValidateFields(t *testing.T) {
 		{"head dim 576", func(c *Config) { c.HeadDim = 576 }, `"head_dim" = 576: must be 512`},
 		{"kv lora rank 512", func(c *Config) { c.KVLoraRank = 512 }, `"kv_lora_rank" = 512: kv_lora_rank + qk_rope_head_dim (64) = 576, must be 512`},
 		{"eps NaN", func(c *Config) { c.RMSNormEps = math.NaN() }, `"rms_norm_eps" = NaN: must be finite and positive`},
+		{"eps 0.5", func(c *Config) { c.RMSNormEps = 0.5 }, `"rms_norm_eps" = 0.5: must be in [2^-126, 0.01]`},
+		{"eps below float32 normals", func(c *Config) { c.RMSNormEps = 1e-39 }, `"rms_norm_eps" = 1e-39: must be in [2^-126, 0.01]`},
 		{"rope theta Inf", func(c *Config) { c.RopeTheta = math.Inf(1) }, `"rope_theta" = +Inf: must be finite and greater than 1`},
 		{"compress theta 0.5", func(c *Config) { c.CompressRopeTheta = 0.5 }, `"compress_rope_theta" = 0.5: must be finite and greater than 1`},
 		{"scaling type empty", func(c *Config) { c.RopeScaling.Type = "" }, `"rope_scaling.type" = "": must be "yarn"`},

@@ -40,7 +40,7 @@ func ExampleLoad() {
 }
 
 func ExampleNewRopeTable() {
-	table, err := dsv4.NewRopeTable(dsv4.Flash(), dsv4.RopePlain, 4096)
+	table, err := dsv4.NewRopeTable(dsv4.Flash(), dsv4.RopePlain, dsv4.RopeReference, 4096)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -56,7 +56,7 @@ func ExampleNewRopeTable() {
 
 func ExampleConfig_RopeTables() {
 	c := dsv4.Flash()
-	set, err := c.RopeTables(1024)
+	set, err := c.RopeTables(dsv4.RopeReference, 1024)
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -142,7 +142,7 @@ func FuzzParse(f *testing.F) {
 			t.Fatalf("Parse accepted a config Validate refuses: %v", err)
 		}
 		positions := min(c.MaxPositionEmbeddings, 4)
-		set, err := c.RopeTables(positions)
+		set, err := c.RopeTables(RopeReference, positions)
 		if err != nil {
 			t.Fatalf("RopeTables(%d) of an accepted config: %v", positions, err)
 		}

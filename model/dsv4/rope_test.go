@@ -100,8 +100,9 @@ func TestRopeFrequencies(t *testing.T) {
 	assert.ErrorContains(t, err, "unknown RoPE kind RopeKind(9)")
 }
 
-// wantCosSin is the contract computed directly: f_k in float64, the angle
-// in float64, cos and sin in float64, each rounded once to float32.
+// wantCosSin is the exact-mode contract computed directly: f_k in float64,
+// the angle in float64, cos and sin in float64, each rounded once to
+// float32.
 func wantCosSin(t *testing.T, c Config, kind RopeKind, pos, k int) (float32, float32) {
 	t.Helper()
 	base := c.RopeTheta
@@ -123,6 +124,17 @@ func wantCosSin(t *testing.T, c Config, kind RopeKind, pos, k int) (float32, flo
 	return float32(math.Cos(angle)), float32(math.Sin(angle))
 }
 
+// wantCosSinReference is the reference-mode angle and (cos, sin) from the
+// float32 frequencies: theta = fl(fl(pos) * f_k), cos and sin of it in
+// float64, rounded to float32.
+func wantCosSinReference(t *testing.T, c Config, kind RopeKind, pos, k int) (float32, float32) {
+	t.Helper()
+	f, err := c.RopeFrequencies32(kind)
+	require.NoError(t, err)
+	theta := float32(float32(pos) * f[k])
+	return float32(math.Cos(float64(theta))), float32(math.Sin(float64(theta)))
+}
+
 func TestRopeTableValues(t *testing.T) {
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
@@ -130,10 +142,19 @@ func TestRopeTableValues(t *testing.T) {
 
 	const positions = 70000 // past YaRN's original 65536
 	for _, c := range []Config{Flash(), Pro()} {
-		for _, kind := range []RopeKind{RopePlain, RopeYaRN} {
-			table, err := NewRopeTable(c, kind, positions)
+		for _, tc := range []struct {
+			kind RopeKind
+			mode RopeMode
+		}{{RopePlain, RopeExact}, {RopeYaRN, RopeExact}, {RopePlain, RopeReference}, {RopeYaRN, RopeReference}} {
+			kind, mode := tc.kind, tc.mode
+			want := wantCosSin
+			if mode == RopeReference {
+				want = wantCosSinReference
+			}
+			table, err := NewRopeTable(c, kind, mode, positions)
 			require.NoError(t, err)
 			assert.Equal(t, kind, table.Kind)
+			assert.Equal(t, mode, table.Mode)
 			assert.Equal(t, positions, table.Positions)
 			require.Len(t, table.CosSin, positions*64)
 
@@ -142,8 +163,9 @@ func TestRopeTableValues(t *testing.T) {
 				assert.Equal(t, float32(1), cos, "%v k %d pos 0", kind, k)
 				assert.Equal(t, float32(0), sin, "%v k %d pos 0", kind, k)
 			}
-			// f_0 = 1 for both kinds (YaRN keeps pair 0), so pair 0 is
-			// cos(pos), sin(pos).
+			// f_0 = 1 for both kinds and modes (YaRN keeps pair 0, and
+			// positions are exact in float32), so pair 0 is cos(pos),
+			// sin(pos).
 			for _, pos := range []int{1, 2, 3, 100, 65535, 65536, positions - 1, rng.IntN(positions)} {
 				cos, sin := table.At(pos, 0)
 				assert.Equal(t, float32(math.Cos(float64(pos))), cos, "%v pos %d", kind, pos)
@@ -151,10 +173,10 @@ func TestRopeTableValues(t *testing.T) {
 			}
 			for range 2000 {
 				pos, k := rng.IntN(positions), rng.IntN(32)
-				wc, ws := wantCosSin(t, c, kind, pos, k)
+				wc, ws := want(t, c, kind, pos, k)
 				gc, gs := table.At(pos, k)
 				if gc != wc || gs != ws {
-					t.Fatalf("%s %v pos %d k %d: got (%v, %v), want (%v, %v)", c.Name, kind, pos, k, gc, gs, wc, ws)
+					t.Fatalf("%s %v %v pos %d k %d: got (%v, %v), want (%v, %v)", c.Name, kind, mode, pos, k, gc, gs, wc, ws)
 				}
 			}
 		}
@@ -162,7 +184,7 @@ func TestRopeTableValues(t *testing.T) {
 }
 
 func TestRopeTableLayout(t *testing.T) {
-	table, err := NewRopeTable(Flash(), RopeYaRN, 300)
+	table, err := NewRopeTable(Flash(), RopeYaRN, RopeReference, 300)
 	require.NoError(t, err)
 	raw := table.Bytes()
 	require.Len(t, raw, 300*64*4)
@@ -186,40 +208,47 @@ func TestRopeTableLayout(t *testing.T) {
 func TestRopeTableSplitInvariant(t *testing.T) {
 	const positions = 3*parallelRows + 17
 	c := Flash()
-	freqs, err := c.frequencies(RopeYaRN)
-	require.NoError(t, err)
-	serial := make([]float32, positions*64)
-	fillRope(serial, freqs, 0, positions)
-
-	for _, procs := range []int{1, 2, 3, 8} {
-		prev := runtime.GOMAXPROCS(procs)
-		table, err := NewRopeTable(c, RopeYaRN, positions)
-		runtime.GOMAXPROCS(prev)
+	for _, mode := range RopeModes() {
+		fill, err := c.filler(RopeYaRN, mode)
 		require.NoError(t, err)
-		assert.Equal(t, serial, table.CosSin, "GOMAXPROCS %d", procs)
+		serial := make([]float32, positions*64)
+		fill(serial, 0, positions)
+
+		for _, procs := range []int{1, 2, 3, 8} {
+			prev := runtime.GOMAXPROCS(procs)
+			table, err := NewRopeTable(c, RopeYaRN, mode, positions)
+			runtime.GOMAXPROCS(prev)
+			require.NoError(t, err)
+			assert.Equal(t, serial, table.CosSin, "%v GOMAXPROCS %d", mode, procs)
+		}
 	}
 }
 
 func TestNewRopeTableErrors(t *testing.T) {
 	bad := Flash()
 	bad.RopeTheta = 0
+	huge := Flash()
+	huge.MaxPositionEmbeddings = 1 << 30
 	tests := []struct {
 		name      string
 		cfg       Config
 		kind      RopeKind
+		mode      RopeMode
 		positions int
 		want      string
 	}{
-		{"zero positions", Flash(), RopePlain, 0, "dsv4: RoPE table positions 0 out of range [1, 1048576]"},
-		{"negative positions", Flash(), RopeYaRN, -5, "dsv4: RoPE table positions -5 out of range [1, 1048576]"},
-		{"past max positions", Flash(), RopePlain, 1048577, "dsv4: RoPE table positions 1048577 out of range [1, 1048576] (max_position_embeddings)"},
-		{"unset kind", Flash(), RopeKind(0), 16, "dsv4: unknown RoPE kind RopeKind(0)"},
-		{"unknown kind", Flash(), RopeKind(3), 16, "dsv4: unknown RoPE kind RopeKind(3)"},
-		{"invalid config", bad, RopePlain, 16, `"rope_theta" = 0: must be finite and greater than 1`},
+		{"zero positions", Flash(), RopePlain, RopeReference, 0, "dsv4: RoPE table positions 0 out of range [1, 1048576]"},
+		{"negative positions", Flash(), RopeYaRN, RopeExact, -5, "dsv4: RoPE table positions -5 out of range [1, 1048576]"},
+		{"past max positions", Flash(), RopePlain, RopeReference, 1048577, "dsv4: RoPE table positions 1048577 out of range [1, 1048576] (max_position_embeddings)"},
+		{"past float32 positions", huge, RopePlain, RopeReference, 1<<24 + 1, "dsv4: RoPE table positions 16777217 out of range [1, 16777216] (2^24: positions must be exact in float32)"},
+		{"unset kind", Flash(), RopeKind(0), RopeReference, 16, "dsv4: unknown RoPE kind RopeKind(0)"},
+		{"unknown kind", Flash(), RopeKind(3), RopeReference, 16, "dsv4: unknown RoPE kind RopeKind(3)"},
+		{"unknown mode", Flash(), RopePlain, RopeMode(2), 16, "dsv4: unknown RoPE mode RopeMode(2)"},
+		{"invalid config", bad, RopePlain, RopeReference, 16, `"rope_theta" = 0: must be finite and greater than 1`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			table, err := NewRopeTable(tt.cfg, tt.kind, tt.positions)
+			table, err := NewRopeTable(tt.cfg, tt.kind, tt.mode, tt.positions)
 			assert.Nil(t, table)
 			assert.ErrorContains(t, err, tt.want)
 		})
@@ -227,7 +256,7 @@ func TestNewRopeTableErrors(t *testing.T) {
 }
 
 func TestRopeTableBounds(t *testing.T) {
-	table, err := NewRopeTable(Flash(), RopePlain, 10)
+	table, err := NewRopeTable(Flash(), RopePlain, RopeReference, 10)
 	require.NoError(t, err)
 	require.NoError(t, table.CheckPosition(0))
 	require.NoError(t, table.CheckPosition(9))
@@ -241,7 +270,7 @@ func TestRopeTableBounds(t *testing.T) {
 }
 
 func TestRopeTables(t *testing.T) {
-	set, err := Flash().RopeTables(128)
+	set, err := Flash().RopeTables(RopeReference, 128)
 	require.NoError(t, err)
 	require.NotNil(t, set.Plain)
 	require.NotNil(t, set.YaRN)
@@ -262,7 +291,7 @@ func TestRopeTables(t *testing.T) {
 	// A set keeps its own ratios: editing the config afterwards changes
 	// nothing.
 	c := Flash()
-	set, err = c.RopeTables(8)
+	set, err = c.RopeTables(RopeExact, 8)
 	require.NoError(t, err)
 	c.CompressRatios[0] = 4
 	table, err := set.ForLayer(0)
@@ -274,7 +303,7 @@ func TestRopeTables(t *testing.T) {
 	for i := range uncompressed.CompressRatios {
 		uncompressed.CompressRatios[i] = 0
 	}
-	set, err = uncompressed.RopeTables(8)
+	set, err = uncompressed.RopeTables(RopeReference, 8)
 	require.NoError(t, err)
 	assert.Nil(t, set.YaRN)
 	_, err = set.Table(RopeYaRN)
@@ -282,7 +311,7 @@ func TestRopeTables(t *testing.T) {
 	_, err = set.Table(RopeKind(0))
 	assert.EqualError(t, err, "dsv4: unknown RoPE kind RopeKind(0)")
 
-	_, err = Flash().RopeTables(0)
+	_, err = Flash().RopeTables(RopeReference, 0)
 	assert.ErrorContains(t, err, "positions 0 out of range")
 }
 
@@ -291,7 +320,7 @@ func BenchmarkNewRopeTable65536(b *testing.B) {
 		b.Run(kind.String(), func(b *testing.B) {
 			b.SetBytes(65536 * 64 * 4)
 			for b.Loop() {
-				if _, err := NewRopeTable(Flash(), kind, 65536); err != nil {
+				if _, err := NewRopeTable(Flash(), kind, RopeReference, 65536); err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -12,6 +12,7 @@ import (
 	"github.com/dsv4mla/prologue/attention/mla/cpu"
 	"github.com/dsv4mla/prologue/kvcache"
 	"github.com/dsv4mla/prologue/metadata"
+	"github.com/dsv4mla/prologue/numerics"
 )
 
 // flashLayer builds one V4-Flash layer's arguments for a context batch of
@@ -47,7 +48,7 @@ func flashLayer(b *testing.B, be mla.Backend, rows int, format kvcache.Format) (
 		Latent: fill(rows * (qLora + 512) * 2), QIn: fill(rows * heads * 1024),
 		KVWeight: fill(2048), Rope: fill(rows * 256), RopePositions: rows,
 		CacheConfig: kvcache.Config{Format: format, PageSize: 64, NumPages: pages, KVScale: 1},
-		QScale:      1, Scheduler: metadata.DefaultSchedulerParams(),
+		QScale:      1, Eps: numerics.DefaultEps, Scheduler: metadata.DefaultSchedulerParams(),
 	}
 	a.QOut, _ = be.Alloc(rows * heads * 512)
 	a.Cache, _ = be.Alloc(a.CacheConfig.PoolBytes())

@@ -217,7 +217,7 @@ func (c *Backend) KVNormRopeStore(ctx context.Context, l mla.Launch, a *mla.Laye
 		t := l.RowBegin + local
 		var x, y [d]float32
 		loadRow(&x, latent[a.LatentOffset+t*a.LatentStride*2:])
-		r := numerics.RMSInv(numerics.SumSquares(x[:]))
+		r := numerics.RMSInv(numerics.SumSquares(x[:]), a.Eps)
 		for i := range y {
 			y[i] = numerics.RoundBF16(float32(float32(x[i]*r) * w[i]))
 		}
@@ -245,7 +245,7 @@ func (c *Backend) QNormRopeQuant(ctx context.Context, l mla.Launch, a *mla.Layer
 		}
 		var x, y [d]float32
 		loadRow(&x, qin[(t*a.Heads+h)*d*2:])
-		r := numerics.RMSInv(numerics.SumSquares(x[:]))
+		r := numerics.RMSInv(numerics.SumSquares(x[:]), a.Eps)
 		for i := range y {
 			y[i] = numerics.RoundBF16(float32(x[i] * r))
 		}

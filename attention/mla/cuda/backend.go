@@ -2,24 +2,23 @@ package cuda
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"math"
 	"math/bits"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/rs/zerolog"
 
 	"github.com/dsv4mla/prologue/attention/mla"
+	"github.com/dsv4mla/prologue/internal/cudatune"
 	kernels "github.com/dsv4mla/prologue/kernels/cuda"
+	"github.com/dsv4mla/prologue/kernels/cuda/abi"
 	"github.com/dsv4mla/prologue/kernels/cuda/driver"
-	"github.com/dsv4mla/prologue/kvcache"
 )
 
-// Source returns the embedded CUDA source of the prologue kernels.
+// Source returns the CUDA source of the prologue kernels as NVRTC compiles
+// it: the generated abi.h, then prologue.cu.
 func Source() string { return kernels.PrologueSource() }
 
 // Available reports why the CUDA backend cannot run here, or nil.
@@ -30,29 +29,14 @@ func Available() error {
 	return driver.NVRTCAvailable()
 }
 
-// Options configure a Backend.
+// Options configure a Backend. The zero value is the default: device 0,
+// programmatic dependent launch on, logs discarded.
 type Options struct {
 	Device int
 	Logger zerolog.Logger
-	// Warps is the number of warps per block (0: 8); each warp streams a
-	// contiguous range of rows.
-	Warps int
-	// KVDepth and QDepth are the rows each warp keeps in flight (0: 4).
-	KVDepth, QDepth int
-	// BlocksPerSM caps the grid at BlocksPerSM blocks per multiprocessor
-	// (0: 4); smaller batches get one warp per row.
-	BlocksPerSM int
-	// MaxBlocks, when set, caps the grid instead (tests use it to make a
-	// few warps stream long ranges).
-	MaxBlocks int
 	// NoPDL turns off programmatic dependent launch (the default), with
 	// which a kernel's launch overlaps the tail of the one before it.
 	NoPDL bool
-	// Verbose keeps ptxas's resource report (registers, spills) in CompileLog.
-	Verbose bool
-	// SeparateLaunches makes RunLayer issue the KV and Q kernels as two
-	// launches instead of one fused layer launch (for tests and comparison).
-	SeparateLaunches bool
 	// GEMMOwnMaxM: GEMMs of up to this many rows run the weight-streaming
 	// kernel, larger ones cuBLASLt (0: DefaultGEMMOwnMaxM; -1: cuBLASLt for
 	// every batch it accepts). See gemm.go.
@@ -69,6 +53,7 @@ type Backend struct {
 	fns    map[string]*driver.Function
 	log    zerolog.Logger
 	opts   Options
+	knobs  cudatune.Knobs
 	clog   string
 	gemm   gemmState // gemm.go
 }
@@ -85,32 +70,24 @@ func (b *Buffer) Len() int { return b.n }
 // Ptr is the device address.
 func (b *Buffer) Ptr() driver.DevicePtr { return b.ptr }
 
-var kernelNames = []string{"kv_fp8_ue8m0", "kv_bf16", "kv_fp8_pertensor", "q_fp8", "q_bf16", "e4m3_sweep", "bf16_sweep",
-	"layer_fp8_ue8m0_qfp8", "layer_fp8_ue8m0_qbf16", "layer_bf16_qfp8", "layer_bf16_qbf16",
-	"layer_fp8_pertensor_qfp8", "layer_fp8_pertensor_qbf16"}
-
 // New opens the device, compiles (or loads from the cache) the kernels and
 // creates the stream.
-func New(opts Options) (*Backend, error) {
-	def := func(v *int, d int) {
-		if *v <= 0 {
-			*v = d
-		}
-	}
-	def(&opts.Warps, 8)
-	def(&opts.KVDepth, 4)
-	def(&opts.QDepth, 4)
-	def(&opts.BlocksPerSM, 4)
+func New(opts Options) (*Backend, error) { return NewTuned(opts, cudatune.Knobs{}) }
+
+// NewTuned is New with the launch-shape knobs of the module's tests and
+// cmd/bench (internal/cudatune); the zero Knobs are New's shapes.
+func NewTuned(opts Options, k cudatune.Knobs) (*Backend, error) {
+	k = k.Defaults()
 	// Static shared memory is at most 48 KiB a block: warps x depth x slot.
-	if opts.Warps > 32 || opts.Warps*opts.KVDepth*1280 > 48<<10 || opts.Warps*opts.QDepth*1024 > 48<<10 {
-		return nil, fmt.Errorf("cuda: Options.Warps = %d with KVDepth = %d and QDepth = %d exceeds 48 KiB of shared memory a block (warps x depth x 1280 or 1024 bytes)",
-			opts.Warps, opts.KVDepth, opts.QDepth)
+	if k.Warps > 32 || k.Warps*k.KVDepth*1280 > 48<<10 || k.Warps*k.QDepth*1024 > 48<<10 {
+		return nil, fmt.Errorf("cuda: Knobs.Warps = %d with KVDepth = %d and QDepth = %d exceeds 48 KiB of shared memory a block (warps x depth x 1280 or 1024 bytes)",
+			k.Warps, k.KVDepth, k.QDepth)
 	}
 	c, err := driver.Open(opts.Device)
 	if err != nil {
 		return nil, err
 	}
-	b := &Backend{ctx: c, log: opts.Logger, opts: opts, fns: map[string]*driver.Function{}}
+	b := &Backend{ctx: c, log: opts.Logger, opts: opts, knobs: k, fns: map[string]*driver.Function{}}
 	if err := b.init(); err != nil {
 		_ = c.Close()
 		return nil, err
@@ -120,20 +97,26 @@ func New(opts Options) (*Backend, error) {
 	return b, nil
 }
 
-func (b *Backend) init() error {
+// compileOptions are the NVRTC options of the prologue source: the
+// pipeline shape is compiled in.
+func (b *Backend) compileOptions() driver.CompileOptions {
 	opts := driver.CompileOptions{
 		Arch: b.ctx.Props().Arch(),
 		Defines: map[string]string{
-			"PIPE_WARPS": strconv.Itoa(b.opts.Warps),
-			"KV_DEPTH":   strconv.Itoa(b.opts.KVDepth),
-			"Q_DEPTH":    strconv.Itoa(b.opts.QDepth),
+			"PIPE_WARPS": strconv.Itoa(b.knobs.Warps),
+			"KV_DEPTH":   strconv.Itoa(b.knobs.KVDepth),
+			"Q_DEPTH":    strconv.Itoa(b.knobs.QDepth),
 		},
 	}
-	if b.opts.Verbose {
+	if b.knobs.Verbose {
 		opts.Extra = []string{"--ptxas-options=-v"}
 		opts.NoCache = true
 	}
-	compiled, err := driver.CompileDetailed(kernels.PrologueSource(), "prologue.cu", opts)
+	return opts
+}
+
+func (b *Backend) init() error {
+	compiled, err := driver.CompileDetailed(kernels.PrologueSource(), "prologue.cu", b.compileOptions())
 	if err != nil {
 		return err
 	}
@@ -141,17 +124,18 @@ func (b *Backend) init() error {
 	if b.mod, err = b.ctx.LoadModule(compiled.Cubin); err != nil {
 		return err
 	}
-	for _, n := range kernelNames {
-		if b.fns[n], err = b.mod.Function(n); err != nil {
-			return err
+	for _, k := range abi.Kernels() {
+		if b.fns[k.Name], err = b.mod.Function(k.Name); err != nil {
+			return fmt.Errorf("cuda: kernel %s: %w", k.Name, err)
 		}
 	}
 	b.stream, err = b.ctx.NewStream()
 	return err
 }
 
-// CompileLog is NVRTC's log of the kernels' compilation (with Verbose, the
-// registers and spills of each kernel); empty on a cache hit.
+// CompileLog is NVRTC's log of the kernels' compilation (with
+// cudatune.Knobs.Verbose, the registers and spills of each kernel); empty on
+// a cache hit.
 func (b *Backend) CompileLog() string { return b.clog }
 
 // Name is "cuda".
@@ -268,39 +252,9 @@ func (b *Backend) Close() error {
 	return errors.Join(errs...)
 }
 
-// paramsSize is sizeof(Params) in prologue.cu.
-const paramsSize = 168
-
-// packParams lays out the kernel's Params struct: ten pointers, the input
-// row stride, then 4-byte fields in declaration order.
-func packParams(ptrs [10]driver.DevicePtr, inStride uint64, ints []int32, floats []float32, tail []int32) driver.Bytes {
-	p := make([]byte, paramsSize)
-	le := binary.LittleEndian
-	for i, v := range ptrs {
-		le.PutUint64(p[8*i:], uint64(v))
-	}
-	le.PutUint64(p[80:], inStride)
-	off := 88
-	for _, v := range ints {
-		le.PutUint32(p[off:], uint32(v))
-		off += 4
-	}
-	for _, v := range floats {
-		le.PutUint32(p[off:], math.Float32bits(v))
-		off += 4
-	}
-	for _, v := range tail {
-		le.PutUint32(p[off:], uint32(v))
-		off += 4
-	}
-	if off > paramsSize {
-		panic("cuda: Params overflow")
-	}
-	return p
-}
-
-// launchParams builds the Params of one launch.
-func (b *Backend) launchParams(l mla.Launch, a *mla.LayerArgs, in, out, weight driver.DevicePtr, inStride uint64, scale float32) (driver.Bytes, error) {
+// launchParams packs the Params (kernels/cuda/abi) of one launch: in, out
+// and weight are the KV or Q part's buffers, scale its per-tensor scale.
+func launchParams(l mla.Launch, a *mla.LayerArgs, in, out, weight driver.DevicePtr, inStride uint64, scale float32) (driver.Bytes, error) {
 	meta, err := dev(a.Meta.Buf)
 	if err != nil {
 		return nil, err
@@ -310,58 +264,64 @@ func (b *Backend) launchParams(l mla.Launch, a *mla.LayerArgs, in, out, weight d
 		return nil, err
 	}
 	m := meta.ptr
-	var sched driver.DevicePtr
+	at := func(off int) uint64 { return uint64(m + driver.DevicePtr(off)) }
+	var sched uint64
 	if l.WriteScheduler {
-		sched = m + driver.DevicePtr(a.Meta.OffScheduler)
+		sched = at(a.Meta.OffScheduler)
 	}
-	ptrs := [10]driver.DevicePtr{in, out, weight, rope.ptr,
-		m + driver.DevicePtr(a.Meta.OffCuQ), m + driver.DevicePtr(a.Meta.OffCached),
-		m + driver.DevicePtr(a.Meta.OffKVLen), m + driver.DevicePtr(a.Meta.OffBlockTables), sched,
-		m + driver.DevicePtr(a.Meta.OffHeader)}
 	seqLenLog2 := int32(-1)
 	if l.SeqLen > 0 && l.SeqLen&(l.SeqLen-1) == 0 {
 		seqLenLog2 = int32(bits.TrailingZeros(uint(l.SeqLen)))
 	}
 	cfg := a.CacheConfig
-	ints := []int32{int32(l.RowBegin), int32(l.Rows), int32(l.ValidRows), int32(l.SeqBegin), int32(l.NumSeqs),
-		int32(l.SeqLen), seqLenLog2, int32(a.Heads), int32(a.RopePositions), int32(a.Meta.PageStride),
-		int32(bits.TrailingZeros(uint(cfg.PageSize))), int32(cfg.Format.PageBytes(cfg.PageSize)), int32(cfg.NumPages)}
 	s := a.Scheduler
-	floats := []float32{scale, s.QDeq, s.KVDeq, s.QScaling, s.OScale}
-	ws := int32(0)
-	if l.WriteScheduler {
-		ws = 1
-	}
-	fromHdr := int32(0)
-	if l.FromHeader {
-		fromHdr = 1
-	}
-	return packParams(ptrs, inStride, ints, floats, []int32{ws, fromHdr}), nil
+	p := abi.Params.Pack()
+	p.Ptr(abi.ParamIn, uint64(in))
+	p.Ptr(abi.ParamOut, uint64(out))
+	p.Ptr(abi.ParamWeight, uint64(weight))
+	p.Ptr(abi.ParamRope, uint64(rope.ptr))
+	p.Ptr(abi.ParamCuQ, at(a.Meta.OffCuQ))
+	p.Ptr(abi.ParamCached, at(a.Meta.OffCached))
+	p.Ptr(abi.ParamKVLen, at(a.Meta.OffKVLen))
+	p.Ptr(abi.ParamBlockTables, at(a.Meta.OffBlockTables))
+	p.Ptr(abi.ParamSched, sched)
+	p.Ptr(abi.ParamHdr, at(a.Meta.OffHeader))
+	p.U64(abi.ParamInStride, inStride)
+	p.I32(abi.ParamRowBegin, int32(l.RowBegin))
+	p.I32(abi.ParamRows, int32(l.Rows))
+	p.I32(abi.ParamValidRows, int32(l.ValidRows))
+	p.I32(abi.ParamSeqBegin, int32(l.SeqBegin))
+	p.I32(abi.ParamNumSeqs, int32(l.NumSeqs))
+	p.I32(abi.ParamSeqLen, int32(l.SeqLen))
+	p.I32(abi.ParamSeqLenLog2, seqLenLog2)
+	p.I32(abi.ParamHeads, int32(a.Heads))
+	p.I32(abi.ParamRopePositions, int32(a.RopePositions))
+	p.I32(abi.ParamPageStride, int32(a.Meta.PageStride))
+	p.I32(abi.ParamPageSizeLog2, int32(bits.TrailingZeros(uint(cfg.PageSize))))
+	p.I32(abi.ParamPageBytes, int32(cfg.Format.PageBytes(cfg.PageSize)))
+	p.I32(abi.ParamNumPages, int32(cfg.NumPages))
+	p.F32(abi.ParamScale, scale)
+	p.F32(abi.ParamQDeq, s.QDeq)
+	p.F32(abi.ParamKVDeq, s.KVDeq)
+	p.F32(abi.ParamQScaling, s.QScaling)
+	p.F32(abi.ParamOScale, s.OScale)
+	p.F32(abi.ParamEps, a.Eps)
+	p.Bool(abi.ParamWriteSched, l.WriteScheduler)
+	p.Bool(abi.ParamFromHdr, l.FromHeader)
+	return p.Bytes()
 }
 
 // grid sizes a streaming launch over n work rows: one warp a row while that
 // fits the cap (small batches keep every row's latency short), else the cap
 // of BlocksPerSM blocks a multiprocessor, each warp streaming its range.
 func (b *Backend) grid(n int) (driver.Dim3, driver.Dim3) {
-	blocks := (n + b.opts.Warps - 1) / b.opts.Warps
-	limit := b.ctx.Props().SMCount * b.opts.BlocksPerSM
-	if b.opts.MaxBlocks > 0 {
-		limit = b.opts.MaxBlocks
+	blocks := (n + b.knobs.Warps - 1) / b.knobs.Warps
+	limit := b.ctx.Props().SMCount * b.knobs.BlocksPerSM
+	if b.knobs.MaxBlocks > 0 {
+		limit = b.knobs.MaxBlocks
 	}
 	blocks = max(1, min(blocks, limit))
-	return driver.Dim3{uint32(blocks), 1, 1}, driver.Dim3{uint32(32 * b.opts.Warps), 1, 1}
-}
-
-func kvKernel(f kvcache.Format) (string, error) {
-	switch f {
-	case kvcache.FormatFP8UE8M0:
-		return "kv_fp8_ue8m0", nil
-	case kvcache.FormatBF16:
-		return "kv_bf16", nil
-	case kvcache.FormatFP8PerTensor:
-		return "kv_fp8_pertensor", nil
-	}
-	return "", fmt.Errorf("cuda: no KV kernel for cache format %v", f)
+	return driver.Dim3{uint32(blocks), 1, 1}, driver.Dim3{uint32(32 * b.knobs.Warps), 1, 1}
 }
 
 func (b *Backend) launch(fn *driver.Function, grid, block driver.Dim3, args ...any) error {
@@ -371,7 +331,7 @@ func (b *Backend) launch(fn *driver.Function, grid, block driver.Dim3, args ...a
 	return b.ctx.Launch(fn, grid, block, 0, b.stream, args...)
 }
 
-func (b *Backend) kvParams(l mla.Launch, a *mla.LayerArgs) (driver.Bytes, error) {
+func kvParams(l mla.Launch, a *mla.LayerArgs) (driver.Bytes, error) {
 	lat, err := dev(a.Latent)
 	if err != nil {
 		return nil, err
@@ -384,10 +344,10 @@ func (b *Backend) kvParams(l mla.Launch, a *mla.LayerArgs) (driver.Bytes, error)
 	if err != nil {
 		return nil, err
 	}
-	return b.launchParams(l, a, lat.ptr+driver.DevicePtr(a.LatentOffset), cache.ptr, w.ptr, uint64(a.LatentStride)*2, a.CacheConfig.KVScale)
+	return launchParams(l, a, lat.ptr+driver.DevicePtr(a.LatentOffset), cache.ptr, w.ptr, uint64(a.LatentStride)*2, a.CacheConfig.KVScale)
 }
 
-func (b *Backend) qParams(l mla.Launch, a *mla.LayerArgs) (driver.Bytes, error) {
+func qParams(l mla.Launch, a *mla.LayerArgs) (driver.Bytes, error) {
 	qin, err := dev(a.QIn)
 	if err != nil {
 		return nil, err
@@ -396,7 +356,7 @@ func (b *Backend) qParams(l mla.Launch, a *mla.LayerArgs) (driver.Bytes, error) 
 	if err != nil {
 		return nil, err
 	}
-	return b.launchParams(l, a, qin.ptr, qout.ptr, 0, 1024, a.QScale)
+	return launchParams(l, a, qin.ptr, qout.ptr, 0, 1024, a.QScale)
 }
 
 // KVNormRopeStore implements mla.Backend.
@@ -404,11 +364,11 @@ func (b *Backend) KVNormRopeStore(ctx context.Context, l mla.Launch, a *mla.Laye
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	name, err := kvKernel(a.CacheConfig.Format)
+	name, err := abi.KVKernel(a.CacheConfig.Format)
 	if err != nil {
 		return err
 	}
-	p, err := b.kvParams(l, a)
+	p, err := kvParams(l, a)
 	if err != nil {
 		return err
 	}
@@ -421,11 +381,11 @@ func (b *Backend) QNormRopeQuant(ctx context.Context, l mla.Launch, a *mla.Layer
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	name := "q_fp8"
-	if a.QFormat == mla.QBF16 {
-		name = "q_bf16"
+	name, err := abi.QKernel(a.QFormat)
+	if err != nil {
+		return err
 	}
-	p, err := b.qParams(l, a)
+	p, err := qParams(l, a)
 	if err != nil {
 		return err
 	}
@@ -436,20 +396,19 @@ func (b *Backend) QNormRopeQuant(ctx context.Context, l mla.Launch, a *mla.Layer
 // layerLaunch issues a launch's KV and Q work as one grid (the layer_*
 // kernels): the KV part's blocks first, then the Q part's.
 func (b *Backend) layerLaunch(l mla.Launch, a *mla.LayerArgs) error {
-	kvName, err := kvKernel(a.CacheConfig.Format)
+	name, err := abi.LayerKernel(a.CacheConfig.Format, a.QFormat)
 	if err != nil {
 		return err
 	}
-	name := "layer_" + strings.TrimPrefix(kvName, "kv_") + "_q" + a.QFormat.String()
 	fn, ok := b.fns[name]
 	if !ok {
 		return fmt.Errorf("cuda: no fused layer kernel %q", name)
 	}
-	pkv, err := b.kvParams(l, a)
+	pkv, err := kvParams(l, a)
 	if err != nil {
 		return err
 	}
-	pq, err := b.qParams(l, a)
+	pq, err := qParams(l, a)
 	if err != nil {
 		return err
 	}
@@ -457,35 +416,6 @@ func (b *Backend) layerLaunch(l mla.Launch, a *mla.LayerArgs) error {
 	qGrid, _ := b.grid(l.Rows * a.Heads)
 	grid := driver.Dim3{kvGrid[0] + qGrid[0], 1, 1}
 	return b.launch(fn, grid, block, pkv, pq, int32(kvGrid[0]))
-}
-
-// BF16Sweep rounds n float32 bit patterns base, base+1, ... to bf16 with the
-// kernels' conversion into out (2n bytes, n even).
-func (b *Backend) BF16Sweep(out mla.Buffer, base uint32, n int) error {
-	o, err := span(out, 0, 2*n)
-	if err != nil {
-		return err
-	}
-	if n%2 != 0 {
-		return fmt.Errorf("cuda: BF16Sweep n = %d must be even", n)
-	}
-	grid := driver.Dim3{uint32(b.ctx.Props().SMCount * 8), 1, 1}
-	return b.ctx.Launch(b.fns["bf16_sweep"], grid, driver.Dim3{256, 1, 1}, 0, b.stream, o, base, uint32(n))
-}
-
-// E4M3Sweep converts n float32 bit patterns base, base+1, ... with the
-// hardware conversion into out (n bytes, n even).
-func (b *Backend) E4M3Sweep(out mla.Buffer, base uint32, n int) error {
-	o, err := span(out, 0, n)
-	if err != nil {
-		return err
-	}
-	if n%2 != 0 {
-		return fmt.Errorf("cuda: E4M3Sweep n = %d must be even", n)
-	}
-	props := b.ctx.Props()
-	grid := driver.Dim3{uint32(props.SMCount * 8), 1, 1}
-	return b.ctx.Launch(b.fns["e4m3_sweep"], grid, driver.Dim3{256, 1, 1}, 0, b.stream, o, base, uint32(n))
 }
 
 // Time measures the device time of the work f issues on the stream, with
@@ -523,11 +453,11 @@ func (b *Backend) Time(ctx context.Context, f func() error) (time.Duration, erro
 var _ mla.Backend = (*Backend)(nil)
 
 // RunLayer is mla's optional fast path: each launch's KV and Q work goes
-// out as one fused grid (unless Options.SeparateLaunches), and the layer's
-// launches are handed to the context's owner thread in one batch instead of
-// one hand-over each.
+// out as one fused grid (unless cudatune.Knobs.SeparateLaunches), and the
+// layer's launches are handed to the context's owner thread in one batch
+// instead of one hand-over each.
 func (b *Backend) RunLayer(ctx context.Context, launches []mla.Launch, a *mla.LayerArgs) error {
-	if b.opts.SeparateLaunches {
+	if b.knobs.SeparateLaunches {
 		return b.ctx.Do(func() error { return mla.RunLaunches(ctx, b, launches, a) })
 	}
 	return b.ctx.Do(func() error {

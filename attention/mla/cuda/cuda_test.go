@@ -2,6 +2,8 @@ package cuda_test
 
 import (
 	"context"
+	_ "embed"
+	"fmt"
 	"math"
 	"runtime"
 	"sync"
@@ -10,8 +12,11 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/dsv4mla/prologue/attention/mla"
 	"github.com/dsv4mla/prologue/attention/mla/cuda"
 	"github.com/dsv4mla/prologue/attention/mla/mlatest"
+	"github.com/dsv4mla/prologue/internal/cudatune"
+	"github.com/dsv4mla/prologue/kernels/cuda/driver"
 	"github.com/dsv4mla/prologue/numerics"
 )
 
@@ -45,16 +50,19 @@ func TestCUDAConformance(t *testing.T) {
 // depths), one row in flight, and launches without programmatic dependent launch.
 func TestCUDAConformanceVariants(t *testing.T) {
 	backend(t)
-	variants := map[string]cuda.Options{
+	variants := map[string]struct {
+		opts  cuda.Options
+		knobs cudatune.Knobs
+	}{
 		// One small block: every warp streams a long range through its ring.
-		"one-block": {Warps: 3, KVDepth: 3, QDepth: 5, MaxBlocks: 1},
-		"depth1":    {Warps: 1, KVDepth: 1, QDepth: 1, MaxBlocks: 2},
-		"no-pdl":    {NoPDL: true},
-		"separate":  {SeparateLaunches: true},
-		"wide":      {Warps: 4, KVDepth: 8, QDepth: 8},
+		"one-block": {knobs: cudatune.Knobs{Warps: 3, KVDepth: 3, QDepth: 5, MaxBlocks: 1}},
+		"depth1":    {knobs: cudatune.Knobs{Warps: 1, KVDepth: 1, QDepth: 1, MaxBlocks: 2}},
+		"no-pdl":    {opts: cuda.Options{NoPDL: true}},
+		"separate":  {knobs: cudatune.Knobs{SeparateLaunches: true}},
+		"wide":      {knobs: cudatune.Knobs{Warps: 4, KVDepth: 8, QDepth: 8}},
 	}
-	for name, opts := range variants {
-		b, err := cuda.New(opts)
+	for name, v := range variants {
+		b, err := cuda.NewTuned(v.opts, v.knobs)
 		require.NoError(t, err)
 		t.Run(name, func(t *testing.T) { mlatest.Test(t, b) })
 		require.NoError(t, b.Close())
@@ -63,6 +71,44 @@ func TestCUDAConformanceVariants(t *testing.T) {
 
 func TestCUDAMixedEqualsParts(t *testing.T) {
 	mlatest.MixedEqualsParts(t, backend(t))
+}
+
+// sweepSource holds the test-only conversion kernels, embedded so that the
+// test binary runs from any directory (scripts/run-gpu-tests.sh).
+//
+//go:embed testdata/sweep.cu
+var sweepSource string
+
+var (
+	sweeps     map[string]*driver.Function
+	sweepsErr  error
+	sweepsOnce sync.Once
+)
+
+// sweep runs one of the test-only conversion kernels of testdata/sweep.cu
+// (compiled after prologue.cu, so that they run its helpers) over the n
+// float32 bit patterns base, base+1, ... into out.
+func sweep(t *testing.T, b *cuda.Backend, kernel string, out mla.Buffer, base uint32, n int) error {
+	t.Helper()
+	sweepsOnce.Do(func() {
+		mod, err := b.CompileWithTestKernels("sweep.cu", sweepSource)
+		if err != nil {
+			sweepsErr = err
+			return
+		}
+		sweeps = map[string]*driver.Function{}
+		for _, name := range []string{"e4m3_sweep", "bf16_sweep"} {
+			if sweeps[name], sweepsErr = mod.Function(name); sweepsErr != nil {
+				return
+			}
+		}
+	})
+	require.NoError(t, sweepsErr)
+	if n%2 != 0 {
+		return fmt.Errorf("%s: n = %d must be even", kernel, n)
+	}
+	grid := driver.Dim3{uint32(b.Props().SMCount * 8), 1, 1}
+	return b.Context().Launch(sweeps[kernel], grid, driver.Dim3{256, 1, 1}, 0, b.Stream(), out.(*cuda.Buffer).Ptr(), base, uint32(n))
 }
 
 // TestCUDAE4M3Exhaustive converts every float32 bit pattern with the
@@ -81,7 +127,7 @@ func TestCUDAE4M3Exhaustive(t *testing.T) {
 	negNaN := map[byte]int{}
 	for c := uint64(0); c < 1<<32; c += chunk {
 		base := uint32(c)
-		require.NoError(t, b.E4M3Sweep(out, base, chunk))
+		require.NoError(t, sweep(t, b, "e4m3_sweep", out, base, chunk))
 		require.NoError(t, b.Read(host, out, 0))
 		workers := runtime.GOMAXPROCS(0)
 		var mu sync.Mutex
@@ -135,7 +181,7 @@ func TestCUDABF16Exhaustive(t *testing.T) {
 	var diffs atomic.Int64
 	for c := uint64(0); c < 1<<32; c += chunk {
 		base := uint32(c)
-		require.NoError(t, b.BF16Sweep(out, base, chunk))
+		require.NoError(t, sweep(t, b, "bf16_sweep", out, base, chunk))
 		require.NoError(t, b.Read(host, out, 0))
 		var wg sync.WaitGroup
 		workers := runtime.GOMAXPROCS(0)

@@ -2,5 +2,5 @@
 // manner of gonum's blas/testblas: fresh random inputs (the seed is logged),
 // outputs poisoned before each run, and every byte of the Q buffer, the
 // cache pool and the scheduler scalars compared with a slow scalar reference
-// written straight from DESIGN.md.
+// written straight from docs/DESIGN.md.
 package mlatest

@@ -10,7 +10,7 @@ import (
 )
 
 // This file is the reference: scalar, one row at a time, every offset spelled
-// out from DESIGN.md sections 3 to 5. It shares only the scalar conversions
+// out from docs/DESIGN.md sections 3 to 5. It shares only the scalar conversions
 // (bf16, e4m3, which numerics tests exhaustively) with the backends.
 
 func bf16At(p []byte, i int) float32 {
@@ -38,10 +38,10 @@ func refSumSquares(x []float32) float32 {
 	return lanes[0]
 }
 
-func refRInv(x []float32) float32 {
+func refRInv(x []float32, eps float32) float32 {
 	s := refSumSquares(x)
 	mean := float32(s / 512)
-	v := float32(mean + 1e-6)
+	v := float32(mean + eps)
 	root := float32(math.Sqrt(float64(v)))
 	return float32(1 / root)
 }
@@ -61,12 +61,12 @@ func refRope(y []float32, table []byte, pos int) {
 }
 
 // refKVRow computes the 512 post-norm, post-RoPE values of one latent row.
-func refKVRow(latent []byte, w []byte, table []byte, pos int) []float32 {
+func refKVRow(latent []byte, w []byte, table []byte, pos int, eps float32) []float32 {
 	x := make([]float32, 512)
 	for i := range x {
 		x[i] = bf16At(latent, i)
 	}
-	r := refRInv(x)
+	r := refRInv(x, eps)
 	y := make([]float32, 512)
 	for i := range y {
 		y[i] = numerics.RoundBF16(float32(float32(x[i]*r) * f32At(w, i)))
@@ -75,7 +75,7 @@ func refKVRow(latent []byte, w []byte, table []byte, pos int) []float32 {
 	return y
 }
 
-// refStore writes one token into the pool as DESIGN.md section 3 lays it out.
+// refStore writes one token into the pool as docs/DESIGN.md section 3 lays it out.
 func refStore(pool []byte, cfg kvcache.Config, slot int64, y []float32) {
 	P := int64(cfg.PageSize)
 	page, off := slot/P, int(slot%P)
@@ -128,12 +128,12 @@ func refStore(pool []byte, cfg kvcache.Config, slot int64, y []float32) {
 }
 
 // refQRow computes one (token, head) Q row's output bytes.
-func refQRow(qin []byte, table []byte, pos int, bf16Out bool, scale float32, out []byte) {
+func refQRow(qin []byte, table []byte, pos int, eps float32, bf16Out bool, scale float32, out []byte) {
 	x := make([]float32, 512)
 	for i := range x {
 		x[i] = bf16At(qin, i)
 	}
-	r := refRInv(x)
+	r := refRInv(x, eps)
 	y := make([]float32, 512)
 	for i := range y {
 		y[i] = numerics.RoundBF16(float32(x[i] * r))
@@ -163,7 +163,7 @@ func refLayer(in *inputs, m *metadata.Metadata, cfg kvcache.Config, pool, qout [
 				continue
 			}
 			row := in.qin[(t*in.heads+h)*1024:]
-			refQRow(row, in.rope, pos, bf16Q, qScale, out)
+			refQRow(row, in.rope, pos, in.eps, bf16Q, qScale, out)
 		}
 		if !ok || badSlots[t] {
 			continue
@@ -172,7 +172,7 @@ func refLayer(in *inputs, m *metadata.Metadata, cfg kvcache.Config, pool, qout [
 		if slot < 0 {
 			continue
 		}
-		y := refKVRow(in.latent[in.latentOffset+t*in.latentStride*2:], in.weight, in.rope, pos)
+		y := refKVRow(in.latent[in.latentOffset+t*in.latentStride*2:], in.weight, in.rope, pos, in.eps)
 		refStore(pool, cfg, slot, y)
 	}
 }

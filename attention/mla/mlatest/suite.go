@@ -11,6 +11,7 @@ import (
 	"github.com/dsv4mla/prologue/attention/mla"
 	"github.com/dsv4mla/prologue/kvcache"
 	"github.com/dsv4mla/prologue/metadata"
+	"github.com/dsv4mla/prologue/numerics"
 )
 
 // Scenario is one batch shape of the suite.
@@ -24,6 +25,19 @@ type Scenario struct {
 	Strided  bool // latent rows read from a fused [q_lora_rank | 512] row
 	Special  bool // rows with NaN, Inf, huge, tiny and all-zero values
 	BadSlot  bool // one block-table entry overwritten with -1 after upload
+	// Eps is the rms_norm_eps of the case; 0 means numerics.DefaultEps
+	// (1e-6). Scenarios with another eps fail a backend that ignores
+	// LayerArgs.Eps: most random rows have a mean square small enough that
+	// the eps changes their float32 inverse RMS.
+	Eps float32
+}
+
+// eps is the scenario's rms_norm_eps.
+func (s Scenario) eps() float32 {
+	if s.Eps == 0 {
+		return numerics.DefaultEps
+	}
+	return s.Eps
 }
 
 func ctx(seq uint64, n int) metadata.Request {
@@ -50,6 +64,8 @@ func Scenarios() []Scenario {
 	out = append(out,
 		Scenario{Name: "context/1row", Reqs: []metadata.Request{ctx(1, 1)}, Heads: 3, PageSize: 64},
 		Scenario{Name: "context/ragged", Reqs: []metadata.Request{ctx(1, 5), ctx(2, 70), ctx(3, 1), ctx(4, 129)}, Heads: 2, PageSize: 64},
+		Scenario{Name: "context/eps1e-5", Reqs: []metadata.Request{ctx(1, 9), ctx(2, 40)}, Heads: 2, PageSize: 64, Eps: 1e-5},
+		Scenario{Name: "context/eps1e-6-explicit", Reqs: []metadata.Request{ctx(1, 3), ctx(2, 20)}, Heads: 2, PageSize: 16, Eps: 1e-6},
 		Scenario{Name: "context/chunked", Reqs: []metadata.Request{ctx(1, 33), ctx(2, 64)}, Cached: map[uint64]int{1: 31, 2: 64}, Heads: 2, PageSize: 64},
 		Scenario{Name: "context/page16-edges", Reqs: []metadata.Request{ctx(1, 17), ctx(2, 16)}, Cached: map[uint64]int{1: 15}, Heads: 1, PageSize: 16},
 		Scenario{Name: "context/strided-special", Reqs: []metadata.Request{ctx(1, 40), ctx(2, 9)}, Heads: 2, PageSize: 64, Strided: true, Special: true},
@@ -60,6 +76,8 @@ func Scenarios() []Scenario {
 	}
 	rs, c := genSeqs(1, 0, 10)
 	out = append(out, Scenario{Name: "generation/1row", Reqs: rs, Cached: c, Heads: 5, PageSize: 64})
+	rs, c = genSeqs(4, 1, 10)
+	out = append(out, Scenario{Name: "generation/eps1e-5", Reqs: rs, Cached: c, Heads: 2, PageSize: 64, Eps: 1e-5})
 	rs, c = genSeqs(3, 3, 10)
 	c[10], c[11], c[12] = 60, 61, 64 // 4 new tokens straddle the 64 edge
 	out = append(out, Scenario{Name: "generation/page-edge", Reqs: rs, Cached: c, Heads: 2, PageSize: 64})
@@ -73,6 +91,7 @@ func Scenarios() []Scenario {
 	out = append(out,
 		Scenario{Name: "mixed", Reqs: mixed, Cached: c, Heads: 3, PageSize: 64},
 		Scenario{Name: "mixed/padded-strided-special", Reqs: mixed, Cached: c, Heads: 2, PageSize: 16, PadTo: 120, Strided: true, Special: true, BadSlot: true},
+		Scenario{Name: "mixed/eps1e-5-special", Reqs: mixed, Cached: c, Heads: 2, PageSize: 64, Special: true, Eps: 1e-5},
 		Scenario{Name: "mixed/flash-heads", Reqs: []metadata.Request{ctx(5, 7), gen(10, 3), gen(11, 3)}, Cached: map[uint64]int{10: 100, 11: 3}, Heads: 64, PageSize: 64},
 	)
 	return out
@@ -92,10 +111,11 @@ func (c Config) String() string {
 	return c.Format.String() + "/" + q
 }
 
-// Configs lists every cache format with both Q outputs.
+// Configs lists every cache format (kvcache.Formats, so that a new format
+// cannot skip the suite) with both Q outputs.
 func Configs() []Config {
 	var cs []Config
-	for _, f := range []kvcache.Format{kvcache.FormatFP8UE8M0, kvcache.FormatBF16, kvcache.FormatFP8PerTensor} {
+	for _, f := range kvcache.Formats() {
 		cs = append(cs, Config{f, false}, Config{f, true})
 	}
 	return cs
@@ -145,6 +165,7 @@ func Test(t *testing.T, b mla.Backend) {
 // inputs are the host copies of one layer's inputs.
 type inputs struct {
 	heads                      int
+	eps                        float32
 	latent, qin, weight, rope  []byte
 	latentOffset, latentStride int
 	ropePositions              int
@@ -205,7 +226,7 @@ func NewCase(s Scenario, c Config, seed uint64) (*Case, error) {
 	for _, kv := range m.KVLen {
 		maxPos = max(maxPos, int(kv))
 	}
-	in := &inputs{heads: s.Heads, ropePositions: maxPos + 5, latentStride: 512}
+	in := &inputs{heads: s.Heads, eps: s.eps(), ropePositions: maxPos + 5, latentStride: 512}
 	if s.Strided {
 		in.latentStride = 1536 + 512
 		in.latentOffset = 1536 * 2
@@ -325,7 +346,7 @@ func (cs *Case) Run(b mla.Backend, launches []mla.Launch) (*Outputs, error) {
 	a := &mla.LayerArgs{
 		Heads: in.heads, LatentOffset: in.latentOffset, LatentStride: in.latentStride,
 		RopePositions: in.ropePositions, CacheConfig: cs.cfg, QScale: cs.qScale,
-		Scheduler: cs.sched,
+		Eps: in.eps, Scheduler: cs.sched,
 	}
 	if cs.C.QBF16 {
 		a.QFormat = mla.QBF16

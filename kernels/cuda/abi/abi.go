@@ -1,0 +1,200 @@
+package abi
+
+import (
+	"fmt"
+	"math"
+	"strings"
+)
+
+// Kind is the type of one field of a struct passed to a kernel by value.
+type Kind uint8
+
+const (
+	// Ptr is a device address, 8 bytes; Field.CType names the pointee.
+	Ptr Kind = iota + 1
+	// U64 is an unsigned 64-bit integer.
+	U64
+	// I32 is a signed 32-bit integer (C int).
+	I32
+	// F32 is an IEEE float32 (C float).
+	F32
+)
+
+func (k Kind) size() int {
+	switch k {
+	case Ptr, U64:
+		return 8
+	case I32, F32:
+		return 4
+	}
+	panic(fmt.Sprintf("abi: unknown field kind %d", uint8(k)))
+}
+
+func (k Kind) String() string {
+	switch k {
+	case Ptr:
+		return "pointer"
+	case U64:
+		return "u64"
+	case I32:
+		return "int32"
+	case F32:
+		return "float32"
+	}
+	return fmt.Sprintf("Kind(%d)", uint8(k))
+}
+
+// Field is one member of a kernel parameter struct.
+type Field struct {
+	Name  string // the C member name
+	Kind  Kind
+	CType string // for Ptr: the C pointer type, e.g. "const u8*"; empty otherwise
+	Doc   string // one line, written beside the member in the header
+}
+
+func (f Field) cType() string {
+	switch f.Kind {
+	case Ptr:
+		return f.CType
+	case U64:
+		return "u64"
+	case I32:
+		return "int"
+	case F32:
+		return "float"
+	}
+	panic(fmt.Sprintf("abi: field %s: unknown kind %d", f.Name, uint8(f.Kind)))
+}
+
+// Struct is a C struct that the host packs byte by byte and a kernel takes
+// by value. Members are laid out in order at their natural alignment (the
+// C rule the device compiler follows); the size is rounded up to the
+// largest alignment.
+type Struct struct {
+	Name   string
+	Doc    string
+	Fields []Field
+}
+
+// FieldID indexes Struct.Fields.
+type FieldID int
+
+// Offset returns the byte offset of field f.
+func (s *Struct) Offset(f FieldID) int {
+	offs, _ := s.layout()
+	return offs[f]
+}
+
+// Size returns sizeof the struct.
+func (s *Struct) Size() int {
+	_, n := s.layout()
+	return n
+}
+
+func (s *Struct) layout() ([]int, int) {
+	offs := make([]int, len(s.Fields))
+	off, maxAlign := 0, 1
+	for i, f := range s.Fields {
+		a := f.Kind.size()
+		off = (off + a - 1) / a * a
+		offs[i] = off
+		off += a
+		maxAlign = max(maxAlign, a)
+	}
+	return offs, (off + maxAlign - 1) / maxAlign * maxAlign
+}
+
+// Packer fills one value of a Struct in the layout the kernels read. Every
+// field must be set exactly once; Bytes reports those that were not.
+type Packer struct {
+	s    *Struct
+	offs []int
+	b    []byte
+	set  []bool
+}
+
+// Pack starts a value of s.
+func (s *Struct) Pack() *Packer {
+	offs, n := s.layout()
+	return &Packer{s: s, offs: offs, b: make([]byte, n), set: make([]bool, len(s.Fields))}
+}
+
+// put writes v at field f, which must be of kind k: a mismatch is a
+// programming error in the host code, so it panics (the CPU tests pack
+// every field of every launch).
+func (p *Packer) put(f FieldID, k Kind, v uint64) {
+	if int(f) < 0 || int(f) >= len(p.s.Fields) {
+		panic(fmt.Sprintf("abi: %s has no field %d", p.s.Name, f))
+	}
+	fd := p.s.Fields[f]
+	if fd.Kind != k {
+		panic(fmt.Sprintf("abi: %s.%s is a %v, set as a %v", p.s.Name, fd.Name, fd.Kind, k))
+	}
+	if p.set[f] {
+		panic(fmt.Sprintf("abi: %s.%s set twice", p.s.Name, fd.Name))
+	}
+	p.set[f] = true
+	o := p.offs[f]
+	for i := range k.size() {
+		p.b[o+i] = byte(v >> (8 * i)) // little-endian, as every CUDA device
+	}
+}
+
+// Ptr sets a pointer field to a device address.
+func (p *Packer) Ptr(f FieldID, addr uint64) { p.put(f, Ptr, addr) }
+
+// U64 sets a u64 field.
+func (p *Packer) U64(f FieldID, v uint64) { p.put(f, U64, v) }
+
+// I32 sets an int field.
+func (p *Packer) I32(f FieldID, v int32) { p.put(f, I32, uint64(uint32(v))) }
+
+// F32 sets a float field.
+func (p *Packer) F32(f FieldID, v float32) { p.put(f, F32, uint64(math.Float32bits(v))) }
+
+// Bool sets an int field to 1 or 0.
+func (p *Packer) Bool(f FieldID, v bool) {
+	var i int32
+	if v {
+		i = 1
+	}
+	p.I32(f, i)
+}
+
+// Bytes returns the packed value, or an error naming every field left unset.
+func (p *Packer) Bytes() ([]byte, error) {
+	var missing []string
+	for i, ok := range p.set {
+		if !ok {
+			missing = append(missing, p.s.Fields[i].Name)
+		}
+	}
+	if len(missing) > 0 {
+		return nil, fmt.Errorf("abi: %s fields not set: %s", p.s.Name, strings.Join(missing, ", "))
+	}
+	return p.b, nil
+}
+
+// Raw reads back the bits of field f of a packed value (for tests and
+// dumps): a pointer or u64 whole, an int or float as its 32 bits.
+func (s *Struct) Raw(b []byte, f FieldID) uint64 {
+	offs, _ := s.layout()
+	var v uint64
+	for i := range s.Fields[f].Kind.size() {
+		v |= uint64(b[offs[f]+i]) << (8 * i)
+	}
+	return v
+}
+
+// Const is one integer constant shared by the host and the kernels.
+type Const struct {
+	Name  string // the C name
+	Value int
+	Doc   string
+}
+
+// ConstGroup is a C enum of related constants.
+type ConstGroup struct {
+	Doc    string
+	Consts []Const
+}

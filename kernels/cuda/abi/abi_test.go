@@ -1,0 +1,107 @@
+package abi_test
+
+import (
+	"fmt"
+	"math"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/dsv4mla/prologue/attention/mla"
+	"github.com/dsv4mla/prologue/kernels/cuda/abi"
+	"github.com/dsv4mla/prologue/kvcache"
+)
+
+// TestParamsLayout pins the C layout of Params: ten pointers, the u64 input
+// stride, then 4-byte fields, 176 bytes in all (a static_assert in abi.h
+// checks the same size on the device).
+func TestParamsLayout(t *testing.T) {
+	require.Equal(t, 176, abi.Params.Size())
+	for f, want := range map[abi.FieldID]int{
+		abi.ParamIn: 0, abi.ParamHdr: 72, abi.ParamInStride: 80, abi.ParamRowBegin: 88,
+		abi.ParamNumPages: 136, abi.ParamScale: 140, abi.ParamEps: 160, abi.ParamFromHdr: 168,
+	} {
+		require.Equal(t, want, abi.Params.Offset(f), "field %s", abi.Params.Fields[f].Name)
+	}
+	names := map[string]bool{}
+	for i, f := range abi.Params.Fields {
+		require.NotEmpty(t, f.Name, "field %d has no name (a gap in the table)", i)
+		require.False(t, names[f.Name], "field %s twice", f.Name)
+		names[f.Name] = true
+		if f.Kind == abi.Ptr {
+			require.NotEmpty(t, f.CType, "pointer %s needs its C type", f.Name)
+		} else {
+			require.Contains(t, []abi.Kind{abi.U64, abi.I32, abi.F32}, f.Kind, "field %s", f.Name)
+			require.Empty(t, f.CType, "field %s", f.Name)
+		}
+	}
+}
+
+// TestStructPadding: members are aligned to their size and the struct to
+// its largest member, as the C compiler lays them out.
+func TestStructPadding(t *testing.T) {
+	s := &abi.Struct{Name: "S", Fields: []abi.Field{{"a", abi.I32, "", ""}, {"p", abi.Ptr, "u8*", ""}, {"b", abi.F32, "", ""}}}
+	require.Equal(t, 0, s.Offset(0))
+	require.Equal(t, 8, s.Offset(1))
+	require.Equal(t, 16, s.Offset(2))
+	require.Equal(t, 24, s.Size())
+	small := &abi.Struct{Name: "T", Fields: []abi.Field{{"a", abi.I32, "", ""}}}
+	require.Equal(t, 4, small.Size())
+}
+
+func TestPacker(t *testing.T) {
+	s := &abi.Struct{Name: "S", Fields: []abi.Field{
+		{"p", abi.Ptr, "u8*", ""}, {"n", abi.I32, "", ""}, {"x", abi.F32, "", ""}, {"u", abi.U64, "", ""}, {"on", abi.I32, "", ""},
+	}}
+	p := s.Pack()
+	p.Ptr(0, 0x1122334455667788)
+	p.I32(1, -2)
+	_, err := p.Bytes()
+	require.EqualError(t, err, "abi: S fields not set: x, u, on")
+	p.F32(2, 1.5)
+	p.U64(3, 7)
+	p.Bool(4, true)
+	b, err := p.Bytes()
+	require.NoError(t, err)
+	require.Len(t, b, 32)
+	require.Equal(t, []byte{0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11}, b[:8])
+	require.Equal(t, uint64(0xFFFFFFFE), s.Raw(b, 1))
+	require.Equal(t, uint64(math.Float32bits(1.5)), s.Raw(b, 2))
+	require.Equal(t, uint64(7), s.Raw(b, 3))
+	require.Equal(t, uint64(1), s.Raw(b, 4))
+
+	require.PanicsWithValue(t, "abi: S.x is a float32, set as a int32", func() { s.Pack().I32(2, 1) })
+	require.PanicsWithValue(t, "abi: S has no field 9", func() { s.Pack().I32(9, 1) })
+	require.PanicsWithValue(t, "abi: S.n set twice", func() { q := s.Pack(); q.I32(1, 1); q.I32(1, 2) })
+}
+
+func TestKernelNames(t *testing.T) {
+	n, err := abi.LayerKernel(kvcache.FormatFP8UE8M0, mla.QBF16)
+	require.NoError(t, err)
+	require.Equal(t, "layer_fp8_ue8m0_qbf16", n)
+	_, err = abi.LayerKernel(kvcache.Format(9), mla.QFP8)
+	require.EqualError(t, err, "abi: no KV kernel for cache format Format(9)")
+	_, err = abi.QKernel(mla.QFormat(5))
+	require.EqualError(t, err, "abi: no Q kernel for Q format QFormat(5)")
+	// Every (cache format, Q format) pair has its fused kernel.
+	pairs := 0
+	for _, k := range abi.Kernels() {
+		if k.Kind == abi.KindLayer {
+			pairs++
+		}
+	}
+	require.Equal(t, len(kvcache.Formats())*len(mla.QFormats()), pairs)
+}
+
+// A launch's parameters are packed field by field; Bytes refuses a value
+// with a field left unset.
+func ExampleStruct_Pack() {
+	p := abi.Params.Pack()
+	p.I32(abi.ParamHeads, 64)
+	_, err := p.Bytes()
+	fmt.Println(abi.Params.Size(), abi.Params.Offset(abi.ParamEps))
+	fmt.Println(err != nil)
+	// Output:
+	// 176 160
+	// true
+}

@@ -1,0 +1,13 @@
+// Package abi is the one source of the contract between the Go host code
+// and the CUDA kernels: the parameter struct the host packs byte by byte
+// (Params, with a Packer that lays it out as the device compiler does), the
+// integer ids and layout constants both sides use (Constants, each taken
+// from the Go package that defines it: kvcache, mla, numerics), and the
+// names of the kernels the host loads (Kernels).
+//
+// go generate ./kernels/cuda renders the table as kernels/cuda/abi.h
+// (Header), which kernels/cuda embeds and prepends to the sources it hands
+// to NVRTC. Tests keep the checked-in header equal to Header and check that
+// prologue.cu defines every kernel of Kernels with the ids of its formats,
+// so that drift shows on a machine without a GPU.
+package abi

@@ -1,0 +1,214 @@
+package abi
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/dsv4mla/prologue/attention/mla"
+	"github.com/dsv4mla/prologue/kvcache"
+	"github.com/dsv4mla/prologue/numerics"
+)
+
+// Fields of Params, the prologue kernels' launch parameters.
+const (
+	ParamIn FieldID = iota
+	ParamOut
+	ParamWeight
+	ParamRope
+	ParamCuQ
+	ParamCached
+	ParamKVLen
+	ParamBlockTables
+	ParamSched
+	ParamHdr
+	ParamInStride
+	ParamRowBegin
+	ParamRows
+	ParamValidRows
+	ParamSeqBegin
+	ParamNumSeqs
+	ParamSeqLen
+	ParamSeqLenLog2
+	ParamHeads
+	ParamRopePositions
+	ParamPageStride
+	ParamPageSizeLog2
+	ParamPageBytes
+	ParamNumPages
+	ParamScale
+	ParamQDeq
+	ParamKVDeq
+	ParamQScaling
+	ParamOScale
+	ParamEps
+	ParamWriteSched
+	ParamFromHdr
+	numParamFields
+)
+
+// Params is the struct every KV, Q and fused layer kernel takes by value
+// (a fused layer kernel takes two: the KV part's and the Q part's).
+var Params = &Struct{
+	Name:   "Params",
+	Doc:    "Launch parameters of the KV, Q and fused layer kernels, passed by value.",
+	Fields: paramFields[:],
+}
+
+// paramFields is an array indexed by the Param* ids, so that a field and
+// its id cannot drift apart.
+var paramFields = [numParamFields]Field{
+	ParamIn:            {"in", Ptr, "const u8*", "KV: latent base (offset applied); Q: QIn"},
+	ParamOut:           {"out", Ptr, "u8*", "KV: cache pool; Q: QOut"},
+	ParamWeight:        {"weight", Ptr, "const float*", "KV: kv_a_layernorm weight; Q: null"},
+	ParamRope:          {"rope", Ptr, "const float*", "[positions][32]{cos, sin}"},
+	ParamCuQ:           {"cu_q", Ptr, "const int*", "metadata arrays (int32)"},
+	ParamCached:        {"cached", Ptr, "const int*", ""},
+	ParamKVLen:         {"kv_len", Ptr, "const int*", ""},
+	ParamBlockTables:   {"block_tables", Ptr, "const int*", "[seqs][page_stride]"},
+	ParamSched:         {"sched", Ptr, "u8*", "scheduler region, or null"},
+	ParamHdr:           {"hdr", Ptr, "const int*", "metadata header (HDR_* indices), read when from_hdr"},
+	ParamInStride:      {"in_stride", U64, "", "bytes between consecutive input rows"},
+	ParamRowBegin:      {"row_begin", I32, "", "first token row of the launch"},
+	ParamRows:          {"rows", I32, "", "rows covered, padding included"},
+	ParamValidRows:     {"valid_rows", I32, "", "rows [0, valid_rows) of the launch are real"},
+	ParamSeqBegin:      {"seq_begin", I32, "", "batch index of the launch's first sequence"},
+	ParamNumSeqs:       {"num_seqs", I32, "", ""},
+	ParamSeqLen:        {"seq_len", I32, "", "generation: uniform query length; 0 for context"},
+	ParamSeqLenLog2:    {"seq_len_log2", I32, "", "log2(seq_len) when a power of two, else -1"},
+	ParamHeads:         {"heads", I32, "", ""},
+	ParamRopePositions: {"rope_positions", I32, "", "rows of the RoPE table"},
+	ParamPageStride:    {"page_stride", I32, "", "block-table row stride in entries"},
+	ParamPageSizeLog2:  {"page_size_log2", I32, "", ""},
+	ParamPageBytes:     {"page_bytes", I32, "", ""},
+	ParamNumPages:      {"num_pages", I32, "", ""},
+	ParamScale:         {"scale", F32, "", "KV: kv_scale (fp8_pertensor); Q: q_scale (fp8)"},
+	ParamQDeq:          {"q_deq", F32, "", "FMHA scheduler inputs"},
+	ParamKVDeq:         {"kv_deq", F32, "", ""},
+	ParamQScaling:      {"q_scaling", F32, "", ""},
+	ParamOScale:        {"o_scale", F32, "", ""},
+	ParamEps:           {"eps", F32, "", "rms_norm_eps of both RMSNorms"},
+	ParamWriteSched:    {"write_sched", I32, "", "1: this launch writes the scheduler region"},
+	ParamFromHdr:       {"from_hdr", I32, "", "1: valid_rows, num_seqs, seq_len come from hdr"},
+}
+
+// FormatConst is the C name of a cache format's id: FMT_FP8_UE8M0, ...
+func FormatConst(f kvcache.Format) string { return "FMT_" + strings.ToUpper(f.String()) }
+
+// QFormatConst is the C name of a Q format's id: QFMT_FP8, QFMT_BF16.
+func QFormatConst(q mla.QFormat) string { return "QFMT_" + strings.ToUpper(q.String()) }
+
+// Constants are the integer constants of the prologue kernels, each taken
+// from the Go package that defines it.
+func Constants() []ConstGroup {
+	var fmts, qfmts []Const
+	for _, f := range kvcache.Formats() {
+		fmts = append(fmts, Const{FormatConst(f), int(f), "kvcache.Format " + f.String()})
+	}
+	for _, q := range mla.QFormats() {
+		qfmts = append(qfmts, Const{QFormatConst(q), int(q), "mla.QFormat " + q.String()})
+	}
+	return []ConstGroup{
+		{"Cache formats (kvcache.Format).", fmts},
+		{"Q buffer formats (mla.QFormat).", qfmts},
+		{"Metadata header fields, int32 each (mla.Hdr*).", []Const{
+			{"HDR_NUM_SEQS", mla.HdrNumSeqs, ""},
+			{"HDR_NUM_CTX", mla.HdrNumCtx, ""},
+			{"HDR_NUM_GEN", mla.HdrNumGen, ""},
+			{"HDR_CTX_TOKENS", mla.HdrCtxTokens, ""},
+			{"HDR_GEN_TOKENS", mla.HdrGenTokens, ""},
+			{"HDR_TOKENS", mla.HdrTokens, ""},
+			{"HDR_PADDED_TOKENS", mla.HdrPaddedTokens, ""},
+			{"HDR_GEN_SEQ_LEN", mla.HdrGenSeqLen, ""},
+			{"HDR_MAX_PAGES", mla.HdrMaxPages, ""},
+			{"HDR_FIELDS", mla.NumHdrFields, ""},
+		}},
+		{"Scheduler region, 32-bit word indices (mla.Sched*).", []Const{
+			{"SCHED_TILE_COUNTER", mla.SchedTileCounter, "uint32"},
+			{"SCHED_BMM1", mla.SchedBMM1, "float32 x2"},
+			{"SCHED_BMM2", mla.SchedBMM2, "float32"},
+		}},
+		{"Row dimensions (numerics).", []Const{
+			{"HEAD_DIM", numerics.HeadDim, "values per latent or per-head Q row"},
+			{"NOPE_DIM", numerics.NopeDim, ""},
+			{"ROPE_DIM", numerics.RopeDim, ""},
+			{"GROUP_SIZE", numerics.GroupSize, "nope values per UE8M0 exponent"},
+		}},
+		{"Cache layouts (kvcache).", []Const{
+			{"UE8M0_VALUE_BYTES", kvcache.UE8M0ValueBytes, "fp8_ue8m0: values-region stride of a token"},
+			{"UE8M0_SCALE_BYTES", kvcache.UE8M0ScaleBytes, "fp8_ue8m0: scales-region stride of a token"},
+			{"UE8M0_ROPE_OFFSET", kvcache.UE8M0RopeOffset, "fp8_ue8m0: bf16 rope values inside the values region"},
+			{"BF16_TOKEN_BYTES", kvcache.FormatBF16.BytesPerToken(), ""},
+			{"FP8_PERTENSOR_TOKEN_BYTES", kvcache.FormatFP8PerTensor.BytesPerToken(), ""},
+		}},
+	}
+}
+
+// KernelKind says what a kernel does.
+type KernelKind uint8
+
+const (
+	// KindKV is a KV kernel: one cache format.
+	KindKV KernelKind = iota + 1
+	// KindQ is a Q kernel: one Q format.
+	KindQ
+	// KindLayer is a fused layer kernel: one (cache format, Q format) pair.
+	KindLayer
+)
+
+// Kernel is one extern "C" kernel of prologue.cu.
+type Kernel struct {
+	Name    string
+	Kind    KernelKind
+	Format  kvcache.Format // KindKV, KindLayer
+	QFormat mla.QFormat    // KindQ, KindLayer
+}
+
+// KVKernel is the name of the KV kernel of a cache format.
+func KVKernel(f kvcache.Format) (string, error) {
+	if !f.Valid() {
+		return "", fmt.Errorf("abi: no KV kernel for cache format %v", f)
+	}
+	return "kv_" + f.String(), nil
+}
+
+// QKernel is the name of the Q kernel of a Q format.
+func QKernel(q mla.QFormat) (string, error) {
+	if q != mla.QFP8 && q != mla.QBF16 {
+		return "", fmt.Errorf("abi: no Q kernel for Q format %v", q)
+	}
+	return "q_" + q.String(), nil
+}
+
+// LayerKernel is the name of the fused layer kernel of a (cache format, Q
+// format) pair.
+func LayerKernel(f kvcache.Format, q mla.QFormat) (string, error) {
+	if _, err := KVKernel(f); err != nil {
+		return "", err
+	}
+	if _, err := QKernel(q); err != nil {
+		return "", err
+	}
+	return "layer_" + f.String() + "_q" + q.String(), nil
+}
+
+// Kernels lists every kernel the CUDA backend loads from prologue.cu: a KV
+// kernel per cache format, a Q kernel per Q format and a fused layer kernel
+// per pair.
+func Kernels() []Kernel {
+	var ks []Kernel
+	for _, f := range kvcache.Formats() {
+		n, _ := KVKernel(f)
+		ks = append(ks, Kernel{Name: n, Kind: KindKV, Format: f})
+	}
+	for _, q := range mla.QFormats() {
+		n, _ := QKernel(q)
+		ks = append(ks, Kernel{Name: n, Kind: KindQ, QFormat: q})
+	}
+	for _, f := range kvcache.Formats() {
+		for _, q := range mla.QFormats() {
+			n, _ := LayerKernel(f, q)
+			ks = append(ks, Kernel{Name: n, Kind: KindLayer, Format: f, QFormat: q})
+		}
+	}
+	return ks
+}
