@@ -64,6 +64,9 @@ type Backend struct {
 	log    zerolog.Logger
 	opts   Options
 	clog   string
+
+	// chainMod holds the chain kernels (chain.go); its functions are in fns.
+	chainMod *driver.Module
 }
 
 // Buffer is device memory.
@@ -138,6 +141,9 @@ func (b *Backend) init() error {
 		if b.fns[n], err = b.mod.Function(n); err != nil {
 			return err
 		}
+	}
+	if err := b.loadChain(); err != nil {
+		return fmt.Errorf("cuda: chain kernels: %w", err)
 	}
 	b.stream, err = b.ctx.NewStream()
 	return err
@@ -256,6 +262,9 @@ func (b *Backend) Close() error {
 	}
 	if b.mod != nil {
 		errs = append(errs, b.mod.Unload())
+	}
+	if b.chainMod != nil {
+		errs = append(errs, b.chainMod.Unload())
 	}
 	errs = append(errs, b.ctx.Close())
 	return errors.Join(errs...)
