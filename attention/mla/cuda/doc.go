@@ -1,6 +1,7 @@
 // Package cuda is the CUDA backend of the MLA prologue: the kernels in
-// prologue.cu (embedded, compiled by NVRTC for the device at first use and
-// cached on disk) and the Go side that launches them. It implements
+// prologue.cu and the chain's act_quant and norm_quant in chain.cu
+// (embedded, compiled by NVRTC for the device at first use and cached on
+// disk) and the Go side that launches them. It implements
 // mla.Backend and passes the same conformance suite as the CPU backend,
 // byte for byte.
 //
