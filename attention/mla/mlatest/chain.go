@@ -131,10 +131,16 @@ func quantSpecialRow(r *rand.Rand, row []byte, kind int) {
 	switch kind % 12 {
 	case 0:
 		put(r.IntN(n), 0x7FC0) // NaN: act_quant ignores it in the block maximum
-	case 1:
-		put(r.IntN(n), 0x7F80) // +Inf: that block's exponent clamps to 254
-	case 2:
-		put(r.IntN(n), 0xFF80) // -Inf
+	case 1, 2:
+		// ±Inf: that block's exponent clamps to 254 and its inverse scale
+		// is 2^-127, a subnormal: huge finite neighbours must still come
+		// out non-zero (a flush-to-zero would make them 0).
+		i := r.IntN(n)
+		put(i, 0x7F80|uint16(kind%12-1)<<15)
+		blk := i / 128 * 128
+		put(blk+(i+1)%128, 0x7F00)   // 2^127 -> 1
+		put(blk+(i+2)%128, 0xFE00)   // -2^125 -> -0.25
+		put(blk+(i+3)%128, 0x7C00+1) // 2^121 * 1.0078 -> 2^-6, the smallest normal e4m3
 	case 3:
 		fill(func(int) uint16 { return 0 }) // all zeros: the 1e-4 floor (and eps) decide
 	case 4:
