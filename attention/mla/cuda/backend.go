@@ -56,6 +56,9 @@ type Backend struct {
 	knobs  cudatune.Knobs
 	clog   string
 	gemm   gemmState // gemm.go
+
+	// chainMod holds the chain kernels (chain.go); its functions are in fns.
+	chainMod *driver.Module
 }
 
 // Buffer is device memory.
@@ -128,6 +131,9 @@ func (b *Backend) init() error {
 		if b.fns[k.Name], err = b.mod.Function(k.Name); err != nil {
 			return fmt.Errorf("cuda: kernel %s: %w", k.Name, err)
 		}
+	}
+	if err := b.loadChain(); err != nil {
+		return fmt.Errorf("cuda: chain kernels: %w", err)
 	}
 	b.stream, err = b.ctx.NewStream()
 	return err
@@ -247,6 +253,9 @@ func (b *Backend) Close() error {
 	}
 	if b.mod != nil {
 		errs = append(errs, b.mod.Unload())
+	}
+	if b.chainMod != nil {
+		errs = append(errs, b.chainMod.Unload())
 	}
 	errs = append(errs, b.ctx.Close())
 	return errors.Join(errs...)

@@ -1,8 +1,12 @@
 // Package cuda is the CUDA backend of the MLA prologue: the kernels in
-// kernels/cuda/prologue.cu (embedded, compiled by NVRTC for the device at
-// first use after the generated kernels/cuda/abi.h, and cached on disk) and
-// the Go side that launches them. It implements mla.Backend and passes the
-// same conformance suite as the CPU backend, byte for byte.
+// kernels/cuda/prologue.cu and the chain's kernels (act_quant and norm_quant
+// in kernels/cuda/chain.cu, the FP8 GEMM in kernels/cuda/gemm_fp8.cu, with
+// cuBLASLt for large batches), embedded, compiled by NVRTC for the device at
+// first use (prologue.cu after the generated kernels/cuda/abi.h) and cached
+// on disk, and the Go side that launches them. It implements mla.Backend and
+// mla.ChainBackend and passes the same conformance suites as the CPU
+// backend, byte for byte (the GEMM within the bound of docs/DESIGN.md
+// section 7).
 //
 // The launch parameters are packed with the table of kernels/cuda/abi, the
 // one source of the Params struct, the ids and layout constants and the

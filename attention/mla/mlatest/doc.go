@@ -2,5 +2,7 @@
 // manner of gonum's blas/testblas: fresh random inputs (the seed is logged),
 // outputs poisoned before each run, and every byte of the Q buffer, the
 // cache pool and the scheduler scalars compared with a slow scalar reference
-// written straight from docs/DESIGN.md.
+// written straight from docs/DESIGN.md. TestActQuant, TestNormQuant and
+// TestQuantRefusals do the same for the chain's bit-exact kernels
+// (docs/DESIGN.md section 7 steps 1 and 3) on any backend that has them.
 package mlatest
