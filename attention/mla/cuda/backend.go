@@ -64,6 +64,7 @@ type Backend struct {
 	log    zerolog.Logger
 	opts   Options
 	clog   string
+	fork   sideStream // the chain's second stream (fork.go)
 }
 
 // Buffer is device memory.
@@ -139,8 +140,10 @@ func (b *Backend) init() error {
 			return err
 		}
 	}
-	b.stream, err = b.ctx.NewStream()
-	return err
+	if b.stream, err = b.ctx.NewStream(); err != nil {
+		return err
+	}
+	return b.fork.init(b.ctx)
 }
 
 // CompileLog is NVRTC's log of the kernels' compilation (with Verbose, the
@@ -180,7 +183,7 @@ func (b *Backend) Free(buf mla.Buffer) error {
 	if db.ptr == 0 {
 		return nil
 	}
-	if err := b.stream.Synchronize(); err != nil {
+	if err := b.syncAll(); err != nil {
 		return err
 	}
 	err = b.ctx.Free(db.ptr)
@@ -240,17 +243,17 @@ func (b *Backend) Fill(dst mla.Buffer, off, n int, v byte) error {
 	return b.ctx.Memset8Async(p, v, n, b.stream)
 }
 
-// Synchronize waits for the stream.
+// Synchronize waits for both streams.
 func (b *Backend) Synchronize(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return b.stream.Synchronize()
+	return b.syncAll()
 }
 
 // Close releases the module, stream and context.
 func (b *Backend) Close() error {
-	var errs []error
+	errs := []error{b.fork.close()}
 	if b.stream != nil {
 		errs = append(errs, b.stream.Synchronize(), b.stream.Destroy())
 	}
