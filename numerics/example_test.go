@@ -23,3 +23,18 @@ func ExampleUE8M0() {
 	fmt.Println(e, inv, numerics.UE8M0Scale(e))
 	// Output: 127 1 1
 }
+
+func ExampleActQuantBlock() {
+	x := []float32{900, -3, 0.25} // a block's values; 900 sets the scale
+	q := make([]uint8, len(x))
+	scale := numerics.ActQuantBlock(x, q)
+	fmt.Println(scale)
+	for i := range q {
+		fmt.Printf("%#02x dequantizes to %g\n", q[i], numerics.F32FromE4M3(q[i])*scale)
+	}
+	// Output:
+	// 4
+	// 0x76 dequantizes to 896
+	// 0xb4 dequantizes to -3
+	// 0x18 dequantizes to 0.25
+}

@@ -29,35 +29,12 @@ const UE8M0Floor float32 = 1e-4
 // SumSquares returns S for a 512-value row in the canonical order: lane j
 // sums fl(x_i*x_i) for i in [16j, 16j+16) ascending, then a butterfly over
 // d = 16, 8, 4, 2, 1 adds p_j and p_{j xor d} for all j at once, as a warp
-// shuffle does. Every lane ends with the same value.
-func SumSquares(x []float32) float32 {
-	_ = x[HeadDim-1]
-	var p [Partials]float32
-	for j := 0; j < Partials; j++ {
-		var s float32
-		for _, v := range x[j*PartialLen : (j+1)*PartialLen] {
-			sq := float32(v * v)
-			s = float32(s + sq)
-		}
-		p[j] = s
-	}
-	for d := Partials / 2; d >= 1; d /= 2 {
-		var n [Partials]float32
-		for j := range p {
-			n[j] = float32(p[j] + p[j^d])
-		}
-		p = n
-	}
-	return p[0]
-}
+// shuffle does. Every lane ends with the same value. SumSquaresN takes any
+// width.
+func SumSquares(x []float32) float32 { return SumSquaresN(x[:HeadDim]) }
 
-// RMSInv returns r = fl(1 / fl(sqrt(fl(fl(S/512) + eps)))).
-func RMSInv(sumSq float32) float32 {
-	mean := float32(sumSq / HeadDim)
-	v := float32(mean + Eps)
-	root := float32(math.Sqrt(float64(v))) // sqrt of a float32 in float64, rounded once: the IEEE float32 sqrt
-	return float32(1 / root)
-}
+// RMSInv returns r = fl(1 / fl(sqrt(fl(fl(S/512) + eps)))) with Eps.
+func RMSInv(sumSq float32) float32 { return RMSInvN(sumSq, HeadDim, Eps) }
 
 // Rope rotates one GPT-J pair (y0, y1) by (c, s) and returns both results
 // rounded to bf16 and widened back:

@@ -3,6 +3,7 @@ package cpu_test
 import (
 	"context"
 	"encoding/binary"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"runtime"
@@ -88,4 +89,49 @@ func BenchmarkQ(b *testing.B) {
 	}
 	b.ReportMetric(float64(rows*64*b.N)/b.Elapsed().Seconds(), "rows/s")
 	b.ReportMetric(float64(runtime.GOMAXPROCS(0)), "cores")
+}
+
+// quantBench times one chain kernel on rows rows of K values (V4-Flash:
+// hidden 4096 for act_quant, q_lora_rank 1024 for q_norm).
+func quantBench(b *testing.B, rows, k int, norm bool) {
+	be := cpu.New(0)
+	r := rand.New(rand.NewPCG(1, 3))
+	x, _ := be.Alloc(rows * k * 2)
+	p := cpu.Bytes(x)
+	for i := 0; i+1 < len(p); i += 2 {
+		binary.LittleEndian.PutUint16(p[i:], uint16(math.Float32bits(float32(r.NormFloat64()))>>16))
+	}
+	w, _ := be.Alloc(k * 4)
+	for i := 0; i < k; i++ {
+		binary.LittleEndian.PutUint32(cpu.Bytes(w)[4*i:], math.Float32bits(float32(1+0.1*r.NormFloat64())))
+	}
+	data, _ := be.Alloc(rows * k)
+	scale, _ := be.Alloc(rows * k / 128 * 4)
+	out := mla.FP8Activations{Rows: rows, K: k, Data: data, Scale: scale, ScaleStride: rows}
+	ctx := context.Background()
+	b.SetBytes(int64(rows * k * 3))
+	for b.Loop() {
+		var err error
+		if norm {
+			err = be.NormQuant(ctx, &mla.NormQuantArgs{X: x, XStride: k, Weight: w, Eps: 1e-6, Out: out})
+		} else {
+			err = be.ActQuant(ctx, &mla.ActQuantArgs{X: x, XStride: k, Out: out})
+		}
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(rows*b.N)/b.Elapsed().Seconds(), "rows/s")
+}
+
+func BenchmarkActQuant(b *testing.B) {
+	for _, rows := range []int{1, 256} {
+		b.Run(fmt.Sprintf("rows%d", rows), func(b *testing.B) { quantBench(b, rows, 4096, false) })
+	}
+}
+
+func BenchmarkNormQuant(b *testing.B) {
+	for _, rows := range []int{1, 256} {
+		b.Run(fmt.Sprintf("rows%d", rows), func(b *testing.B) { quantBench(b, rows, 1024, true) })
+	}
 }
