@@ -1,18 +1,19 @@
 // Package safetensors writes the safetensors format (an 8-byte little-endian
 // header length, a JSON header of dtype, shape and data offsets per tensor
 // plus a __metadata__ map of strings, then the raw bytes), so dumps can be
-// checked with PyTorch. It also reads it back, for tests.
+// checked with PyTorch. It reads it back too: whole images (Read, for
+// tests) or a header alone (ParseHeader) followed by ranged reads of single
+// tensors or row ranges (TensorInfo.ReadRows), for checkpoints too large to
+// read whole.
 package safetensors
 
 import (
-	"bytes"
+	"bufio"
 	"encoding/binary"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"os"
-	"sort"
 )
 
 // Tensor is one named tensor: its dtype (safetensors names: "BF16", "F32",
@@ -25,10 +26,10 @@ type Tensor struct {
 }
 
 var dtypeSize = map[string]int{
-	"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1,
+	"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1,
 	"BF16": 2, "F16": 2, "I16": 2, "U16": 2,
 	"F32": 4, "I32": 4, "U32": 4,
-	"F64": 8, "I64": 8, "U64": 8,
+	"F64": 8, "I64": 8, "U64": 8, "C64": 8,
 }
 
 type entry struct {
@@ -90,51 +91,40 @@ func Write(w io.Writer, tensors []Tensor, meta map[string]string) error {
 	return nil
 }
 
-// WriteFile writes a safetensors file atomically.
+// WriteFile writes a safetensors file atomically: into path+".tmp", buffered,
+// then renamed, so a reader never sees a half-written file.
 func WriteFile(path string, tensors []Tensor, meta map[string]string) error {
-	var buf bytes.Buffer
-	if err := Write(&buf, tensors, meta); err != nil {
+	tmp := path + ".tmp"
+	f, err := os.Create(tmp)
+	if err != nil {
 		return err
 	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, buf.Bytes(), 0o644); err != nil {
+	w := bufio.NewWriterSize(f, 1<<20)
+	err = Write(w, tensors, meta)
+	if err == nil {
+		err = w.Flush()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		os.Remove(tmp)
 		return err
 	}
 	return os.Rename(tmp, path)
 }
 
-// Read parses a safetensors image; tensors come back sorted by name.
+// Read parses a whole safetensors image (ParseHeader's checks apply);
+// tensors come back sorted by name, their Data aliasing data.
 func Read(data []byte) ([]Tensor, map[string]string, error) {
-	if len(data) < 8 {
-		return nil, nil, errors.New("safetensors: shorter than its header length")
+	h, err := ParseHeaderBytes(data, int64(len(data)))
+	if err != nil {
+		return nil, nil, err
 	}
-	hl := binary.LittleEndian.Uint64(data)
-	if hl > uint64(len(data)-8) {
-		return nil, nil, fmt.Errorf("safetensors: header length %d exceeds the file", hl)
+	out := make([]Tensor, 0, len(h.Tensors))
+	for _, name := range h.Names() {
+		t := h.Tensors[name]
+		out = append(out, Tensor{Name: name, DType: t.DType, Shape: t.Shape, Data: data[t.Begin:t.End:t.End]})
 	}
-	var raw map[string]json.RawMessage
-	if err := json.Unmarshal(data[8:8+hl], &raw); err != nil {
-		return nil, nil, fmt.Errorf("safetensors: header: %w", err)
-	}
-	body := data[8+hl:]
-	var meta map[string]string
-	var out []Tensor
-	for name, msg := range raw {
-		if name == "__metadata__" {
-			if err := json.Unmarshal(msg, &meta); err != nil {
-				return nil, nil, fmt.Errorf("safetensors: __metadata__: %w", err)
-			}
-			continue
-		}
-		var e entry
-		if err := json.Unmarshal(msg, &e); err != nil {
-			return nil, nil, fmt.Errorf("safetensors: tensor %q: %w", name, err)
-		}
-		if e.Offsets[0] < 0 || e.Offsets[1] < e.Offsets[0] || e.Offsets[1] > len(body) {
-			return nil, nil, fmt.Errorf("safetensors: tensor %q offsets %v outside %d data bytes", name, e.Offsets, len(body))
-		}
-		out = append(out, Tensor{Name: name, DType: e.DType, Shape: e.Shape, Data: body[e.Offsets[0]:e.Offsets[1]]})
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
-	return out, meta, nil
+	return out, h.Metadata, nil
 }
