@@ -65,6 +65,9 @@ type Backend struct {
 	opts   Options
 	clog   string
 	fork   sideStream // the chain's second stream (fork.go)
+
+	// chainMod holds the chain kernels (chain.go); its functions are in fns.
+	chainMod *driver.Module
 }
 
 // Buffer is device memory.
@@ -139,6 +142,9 @@ func (b *Backend) init() error {
 		if b.fns[n], err = b.mod.Function(n); err != nil {
 			return err
 		}
+	}
+	if err := b.loadChain(); err != nil {
+		return fmt.Errorf("cuda: chain kernels: %w", err)
 	}
 	if b.stream, err = b.ctx.NewStream(); err != nil {
 		return err
@@ -259,6 +265,9 @@ func (b *Backend) Close() error {
 	}
 	if b.mod != nil {
 		errs = append(errs, b.mod.Unload())
+	}
+	if b.chainMod != nil {
+		errs = append(errs, b.chainMod.Unload())
 	}
 	errs = append(errs, b.ctx.Close())
 	return errors.Join(errs...)

@@ -1,0 +1,128 @@
+package cuda
+
+import (
+	"context"
+
+	"github.com/dsv4mla/prologue/attention/mla"
+	kernels "github.com/dsv4mla/prologue/kernels/cuda"
+	"github.com/dsv4mla/prologue/kernels/cuda/driver"
+)
+
+// The chain's bit-exact kernels (DESIGN.md section 7 steps 1 and 3) live in
+// their own module, kernels/cuda/chain.cu.
+
+var chainKernelNames = []string{"act_quant", "norm_quant"}
+
+// loadChain compiles (or loads from the cache) the chain module and looks
+// up its kernels.
+func (b *Backend) loadChain() error {
+	opts := driver.CompileOptions{Arch: b.ctx.Props().Arch()}
+	if b.opts.Verbose {
+		opts.Extra = []string{"--ptxas-options=-v"}
+		opts.NoCache = true
+	}
+	compiled, err := driver.CompileDetailed(kernels.ChainSource(), "chain.cu", opts)
+	if err != nil {
+		return err
+	}
+	b.clog += compiled.Log
+	if b.chainMod, err = b.ctx.LoadModule(compiled.Cubin); err != nil {
+		return err
+	}
+	for _, n := range chainKernelNames {
+		if b.fns[n], err = b.chainMod.Function(n); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// chainGrid caps a grid-stride launch's blocks (Options.MaxBlocks, when
+// set, caps it instead, so tests can make a few warps loop).
+func (b *Backend) chainGrid(blocks int) uint32 {
+	limit := b.ctx.Props().SMCount * 16
+	if b.opts.MaxBlocks > 0 {
+		limit = b.opts.MaxBlocks
+	}
+	return uint32(max(1, min(blocks, limit)))
+}
+
+func (b *Backend) launchShared(fn *driver.Function, grid, block driver.Dim3, shared int, args ...any) error {
+	if !b.opts.NoPDL {
+		return b.ctx.LaunchPDL(fn, grid, block, uint32(shared), b.stream, args...)
+	}
+	return b.ctx.Launch(fn, grid, block, uint32(shared), b.stream, args...)
+}
+
+// quantPointers resolves a validated call's device addresses.
+func quantPointers(x mla.Buffer, xOffset, xStride int, out *mla.FP8Activations) (xp, data, scale driver.DevicePtr, err error) {
+	rows, k := out.Rows, out.K
+	if xp, err = span(x, xOffset, ((rows-1)*xStride+k)*2); err != nil {
+		return
+	}
+	if data, err = span(out.Data, 0, rows*k); err != nil {
+		return
+	}
+	scale, err = span(out.Scale, 0, ((k/128-1)*out.ScaleStride+rows)*4)
+	return
+}
+
+// ActQuant implements mla.ChainBackend: act_quant of each bf16 row, one
+// half-warp per 128-value block.
+func (b *Backend) ActQuant(ctx context.Context, a *mla.ActQuantArgs) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := a.Validate(); err != nil {
+		return err
+	}
+	if a.Out.Rows == 0 {
+		return nil
+	}
+	x, data, scale, err := quantPointers(a.X, a.XOffset, a.XStride, &a.Out)
+	if err != nil {
+		return err
+	}
+	const warps = 8
+	pairs := (a.Out.Rows*(a.Out.K/128) + 1) / 2
+	grid := driver.Dim3{b.chainGrid((pairs + warps - 1) / warps), 1, 1}
+	return b.launchShared(b.fns["act_quant"], grid, driver.Dim3{32 * warps, 1, 1}, 0,
+		x, uint64(a.XStride)*2, data, scale, int32(a.Out.Rows), int32(a.Out.K), int32(a.Out.ScaleStride))
+}
+
+// normQuantWarps is the warps a block of norm_quant gets for rows of k
+// values: each stages its row in 2k+256 bytes of shared memory, and a block
+// stays within the default 48 KiB.
+func normQuantWarps(k int) int { return max(1, min(8, (48<<10)/(2*k+256))) }
+
+// NormQuant implements mla.ChainBackend: q_norm fused with act_quant, one
+// warp per row.
+func (b *Backend) NormQuant(ctx context.Context, a *mla.NormQuantArgs) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := a.Validate(); err != nil {
+		return err
+	}
+	if a.Out.Rows == 0 {
+		return nil
+	}
+	x, data, scale, err := quantPointers(a.X, a.XOffset, a.XStride, &a.Out)
+	if err != nil {
+		return err
+	}
+	w, err := span(a.Weight, 0, 4*a.Out.K)
+	if err != nil {
+		return err
+	}
+	warps := normQuantWarps(a.Out.K)
+	grid := driver.Dim3{b.chainGrid((a.Out.Rows + warps - 1) / warps), 1, 1}
+	return b.launchShared(b.fns["norm_quant"], grid, driver.Dim3{uint32(32 * warps), 1, 1}, warps*(2*a.Out.K+256),
+		x, uint64(a.XStride)*2, w, a.Eps, data, scale, int32(a.Out.Rows), int32(a.Out.K), int32(a.Out.ScaleStride))
+}
+
+// Confirm the methods match mla.ChainBackend's (GEMM is not part of this file).
+var (
+	_ func(*Backend, context.Context, *mla.ActQuantArgs) error  = (*Backend).ActQuant
+	_ func(*Backend, context.Context, *mla.NormQuantArgs) error = (*Backend).NormQuant
+)

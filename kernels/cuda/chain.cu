@@ -1,0 +1,195 @@
+// DSv4 chain kernels (DESIGN.md section 7 steps 1 and 3): act_quant of bf16
+// rows into e4m3 with one UE8M0 scale per 128-value block, and q_norm (the
+// RMSNorm over q_lora_rank values) fused with act_quant. Compiled by NVRTC
+// at first use, like prologue.cu and with its rules: every float operation
+// is an explicit _rn intrinsic (no fused multiply-add), and no -ftz (the
+// inverse scale 2^-127 is a subnormal). The conversion helpers repeat
+// prologue.cu's: the two programs are separate modules.
+//
+// Outputs: Data [rows][k] e4m3 row-major; Scale [k/128][scale_stride]
+// float32, the scale of row r's block b at b*scale_stride + r (the M-major
+// layout cuBLASLt's block-scaled FP8 mode reads), value 2^(e-127).
+
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+#define FULL 0xffffffffu
+
+__device__ __forceinline__ float bf16_to_f32(u32 h) { return __uint_as_float(h << 16); }
+
+// Two float32 rounded to bf16 (nearest even, every NaN to 0x7fff), packed
+// with lo in the low half: cvt.rn.bf16x2.f32, as prologue.cu.
+__device__ __forceinline__ u32 bf16x2_rn(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+// Round a and b to bf16 in place (widened back exactly).
+__device__ __forceinline__ void round2(float& a, float& b) {
+    u32 r = bf16x2_rn(a, b);
+    a = __uint_as_float(r << 16);
+    b = __uint_as_float(r & 0xffff0000u);
+}
+
+// Two float32 to two e4m3 with the hardware conversion: hi goes to the upper byte.
+__device__ __forceinline__ u32 e4m3x2(float hi, float lo) {
+    u16 r;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+// Four values times inv, to four e4m3 bytes in memory order (v0 lowest).
+__device__ __forceinline__ u32 quant4(float v0, float v1, float v2, float v3, float inv) {
+    u32 lo = e4m3x2(__fmul_rn(v1, inv), __fmul_rn(v0, inv));
+    u32 hi = e4m3x2(__fmul_rn(v3, inv), __fmul_rn(v2, inv));
+    return lo | (hi << 16);
+}
+
+// 2^k exactly for k in [-149, 127].
+__device__ __forceinline__ float pow2i(int k) {
+    if (k >= -126) return __uint_as_float((u32)(k + 127) << 23);
+    return __uint_as_float(1u << (k + 149));
+}
+
+// The UE8M0 exponent byte of a block whose max |value| (NaN ignored) is a
+// (DESIGN.md section 4.5): t = fl(max(a, 1e-4)/448), its biased exponent,
+// plus one when its mantissa is non-zero, at most 254.
+__device__ __forceinline__ int ue8m0_exp(float a) {
+    a = fmaxf(a, 1e-4f);
+    const u32 tb = __float_as_uint(__fdiv_rn(a, 448.f));
+    int e = (tb >> 23) & 0xff;
+    if (tb & 0x7fffffu) e++;
+    return min(e, 254);
+}
+
+// Programmatic dependent launch: wait for the previous grid's memory before
+// reading its output; let the next grid start launching (its own wait still
+// waits for this grid to finish). Both are no-ops without PDL.
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;"); }
+
+// act_quant: one half-warp quantizes one 128-value block. Lane l of the half
+// loads values [8l, 8l+8) of the block (16 bytes), the 16 lanes reduce the
+// maximum with shuffles, and each stores its 8 bytes; the half's first lane
+// stores the scale. Each warp takes block pairs 2p, 2p+1 of the row-major
+// block sequence (row = g / nb) in a grid-stride loop.
+// x: the first row (XOffset applied); x_stride: bytes between rows.
+extern "C" __global__ void __launch_bounds__(256)
+    act_quant(const u8* __restrict__ x, u64 x_stride, u8* __restrict__ out, float* __restrict__ scale,
+              int rows, int k, int scale_stride) {
+    pdl_wait();
+    pdl_trigger();
+    const int lane = threadIdx.x & 31;
+    const int half = lane >> 4, hl = lane & 15;
+    const int nb = k >> 7;
+    const long long total = (long long)rows * nb;
+    const long long nwarps = (long long)gridDim.x * (blockDim.x >> 5);
+    for (long long pair = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); 2 * pair < total;
+         pair += nwarps) {
+        const long long g = 2 * pair + half;
+        const bool live = g < total;  // the second half of the last pair may have no block
+        int row = 0, b = 0;
+        float v[8];
+        float a = 0.f;
+        if (live) {
+            row = (int)(g / nb);
+            b = (int)(g - (long long)row * nb);
+            const uint4 w = __ldg(reinterpret_cast<const uint4*>(x + (size_t)row * x_stride + (size_t)b * 256 + hl * 16));
+            const u32 ws[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                v[2 * i] = bf16_to_f32(ws[i] & 0xffffu);
+                v[2 * i + 1] = bf16_to_f32(ws[i] >> 16);
+            }
+#pragma unroll
+            for (int i = 0; i < 8; i++) a = fmaxf(a, fabsf(v[i]));  // fmaxf drops NaN
+        }
+#pragma unroll
+        for (int d = 8; d >= 1; d >>= 1) a = fmaxf(a, __shfl_xor_sync(FULL, a, d));
+        if (live) {
+            const int e = ue8m0_exp(a);
+            const float inv = pow2i(127 - e);
+            uint2 o;
+            o.x = quant4(v[0], v[1], v[2], v[3], inv);
+            o.y = quant4(v[4], v[5], v[6], v[7], inv);
+            *reinterpret_cast<uint2*>(out + (size_t)row * k + (size_t)b * 128 + hl * 8) = o;
+            if (hl == 0) scale[(size_t)b * scale_stride + row] = pow2i(e - 127);
+        }
+    }
+}
+
+// Byte offset of value i of a row staged in shared memory: the row is kept
+// as 32 segments of n = k/32 values (segment j is lane j's canonical
+// partial, DESIGN.md section 4.1), each padded by 8 bytes so that the 32
+// lanes reading their own segments hit different banks. i is a multiple
+// of 4 and so is n: four values from i never straddle two segments.
+__device__ __forceinline__ int seg_off(int i, int n, int seg_bytes) {
+    const int j = i / n;
+    return j * seg_bytes + 2 * (i - j * n);
+}
+
+// norm_quant: one warp per row (grid-stride over rows). The warp copies the
+// row into its shared-memory slot with coalesced 16-byte loads; lane j sums
+// the squares of its segment in ascending order and the xor butterfly
+// completes S; then for each 128-block lane l normalizes values
+// [4l, 4l+4), rounds them to bf16, the warp reduces the block maximum, and
+// lane l stores its 4 e4m3 bytes (lane 0 the scale). The bf16 y never
+// leaves registers. Shared memory: (blockDim.x/32) * (2k + 256) bytes.
+extern "C" __global__ void __launch_bounds__(256)
+    norm_quant(const u8* __restrict__ x, u64 x_stride, const float* __restrict__ weight, float eps,
+               u8* __restrict__ out, float* __restrict__ scale, int rows, int k, int scale_stride) {
+    extern __shared__ __align__(16) u8 smem[];
+    pdl_wait();
+    pdl_trigger();
+    const int lane = threadIdx.x & 31;
+    const int n = k >> 5;
+    const int seg_bytes = 2 * n + 8;
+    u8* const row_s = smem + (threadIdx.x >> 5) * (32 * seg_bytes);
+    const int wpb = blockDim.x >> 5;
+    const int nb = k >> 7;
+    const float kf = (float)k;  // exact: k <= 2^24
+    for (int row = blockIdx.x * wpb + (threadIdx.x >> 5); row < rows; row += gridDim.x * wpb) {
+        const u8* src = x + (size_t)row * x_stride;
+        __syncwarp();  // every lane is done reading the previous row
+        for (int c = lane; c < (k >> 3); c += 32) {  // chunk c: values [8c, 8c+8)
+            const uint4 w = __ldg(reinterpret_cast<const uint4*>(src + 16 * c));
+            *reinterpret_cast<uint2*>(row_s + seg_off(8 * c, n, seg_bytes)) = make_uint2(w.x, w.y);
+            *reinterpret_cast<uint2*>(row_s + seg_off(8 * c + 4, n, seg_bytes)) = make_uint2(w.z, w.w);
+        }
+        __syncwarp();
+        float s = 0.f;
+        const u8* mine = row_s + lane * seg_bytes;
+        for (int q = 0; q < n; q += 4) {
+            const uint2 w = *reinterpret_cast<const uint2*>(mine + 2 * q);
+            const float v0 = bf16_to_f32(w.x & 0xffffu), v1 = bf16_to_f32(w.x >> 16);
+            const float v2 = bf16_to_f32(w.y & 0xffffu), v3 = bf16_to_f32(w.y >> 16);
+            s = __fadd_rn(s, __fmul_rn(v0, v0));
+            s = __fadd_rn(s, __fmul_rn(v1, v1));
+            s = __fadd_rn(s, __fmul_rn(v2, v2));
+            s = __fadd_rn(s, __fmul_rn(v3, v3));
+        }
+#pragma unroll
+        for (int d = 16; d >= 1; d >>= 1) s = __fadd_rn(s, __shfl_xor_sync(FULL, s, d));
+        const float r = __fdiv_rn(1.f, __fsqrt_rn(__fadd_rn(__fdiv_rn(s, kf), eps)));
+        for (int b = 0; b < nb; b++) {
+            const int i = 128 * b + 4 * lane;
+            const uint2 w = *reinterpret_cast<const uint2*>(row_s + seg_off(i, n, seg_bytes));
+            const float4 wt = __ldg(reinterpret_cast<const float4*>(weight + i));
+            float y0 = __fmul_rn(__fmul_rn(bf16_to_f32(w.x & 0xffffu), r), wt.x);
+            float y1 = __fmul_rn(__fmul_rn(bf16_to_f32(w.x >> 16), r), wt.y);
+            float y2 = __fmul_rn(__fmul_rn(bf16_to_f32(w.y & 0xffffu), r), wt.z);
+            float y3 = __fmul_rn(__fmul_rn(bf16_to_f32(w.y >> 16), r), wt.w);
+            round2(y0, y1);
+            round2(y2, y3);
+            float a = fmaxf(fmaxf(fabsf(y0), fabsf(y1)), fmaxf(fabsf(y2), fabsf(y3)));
+#pragma unroll
+            for (int d = 16; d >= 1; d >>= 1) a = fmaxf(a, __shfl_xor_sync(FULL, a, d));
+            const int e = ue8m0_exp(a);
+            *reinterpret_cast<u32*>(out + (size_t)row * k + i) = quant4(y0, y1, y2, y3, pow2i(127 - e));
+            if (lane == 0) scale[(size_t)b * scale_stride + row] = pow2i(e - 127);
+        }
+    }
+}

@@ -1,0 +1,10 @@
+package cuda
+
+import _ "embed"
+
+//go:embed chain.cu
+var chainSource string
+
+// ChainSource returns the CUDA source of the chain's bit-exact kernels
+// (act_quant and q_norm fused with act_quant, DESIGN.md section 7).
+func ChainSource() string { return chainSource }

@@ -1,0 +1,15 @@
+// Package cublaslt binds the part of NVIDIA's cuBLASLt that runs DeepSeek's
+// FP8 block-scaled GEMM (DESIGN.md section 7, reference/cublaslt-fp8-
+// blockscaled.md): e4m3 weights with one float32 scale per 128x128 block
+// (BLK128x128_32F), e4m3 activations with one float32 scale per token and
+// 128 values (VEC128_32F), bf16 output, float32 accumulation.
+//
+// The library is loaded at run time through purego (no cgo), found like
+// NVRTC: PROLOGUE_CUBLASLT when set (and then nothing else), else
+// libcublasLt.so.13 / .12 through the loader, the CUDA toolkit directories
+// and the nvidia-cublas Python wheels. Every call runs on the driver
+// Context's owner thread, with its context current. A Handle caches one
+// plan (descriptors and the heuristic's algorithm) per shape, and owns a 32
+// MiB workspace allocated once, so a Matmul allocates nothing and can be
+// captured into a CUDA graph.
+package cublaslt

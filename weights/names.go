@@ -1,0 +1,160 @@
+package weights
+
+import (
+	"fmt"
+
+	"github.com/dsv4mla/prologue/model/dsv4"
+)
+
+// The one name map. Every tensor the loader reads is a module under a
+// layer's attention prefix. Accepted spellings, in any combination:
+//
+// Layer prefixes: layers.{i}.attn. (the DeepSeek release),
+// model.layers.{i}.attn. (vLLM), model.layers.{i}.self_attn. (HF),
+// layers.{i}.self_attn.; for MTP layer j (layer index num_hidden_layers+j)
+// also mtp.{j}.attn., the release's spelling.
+//
+// Modules:
+//
+//	DeepSeek, vLLM     HF DeepseekV4              DeepSeek-V3-style HF
+//	wq_a               q_a_proj                   q_a_proj
+//	wkv                kv_proj                    kv_a_proj_with_mqa
+//	wq_b               q_b_proj                   q_b_proj
+//	q_norm             q_a_norm                   q_a_layernorm
+//	kv_norm            kv_norm                    kv_a_layernorm
+//	compressor.wkv     compressor.kv_proj         (as HF)
+//	compressor.wgate   compressor.gate_proj       (as HF)
+//	compressor.ape     compressor.position_bias   (as HF)
+//	compressor.norm    compressor.kv_norm         (as HF)
+//
+// Values: <module>.weight, except ape, a bare parameter <module>. FP8 block
+// scales: <module>.scale (DeepSeek), <module>.weight_scale_inv (vLLM, HF
+// FP8) or <module>.weight_scale. Exactly one spelling of each tensor may be
+// present in the index; two are refused as ambiguous.
+type module struct {
+	key   string // DeepSeek's module path (the release and vLLM), the canonical name
+	hf    string // HF transformers' DeepseekV4 port
+	v3    string // DeepSeek-V3-style HF name, where one exists; else hf
+	param bool   // a bare parameter (ape): no ".weight" suffix
+}
+
+var (
+	modWQA       = module{key: "wq_a", hf: "q_a_proj", v3: "q_a_proj"}
+	modWKV       = module{key: "wkv", hf: "kv_proj", v3: "kv_a_proj_with_mqa"}
+	modWQB       = module{key: "wq_b", hf: "q_b_proj", v3: "q_b_proj"}
+	modQNorm     = module{key: "q_norm", hf: "q_a_norm", v3: "q_a_layernorm"}
+	modKVNorm    = module{key: "kv_norm", hf: "kv_norm", v3: "kv_a_layernorm"}
+	modCompWKV   = module{key: "compressor.wkv", hf: "compressor.kv_proj", v3: "compressor.kv_proj"}
+	modCompWGate = module{key: "compressor.wgate", hf: "compressor.gate_proj", v3: "compressor.gate_proj"}
+	modCompAPE   = module{key: "compressor.ape", hf: "compressor.position_bias", v3: "compressor.position_bias", param: true}
+	modCompNorm  = module{key: "compressor.norm", hf: "compressor.kv_norm", v3: "compressor.kv_norm"}
+)
+
+// paths lists the module's distinct spellings, DeepSeek's first.
+func (m module) paths() []string {
+	out := []string{m.key}
+	for _, p := range []string{m.hf, m.v3} {
+		if p != out[len(out)-1] && p != m.key {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+var scaleSuffixes = []string{".scale", ".weight_scale_inv", ".weight_scale"}
+
+// layerPrefixes lists the attention prefixes of layer i, DeepSeek's first.
+func layerPrefixes(cfg *dsv4.Config, i int) []string {
+	var p []string
+	if i >= cfg.NumLayers {
+		p = append(p, fmt.Sprintf("mtp.%d.attn.", i-cfg.NumLayers))
+	}
+	return append(p,
+		fmt.Sprintf("layers.%d.attn.", i),
+		fmt.Sprintf("model.layers.%d.attn.", i),
+		fmt.Sprintf("model.layers.%d.self_attn.", i),
+		fmt.Sprintf("layers.%d.self_attn.", i))
+}
+
+// candidates lists every accepted name of the module's values (scale false)
+// or FP8 block scales (scale true) in layer i, DeepSeek's spelling first.
+func (m module) candidates(cfg *dsv4.Config, i int, scale bool) []string {
+	var out []string
+	for _, p := range layerPrefixes(cfg, i) {
+		for _, path := range m.paths() {
+			switch {
+			case scale:
+				for _, s := range scaleSuffixes {
+					out = append(out, p+path+s)
+				}
+			case m.param:
+				out = append(out, p+path)
+			default:
+				out = append(out, p+path+".weight")
+			}
+		}
+	}
+	return out
+}
+
+// Naming selects the spelling WriteSynthetic writes (the loader accepts all).
+type Naming int
+
+const (
+	NamingDeepSeek Naming = iota // layers.{i}.attn.wq_a.weight / .scale, mtp.{j}.attn.* (the release)
+	NamingVLLM                   // model.layers.{i}.attn.wq_a.weight / .weight_scale_inv
+	NamingHF                     // model.layers.{i}.self_attn.q_a_proj.weight / .weight_scale_inv, q_a_norm, kv_proj, compressor.kv_proj ...
+	NamingHFV3                   // as NamingHF with DeepSeek-V3 names: q_a_layernorm, kv_a_proj_with_mqa, kv_a_layernorm
+)
+
+func (n Naming) String() string {
+	switch n {
+	case NamingDeepSeek:
+		return "deepseek"
+	case NamingVLLM:
+		return "vllm"
+	case NamingHF:
+		return "hf"
+	case NamingHFV3:
+		return "hf-v3"
+	}
+	return fmt.Sprintf("Naming(%d)", int(n))
+}
+
+// ParseNaming is the inverse of Naming.String.
+func ParseNaming(s string) (Naming, error) {
+	for n := NamingDeepSeek; n <= NamingHFV3; n++ {
+		if n.String() == s {
+			return n, nil
+		}
+	}
+	return 0, fmt.Errorf("weights: naming %q: want deepseek, vllm, hf or hf-v3", s)
+}
+
+// name spells the values (scale false) or scales of module m in layer i.
+func (n Naming) name(cfg *dsv4.Config, i int, m module, scale bool) string {
+	path := m.key
+	var prefix string
+	switch n {
+	case NamingDeepSeek:
+		prefix = fmt.Sprintf("layers.%d.attn.", i)
+		if i >= cfg.NumLayers {
+			prefix = fmt.Sprintf("mtp.%d.attn.", i-cfg.NumLayers)
+		}
+	case NamingVLLM:
+		prefix = fmt.Sprintf("model.layers.%d.attn.", i)
+	case NamingHF:
+		prefix, path = fmt.Sprintf("model.layers.%d.self_attn.", i), m.hf
+	default:
+		prefix, path = fmt.Sprintf("model.layers.%d.self_attn.", i), m.v3
+	}
+	switch {
+	case scale && n == NamingDeepSeek:
+		return prefix + path + ".scale"
+	case scale:
+		return prefix + path + ".weight_scale_inv"
+	case m.param:
+		return prefix + path
+	}
+	return prefix + path + ".weight"
+}
