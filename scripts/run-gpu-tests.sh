@@ -21,6 +21,8 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noh
 step .gpu/driver.test -test.v
 step .gpu/cuda.test -test.v -test.run 'Conformance|Mixed|Available'
 step .gpu/cuda.test -test.v -test.run 'Exhaustive'
+# The chain's FP8 GEMMs: conformance within package gemm's bound, per implementation.
+step .gpu/cuda.test -test.v -test.run 'GEMM'
 step env -C tests ../.gpu/tests.test -test.v
 # The default trace end to end on the GPU, every byte compared with the CPU
 # backend: through the CUDA-graph path (the default) and launch by launch.

@@ -53,6 +53,12 @@ type Options struct {
 	// SeparateLaunches makes RunLayer issue the KV and Q kernels as two
 	// launches instead of one fused layer launch (for tests and comparison).
 	SeparateLaunches bool
+	// GEMMOwnMaxM: GEMMs of up to this many rows run the weight-streaming
+	// kernel, larger ones cuBLASLt (0: DefaultGEMMOwnMaxM; -1: cuBLASLt for
+	// every batch it accepts). See gemm.go.
+	GEMMOwnMaxM int
+	// NoCuBLASLt runs every GEMM on the own kernel (cuBLASLt is not loaded).
+	NoCuBLASLt bool
 }
 
 // Backend runs the prologue kernels on one device.
@@ -65,6 +71,7 @@ type Backend struct {
 	opts   Options
 	clog   string
 	fork   sideStream // the chain's second stream (fork.go)
+	gemm   gemmState  // gemm.go
 
 	// chainMod holds the chain kernels (chain.go); its functions are in fns.
 	chainMod *driver.Module
@@ -261,7 +268,7 @@ func (b *Backend) Synchronize(ctx context.Context) error {
 func (b *Backend) Close() error {
 	errs := []error{b.fork.close()}
 	if b.stream != nil {
-		errs = append(errs, b.stream.Synchronize(), b.stream.Destroy())
+		errs = append(errs, b.stream.Synchronize(), b.closeGEMM(), b.stream.Destroy())
 	}
 	if b.mod != nil {
 		errs = append(errs, b.mod.Unload())

@@ -1,0 +1,244 @@
+package cuda_test
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/dsv4mla/prologue/attention/mla"
+	"github.com/dsv4mla/prologue/attention/mla/cuda"
+	"github.com/dsv4mla/prologue/attention/mla/mlatest"
+	"github.com/dsv4mla/prologue/gemm"
+	"github.com/dsv4mla/prologue/weights"
+)
+
+// TestCUDAGEMM runs the GEMM conformance cases at V4-Flash's shapes with
+// the default choice of implementation (the own kernel up to 128 rows,
+// cuBLASLt above).
+func TestCUDAGEMM(t *testing.T) {
+	b := backend(t)
+	mlatest.TestGEMM(t, b)
+	own, lt := b.GEMMCounts()
+	t.Logf("GEMMs run: own kernel %d, cuBLASLt %d (cuBLASLt: %v)", own, lt, b.CuBLASLtError())
+}
+
+// TestCUDAGEMMPaths runs the cases once per implementation: the own kernel
+// for every batch, and cuBLASLt for every batch it accepts.
+func TestCUDAGEMMPaths(t *testing.T) {
+	backend(t)
+	for name, opts := range map[string]cuda.Options{
+		"own":      {NoCuBLASLt: true},
+		"cublaslt": {GEMMOwnMaxM: -1},
+	} {
+		t.Run(name, func(t *testing.T) {
+			b, err := cuda.New(opts)
+			require.NoError(t, err)
+			defer b.Close()
+			require.NoError(t, b.InitGEMM())
+			if name == "cublaslt" && b.CuBLASLtError() != nil {
+				t.Skipf("cuBLASLt unavailable: %v", b.CuBLASLtError())
+			}
+			// Pro scaled to N/8 keeps its K (7168: 56 blocks, uneven splits).
+			mlatest.TestGEMMShapes(t, b, append(slices.Clone(mlatest.FlashGEMMs), mlatest.ScaledGEMMs(mlatest.ProGEMMs, 8)...))
+			own, lt := b.GEMMCounts()
+			t.Logf("GEMMs run: own kernel %d, cuBLASLt %d", own, lt)
+			if name == "own" {
+				require.Zero(t, lt)
+			} else {
+				require.Positive(t, lt, "no GEMM went to cuBLASLt")
+			}
+		})
+	}
+}
+
+// uploadCase makes random operands from seed, uploads them and computes
+// the host reference.
+func uploadCase(t testing.TB, b *cuda.Backend, seed uint64, m, n, k int) (*gemm.Activations, *weights.FP8Matrix, *mla.FP8Weight, mla.FP8Activations, []uint16) {
+	r := rand.New(rand.NewPCG(seed, 3))
+	hw := mlatest.RandomFP8Weight(r, n, k)
+	hx := mlatest.RandomActivations(r, m, k, m)
+	w, err := mlatest.UploadFP8Weight(b, hw)
+	require.NoError(t, err)
+	x, err := mlatest.UploadActivations(b, hx)
+	require.NoError(t, err)
+	want, err := gemm.Reference(hx, hw)
+	require.NoError(t, err)
+	return hx, hw, w, x, want
+}
+
+// TestCUDAGEMMDeterministic: the split-K reduction adds the partials in a
+// fixed order, so the same inputs give the same bytes every time.
+func TestCUDAGEMMDeterministic(t *testing.T) {
+	b := backend(t)
+	seed := rand.Uint64()
+	t.Logf("seed %d", seed)
+	for _, s := range []struct{ m, n, k int }{{1, 1536, 4096}, {33, 1536, 4096}, {128, 2048, 7168}} {
+		_, _, w, x, _ := uploadCase(t, b, seed, s.m, s.n, s.k)
+		first, err := mlatest.RunGEMM(b, x, w, 0, s.n)
+		require.NoError(t, err)
+		for range 3 {
+			again, err := mlatest.RunGEMM(b, x, w, 0, s.n)
+			require.NoError(t, err)
+			require.Equal(t, first, again, "m%d n%d k%d", s.m, s.n, s.k)
+		}
+		mlatest.FreeGEMMBuffers(b, w, x)
+	}
+}
+
+// TestCUDAGEMMRefusesNarrowN: the kernel needs N in 128-row blocks.
+func TestCUDAGEMMRefusesNarrowN(t *testing.T) {
+	b := backend(t)
+	r := rand.New(rand.NewPCG(1, 1))
+	w, err := mlatest.UploadFP8Weight(b, mlatest.RandomFP8Weight(r, 200, 128))
+	require.NoError(t, err)
+	x, err := mlatest.UploadActivations(b, mlatest.RandomActivations(r, 2, 128, 2))
+	require.NoError(t, err)
+	defer mlatest.FreeGEMMBuffers(b, w, x)
+	y, err := b.Alloc(2 * 2 * 200)
+	require.NoError(t, err)
+	defer b.Free(y)
+	err = b.GEMM(context.Background(), &mla.GEMMArgs{X: x, W: w, Y: y, YStride: 200})
+	require.ErrorContains(t, err, "W.N = 200 must be a multiple of 128")
+}
+
+// TestCUDAGEMMGraph captures GEMMs (the own kernel with split-K and, where
+// available, cuBLASLt) into a CUDA graph and checks that a replay writes
+// what a direct call wrote.
+func TestCUDAGEMMGraph(t *testing.T) {
+	b := backend(t)
+	seed := rand.Uint64()
+	t.Logf("seed %d", seed)
+	ctx := context.Background()
+	for _, m := range []int{2, 300} {
+		hx, hw, w, x, want := uploadCase(t, b, seed, m, 1536, 4096)
+		y, err := b.Alloc(2 * m * 1536)
+		require.NoError(t, err)
+		args := &mla.GEMMArgs{X: x, W: w, Y: y, YStride: 1536}
+		require.NoError(t, b.GEMM(ctx, args)) // prepares the plan outside the capture
+		direct := make([]byte, 2*m*1536)
+		require.NoError(t, b.Read(direct, y, 0))
+		got := make([]uint16, m*1536)
+		for i := range got {
+			got[i] = uint16(direct[2*i]) | uint16(direct[2*i+1])<<8
+		}
+		require.NoError(t, gemm.CheckBound(hx, hw, want, got))
+		require.NoError(t, b.Fill(y, 0, len(direct), 0xA5))
+		g, err := b.Capture(func() error { return b.GEMM(ctx, args) })
+		require.NoError(t, err, "m%d", m)
+		require.NoError(t, g.Launch())
+		require.NoError(t, b.Synchronize(ctx))
+		replayed := make([]byte, len(direct))
+		require.NoError(t, b.Read(replayed, y, 0))
+		require.Equal(t, direct, replayed, "m%d: replay differs from the direct call", m)
+		require.NoError(t, g.Close())
+		mlatest.FreeGEMMBuffers(b, w, x)
+		require.NoError(t, b.Free(y))
+	}
+}
+
+var gemmTimes = flag.Bool("gemm.times", false, "TestGEMMTimes: time the GEMM implementations at V4-Flash and V4-Pro shapes")
+
+// TestGEMMTimes prints device times of the GEMM at V4-Flash and V4-Pro
+// shapes for each implementation: "cold" with L2 flushed before each call
+// (a 256 MiB memset), "b2b" back to back on the same inputs (weights
+// partly L2-resident), and the weight bandwidth of the cold time. Run with
+// -gemm.times; GEMM_OWN_MAX style sweeps: the own column is the kernel
+// forced, the cuBLASLt column cuBLASLt wherever it accepts the shape.
+func TestGEMMTimes(t *testing.T) {
+	if !*gemmTimes {
+		t.Skip("run with -gemm.times")
+	}
+	backend(t)
+	ms := []int{1, 8, 32, 128, 256, 512, 1024, 4096}
+	shapes := append(slices.Clone(mlatest.FlashGEMMs), mlatest.ProGEMMs...)
+	type row struct{ cold, b2b time.Duration }
+	results := map[string]map[string]row{}
+	ran := map[string]string{}
+	for _, path := range []struct {
+		name string
+		opts cuda.Options
+	}{{"own", cuda.Options{NoCuBLASLt: true}}, {"cublaslt", cuda.Options{GEMMOwnMaxM: -1}}} {
+		b, err := cuda.New(path.opts)
+		require.NoError(t, err)
+		require.NoError(t, b.InitGEMM())
+		if path.name == "cublaslt" && b.CuBLASLtError() != nil {
+			t.Logf("cuBLASLt unavailable: %v", b.CuBLASLtError())
+			require.NoError(t, b.Close())
+			continue
+		}
+		flush, err := b.Alloc(256 << 20)
+		require.NoError(t, err)
+		ctx := context.Background()
+		for _, s := range shapes {
+			r := rand.New(rand.NewPCG(uint64(s.N), uint64(s.K)))
+			w, err := mlatest.UploadFP8Weight(b, mlatest.RandomFP8Weight(r, s.N, s.K))
+			require.NoError(t, err)
+			for _, m := range ms {
+				x, err := mlatest.UploadActivations(b, mlatest.RandomActivations(r, m, s.K, m))
+				require.NoError(t, err)
+				y, err := b.Alloc(2 * m * s.N)
+				require.NoError(t, err)
+				args := &mla.GEMMArgs{X: x, W: w, Y: y, YStride: s.N}
+				_, lt0 := b.GEMMCounts()
+				require.NoError(t, b.GEMM(ctx, args)) // warm-up: plans, module
+				which := "own"
+				if _, lt1 := b.GEMMCounts(); lt1 > lt0 {
+					which = "cublaslt"
+				}
+				const reps = 20
+				var cold time.Duration
+				for range reps {
+					require.NoError(t, b.Fill(flush, 0, 256<<20, 0))
+					d, err := b.Time(ctx, func() error { return b.GEMM(ctx, args) })
+					require.NoError(t, err)
+					cold += d
+				}
+				b2b, err := b.Time(ctx, func() error {
+					for range reps {
+						if err := b.GEMM(ctx, args); err != nil {
+							return err
+						}
+					}
+					return nil
+				})
+				require.NoError(t, err)
+				key := fmt.Sprintf("%s/m%d", s.Name, m)
+				if results[key] == nil {
+					results[key] = map[string]row{}
+				}
+				results[key][path.name] = row{cold / reps, b2b / reps}
+				ran[key+"/"+path.name] = which
+				require.NoError(t, b.Free(y))
+				mlatest.FreeGEMMBuffers(b, &mla.FP8Weight{}, x)
+			}
+			mlatest.FreeGEMMBuffers(b, w, mla.FP8Activations{})
+		}
+		require.NoError(t, b.Free(flush))
+		require.NoError(t, b.Close())
+	}
+	us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
+	fmt.Printf("%-22s %-8s %10s %10s %10s   %-8s %10s %10s %10s %8s\n", "GEMM", "path", "cold us", "b2b us", "cold GB/s", "path", "cold us", "b2b us", "cold GB/s", "floor us")
+	for _, s := range shapes {
+		wbytes := float64(s.N * s.K)
+		for _, m := range ms {
+			key := fmt.Sprintf("%s/m%d", s.Name, m)
+			line := fmt.Sprintf("%-22s", key)
+			for _, p := range []string{"own", "cublaslt"} {
+				rw, ok := results[key][p]
+				if !ok {
+					line += fmt.Sprintf(" %-8s %10s %10s %10s  ", p, "-", "-", "-")
+					continue
+				}
+				line += fmt.Sprintf(" %-8s %10.1f %10.1f %10.0f  ", ran[key+"/"+p], us(rw.cold), us(rw.b2b), wbytes/us(rw.cold)/1e3)
+			}
+			line += fmt.Sprintf(" %8.1f", wbytes/4.1e12*1e6)
+			fmt.Println(line)
+		}
+	}
+}
