@@ -139,7 +139,7 @@ func (e *Engine) newChain(alloc func(what string, n int, fill byte) (mla.Buffer,
 		return err
 	}
 	acts := func(what string, k int) (mla.FP8Activations, error) {
-		a := mla.FP8Activations{Rows: T, K: k, ScaleStride: T}
+		a := mla.FP8Activations{Rows: T, K: k, ScaleStride: T} // Rows and ScaleStride are set per run
 		var err error
 		if a.Data, err = alloc(what+" e4m3", T*k, 0); err != nil {
 			return a, err
@@ -250,22 +250,28 @@ func (s Stage) String() string {
 	return fmt.Sprintf("Stage(%d)", uint8(s))
 }
 
-// The arguments of the steps before the prologue, over rows rows.
+// The arguments of the steps before the prologue, over rows rows. The
+// scales of the quantized activations are laid out [K/128][rows]: the
+// buffers hold MaxTokens rows, but an unpadded stride is what cuBLASLt's
+// block-scale mode takes, and a graph captures one row count anyway.
 func (e *Engine) actQuantArgs(rows int) *mla.ActQuantArgs {
 	out := e.chain.xq
 	out.Rows = rows
+	out.ScaleStride = rows
 	return &mla.ActQuantArgs{X: e.chain.hidden, XStride: e.cfg.Model.HiddenSize, Out: out}
 }
 
 func (e *Engine) fusedGEMMArgs(layer, rows int) *mla.GEMMArgs {
 	x := e.chain.xq
 	x.Rows = rows
+	x.ScaleStride = rows
 	return &mla.GEMMArgs{X: x, W: &e.chain.layers[layer].fused, Y: e.fusedA, YStride: e.cfg.fusedRowElems()}
 }
 
 func (e *Engine) qNormArgs(layer, rows int) *mla.NormQuantArgs {
 	out := e.chain.qn
 	out.Rows = rows
+	out.ScaleStride = rows
 	return &mla.NormQuantArgs{X: e.fusedA, XStride: e.cfg.fusedRowElems(), Weight: e.chain.layers[layer].qNorm,
 		Eps: e.chain.eps, Out: out}
 }
@@ -273,6 +279,7 @@ func (e *Engine) qNormArgs(layer, rows int) *mla.NormQuantArgs {
 func (e *Engine) qGEMMArgs(layer, rows int) *mla.GEMMArgs {
 	x := e.chain.qn
 	x.Rows = rows
+	x.ScaleStride = rows
 	return &mla.GEMMArgs{X: x, W: &e.chain.layers[layer].wqB, Y: e.qIn, YStride: e.cfg.heads() * numerics.HeadDim}
 }
 
@@ -448,7 +455,7 @@ func (it *Iteration) ReadChain(t ChainTensor) ([]byte, error) {
 		blocks := a.K / numerics.ActQuantBlockSize
 		out := make([]byte, 0, blocks*T*4)
 		for b := range blocks {
-			row, err := it.read(t, a.Scale, b*a.ScaleStride*4, T*4)
+			row, err := it.read(t, a.Scale, b*it.meta.PaddedTokens*4, T*4) // the stride of the last run: its rows
 			if err != nil {
 				return nil, err
 			}

@@ -157,14 +157,29 @@ func (it *Iteration) replay(ctx context.Context, layer int) error {
 	key := graphKey{layer: layer, rows: it.meta.PaddedTokens}
 	g, ok := e.graphs[key]
 	if !ok {
-		var err error                         // runLayer validates the arguments; a failed capture is ended and returned
 		launches := slices.Clone(it.launches) // the graph outlives this iteration
+		ranEagerly := false
+		if e.chain != nil {
+			// The chain's GEMMs set up their library state and per-shape
+			// plans on first use, which may allocate, and a capture may
+			// not: this first time the layer runs eagerly (so that is its
+			// run), then the capture records it for the next iterations.
+			if err := e.runLayer(ctx, layer, launches); err != nil {
+				return err
+			}
+			ranEagerly = true
+		}
+		// runLayer validates the arguments; a failed capture is ended and returned.
+		var err error
 		g, err = e.capturer.Capture(func() error { return e.runLayer(context.Background(), layer, launches) })
 		if err != nil {
 			return fmt.Errorf("capturing layer %d for %d rows: %w", layer, key.rows, err)
 		}
 		e.graphs[key] = g
 		e.log.Debug().Int("layer", layer).Int("rows", key.rows).Msg("captured a CUDA graph")
+		if ranEagerly {
+			return nil
+		}
 	}
 	return g.Launch()
 }
