@@ -83,6 +83,24 @@ type Config struct {
 
 	// Logger receives the engine's logs; the zero value discards them.
 	Logger zerolog.Logger
+
+	// Input is where a layer starts: InputProjected (the zero value: the
+	// server hands over the projections' outputs) or InputHidden (the
+	// engine runs the GEMM chain from the hidden states; see chain.go).
+	Input InputMode
+	// Checkpoint is a DeepSeek-V4 checkpoint directory whose attention
+	// weights the hidden-state chain runs on (read for the engine's layers
+	// and head range only, checked against Model); empty = synthetic
+	// weights from WeightSeed, generated in memory like the synthetic
+	// checkpoint writer's (package weights).
+	Checkpoint string
+	// HeadBegin and HeadEnd are the Q heads [HeadBegin, HeadEnd) this
+	// engine computes, for head-sharded tensor parallelism: only those
+	// heads' rows of wq_b are loaded and only those heads of Q are written
+	// (the Q input and output buffers hold HeadEnd-HeadBegin heads); the
+	// hidden states, wq_a, wkv, the latent and the KV cache are the same on
+	// every shard. 0, 0 = all heads.
+	HeadBegin, HeadEnd int
 }
 
 // DefaultLayerWeight is the kv_a_layernorm weight a layer gets until
@@ -109,6 +127,10 @@ func (c Config) resolve() (Config, error) {
 	}
 	if err := c.Cache.Validate(); err != nil {
 		return c, fmt.Errorf("engine: Config.Cache: %w", err)
+	}
+	c, err := c.resolveChain()
+	if err != nil {
+		return c, err
 	}
 	all := c.Model.NumAttentionLayers()
 	if c.Layers == 0 {
@@ -164,7 +186,7 @@ func (c Config) resolve() (Config, error) {
 // params are the metadata pass parameters of every iteration.
 func (c Config) params() metadata.Params {
 	p := metadata.Params{
-		Heads:        c.Model.NumHeads,
+		Heads:        c.heads(),
 		PageSize:     c.Cache.PageSize,
 		MaxPositions: c.RopePositions,
 		Scheduler:    c.Scheduler,

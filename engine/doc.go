@@ -11,6 +11,15 @@
 //	}
 //	err = it.End(ctx)                // wait, commit the new tokens
 //
+// With Config.Input = InputHidden the engine starts from the hidden states
+// instead (DESIGN.md section 7): it holds each layer's attention weights
+// (Config.Checkpoint, or synthetic ones from WeightSeed), the server calls
+// it.SetHidden(layer, rows) (or writes HiddenInput on the device), and
+// RunLayer runs act_quant, the fused [wq_a; wkv] GEMM, q_norm, the wq_b
+// GEMM and the prologue, the KV side on a second stream where the backend
+// has one (mla.KVForker). Config.HeadBegin and HeadEnd shard the Q heads
+// for tensor parallelism.
+//
 // A refused batch (an unknown or finished sequence, a full pool, a prompt
 // past the RoPE table, a batch beyond the capacity) changes nothing: no page,
 // no block table, no pool byte. An iteration that fails after Begin rolls

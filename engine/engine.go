@@ -65,6 +65,7 @@ type Engine struct {
 	args       []*mla.LayerArgs
 	allocated  []mla.Buffer // everything to free on Close
 
+	chain    *chainState            // nil on the projected path (Config.Input)
 	capturer mla.GraphCapturer      // nil unless UseGraphs and the backend captures graphs
 	graphs   map[graphKey]mla.Graph // captured per (layer, bucket); replayed by graph iterations
 
@@ -122,7 +123,7 @@ func New(ctx context.Context, cfg Config) (_ *Engine, err error) {
 		return buf, nil
 	}
 
-	heads := cfg.Model.NumHeads
+	heads := cfg.heads()
 	for l := range cfg.Layers {
 		pool, err := alloc(fmt.Sprintf("layer %d KV cache pool", l), cfg.Cache.PoolBytes(), 0)
 		if err != nil {
@@ -181,6 +182,12 @@ func New(ctx context.Context, cfg Config) (_ *Engine, err error) {
 	}
 	if e.qOut, err = alloc("Q output", cfg.MaxTokens*heads*numerics.HeadDim*cfg.QFormat.ElemBytes(), 0); err != nil {
 		return nil, err
+	}
+
+	if cfg.Input == InputHidden {
+		if err := e.newChain(alloc); err != nil {
+			return nil, err
+		}
 	}
 
 	for l := range cfg.Layers {
@@ -267,8 +274,9 @@ func (e *Engine) EventTimer() (EventTimer, bool) {
 // Layers is the number of layers the engine runs.
 func (e *Engine) Layers() int { return e.cfg.Layers }
 
-// Heads is the number of Q heads.
-func (e *Engine) Heads() int { return e.cfg.Model.NumHeads }
+// Heads is the number of Q heads the engine computes: all of the model's,
+// or its head range's (Config.HeadBegin, HeadEnd).
+func (e *Engine) Heads() int { return e.cfg.heads() }
 
 // FusedRowElems is the number of bf16 elements of one fused A row,
 // q_lora_rank + 512; the latent is its last 512.

@@ -80,9 +80,12 @@ func (it *Iteration) SetInputs(layer int, fusedA, q []byte) error {
 		return fmt.Errorf("engine: SetInputs(layer %d): fusedA has %d bytes, %d tokens of %d bf16 need %d",
 			layer, len(fusedA), it.meta.Tokens, e.cfg.fusedRowElems(), want)
 	}
-	if want := it.meta.Tokens * e.cfg.Model.NumHeads * numerics.HeadDim * 2; len(q) != want {
+	if want := it.meta.Tokens * e.cfg.heads() * numerics.HeadDim * 2; len(q) != want {
 		return fmt.Errorf("engine: SetInputs(layer %d): q has %d bytes, %d tokens x %d heads x 512 bf16 need %d",
-			layer, len(q), it.meta.Tokens, e.cfg.Model.NumHeads, want)
+			layer, len(q), it.meta.Tokens, e.cfg.heads(), want)
+	}
+	if e.chain != nil {
+		return fmt.Errorf("engine: SetInputs(layer %d): Config.Input is hidden: the chain computes these buffers from SetHidden's rows", layer)
 	}
 	if err := e.backend.Synchronize(context.Background()); err != nil {
 		return fmt.Errorf("engine: SetInputs(layer %d): waiting for earlier launches: %w", layer, err)
@@ -114,7 +117,7 @@ func (it *Iteration) RunLayer(ctx context.Context, layer int) error {
 		it.fail(err)
 		return fmt.Errorf("engine: RunLayer(%d): %w", layer, err)
 	}
-	run := func() error { return mla.RunLayer(ctx, it.e.backend, it.launches, it.e.args[layer]) }
+	run := func() error { return it.e.runLayer(ctx, layer, it.launches) }
 	if it.graph {
 		run = func() error { return it.replay(ctx, layer) }
 	}
@@ -122,12 +125,26 @@ func (it *Iteration) RunLayer(ctx context.Context, layer int) error {
 		it.fail(err)
 		return fmt.Errorf("engine: RunLayer(%d): %w", layer, err)
 	}
+	it.markRan(layer)
+	return nil
+}
+
+// markRan records that a layer's prologue ran and counts its launches.
+func (it *Iteration) markRan(layer int) {
 	it.ran[layer] = true
 	it.census.Add(it.launches)
 	it.e.mu.Lock()
 	it.e.census.Add(it.launches)
 	it.e.mu.Unlock()
-	return nil
+}
+
+// runLayer issues one layer: the chain from the hidden states, or the
+// prologue alone on the projected inputs.
+func (e *Engine) runLayer(ctx context.Context, layer int, launches []mla.Launch) error {
+	if e.chain != nil {
+		return e.runChain(ctx, layer, launches)
+	}
+	return mla.RunLayer(ctx, e.backend, launches, e.args[layer])
 }
 
 // GraphPath reports whether the iteration's layers replay CUDA graphs.
@@ -141,15 +158,29 @@ func (it *Iteration) replay(ctx context.Context, layer int) error {
 	key := graphKey{layer: layer, rows: it.meta.PaddedTokens}
 	g, ok := e.graphs[key]
 	if !ok {
-		a := e.args[layer] // RunLayer validates it; a failed capture is ended and returned
-		var err error
 		launches := slices.Clone(it.launches) // the graph outlives this iteration
-		g, err = e.capturer.Capture(func() error { return mla.RunLayer(context.Background(), e.backend, launches, a) })
+		ranEagerly := false
+		if e.chain != nil {
+			// The chain's GEMMs set up their library state and per-shape
+			// plans on first use, which may allocate, and a capture may
+			// not: this first time the layer runs eagerly (so that is its
+			// run), then the capture records it for the next iterations.
+			if err := e.runLayer(ctx, layer, launches); err != nil {
+				return err
+			}
+			ranEagerly = true
+		}
+		// runLayer validates the arguments; a failed capture is ended and returned.
+		var err error
+		g, err = e.capturer.Capture(func() error { return e.runLayer(context.Background(), layer, launches) })
 		if err != nil {
 			return fmt.Errorf("capturing layer %d for %d rows: %w", layer, key.rows, err)
 		}
 		e.graphs[key] = g
 		e.log.Debug().Int("layer", layer).Int("rows", key.rows).Msg("captured a CUDA graph")
+		if ranEagerly {
+			return nil
+		}
 	}
 	return g.Launch()
 }
@@ -225,7 +256,7 @@ func (it *Iteration) Abort() {
 // layer that ran.
 func (it *Iteration) ReadQ() ([]byte, error) {
 	e := it.e
-	out := make([]byte, it.meta.PaddedTokens*e.cfg.Model.NumHeads*numerics.HeadDim*e.cfg.QFormat.ElemBytes())
+	out := make([]byte, it.meta.PaddedTokens*e.cfg.heads()*numerics.HeadDim*e.cfg.QFormat.ElemBytes())
 	if err := e.backend.Synchronize(context.Background()); err != nil {
 		return nil, err
 	}
@@ -255,7 +286,7 @@ func (it *Iteration) ReadLatent() ([]byte, error) {
 // ReadQIn returns the Q input rows, [Tokens()][heads][512] bf16.
 func (it *Iteration) ReadQIn() ([]byte, error) {
 	e := it.e
-	out := make([]byte, it.meta.Tokens*e.cfg.Model.NumHeads*numerics.HeadDim*2)
+	out := make([]byte, it.meta.Tokens*e.cfg.heads()*numerics.HeadDim*2)
 	if err := e.backend.Read(out, e.qIn, 0); err != nil {
 		return nil, fmt.Errorf("engine: reading the Q input: %w", err)
 	}

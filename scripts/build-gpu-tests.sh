@@ -8,7 +8,7 @@ export CGO_ENABLED=0
 go test -c -o .gpu/driver.test ./kernels/cuda/driver
 go test -c -o .gpu/cuda.test ./attention/mla/cuda
 go test -c -o .gpu/tests.test ./tests
-for cmd in decode bench; do
+for cmd in decode bench mkcheckpoint; do
 	if [ -d "cmd/$cmd" ]; then go build -o ".gpu/$cmd" "./cmd/$cmd"; fi
 done
 cp scripts/run-gpu-tests.sh .gpu/

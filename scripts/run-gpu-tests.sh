@@ -24,11 +24,27 @@ step .gpu/cuda.test -test.v -test.run 'Exhaustive'
 # The chain's FP8 GEMMs: conformance within package gemm's bound, per implementation.
 step .gpu/cuda.test -test.v -test.run 'GEMM'
 step env -C tests ../.gpu/tests.test -test.v
-# The default trace end to end on the GPU, every byte compared with the CPU
-# backend: through the CUDA-graph path (the default) and launch by launch.
-step .gpu/decode --backend cuda --verify --summary-only
-step .gpu/decode --backend cuda --verify --summary-only --graph=false --cache-format bf16 --q-format bf16 --rope-mode exact
-step .gpu/decode --backend cuda --verify --summary-only --cache-format fp8_pertensor --kv-scale 0.5 --model pro --layers 3
+# The default trace end to end on the GPU (the prologue on projected inputs),
+# every byte compared with the CPU backend: through the CUDA-graph path (the
+# default) and launch by launch.
+step .gpu/decode --backend cuda --verify --summary-only --input projected
+step .gpu/decode --backend cuda --verify --summary-only --input projected --graph=false --cache-format bf16 --q-format bf16 --rope-mode exact
+step .gpu/decode --backend cuda --verify --summary-only --input projected --cache-format fp8_pertensor --kv-scale 0.5 --model pro --layers 3
+# The chain from hidden states on full-size synthetic V4-Flash and V4-Pro
+# layers (the chain trace): GEMM outputs within package gemm's bound of the
+# CPU's, everything else byte for byte from the GPU's own GEMM outputs;
+# graphs (the whole chain captured, the KV prologue on the second stream)
+# and eager; synthetic weights in memory and from a checkpoint on disk.
+step .gpu/decode --backend cuda --verify --summary-only --input hidden
+step .gpu/decode --backend cuda --verify --summary-only --input hidden --graph=false --cache-format bf16 --q-format bf16
+step .gpu/decode --backend cuda --verify --summary-only --input hidden --model pro --layers 3
+step .gpu/decode --backend cuda --verify --summary-only --input hidden --heads 32:64
+ck=$(mktemp -d)
+step .gpu/mkcheckpoint --model flash --layers 0-2 --scale-format e8m0 --out "$ck/flash"
+step .gpu/decode --backend cuda --verify --summary-only --input hidden --checkpoint "$ck/flash" --layers 3
+step .gpu/mkcheckpoint --model pro --layers 0-1 --scale-format f32 --naming hf --out "$ck/pro"
+step .gpu/decode --backend cuda --verify --summary-only --input hidden --model pro --checkpoint "$ck/pro" --layers 2
+rm -rf "$ck"
 if command -v compute-sanitizer >/dev/null; then
 	for tool in memcheck racecheck; do
 		step compute-sanitizer --tool "$tool" --error-exitcode 9 .gpu/cuda.test -test.short -test.run 'TestCUDAConformance$'

@@ -20,6 +20,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"time"
 
@@ -82,13 +83,17 @@ type options struct {
 	graph        bool
 	logLevel     string
 	noIterations bool
+	input        engine.InputMode
+	checkpoint   string
+	weightSeed   uint64
+	heads        string
 }
 
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	o := &options{}
 	fs := flag.NewFlagSet("decode", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&o.tracePath, "trace", "", "JSON Lines batch trace (- for stdin); empty: the embedded default trace")
+	fs.StringVar(&o.tracePath, "trace", "", "JSON Lines batch trace (- for stdin); empty: the embedded default trace (--input projected) or the smaller embedded chain trace (--input hidden)")
 	fs.StringVar(&o.model, "model", "flash", "model: flash, pro, or the path of a checkpoint's config.json")
 	fs.IntVar(&o.layers, "layers", defaultLayers, "attention layers to run (0: all, MTP layers included)")
 	fs.StringVar(&o.backend, "backend", engine.BackendAuto, "backend: "+strings.Join(engine.Backends(), ", "))
@@ -111,6 +116,10 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.dumpLayers, "dump-layers", "all", "layers to dump: all, or a list like 0,2")
 	fs.BoolVar(&o.jsonOut, "json", false, "print a JSON report on stdout instead of text")
 	fs.BoolVar(&o.graph, "graph", true, "replay generation-only iterations through CUDA graphs, padded to power-of-two buckets (engine Config.UseGraphs; no effect on the cpu backend)")
+	fs.TextVar(&o.input, "input", engine.InputHidden, "where each layer starts: hidden (hidden states through the GEMM chain on the checkpoint's weights) or projected (synthetic A and q_b projection outputs, the prologue alone)")
+	fs.StringVar(&o.checkpoint, "checkpoint", "", "DeepSeek-V4 checkpoint directory whose attention weights --input hidden runs on (its config.json must match --model); empty: synthetic weights from --weight-seed")
+	fs.Uint64Var(&o.weightSeed, "weight-seed", 1, "seed of the synthetic weights (no --checkpoint), the generator of the synthetic checkpoint writer")
+	fs.StringVar(&o.heads, "heads", "", "head range h0:h1 this engine computes (head-sharded tensor parallelism); empty: all heads")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	fs.BoolVar(&o.noIterations, "summary-only", false, "print only the summary, not a line per iteration")
 	fs.Usage = func() {
@@ -145,9 +154,13 @@ func loadModel(name string) (dsv4.Config, error) {
 	return m, nil
 }
 
-func loadTrace(path string, stdin io.Reader) ([]trace.Step, string, error) {
+func loadTrace(path string, stdin io.Reader, input engine.InputMode) ([]trace.Step, string, error) {
 	switch path {
 	case "":
+		if input == engine.InputHidden {
+			s, err := trace.DefaultChain()
+			return s, "embedded chain trace", err
+		}
 		s, err := trace.Default()
 		return s, "embedded default trace", err
 	case "-":
@@ -233,7 +246,7 @@ func (o *options) config(log zerolog.Logger) (replay.Options, []trace.Step, stri
 	if err != nil {
 		return ro, nil, "", usageError{fmt.Errorf("--q-format: %w", err)}
 	}
-	steps, name, err := loadTrace(o.tracePath, os.Stdin)
+	steps, name, err := loadTrace(o.tracePath, os.Stdin, o.input)
 	if err != nil {
 		return ro, nil, "", fmt.Errorf("--trace %s: %w", name, err)
 	}
@@ -250,6 +263,13 @@ func (o *options) config(log zerolog.Logger) (replay.Options, []trace.Step, stri
 	}
 	if o.layers < 0 {
 		return ro, nil, "", usageError{fmt.Errorf("--layers %d: must be 0 (all) or positive", o.layers)}
+	}
+	h0, h1, err := parseHeads(o.heads)
+	if err != nil {
+		return ro, nil, "", usageError{err}
+	}
+	if o.checkpoint != "" && o.input != engine.InputHidden {
+		return ro, nil, "", usageError{fmt.Errorf("--checkpoint %s needs --input hidden", o.checkpoint)}
 	}
 	st := trace.Summarize(steps)
 	cfg := engine.Config{
@@ -268,6 +288,13 @@ func (o *options) config(log zerolog.Logger) (replay.Options, []trace.Step, stri
 		WeightSeed:    o.seed,
 		UseGraphs:     o.graph,
 		Logger:        log,
+		Input:         o.input,
+		Checkpoint:    o.checkpoint,
+		HeadBegin:     h0,
+		HeadEnd:       h1,
+	}
+	if o.input == engine.InputHidden {
+		cfg.WeightSeed = o.weightSeed
 	}
 	if cfg.MaxSeqs == 0 {
 		cfg.MaxSeqs = max(1, st.MaxSeqs)
@@ -339,4 +366,22 @@ func replayTrace(ctx context.Context, o *options, ro replay.Options, steps []tra
 	writeSummary(stdout, rep, name)
 	fmt.Fprintln(stdout)
 	return rep.WriteBenchmark(stdout)
+}
+
+// parseHeads parses --heads h0:h1 (empty: 0, 0, all heads).
+func parseHeads(s string) (h0, h1 int, err error) {
+	if s == "" {
+		return 0, 0, nil
+	}
+	a, b, ok := strings.Cut(s, ":")
+	if ok {
+		h0, err = strconv.Atoi(a)
+	}
+	if ok && err == nil {
+		h1, err = strconv.Atoi(b)
+	}
+	if !ok || err != nil || h0 < 0 || h1 <= h0 {
+		return 0, 0, fmt.Errorf("--heads %q: want h0:h1 with 0 <= h0 < h1", s)
+	}
+	return h0, h1, nil
 }

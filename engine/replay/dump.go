@@ -48,7 +48,7 @@ func (r *Replayer) dump(it *engine.Iteration, line, layer int) (string, error) {
 	e := r.eng
 	cfg := e.Config()
 	m := it.Metadata()
-	heads, T, B := cfg.Model.NumHeads, m.Tokens, m.NumSeqs
+	heads, T, B := e.Heads(), m.Tokens, m.NumSeqs
 
 	latent, err := it.ReadLatent()
 	if err != nil {
@@ -114,6 +114,13 @@ func (r *Replayer) dump(it *engine.Iteration, line, layer int) (string, error) {
 		{Name: "cache_page_ids", DType: "I32", Shape: []int{len(pages)}, Data: i32s(pages)},
 		{Name: "cache_pages", DType: "U8", Shape: []int{len(pages), cfg.Cache.PageBytes()}, Data: pageBytes},
 	}
+	if cfg.Input == engine.InputHidden {
+		chain, err := chainTensors(it, cfg.Model.HiddenSize, cfg.Model.QLoraRank)
+		if err != nil {
+			return "", err
+		}
+		tensors = append(tensors, chain...)
+	}
 	f32 := func(v float32) string { return strconv.FormatFloat(float64(v), 'g', -1, 32) }
 	meta := map[string]string{
 		"producer":        "github.com/dsv4mla/prologue/cmd/decode",
@@ -142,10 +149,48 @@ func (r *Replayer) dump(it *engine.Iteration, line, layer int) (string, error) {
 		"num_gen":         strconv.Itoa(m.NumGen),
 		"gen_seq_len":     strconv.Itoa(m.GenSeqLen),
 		"activation_seed": strconv.FormatUint(r.opts.Seed, 10),
+		"input":           cfg.Input.String(),
+		"head_begin":      strconv.Itoa(cfg.HeadBegin),
+		"head_end":        strconv.Itoa(cfg.HeadEnd),
+	}
+	if cfg.Input == engine.InputHidden {
+		meta["hidden_size"] = strconv.Itoa(cfg.Model.HiddenSize)
+		if cfg.Checkpoint != "" {
+			meta["checkpoint"] = cfg.Checkpoint
+		} else {
+			meta["weight_seed"] = strconv.FormatUint(cfg.WeightSeed, 10)
+		}
 	}
 	path := filepath.Join(r.opts.DumpDir, DumpFileName(it.Index(), layer))
 	if err := safetensors.WriteFile(path, tensors, meta); err != nil {
 		return "", fmt.Errorf("dump %s: %w", path, err)
 	}
 	return path, nil
+}
+
+// chainTensors are the hidden-state chain's buffers of a layer (the README
+// lists them under "cmd/decode dump tensors").
+func chainTensors(it *engine.Iteration, hidden, qLora int) ([]safetensors.Tensor, error) {
+	T := it.Tokens()
+	specs := []struct {
+		t     engine.ChainTensor
+		dtype string
+		shape []int
+	}{
+		{engine.TensorHidden, "BF16", []int{T, hidden}},
+		{engine.TensorHiddenFP8, "F8_E4M3", []int{T, hidden}},
+		{engine.TensorHiddenScale, "F32", []int{hidden / numerics.ActQuantBlockSize, T}},
+		{engine.TensorFusedA, "BF16", []int{T, qLora + numerics.HeadDim}},
+		{engine.TensorQNormFP8, "F8_E4M3", []int{T, qLora}},
+		{engine.TensorQNormScale, "F32", []int{qLora / numerics.ActQuantBlockSize, T}},
+	}
+	var out []safetensors.Tensor
+	for _, s := range specs {
+		data, err := it.ReadChain(s.t)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, safetensors.Tensor{Name: s.t.String(), DType: s.dtype, Shape: s.shape, Data: data})
+	}
+	return out, nil
 }

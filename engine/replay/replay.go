@@ -12,6 +12,7 @@ import (
 	"github.com/dsv4mla/prologue/attention/mla"
 	"github.com/dsv4mla/prologue/engine"
 	"github.com/dsv4mla/prologue/engine/trace"
+	"github.com/dsv4mla/prologue/weights"
 )
 
 // Options configure a Replayer.
@@ -41,11 +42,14 @@ type Replayer struct {
 	timer  engine.EventTimer
 	timed  bool
 	report Report
+	// weights caches the reference engine's GEMM weights per layer (the
+	// chain's verify bounds the engine's GEMM outputs with them).
+	weights map[int]*[2]weights.FP8Matrix
 }
 
 // New creates the engine (and the reference engine when verifying).
 func New(ctx context.Context, opts Options) (*Replayer, error) {
-	r := &Replayer{opts: opts, log: opts.Logger.With().Str("component", "replay").Logger()}
+	r := &Replayer{opts: opts, log: opts.Logger.With().Str("component", "replay").Logger(), weights: map[int]*[2]weights.FP8Matrix{}}
 	var err error
 	if r.eng, err = engine.New(ctx, opts.Engine); err != nil {
 		return nil, err
@@ -79,6 +83,10 @@ func New(ctx context.Context, opts Options) (*Replayer, error) {
 		Seed:        opts.Seed,
 		Verify:      opts.Verify,
 		UseGraphs:   cfg.UseGraphs,
+		Input:       cfg.Input.String(),
+		HeadBegin:   cfg.HeadBegin,
+		HeadEnd:     cfg.HeadEnd,
+		Checkpoint:  cfg.Checkpoint,
 	}
 	return r, nil
 }
@@ -202,10 +210,19 @@ func (r *Replayer) iterate(ctx context.Context, s trace.Step, ir *IterationRepor
 	ir.HasDevice = r.timed
 	cfg := r.eng.Config()
 	backend := r.eng.Backend()
+	hiddenInput := cfg.Input == engine.InputHidden
 	for layer := range r.eng.Layers() {
-		fused, q := Activations(r.opts.Seed, it.Index(), layer, it.Tokens(), cfg.Model.QLoraRank, cfg.Model.NumHeads)
-		if err := it.SetInputs(layer, fused, q); err != nil {
-			return err
+		var fused, q, hidden []byte
+		if hiddenInput {
+			hidden = HiddenStates(r.opts.Seed, it.Index(), layer, it.Tokens(), cfg.Model.HiddenSize)
+			if err := it.SetHidden(layer, hidden); err != nil {
+				return err
+			}
+		} else {
+			fused, q = Activations(r.opts.Seed, it.Index(), layer, it.Tokens(), cfg.Model.QLoraRank, r.eng.Heads())
+			if err := it.SetInputs(layer, fused, q); err != nil {
+				return err
+			}
 		}
 		err := timed(func() error {
 			if !r.timed {
@@ -225,11 +242,17 @@ func (r *Replayer) iterate(ctx context.Context, s trace.Step, ir *IterationRepor
 			return err
 		}
 		if rit != nil {
-			if err := rit.SetInputs(layer, fused, q); err != nil {
-				return fmt.Errorf("reference engine: %w", err)
-			}
-			if err := rit.RunLayer(ctx, layer); err != nil {
-				return fmt.Errorf("reference engine: %w", err)
+			if hiddenInput {
+				if err := r.verifyChain(ctx, it, rit, layer, hidden); err != nil {
+					return err
+				}
+			} else {
+				if err := rit.SetInputs(layer, fused, q); err != nil {
+					return fmt.Errorf("reference engine: %w", err)
+				}
+				if err := rit.RunLayer(ctx, layer); err != nil {
+					return fmt.Errorf("reference engine: %w", err)
+				}
 			}
 			if err := r.compare(it, rit, layer); err != nil {
 				return err

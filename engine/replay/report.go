@@ -23,6 +23,10 @@ type Report struct {
 	Seed        uint64            `json:"seed"`
 	Verify      bool              `json:"verify"`
 	UseGraphs   bool              `json:"use_graphs"`
+	Input       string            `json:"input"`                // hidden or projected (engine.Config.Input)
+	HeadBegin   int               `json:"head_begin"`           // the engine's head range [HeadBegin, HeadEnd)
+	HeadEnd     int               `json:"head_end"`             //
+	Checkpoint  string            `json:"checkpoint,omitempty"` // empty: synthetic weights (hidden input)
 	Iterations  []IterationReport `json:"iterations"`
 	Summary     Summary           `json:"summary"`
 }

@@ -72,15 +72,16 @@ func (r *Replayer) compare(it, rit *engine.Iteration, layer int) error {
 	// The engine may pad the batch (a CUDA-graph bucket) where the
 	// reference does not: the real rows must match, the padding rows must
 	// be zeros.
-	real := it.Tokens() * cfg.Model.NumHeads * numerics.HeadDim * cfg.QFormat.ElemBytes()
+	heads := r.eng.Heads()
+	real := it.Tokens() * heads * numerics.HeadDim * cfg.QFormat.ElemBytes()
 	if len(got) < real || len(want) < real {
 		return fmt.Errorf("verify: Q output of %d bytes (reference %d) is shorter than %d tokens", len(got), len(want), it.Tokens())
 	}
 	if off, n := compareBytes(got[:real], want[:real]); off >= 0 {
-		return mk("Q output", off, n, real, describeQ(off, cfg.Model.NumHeads, cfg.QFormat.ElemBytes()), got, want)
+		return mk("Q output", off, n, real, describeQ(off, heads, cfg.QFormat.ElemBytes()), got, want)
 	}
 	if off, n := compareBytes(got[real:], make([]byte, len(got)-real)); off >= 0 {
-		return mk("Q output padding", real+off, n, len(got)-real, describeQ(real+off, cfg.Model.NumHeads, cfg.QFormat.ElemBytes()), got, make([]byte, len(got)))
+		return mk("Q output padding", real+off, n, len(got)-real, describeQ(real+off, heads, cfg.QFormat.ElemBytes()), got, make([]byte, len(got)))
 	}
 	for _, p := range it.WrittenPages() {
 		g, err := r.eng.ReadPage(layer, int(p))

@@ -55,7 +55,8 @@ type Backend struct {
 	opts   Options
 	knobs  cudatune.Knobs
 	clog   string
-	gemm   gemmState // gemm.go
+	fork   sideStream // the chain's second stream (fork.go)
+	gemm   gemmState  // gemm.go
 
 	// chainMod holds the chain kernels (chain.go); its functions are in fns.
 	chainMod *driver.Module
@@ -135,8 +136,10 @@ func (b *Backend) init() error {
 	if err := b.loadChain(); err != nil {
 		return fmt.Errorf("cuda: chain kernels: %w", err)
 	}
-	b.stream, err = b.ctx.NewStream()
-	return err
+	if b.stream, err = b.ctx.NewStream(); err != nil {
+		return err
+	}
+	return b.fork.init(b.ctx)
 }
 
 // CompileLog is NVRTC's log of the kernels' compilation (with
@@ -177,7 +180,7 @@ func (b *Backend) Free(buf mla.Buffer) error {
 	if db.ptr == 0 {
 		return nil
 	}
-	if err := b.stream.Synchronize(); err != nil {
+	if err := b.syncAll(); err != nil {
 		return err
 	}
 	err = b.ctx.Free(db.ptr)
@@ -237,17 +240,17 @@ func (b *Backend) Fill(dst mla.Buffer, off, n int, v byte) error {
 	return b.ctx.Memset8Async(p, v, n, b.stream)
 }
 
-// Synchronize waits for the stream.
+// Synchronize waits for both streams.
 func (b *Backend) Synchronize(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return b.stream.Synchronize()
+	return b.syncAll()
 }
 
 // Close releases the module, stream and context.
 func (b *Backend) Close() error {
-	var errs []error
+	errs := []error{b.fork.close()}
 	if b.stream != nil {
 		errs = append(errs, b.stream.Synchronize(), b.closeGEMM(), b.stream.Destroy())
 	}

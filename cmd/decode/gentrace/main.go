@@ -1,8 +1,10 @@
 // Command gentrace writes a synthetic batch trace (see package
 // engine/trace). With no flags it writes the embedded default trace
-// byte for byte:
+// byte for byte, with -chain the embedded chain trace (the default of
+// cmd/decode --input hidden):
 //
 //	go run ./cmd/decode/gentrace -o engine/trace/default.jsonl
+//	go run ./cmd/decode/gentrace -chain -o engine/trace/chain.jsonl
 package main
 
 import (
@@ -16,6 +18,13 @@ import (
 
 func main() {
 	p := trace.DefaultGenParams()
+	comments := trace.DefaultComments
+	for _, a := range os.Args[1:] {
+		if a == "-chain" || a == "--chain" {
+			p, comments = trace.ChainGenParams(), trace.ChainComments
+		}
+	}
+	flag.Bool("chain", false, "start from the chain trace's parameters instead of the default trace's")
 	out := flag.String("o", "-", "output file (- for stdout)")
 	flag.Uint64Var(&p.Seed, "seed", p.Seed, "random seed")
 	flag.IntVar(&p.Streams, "streams", p.Streams, "decode streams whose prompts arrive at the start")
@@ -32,19 +41,19 @@ func main() {
 	flag.IntVar(&p.StepsMax, "steps-max", p.StepsMax, "most generation steps per stream")
 	flag.IntVar(&p.MTP, "mtp", p.MTP, "MTP drafts per generation step")
 	flag.Parse()
-	if err := run(p, *out); err != nil {
+	if err := run(p, comments(p), *out); err != nil {
 		fmt.Fprintln(os.Stderr, "gentrace:", err)
 		os.Exit(1)
 	}
 }
 
-func run(p trace.GenParams, out string) error {
+func run(p trace.GenParams, comments []string, out string) error {
 	steps, err := trace.Generate(p)
 	if err != nil {
 		return err
 	}
 	var buf bytes.Buffer
-	if err := trace.Write(&buf, trace.DefaultComments(p), steps); err != nil {
+	if err := trace.Write(&buf, comments, steps); err != nil {
 		return err
 	}
 	if out == "-" {

@@ -1,0 +1,547 @@
+package engine
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+
+	"github.com/dsv4mla/prologue/attention/mla"
+	"github.com/dsv4mla/prologue/numerics"
+	"github.com/dsv4mla/prologue/weights"
+)
+
+// InputMode is where a layer starts (Config.Input).
+type InputMode uint8
+
+const (
+	// InputProjected (the zero value): the server runs the A and q_b
+	// projections itself and hands the engine their outputs (SetInputs or
+	// Engine.Inputs); the engine runs the prologue.
+	InputProjected InputMode = iota
+	// InputHidden: the engine starts from each layer's hidden states
+	// (SetHidden or Engine.HiddenInput) and runs the whole chain of
+	// DESIGN.md section 7 on the checkpoint's weights: act_quant, the fused
+	// [wq_a; wkv] GEMM, q_norm with its act_quant, the wq_b GEMM, then the
+	// prologue (the KV side on a second stream where the backend has one).
+	InputHidden
+)
+
+func (m InputMode) String() string {
+	switch m {
+	case InputProjected:
+		return "projected"
+	case InputHidden:
+		return "hidden"
+	}
+	return fmt.Sprintf("InputMode(%d)", uint8(m))
+}
+
+// ParseInputMode is the inverse of InputMode.String.
+func ParseInputMode(s string) (InputMode, error) {
+	switch strings.ToLower(s) {
+	case "projected":
+		return InputProjected, nil
+	case "hidden":
+		return InputHidden, nil
+	}
+	return 0, fmt.Errorf("engine: unknown input mode %q (want hidden or projected)", s)
+}
+
+// MarshalText implements encoding.TextMarshaler (flags, JSON).
+func (m InputMode) MarshalText() ([]byte, error) { return []byte(m.String()), nil }
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (m *InputMode) UnmarshalText(b []byte) error {
+	v, err := ParseInputMode(string(b))
+	if err != nil {
+		return err
+	}
+	*m = v
+	return nil
+}
+
+// resolveChain checks Input, Checkpoint and the head range, and fills in
+// the head range's default (0, 0: all heads).
+func (c Config) resolveChain() (Config, error) {
+	h := c.Model.NumHeads
+	if c.HeadBegin == 0 && c.HeadEnd == 0 {
+		c.HeadEnd = h
+	}
+	if c.HeadBegin < 0 || c.HeadEnd > h || c.HeadBegin >= c.HeadEnd {
+		return c, fmt.Errorf("engine: Config.HeadBegin, HeadEnd = %d, %d: want 0 <= HeadBegin < HeadEnd <= %d heads (0, 0 for all)",
+			c.HeadBegin, c.HeadEnd, h)
+	}
+	switch c.Input {
+	case InputProjected:
+		if c.Checkpoint != "" {
+			return c, fmt.Errorf("engine: Config.Checkpoint = %q needs Config.Input = hidden (the projected path takes the projections' outputs, not weights)", c.Checkpoint)
+		}
+	case InputHidden:
+		if c.Model.HiddenSize <= 0 || c.Model.HiddenSize%numerics.ActQuantBlockSize != 0 {
+			return c, fmt.Errorf("engine: Config.Model hidden_size = %d: the chain quantizes hidden rows in blocks of %d, so it must be a positive multiple of %d",
+				c.Model.HiddenSize, numerics.ActQuantBlockSize, numerics.ActQuantBlockSize)
+		}
+		if c.Model.QLoraRank%numerics.ActQuantBlockSize != 0 {
+			return c, fmt.Errorf("engine: Config.Model q_lora_rank = %d: the chain quantizes q_norm's output in blocks of %d and fuses wq_a with wkv along 128-row weight blocks, so it must be a multiple of %d",
+				c.Model.QLoraRank, numerics.ActQuantBlockSize, numerics.ActQuantBlockSize)
+		}
+	default:
+		return c, fmt.Errorf("engine: Config.Input = %v is unknown", c.Input)
+	}
+	return c, nil
+}
+
+// heads is the number of Q heads this engine computes, HeadEnd-HeadBegin
+// (all heads before resolve fills in 0, 0).
+func (c Config) heads() int {
+	if c.HeadBegin == 0 && c.HeadEnd == 0 {
+		return c.Model.NumHeads
+	}
+	return c.HeadEnd - c.HeadBegin
+}
+
+// chainState is what the hidden-state path adds to an engine: the
+// fixed-address hidden input, the quantized activations between the steps
+// and each layer's weights on the backend.
+type chainState struct {
+	cb     mla.ChainBackend
+	forker mla.KVForker // nil: the KV prologue runs in order on the one stream
+	hidden mla.Buffer   // [MaxTokens][hidden] bf16
+	xq     mla.FP8Activations
+	qn     mla.FP8Activations
+	layers []chainLayer
+	eps    float32
+}
+
+// chainLayer is one layer's chain weights on the backend.
+type chainLayer struct {
+	fused mla.FP8Weight // [wq_a; wkv]: q_lora_rank+512 rows of hidden
+	wqB   mla.FP8Weight // the head range's rows of wq_b: heads*512 rows of q_lora_rank
+	qNorm mla.Buffer    // q_norm weight, q_lora_rank float32
+}
+
+// newChain allocates the chain's buffers and uploads the weights. alloc
+// registers every buffer with the engine so Close frees them.
+func (e *Engine) newChain(alloc func(what string, n int, fill byte) (mla.Buffer, error)) error {
+	cfg := e.cfg
+	cb, ok := e.backend.(mla.ChainBackend)
+	if !ok {
+		return fmt.Errorf("engine: Config.Input = hidden: backend %s does not run the chain's steps (mla.ChainBackend: ActQuant, NormQuant, GEMM)", e.backend.Name())
+	}
+	c := &chainState{cb: cb, eps: float32(cfg.Model.RMSNormEps)}
+	c.forker, _ = e.backend.(mla.KVForker)
+	T, H, Q := cfg.MaxTokens, cfg.Model.HiddenSize, cfg.Model.QLoraRank
+	var err error
+	if c.hidden, err = alloc("hidden-state input", T*H*2, 0); err != nil {
+		return err
+	}
+	acts := func(what string, k int) (mla.FP8Activations, error) {
+		a := mla.FP8Activations{Rows: T, K: k, ScaleStride: T} // Rows and ScaleStride are set per run
+		var err error
+		if a.Data, err = alloc(what+" e4m3", T*k, 0); err != nil {
+			return a, err
+		}
+		a.Scale, err = alloc(what+" scales", k/numerics.ActQuantBlockSize*T*4, 0)
+		return a, err
+	}
+	if c.xq, err = acts("quantized hidden states", H); err != nil {
+		return err
+	}
+	if c.qn, err = acts("q_norm output", Q); err != nil {
+		return err
+	}
+	src, err := openWeightSource(cfg)
+	if err != nil {
+		return err
+	}
+	defer src.Close()
+	for l := range cfg.Layers {
+		w, err := src.Layer(l)
+		if err != nil {
+			return err
+		}
+		cl, err := e.uploadLayer(l, w, alloc)
+		if err != nil {
+			return err
+		}
+		c.layers = append(c.layers, cl)
+	}
+	e.chain = c
+	return nil
+}
+
+// HiddenInput returns the hidden-state input buffer, [MaxTokens][hidden]
+// bf16 row-major, for producers that write it on the device (Config.Input
+// = hidden): row t is token row t of the iteration; RunLayer reads the
+// first Rows() rows (rows past Tokens() are graph padding: any values).
+// It is nil on the projected path.
+func (e *Engine) HiddenInput() mla.Buffer {
+	if e.chain == nil {
+		return nil
+	}
+	return e.chain.hidden
+}
+
+// HiddenSize is the width of a hidden-state row.
+func (e *Engine) HiddenSize() int { return e.cfg.Model.HiddenSize }
+
+// SetHidden copies one layer's hidden states into the hidden-state input:
+// rows holds Tokens() rows of hidden_size bf16 (little-endian). It first
+// waits for the launches already issued, which read the same buffer.
+// RunLayer must then run the same layer: a mismatch is refused.
+//
+// Producers that write the hidden states on the device use HiddenInput.
+func (it *Iteration) SetHidden(layer int, rows []byte) error {
+	if err := it.check(layer); err != nil {
+		return err
+	}
+	e := it.e
+	if e.chain == nil {
+		return fmt.Errorf("engine: SetHidden(layer %d): Config.Input is %v; the hidden-state input needs Config.Input = hidden", layer, e.cfg.Input)
+	}
+	if want := it.meta.Tokens * e.cfg.Model.HiddenSize * 2; len(rows) != want {
+		return fmt.Errorf("engine: SetHidden(layer %d): rows has %d bytes, %d tokens of %d bf16 need %d",
+			layer, len(rows), it.meta.Tokens, e.cfg.Model.HiddenSize, want)
+	}
+	if err := e.backend.Synchronize(context.Background()); err != nil {
+		return fmt.Errorf("engine: SetHidden(layer %d): waiting for earlier launches: %w", layer, err)
+	}
+	if err := e.backend.Write(e.chain.hidden, 0, rows); err != nil {
+		return fmt.Errorf("engine: SetHidden(layer %d): %w", layer, err)
+	}
+	it.inputsFor = layer
+	return nil
+}
+
+// Stage is one step of the chain, for verification and tests that run the
+// steps one at a time (Iteration.RunStage).
+type Stage uint8
+
+const (
+	// StageActQuant quantizes the hidden rows (act_quant).
+	StageActQuant Stage = iota
+	// StageFusedGEMM writes the fused A rows: [q | latent] = xq . [wq_a; wkv]^T.
+	StageFusedGEMM
+	// StageQNorm normalizes the q part of the fused rows and quantizes it.
+	StageQNorm
+	// StageQGEMM writes the Q input rows: xq_norm . wq_b^T (the head range's rows).
+	StageQGEMM
+	// StagePrologue runs the KV and Q prologue on the fused rows' latent and
+	// the Q input rows; the layer counts as run.
+	StagePrologue
+)
+
+func (s Stage) String() string {
+	switch s {
+	case StageActQuant:
+		return "act_quant"
+	case StageFusedGEMM:
+		return "fused A GEMM"
+	case StageQNorm:
+		return "q_norm"
+	case StageQGEMM:
+		return "wq_b GEMM"
+	case StagePrologue:
+		return "prologue"
+	}
+	return fmt.Sprintf("Stage(%d)", uint8(s))
+}
+
+// The arguments of the steps before the prologue, over rows rows. The
+// scales of the quantized activations are laid out [K/128][rows]: the
+// buffers hold MaxTokens rows, but an unpadded stride is what cuBLASLt's
+// block-scale mode takes, and a graph captures one row count anyway.
+func (e *Engine) actQuantArgs(rows int) *mla.ActQuantArgs {
+	out := e.chain.xq
+	out.Rows = rows
+	out.ScaleStride = rows
+	return &mla.ActQuantArgs{X: e.chain.hidden, XStride: e.cfg.Model.HiddenSize, Out: out}
+}
+
+func (e *Engine) fusedGEMMArgs(layer, rows int) *mla.GEMMArgs {
+	x := e.chain.xq
+	x.Rows = rows
+	x.ScaleStride = rows
+	return &mla.GEMMArgs{X: x, W: &e.chain.layers[layer].fused, Y: e.fusedA, YStride: e.cfg.fusedRowElems()}
+}
+
+func (e *Engine) qNormArgs(layer, rows int) *mla.NormQuantArgs {
+	out := e.chain.qn
+	out.Rows = rows
+	out.ScaleStride = rows
+	return &mla.NormQuantArgs{X: e.fusedA, XStride: e.cfg.fusedRowElems(), Weight: e.chain.layers[layer].qNorm,
+		Eps: e.chain.eps, Out: out}
+}
+
+func (e *Engine) qGEMMArgs(layer, rows int) *mla.GEMMArgs {
+	x := e.chain.qn
+	x.Rows = rows
+	x.ScaleStride = rows
+	return &mla.GEMMArgs{X: x, W: &e.chain.layers[layer].wqB, Y: e.qIn, YStride: e.cfg.heads() * numerics.HeadDim}
+}
+
+// runStage issues one step over rows rows (the iteration's padded rows).
+func (e *Engine) runStage(ctx context.Context, s Stage, layer int, launches []mla.Launch) error {
+	rows := launchRows(launches)
+	c := e.chain
+	var err error
+	switch s {
+	case StageActQuant:
+		err = c.cb.ActQuant(ctx, e.actQuantArgs(rows))
+	case StageFusedGEMM:
+		err = c.cb.GEMM(ctx, e.fusedGEMMArgs(layer, rows))
+	case StageQNorm:
+		err = c.cb.NormQuant(ctx, e.qNormArgs(layer, rows))
+	case StageQGEMM:
+		err = c.cb.GEMM(ctx, e.qGEMMArgs(layer, rows))
+	case StagePrologue:
+		err = mla.RunLayer(ctx, e.backend, launches, e.args[layer])
+	default:
+		err = fmt.Errorf("unknown stage %v", s)
+	}
+	if err != nil {
+		return fmt.Errorf("%v: %w", s, err)
+	}
+	return nil
+}
+
+// launchRows is the token rows the launches cover, padding included.
+func launchRows(ls []mla.Launch) int {
+	last := ls[len(ls)-1]
+	return last.RowBegin + last.Rows
+}
+
+// runChain issues a whole layer from the hidden states: act_quant and the
+// fused GEMM, then the KV prologue on the side stream (forked) while
+// q_norm, the wq_b GEMM and the Q prologue run on the main stream, and the
+// join. On a backend without a second stream the KV prologue runs in order
+// after the fused GEMM.
+func (e *Engine) runChain(ctx context.Context, layer int, launches []mla.Launch) error {
+	a := e.args[layer]
+	if err := a.Validate(launchRows(launches)); err != nil {
+		return err
+	}
+	for _, s := range []Stage{StageActQuant, StageFusedGEMM} {
+		if err := e.runStage(ctx, s, layer, launches); err != nil {
+			return err
+		}
+	}
+	c := e.chain
+	if c.forker == nil {
+		if err := mla.KVOnly(ctx, e.backend, launches, a); err != nil {
+			return err
+		}
+	} else if err := c.forker.ForkKV(ctx, launches, a); err != nil {
+		return fmt.Errorf("forking the KV prologue: %w", err)
+	}
+	err := func() error {
+		for _, s := range []Stage{StageQNorm, StageQGEMM} {
+			if err := e.runStage(ctx, s, layer, launches); err != nil {
+				return err
+			}
+		}
+		return mla.QOnly(ctx, e.backend, launches, a)
+	}()
+	if c.forker != nil {
+		// Join even after a failure: a graph capture must end joined, and
+		// the buffers the side stream reads must not be rewritten under it.
+		if jerr := c.forker.JoinKV(ctx); jerr != nil {
+			err = errors.Join(err, fmt.Errorf("joining the KV prologue: %w", jerr))
+		}
+	}
+	return err
+}
+
+// RunStage issues one step of the chain of a layer (Config.Input = hidden),
+// in order on the main stream: the steps RunLayer runs, one at a time, so
+// a verifier can read or replace a step's output (ReadChain, WriteChain)
+// before the next. The layer counts as run once StagePrologue ran.
+func (it *Iteration) RunStage(ctx context.Context, layer int, s Stage) error {
+	if err := it.check(layer); err != nil {
+		return err
+	}
+	e := it.e
+	if e.chain == nil {
+		return fmt.Errorf("engine: RunStage(%d, %v): Config.Input is %v; stages need Config.Input = hidden", layer, s, e.cfg.Input)
+	}
+	if it.inputsFor >= 0 && it.inputsFor != layer {
+		return fmt.Errorf("engine: RunStage(%d, %v): the input buffers hold layer %d's inputs", layer, s, it.inputsFor)
+	}
+	if err := e.runStage(ctx, s, layer, it.launches); err != nil {
+		it.fail(err)
+		return fmt.Errorf("engine: RunStage(%d): %w", layer, err)
+	}
+	if s == StagePrologue {
+		it.markRan(layer)
+	}
+	return nil
+}
+
+// ChainTensor names a buffer of the chain (Iteration.ReadChain).
+type ChainTensor uint8
+
+const (
+	// TensorHidden is the hidden-state input, [Tokens][hidden] bf16.
+	TensorHidden ChainTensor = iota
+	// TensorHiddenFP8 is act_quant's output, [Tokens][hidden] e4m3.
+	TensorHiddenFP8
+	// TensorHiddenScale is act_quant's scales, [hidden/128][Tokens] float32
+	// (each 128-block's scales of all rows contiguous, as the GEMM reads them).
+	TensorHiddenScale
+	// TensorFusedA is the fused GEMM's output, [Tokens][q_lora_rank+512]
+	// bf16: q_lora_rank values for q_norm, then the KV latent.
+	TensorFusedA
+	// TensorQNormFP8 is q_norm's quantized output, [Tokens][q_lora_rank] e4m3.
+	TensorQNormFP8
+	// TensorQNormScale is its scales, [q_lora_rank/128][Tokens] float32.
+	TensorQNormScale
+	// TensorQIn is the wq_b GEMM's output (the Q prologue's input),
+	// [Tokens][heads][512] bf16 for the engine's head range.
+	TensorQIn
+)
+
+func (t ChainTensor) String() string {
+	switch t {
+	case TensorHidden:
+		return "hidden"
+	case TensorHiddenFP8:
+		return "hidden_fp8"
+	case TensorHiddenScale:
+		return "hidden_scale"
+	case TensorFusedA:
+		return "fused_a"
+	case TensorQNormFP8:
+		return "q_norm_fp8"
+	case TensorQNormScale:
+		return "q_norm_scale"
+	case TensorQIn:
+		return "q_in"
+	}
+	return fmt.Sprintf("ChainTensor(%d)", uint8(t))
+}
+
+// ReadChain returns the real rows (Tokens()) of a chain buffer, after the
+// work issued so far. The scale tensors come back as [K/128][Tokens()].
+func (it *Iteration) ReadChain(t ChainTensor) ([]byte, error) {
+	e := it.e
+	T := it.meta.Tokens
+	if t == TensorFusedA || t == TensorQIn {
+		n := T * e.cfg.fusedRowElems() * 2
+		buf := e.fusedA
+		if t == TensorQIn {
+			n, buf = T*e.cfg.heads()*numerics.HeadDim*2, e.qIn
+		}
+		return it.read(t, buf, 0, n)
+	}
+	if e.chain == nil {
+		return nil, fmt.Errorf("engine: ReadChain(%v): Config.Input is %v; the chain's buffers need Config.Input = hidden", t, e.cfg.Input)
+	}
+	c := e.chain
+	switch t {
+	case TensorHidden:
+		return it.read(t, c.hidden, 0, T*e.cfg.Model.HiddenSize*2)
+	case TensorHiddenFP8:
+		return it.read(t, c.xq.Data, 0, T*c.xq.K)
+	case TensorQNormFP8:
+		return it.read(t, c.qn.Data, 0, T*c.qn.K)
+	case TensorHiddenScale, TensorQNormScale:
+		a := c.xq
+		if t == TensorQNormScale {
+			a = c.qn
+		}
+		blocks := a.K / numerics.ActQuantBlockSize
+		out := make([]byte, 0, blocks*T*4)
+		for b := range blocks {
+			row, err := it.read(t, a.Scale, b*it.meta.PaddedTokens*4, T*4) // the stride of the last run: its rows
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, row...)
+		}
+		return out, nil
+	}
+	return nil, fmt.Errorf("engine: ReadChain: unknown tensor %v", t)
+}
+
+func (it *Iteration) read(t ChainTensor, buf mla.Buffer, off, n int) ([]byte, error) {
+	e := it.e
+	if err := e.backend.Synchronize(context.Background()); err != nil {
+		return nil, err
+	}
+	out := make([]byte, n)
+	if err := e.backend.Read(out, buf, off); err != nil {
+		return nil, fmt.Errorf("engine: reading %v: %w", t, err)
+	}
+	return out, nil
+}
+
+// WriteChain replaces the real rows of a GEMM output (TensorFusedA or
+// TensorQIn) of a layer, for a verifier that feeds the next steps another
+// backend's GEMM output. The layer's next stage must follow.
+func (it *Iteration) WriteChain(layer int, t ChainTensor, rows []byte) error {
+	if err := it.check(layer); err != nil {
+		return err
+	}
+	e := it.e
+	var buf mla.Buffer
+	want := 0
+	switch t {
+	case TensorFusedA:
+		buf, want = e.fusedA, it.meta.Tokens*e.cfg.fusedRowElems()*2
+	case TensorQIn:
+		buf, want = e.qIn, it.meta.Tokens*e.cfg.heads()*numerics.HeadDim*2
+	default:
+		return fmt.Errorf("engine: WriteChain(%v): only %v and %v can be written", t, TensorFusedA, TensorQIn)
+	}
+	if len(rows) != want {
+		return fmt.Errorf("engine: WriteChain(layer %d, %v): %d bytes, %d tokens need %d", layer, t, len(rows), it.meta.Tokens, want)
+	}
+	if it.inputsFor >= 0 && it.inputsFor != layer {
+		return fmt.Errorf("engine: WriteChain(layer %d, %v): the input buffers hold layer %d's inputs", layer, t, it.inputsFor)
+	}
+	if err := e.backend.Synchronize(context.Background()); err != nil {
+		return err
+	}
+	if err := e.backend.Write(buf, 0, rows); err != nil {
+		return fmt.Errorf("engine: WriteChain(layer %d, %v): %w", layer, t, err)
+	}
+	it.inputsFor = layer
+	return nil
+}
+
+// ChainWeights returns host copies of a layer's GEMM weights as the backend
+// holds them (Config.Input = hidden): the fused [wq_a; wkv] matrix and the
+// head range's rows of wq_b. A verifier uses them to bound another
+// backend's GEMM outputs (package gemm).
+func (e *Engine) ChainWeights(layer int) (fusedA, wqB weights.FP8Matrix, err error) {
+	if err := e.checkLayer(layer); err != nil {
+		return fusedA, wqB, err
+	}
+	if e.chain == nil {
+		return fusedA, wqB, fmt.Errorf("engine: ChainWeights(%d): Config.Input is %v; weights need Config.Input = hidden", layer, e.cfg.Input)
+	}
+	read := func(w *mla.FP8Weight) (weights.FP8Matrix, error) {
+		m := weights.FP8Matrix{N: w.N, K: w.K, Data: make([]byte, w.N*w.K)}
+		if err := e.backend.Read(m.Data, w.Data, 0); err != nil {
+			return m, fmt.Errorf("engine: reading layer %d weights: %w", layer, err)
+		}
+		raw := make([]byte, 4*m.ScaleRows()*m.ScaleCols())
+		if err := e.backend.Read(raw, w.Scale, 0); err != nil {
+			return m, fmt.Errorf("engine: reading layer %d weight scales: %w", layer, err)
+		}
+		m.Scale = make([]float32, len(raw)/4)
+		for i := range m.Scale {
+			m.Scale[i] = math.Float32frombits(binary.LittleEndian.Uint32(raw[4*i:]))
+		}
+		return m, nil
+	}
+	l := &e.chain.layers[layer]
+	if fusedA, err = read(&l.fused); err != nil {
+		return fusedA, wqB, err
+	}
+	wqB, err = read(&l.wqB)
+	return fusedA, wqB, err
+}
