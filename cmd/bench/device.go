@@ -84,6 +84,14 @@ func (d *device) randF32(n int, lo, hi float32) (mla.Buffer, error) {
 		buf.(*cuda.Buffer).Ptr(), uint64(n), d.seed, lo, hi)
 }
 
+// safeDiv is a / b, or 0 when b is not positive: a ratio JSON can hold.
+func safeDiv(a, b float64) float64 {
+	if b <= 0 {
+		return 0
+	}
+	return a / b
+}
+
 func median(v []float64) float64 {
 	s := slices.Clone(v)
 	slices.Sort(s)

@@ -55,6 +55,6 @@ func iteration(d *device, md model, nb, mtp int) (Iteration, error) {
 		}
 	}
 	it := Iteration{Model: md.Name, Batch: nb, MTP: mtp, Layers: len(ls.args), EagerUs: median(eager), GraphUs: median(graph), HostUs: median(host)}
-	it.Speedup = it.EagerUs / it.GraphUs
+	it.Speedup = safeDiv(it.EagerUs, it.GraphUs)
 	return it, nil
 }

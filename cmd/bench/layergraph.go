@@ -29,59 +29,63 @@ func graphShape(md model, s shape, ctxLayers int) (layers int, spec layerSpec) {
 // (L2 flushed before each replay, median); the time per layer is the total
 // over the layers. Beside it, one layer launched alone, cold.
 func layerGraphs(c *config, d *device, md model, rep *Report) error {
-	ctx := context.Background()
 	for _, s := range c.shapes() {
-		nLayers, spec := graphShape(md, s, c.CtxGraphLayers)
-		spec.sets, spec.memBytes = nLayers, c.GraphMemBytes
-		ls, err := d.setupLayers(md, s, spec)
-		if err != nil {
+		if err := layerGraphShape(c, d, md, s, rep); err != nil {
 			return fmt.Errorf("graph %s %s %d tokens: %w", md.Name, s.Phase, s.Tokens, err)
 		}
-		for _, q := range []mla.QFormat{mla.QFP8, mla.QBF16} {
-			args := make([]mla.LayerArgs, nLayers)
-			for l := range args {
-				args[l] = ls.withFormats(l, spec.cacheFormat, q)
-			}
-			g, err := d.be.Capture(func() error {
-				for l := range args {
-					if err := mla.RunLayer(ctx, d.be, ls.launches, &args[l]); err != nil {
-						return err
-					}
-				}
-				return nil
-			})
-			if err != nil {
-				d.free(ls)
-				return fmt.Errorf("graph %s %s %d tokens: capture: %w", md.Name, s.Phase, s.Tokens, err)
-			}
-			total, err := d.timeLaunchN(c.GraphReps, g.Launch)
-			cerr := g.Close()
-			if err == nil {
-				err = cerr
-			}
-			if err != nil {
-				d.free(ls)
-				return err
-			}
-			cold, err := d.timeLaunch(func() error { return mla.RunLayer(ctx, d.be, ls.launches, &args[0]) })
-			if err != nil {
-				d.free(ls)
-				return err
-			}
-			lg := LayerGraph{
-				Model: md.Name, Phase: s.Phase, Batch: s.Batch, MTP: s.MTP, Tokens: s.Tokens, Rows: ls.m.PaddedTokens,
-				QFormat: q.String(), CacheFormat: spec.cacheFormat.String(), Layers: nLayers, Sets: len(ls.args),
-				TotalUs: total, UsPerLayer: total / float64(nLayers), ColdLayerUs: cold,
-				LayerBytes: kvBytes(s.Tokens, spec.cacheFormat) + qBytes(s.Tokens, md.Heads, q.ElemBytes()),
-			}
-			lg.CopyUsPerLayer = float64(lg.LayerBytes) / rep.CopyGBps / 1e3
-			lg.PctCopy = 100 * lg.CopyUsPerLayer / lg.UsPerLayer
-			rep.LayerGraphs = append(rep.LayerGraphs, lg)
-			fmt.Printf("graph %-5s %-10s b=%-4d mtp=%d tokens=%-6d rows=%-6d Q %-4s %2d layers (%2d sets): %9.1f us, %7.2f us/layer (cold layer %7.2f us, copy %6.2f us, %5.1f%% of copy)\n",
-				lg.Model, lg.Phase, lg.Batch, lg.MTP, lg.Tokens, lg.Rows, lg.QFormat, lg.Layers, lg.Sets, lg.TotalUs, lg.UsPerLayer,
-				lg.ColdLayerUs, lg.CopyUsPerLayer, lg.PctCopy)
+	}
+	return nil
+}
+
+// layerGraphShape is layerGraphs on one shape, both Q formats.
+func layerGraphShape(c *config, d *device, md model, s shape, rep *Report) error {
+	ctx := context.Background()
+	nLayers, spec := graphShape(md, s, c.CtxGraphLayers)
+	spec.sets, spec.memBytes = nLayers, c.GraphMemBytes
+	ls, err := d.setupLayers(md, s, spec)
+	if err != nil {
+		return err
+	}
+	defer d.free(ls)
+	for _, q := range []mla.QFormat{mla.QFP8, mla.QBF16} {
+		args := make([]mla.LayerArgs, nLayers)
+		for l := range args {
+			args[l] = ls.withFormats(l, spec.cacheFormat, q)
 		}
-		d.free(ls)
+		g, err := d.be.Capture(func() error {
+			for l := range args {
+				if err := mla.RunLayer(ctx, d.be, ls.launches, &args[l]); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("capture: %w", err)
+		}
+		total, err := d.timeLaunchN(c.GraphReps, g.Launch)
+		if cerr := g.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return err
+		}
+		cold, err := d.timeLaunch(func() error { return mla.RunLayer(ctx, d.be, ls.launches, &args[0]) })
+		if err != nil {
+			return err
+		}
+		lg := LayerGraph{
+			Model: md.Name, Phase: s.Phase, Batch: s.Batch, MTP: s.MTP, Tokens: s.Tokens, Rows: ls.m.PaddedTokens,
+			QFormat: q.String(), CacheFormat: spec.cacheFormat.String(), Layers: nLayers, Sets: len(ls.args),
+			TotalUs: total, UsPerLayer: total / float64(nLayers), ColdLayerUs: cold,
+			LayerBytes: kvBytes(s.Tokens, spec.cacheFormat) + qBytes(s.Tokens, md.Heads, q.ElemBytes()),
+		}
+		lg.CopyUsPerLayer = safeDiv(float64(lg.LayerBytes), rep.CopyGBps*1e3)
+		lg.PctCopy = safeDiv(100*lg.CopyUsPerLayer, lg.UsPerLayer)
+		rep.LayerGraphs = append(rep.LayerGraphs, lg)
+		fmt.Printf("graph %-5s %-10s b=%-4d mtp=%d tokens=%-6d rows=%-6d Q %-4s %2d layers (%2d sets): %9.1f us, %7.2f us/layer (cold layer %7.2f us, copy %6.2f us, %5.1f%% of copy)\n",
+			lg.Model, lg.Phase, lg.Batch, lg.MTP, lg.Tokens, lg.Rows, lg.QFormat, lg.Layers, lg.Sets, lg.TotalUs, lg.UsPerLayer,
+			lg.ColdLayerUs, lg.CopyUsPerLayer, lg.PctCopy)
 	}
 	return nil
 }

@@ -85,6 +85,28 @@ func run(c *config, command string) error {
 		}
 		rep.StridedCopy = append(rep.StridedCopy, sc)
 	}
+	// The report is rewritten after every part, so a run cut short keeps
+	// what it measured; a part that fails is reported and the next one runs.
+	save := func() error { return rep.write(c.Out) }
+	part := func(name string, do func() error) {
+		if err := do(); err != nil {
+			msg := fmt.Sprintf("%s: %v", name, err)
+			fmt.Fprintln(os.Stderr, "bench: part failed:", msg)
+			rep.Errors = append(rep.Errors, msg)
+		}
+		if err := save(); err != nil {
+			rep.Errors = append(rep.Errors, "saving: "+err.Error())
+			fmt.Fprintln(os.Stderr, "bench: saving the report:", err)
+		}
+	}
+	// The check cases first: they are quick, and bench/check_peers.py needs
+	// them even when a later part runs out of time.
+	if c.CheckDir != "" {
+		part("check cases", func() (err error) {
+			rep.Checks, err = writeChecks(main, c.CheckDir, c.Models[0])
+			return err
+		})
+	}
 	variants := []timedVariant{{dev: main}}
 	for _, v := range c.Variants {
 		vd, err := newDevice(v.options(false), c.Reps, c.ContiguousLatent)
@@ -94,69 +116,54 @@ func run(c *config, command string) error {
 		vd.copyGBps = rep.CopyGBps
 		variants = append(variants, timedVariant{dev: vd, name: v.Name})
 	}
-	// The report is rewritten after every part, so a run cut short keeps
-	// what it measured.
-	save := func() error { return rep.write(c.Out) }
+	if c.HostCost {
+		for _, md := range c.Models {
+			for _, mtp := range c.MTPs {
+				part(fmt.Sprintf("host cost %s mtp %d", md.Name, mtp), func() error {
+					hc, err := measureHostCost(context.Background(), hostCostPlan{Backend: "cuda", Model: md,
+						Batches: c.GenBatches, MTP: mtp, Reps: c.HostReps, Prefill: c.HostPrefill})
+					rep.HostCost = append(rep.HostCost, hc...)
+					return err
+				})
+			}
+		}
+	}
 	if c.Kernels {
 		printKernelHeader()
 		for _, md := range c.Models {
-			if err := coldKernels(c, variants, md, &rep); err != nil {
-				return err
-			}
-			if err := save(); err != nil {
-				return err
-			}
+			part("single launches "+md.Name, func() error { return coldKernels(c, variants, md, &rep) })
 		}
 	}
 	if c.Iteration {
 		for _, md := range c.Models {
 			for vi, v := range variants {
-				it, err := iteration(v.dev, md, 32, 3)
-				if err != nil {
-					return err
-				}
-				it.Variant = v.name
-				if vi == 0 {
-					rep.Iteration = append(rep.Iteration, it)
-				} else {
-					rep.IterationVariants = append(rep.IterationVariants, it)
-				}
-				fmt.Printf("iteration %s b=%d mtp=%d layers=%d: eager %.1f us (host %.1f us), graph %.1f us, %.2fx %s\n",
-					it.Model, it.Batch, it.MTP, it.Layers, it.EagerUs, it.HostUs, it.GraphUs, it.Speedup, it.Variant)
+				part("iteration "+md.Name+" "+v.name, func() error {
+					it, err := iteration(v.dev, md, 32, 3)
+					if err != nil {
+						return err
+					}
+					it.Variant = v.name
+					if vi == 0 {
+						rep.Iteration = append(rep.Iteration, it)
+					} else {
+						rep.IterationVariants = append(rep.IterationVariants, it)
+					}
+					fmt.Printf("iteration %s b=%d mtp=%d layers=%d: eager %.1f us (host %.1f us), graph %.1f us, %.2fx %s\n",
+						it.Model, it.Batch, it.MTP, it.Layers, it.EagerUs, it.HostUs, it.GraphUs, it.Speedup, it.Variant)
+					return nil
+				})
 			}
-		}
-		if err := save(); err != nil {
-			return err
 		}
 	}
 	if c.Graph {
 		for _, md := range c.Models {
-			if err := layerGraphs(c, main, md, &rep); err != nil {
-				return err
-			}
-			if err := save(); err != nil {
-				return err
-			}
+			part("layer graphs "+md.Name, func() error { return layerGraphs(c, main, md, &rep) })
 		}
 	}
-	if c.CheckDir != "" {
-		if rep.Checks, err = writeChecks(main, c.CheckDir, c.Models[0]); err != nil {
-			return err
-		}
+	if len(rep.Errors) > 0 {
+		return fmt.Errorf("%d parts failed (listed in %s): %s", len(rep.Errors), c.Out, strings.Join(rep.Errors, "; "))
 	}
-	if c.HostCost {
-		for _, md := range c.Models {
-			for _, mtp := range c.MTPs {
-				hc, err := measureHostCost(context.Background(), hostCostPlan{Backend: "cuda", Model: md, Batches: c.GenBatches,
-					MTP: mtp, Reps: c.HostReps, Prefill: c.HostPrefill})
-				if err != nil {
-					return err
-				}
-				rep.HostCost = append(rep.HostCost, hc...)
-			}
-		}
-	}
-	return save()
+	return nil
 }
 
 // hostMain is the host subcommand: the engine's Begin/End host cost on a

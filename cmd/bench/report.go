@@ -108,6 +108,8 @@ type Report struct {
 	// like the kernels: the ceiling for reading the latent in place.
 	StridedCopy      []StridedCopy `json:"strided_copy"`
 	ContiguousLatent bool          `json:"contiguous_latent,omitempty"`
+	// Errors are the parts of the run that failed (the others ran).
+	Errors []string `json:"errors,omitempty"`
 }
 
 // write stores the report as indented JSON, through a temporary file so a
