@@ -811,9 +811,9 @@ class Bench:
 
     def _run_compiled(self, entry, kernel, fmt, eager, args_for, cache, flush):
         a = self.args
-        compiled = self.compiled_fn(kernel, fmt)
         graphs_before = _graph_count()
         try:
+            compiled = self.compiled_fn(kernel, fmt)
             # The first call compiles (or reuses); it runs on set 0 beside eager so that the
             # two outputs can be compared byte for byte.
             if kernel == "kv":
