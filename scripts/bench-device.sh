@@ -13,8 +13,8 @@
 #
 # Usage (from the repository root on the GPU machine, after scripts/build-gpu-tests.sh):
 #   scripts/bench-device.sh [--quick] [extra cmd/bench flags...]
-# Full: about 7-8 minutes on an H200 (each step has its own timeout; at most 9.5 minutes).
-# --quick: about 3-4 minutes (fewer shapes, fewer repetitions, a shorter peer budget).
+# Full: about 8 minutes on an H200, never past 9.5 (each step has a timeout, and the peers get
+# what is left of the total, less a reserve for the report). --quick: about 4-5 minutes.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/bench-out}
@@ -45,28 +45,32 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noh
 
 if [ "$quick" = 1 ]; then
 	gobench=(--quick --reps 30 --graph-reps 20 --host-reps 10 --host-prefill 512)
-	peers=(--gen-batches 1,32 --ctx-tokens 4096 --graph-batches 8,32 --min-reps 20 --max-reps 50
-		--target-s 0.05 --budget-s 80 --budget-slack-s 15)
-	go_limit=150 peers_limit=150
+	peers=(--gen-batches 1,32 --ctx-tokens 4096 --graph-batches 8,32 --min-reps 20 --max-reps 50 --target-s 0.05)
+	go_limit=150 total=290
 else
 	gobench=(--variants separate --variant-kernels=false)
-	peers=(--budget-s 200 --budget-slack-s 30)
-	go_limit=230 peers_limit=270
+	peers=()
+	go_limit=210 total=560
 fi
 
 # 1. Go. The log keeps every line; the console gets all but the per-kernel rows.
-step go-bench "$go_limit" bash -c '"$@" 2>&1 | tee "$0/bench-go.log" | grep -Ev "^(kv|q) "' "$OUT" \
+step go-bench "$go_limit" bash -o pipefail -c '"$@" 2>&1 | tee "$0/bench-go.log" | { grep -Ev "^(kv|q) " || true; }' "$OUT" \
 	.gpu/bench --out "$OUT/bench-go.json" --check-dir "$check" "${gobench[@]}" "$@"
 
 # 2. Equal work. The checker's self-test first, then the cases (the whole-layer peer compiled too
 # in the full run).
 compile=()
 [ "$quick" = 1 ] || compile=(--compile)
-step check-self 60 bash -c 'python3 bench/check_peers.py --self-test 2>&1 | tail -3'
-step check 120 bash -c 'python3 bench/check_peers.py "$@" 2>&1 | tail -30' _ "$check" --json "$OUT/check.json" "${compile[@]}"
+step check-self 40 bash -o pipefail -c 'python3 bench/check_peers.py --self-test 2>&1 | tail -3'
+step check 90 bash -o pipefail -c 'python3 bench/check_peers.py "$@" 2>&1 | tail -30' _ "$check" --json "$OUT/check.json" "${compile[@]}"
 
-# 3. The peers (the JSON is rewritten after every entry: a timeout keeps what was measured).
-step peers "$peers_limit" bash -c '"$@" 2>&1 | tee "$0/peers.log" | grep -Ei "error|iteration|layer graph|device|copy|selftest|done" | tail -40' "$OUT" \
+# 3. The peers (the JSON is rewritten after every entry: a timeout keeps what was measured). They
+# get what is left of the total but 40 s for the report; past --budget-s they skip the compiled
+# single kernels, past it + slack every entry.
+peers_limit=$((total - SECONDS - 40))
+[ "$peers_limit" -ge 60 ] || peers_limit=60
+peers+=(--budget-s $((peers_limit - 50)) --budget-slack-s 25)
+step peers "$peers_limit" bash -o pipefail -c '"$@" 2>&1 | tee "$0/peers.log" | { grep -Ei "error|iteration|layer graph|device|copy|selftest|done" || true; } | tail -40' "$OUT" \
 	python3 bench/peers.py --out "$OUT/bench-peers.json" --back-to-back "${peers[@]}"
 
 # 4. Tables and plots.
@@ -74,8 +78,8 @@ report=(--go "$OUT/bench-go.json")
 [ -s "$OUT/bench-peers.json" ] && report+=(--peers "$OUT/bench-peers.json")
 check_json=()
 [ -s "$OUT/check.json" ] && check_json=(--check "$OUT/check.json")
-step report 30 bash -c 'python3 bench/report.py "$@" --markdown "$0/tables.md" >/dev/null && grep -A60 -i "^### goals" "$0/tables.md" | head -80' "$OUT" "${report[@]}" "${check_json[@]}"
-step plots 60 .gpu/bench report "${report[@]}" --out-dir "$OUT"
+step report 15 bash -c 'python3 bench/report.py "$@" --markdown "$0/tables.md" >/dev/null && { grep -A60 -i "^### goals" "$0/tables.md" | head -80; true; }' "$OUT" "${report[@]}" "${check_json[@]}"
+step plots 25 .gpu/bench report "${report[@]}" --out-dir "$OUT"
 
 echo "=== summary (outputs in $OUT)"
 printf '%s\n' "${summary[@]}"
