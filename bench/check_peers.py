@@ -13,7 +13,9 @@ with the inputs and our outputs:
   q_out      (T, H, 512) u8 e4m3, or (T, H, 1024) u8 bf16 (ours)
   __metadata__: format, q_format (fp8|bf16), page_size, kv_scale, q_scale, q_lora_rank, heads
 
-For each file this script runs the peers eagerly on a copy of cache_in with the same inputs,
+For each file this script runs the peers eagerly on a copy of cache_in with the same inputs (the
+one-kernel-at-a-time kv_prologue and q_prologue, and the whole-layer layer_prologue that the
+iteration and layer-graph timings use; with --compile also layer_prologue under torch.compile),
 decodes both caches and both Q buffers to float, and compares them element by element. It passes
 when every decoded value is within one quantum of ours (e4m3: 2^-3 of the value or one subnormal
 step; bf16: one ulp), plus, on the 64 RoPE values only, 2^-6 of the rotated pair's magnitude (a
@@ -22,7 +24,7 @@ exponents agree (off by one in at most 1% of the groups); no byte outside the wr
 changed, in ours or in the peer's cache; NaN sits at the same places. It prints a table and exits
 1 on any failure, 2 when there is nothing to check.
 
-  python3 bench/check_peers.py DIR [--device cuda|cpu] [--json FILE]
+  python3 bench/check_peers.py DIR [--device cuda|cpu] [--json FILE] [--compile] [--no-layer]
   python3 bench/check_peers.py --self-test      (checks the checker: cases it must pass and fail)
 """
 
@@ -125,8 +127,81 @@ def _need(tensors, name, dtype, shape=None):
     return t
 
 
-def check_case(name, tensors, meta, device):
-    """Checks one file; returns a list of result rows (one for KV, one for Q, where present)."""
+def _kv_stats(ours, peer, cache_in, s_valid, fmt, P, kv_scale):
+    """Compares a peer's cache with ours at the written slots and everywhere else."""
+    dec_ours = peers.decode_kv(ours, s_valid, fmt, P, kv_scale)
+    dec_peer = peers.decode_kv(peer, s_valid, fmt, P, kv_scale)
+    stats = peers.compare_decoded(dec_ours, dec_peer)
+    mask = peers.kv_written_mask(ours.shape, s_valid, fmt, P)
+    stats["ours_untouched_ok"] = bool(torch.equal(ours[~mask], cache_in[~mask]))
+    stats["peer_untouched_ok"] = bool(torch.equal(peer[~mask], cache_in[~mask]))
+    written = int(mask.sum())
+    stats["bytes_equal"] = float((ours[mask] == peer[mask]).double().mean()) if written else 1.0
+    if fmt == peers.FP8_UE8M0:
+        _, sc_ours = peers.kv_slot_bytes(ours, s_valid, fmt, P)
+        _, sc_peer = peers.kv_slot_bytes(peer, s_valid, fmt, P)
+        stats.update(peers.compare_scales(sc_ours, sc_peer))
+    ok = (stats["failed"] == 0 and stats["nan_mismatch"] == 0 and stats["ours_untouched_ok"]
+          and stats["peer_untouched_ok"] and stats.get("scales_ok", True))
+    return ok, stats
+
+
+def _q_stats(ours_q, peer_q, out_fp8, q_scale):
+    """Compares a peer's Q bytes with ours, row for row."""
+    dec_ours = peers.decode_q(ours_q, out_fp8, q_scale)
+    dec_peer = peers.decode_q(peer_q, out_fp8, q_scale)
+    stats = peers.compare_decoded(dec_ours, dec_peer)
+    stats["bytes_equal"] = float((ours_q == peer_q).double().mean()) if peer_q.numel() else 1.0
+    return stats["failed"] == 0 and stats["nan_mismatch"] == 0, stats
+
+
+def _compiled_layer_fn(fn):
+    return torch.compile(fn, fullgraph=True, dynamic=False)
+
+
+def check_layer(name, tensors, meta, device, compiled=False):
+    """The stronger peer (peers.make_layer_fn: the whole layer in one function, the per-iteration
+    plan hoisted), eager or torch.compile'd, on the case's real rows: its cache and Q against ours."""
+    fmt = meta["format"]
+    q_format = meta.get("q_format", "fp8")
+    out_fp8 = q_format == "fp8"
+    P, qlr, heads = int(meta["page_size"]), int(meta["q_lora_rank"]), int(meta["heads"])
+    kv_scale, q_scale = _f32(meta.get("kv_scale", "1")), _f32(meta.get("q_scale", "1"))
+    positions = tensors["positions"].long()
+    slots = tensors["slots"].long()
+    T = positions.shape[0]
+    valid = slots >= 0
+    n = int(valid.sum())
+    cache_in = tensors["cache_in"]
+    ours = tensors["cache_out"]
+    width = peers.HEAD_DIM if out_fp8 else 2 * peers.HEAD_DIM
+    ours_q = _need(tensors, "q_out", torch.uint8, (T, heads, width))
+    s_valid = slots[valid]
+    plan = peers.iteration_plan(positions[valid].to(device), s_valid.to(device), fmt, P,
+                                {"case": tensors["cos_sin"].to(device)})
+    cos, sin = plan["rope"]["case"]
+    fn = peers.make_layer_fn(fmt, qlr, kv_scale, q_scale, out_fp8, shift_bytes=compiled)
+    if compiled:
+        fn = _compiled_layer_fn(fn)
+    cache = cache_in.to(device).clone().reshape(-1)
+    q_out = torch.empty((n, heads, peers.HEAD_DIM), dtype=peers.FP8 if out_fp8 else torch.bfloat16, device=device)
+    fn(tensors["fused_a"][valid].to(device), tensors["q"][valid].to(device), tensors["kv_weight"].to(device),
+       cos, sin, plan["vbase"], plan["sbase"], cache, q_out)
+    peer = cache.view(cache_in.shape).cpu()
+    label = "layer (compiled)" if compiled else "layer"
+    rows = []
+    ok, stats = _kv_stats(ours, peer, cache_in, s_valid, fmt, P, kv_scale)
+    rows.append({"case": name, "part": f"{label} kv", "format": fmt, "tokens": n,
+                 "skipped_rows": T - n, "ok": ok, **stats})
+    ok, stats = _q_stats(ours_q[valid], peers.q_bytes_of(q_out).cpu(), out_fp8, q_scale)
+    rows.append({"case": name, "part": f"{label} q", "format": q_format, "tokens": n,
+                 "skipped_rows": T - n, "ok": ok, **stats})
+    return rows
+
+
+def check_case(name, tensors, meta, device, layer=True, compiled=False):
+    """Checks one file; returns a list of result rows: KV and Q of the one-kernel peers, where
+    present, and (layer) both again from the whole-layer peer, eager and (compiled) compiled."""
     rows = []
     for key in ("format", "page_size", "q_lora_rank", "heads"):
         if key not in meta:
@@ -187,20 +262,7 @@ def check_case(name, tensors, meta, device):
         peers.kv_prologue(latent, w.to(device), cs_dev, positions[valid].to(device), s_valid.to(device),
                           peer, fmt, P, kv_scale)
         peer = peer.cpu()
-        dec_ours = peers.decode_kv(ours, s_valid, fmt, P, kv_scale)
-        dec_peer = peers.decode_kv(peer, s_valid, fmt, P, kv_scale)
-        stats = peers.compare_decoded(dec_ours, dec_peer)
-        mask = peers.kv_written_mask(ours.shape, s_valid, fmt, P)
-        stats["ours_untouched_ok"] = bool(torch.equal(ours[~mask], cache_in[~mask]))
-        stats["peer_untouched_ok"] = bool(torch.equal(peer[~mask], cache_in[~mask]))
-        written = int(mask.sum())
-        stats["bytes_equal"] = float((ours[mask] == peer[mask]).double().mean()) if written else 1.0
-        if fmt == peers.FP8_UE8M0:
-            _, sc_ours = peers.kv_slot_bytes(ours, s_valid, fmt, P)
-            _, sc_peer = peers.kv_slot_bytes(peer, s_valid, fmt, P)
-            stats.update(peers.compare_scales(sc_ours, sc_peer))
-        ok = (stats["failed"] == 0 and stats["nan_mismatch"] == 0 and stats["ours_untouched_ok"]
-              and stats["peer_untouched_ok"] and stats.get("scales_ok", True))
+        ok, stats = _kv_stats(ours, peer, cache_in, s_valid, fmt, P, kv_scale)
         rows.append({"case": name, "part": "kv", "format": fmt, "tokens": int(s_valid.numel()),
                      "skipped_rows": int((~valid).sum()), "ok": ok, **stats})
 
@@ -216,15 +278,15 @@ def check_case(name, tensors, meta, device):
         in_table(keep, "q")
         res = peers.q_prologue(q[keep].to(device), cs_dev, positions[keep].to(device), q_scale, out_fp8)
         peer_q = peers.q_bytes_of(res).cpu()
-        dec_ours = peers.decode_q(ours_q[keep], out_fp8, q_scale)
-        dec_peer = peers.decode_q(peer_q, out_fp8, q_scale)
-        stats = peers.compare_decoded(dec_ours, dec_peer)
-        stats["bytes_equal"] = float((ours_q[keep] == peer_q).double().mean()) if peer_q.numel() else 1.0
-        ok = stats["failed"] == 0 and stats["nan_mismatch"] == 0
+        ok, stats = _q_stats(ours_q[keep], peer_q, out_fp8, q_scale)
         rows.append({"case": name, "part": "q", "format": q_format, "tokens": int(keep.sum()),
                      "skipped_rows": int(padded.sum()), "ok": ok, **stats})
     if not rows:
         raise CaseError("neither cache_out nor q_out: nothing to check")
+    if layer and "cache_out" in tensors and "q_out" in tensors:
+        rows.extend(check_layer(name, tensors, meta, device))
+        if compiled:
+            rows.extend(check_layer(name, tensors, meta, device, compiled=True))
     return rows
 
 
@@ -264,7 +326,7 @@ def print_table(rows, errors):
         print(f"  {name}: ERROR {err}")
 
 
-def check_dir(directory, device, json_out=None, quiet=False):
+def check_dir(directory, device, json_out=None, quiet=False, layer=True, compiled=False):
     """Checks every DIR/*.safetensors; returns (exit code, rows, errors)."""
     paths = sorted(glob.glob(os.path.join(directory, "*.safetensors")))
     rows, errors = [], []
@@ -273,7 +335,7 @@ def check_dir(directory, device, json_out=None, quiet=False):
         try:
             tensors, meta = load_safetensors(path)
             with torch.no_grad():
-                rows.extend(check_case(name, tensors, meta, device))
+                rows.extend(check_case(name, tensors, meta, device, layer, compiled))
         except Exception as e:  # a malformed file or a failed run is a failed case, not a crash
             errors.append((name, f"{type(e).__name__}: {e}"))
     if not quiet:
@@ -458,6 +520,9 @@ def main(argv=None):
     p.add_argument("--device", default=None, help="device the peers run on (default: cuda if available, else cpu)")
     p.add_argument("--json", default=None, help="also write the rows to this JSON file")
     p.add_argument("--self-test", action="store_true", help="check the checker on cases it must pass and fail")
+    p.add_argument("--no-layer", action="store_true", help="skip the whole-layer peer (peers.make_layer_fn)")
+    p.add_argument("--compile", action="store_true",
+                   help="also check the whole-layer peer under torch.compile(fullgraph=True, dynamic=False)")
     args = p.parse_args(argv)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if args.self_test:
@@ -468,7 +533,7 @@ def main(argv=None):
         print(f"{args.dir}: not a directory")
         return 2
     print(f"checking {args.dir} on {device} (torch {torch.__version__})")
-    code, _, _ = check_dir(args.dir, device, args.json)
+    code, _, _ = check_dir(args.dir, device, args.json, layer=not args.no_layer, compiled=args.compile)
     return code
 
 

@@ -5,8 +5,16 @@ The two functions kv_prologue and q_prologue do the work of our KV and Q kernels
 sections 2-5) in plain PyTorch, the way a PyTorch serving stack writes it: RMSNorm in float32,
 GPT-J RoPE on the trailing 64 values, the quantization of each cache format, and an index_put
 of the bytes into the paged uint8 cache. They are timed eager and under torch.compile over the
-shapes of issue 5, and a whole decode iteration (every layer's KV and Q prologue) is timed eager
-and replayed as a CUDA graph.
+shapes of issue 5 (one kernel at a time).
+
+The decode iteration and the layer-graph sweep use the stronger peer of issue 8, layer_prologue:
+one function doing a whole layer's KV and Q job, written as a competent PyTorch user writes it
+for a serving loop. Everything that does not change between layers is hoisted out and done once
+per iteration (iteration_plan: the RoPE rows gathered at the batch's positions, the byte offsets
+of every token's cache row and scales); the function has no Python work per token, no .item()
+and no data-dependent control flow, so torch.compile(fullgraph=True, dynamic=False) turns it into
+a few fused Triton kernels, and every layer of the iteration (each with its own inputs, weight,
+cache pool and Q output) is captured in one CUDA graph.
 
 Run: python3 bench/peers.py --out bench-peers.json   (see --help; the shapes default to issue 5's)
 
@@ -214,6 +222,110 @@ def make_q_fn(q_scale, out_fp8=True):
         return q_prologue(q, cos_sin, positions, q_scale, out_fp8)
     qfn.__name__ = "q_fp8" if out_fp8 else "q_bf16"
     return qfn
+
+
+# ---------------------------------------------------------------------------------------------
+# The stronger peer: one layer's whole job, with the per-iteration work hoisted.
+
+
+def _bf16_bytes_shift(t: torch.Tensor) -> torch.Tensor:
+    """_bf16_bytes by integer shifts (what Inductor compiles): (..., n) bf16 -> (..., 2n) uint8."""
+    u = t.contiguous().view(torch.int16).to(torch.int32)
+    lo = (u & 0xFF).to(torch.uint8)
+    hi = ((u >> 8) & 0xFF).to(torch.uint8)
+    return torch.stack((lo, hi), dim=-1).flatten(-2)
+
+
+def _rope_rows(y: torch.Tensor, c: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """y (..., 512) bf16 with its tail rotated as GPT-J pairs by the gathered rows c, s (..., 32)
+    float32 (broadcast over heads); out of place, the products rounded one by one in float32."""
+    pairs = y[..., NOPE_DIM:].float().unflatten(-1, (ROPE_PAIRS, 2))
+    y0 = pairs[..., 0]
+    y1 = pairs[..., 1]
+    r0 = y0 * c - y1 * s
+    r1 = y0 * s + y1 * c
+    rot = torch.stack((r0, r1), dim=-1).flatten(-2).to(torch.bfloat16)
+    return torch.cat((y[..., :NOPE_DIM], rot), dim=-1)
+
+
+def row_bytes(fmt: str) -> int:
+    """Bytes of one token's cache row as layer_prologue writes it (values, then scale bytes)."""
+    return UE8M0_VALUE_BYTES + NUM_GROUPS if fmt == FP8_UE8M0 else token_bytes(fmt)
+
+
+def iteration_plan(positions, slots, fmt, page_size, tables):
+    """The per-iteration work every layer shares, done once: the (cos, sin) rows of each RoPE
+    table at the tokens' positions, and the byte offsets in a layer's flat pool of each token's
+    value row and (fp8_ue8m0) scale bytes. positions, slots: (T,) int64, slots >= 0 and distinct.
+    tables: {kind: (positions, 32, 2) float32}. Returns {"rope": {kind: (cos, sin)}, "vbase",
+    "sbase"}: cos and sin (T, 32) float32 contiguous, vbase and sbase (T,) int64."""
+    rope = {}
+    for kind, table in tables.items():
+        rows = table[positions]
+        rope[kind] = (rows[..., 0].contiguous(), rows[..., 1].contiguous())
+    if fmt == FP8_UE8M0:
+        pb = page_bytes(fmt, page_size)
+        page = torch.div(slots, page_size, rounding_mode="floor")
+        off = slots - page * page_size
+        vbase = page * pb + off * UE8M0_VALUE_BYTES
+        sbase = page * pb + UE8M0_VALUE_BYTES * page_size + off * UE8M0_SCALE_BYTES
+    else:
+        page_bytes(fmt, page_size)  # validates fmt; pages are rows of whole token rows
+        vbase = slots * token_bytes(fmt)
+        sbase = vbase
+    return {"rope": rope, "vbase": vbase.contiguous(), "sbase": sbase.contiguous()}
+
+
+def make_layer_fn(fmt, q_lora_rank, kv_scale=1.0, q_scale=1.0, out_fp8=True, shift_bytes=False):
+    """layer_prologue(fused, q, w, cos, sin, vbase, sbase, cache_flat, q_out) with the format and
+    scalars bound: the whole prologue of one layer, in place.
+
+    fused: (T, q_lora_rank + 512) bf16, the fused A projection rows (the latent read in place from
+    its last 512 columns). q: (T, H, 512) bf16. w: (512,) float32. cos, sin: (T, 32) float32 and
+    vbase, sbase: (T,) int64 from iteration_plan. cache_flat: the layer's pool as one contiguous
+    uint8 vector. q_out: (T, H, 512) float8_e4m3fn (out_fp8) or bfloat16. Every token is real (no
+    padding rows). shift_bytes=True writes bf16 bytes by shifts, as torch.compile needs; the bytes
+    are the same either way.
+    """
+    bf16_bytes = _bf16_bytes_shift if shift_bytes else _bf16_bytes
+    width = row_bytes(fmt)
+    if fmt not in FORMATS:
+        raise ValueError(f"cache format {fmt!r}: want one of {', '.join(FORMATS)}")
+
+    def layer_prologue(fused, q, w, cos, sin, vbase, sbase, cache_flat, q_out):
+        # KV: RMSNorm * w, RoPE, quantize, one scatter of each token's row into the pool.
+        y = _rope_rows(_rms_norm(fused[:, q_lora_rank:], w), cos, sin)
+        cols = torch.arange(width, device=fused.device)
+        if fmt == FP8_UE8M0:
+            nope = y[:, :NOPE_DIM].float().unflatten(-1, (NUM_GROUPS, GROUP_SIZE))
+            amax = torch.nan_to_num(nope.abs(), nan=0.0, posinf=math.inf).amax(dim=-1)
+            t = amax.clamp_min(UE8M0_FLOOR) / E4M3_MAX
+            # e = ceil(log2 t) as a biased exponent, from t's bits; inv = 2^(127-e) exactly (see
+            # kv_prologue).
+            bits = t.view(torch.int32)
+            e = ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(torch.int32)
+            e = e.clamp_max(254)
+            inv = (((254 - e) << 23) | ((e == 254).to(torch.int32) << 22)).view(torch.float32)
+            qv = _to_e4m3(nope * inv.unsqueeze(-1)).flatten(1)
+            row = torch.cat((_fp8_bytes(qv), bf16_bytes(y[:, NOPE_DIM:]), e.to(torch.uint8)), dim=1)
+            idx = torch.where(cols < UE8M0_VALUE_BYTES, vbase.unsqueeze(1) + cols,
+                              sbase.unsqueeze(1) + (cols - UE8M0_VALUE_BYTES))
+        elif fmt == BF16:
+            row = bf16_bytes(y)
+            idx = vbase.unsqueeze(1) + cols
+        else:
+            row = _fp8_bytes(_to_e4m3(y.float() * kv_scale))
+            idx = vbase.unsqueeze(1) + cols
+        cache_flat.index_put_((idx,), row)
+        # Q: weightless RMSNorm per (token, head), RoPE at the token's rows, fp8 or bf16.
+        yq = _rope_rows(_rms_norm(q), cos.unsqueeze(1), sin.unsqueeze(1))
+        if out_fp8:
+            q_out.copy_(_to_e4m3(yq.float() * q_scale))
+        else:
+            q_out.copy_(yq)
+
+    layer_prologue.__name__ = f"layer_{fmt}_q{'fp8' if out_fp8 else 'bf16'}"
+    return layer_prologue
 
 
 # ---------------------------------------------------------------------------------------------
@@ -549,6 +661,7 @@ class Bench:
         self.t0 = time.perf_counter()
         self.results = []
         self.iteration = []
+        self.layer_graph = []
         self.selftest = None
         self.copy_gbps = None
         self.compiled = {}
@@ -590,6 +703,7 @@ class Bench:
             "elapsed_s": round(self.elapsed(), 1),
             "results": self.results,
             "iteration": self.iteration,
+            "layer_graph": self.layer_graph,
         }
         tmp = self.args.out + ".tmp"
         with open(tmp, "w") as f:
@@ -613,7 +727,7 @@ class Bench:
         key = (kernel, fmt)
         if key not in self.compiled:
             fn = make_kv_fn(fmt, self.args.page_size, self.args.kv_scale) if kernel == "kv" \
-                else make_q_fn(self.args.q_scale, True)
+                else make_q_fn(self.args.q_scale, fmt == "fp8")
             self.compiled[key] = torch.compile(fn, dynamic=True)
         return self.compiled[key]
 
@@ -664,7 +778,7 @@ class Bench:
                     n_pages = pool_pages(phase, batch, tokens, P, FP8_UE8M0, 0)
                     pos, _ = positions_and_slots(phase, batch, mtp, tokens, P, n_pages, self.device)
                     sets.append((q, pos))
-                eager = make_q_fn(a.q_scale, True)
+                eager = make_q_fn(a.q_scale, fmt == "fp8")
 
                 def args_for(i, cache_=None):
                     q, pos = sets[i % n_sets]
@@ -697,9 +811,9 @@ class Bench:
 
     def _run_compiled(self, entry, kernel, fmt, eager, args_for, cache, flush):
         a = self.args
-        compiled = self.compiled_fn(kernel, fmt)
         graphs_before = _graph_count()
         try:
+            compiled = self.compiled_fn(kernel, fmt)
             # The first call compiles (or reuses); it runs on set 0 beside eager so that the
             # two outputs can be compared byte for byte.
             if kernel == "kv":
@@ -730,101 +844,179 @@ class Bench:
         if graphs_before is not None and graphs_after is not None:
             entry["compile_new_graphs"] = graphs_after - graphs_before
 
-    # -- a whole decode iteration
+    # -- a whole decode iteration, and the layer-graph sweep (the stronger peer)
 
-    def _iteration_inputs(self, model):
-        """Every layer's inputs for one decode iteration, and step(kv_fn, q_fn) that runs them."""
+    def layer_fn(self, q_format, compiled):
+        """layer_prologue for the fp8_ue8m0 cache and q_format, eager or torch.compile'd (one
+        compiled object per configuration; it specializes to each shape it meets)."""
+        a = self.args
+        key = ("layer", q_format, compiled)
+        if key not in self.compiled:
+            def build(qlr):
+                return make_layer_fn(FP8_UE8M0, qlr, a.kv_scale, a.q_scale, q_format == "fp8", shift_bytes=compiled)
+            if not compiled:
+                self.compiled[key] = build
+            else:
+                cache = {}
+
+                def compiled_for(qlr):
+                    # q_lora_rank is a Python constant of the function: one compiled object per
+                    # model, each specialized (dynamic=False) to the shapes it is called with.
+                    if qlr not in cache:
+                        cache[qlr] = torch.compile(build(qlr), fullgraph=True, dynamic=False,
+                                                   mode=None if a.compile_mode == "default" else a.compile_mode)
+                    return cache[qlr]
+                self.compiled[key] = compiled_for
+        return self.compiled[key]
+
+    def _layer_inputs(self, model, batch, mtp, q_format):
+        """Every layer's own inputs for one decode iteration (fused A rows, Q, weight, fp8_ue8m0
+        pool, Q output), the batch's positions and slots, and the plan every layer shares."""
         a = self.args
         dims = MODELS[model]
         H, qlr, L = dims["heads"], dims["q_lora_rank"], dims["layers"]
-        b, mtp, P = a.iter_batch, a.iter_mtp, a.page_size
-        T = b * (1 + mtp)
-        n_pages = b * -(-MAX_GEN_KV_LEN // P)
-        pos, slots = positions_and_slots("generation", b, mtp, T, P, n_pages, self.device)
+        P = a.page_size
+        T = batch * (1 + mtp)
+        n_pages = batch * -(-MAX_GEN_KV_LEN // P)
+        pb = page_bytes(FP8_UE8M0, P)
+        qdt = FP8 if q_format == "fp8" else torch.bfloat16
+        need = L * (T * (qlr + HEAD_DIM) * 2 + T * H * HEAD_DIM * (2 + (1 if q_format == "fp8" else 2)) + n_pages * pb)
+        if need > a.graph_mem_gb * 1e9:
+            raise RuntimeError(f"{L} layers of inputs need {need / 1e9:.1f} GB, over --graph-mem-gb {a.graph_mem_gb}")
+        pos, slots = positions_and_slots("generation", batch, mtp, T, P, n_pages, self.device)
         kinds = layer_rope_kinds(L)
         layers = []
         for l in range(L):
-            fused = random_bf16((T, qlr + HEAD_DIM), self.device)
             layers.append({
-                "latent": fused[:, qlr:],
+                "fused": random_bf16((T, qlr + HEAD_DIM), self.device),
                 "q": random_bf16((T, H, HEAD_DIM), self.device),
                 "w": random_weight(self.device),
-                "table": self.tables[kinds[l]],
-                "cache": torch.zeros(n_pages, page_bytes(FP8_UE8M0, P), dtype=torch.uint8, device=self.device),
+                "kind": kinds[l],
+                "cache": torch.zeros(n_pages * pb, dtype=torch.uint8, device=self.device),
+                "q_out": torch.empty((T, H, HEAD_DIM), dtype=qdt, device=self.device),
             })
         torch.cuda.synchronize()
+        return {"layers": layers, "pos": pos, "slots": slots, "qlr": qlr, "L": L, "T": T}
 
-        def step(kv_fn, q_fn):
+    def _layer_step(self, inputs, fn):
+        """step(): the iteration's shared plan once, then every layer through fn."""
+        P = self.args.page_size
+        tables = {k: self.tables[k] for k in ("plain", "yarn")}
+        layers, pos, slots = inputs["layers"], inputs["pos"], inputs["slots"]
+
+        def step():
+            plan = iteration_plan(pos, slots, FP8_UE8M0, P, tables)
+            vbase, sbase = plan["vbase"], plan["sbase"]
             for layer in layers:
-                kv_fn(layer["latent"], layer["w"], layer["table"], pos, slots, layer["cache"])
-                q_fn(layer["q"], layer["table"], pos)
+                cos, sin = plan["rope"][layer["kind"]]
+                fn(layer["fused"], layer["q"], layer["w"], cos, sin, vbase, sbase, layer["cache"], layer["q_out"])
 
         return step
 
+    def _layer_check(self, inputs, fn, q_format):
+        """Layer 0 through fn against the one-kernel-at-a-time eager peers (kv_prologue,
+        q_prologue) on the same inputs: the bytes that differ (0 unless Inductor contracted a
+        multiply-add; check_peers.py holds both to ours)."""
+        a = self.args
+        l0 = inputs["layers"][0]
+        pos, slots, qlr = inputs["pos"], inputs["slots"], inputs["qlr"]
+        table = self.tables[l0["kind"]]
+        cache_fn, cache_ref = l0["cache"].clone(), l0["cache"].clone()
+        q_fn = torch.empty_like(l0["q_out"])
+        plan = iteration_plan(pos, slots, FP8_UE8M0, a.page_size, {"k": table})
+        cos, sin = plan["rope"]["k"]
+        fn(l0["fused"], l0["q"], l0["w"], cos, sin, plan["vbase"], plan["sbase"], cache_fn, q_fn)
+        kv_prologue(l0["fused"][:, qlr:], l0["w"], table, pos, slots,
+                    cache_ref.view(-1, page_bytes(FP8_UE8M0, a.page_size)), FP8_UE8M0, a.page_size, a.kv_scale)
+        q_ref = q_prologue(l0["q"], table, pos, a.q_scale, q_format == "fp8")
+        return {"cache_diff_bytes": int((cache_fn != cache_ref).sum()),
+                "q_diff_bytes": int((q_bytes_of(q_fn) != q_bytes_of(q_ref)).sum())}
+
+    def run_layer_graph(self, model, batch, mtp, q_format, iteration=None):
+        """The stronger peer the way a server runs it: layer_prologue compiled (fullgraph,
+        dynamic=False), every layer of the iteration with its own inputs captured in one CUDA
+        graph, the L2 flushed before each replay, median; time per layer = total / layers. With
+        iteration (an entry dict), also fills its eager, eager-graph and compiled-without-graph
+        times (no flush, as our iteration is timed)."""
+        a = self.args
+        dims = MODELS[model]
+        T = batch * (1 + mtp)
+        entry = {"model": model, "phase": "generation", "batch": batch, "mtp": mtp, "tokens": T,
+                 "layers": dims["layers"], "format": FP8_UE8M0, "q_format": q_format, "graph_us": None,
+                 "us_per_layer": None, "compile_mode": a.compile_mode, "l2": "flush", "errors": {}}
+        label = f"layer graph {model} b={batch} mtp={mtp} T={T} Q {q_format}"
+        reps = dict(min_reps=a.min_reps, max_reps=a.max_reps, target_s=a.target_s)
+        try:
+            inputs = self._layer_inputs(model, batch, mtp, q_format)
+        except Exception as e:
+            entry["errors"]["inputs"] = _error_text(e)
+            self.log(f"{label}: inputs failed: {entry['errors']['inputs']}")
+            return entry
+        eager_step = self._layer_step(inputs, self.layer_fn(q_format, False)(inputs["qlr"]))
+        if iteration is not None:
+            for field, body in (("eager_us", lambda: time_us(eager_step, lambda i: (), None, **reps)[0]),
+                                ("graph_us", lambda: self._graph_time(eager_step, reps))):
+                try:
+                    iteration[field] = body()
+                except Exception as e:
+                    iteration["errors"][field] = _error_text(e)
+                    if a.verbose:
+                        traceback.print_exc()
+        if a.no_compile:
+            entry["errors"]["compile"] = "not run (--no-compile)"
+            return entry
+        try:
+            fn = self.layer_fn(q_format, True)(inputs["qlr"])
+            step = self._layer_step(inputs, fn)
+            t0 = time.perf_counter()
+            step()  # compiles on first use
+            torch.cuda.synchronize()
+            entry["compile_s"] = round(time.perf_counter() - t0, 2)
+            entry["check"] = self._layer_check(inputs, fn, q_format)
+            if iteration is not None:
+                iteration["compile_us"], _ = time_us(step, lambda i: (), None, **reps)
+                iteration["compile_graph_us"] = self._graph_time(step, reps)
+                iteration["compile_s"] = entry["compile_s"]
+                iteration["check"] = entry["check"]
+            entry["graph_us"] = self._graph_time(step, reps, flush=self.flush)
+            entry["us_per_layer"] = round(entry["graph_us"] / dims["layers"], 3)
+        except Exception as e:
+            entry["errors"]["compile"] = _error_text(e)
+            if iteration is not None:
+                iteration["errors"]["compile"] = entry["errors"]["compile"]
+            if a.verbose:
+                traceback.print_exc()
+        self.log(f"{label}: {_fmt_us(entry['graph_us'])} in one graph, "
+                 f"{_fmt_us(entry['us_per_layer'])} a layer (compile {entry.get('compile_s', 'n/a')} s, "
+                 f"check {entry.get('check')})" + (f" errors {entry['errors']}" if entry["errors"] else ""))
+        del inputs
+        return entry
+
     def run_iteration(self, model):
-        """Eager, CUDA graph and torch.compile times of one decode iteration: every layer's KV
-        (fp8_ue8m0 cache) and Q (fp8) prologue for iter_batch sequences at iter_mtp."""
+        """One decode iteration (every layer's KV into an fp8_ue8m0 pool and fp8 Q) for iter_batch
+        sequences at iter_mtp, the stronger peer: layer_prologue eager, eager in a CUDA graph,
+        compiled, and compiled in a CUDA graph. Also returns the compiled graph as a layer-graph
+        entry."""
         a = self.args
         dims = MODELS[model]
         b, mtp = a.iter_batch, a.iter_mtp
         T = b * (1 + mtp)
         entry = {"model": model, "batch": b, "mtp": mtp, "tokens": T, "layers": dims["layers"],
                  "format": FP8_UE8M0, "q_format": "fp8", "eager_us": None, "graph_us": None,
-                 "compile_us": None, "compile_graph_us": None, "errors": {}}
+                 "compile_us": None, "compile_graph_us": None, "compile_mode": a.compile_mode,
+                 "peer": "layer_prologue: one function per layer, per-iteration plan hoisted, "
+                         "torch.compile(fullgraph=True, dynamic=False)", "errors": {}}
         self.log(f"iteration {model}: {dims['layers']} layers, b={b} mtp={mtp} ({T} tokens), "
                  f"{FP8_UE8M0} cache, fp8 Q")
-        try:
-            step = self._iteration_inputs(model)
-        except Exception as e:
-            entry["errors"]["inputs"] = _error_text(e)
-            self.log(f"iteration {model}: inputs failed: {entry['errors']['inputs']}")
-            return entry
-        kv_eager = make_kv_fn(FP8_UE8M0, a.page_size, a.kv_scale)
-        q_eager = make_q_fn(a.q_scale, True)
-        reps = dict(min_reps=a.min_reps, max_reps=a.max_reps, target_s=a.target_s)
-        try:
-            entry["eager_us"], _ = time_us(lambda: step(kv_eager, q_eager), lambda i: (), None, **reps)
-        except Exception as e:
-            entry["errors"]["eager"] = _error_text(e)
-        try:
-            entry["graph_us"] = self._graph_time(lambda: step(kv_eager, q_eager), reps)
-        except Exception as e:
-            entry["errors"]["graph"] = _error_text(e)
-        if a.no_compile:
-            entry["errors"]["compile"] = "not run (--no-compile)"
-        else:
-            kv_c, q_c = self.compiled_fn("kv", FP8_UE8M0), self.compiled_fn("q", "fp8")
-            try:
-                step(kv_c, q_c)  # compiles on first use
-                torch.cuda.synchronize()
-                entry["compile_us"], _ = time_us(lambda: step(kv_c, q_c), lambda i: (), None, **reps)
-            except Exception as e:
-                entry["errors"]["compile"] = _error_text(e)
+        lg = self.run_layer_graph(model, b, mtp, "fp8", iteration=entry)
+        if "inputs" in lg["errors"]:
+            entry["errors"]["inputs"] = lg["errors"]["inputs"]
         self.log(f"iteration {model}: eager {_fmt_us(entry['eager_us'])}, graph {_fmt_us(entry['graph_us'])}, "
-                 f"compile {_fmt_us(entry['compile_us'])}"
+                 f"compile {_fmt_us(entry['compile_us'])}, compile + graph {_fmt_us(entry['compile_graph_us'])}"
                  + (f" errors {entry['errors']}" if entry["errors"] else ""))
-        return entry
+        return entry, lg
 
-    def run_iteration_compile_graph(self, entry):
-        """The compiled iteration captured in a CUDA graph. Run last: a capture that fails inside
-        compiled code is the one step here that might upset the CUDA context."""
-        a = self.args
-        if a.no_compile or entry.get("compile_us") is None:
-            return
-        if self.over_budget(a.budget_slack_s):
-            entry["errors"]["compile_graph"] = f"skipped: past --budget-s {a.budget_s}"
-            return
-        reps = dict(min_reps=a.min_reps, max_reps=a.max_reps, target_s=a.target_s)
-        try:
-            step = self._iteration_inputs(entry["model"])
-            kv_c, q_c = self.compiled_fn("kv", FP8_UE8M0), self.compiled_fn("q", "fp8")
-            entry["compile_graph_us"] = self._graph_time(lambda: step(kv_c, q_c), reps)
-        except Exception as e:
-            entry["errors"]["compile_graph"] = _error_text(e)
-        self.log(f"iteration {entry['model']}: compile + CUDA graph {_fmt_us(entry['compile_graph_us'])}"
-                 + (f" ({entry['errors']['compile_graph']})" if "compile_graph" in entry["errors"] else ""))
-
-    def _graph_time(self, body, reps):
+    def _graph_time(self, body, reps, flush=None):
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -836,7 +1028,7 @@ class Bench:
         with torch.cuda.graph(graph):
             body()
         torch.cuda.synchronize()
-        us, _ = time_us(graph.replay, lambda i: (), None, **reps)
+        us, _ = time_us(graph.replay, lambda i: (), flush, **reps)
         del graph
         return us
 
@@ -963,7 +1155,8 @@ def parse_args(argv=None):
     p.add_argument("--out", default="bench-peers.json", help="JSON file to write (rewritten after every entry)")
     p.add_argument("--models", default="flash,pro")
     p.add_argument("--kernels", default="kv,q")
-    p.add_argument("--formats", default=",".join(FORMATS), help="KV cache formats (Q is always fp8)")
+    p.add_argument("--formats", default=",".join(FORMATS), help="KV cache formats of the single-kernel entries")
+    p.add_argument("--q-formats", default="fp8,bf16", help="Q output formats of the single-kernel entries")
     p.add_argument("--gen-batches", default="1,8,32,128,256")
     p.add_argument("--mtp", default="0,3")
     p.add_argument("--ctx-tokens", default="1024,4096,16384,65536")
@@ -974,6 +1167,14 @@ def parse_args(argv=None):
     p.add_argument("--iter-batch", type=int, default=32)
     p.add_argument("--iter-mtp", type=int, default=3)
     p.add_argument("--no-iteration", action="store_true")
+    p.add_argument("--graph-batches", default="1,8,32,128,256",
+                   help="layer-graph sweep: generation batches (every layer in one CUDA graph; 'none' skips it)")
+    p.add_argument("--graph-mtp", default="3")
+    p.add_argument("--graph-q-formats", default="fp8")
+    p.add_argument("--graph-mem-gb", type=float, default=60.0, help="most memory one layer graph's inputs may take")
+    p.add_argument("--compile-mode", default="default",
+                   choices=("default", "max-autotune-no-cudagraphs"),
+                   help="torch.compile mode of layer_prologue (CUDA graphs are captured by this script)")
     p.add_argument("--no-compile", action="store_true")
     p.add_argument("--no-selftest", action="store_true")
     p.add_argument("--min-reps", type=int, default=50)
@@ -994,6 +1195,10 @@ def parse_args(argv=None):
     args.models = _names(args.models, tuple(MODELS), "models")
     args.kernels = _names(args.kernels, ("kv", "q"), "kernels")
     args.formats = _names(args.formats, FORMATS, "formats")
+    args.q_formats = _names(args.q_formats, ("fp8", "bf16"), "q-formats")
+    args.graph_q_formats = _names(args.graph_q_formats, ("fp8", "bf16"), "graph-q-formats")
+    args.graph_batches = [] if args.graph_batches == "none" else _ints(args.graph_batches)
+    args.graph_mtp = _ints(args.graph_mtp)
     args.gen_batches = _ints(args.gen_batches)
     args.mtp = _ints(args.mtp)
     args.ctx_tokens = _ints(args.ctx_tokens)
@@ -1029,7 +1234,7 @@ def main(argv=None):
         dynamo_config = importlib.import_module("torch._dynamo").config
         for name in ("recompile_limit", "cache_size_limit"):
             if hasattr(dynamo_config, name):
-                setattr(dynamo_config, name, 32)
+                setattr(dynamo_config, name, 64)
     except Exception as e:
         print(f"note: could not raise dynamo's recompile limit: {_error_text(e)}", flush=True)
 
@@ -1051,19 +1256,43 @@ def main(argv=None):
         torch.manual_seed(seed)
         bench.measure_copy()
         bench.write()
+        # Most telling first: the iteration and the layer graphs (the stronger peer), then the
+        # single kernels until the budget runs out. No failure of one measurement ends the run.
         if not args.no_iteration:
             for model in args.models:
                 try:
-                    bench.iteration.append(bench.run_iteration(model))
-                except Exception as e:  # never lose the run to one measurement
+                    entry, lg = bench.run_iteration(model)
+                    bench.iteration.append(entry)
+                    bench.layer_graph.append(lg)
+                except Exception as e:
                     bench.iteration.append({"model": model, "batch": args.iter_batch, "mtp": args.iter_mtp,
                                             "errors": {"run": _error_text(e)}})
                     bench.log(f"iteration {model}: {_error_text(e)}")
                 bench.write()
                 torch.cuda.empty_cache()
+        done = {(g["model"], g["batch"], g["mtp"], g["q_format"]) for g in bench.layer_graph}
+        for model in args.models:
+            for q_format in args.graph_q_formats:
+                for mtp in args.graph_mtp:
+                    for batch in args.graph_batches:
+                        if (model, batch, mtp, q_format) in done:
+                            continue
+                        if bench.over_budget():
+                            bench.log(f"layer graph {model} b={batch} mtp={mtp}: skipped (past --budget-s)")
+                            continue
+                        try:
+                            lg = bench.run_layer_graph(model, batch, mtp, q_format)
+                        except Exception as e:
+                            lg = {"model": model, "phase": "generation", "batch": batch, "mtp": mtp,
+                                  "tokens": batch * (1 + mtp), "q_format": q_format, "us_per_layer": None,
+                                  "errors": {"run": _error_text(e)}}
+                            bench.log(f"layer graph {model} b={batch} mtp={mtp}: {_error_text(e)}")
+                        bench.layer_graph.append(lg)
+                        bench.write()
+                        torch.cuda.empty_cache()
         for model in args.models:
             for kernel in args.kernels:
-                for fmt in (args.formats if kernel == "kv" else ["fp8"]):
+                for fmt in (args.formats if kernel == "kv" else args.q_formats):
                     for phase, batch, mtp, tokens in shapes(args):
                         try:
                             entry = bench.run_entry(kernel, model, fmt, phase, batch, mtp, tokens)
@@ -1076,16 +1305,8 @@ def main(argv=None):
                         bench.results.append(entry)
                         bench.write()
                         torch.cuda.empty_cache()
-        for entry in bench.iteration:
-            if "layers" not in entry:
-                continue
-            try:
-                bench.run_iteration_compile_graph(entry)
-            except Exception as e:
-                entry["errors"]["compile_graph"] = _error_text(e)
-            bench.write()
-            torch.cuda.empty_cache()
-        bench.log(f"done: {len(bench.results)} entries, {len(bench.iteration)} iterations -> {args.out}")
+        bench.log(f"done: {len(bench.results)} entries, {len(bench.iteration)} iterations, "
+                  f"{len(bench.layer_graph)} layer graphs -> {args.out}")
         bench.write()
     return 0
 

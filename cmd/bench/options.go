@@ -1,0 +1,119 @@
+package main
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/dsv4mla/prologue/attention/mla/cuda"
+	"github.com/dsv4mla/prologue/internal/cudatune"
+)
+
+// This file is the one place that knows the CUDA backend's tuning options:
+// when they move (or leave the production Options), only variant.options
+// changes.
+
+// variant is one kernel option set of --variant / --variants, written as
+// space-separated words: warps=N kvd=N qd=N bpsm=N maxblocks=N nopdl separate.
+// A zero number keeps the backend's default.
+type variant struct {
+	Name                    string // the text it was parsed from
+	Warps, KVDepth, QDepth  int
+	BlocksPerSM, MaxBlocks  int
+	NoPDL, SeparateLaunches bool
+}
+
+// field returns where key's value goes: a number or a switch (nil, nil for
+// an unknown key).
+func (v *variant) field(key string) (*int, *bool) {
+	switch key {
+	case "warps":
+		return &v.Warps, nil
+	case "kvd":
+		return &v.KVDepth, nil
+	case "qd":
+		return &v.QDepth, nil
+	case "bpsm":
+		return &v.BlocksPerSM, nil
+	case "maxblocks":
+		return &v.MaxBlocks, nil
+	case "nopdl":
+		return nil, &v.NoPDL
+	case "separate":
+		return nil, &v.SeparateLaunches
+	}
+	return nil, nil
+}
+
+// parseVariant reads one option set. Every word must be a known key, a
+// number key needs "=N" with 0 <= N <= 1<<20, a switch takes no value, and
+// no key may repeat.
+func parseVariant(text string) (variant, error) {
+	v := variant{Name: strings.TrimSpace(text)}
+	seen := map[string]bool{}
+	for _, word := range strings.Fields(text) {
+		key, val, hasVal := strings.Cut(word, "=")
+		if seen[key] {
+			return variant{}, fmt.Errorf("variant %q: option %q given twice", text, key)
+		}
+		seen[key] = true
+		num, sw := v.field(key)
+		if num != nil {
+			if !hasVal || val == "" {
+				return variant{}, fmt.Errorf("variant %q: option %q needs a number (%s=N)", text, key, key)
+			}
+			n, err := strconv.Atoi(val)
+			if err != nil {
+				return variant{}, fmt.Errorf("variant %q: option %s=%q is not a whole number", text, key, val)
+			}
+			if n < 0 || n > 1<<20 {
+				return variant{}, fmt.Errorf("variant %q: option %s=%d is outside [0, %d]", text, key, n, 1<<20)
+			}
+			*num = n
+			continue
+		}
+		if sw != nil {
+			if hasVal {
+				return variant{}, fmt.Errorf("variant %q: option %q takes no value (got %q)", text, key, val)
+			}
+			*sw = true
+			continue
+		}
+		return variant{}, fmt.Errorf("variant %q: unknown option %q (known: warps=N kvd=N qd=N bpsm=N maxblocks=N nopdl separate)", text, key)
+	}
+	return v, nil
+}
+
+// parseVariants reads the ';'-separated --variants list; empty entries are
+// refused so that a stray ';' does not time the defaults twice.
+func parseVariants(list string) ([]variant, error) {
+	if strings.TrimSpace(list) == "" {
+		return nil, nil
+	}
+	var out []variant
+	for i, text := range strings.Split(list, ";") {
+		if strings.TrimSpace(text) == "" {
+			return nil, fmt.Errorf("--variants %q: entry %d is empty", list, i+1)
+		}
+		v, err := parseVariant(text)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, v)
+	}
+	return out, nil
+}
+
+// options is the CUDA backend configuration of the variant: the user
+// options and the launch-shape knobs (internal/cudatune).
+func (v variant) options(verbose bool) (cuda.Options, cudatune.Knobs) {
+	return cuda.Options{NoPDL: v.NoPDL}, cudatune.Knobs{
+		Warps:            v.Warps,
+		KVDepth:          v.KVDepth,
+		QDepth:           v.QDepth,
+		BlocksPerSM:      v.BlocksPerSM,
+		MaxBlocks:        v.MaxBlocks,
+		SeparateLaunches: v.SeparateLaunches,
+		Verbose:          verbose,
+	}
+}

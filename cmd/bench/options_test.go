@@ -1,0 +1,79 @@
+package main
+
+import (
+	"github.com/dsv4mla/prologue/internal/cudatune"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/dsv4mla/prologue/attention/mla/cuda"
+)
+
+func TestParseVariant(t *testing.T) {
+	cases := []struct {
+		text string
+		want variant
+		err  string // substring of the error; "" = no error
+	}{
+		{"", variant{}, ""},
+		{"  ", variant{}, ""},
+		{"warps=4 kvd=8", variant{Name: "warps=4 kvd=8", Warps: 4, KVDepth: 8}, ""},
+		{"qd=6 bpsm=8 maxblocks=3", variant{Name: "qd=6 bpsm=8 maxblocks=3", QDepth: 6, BlocksPerSM: 8, MaxBlocks: 3}, ""},
+		{"nopdl separate", variant{Name: "nopdl separate", NoPDL: true, SeparateLaunches: true}, ""},
+		{"warps=0", variant{Name: "warps=0"}, ""},
+		{"warps=x", variant{}, `warps="x" is not a whole number`},
+		{"warps=4.5", variant{}, "not a whole number"},
+		{"warps=", variant{}, "needs a number"},
+		{"warps", variant{}, "needs a number"},
+		{"warps=-1", variant{}, "outside [0, 1048576]"},
+		{"kvd=2000000", variant{}, "outside"},
+		{"bogus=1", variant{}, `unknown option "bogus"`},
+		{"Warps=4", variant{}, `unknown option "Warps"`},
+		{"nopdl=1", variant{}, "takes no value"},
+		{"warps=4 warps=8", variant{}, "given twice"},
+		{"nopdl nopdl", variant{}, "given twice"},
+	}
+	for _, c := range cases {
+		t.Run(c.text, func(t *testing.T) {
+			got, err := parseVariant(c.text)
+			if c.err != "" {
+				require.Error(t, err)
+				assert.Contains(t, err.Error(), c.err)
+				assert.Contains(t, err.Error(), c.text, "the error names the variant")
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, c.want, got)
+		})
+	}
+}
+
+func TestParseVariants(t *testing.T) {
+	vs, err := parseVariants("warps=4;qd=6 nopdl")
+	require.NoError(t, err)
+	require.Len(t, vs, 2)
+	assert.Equal(t, 4, vs[0].Warps)
+	assert.Equal(t, 6, vs[1].QDepth)
+	assert.True(t, vs[1].NoPDL)
+
+	vs, err = parseVariants("")
+	require.NoError(t, err)
+	assert.Empty(t, vs)
+
+	_, err = parseVariants("warps=4;;qd=6")
+	require.ErrorContains(t, err, "entry 2 is empty")
+	_, err = parseVariants("warps=4;kvd=z")
+	require.ErrorContains(t, err, "not a whole number")
+}
+
+func TestVariantOptions(t *testing.T) {
+	v := variant{Warps: 3, KVDepth: 5, QDepth: 7, BlocksPerSM: 2, MaxBlocks: 11, NoPDL: true, SeparateLaunches: true}
+	opts, knobs := v.options(true)
+	assert.Equal(t, cuda.Options{NoPDL: true}, opts)
+	assert.Equal(t, cudatune.Knobs{Warps: 3, KVDepth: 5, QDepth: 7, BlocksPerSM: 2, MaxBlocks: 11,
+		SeparateLaunches: true, Verbose: true}, knobs)
+	opts, knobs = variant{}.options(false)
+	assert.Equal(t, cuda.Options{}, opts, "the empty variant keeps every default")
+	assert.Equal(t, cudatune.Knobs{}, knobs, "the empty variant keeps every default")
+}

@@ -1,0 +1,344 @@
+package main
+
+import (
+	"cmp"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"image/color"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/plotutil"
+	"gonum.org/v1/plot/vg"
+	"gonum.org/v1/plot/vg/draw"
+)
+
+// point is one measurement: microseconds at a token count.
+type point struct{ Tokens, Us float64 }
+
+// seriesKind says how a series is drawn.
+type seriesKind int
+
+const (
+	measured seriesKind = iota // ours and the PyTorch peer: lines with points
+	ceiling                    // the copy line: dashed, no points
+	quoted                     // figures quoted from issue 11: large points, no line
+)
+
+// series is one labelled set of points, sorted by tokens.
+type series struct {
+	Label  string
+	Kind   seriesKind
+	Points []point
+}
+
+// peerReport is the part of bench/peers.py's JSON the plots read.
+type peerReport struct {
+	LayerGraph []struct {
+		Model      string   `json:"model"`
+		Phase      string   `json:"phase"`
+		MTP        int      `json:"mtp"`
+		Tokens     int      `json:"tokens"`
+		QFormat    string   `json:"q_format"`
+		UsPerLayer *float64 `json:"us_per_layer"`
+	} `json:"layer_graph"`
+}
+
+// groupSeries collects points under labels, in the order labels first
+// appear, each series sorted by tokens.
+type groupSeries struct {
+	order []string
+	by    map[string]*series
+}
+
+func (g *groupSeries) add(label string, kind seriesKind, tokens int, us float64) {
+	if us <= 0 || tokens <= 0 { // a log axis has no room for them; they are not measurements
+		return
+	}
+	if g.by == nil {
+		g.by = map[string]*series{}
+	}
+	s, ok := g.by[label]
+	if !ok {
+		s = &series{Label: label, Kind: kind}
+		g.by[label] = s
+		g.order = append(g.order, label)
+	}
+	s.Points = append(s.Points, point{float64(tokens), us})
+}
+
+func (g *groupSeries) list() []series {
+	var out []series
+	for _, l := range g.order {
+		s := *g.by[l]
+		slices.SortStableFunc(s.Points, func(a, b point) int { return cmp.Compare(a.Tokens, b.Tokens) })
+		out = append(out, s)
+	}
+	return out
+}
+
+// dedupeTokens keeps the first point at each token count (the copy line
+// of shapes that move the same bytes).
+func dedupeTokens(s series) series {
+	var out []point
+	for _, p := range s.Points {
+		if len(out) == 0 || out[len(out)-1].Tokens != p.Tokens {
+			out = append(out, p)
+		}
+	}
+	s.Points = out
+	return s
+}
+
+// layerSeries is the per-layer view of a model: ours from the many-layer
+// graphs (and one layer alone, cold), the copy line, the PyTorch peer's
+// graph, and the serving engines' quoted figures.
+func layerSeries(rep *Report, peers *peerReport, model string) []series {
+	var g groupSeries
+	var copyLine groupSeries
+	for _, lg := range rep.LayerGraphs {
+		if lg.Model != model {
+			continue
+		}
+		g.add(fmt.Sprintf("ours, graph, %s, %s Q", phaseLabel(lg.Phase, lg.MTP), lg.QFormat), measured, lg.Tokens, lg.UsPerLayer)
+		if lg.QFormat == "fp8" {
+			g.add(fmt.Sprintf("ours, one layer alone (cold L2), %s, fp8 Q", phaseLabel(lg.Phase, lg.MTP)), measured, lg.Tokens, lg.ColdLayerUs)
+			copyLine.add("copy of the layer's bytes (fp8 Q)", ceiling, lg.Tokens, lg.CopyUsPerLayer)
+		}
+	}
+	if peers != nil {
+		for _, p := range peers.LayerGraph {
+			if p.Model == model && p.UsPerLayer != nil {
+				g.add(fmt.Sprintf("PyTorch, torch.compile in one graph, %s, %s Q", phaseLabel(p.Phase, p.MTP), p.QFormat), measured, p.Tokens, *p.UsPerLayer)
+			}
+		}
+	}
+	for _, q := range quotedFigures() {
+		if q.What == "layer" && q.Model == model {
+			g.add(q.Peer+" (quoted)", quoted, q.Tokens, q.Us)
+		}
+	}
+	out := g.list()
+	for _, s := range copyLine.list() {
+		out = append(out, dedupeTokens(s))
+	}
+	return out
+}
+
+// kernelSeries is the per-kernel view of a model: ours launched alone and
+// cold (generation at MTP 3 and context), each kernel's copy line, and the
+// quoted kernel figures.
+func kernelSeries(rep *Report, model string) []series {
+	var g, copies groupSeries
+	for _, r := range rep.Results {
+		if r.Model != model || r.Variant != "" || (r.Phase == "generation" && r.MTP != 3) {
+			continue
+		}
+		if r.Kernel == "kv" && r.Format != "fp8_ue8m0" {
+			continue
+		}
+		name := strings.ToUpper(r.Kernel)
+		g.add(fmt.Sprintf("ours %s, %s, cold", name, r.Format), measured, r.Tokens, r.Us)
+		if rep.CopyGBps > 0 && r.Format != "bf16" {
+			copies.add(fmt.Sprintf("copy of the %s bytes (%s)", name, r.Format), ceiling, r.Tokens, float64(r.Bytes)/rep.CopyGBps/1e3)
+		}
+	}
+	for _, q := range quotedFigures() {
+		if q.What != "layer" && q.Model == model {
+			g.add(fmt.Sprintf("%s %s (quoted)", q.Peer, strings.ToUpper(q.What)), quoted, q.Tokens, q.Us)
+		}
+	}
+	out := g.list()
+	for _, s := range copies.list() {
+		out = append(out, dedupeTokens(s))
+	}
+	return out
+}
+
+func phaseLabel(phase string, mtp int) string {
+	if phase == "generation" {
+		return fmt.Sprintf("generation MTP %d", mtp)
+	}
+	return phase
+}
+
+// drawPlot writes the series as a log-log plot to each path (the
+// extension picks the format: .png, .svg, .pdf).
+func drawPlot(title, ylabel string, ss []series, paths ...string) error {
+	p := plot.New()
+	p.Title.Text = title
+	p.X.Label.Text = "tokens in the batch"
+	p.Y.Label.Text = ylabel
+	p.X.Scale, p.Y.Scale = plot.LogScale{}, plot.LogScale{}
+	p.X.Tick.Marker, p.Y.Tick.Marker = plot.LogTicks{Prec: -1}, plot.LogTicks{Prec: -1}
+	p.Legend.Top, p.Legend.Left = true, true
+	p.Legend.TextStyle.Font.Size = vg.Points(7)
+	p.Add(plotter.NewGrid())
+	n := 0
+	for i, s := range ss {
+		if len(s.Points) == 0 {
+			continue
+		}
+		n++
+		xys := make(plotter.XYs, len(s.Points))
+		for j, pt := range s.Points {
+			xys[j] = plotter.XY{X: pt.Tokens, Y: pt.Us}
+		}
+		switch s.Kind {
+		case ceiling:
+			l, err := plotter.NewLine(xys)
+			if err != nil {
+				return fmt.Errorf("%s: %w", s.Label, err)
+			}
+			l.Color = color.Gray{Y: 90}
+			l.Dashes = []vg.Length{vg.Points(4), vg.Points(3)}
+			p.Add(l)
+			p.Legend.Add(s.Label, l)
+		case quoted:
+			sc, err := plotter.NewScatter(xys)
+			if err != nil {
+				return fmt.Errorf("%s: %w", s.Label, err)
+			}
+			sc.GlyphStyle = draw.GlyphStyle{Color: plotutil.Color(i), Shape: draw.BoxGlyph{}, Radius: vg.Points(4)}
+			p.Add(sc)
+			p.Legend.Add(s.Label, sc)
+		default:
+			l, sc, err := plotter.NewLinePoints(xys)
+			if err != nil {
+				return fmt.Errorf("%s: %w", s.Label, err)
+			}
+			l.Color = plotutil.Color(i)
+			l.Dashes = plotutil.Dashes(i / 7)
+			sc.GlyphStyle = draw.GlyphStyle{Color: plotutil.Color(i), Shape: plotutil.Shape(i), Radius: vg.Points(2.5)}
+			p.Add(l, sc)
+			p.Legend.Add(s.Label, l, sc)
+		}
+	}
+	if n == 0 {
+		return fmt.Errorf("%s: nothing to plot", title)
+	}
+	// Room around the extreme points, which autoscaling puts on the frame.
+	p.X.Min, p.X.Max, p.Y.Min, p.Y.Max = p.X.Min/1.5, p.X.Max*1.5, p.Y.Min/1.5, p.Y.Max*1.5
+	for _, path := range paths {
+		if err := p.Save(10*vg.Inch, 6.5*vg.Inch, path); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// modelTitle is the plot title's model name.
+func modelTitle(m string) string {
+	switch m {
+	case "flash":
+		return "V4-Flash"
+	case "pro":
+		return "V4-Pro"
+	}
+	return m
+}
+
+// writePlots draws, for every model of the report, the per-layer plot
+// (when the report has many-layer graphs) and the per-kernel plot (when it
+// has single launches), as PNG and SVG in dir; it returns the files.
+func writePlots(rep *Report, peers *peerReport, dir, prefix string) ([]string, error) {
+	var models []string
+	seen := map[string]bool{}
+	for _, r := range rep.Results {
+		if !seen[r.Model] {
+			seen[r.Model] = true
+			models = append(models, r.Model)
+		}
+	}
+	for _, lg := range rep.LayerGraphs {
+		if !seen[lg.Model] {
+			seen[lg.Model] = true
+			models = append(models, lg.Model)
+		}
+	}
+	var files []string
+	for _, m := range models {
+		plots := []struct {
+			name, title, ylabel string
+			ss                  []series
+		}{
+			{"layer", modelTitle(m) + ": time per layer (Q + KV), " + rep.Device, "µs per layer", layerSeries(rep, peers, m)},
+			{"kernels", modelTitle(m) + ": each kernel launched alone, L2 flushed, " + rep.Device, "µs per launch", kernelSeries(rep, m)},
+		}
+		for _, pl := range plots {
+			if !hasMeasured(pl.ss) {
+				continue
+			}
+			base := filepath.Join(dir, fmt.Sprintf("%s-%s-%s", prefix, pl.name, m))
+			paths := []string{base + ".png", base + ".svg"}
+			if err := drawPlot(pl.title, pl.ylabel, pl.ss, paths...); err != nil {
+				return nil, err
+			}
+			files = append(files, paths...)
+		}
+	}
+	if len(files) == 0 {
+		return nil, fmt.Errorf("the report has no single launches and no layer graphs to plot")
+	}
+	return files, nil
+}
+
+func hasMeasured(ss []series) bool {
+	for _, s := range ss {
+		if s.Kind == measured && len(s.Points) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// reportMain is the report subcommand: the plots of a bench JSON (and
+// optionally the PyTorch peers' JSON), written next to it.
+func reportMain(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("bench report", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	goJSON := fs.String("go", "bench-go.json", "the JSON of a bench run")
+	peersJSON := fs.String("peers", "", "bench/peers.py's JSON, for the PyTorch peer's graph (optional)")
+	outDir := fs.String("out-dir", "", "where the plots go (default: beside --go)")
+	prefix := fs.String("prefix", "bench", "file name prefix: PREFIX-layer-MODEL.png, PREFIX-kernels-MODEL.svg, ...")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("report: unexpected argument %q", fs.Arg(0))
+	}
+	rep, err := readReport(*goJSON)
+	if err != nil {
+		return err
+	}
+	var peers *peerReport
+	if *peersJSON != "" {
+		data, err := os.ReadFile(*peersJSON)
+		if err != nil {
+			return err
+		}
+		peers = &peerReport{}
+		if err := json.Unmarshal(data, peers); err != nil {
+			return fmt.Errorf("%s: %w", *peersJSON, err)
+		}
+	}
+	dir := *outDir
+	if dir == "" {
+		dir = filepath.Dir(*goJSON)
+	}
+	files, err := writePlots(rep, peers, dir, *prefix)
+	if err != nil {
+		return err
+	}
+	for _, f := range files {
+		fmt.Fprintln(stdout, "wrote", f)
+	}
+	fmt.Fprintln(stdout, "quoted peer figures:", quotedSource)
+	return nil
+}

@@ -1,0 +1,140 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+)
+
+// Result is one kernel on one shape, launched alone with the L2 flushed.
+type Result struct {
+	Kernel  string  `json:"kernel"`
+	Model   string  `json:"model"`
+	Format  string  `json:"format"`
+	Phase   string  `json:"phase"`
+	Batch   int     `json:"batch"`
+	MTP     int     `json:"mtp"`
+	Tokens  int     `json:"tokens"`
+	Us      float64 `json:"us"`
+	Bytes   int64   `json:"bytes"`
+	GBps    float64 `json:"gbps"`
+	PctCopy float64 `json:"pct_copy"`
+	// CopyUs is a copy of the same bytes timed the same way, and
+	// PctSameSize our rate as a share of its rate.
+	CopyUs      float64 `json:"copy_us"`
+	PctSameSize float64 `json:"pct_same_size_copy"`
+	Variant     string  `json:"variant,omitempty"`
+}
+
+// Iteration is a whole decode step: every layer's KV and Q launches.
+type Iteration struct {
+	Model   string  `json:"model"`
+	Batch   int     `json:"batch"`
+	MTP     int     `json:"mtp"`
+	Layers  int     `json:"layers"`
+	EagerUs float64 `json:"eager_us"`
+	GraphUs float64 `json:"graph_us"`
+	Speedup float64 `json:"graph_speedup"`
+	HostUs  float64 `json:"eager_host_us"`
+	Variant string  `json:"variant,omitempty"`
+}
+
+// LayerGraph is one shape the way a server's decode loop sees it: every
+// layer with its own inputs, outputs, weight and cache pool, all layers
+// captured in one CUDA graph, the L2 flushed before each replay.
+type LayerGraph struct {
+	Model       string `json:"model"`
+	Phase       string `json:"phase"`
+	Batch       int    `json:"batch"`
+	MTP         int    `json:"mtp"`
+	Tokens      int    `json:"tokens"`
+	Rows        int    `json:"rows"` // rows the launches cover: the engine's graph bucket for generation
+	QFormat     string `json:"q_format"`
+	CacheFormat string `json:"cache_format"`
+	Layers      int    `json:"layers"` // layer launches in the graph
+	Sets        int    `json:"sets"`   // distinct input sets the layers cycle over (== Layers unless memory-bound)
+	// TotalUs is the median replay; UsPerLayer = TotalUs / Layers.
+	TotalUs    float64 `json:"total_us"`
+	UsPerLayer float64 `json:"us_per_layer"`
+	// ColdLayerUs is one layer launched alone with the L2 flushed.
+	ColdLayerUs float64 `json:"cold_layer_us"`
+	LayerBytes  int64   `json:"layer_bytes"`
+	// CopyUsPerLayer is the layer's bytes at the measured copy rate: the
+	// floor no kernel beats; PctCopy = 100 * CopyUsPerLayer / UsPerLayer.
+	CopyUsPerLayer float64 `json:"copy_us_per_layer"`
+	PctCopy        float64 `json:"pct_copy"`
+}
+
+// HostCost is the engine's own host time per generation iteration.
+type HostCost struct {
+	Backend string `json:"backend"`
+	Model   string `json:"model"`
+	Batch   int    `json:"batch"`
+	MTP     int    `json:"mtp"`
+	Tokens  int    `json:"tokens"`
+	// Graphs: the engine replayed CUDA graphs (Begin padded the batch).
+	Graphs bool `json:"graphs"`
+	// BeginUs is Begin's wall time: plan, page reservation, metadata build
+	// and upload. EndUs is End's, on an idle device: the wait, the commit.
+	BeginUs float64 `json:"begin_us"`
+	EndUs   float64 `json:"end_us"`
+	TotalUs float64 `json:"total_us"` // median of Begin + End
+	Reps    int     `json:"reps"`
+}
+
+// StridedCopy reads 1 KiB of every StrideBytes and writes it densely.
+type StridedCopy struct {
+	Model       string  `json:"model"`
+	Rows        int     `json:"rows"`
+	StrideBytes int     `json:"stride_bytes"`
+	Us          float64 `json:"us"`
+	GBps        float64 `json:"gbps"`
+}
+
+// Report is the JSON output.
+type Report struct {
+	Device    string      `json:"device"`
+	Date      string      `json:"date"`
+	Command   string      `json:"command"`
+	CopyGBps  float64     `json:"copy_gbps"`
+	Results   []Result    `json:"results"`
+	Iteration []Iteration `json:"iteration"`
+	// IterationVariants are the decode iteration under the --variants.
+	IterationVariants []Iteration  `json:"iteration_variants,omitempty"`
+	LayerGraphs       []LayerGraph `json:"layer_graph,omitempty"`
+	HostCost          []HostCost   `json:"host_cost,omitempty"`
+	Checks            []string     `json:"checks"`
+	// StridedCopy is a copy with the KV kernel's read pattern, L2-flushed
+	// like the kernels: the ceiling for reading the latent in place.
+	StridedCopy      []StridedCopy `json:"strided_copy"`
+	ContiguousLatent bool          `json:"contiguous_latent,omitempty"`
+	// Errors are the parts of the run that failed (the others ran).
+	Errors []string `json:"errors,omitempty"`
+}
+
+// write stores the report as indented JSON, through a temporary file so a
+// reader never sees half of it.
+func (r *Report) write(path string) error {
+	data, err := json.MarshalIndent(r, "", " ")
+	if err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// readReport loads a report written by write.
+func readReport(path string) (*Report, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var r Report
+	if err := json.Unmarshal(data, &r); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return &r, nil
+}
