@@ -110,6 +110,20 @@ func (b *Backend) GEMMCounts() (own, cublasLt int64) {
 // CuBLASLtError is why cuBLASLt is not in use (nil when it is), after InitGEMM.
 func (b *Backend) CuBLASLtError() error { return b.gemm.ltErr }
 
+// CuBLASLtSupports reports whether cuBLASLt has an algorithm for the GEMM
+// Y [m][n] (row stride yStride) = X [m][k] . W [n][k]^T: nil, or why not
+// (absent, or the library's refusal). It prepares the shape's plan, so a
+// later capture of that GEMM only enqueues.
+func (b *Backend) CuBLASLtSupports(m, n, k, yStride int) error {
+	if err := b.InitGEMM(); err != nil {
+		return err
+	}
+	if b.gemm.lt == nil {
+		return b.gemm.ltErr
+	}
+	return b.gemm.lt.Supported(cublaslt.Shape{M: m, N: n, K: k, YStride: yStride})
+}
+
 // ownGEMMPlan is the launch shape of the own kernel for one GEMM.
 type ownGEMMPlan struct {
 	mt, chunks, splits, kbPerSplit int

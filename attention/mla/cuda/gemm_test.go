@@ -44,6 +44,11 @@ func TestCUDAGEMMPaths(t *testing.T) {
 			if name == "cublaslt" && b.CuBLASLtError() != nil {
 				t.Skipf("cuBLASLt unavailable: %v", b.CuBLASLtError())
 			}
+			if name == "cublaslt" {
+				for _, m := range []int{4, 16, 128, 4096} {
+					t.Logf("cuBLASLt at M = %d, N = 1536, K = 4096: %v", m, b.CuBLASLtSupports(m, 1536, 4096, 1536))
+				}
+			}
 			// Pro scaled to N/8 keeps its K (7168: 56 blocks, uneven splits).
 			mlatest.TestGEMMShapes(t, b, append(slices.Clone(mlatest.FlashGEMMs), mlatest.ScaledGEMMs(mlatest.ProGEMMs, 8)...))
 			own, lt := b.GEMMCounts()
@@ -147,7 +152,8 @@ var gemmTimes = flag.Bool("gemm.times", false, "TestGEMMTimes: time the GEMM imp
 // TestGEMMTimes prints device times of the GEMM at V4-Flash and V4-Pro
 // shapes for each implementation: "cold" with L2 flushed before each call
 // (a 256 MiB memset), "b2b" back to back on the same inputs (weights
-// partly L2-resident), and the weight bandwidth of the cold time. Run with
+// partly L2-resident), both replayed from CUDA graphs (no host launch cost),
+// and the weight bandwidth of the cold time. Run with
 // -gemm.times. The first column is the own kernel forced (NoCuBLASLt), the
 // second cuBLASLt wherever it accepts the shape (GEMMOwnMaxM = -1; its
 // path column says "own" where cuBLASLt refused): together they choose
@@ -193,23 +199,37 @@ func TestGEMMTimes(t *testing.T) {
 				if _, lt1 := b.GEMMCounts(); lt1 > lt0 {
 					which = "cublaslt"
 				}
+				// Timed as CUDA graphs so that the host's launch cost (one
+				// hand-over per call) stays out: b2b is a graph of reps GEMMs;
+				// cold is a graph of reps (L2 flush, GEMM) pairs less a graph
+				// of the flushes alone.
 				const reps = 20
-				var cold time.Duration
-				for range reps {
-					require.NoError(t, b.Fill(flush, 0, 256<<20, 0))
-					d, err := b.Time(ctx, func() error { return b.GEMM(ctx, args) })
-					require.NoError(t, err)
-					cold += d
-				}
-				b2b, err := b.Time(ctx, func() error {
-					for range reps {
-						if err := b.GEMM(ctx, args); err != nil {
-							return err
+				timeGraph := func(f func() error) time.Duration {
+					g, err := b.Capture(func() error {
+						for range reps {
+							if err := f(); err != nil {
+								return err
+							}
 						}
+						return nil
+					})
+					require.NoError(t, err)
+					defer g.Close()
+					require.NoError(t, g.Launch())
+					d, err := b.Time(ctx, g.Launch)
+					require.NoError(t, err)
+					return d
+				}
+				fill := func() error { return b.Fill(flush, 0, 256<<20, byte(m)) }
+				gemm := func() error { return b.GEMM(ctx, args) }
+				b2b := timeGraph(gemm)
+				flushes := timeGraph(fill)
+				cold := timeGraph(func() error {
+					if err := fill(); err != nil {
+						return err
 					}
-					return nil
-				})
-				require.NoError(t, err)
+					return gemm()
+				}) - flushes
 				key := fmt.Sprintf("%s/m%d", s.Name, m)
 				if results[key] == nil {
 					results[key] = map[string]row{}
