@@ -127,7 +127,7 @@ func TestLayersReadTheirOwnInputs(t *testing.T) {
 			latent := fused[l][tok*row+2*cfg.Model.QLoraRank : (tok+1)*row]
 			y := normRope(widen(latent), w, table, int(wantPos[tok]))
 			want := append([]byte(nil), got...)
-			kvcache.EncodeToken(cc.Format, want, cc.PageSize, off, y, cc.KVScale)
+			require.NoError(t, kvcache.EncodeToken(cc.Format, want, cc.PageSize, off, y, cc.KVScale))
 			require.Equal(t, want, got, "layer %d token %d (page %d offset %d): the stored bytes are not the reference encoding", l, tok, page, off)
 			require.Contains(t, it.WrittenPages(), int32(page))
 		}

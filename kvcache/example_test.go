@@ -53,17 +53,22 @@ func ExampleEncodeToken() {
 	var y [512]float32
 	y[0], y[1] = 448, -0.5 // group 0: amax 448, scale exponent 127
 	y[448] = 1             // first rope value, stored as bf16
-	kvcache.EncodeToken(format, page, pageSize, 3, &y, 1)
+	if err := kvcache.EncodeToken(format, page, pageSize, 3, &y, 1); err != nil {
+		fmt.Println(err)
+		return
+	}
 
 	v, s := format.ValueOffset(pageSize, 3), format.ScaleOffset(pageSize, 3)
 	fmt.Printf("values at %d: % x, rope % x\n", v, page[v:v+2], page[v+448:v+450])
 	fmt.Printf("scales at %d: %d\n", s, page[s:s+7])
-	back := kvcache.DecodeToken(format, page, pageSize, 3, 1)
-	fmt.Println(back[0], back[1], back[448])
+	back, err := kvcache.DecodeToken(format, page, pageSize, 3, 1)
+	fmt.Println(back[0], back[1], back[448], err)
+	fmt.Println(kvcache.EncodeToken(format, page, pageSize, pageSize, &y, 1))
 	// Output:
 	// values at 1728: 7e b0, rope 80 3f
 	// scales at 36888: [127 105 105 105 105 105 105]
-	// 448 -0.5 1
+	// 448 -0.5 1 <nil>
+	// kvcache: EncodeToken: in-page offset 64 out of range [0, 64)
 }
 
 func ExampleParseFormat() {

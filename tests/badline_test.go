@@ -13,7 +13,6 @@ import (
 	"github.com/dsv4mla/prologue/engine/replay"
 	"github.com/dsv4mla/prologue/engine/trace"
 	"github.com/dsv4mla/prologue/kvcache"
-	"github.com/dsv4mla/prologue/metadata"
 )
 
 // cacheState is everything a refused line must leave alone, in one engine.
@@ -69,12 +68,12 @@ func TestBadLineLosesNothing(t *testing.T) {
 		want error
 		msg  string
 	}{
-		{"generation on an unknown sequence", `{"generation":{"mtp":3,"seqs":[1,2,9]}}`, metadata.ErrUnknownSequence, "seq 9"},
+		{"generation on an unknown sequence", `{"generation":{"mtp":3,"seqs":[1,2,9]}}`, kvcache.ErrUnknownSequence, "seq 9"},
 		{"generation on a finished sequence", `{"generation":{"mtp":3,"seqs":[3]}}`, kvcache.ErrFinishedSequence, "finished sequence 3"},
 		{"prompt on a finished sequence", `{"context":[{"seq":3,"tokens":5}]}`, kvcache.ErrFinishedSequence, "finished sequence 3"},
 		{"batch beyond the pool", `{"context":[{"seq":4,"tokens":100},{"seq":5,"tokens":90}],"generation":{"mtp":3,"seqs":[1,2]}}`, kvcache.ErrCacheFull, "need 13 pages, 8 free of 16"},
-		{"prompt past the RoPE table", `{"context":[{"seq":1,"tokens":40}],"generation":{"mtp":3,"seqs":[2]}}`, metadata.ErrPositionOutOfRange, "exceeds MaxPositions = 128"},
-		{"new prompt past the RoPE table", `{"context":[{"seq":6,"tokens":129}]}`, metadata.ErrPositionOutOfRange, "kv_len = 129"},
+		{"prompt past the RoPE table", `{"context":[{"seq":1,"tokens":40}],"generation":{"mtp":3,"seqs":[2]}}`, kvcache.ErrPositionOutOfRange, "exceeds MaxPositions = 128"},
+		{"new prompt past the RoPE table", `{"context":[{"seq":6,"tokens":129}]}`, kvcache.ErrPositionOutOfRange, "kv_len = 129"},
 		{"finish of an unknown sequence", `{"generation":{"mtp":3,"seqs":[1,2]},"finish":[2,8]}`, kvcache.ErrUnknownSequence, "finish[1]"},
 		{"finish of a finished sequence", `{"context":[{"seq":7,"tokens":3}],"finish":[3]}`, kvcache.ErrFinishedSequence, "finish[0]"},
 	} {
