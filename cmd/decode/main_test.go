@@ -150,7 +150,7 @@ func TestEngineConfigErrorsExitWithError(t *testing.T) {
 	require.Contains(t, errOut, "PageSize 48")
 	code, _, errOut = tiny(t, "--trace", "testdata/small.jsonl", "--backend", "tpu")
 	require.Equal(t, exitError, code)
-	require.Contains(t, errOut, `Config.Backend "tpu" is not registered`)
+	require.Contains(t, errOut, `Config.Backend: "tpu" is not registered`)
 }
 
 func TestParseSelection(t *testing.T) {
