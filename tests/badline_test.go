@@ -125,5 +125,5 @@ func TestMalformedLineIsRefusedBeforeReplay(t *testing.T) {
 	var le *trace.LineError
 	require.ErrorAs(t, err, &le)
 	require.Equal(t, 4, le.Line)
-	require.ErrorContains(t, err, "trace line 4: malformed JSON at byte 35")
+	require.ErrorContains(t, err, "trace line 4: malformed JSON at byte offset 34: invalid character '}' after array element")
 }
