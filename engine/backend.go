@@ -85,9 +85,9 @@ func openBackend(name string, opts Options, cpuWorkers int) (mla.Backend, error)
 		}
 		return b, nil
 	}
-	msg := fmt.Sprintf("%q is not registered in this program (selectable: %s)", name, strings.Join(Backends(), ", "))
+	msg := fmt.Sprintf("engine: Config.Backend %q is not registered in this program (selectable: %s)", name, strings.Join(Backends(), ", "))
 	if name == "cuda" {
 		msg += `; the CUDA backend registers itself when linked in: import _ "github.com/dsv4mla/prologue/attention/mla/cuda"`
 	}
-	return nil, &ConfigError{Field: "Backend", Err: errors.New(msg)}
+	return nil, errors.New(msg)
 }
