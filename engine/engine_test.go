@@ -434,7 +434,6 @@ func TestConfigErrors(t *testing.T) {
 		}, "RopePositions", "0 takes min(max_position_embeddings 1073741824, NumPages*PageSize 33554432) = 33554432"},
 		{"memory limit", func(c *engine.Config) { c.MemoryLimit = -1 }, "MemoryLimit", "Config.MemoryLimit: -1"},
 		{"scheduler", func(c *engine.Config) { c.Scheduler = metadata.SchedulerParams{QDeq: 1} }, "Scheduler", "Scheduler.KVDeq"},
-
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			cfg := smallConfig()
