@@ -7,6 +7,15 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// skipUnderInvariants skips a test of a million mutations in builds with
+// -tags invariants, whose check after every mutation walks every page and
+// every finished run: the heap tests measure memory, not the invariants.
+func skipUnderInvariants(t *testing.T) {
+	if invariantsEnabled {
+		t.Skip("a million mutations under -tags invariants take minutes; run without the tag")
+	}
+}
+
 func heapAfterGC() uint64 {
 	var m runtime.MemStats
 	runtime.GC()
@@ -44,6 +53,7 @@ func churn(t *testing.T, c *Cache, n, live int, next func() uint64, rng func() i
 // finished out of order with 32 streams in flight) leave the heap where
 // the first ten thousand left it, and every finished id is still refused.
 func TestFinishedIDsKeepTheHeapFlat(t *testing.T) {
+	skipUnderInvariants(t)
 	c, err := New(Config{PageSize: 4, NumPages: 64})
 	require.NoError(t, err)
 	counter := uint64(0)
@@ -72,6 +82,7 @@ func TestFinishedIDsKeepTheHeapFlat(t *testing.T) {
 // one run each; past MaxFinishedRuns the lowest are forgotten, so memory
 // stays bounded, and the newest MaxFinishedRuns are still refused.
 func TestFinishedRunsAreBounded(t *testing.T) {
+	skipUnderInvariants(t)
 	c, err := New(Config{PageSize: 4, NumPages: 8})
 	require.NoError(t, err)
 	id := uint64(0)
