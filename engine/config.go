@@ -52,11 +52,13 @@ type Config struct {
 	// (metadata, inputs, Q output), allocated once; a batch beyond them is
 	// refused with ErrBatchTooLarge. 0 = DefaultMaxSeqs, DefaultMaxTokens.
 	// The input and output buffers hold MaxTokens*Heads*512 elements each:
-	// size MaxTokens to the largest iteration the server runs.
+	// size MaxTokens to the largest iteration the server runs. At most
+	// 65536 sequences and 2^24 tokens, and within MemoryLimit.
 	MaxSeqs, MaxTokens int
 
 	// RopePositions is the length of the RoPE tables, the bound on every
 	// position; 0 = min(Model.MaxPositionEmbeddings, NumPages*PageSize).
+	// At most 2^24, and within MemoryLimit.
 	RopePositions int
 
 	// Scheduler holds the FMHA scheduler inputs; the zero value means
@@ -123,13 +125,13 @@ func fieldError(field, format string, args ...any) *ConfigError {
 // Bounds on the sizes that drive allocations, far above any DeepSeek-V4
 // configuration; each is also checked against MemoryLimit.
 const (
-	MaxHeads         = 1024    // num_attention_heads
-	MaxQLoraRank     = 1 << 16 // q_lora_rank
-	MaxLayers        = 1024    // num_hidden_layers + num_nextn_predict_layers
-	MaxSeqsLimit     = 1 << 16 // Config.MaxSeqs
-	MaxTokensLimit   = 1 << 24 // Config.MaxTokens
-	MaxRopePositions = 1 << 24 // Config.RopePositions (and its default from max_position_embeddings)
-	MaxCPUWorkers    = 4096    // Config.CPUWorkers
+	maxHeads         = 1024    // num_attention_heads
+	maxQLoraRank     = 1 << 16 // q_lora_rank
+	maxLayers        = 1024    // num_hidden_layers + num_nextn_predict_layers
+	maxSeqsLimit     = 1 << 16 // Config.MaxSeqs
+	maxTokensLimit   = 1 << 24 // Config.MaxTokens
+	maxRopePositions = 1 << 24 // Config.RopePositions (and its default from max_position_embeddings)
+	maxCPUWorkers    = 4096    // Config.CPUWorkers
 )
 
 // resolve fills the defaults and validates every field, the memory the
@@ -141,16 +143,16 @@ func (c Config) resolve(checkMemory bool) (Config, error) {
 	if c.Model.QLoraRank%8 != 0 {
 		return c, fieldError("Model", "q_lora_rank = %d must be a multiple of 8: the latent is read in place at byte offset 2*q_lora_rank of each fused row, which must stay 16-byte aligned", c.Model.QLoraRank)
 	}
-	if c.Model.NumHeads > MaxHeads {
-		return c, fieldError("Model", "num_attention_heads = %d, must be at most %d", c.Model.NumHeads, MaxHeads)
+	if c.Model.NumHeads > maxHeads {
+		return c, fieldError("Model", "num_attention_heads = %d, must be at most %d", c.Model.NumHeads, maxHeads)
 	}
-	if c.Model.QLoraRank > MaxQLoraRank {
-		return c, fieldError("Model", "q_lora_rank = %d, must be at most %d", c.Model.QLoraRank, MaxQLoraRank)
+	if c.Model.QLoraRank > maxQLoraRank {
+		return c, fieldError("Model", "q_lora_rank = %d, must be at most %d", c.Model.QLoraRank, maxQLoraRank)
 	}
 	all := c.Model.NumAttentionLayers()
-	if c.Model.NumMTPLayers > MaxLayers || all > MaxLayers {
+	if c.Model.NumMTPLayers > maxLayers || all > maxLayers {
 		return c, fieldError("Model", "num_hidden_layers %d + num_nextn_predict_layers %d, must be at most %d layers",
-			c.Model.NumLayers, c.Model.NumMTPLayers, MaxLayers)
+			c.Model.NumLayers, c.Model.NumMTPLayers, maxLayers)
 	}
 	if err := c.Cache.Validate(); err != nil {
 		return c, &ConfigError{Field: "Cache." + cacheField(c.Cache), Err: err}
@@ -174,8 +176,8 @@ func (c Config) resolve(checkMemory bool) (Config, error) {
 	if c.Device < 0 {
 		return c, fieldError("Device", "%d, must be >= 0", c.Device)
 	}
-	if c.CPUWorkers < 0 || c.CPUWorkers > MaxCPUWorkers {
-		return c, fieldError("CPUWorkers", "%d, must be in [0, %d] (0: GOMAXPROCS)", c.CPUWorkers, MaxCPUWorkers)
+	if c.CPUWorkers < 0 || c.CPUWorkers > maxCPUWorkers {
+		return c, fieldError("CPUWorkers", "%d, must be in [0, %d] (0: GOMAXPROCS)", c.CPUWorkers, maxCPUWorkers)
 	}
 	if c.MaxSeqs == 0 {
 		c.MaxSeqs = DefaultMaxSeqs
@@ -183,24 +185,24 @@ func (c Config) resolve(checkMemory bool) (Config, error) {
 	if c.MaxTokens == 0 {
 		c.MaxTokens = DefaultMaxTokens
 	}
-	if c.MaxSeqs < 0 || c.MaxSeqs > MaxSeqsLimit {
-		return c, fieldError("MaxSeqs", "%d, must be in [1, %d] (0: %d)", c.MaxSeqs, MaxSeqsLimit, DefaultMaxSeqs)
+	if c.MaxSeqs < 0 || c.MaxSeqs > maxSeqsLimit {
+		return c, fieldError("MaxSeqs", "%d, must be in [1, %d] (0: %d)", c.MaxSeqs, maxSeqsLimit, DefaultMaxSeqs)
 	}
-	if c.MaxTokens < 0 || c.MaxTokens > MaxTokensLimit || int64(c.MaxTokens)*int64(c.Model.NumHeads) > math.MaxInt32 {
+	if c.MaxTokens < 0 || c.MaxTokens > maxTokensLimit || int64(c.MaxTokens)*int64(c.Model.NumHeads) > math.MaxInt32 {
 		return c, fieldError("MaxTokens", "%d, must be in [1, %d] (0: %d) with MaxTokens*heads (%d) within int32",
-			c.MaxTokens, MaxTokensLimit, DefaultMaxTokens, c.Model.NumHeads)
+			c.MaxTokens, maxTokensLimit, DefaultMaxTokens, c.Model.NumHeads)
 	}
 	if c.RopePositions == 0 {
 		pool := int64(c.Cache.NumPages) * int64(c.Cache.PageSize)
 		c.RopePositions = int(min(int64(c.Model.MaxPositionEmbeddings), pool))
-		if c.RopePositions > MaxRopePositions {
+		if c.RopePositions > maxRopePositions {
 			return c, fieldError("RopePositions", "0 takes min(max_position_embeddings %d, NumPages*PageSize %d) = %d, more than %d: set RopePositions",
-				c.Model.MaxPositionEmbeddings, pool, c.RopePositions, MaxRopePositions)
+				c.Model.MaxPositionEmbeddings, pool, c.RopePositions, maxRopePositions)
 		}
 	}
-	if c.RopePositions < 0 || c.RopePositions > c.Model.MaxPositionEmbeddings || c.RopePositions > MaxRopePositions {
+	if c.RopePositions < 0 || c.RopePositions > c.Model.MaxPositionEmbeddings || c.RopePositions > maxRopePositions {
 		return c, fieldError("RopePositions", "%d, must be in [1, %d] (max_position_embeddings, at most %d)",
-			c.RopePositions, c.Model.MaxPositionEmbeddings, MaxRopePositions)
+			c.RopePositions, c.Model.MaxPositionEmbeddings, maxRopePositions)
 	}
 	if c.Scheduler == (metadata.SchedulerParams{}) {
 		c.Scheduler = metadata.DefaultSchedulerParams()
