@@ -80,3 +80,31 @@ func ExampleParseFormat() {
 	// bf16 1024 65536 <nil>
 	// kvcache: unknown format "int8" (want fp8_ue8m0, bf16 or fp8_pertensor)
 }
+
+// A Finish the server accepted for a sequence whose creation then rolled
+// back is applied with Retire: the id is refused afterwards, as if it had
+// been created and finished.
+func ExampleCache_Retire() {
+	cache, err := kvcache.New(kvcache.Config{PageSize: 64, NumPages: 4})
+	if err != nil {
+		panic(err)
+	}
+	r, err := cache.Reserve([]kvcache.Need{{ID: 7, NewLength: 10, Create: true}})
+	if err != nil {
+		panic(err)
+	}
+	// The iteration fails: the creation rolls back, the id is unknown.
+	if err := r.Rollback(); err != nil {
+		panic(err)
+	}
+	_, err = cache.Lookup(7)
+	fmt.Println(errors.Is(err, kvcache.ErrUnknownSequence), err)
+	if err := cache.Retire(7); err != nil {
+		panic(err)
+	}
+	_, err = cache.Reserve([]kvcache.Need{{ID: 7, NewLength: 10, Create: true}})
+	fmt.Println(errors.Is(err, kvcache.ErrFinishedSequence), err)
+	// Output:
+	// true kvcache: unknown sequence 7
+	// true kvcache: finished sequence 7: needs[0] cannot create it again
+}
