@@ -218,7 +218,8 @@ func TestRopePosition(t *testing.T) {
 			// row of i*r, and not by the boundary token's row.
 			page := make([]byte, kvcache.FormatFP8UE8M0.PageBytes(1))
 			e.Store(page, 1, 0)
-			y := kvcache.DecodeToken(kvcache.FormatFP8UE8M0, page, 1, 0, 0)
+			y, err := kvcache.DecodeToken(kvcache.FormatFP8UE8M0, page, 1, 0, 0)
+			require.NoError(t, err)
 			for _, pos := range []int{i * ratio, (i+1)*ratio - 1} {
 				match := ropeMatches(l, &pooled, &y, pos)
 				require.Equal(t, pos == i*ratio, match, "ratio %d entry %d: rope at position %d", ratio, i, pos)

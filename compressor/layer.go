@@ -235,7 +235,9 @@ func (l *Layer) FinishEntry(index int, pooled *[Dim]float32) (Entry, error) {
 	}
 	// A one-entry page holds exactly the entry's layout: values, then scales.
 	var page [2 * kvcache.UE8M0ValueBytes]byte
-	kvcache.EncodeToken(kvcache.FormatFP8UE8M0, page[:], 1, 0, &y, 0)
+	if err := kvcache.EncodeToken(kvcache.FormatFP8UE8M0, page[:], 1, 0, &y, 0); err != nil {
+		return Entry{}, fmt.Errorf("compressor: entry %d: %w", index, err)
+	}
 	e := Entry{Index: index}
 	copy(e.Bytes[:], page[:EntryBytes])
 	return e, nil

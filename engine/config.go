@@ -52,11 +52,13 @@ type Config struct {
 	// (metadata, inputs, Q output), allocated once; a batch beyond them is
 	// refused with ErrBatchTooLarge. 0 = DefaultMaxSeqs, DefaultMaxTokens.
 	// The input and output buffers hold MaxTokens*Heads*512 elements each:
-	// size MaxTokens to the largest iteration the server runs.
+	// size MaxTokens to the largest iteration the server runs. At most
+	// 65536 sequences and 2^24 tokens, and within MemoryLimit.
 	MaxSeqs, MaxTokens int
 
 	// RopePositions is the length of the RoPE tables, the bound on every
 	// position; 0 = min(Model.MaxPositionEmbeddings, NumPages*PageSize).
+	// At most 2^24, and within MemoryLimit.
 	RopePositions int
 	// RopeMode is how the RoPE tables are computed (docs/DESIGN.md section 2):
 	// the zero value dsv4.RopeReference (float32 angles, as DeepSeek's
@@ -80,6 +82,14 @@ type Config struct {
 	// captured once per (layer, bucket). Context and mixed batches, and
 	// backends without graphs, run launch by launch as before.
 	UseGraphs bool
+
+	// MemoryLimit bounds, in bytes, what New allocates (Config.Footprint):
+	// pools, metadata, RoPE tables, weights, inputs and the Q output, on the
+	// backend and their host copies. A configuration past it is refused
+	// before anything is allocated, with an error (wrapping ErrMemoryLimit)
+	// that says how much it would take and which field drives the most.
+	// 0 = DefaultMemoryLimit.
+	MemoryLimit int64
 
 	// Logger receives the engine's logs; the zero value discards them.
 	Logger zerolog.Logger
@@ -117,37 +127,84 @@ func DefaultLayerWeight(seed uint64, layer int) []float32 {
 	return w
 }
 
-// resolve fills the defaults and validates every field.
-func (c Config) resolve() (Config, error) {
+// ConfigError is a Config field New refuses. Field names it as a Go
+// selector relative to Config ("MaxTokens", "Cache.PageSize", "Model"); a
+// command-line front end maps it to its flag. Err says why; for a
+// configuration whose buffers would pass MemoryLimit it wraps
+// ErrMemoryLimit, and Field is the field that drives the largest buffer.
+type ConfigError struct {
+	Field string
+	Err   error
+}
+
+func (e *ConfigError) Error() string { return "engine: Config." + e.Field + ": " + e.Err.Error() }
+
+func (e *ConfigError) Unwrap() error { return e.Err }
+
+func fieldError(field, format string, args ...any) *ConfigError {
+	return &ConfigError{Field: field, Err: fmt.Errorf(format, args...)}
+}
+
+// Bounds on the sizes that drive allocations, far above any DeepSeek-V4
+// configuration; each is also checked against MemoryLimit.
+const (
+	maxHeads         = 1024    // num_attention_heads
+	maxQLoraRank     = 1 << 16 // q_lora_rank
+	maxLayers        = 1024    // num_hidden_layers + num_nextn_predict_layers
+	maxSeqsLimit     = 1 << 16 // Config.MaxSeqs
+	maxTokensLimit   = 1 << 24 // Config.MaxTokens
+	maxRopePositions = 1 << 24 // Config.RopePositions (and its default from max_position_embeddings)
+	maxCPUWorkers    = 4096    // Config.CPUWorkers
+)
+
+// resolve fills the defaults and validates every field, the memory the
+// buffers would take included; it allocates nothing.
+func (c Config) resolve(checkMemory bool) (Config, error) {
 	if err := c.Model.Validate(); err != nil {
-		return c, fmt.Errorf("engine: Config.Model: %w", err)
+		return c, &ConfigError{Field: "Model", Err: err}
 	}
 	if c.Model.QLoraRank%8 != 0 {
-		return c, fmt.Errorf("engine: Config.Model q_lora_rank = %d must be a multiple of 8: the latent is read in place at byte offset 2*q_lora_rank of each fused row, which must stay 16-byte aligned", c.Model.QLoraRank)
+		return c, fieldError("Model", "q_lora_rank = %d must be a multiple of 8: the latent is read in place at byte offset 2*q_lora_rank of each fused row, which must stay 16-byte aligned", c.Model.QLoraRank)
 	}
-	if err := c.Cache.Validate(); err != nil {
-		return c, fmt.Errorf("engine: Config.Cache: %w", err)
+	if c.Model.NumHeads > maxHeads {
+		return c, fieldError("Model", "num_attention_heads = %d, must be at most %d", c.Model.NumHeads, maxHeads)
+	}
+	if c.Model.QLoraRank > maxQLoraRank {
+		return c, fieldError("Model", "q_lora_rank = %d, must be at most %d", c.Model.QLoraRank, maxQLoraRank)
 	}
 	c, err := c.resolveChain()
 	if err != nil {
 		return c, err
 	}
 	all := c.Model.NumAttentionLayers()
+	if c.Model.NumMTPLayers > maxLayers || all > maxLayers {
+		return c, fieldError("Model", "num_hidden_layers %d + num_nextn_predict_layers %d, must be at most %d layers",
+			c.Model.NumLayers, c.Model.NumMTPLayers, maxLayers)
+	}
+	if err := c.Cache.Validate(); err != nil {
+		return c, &ConfigError{Field: "Cache." + cacheField(c.Cache), Err: err}
+	}
 	if c.Layers == 0 {
 		c.Layers = all
 	}
 	if c.Layers < 0 || c.Layers > all {
-		return c, fmt.Errorf("engine: Config.Layers = %d, must be in [1, %d] (%d layers + %d MTP layers), or 0 for all",
+		return c, fieldError("Layers", "%d, must be in [1, %d] (%d layers + %d MTP layers), or 0 for all",
 			c.Layers, all, c.Model.NumLayers, c.Model.NumMTPLayers)
 	}
 	if c.QFormat != mla.QFP8 && c.QFormat != mla.QBF16 {
-		return c, fmt.Errorf("engine: Config.QFormat = %v is unknown", c.QFormat)
+		return c, fieldError("QFormat", "%v is unknown", c.QFormat)
 	}
 	if c.QScale == 0 {
 		c.QScale = 1
 	}
 	if s := float64(c.QScale); !(s > 0) || math.IsInf(s, 0) {
-		return c, fmt.Errorf("engine: Config.QScale = %v, must be finite and > 0", c.QScale)
+		return c, fieldError("QScale", "%v, must be finite and > 0", c.QScale)
+	}
+	if c.Device < 0 {
+		return c, fieldError("Device", "%d, must be >= 0", c.Device)
+	}
+	if c.CPUWorkers < 0 || c.CPUWorkers > maxCPUWorkers {
+		return c, fieldError("CPUWorkers", "%d, must be in [0, %d] (0: GOMAXPROCS)", c.CPUWorkers, maxCPUWorkers)
 	}
 	if c.MaxSeqs == 0 {
 		c.MaxSeqs = DefaultMaxSeqs
@@ -155,20 +212,24 @@ func (c Config) resolve() (Config, error) {
 	if c.MaxTokens == 0 {
 		c.MaxTokens = DefaultMaxTokens
 	}
-	if c.MaxSeqs < 0 || c.MaxSeqs > math.MaxInt32 {
-		return c, fmt.Errorf("engine: Config.MaxSeqs = %d, must be > 0", c.MaxSeqs)
+	if c.MaxSeqs < 0 || c.MaxSeqs > maxSeqsLimit {
+		return c, fieldError("MaxSeqs", "%d, must be in [1, %d] (0: %d)", c.MaxSeqs, maxSeqsLimit, DefaultMaxSeqs)
 	}
-	if c.MaxTokens < 0 || int64(c.MaxTokens)*int64(c.Model.NumHeads) > math.MaxInt32 {
-		return c, fmt.Errorf("engine: Config.MaxTokens = %d, must be > 0 with MaxTokens*heads (%d) within int32", c.MaxTokens, c.Model.NumHeads)
+	if c.MaxTokens < 0 || c.MaxTokens > maxTokensLimit || int64(c.MaxTokens)*int64(c.Model.NumHeads) > math.MaxInt32 {
+		return c, fieldError("MaxTokens", "%d, must be in [1, %d] (0: %d) with MaxTokens*heads (%d) within int32",
+			c.MaxTokens, maxTokensLimit, DefaultMaxTokens, c.Model.NumHeads)
 	}
 	if c.RopePositions == 0 {
-		c.RopePositions = c.Model.MaxPositionEmbeddings
-		if pool := int64(c.Cache.NumPages) * int64(c.Cache.PageSize); pool < int64(c.RopePositions) {
-			c.RopePositions = int(pool)
+		pool := int64(c.Cache.NumPages) * int64(c.Cache.PageSize)
+		c.RopePositions = int(min(int64(c.Model.MaxPositionEmbeddings), pool))
+		if c.RopePositions > maxRopePositions {
+			return c, fieldError("RopePositions", "0 takes min(max_position_embeddings %d, NumPages*PageSize %d) = %d, more than %d: set RopePositions",
+				c.Model.MaxPositionEmbeddings, pool, c.RopePositions, maxRopePositions)
 		}
 	}
-	if c.RopePositions < 0 || c.RopePositions > c.Model.MaxPositionEmbeddings || c.RopePositions > math.MaxInt32 {
-		return c, fmt.Errorf("engine: Config.RopePositions = %d, must be in [1, %d] (max_position_embeddings)", c.RopePositions, c.Model.MaxPositionEmbeddings)
+	if c.RopePositions < 0 || c.RopePositions > c.Model.MaxPositionEmbeddings || c.RopePositions > maxRopePositions {
+		return c, fieldError("RopePositions", "%d, must be in [1, %d] (max_position_embeddings, at most %d)",
+			c.RopePositions, c.Model.MaxPositionEmbeddings, maxRopePositions)
 	}
 	if !c.RopeMode.Valid() {
 		return c, fmt.Errorf("engine: Config.RopeMode = %v is unknown (want reference or exact)", c.RopeMode)
@@ -178,9 +239,44 @@ func (c Config) resolve() (Config, error) {
 	}
 	if _, err := metadata.NewPlan([]metadata.Request{{Phase: metadata.Context, NewTokens: 1}},
 		func(uint64) (int, bool, error) { return 0, false, nil }, c.params()); err != nil {
-		return c, fmt.Errorf("engine: Config.Scheduler: %w", err)
+		return c, &ConfigError{Field: "Scheduler", Err: err}
+	}
+	if c.MemoryLimit == 0 {
+		c.MemoryLimit = DefaultMemoryLimit
+	}
+	if c.MemoryLimit < 0 {
+		return c, fieldError("MemoryLimit", "%d, must be >= 0 (0: %s)", c.MemoryLimit, FormatBytes(DefaultMemoryLimit))
+	}
+	fp, err := c.footprint()
+	if err != nil {
+		return c, err
+	}
+	if total := fp.Total(); checkMemory && total > c.MemoryLimit {
+		field, what := fp.largest()
+		return c, &ConfigError{Field: field, Err: fmt.Errorf("%w: the engine would allocate %s (%s), more than MemoryLimit %s; the largest is %s: lower %s, or raise MemoryLimit",
+			ErrMemoryLimit, FormatBytes(total), fp, FormatBytes(c.MemoryLimit), what, field)}
 	}
 	return c, nil
+}
+
+// cacheField names the first field of a cache config that Validate refuses,
+// by validating each on a config that is otherwise known to be good.
+func cacheField(c kvcache.Config) string {
+	good := kvcache.Config{PageSize: kvcache.DefaultPageSize, NumPages: 1, KVScale: 1}
+	bad := func(edit func(*kvcache.Config)) bool {
+		g := good
+		edit(&g)
+		return g.Validate() != nil
+	}
+	switch {
+	case bad(func(g *kvcache.Config) { g.Format = c.Format }):
+		return "Format"
+	case bad(func(g *kvcache.Config) { g.PageSize = c.PageSize }):
+		return "PageSize"
+	case bad(func(g *kvcache.Config) { g.Format, g.KVScale = c.Format, c.KVScale }):
+		return "KVScale"
+	}
+	return "NumPages"
 }
 
 // params are the metadata pass parameters of every iteration.

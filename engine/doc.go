@@ -22,9 +22,27 @@
 //
 // A refused batch (an unknown or finished sequence, a full pool, a prompt
 // past the RoPE table, a batch beyond the capacity) changes nothing: no page,
-// no block table, no pool byte. An iteration that fails after Begin rolls
-// back the same way. Finish may be called from any goroutine; a sequence of
-// the running iteration is finished when that iteration ends.
+// no block table, no pool byte. An iteration that fails after Begin (Abort,
+// a failed or missing layer, a failed wait) rolls back its bookkeeping the
+// same way: pages, block tables, lengths and created sequences are as
+// before Begin. Its pool bytes are not copied back, which would cost a
+// device round trip per layer on every iteration: in each layer that ran,
+// the slots of the iteration's own tokens (value row and scale bytes) may
+// hold the aborted values. Those slots hold no committed token (they lie at
+// or past each sequence's committed length, or in pages the rollback
+// freed), so every committed token's bytes and every other pool byte are
+// unchanged, and the next iteration to reach those positions overwrites
+// each slot whole.
+//
+// Finish may be called from any goroutine; a sequence of the running
+// iteration is finished when that iteration ends, even when the iteration
+// rolls back, including the creation of that sequence (its id is retired).
+//
+// Every size that drives an allocation is bounded and New refuses, before
+// allocating anything, a Config whose buffers (Config.Footprint) would pass
+// Config.MemoryLimit; errors about fields are *ConfigError. An unknown
+// sequence and a position out of range are kvcache.ErrUnknownSequence and
+// kvcache.ErrPositionOutOfRange whichever package refused.
 //
 // Backends: "cpu" is built in; accelerator backends register themselves
 // (RegisterBackend) from an init function, and "auto" takes the first one

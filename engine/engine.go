@@ -19,11 +19,10 @@ import (
 	"github.com/dsv4mla/prologue/numerics"
 )
 
-// Errors of the engine; test with errors.Is. The cache's own errors
+// Errors of the engine; test with errors.Is. The cache's errors
 // (kvcache.ErrCacheFull, kvcache.ErrUnknownSequence,
-// kvcache.ErrFinishedSequence) and the metadata pass's
-// (metadata.ErrUnknownSequence, metadata.ErrPositionOutOfRange) come through
-// wrapped.
+// kvcache.ErrFinishedSequence, kvcache.ErrPositionOutOfRange) come through
+// wrapped, whether the cache or the metadata pass refused.
 var (
 	// ErrCacheFull is kvcache.ErrCacheFull: the free pages cannot hold the
 	// batch. Nothing was allocated.
@@ -92,7 +91,7 @@ func New(ctx context.Context, cfg Config) (_ *Engine, err error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("engine: New: %w", err)
 	}
-	if cfg, err = cfg.resolve(); err != nil {
+	if cfg, err = cfg.resolve(true); err != nil {
 		return nil, err
 	}
 	b, err := openBackend(cfg.Backend, Options{Device: cfg.Device, Logger: cfg.Logger}, cfg.CPUWorkers)
@@ -534,8 +533,14 @@ func (e *Engine) Begin(ctx context.Context, reqs []metadata.Request) (_ *Iterati
 	return it, nil
 }
 
-// closeIteration commits or rolls back the open iteration, then runs the
-// Finish calls that waited for it. Called with e.mu held.
+// closeIterationLocked commits or rolls back the open iteration, then runs
+// the Finish calls that waited for it. Called with e.mu held.
+//
+// A Finish accepted for a sequence that this iteration created and then
+// rolled back is applied, not dropped: the id is retired
+// (kvcache.Cache.Retire), so later requests for it fail with
+// kvcache.ErrFinishedSequence exactly as if the creation had committed and
+// the sequence had then been finished.
 func (e *Engine) closeIterationLocked(it *Iteration, commit bool) error {
 	var err error
 	if commit {
@@ -546,14 +551,19 @@ func (e *Engine) closeIterationLocked(it *Iteration, commit bool) error {
 	if e.open == it {
 		e.open = nil
 	}
+	var errs []error
 	for _, seq := range e.deferred {
-		if ferr := e.cache.Finish(seq); ferr != nil {
-			// A sequence the rolled-back iteration created is gone already.
-			e.log.Warn().Err(ferr).Uint64("seq", seq).Msg("deferred finish")
+		ferr := e.cache.Finish(seq)
+		if errors.Is(ferr, kvcache.ErrUnknownSequence) && !commit {
+			ferr = e.cache.Retire(seq)
+			e.log.Debug().Uint64("seq", seq).Int("iteration", it.index).Msg("finish of a sequence whose creation rolled back: id retired")
+		}
+		if ferr != nil {
+			errs = append(errs, fmt.Errorf("engine: deferred Finish(%d): %w", seq, ferr))
 		}
 	}
 	e.deferred = e.deferred[:0]
-	return err
+	return errors.Join(append([]error{err}, errs...)...)
 }
 
 // writtenPages lists, in ascending order, the pages holding a slot of the

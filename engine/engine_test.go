@@ -130,7 +130,7 @@ func TestLayersReadTheirOwnInputs(t *testing.T) {
 			latent := fused[l][tok*row+2*cfg.Model.QLoraRank : (tok+1)*row]
 			y := normRope(widen(latent), w, table, int(wantPos[tok]), eps)
 			want := append([]byte(nil), got...)
-			kvcache.EncodeToken(cc.Format, want, cc.PageSize, off, y, cc.KVScale)
+			require.NoError(t, kvcache.EncodeToken(cc.Format, want, cc.PageSize, off, y, cc.KVScale))
 			require.Equal(t, want, got, "layer %d token %d (page %d offset %d): the stored bytes are not the reference encoding", l, tok, page, off)
 			require.Contains(t, it.WrittenPages(), int32(page))
 		}
@@ -403,27 +403,134 @@ func TestFinishDuringIterationIsDeferred(t *testing.T) {
 
 func TestConfigErrors(t *testing.T) {
 	for _, c := range []struct {
-		name string
-		edit func(*engine.Config)
-		want string
+		name  string
+		edit  func(*engine.Config)
+		field string // the *engine.ConfigError's Field
+		want  string
 	}{
-		{"zero model", func(c *engine.Config) { c.Model = dsv4.Config{} }, "Config.Model"},
-		{"q_lora_rank not a multiple of 8", func(c *engine.Config) { c.Model.QLoraRank = 1020 }, "q_lora_rank = 1020"},
-		{"page size", func(c *engine.Config) { c.Cache.PageSize = 48 }, "PageSize 48"},
-		{"layers", func(c *engine.Config) { c.Layers = 45 }, "Config.Layers = 45"},
-		{"negative layers", func(c *engine.Config) { c.Layers = -1 }, "Config.Layers = -1"},
-		{"q scale", func(c *engine.Config) { c.QScale = -2 }, "Config.QScale = -2"},
-		{"q format", func(c *engine.Config) { c.QFormat = 9 }, "Config.QFormat"},
-		{"max tokens", func(c *engine.Config) { c.MaxTokens = -5 }, "Config.MaxTokens = -5"},
-		{"max seqs", func(c *engine.Config) { c.MaxSeqs = -1 }, "Config.MaxSeqs = -1"},
-		{"rope positions", func(c *engine.Config) { c.RopePositions = 1<<20 + 1 }, "Config.RopePositions = 1048577"},
-		{"scheduler", func(c *engine.Config) { c.Scheduler = metadata.SchedulerParams{QDeq: 1} }, "Scheduler.KVDeq"},
-		{"cuda not linked", func(c *engine.Config) { c.Backend = "cuda" }, `import _ "github.com/dsv4mla/prologue/attention/mla/cuda"`},
-		{"unknown backend", func(c *engine.Config) { c.Backend = "tpu" }, `Config.Backend "tpu" is not registered`},
+		{"zero model", func(c *engine.Config) { c.Model = dsv4.Config{} }, "Model", "Config.Model"},
+		{"q_lora_rank not a multiple of 8", func(c *engine.Config) { c.Model.QLoraRank = 1020 }, "Model", "q_lora_rank = 1020"},
+		{"too many heads", func(c *engine.Config) { c.Model.NumHeads = 1 << 20 }, "Model", "num_attention_heads = 1048576, must be at most 1024"},
+		{"huge q_lora_rank", func(c *engine.Config) { c.Model.QLoraRank = 1 << 30 }, "Model", "q_lora_rank = 1073741824, must be at most 65536"},
+		{"huge MTP layer count", func(c *engine.Config) {
+			c.Model.NumMTPLayers, c.Model.CompressRatios = 1<<40, c.Model.CompressRatios[:c.Model.NumLayers]
+		}, "Model", "num_nextn_predict_layers 1099511627776, must be at most 1024 layers"},
+		{"page size", func(c *engine.Config) { c.Cache.PageSize = 48 }, "Cache.PageSize", "PageSize 48"},
+		{"page size too big", func(c *engine.Config) { c.Cache.PageSize = 2 * kvcache.MaxPageSize }, "Cache.PageSize", "PageSize 2097152"},
+		{"pages", func(c *engine.Config) { c.Cache.NumPages = 0 }, "Cache.NumPages", "NumPages 0"},
+		{"cache format", func(c *engine.Config) { c.Cache.Format = 7 }, "Cache.Format", "Format 7"},
+		{"kv scale", func(c *engine.Config) { c.Cache.Format, c.Cache.KVScale = kvcache.FormatFP8PerTensor, -1 }, "Cache.KVScale", "KVScale -1"},
+		{"layers", func(c *engine.Config) { c.Layers = 45 }, "Layers", "Config.Layers: 45, must be in [1, 44]"},
+		{"negative layers", func(c *engine.Config) { c.Layers = -1 }, "Layers", "Config.Layers: -1"},
+		{"q scale", func(c *engine.Config) { c.QScale = -2 }, "QScale", "Config.QScale: -2"},
+		{"q format", func(c *engine.Config) { c.QFormat = 9 }, "QFormat", "Config.QFormat"},
+		{"device", func(c *engine.Config) { c.Device = -1 }, "Device", "Config.Device: -1"},
+		{"cpu workers", func(c *engine.Config) { c.CPUWorkers = -3 }, "CPUWorkers", "Config.CPUWorkers: -3"},
+		{"max tokens", func(c *engine.Config) { c.MaxTokens = -5 }, "MaxTokens", "Config.MaxTokens: -5"},
+		{"max tokens past the bound", func(c *engine.Config) { c.MaxTokens = 1<<24 + 1 }, "MaxTokens", "Config.MaxTokens: 16777217, must be in [1, 16777216]"},
+		{"max seqs", func(c *engine.Config) { c.MaxSeqs = -1 }, "MaxSeqs", "Config.MaxSeqs: -1"},
+		{"max seqs past the bound", func(c *engine.Config) { c.MaxSeqs = 1 << 30 }, "MaxSeqs", "Config.MaxSeqs: 1073741824, must be in [1, 65536]"},
+		{"rope positions", func(c *engine.Config) { c.RopePositions = 1<<20 + 1 }, "RopePositions", "Config.RopePositions: 1048577"},
+		{"default rope positions past the bound", func(c *engine.Config) {
+			c.Model.MaxPositionEmbeddings, c.Model.RopeScaling.OriginalMaxPositionEmbeddings = 1<<30, 1<<16
+			c.Cache.NumPages = 1 << 21
+		}, "RopePositions", "0 takes min(max_position_embeddings 1073741824, NumPages*PageSize 33554432) = 33554432"},
+		{"memory limit", func(c *engine.Config) { c.MemoryLimit = -1 }, "MemoryLimit", "Config.MemoryLimit: -1"},
+		{"scheduler", func(c *engine.Config) { c.Scheduler = metadata.SchedulerParams{QDeq: 1} }, "Scheduler", "Scheduler.KVDeq"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			cfg := smallConfig()
 			c.edit(&cfg)
+			e, err := engine.New(context.Background(), cfg)
+			if e != nil {
+				e.Close()
+			}
+			require.ErrorContains(t, err, c.want)
+			var ce *engine.ConfigError
+			require.ErrorAs(t, err, &ce)
+			require.Equal(t, c.field, ce.Field)
+			_, rerr := cfg.Resolve()
+			require.Equal(t, err.Error(), rerr.Error(), "Resolve refuses what New refuses")
+		})
+	}
+}
+
+// TestMemoryLimit: a configuration whose buffers would pass MemoryLimit is
+// refused before anything is allocated (these would take terabytes), with
+// the size, the buffer and the field that drives it.
+func TestMemoryLimit(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		edit  func(*engine.Config)
+		field string
+		want  string
+	}{
+		{"2^24 tokens", func(c *engine.Config) { c.MaxTokens = 1 << 24 }, "MaxTokens",
+			"the engine would allocate 144.0 GiB (input buffers 112.0 GiB, Q output 32.0 GiB"},
+		{"a billion pages", func(c *engine.Config) { c.Cache.NumPages, c.RopePositions = 1<<30, 1024 }, "Cache.NumPages",
+			"the largest is the KV cache pools, 28.7 TiB: lower Cache.NumPages, or raise MemoryLimit"},
+		{"every layer of a large pool", func(c *engine.Config) { c.Layers, c.Cache.NumPages = 0, 1<<17 }, "Cache.NumPages",
+			"more than MemoryLimit 32.0 GiB"},
+		{"a small limit", func(c *engine.Config) { c.MemoryLimit = 1 << 20 }, "MaxTokens",
+			"the engine would allocate 3.9 MiB (input buffers 1.8 MiB, KV cache pools 918.0 KiB, RoPE tables 768.0 KiB"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := smallConfig()
+			c.edit(&cfg)
+			e, err := engine.New(context.Background(), cfg)
+			if e != nil {
+				e.Close()
+			}
+			require.ErrorIs(t, err, engine.ErrMemoryLimit)
+			var ce *engine.ConfigError
+			require.ErrorAs(t, err, &ce)
+			require.Equal(t, c.field, ce.Field)
+			require.ErrorContains(t, err, c.want)
+			fp, err := cfg.Footprint()
+			require.NoError(t, err, "Footprint reports the size without the limit")
+			require.Greater(t, fp.Total(), int64(min(cfg.MemoryLimit, 1)))
+		})
+	}
+}
+
+// TestFootprint: the footprint is exactly what New allocates on the cpu
+// backend, buffer by buffer, plus the host copies it names.
+func TestFootprint(t *testing.T) {
+	cfg := smallConfig()
+	fp, err := cfg.Footprint()
+	require.NoError(t, err)
+	heads, tokens := int64(cfg.Model.NumHeads), int64(cfg.MaxTokens)
+	require.Equal(t, engine.Footprint{
+		Pools:       3 * int64(cfg.Cache.PoolBytes()),
+		Inputs:      tokens*int64(cfg.Model.QLoraRank+512)*2 + tokens*heads*512*2,
+		QOutput:     tokens * heads * 512,
+		RopeTables:  3 * 2 * 512 * 64 * 4, // plain and YaRN; 512 positions (the pool); backend, host and upload copy
+		Metadata:    fp.Metadata,
+		Weights:     2 * 3 * 512 * 4,
+		Bookkeeping: 32 * 4,
+	}, fp)
+	require.Positive(t, fp.Metadata)
+	e := newEngine(t, cfg)
+	require.Equal(t, fp, mustFootprint(t, e.Config()), "the resolved config has the same footprint")
+}
+
+func mustFootprint(t *testing.T, c engine.Config) engine.Footprint {
+	t.Helper()
+	fp, err := c.Footprint()
+	require.NoError(t, err)
+	return fp
+}
+
+func TestBackendErrors(t *testing.T) {
+	for _, c := range []struct {
+		name, backend, want string
+	}{
+		{"cuda not linked", "cuda", `import _ "github.com/dsv4mla/prologue/attention/mla/cuda"`},
+		{"unknown backend", "tpu", `Config.Backend "tpu" is not registered`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := smallConfig()
+			cfg.Backend = c.backend
 			e, err := engine.New(context.Background(), cfg)
 			if e != nil {
 				e.Close()

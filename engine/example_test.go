@@ -3,6 +3,7 @@ package engine_test
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 
@@ -92,4 +93,33 @@ func Example() {
 	// seq 7 holds 108 tokens in pages [0 1]; 14 of 16 pages free
 	// finished: 16 of 16 pages free
 	// refused: engine: Begin: metadata: request 0 (seq 7): lookup: kvcache: finished sequence 7
+}
+
+// A configuration is sized before anything is allocated: Footprint says
+// what New would take, and New refuses a configuration past MemoryLimit
+// with the size and the field to change.
+func ExampleConfig_Footprint() {
+	cfg := engine.Config{
+		Model:     dsv4.Flash(),
+		Cache:     kvcache.Config{PageSize: 64, NumPages: 1024},
+		Backend:   engine.BackendCPU,
+		Layers:    2,
+		MaxTokens: 4096,
+	}
+	fp, err := cfg.Footprint()
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println(engine.FormatBytes(fp.Total()), "=", fp)
+
+	cfg.MaxTokens = 1 << 24 // a hostile trace's batch
+	_, err = engine.New(context.Background(), cfg)
+	var ce *engine.ConfigError
+	if errors.As(err, &ce) && errors.Is(err, engine.ErrMemoryLimit) {
+		fmt.Println("refused:", ce.Field)
+	}
+	// Output:
+	// 518.1 MiB = input buffers 268.0 MiB, Q output 128.0 MiB, KV cache pools 73.1 MiB, RoPE tables 48.0 MiB, metadata 1.0 MiB, weights 8.0 KiB, page bookkeeping 4.0 KiB
+	// refused: MaxTokens
 }

@@ -194,8 +194,10 @@ func (it *Iteration) fail(err error) {
 // End waits for the iteration's work and commits it: the sequences now hold
 // their new tokens. If a layer did not run, a RunLayer failed or the wait
 // fails (ctx cancelled, a device error), End rolls the iteration back
-// instead and returns why: the cache holds exactly what it held before
-// Begin. Finish calls deferred for this iteration's sequences run last.
+// instead and returns why: the bookkeeping is exactly as before Begin, and
+// only the iteration's own slots may hold its values (see the package
+// documentation). Finish calls deferred for this iteration's sequences run
+// last, and apply even to a sequence whose creation rolled back.
 func (it *Iteration) End(ctx context.Context) error {
 	if it.done {
 		return fmt.Errorf("engine: End: iteration %d: %w", it.index, ErrIterationDone)
@@ -232,7 +234,8 @@ func (it *Iteration) End(ctx context.Context) error {
 
 // Abort rolls the iteration back: pages it reserved return to the pool and
 // sequences it created are forgotten; the bytes of committed tokens were
-// never touched. It waits for issued work first, so no launch of this
+// never touched, and only the iteration's own slots of the layers that ran
+// may hold its values (see the package documentation). It waits for issued work first, so no launch of this
 // iteration writes a page after it is freed. It does nothing after End or a
 // previous Abort.
 func (it *Iteration) Abort() {

@@ -40,12 +40,12 @@ func TestRefusedBatchLeavesCacheUntouched(t *testing.T) {
 		reqs []metadata.Request
 		want error // errors.Is target
 	}{
-		{"generation on an unknown sequence", []metadata.Request{ctxReq(9, 5), genReq(1, 3), genReq(77, 3)}, metadata.ErrUnknownSequence},
+		{"generation on an unknown sequence", []metadata.Request{ctxReq(9, 5), genReq(1, 3), genReq(77, 3)}, kvcache.ErrUnknownSequence},
 		{"generation on a finished sequence", []metadata.Request{genReq(1, 1), genReq(3, 1)}, kvcache.ErrFinishedSequence},
 		{"context on a finished sequence", []metadata.Request{ctxReq(3, 4)}, kvcache.ErrFinishedSequence},
 		{"batch beyond the free pages", []metadata.Request{ctxReq(9, 200), genReq(1, 3), genReq(2, 3)}, engine.ErrCacheFull},
-		{"prompt past the RoPE table", []metadata.Request{ctxReq(9, 3), ctxReq(1, 200)}, metadata.ErrPositionOutOfRange},
-		{"new prompt past the RoPE table", []metadata.Request{ctxReq(9, 257)}, metadata.ErrPositionOutOfRange},
+		{"prompt past the RoPE table", []metadata.Request{ctxReq(9, 3), ctxReq(1, 200)}, kvcache.ErrPositionOutOfRange},
+		{"new prompt past the RoPE table", []metadata.Request{ctxReq(9, 257)}, kvcache.ErrPositionOutOfRange},
 		{"more tokens than MaxTokens", []metadata.Request{ctxReq(9, 200), ctxReq(10, 100)}, engine.ErrBatchTooLarge},
 		{"more sequences than MaxSeqs", many, engine.ErrBatchTooLarge},
 		{"context after generation", []metadata.Request{genReq(1, 0), ctxReq(9, 4)}, nil},

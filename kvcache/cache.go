@@ -3,17 +3,30 @@ package kvcache
 import (
 	"errors"
 	"fmt"
+	"math"
 	"math/bits"
 	"sync"
+)
+
+// Errors shared by every package that names sequences and positions
+// (kvcache, metadata, engine): whichever package refuses a request, a server
+// tests the cause with errors.Is against these two.
+var (
+	// ErrUnknownSequence: the id was never created, or its creation was
+	// rolled back.
+	ErrUnknownSequence = errors.New("unknown sequence")
+	// ErrPositionOutOfRange: a position outside what the sequence may hold:
+	// past its reserved length (Cache.Slot) or past the RoPE table
+	// (metadata.NewPlan).
+	ErrPositionOutOfRange = errors.New("position out of range")
 )
 
 // Errors a Cache returns, always wrapped with the sequence id or the
 // numbers involved; test with errors.Is.
 var (
-	// ErrUnknownSequence: the id was never created.
-	ErrUnknownSequence = errors.New("kvcache: unknown sequence")
 	// ErrFinishedSequence: the id was finished; its pages are gone and it
-	// cannot come back, not even by Create.
+	// cannot come back, not even by Create (within the bound that
+	// MaxFinishedRuns sets on the memory of finished ids).
 	ErrFinishedSequence = errors.New("kvcache: finished sequence")
 	// ErrSequenceExists: Create for an id that is live.
 	ErrSequenceExists = errors.New("kvcache: sequence already exists")
@@ -29,8 +42,6 @@ var (
 	// ErrReservationDone: Commit or Rollback of a reservation already
 	// committed or rolled back.
 	ErrReservationDone = errors.New("kvcache: reservation already committed or rolled back")
-	// ErrPositionOutOfRange: a position outside the sequence's reserved length.
-	ErrPositionOutOfRange = errors.New("kvcache: position out of range")
 )
 
 // Cache is the page bookkeeping of one KV cache pool: which pages each
@@ -50,7 +61,7 @@ type Cache struct {
 	mu       sync.Mutex
 	free     []int32 // stack; the next page handed out is the last element
 	seqs     map[uint64]*sequence
-	finished map[uint64]struct{}
+	finished finishedSet    // see MaxFinishedRuns
 	scratch  map[uint64]int // Reserve's duplicate check, reused under mu
 }
 
@@ -96,12 +107,11 @@ func New(cfg Config) (*Cache, error) {
 		return nil, err
 	}
 	c := &Cache{
-		cfg:      cfg,
-		shift:    uint(bits.TrailingZeros(uint(cfg.PageSize))),
-		free:     make([]int32, cfg.NumPages),
-		seqs:     make(map[uint64]*sequence),
-		finished: make(map[uint64]struct{}),
-		scratch:  make(map[uint64]int),
+		cfg:     cfg,
+		shift:   uint(bits.TrailingZeros(uint(cfg.PageSize))),
+		free:    make([]int32, cfg.NumPages),
+		seqs:    make(map[uint64]*sequence),
+		scratch: make(map[uint64]int),
 	}
 	for i := range c.free {
 		c.free[i] = int32(cfg.NumPages - 1 - i)
@@ -126,10 +136,10 @@ func (c *Cache) liveLocked(id uint64) (*sequence, error) {
 	if s, ok := c.seqs[id]; ok {
 		return s, nil
 	}
-	if _, ok := c.finished[id]; ok {
+	if c.finished.contains(id) {
 		return nil, fmt.Errorf("%w %d", ErrFinishedSequence, id)
 	}
-	return nil, fmt.Errorf("%w %d", ErrUnknownSequence, id)
+	return nil, fmt.Errorf("kvcache: %w %d", ErrUnknownSequence, id)
 }
 
 // Lookup returns the committed length of sequence id: the tokens stored
@@ -167,7 +177,7 @@ func (c *Cache) Reserve(needs []Need) (*Reservation, error) {
 		}
 		have := 0
 		if n.Create {
-			if _, ok := c.finished[n.ID]; ok {
+			if c.finished.contains(n.ID) {
 				return nil, fmt.Errorf("%w %d: needs[%d] cannot create it again", ErrFinishedSequence, n.ID, i)
 			}
 			if _, ok := c.seqs[n.ID]; ok {
@@ -187,7 +197,15 @@ func (c *Cache) Reserve(needs []Need) (*Reservation, error) {
 			}
 			have = len(s.pages)
 		}
-		total += c.pagesFor(n.NewLength) - have
+		// Saturate rather than wrap: a sum of huge needs must stay huge.
+		if add := c.pagesFor(n.NewLength) - have; add > math.MaxInt-total {
+			total = math.MaxInt
+		} else {
+			total += add
+		}
+	}
+	if total == math.MaxInt {
+		return nil, fmt.Errorf("%w: the needs add up to more pages than an int counts; %d free of %d", ErrCacheFull, len(c.free), c.cfg.NumPages)
 	}
 	if total > len(c.free) {
 		return nil, fmt.Errorf("%w: need %d pages, %d free of %d", ErrCacheFull, total, len(c.free), c.cfg.NumPages)
@@ -284,7 +302,7 @@ func (c *Cache) Slot(id uint64, pos int) (int64, error) {
 		return 0, err
 	}
 	if pos < 0 || pos >= s.reserved {
-		return 0, fmt.Errorf("%w: position %d of sequence %d not in [0, %d)", ErrPositionOutOfRange, pos, id, s.reserved)
+		return 0, fmt.Errorf("kvcache: %w: position %d of sequence %d not in [0, %d)", ErrPositionOutOfRange, pos, id, s.reserved)
 	}
 	page := s.pages[pos>>c.shift]
 	return int64(page)<<c.shift | int64(pos&(c.cfg.PageSize-1)), nil
@@ -292,7 +310,7 @@ func (c *Cache) Slot(id uint64, pos int) (int64, error) {
 
 // Finish ends sequence id: its pages return to the free list and the id is
 // remembered as finished, so later requests for it fail with
-// ErrFinishedSequence. A sequence held by a pending reservation cannot be
+// ErrFinishedSequence (within the bound MaxFinishedRuns describes). A sequence held by a pending reservation cannot be
 // finished (ErrSequenceBusy).
 func (c *Cache) Finish(id uint64) error {
 	c.mu.Lock()
@@ -308,7 +326,23 @@ func (c *Cache) Finish(id uint64) error {
 		c.free = append(c.free, s.pages[i])
 	}
 	delete(c.seqs, id)
-	c.finished[id] = struct{}{}
+	c.finished.add(id)
+	c.afterMutation()
+	return nil
+}
+
+// Retire marks id finished without it being live: later requests for it
+// fail with ErrFinishedSequence, as after Finish. The engine uses it when a
+// Finish was accepted for a sequence whose creating reservation then rolled
+// back, so that the finish is applied rather than lost. A live id is refused
+// (ErrSequenceExists): finish it instead.
+func (c *Cache) Retire(id uint64) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, live := c.seqs[id]; live {
+		return fmt.Errorf("%w: cannot retire live sequence %d; finish it", ErrSequenceExists, id)
+	}
+	c.finished.add(id)
 	c.afterMutation()
 	return nil
 }

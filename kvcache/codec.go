@@ -2,7 +2,9 @@ package kvcache
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
+	"math"
 
 	"github.com/dsv4mla/prologue/numerics"
 )
@@ -19,11 +21,18 @@ import (
 //   - bf16: 512 little-endian bf16 at ValueOffset.
 //   - fp8_pertensor: 512 bytes e4m3(fl(y*kvScale)) at ValueOffset.
 //
-// No byte outside the token's own value row and scale bytes changes. It
-// panics if f is invalid, page is shorter than f.PageBytes(pageSize), or off
-// is outside [0, pageSize).
-func EncodeToken(f Format, page []byte, pageSize, off int, y *[512]float32, kvScale float32) {
-	checkPage(f, page, pageSize)
+// No byte outside the token's own value row and scale bytes changes. Bad
+// arguments (an invalid format, a page size that is not a power of two in
+// [1, MaxPageSize], a page shorter than f.PageBytes(pageSize), off outside
+// [0, pageSize), a nil y, a kvScale that is not finite and positive for
+// fp8_pertensor) are an error that names them, and nothing is written.
+func EncodeToken(f Format, page []byte, pageSize, off int, y *[512]float32, kvScale float32) error {
+	if err := checkToken("EncodeToken", f, page, pageSize, off, kvScale); err != nil {
+		return err
+	}
+	if y == nil {
+		return errors.New("kvcache: EncodeToken: y is nil")
+	}
 	vo := f.ValueOffset(pageSize, off)
 	switch f {
 	case FormatFP8UE8M0:
@@ -54,6 +63,7 @@ func EncodeToken(f Format, page []byte, pageSize, off int, y *[512]float32, kvSc
 			vals[i] = numerics.E4M3FromF32(float32(v * kvScale))
 		}
 	}
+	return nil
 }
 
 // DecodeToken reads back the token at in-page offset off of page and
@@ -65,11 +75,13 @@ func EncodeToken(f Format, page []byte, pageSize, off int, y *[512]float32, kvSc
 //   - fp8_pertensor: e4m3(q_i) / kvScale (IEEE float32 division), the
 //     inverse of the encoder's multiplication by kvScale.
 //
-// It panics on the same bad arguments as EncodeToken.
-func DecodeToken(f Format, page []byte, pageSize, off int, kvScale float32) [512]float32 {
-	checkPage(f, page, pageSize)
-	vo := f.ValueOffset(pageSize, off)
+// The same bad arguments as EncodeToken's are an error.
+func DecodeToken(f Format, page []byte, pageSize, off int, kvScale float32) ([512]float32, error) {
 	var y [512]float32
+	if err := checkToken("DecodeToken", f, page, pageSize, off, kvScale); err != nil {
+		return y, err
+	}
+	vo := f.ValueOffset(pageSize, off)
 	switch f {
 	case FormatFP8UE8M0:
 		vals := page[vo : vo+UE8M0ValueBytes]
@@ -95,15 +107,26 @@ func DecodeToken(f Format, page []byte, pageSize, off int, kvScale float32) [512
 			y[i] = float32(numerics.F32FromE4M3(vals[i]) / kvScale)
 		}
 	}
-	return y
+	return y, nil
 }
 
-func checkPage(f Format, page []byte, pageSize int) {
+// checkToken reports the first bad argument of EncodeToken or DecodeToken.
+func checkToken(fn string, f Format, page []byte, pageSize, off int, kvScale float32) error {
 	if !f.Valid() {
-		panic(fmt.Sprintf("kvcache: invalid format %d", uint8(f)))
+		return fmt.Errorf("kvcache: %s: invalid format %d", fn, uint8(f))
+	}
+	if !isPowerOfTwo(pageSize) || pageSize > MaxPageSize {
+		return fmt.Errorf("kvcache: %s: page size %d must be a power of two in [1, %d]", fn, pageSize, MaxPageSize)
 	}
 	if want := f.PageBytes(pageSize); len(page) < want {
-		panic(fmt.Sprintf("kvcache: page is %d bytes, format %v with page size %d needs %d",
-			len(page), f, pageSize, want))
+		return fmt.Errorf("kvcache: %s: page is %d bytes, format %v with page size %d needs %d",
+			fn, len(page), f, pageSize, want)
 	}
+	if off < 0 || off >= pageSize {
+		return fmt.Errorf("kvcache: %s: in-page offset %d out of range [0, %d)", fn, off, pageSize)
+	}
+	if s := float64(kvScale); f == FormatFP8PerTensor && (!(s > 0) || math.IsInf(s, 0)) {
+		return fmt.Errorf("kvcache: %s: kvScale %v must be finite and positive for format %v", fn, kvScale, f)
+	}
+	return nil
 }

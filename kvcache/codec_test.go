@@ -90,10 +90,10 @@ func TestEncodeUE8M0Bytes(t *testing.T) {
 
 	page := poisonedPage(FormatFP8UE8M0, 4)
 	require.Len(t, page, 2880) // ceil(2336/576) = 5 rows
-	EncodeToken(FormatFP8UE8M0, page, 4, 2, &y, 1)
+	encode(t, FormatFP8UE8M0, page, 4, 2, &y, 1)
 	requireBytes(t, page, want)
 
-	got := DecodeToken(FormatFP8UE8M0, page, 4, 2, 1)
+	got := decode(t, FormatFP8UE8M0, page, 4, 2, 1)
 	require.Equal(t, float32(448), got[0])
 	require.Equal(t, float32(-0.75), got[65])
 	require.Equal(t, float32(3), got[192])
@@ -118,9 +118,9 @@ func TestEncodeBF16Bytes(t *testing.T) {
 	y[448], want[1024+896], want[1024+897] = 3, 0x40, 0x40
 	y[511], want[1024+1022], want[1024+1023] = -2, 0x00, 0xC0
 	page := poisonedPage(FormatBF16, 2)
-	EncodeToken(FormatBF16, page, 2, 1, &y, 1)
+	encode(t, FormatBF16, page, 2, 1, &y, 1)
 	requireBytes(t, page, want)
-	require.Equal(t, y, DecodeToken(FormatBF16, page, 2, 1, 1))
+	require.Equal(t, y, decode(t, FormatBF16, page, 2, 1, 1))
 }
 
 func TestEncodePerTensorBytes(t *testing.T) {
@@ -136,9 +136,9 @@ func TestEncodePerTensorBytes(t *testing.T) {
 	y[448], want[512+448] = 4, 0x50 // rope is e4m3 too: 8 = 2^3
 	y[511], want[512+511] = float32(math.NaN()), 0x7F
 	page := poisonedPage(FormatFP8PerTensor, 2)
-	EncodeToken(FormatFP8PerTensor, page, 2, 1, &y, 2)
+	encode(t, FormatFP8PerTensor, page, 2, 1, &y, 2)
 	requireBytes(t, page, want)
-	got := DecodeToken(FormatFP8PerTensor, page, 2, 1, 2)
+	got := decode(t, FormatFP8PerTensor, page, 2, 1, 2)
 	require.Equal(t, float32(1), got[0])
 	require.Equal(t, float32(224), got[1])
 	require.Equal(t, float32(-0.25), got[2])
@@ -194,8 +194,8 @@ func TestRoundTripUE8M0(t *testing.T) {
 	for range 400 {
 		off := rng.IntN(pageSize)
 		y := randomToken(rng, 60)
-		EncodeToken(FormatFP8UE8M0, page, pageSize, off, &y, 1)
-		got := DecodeToken(FormatFP8UE8M0, page, pageSize, off, 1)
+		encode(t, FormatFP8UE8M0, page, pageSize, off, &y, 1)
+		got := decode(t, FormatFP8UE8M0, page, pageSize, off, 1)
 		so := FormatFP8UE8M0.ScaleOffset(pageSize, off)
 		for g := range 7 {
 			e := page[so+g]
@@ -219,8 +219,8 @@ func TestRoundTripBF16(t *testing.T) {
 	for range 200 {
 		off := rng.IntN(16)
 		y := randomToken(rng, 100)
-		EncodeToken(FormatBF16, page, 16, off, &y, 1)
-		require.Equal(t, y, DecodeToken(FormatBF16, page, 16, off, 1))
+		encode(t, FormatBF16, page, 16, off, &y, 1)
+		require.Equal(t, y, decode(t, FormatBF16, page, 16, off, 1))
 	}
 }
 
@@ -237,8 +237,8 @@ func TestRoundTripPerTensor(t *testing.T) {
 					y[i] = numerics.RoundBF16(y[i] / 64)
 				}
 			}
-			EncodeToken(FormatFP8PerTensor, page, 8, off, &y, kvScale)
-			got := DecodeToken(FormatFP8PerTensor, page, 8, off, kvScale)
+			encode(t, FormatFP8PerTensor, page, 8, off, &y, kvScale)
+			got := decode(t, FormatFP8PerTensor, page, 8, off, kvScale)
 			for i := range y {
 				requireFP8Close(t, i, y[i], got[i], 1/kvScale)
 			}
@@ -261,7 +261,7 @@ func TestEncodeTouchesOnlyItsToken(t *testing.T) {
 			}
 			for _, off := range rng.Perm(pageSize) {
 				before := append([]byte(nil), page...)
-				EncodeToken(f, page, pageSize, off, &tokens[off], 1)
+				encode(t, f, page, pageSize, off, &tokens[off], 1)
 				own := map[int]bool{}
 				vo := f.ValueOffset(pageSize, off)
 				n := f.BytesPerToken()
@@ -283,8 +283,8 @@ func TestEncodeTouchesOnlyItsToken(t *testing.T) {
 				}
 			}
 			for off := range pageSize {
-				got := DecodeToken(f, page, pageSize, off, 1)
-				want := DecodeToken(f, encodeAlone(f, pageSize, off, &tokens[off]), pageSize, off, 1)
+				got := decode(t, f, page, pageSize, off, 1)
+				want := decode(t, f, encodeAlone(t, f, pageSize, off, &tokens[off]), pageSize, off, 1)
 				for i := range got {
 					if math.Float32bits(want[i]) != math.Float32bits(got[i]) {
 						t.Fatalf("%v P=%d off=%d value %d: %v after neighbours were written, %v alone", f, pageSize, off, i, got[i], want[i])
@@ -295,21 +295,70 @@ func TestEncodeTouchesOnlyItsToken(t *testing.T) {
 	}
 }
 
-func encodeAlone(f Format, pageSize, off int, y *[512]float32) []byte {
+func encodeAlone(t testing.TB, f Format, pageSize, off int, y *[512]float32) []byte {
 	page := make([]byte, f.PageBytes(pageSize))
-	EncodeToken(f, page, pageSize, off, y, 1)
+	encode(t, f, page, pageSize, off, y, 1)
 	return page
 }
 
-func TestEncodePanics(t *testing.T) {
-	var y [512]float32
+func encode(t testing.TB, f Format, page []byte, pageSize, off int, y *[512]float32, kvScale float32) {
+	t.Helper()
+	require.NoError(t, EncodeToken(f, page, pageSize, off, y, kvScale))
+}
+
+func decode(t testing.TB, f Format, page []byte, pageSize, off int, kvScale float32) [512]float32 {
+	t.Helper()
+	y, err := DecodeToken(f, page, pageSize, off, kvScale)
+	require.NoError(t, err)
+	return y
+}
+
+// TestCodecRefusesBadArguments: every bad argument is an error naming it,
+// and a refused EncodeToken writes nothing.
+func TestCodecRefusesBadArguments(t *testing.T) {
+	rng := newRand(t)
+	y := randomToken(rng, 4)
 	page := make([]byte, FormatFP8UE8M0.PageBytes(64))
-	require.PanicsWithValue(t, "kvcache: page is 37439 bytes, format fp8_ue8m0 with page size 64 needs 37440",
-		func() { EncodeToken(FormatFP8UE8M0, page[:len(page)-1], 64, 0, &y, 1) })
-	require.PanicsWithValue(t, "kvcache: in-page offset 64 out of range [0, 64)",
-		func() { EncodeToken(FormatFP8UE8M0, page, 64, 64, &y, 1) })
-	require.PanicsWithValue(t, "kvcache: invalid format 3",
-		func() { DecodeToken(Format(3), page, 64, 0, 1) })
+	for _, c := range []struct {
+		name     string
+		f        Format
+		page     []byte
+		pageSize int
+		off      int
+		y        *[512]float32
+		kvScale  float32
+		want     string
+	}{
+		{"invalid format", Format(3), page, 64, 0, &y, 1, "invalid format 3"},
+		{"short page", FormatFP8UE8M0, page[:len(page)-1], 64, 0, &y, 1, "page is 37439 bytes, format fp8_ue8m0 with page size 64 needs 37440"},
+		{"offset past the page", FormatFP8UE8M0, page, 64, 64, &y, 1, "in-page offset 64 out of range [0, 64)"},
+		{"negative offset", FormatBF16, page, 16, -1, &y, 1, "in-page offset -1 out of range [0, 16)"},
+		{"page size not a power of two", FormatFP8UE8M0, page, 48, 0, &y, 1, "page size 48 must be a power of two in [1, 1048576]"},
+		{"page size zero", FormatFP8UE8M0, page, 0, 0, &y, 1, "page size 0 must be a power of two"},
+		{"page size too big", FormatFP8UE8M0, page, 2 * MaxPageSize, 0, &y, 1, "page size 2097152 must be a power of two"},
+		{"zero kv scale", FormatFP8PerTensor, page, 64, 0, &y, 0, "kvScale 0 must be finite and positive for format fp8_pertensor"},
+		{"infinite kv scale", FormatFP8PerTensor, page, 64, 0, &y, float32(math.Inf(1)), "kvScale +Inf must be finite"},
+		{"NaN kv scale", FormatFP8PerTensor, page, 64, 0, &y, float32(math.NaN()), "kvScale NaN must be finite"},
+		{"nil token", FormatFP8UE8M0, page, 64, 0, nil, 1, "y is nil"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			for i := range page {
+				page[i] = 0xA5
+			}
+			err := EncodeToken(c.f, c.page, c.pageSize, c.off, c.y, c.kvScale)
+			require.ErrorContains(t, err, "kvcache: EncodeToken: "+c.want)
+			for i, b := range page {
+				if b != 0xA5 {
+					t.Fatalf("refused EncodeToken wrote byte %d", i)
+				}
+			}
+			if c.y == nil {
+				return
+			}
+			_, err = DecodeToken(c.f, c.page, c.pageSize, c.off, c.kvScale)
+			require.ErrorContains(t, err, "kvcache: DecodeToken: "+c.want)
+		})
+	}
 }
 
 func BenchmarkEncodeToken(b *testing.B) {
@@ -322,7 +371,7 @@ func BenchmarkEncodeToken(b *testing.B) {
 			b.SetBytes(int64(f.BytesPerToken()))
 			off := 0
 			for b.Loop() {
-				EncodeToken(f, page, pageSize, off, &y, 1)
+				encode(b, f, page, pageSize, off, &y, 1)
 				off = (off + 1) & (pageSize - 1)
 			}
 		})
@@ -334,8 +383,8 @@ func BenchmarkDecodeToken(b *testing.B) {
 	const pageSize = 64
 	page := make([]byte, FormatFP8UE8M0.PageBytes(pageSize))
 	y := randomToken(rng, 10)
-	EncodeToken(FormatFP8UE8M0, page, pageSize, 5, &y, 1)
+	encode(b, FormatFP8UE8M0, page, pageSize, 5, &y, 1)
 	for b.Loop() {
-		_ = DecodeToken(FormatFP8UE8M0, page, pageSize, 5, 1)
+		_ = decode(b, FormatFP8UE8M0, page, pageSize, 5, 1)
 	}
 }

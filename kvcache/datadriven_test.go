@@ -23,7 +23,7 @@ import (
 //	                                       ID:+N (committed length + N), with
 //	                                       an optional :create suffix
 //	commit NAME | rollback NAME            spend reservation NAME
-//	finish ID | lookup ID | table ID
+//	finish ID | retire ID | lookup ID | table ID
 //	slot ID POS...                         one line per position
 //	split-slot SLOT...                     page and offset of raw slots
 //	state                                  full dump of the bookkeeping
@@ -90,7 +90,7 @@ func runScript(t *testing.T, file string) {
 	st := &scriptState{reservations: map[string]*Reservation{}}
 	for _, c := range parseScript(t, file) {
 		fields := strings.Fields(c.command)
-		mutating := slices.Contains([]string{"reserve", "commit", "rollback", "finish"}, fields[0])
+		mutating := slices.Contains([]string{"reserve", "commit", "rollback", "finish", "retire"}, fields[0])
 		var before string
 		if st.cache != nil {
 			before = dumpState(st.cache)
@@ -179,7 +179,7 @@ func (st *scriptState) run(fields []string) (out string, refused bool, err error
 			return refuse(err)
 		}
 		return counters(st.cache), false, nil
-	case "finish", "lookup", "table":
+	case "finish", "retire", "lookup", "table":
 		if len(args) != 1 {
 			return "", false, fmt.Errorf("%s needs one id", cmd)
 		}
@@ -188,8 +188,12 @@ func (st *scriptState) run(fields []string) (out string, refused bool, err error
 			return "", false, err
 		}
 		switch cmd {
-		case "finish":
-			if err := st.cache.Finish(id); err != nil {
+		case "finish", "retire":
+			f := st.cache.Finish
+			if cmd == "retire" {
+				f = st.cache.Retire
+			}
+			if err := f(id); err != nil {
 				return refuse(err)
 			}
 			return counters(st.cache), false, nil
@@ -333,8 +337,8 @@ func dumpState(c *Cache) string {
 	for _, id := range slices.Sorted(maps.Keys(c.seqs)) {
 		lines = append(lines, describeSeq(id, c.seqs[id]))
 	}
-	if len(c.finished) > 0 {
-		lines = append(lines, fmt.Sprintf("finished: %v", slices.Sorted(maps.Keys(c.finished))))
+	if len(c.finished.runs) > 0 {
+		lines = append(lines, fmt.Sprintf("finished: %v", &c.finished))
 	}
 	return strings.Join(lines, "\n")
 }

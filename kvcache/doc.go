@@ -15,6 +15,13 @@
 // [Cache.Reserve] takes every page the batch needs or fails with
 // [ErrCacheFull] and changes nothing; [Reservation.Commit] makes the new
 // lengths permanent and [Reservation.Rollback] puts everything back.
+// Finished ids are refused for good; they are remembered as runs of
+// consecutive ids, so a server numbering sequences with a counter runs
+// forever in flat memory ([MaxFinishedRuns] states the rule and its bound).
+//
+// Errors. [ErrUnknownSequence] and [ErrPositionOutOfRange] are shared with
+// the metadata pass and the engine: errors.Is finds them whichever package
+// refused. [MaxPageSize] is the one page-size bound of every package.
 //
 // A Cache is safe for concurrent use. Built with -tags invariants it checks
 // its own invariants after every mutation and panics if one breaks.

@@ -53,17 +53,22 @@ func ExampleEncodeToken() {
 	var y [512]float32
 	y[0], y[1] = 448, -0.5 // group 0: amax 448, scale exponent 127
 	y[448] = 1             // first rope value, stored as bf16
-	kvcache.EncodeToken(format, page, pageSize, 3, &y, 1)
+	if err := kvcache.EncodeToken(format, page, pageSize, 3, &y, 1); err != nil {
+		fmt.Println(err)
+		return
+	}
 
 	v, s := format.ValueOffset(pageSize, 3), format.ScaleOffset(pageSize, 3)
 	fmt.Printf("values at %d: % x, rope % x\n", v, page[v:v+2], page[v+448:v+450])
 	fmt.Printf("scales at %d: %d\n", s, page[s:s+7])
-	back := kvcache.DecodeToken(format, page, pageSize, 3, 1)
-	fmt.Println(back[0], back[1], back[448])
+	back, err := kvcache.DecodeToken(format, page, pageSize, 3, 1)
+	fmt.Println(back[0], back[1], back[448], err)
+	fmt.Println(kvcache.EncodeToken(format, page, pageSize, pageSize, &y, 1))
 	// Output:
 	// values at 1728: 7e b0, rope 80 3f
 	// scales at 36888: [127 105 105 105 105 105 105]
-	// 448 -0.5 1
+	// 448 -0.5 1 <nil>
+	// kvcache: EncodeToken: in-page offset 64 out of range [0, 64)
 }
 
 func ExampleParseFormat() {
@@ -74,4 +79,32 @@ func ExampleParseFormat() {
 	// Output:
 	// bf16 1024 65536 <nil>
 	// kvcache: unknown format "int8" (want fp8_ue8m0, bf16 or fp8_pertensor)
+}
+
+// A Finish the server accepted for a sequence whose creation then rolled
+// back is applied with Retire: the id is refused afterwards, as if it had
+// been created and finished.
+func ExampleCache_Retire() {
+	cache, err := kvcache.New(kvcache.Config{PageSize: 64, NumPages: 4})
+	if err != nil {
+		panic(err)
+	}
+	r, err := cache.Reserve([]kvcache.Need{{ID: 7, NewLength: 10, Create: true}})
+	if err != nil {
+		panic(err)
+	}
+	// The iteration fails: the creation rolls back, the id is unknown.
+	if err := r.Rollback(); err != nil {
+		panic(err)
+	}
+	_, err = cache.Lookup(7)
+	fmt.Println(errors.Is(err, kvcache.ErrUnknownSequence), err)
+	if err := cache.Retire(7); err != nil {
+		panic(err)
+	}
+	_, err = cache.Reserve([]kvcache.Need{{ID: 7, NewLength: 10, Create: true}})
+	fmt.Println(errors.Is(err, kvcache.ErrFinishedSequence), err)
+	// Output:
+	// true kvcache: unknown sequence 7
+	// true kvcache: finished sequence 7: needs[0] cannot create it again
 }

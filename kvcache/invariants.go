@@ -6,7 +6,9 @@ import "fmt"
 // either free or owned by exactly one live sequence; free + used pages ==
 // NumPages; each sequence owns exactly ceil(reserved/P) pages and its
 // committed length does not exceed its reserved length (they are equal
-// unless a pending reservation holds it); no live id is also finished.
+// unless a pending reservation holds it); no live id is also finished; the
+// finished runs are sorted, disjoint, not adjacent and at most
+// MaxFinishedRuns.
 func (c *Cache) CheckInvariants() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -62,8 +64,17 @@ func (c *Cache) checkLocked() error {
 		if s.pending != nil && s.pending.done {
 			return fmt.Errorf("kvcache invariant: %s is held by a spent reservation", what)
 		}
-		if _, ok := c.finished[id]; ok {
+		if c.finished.contains(id) {
 			return fmt.Errorf("kvcache invariant: %s is both live and finished", what)
+		}
+	}
+	runs := c.finished.runs
+	if len(runs) > MaxFinishedRuns {
+		return fmt.Errorf("kvcache invariant: %d finished runs, more than %d", len(runs), MaxFinishedRuns)
+	}
+	for i, r := range runs {
+		if r.lo > r.hi || (i > 0 && (runs[i-1].hi >= r.lo || runs[i-1].hi+1 == r.lo)) {
+			return fmt.Errorf("kvcache invariant: finished runs %v are not sorted, disjoint and apart", &c.finished)
 		}
 	}
 	if used+len(c.free) != c.cfg.NumPages {

@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/dsv4mla/prologue/kvcache"
 )
 
 // The testdata/*.txt files hold cases in the pebble datadriven style:
@@ -328,8 +330,8 @@ func writeError(out *strings.Builder, err error) {
 		name string
 		err  error
 	}{
-		{"ErrUnknownSequence", ErrUnknownSequence},
-		{"ErrPositionOutOfRange", ErrPositionOutOfRange},
+		{"ErrUnknownSequence", kvcache.ErrUnknownSequence},
+		{"ErrPositionOutOfRange", kvcache.ErrPositionOutOfRange},
 		{"ErrTooManyTokens", ErrTooManyTokens},
 		{"errLookupFailed", errLookupFailed},
 		{"errBlockTableFailed", errBlockTableFailed},

@@ -19,6 +19,7 @@
 // rows in [Tokens, PaddedTokens) are CUDA-graph padding that every kernel
 // skips.
 //
-// The package is pure: it imports no other project package, so the KV cache
-// and the engine can both sit on top of it.
+// The package imports no other project package but kvcache, for the errors
+// and the page-size bound every package shares (kvcache.ErrUnknownSequence,
+// kvcache.ErrPositionOutOfRange, kvcache.MaxPageSize); it holds no cache.
 package metadata

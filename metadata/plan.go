@@ -5,24 +5,19 @@ import (
 	"fmt"
 	"math"
 	"math/bits"
+
+	"github.com/dsv4mla/prologue/kvcache"
 )
 
-// Sentinel errors; test with errors.Is.
+// Sentinel errors; test with errors.Is. A generation request on a sequence
+// the cache does not hold wraps kvcache.ErrUnknownSequence, and a token
+// position past the RoPE table (kv_len > MaxPositions) wraps
+// kvcache.ErrPositionOutOfRange: the same errors the cache returns.
 var (
-	// ErrUnknownSequence: a generation request names a sequence the cache
-	// does not hold.
-	ErrUnknownSequence = errors.New("unknown sequence")
-	// ErrPositionOutOfRange: a token position would reach past the RoPE table
-	// (kv_len > MaxPositions).
-	ErrPositionOutOfRange = errors.New("position out of range of the RoPE table")
 	// ErrTooManyTokens: the batch has more real tokens than PadTokensTo (the
 	// caller may retry with a larger CUDA-graph bucket).
 	ErrTooManyTokens = errors.New("too many tokens for the padded size")
 )
-
-// maxPageSize keeps page*P + offset inside int64 for any int32 page id and
-// the page arithmetic inside int32.
-const maxPageSize = 1 << 30
 
 // Request is one sequence's entry in a batch description.
 type Request struct {
@@ -78,8 +73,8 @@ func (p Params) validate() error {
 	if p.Heads <= 0 || p.Heads > math.MaxInt32 {
 		return fmt.Errorf("metadata: Heads = %d, must be in [1, %d]", p.Heads, math.MaxInt32)
 	}
-	if p.PageSize <= 0 || p.PageSize > maxPageSize || p.PageSize&(p.PageSize-1) != 0 {
-		return fmt.Errorf("metadata: PageSize = %d, must be a power of two in [1, %d]", p.PageSize, maxPageSize)
+	if p.PageSize <= 0 || p.PageSize > kvcache.MaxPageSize || p.PageSize&(p.PageSize-1) != 0 {
+		return fmt.Errorf("metadata: PageSize = %d, must be a power of two in [1, %d]", p.PageSize, kvcache.MaxPageSize)
 	}
 	if p.MaxPositions <= 0 || p.MaxPositions > math.MaxInt32 {
 		return fmt.Errorf("metadata: MaxPositions = %d, must be in [1, %d]", p.MaxPositions, math.MaxInt32)
@@ -155,7 +150,7 @@ func NewPlan(reqs []Request, lookup LengthLookup, p Params) (*Plan, error) {
 		}
 		if !known {
 			if r.Phase == Generation {
-				return nil, fmt.Errorf("metadata: request %d (seq %d): generation needs a cached sequence: %w", i, r.Seq, ErrUnknownSequence)
+				return nil, fmt.Errorf("metadata: request %d (seq %d): generation needs a cached sequence: %w", i, r.Seq, kvcache.ErrUnknownSequence)
 			}
 			cached = 0
 			pl.create[i] = true
@@ -164,7 +159,7 @@ func NewPlan(reqs []Request, lookup LengthLookup, p Params) (*Plan, error) {
 			return nil, requestError(i, r.Seq, "lookup reported cached = %d, so kv_len < q_len = %d", cached, qLen)
 		}
 		if cached > p.MaxPositions-qLen {
-			return nil, fmt.Errorf("metadata: request %d (seq %d): kv_len = %d (cached %d + q_len %d) exceeds MaxPositions = %d: %w", i, r.Seq, uint64(cached)+uint64(qLen), cached, qLen, p.MaxPositions, ErrPositionOutOfRange)
+			return nil, fmt.Errorf("metadata: request %d (seq %d): kv_len = %d (cached %d + q_len %d) exceeds MaxPositions = %d (the RoPE table): %w", i, r.Seq, uint64(cached)+uint64(qLen), cached, qLen, p.MaxPositions, kvcache.ErrPositionOutOfRange)
 		}
 		kv := cached + qLen
 		pl.seqs[i] = r.Seq

@@ -6,6 +6,8 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
+
+	"github.com/dsv4mla/prologue/kvcache"
 )
 
 func mustPlan(t *testing.T, reqs []Request, lookup LengthLookup, p Params) *Plan {
@@ -136,8 +138,8 @@ func TestExtremeRequestValues(t *testing.T) {
 		lookup LengthLookup
 		want   error
 	}{
-		{"huge new tokens", Request{Seq: 1, NewTokens: math.MaxInt}, known(0), ErrPositionOutOfRange},
-		{"huge cached", Request{Seq: 1, NewTokens: 1}, known(math.MaxInt), ErrPositionOutOfRange},
+		{"huge new tokens", Request{Seq: 1, NewTokens: math.MaxInt}, known(0), kvcache.ErrPositionOutOfRange},
+		{"huge cached", Request{Seq: 1, NewTokens: 1}, known(math.MaxInt), kvcache.ErrPositionOutOfRange},
 		{"huge MTP", Request{Seq: 1, Phase: Generation, MTP: math.MaxInt}, known(0), nil},
 		{"min cached", Request{Seq: 1, NewTokens: 1}, known(math.MinInt), nil},
 	} {

@@ -13,7 +13,6 @@ import (
 	"github.com/dsv4mla/prologue/engine/replay"
 	"github.com/dsv4mla/prologue/engine/trace"
 	"github.com/dsv4mla/prologue/kvcache"
-	"github.com/dsv4mla/prologue/metadata"
 )
 
 // cacheState is everything a refused line must leave alone, in one engine.
@@ -58,6 +57,10 @@ const badLinePrefix = `{"context":[{"seq":1,"tokens":64},{"seq":2,"tokens":8},{"
 {"generation":{"mtp":3,"seqs":[1]}}
 `
 
+// neverFits holds 120 + 120 + 104 tokens after it, 8 + 8 + 7 pages: more
+// than the 16 of the whole pool, within the RoPE table and MaxTokens.
+const neverFits = `{"context":[{"seq":4,"tokens":120},{"seq":5,"tokens":120}],"generation":{"mtp":3,"seqs":[1]}}`
+
 // TestBadLineLosesNothing replays a good prefix, then a bad line: the error
 // names the line, and the cache (pool bytes, block tables, lengths, free
 // pages) of both the engine and the verify reference is as the prefix left
@@ -69,14 +72,15 @@ func TestBadLineLosesNothing(t *testing.T) {
 		want error
 		msg  string
 	}{
-		{"generation on an unknown sequence", `{"generation":{"mtp":3,"seqs":[1,2,9]}}`, metadata.ErrUnknownSequence, "seq 9"},
+		{"generation on an unknown sequence", `{"generation":{"mtp":3,"seqs":[1,2,9]}}`, kvcache.ErrUnknownSequence, "seq 9"},
 		{"generation on a finished sequence", `{"generation":{"mtp":3,"seqs":[3]}}`, kvcache.ErrFinishedSequence, "finished sequence 3"},
 		{"prompt on a finished sequence", `{"context":[{"seq":3,"tokens":5}]}`, kvcache.ErrFinishedSequence, "finished sequence 3"},
 		{"batch beyond the pool", `{"context":[{"seq":4,"tokens":100},{"seq":5,"tokens":90}],"generation":{"mtp":3,"seqs":[1,2]}}`, kvcache.ErrCacheFull, "need 13 pages, 8 free of 16"},
-		{"prompt past the RoPE table", `{"context":[{"seq":1,"tokens":40}],"generation":{"mtp":3,"seqs":[2]}}`, metadata.ErrPositionOutOfRange, "exceeds MaxPositions = 128"},
-		{"new prompt past the RoPE table", `{"context":[{"seq":6,"tokens":129}]}`, metadata.ErrPositionOutOfRange, "kv_len = 129"},
+		{"prompt past the RoPE table", `{"context":[{"seq":1,"tokens":40}],"generation":{"mtp":3,"seqs":[2]}}`, kvcache.ErrPositionOutOfRange, "exceeds MaxPositions = 128"},
+		{"new prompt past the RoPE table", `{"context":[{"seq":6,"tokens":129}]}`, kvcache.ErrPositionOutOfRange, "kv_len = 129"},
 		{"finish of an unknown sequence", `{"generation":{"mtp":3,"seqs":[1,2]},"finish":[2,8]}`, kvcache.ErrUnknownSequence, "finish[1]"},
 		{"finish of a finished sequence", `{"context":[{"seq":7,"tokens":3}],"finish":[3]}`, kvcache.ErrFinishedSequence, "finish[0]"},
+		{"batch larger than the whole pool", neverFits, kvcache.ErrCacheFull, "need 16 pages, 8 free of 16"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			steps, err := trace.Parse(strings.NewReader(badLinePrefix + c.line + "\n" + `{"generation":{"mtp":3,"seqs":[1,2]}}` + "\n"))
@@ -126,5 +130,36 @@ func TestMalformedLineIsRefusedBeforeReplay(t *testing.T) {
 	var le *trace.LineError
 	require.ErrorAs(t, err, &le)
 	require.Equal(t, 4, le.Line)
-	require.ErrorContains(t, err, "trace line 4: malformed JSON at byte 35")
+	require.ErrorContains(t, err, "trace line 4: malformed JSON at byte offset 34: invalid character '}' after array element")
+}
+
+// TestLineThatCanNeverFit: trace.CheckFits names, before any replay, the
+// line whose own sequences need more pages than the whole pool, and only
+// that one; the replay refuses the same line with ErrCacheFull.
+func TestLineThatCanNeverFit(t *testing.T) {
+	steps, err := trace.Parse(strings.NewReader(badLinePrefix + neverFits + "\n"))
+	require.NoError(t, err)
+	require.NoError(t, trace.CheckFits(steps[:3], 16, 16), "the prefix fits")
+	err = trace.CheckFits(steps, 16, 16)
+	var le *trace.LineError
+	require.ErrorAs(t, err, &le)
+	require.Equal(t, 4, le.Line)
+	require.ErrorContains(t, err, "trace line 4: the batch's sequences hold 344 tokens after it, 23 pages of 16 tokens, more than the whole pool of 16 pages: it can never fit")
+}
+
+// TestMalformedLinesAreRefusedBeforeReplay: what the parser refuses (wrong
+// case, duplicate keys, a null line) never reaches an engine, and the
+// message names the line.
+func TestMalformedLinesAreRefusedBeforeReplay(t *testing.T) {
+	for _, c := range []struct{ line, want string }{
+		{`{"generation":{"mtp":3,"SEQS":[1,2]}}`, `trace line 4: unknown field "SEQS" in generation: field names are lower case, write "seqs"`},
+		{`{"context":[{"seq":6,"tokens":3}],"context":[{"seq":7,"tokens":3}]}`, `trace line 4: field "context" appears twice; give it once`},
+		{`null`, `trace line 4: a line must be a JSON object, not null`},
+	} {
+		_, err := trace.Parse(strings.NewReader(badLinePrefix + c.line + "\n"))
+		var le *trace.LineError
+		require.ErrorAs(t, err, &le)
+		require.Equal(t, 4, le.Line)
+		require.EqualError(t, err, c.want)
+	}
 }

@@ -144,7 +144,7 @@ func checkDump(t *testing.T, path string) {
 		i, ok := index[slots[tk]/int64(pageSize)]
 		require.True(t, ok, "token %d: its page is not in the dump", tk)
 		y := normRope(latent[tk*512:(tk+1)*512], w, rope[tk*64:(tk+1)*64])
-		kvcache.EncodeToken(format, want[i*pageBytes:(i+1)*pageBytes], pageSize, int(slots[tk]%int64(pageSize)), y, kvScale)
+		require.NoError(t, kvcache.EncodeToken(format, want[i*pageBytes:(i+1)*pageBytes], pageSize, int(slots[tk]%int64(pageSize)), y, kvScale))
 	}
 	require.True(t, string(want) == string(pages), "%s: cache pages differ from the reference encoding", path)
 

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"math/bits"
 
 	"github.com/dsv4mla/prologue/metadata"
 )
@@ -52,10 +53,22 @@ const (
 
 func align16(n int) int { return (n + 15) &^ 15 }
 
-// MetadataLayout computes the offsets for a capacity without allocating.
+// MaxMetadataBytes bounds the metadata buffer: its offsets are int32 on the
+// device.
+const MaxMetadataBytes = math.MaxInt32
+
+// MetadataLayout computes the offsets for a capacity without allocating. A
+// capacity whose buffer would pass MaxMetadataBytes is an error, so no size
+// computed here overflows.
 func MetadataLayout(maxSeqs, pageStride int) (*MetadataBuffers, error) {
 	if maxSeqs <= 0 || pageStride <= 0 {
 		return nil, fmt.Errorf("mla: metadata capacity maxSeqs=%d pageStride=%d, both must be > 0", maxSeqs, pageStride)
+	}
+	// Each sequence takes 7 int32 (3 prefix sums, 3 lengths, plus the sums'
+	// extra entry, counted here per sequence) and a block-table row; 256
+	// bytes cover the header, the scheduler and the alignment padding.
+	if hi, lo := bits.Mul64(uint64(maxSeqs), uint64(pageStride)+7); hi != 0 || lo > (MaxMetadataBytes-256)/4 {
+		return nil, fmt.Errorf("mla: metadata capacity maxSeqs=%d pageStride=%d: the buffer would pass %d bytes", maxSeqs, pageStride, MaxMetadataBytes)
 	}
 	mb := &MetadataBuffers{MaxSeqs: maxSeqs, PageStride: pageStride}
 	off := 0

@@ -18,8 +18,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -87,6 +89,7 @@ type options struct {
 	checkpoint   string
 	weightSeed   uint64
 	heads        string
+	memoryLimit  string
 }
 
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
@@ -120,6 +123,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.checkpoint, "checkpoint", "", "DeepSeek-V4 checkpoint directory whose attention weights --input hidden runs on (its config.json must match --model); empty: synthetic weights from --weight-seed")
 	fs.Uint64Var(&o.weightSeed, "weight-seed", 1, "seed of the synthetic weights (no --checkpoint), the generator of the synthetic checkpoint writer")
 	fs.StringVar(&o.heads, "heads", "", "head range h0:h1 this engine computes (head-sharded tensor parallelism); empty: all heads")
+	fs.StringVar(&o.memoryLimit, "memory-limit", "0", "most memory the engine may allocate (and as much again for --verify's reference), like 64GiB; 0: the engine's default, "+engine.FormatBytes(engine.DefaultMemoryLimit))
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	fs.BoolVar(&o.noIterations, "summary-only", false, "print only the summary, not a line per iteration")
 	fs.Usage = func() {
@@ -229,13 +233,54 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return exitOK
 }
 
-// usageError is a bad flag value (exit status 2); other errors of config,
-// such as a malformed trace, exit with status 1.
+// usageError is a bad flag value (exit status 2), including those the
+// engine checks; other errors of config, such as a malformed trace or a
+// line that can never fit, exit with status 1.
 type usageError struct{ error }
 
 func (u usageError) Unwrap() error { return u.error }
 
-// config turns the flags into the replay's configuration.
+// flagOf maps an engine.ConfigError's Field to the flag that sets it.
+var flagOf = map[string]string{
+	"Model":          "--model",
+	"Cache.Format":   "--cache-format",
+	"Cache.PageSize": "--page-size",
+	"Cache.NumPages": "--pages",
+	"Cache.KVScale":  "--kv-scale",
+	"Layers":         "--layers",
+	"QFormat":        "--q-format",
+	"QScale":         "--q-scale",
+	"Device":         "--device",
+	"CPUWorkers":     "--cpu-workers",
+	"MaxSeqs":        "--max-seqs",
+	"MaxTokens":      "--max-tokens",
+	"RopePositions":  "--rope-positions",
+	"MemoryLimit":    "--memory-limit",
+}
+
+// flagError words an engine configuration error in flags: a usage error
+// (exit 2) that names the flag to change.
+func flagError(err error) error {
+	var ce *engine.ConfigError
+	if !errors.As(err, &ce) {
+		return err
+	}
+	name := flagOf[ce.Field]
+	if name == "" {
+		name = "flags"
+	}
+	msg := fmt.Sprintf("%s: %v", name, err)
+	if errors.Is(err, engine.ErrMemoryLimit) {
+		msg += " (engine.Config." + ce.Field + " is " + name + "; MemoryLimit is --memory-limit)"
+	}
+	return usageError{errors.New(msg)}
+}
+
+// config turns the flags into the replay's configuration. Every size is
+// checked, against its bounds and against --memory-limit, before anything
+// is allocated: a bad flag value is a usageError (exit 2); a trace line that
+// can never fit the pool, or whose batch alone would pass the memory limit,
+// is refused by its line number (exit 1).
 func (o *options) config(log zerolog.Logger) (replay.Options, []trace.Step, string, error) {
 	var ro replay.Options
 	model, err := loadModel(o.model)
@@ -246,18 +291,11 @@ func (o *options) config(log zerolog.Logger) (replay.Options, []trace.Step, stri
 	if err != nil {
 		return ro, nil, "", usageError{fmt.Errorf("--q-format: %w", err)}
 	}
-	steps, name, err := loadTrace(o.tracePath, os.Stdin, o.input)
-	if err != nil {
-		return ro, nil, "", fmt.Errorf("--trace %s: %w", name, err)
-	}
-	if len(steps) == 0 {
-		return ro, nil, "", fmt.Errorf("--trace %s: no iterations", name)
-	}
-	iters, err := parseSelection("--dump-iters", o.dumpIters)
+	iters, _, err := parseSelection("--dump-iters", o.dumpIters)
 	if err != nil {
 		return ro, nil, "", usageError{err}
 	}
-	layers, err := parseSelection("--dump-layers", o.dumpLayers)
+	layers, maxLayer, err := parseSelection("--dump-layers", o.dumpLayers)
 	if err != nil {
 		return ro, nil, "", usageError{err}
 	}
@@ -271,7 +309,13 @@ func (o *options) config(log zerolog.Logger) (replay.Options, []trace.Step, stri
 	if o.checkpoint != "" && o.input != engine.InputHidden {
 		return ro, nil, "", usageError{fmt.Errorf("--checkpoint %s needs --input hidden", o.checkpoint)}
 	}
-	st := trace.Summarize(steps)
+	if !slices.Contains(engine.Backends(), o.backend) {
+		return ro, nil, "", usageError{fmt.Errorf("--backend %q: want one of %s", o.backend, strings.Join(engine.Backends(), ", "))}
+	}
+	limit, err := parseBytes(o.memoryLimit)
+	if err != nil {
+		return ro, nil, "", usageError{fmt.Errorf("--memory-limit %q: %w", o.memoryLimit, err)}
+	}
 	cfg := engine.Config{
 		Model:         model,
 		Cache:         kvcache.Config{Format: o.cacheFormat, PageSize: o.pageSize, NumPages: o.pages, KVScale: float32(o.kvScale)},
@@ -287,6 +331,7 @@ func (o *options) config(log zerolog.Logger) (replay.Options, []trace.Step, stri
 		RopeMode:      o.ropeMode,
 		WeightSeed:    o.seed,
 		UseGraphs:     o.graph,
+		MemoryLimit:   limit,
 		Logger:        log,
 		Input:         o.input,
 		Checkpoint:    o.checkpoint,
@@ -296,27 +341,94 @@ func (o *options) config(log zerolog.Logger) (replay.Options, []trace.Step, stri
 	if o.input == engine.InputHidden {
 		cfg.WeightSeed = o.weightSeed
 	}
+	// Every flag but the capacities the trace may set, checked before the
+	// trace is read.
+	probe := cfg
+	probe.MaxSeqs, probe.MaxTokens = max(cfg.MaxSeqs, 1), max(cfg.MaxTokens, 1)
+	resolved, err := probe.Resolve()
+	if err != nil {
+		return ro, nil, "", flagError(err)
+	}
+	if maxLayer >= resolved.Layers {
+		return ro, nil, "", usageError{fmt.Errorf("--dump-layers %q: layer %d is beyond --layers %d (layers 0 to %d run)",
+			o.dumpLayers, maxLayer, resolved.Layers, resolved.Layers-1)}
+	}
+
+	steps, name, err := loadTrace(o.tracePath, os.Stdin, o.input)
+	if err != nil {
+		return ro, nil, "", fmt.Errorf("--trace %s: %w", name, err)
+	}
+	if len(steps) == 0 {
+		return ro, nil, "", fmt.Errorf("--trace %s: no iterations", name)
+	}
+	if err := trace.CheckFits(steps, o.pageSize, o.pages); err != nil {
+		return ro, nil, "", fmt.Errorf("--trace %s: %w (--pages %d, --page-size %d)", name, err, o.pages, o.pageSize)
+	}
+	st := trace.Summarize(steps)
 	if cfg.MaxSeqs == 0 {
 		cfg.MaxSeqs = max(1, st.MaxSeqs)
 	}
 	if cfg.MaxTokens == 0 {
 		cfg.MaxTokens = max(1, st.MaxTokens)
 	}
+	var ce *engine.ConfigError
+	if _, err := cfg.Resolve(); err != nil {
+		// A capacity the trace set: the line is at fault, not a flag.
+		if errors.As(err, &ce) && ce.Field == "MaxTokens" && o.maxTokens == 0 {
+			return ro, nil, "", fmt.Errorf("--trace %s: trace line %d: its batch of %d tokens sets --max-tokens: %w (split the line, or raise --memory-limit)",
+				name, st.MaxTokensLine, st.MaxTokens, err)
+		}
+		if errors.As(err, &ce) && ce.Field == "MaxSeqs" && o.maxSeqs == 0 {
+			return ro, nil, "", fmt.Errorf("--trace %s: the largest batch has %d sequences and sets --max-seqs: %w (split it, or raise --memory-limit)",
+				name, st.MaxSeqs, err)
+		}
+		return ro, nil, "", flagError(err)
+	}
+	if o.verify {
+		// The cpu reference engine allocates as much again.
+		fp, err := cfg.Footprint()
+		if err != nil {
+			return ro, nil, "", flagError(err)
+		}
+		if lim := resolved.MemoryLimit; fp.Total() > lim/2 {
+			return ro, nil, "", usageError{fmt.Errorf("--verify: the engine and its cpu reference would allocate %s, more than --memory-limit %s (%s each: %s)",
+				engine.FormatBytes(2*fp.Total()), engine.FormatBytes(lim), engine.FormatBytes(fp.Total()), fp)}
+		}
+	}
 	ev := log.Info().Str("trace", name).Int("lines", st.Lines).Int("iterations", st.Iterations).
 		Int("mixed", st.MixedIterations).Int("ctx_tokens", st.ContextTokens).Int("gen_tokens", st.GenerationTokens).
 		Int("sequences", st.Sequences)
-	if o.pageSize > 0 && o.pageSize&(o.pageSize-1) == 0 {
-		peak, longest := trace.Footprint(steps, o.pageSize)
-		ev = ev.Int("peak_pages", peak).Int("longest_seq", longest)
-		if peak > o.pages {
-			log.Warn().Int("peak_pages", peak).Int("pages", o.pages).Msg("the trace holds more pages at its peak than the pool has: expect a cache-full refusal")
-		}
+	peak, longest := trace.Footprint(steps, o.pageSize)
+	ev = ev.Int("peak_pages", peak).Int("longest_seq", longest)
+	if peak > o.pages {
+		log.Warn().Int("peak_pages", peak).Int("pages", o.pages).Msg("the trace holds more pages at its peak than the pool has: expect a cache-full refusal")
 	}
 	ev.Msg("trace loaded")
 	return replay.Options{
 		Engine: cfg, Seed: o.seed, Verify: o.verify, DumpDir: o.dumpDir,
 		DumpIteration: iters, DumpLayer: layers, Logger: log,
 	}, steps, name, nil
+}
+
+// parseBytes reads a size: a whole number of bytes, optionally with a
+// binary unit (KiB, MiB, GiB, TiB); 0 is the engine's default.
+func parseBytes(s string) (int64, error) {
+	units := []struct {
+		suffix string
+		shift  uint
+	}{{"KiB", 10}, {"MiB", 20}, {"GiB", 30}, {"TiB", 40}, {"B", 0}}
+	num, shift := strings.TrimSpace(s), uint(0)
+	for _, u := range units {
+		if n, ok := strings.CutSuffix(num, u.suffix); ok {
+			num, shift = strings.TrimSpace(n), u.shift
+			break
+		}
+	}
+	v, err := strconv.ParseInt(num, 10, 64)
+	if err != nil || v < 0 || v > math.MaxInt64>>shift {
+		return 0, fmt.Errorf("want a size like 0 (the default %s), 2147483648, 512MiB or 64GiB", engine.FormatBytes(engine.DefaultMemoryLimit))
+	}
+	return v << shift, nil
 }
 
 func replayTrace(ctx context.Context, o *options, ro replay.Options, steps []trace.Step, name string, stdout, stderr io.Writer) error {

@@ -158,21 +158,81 @@ func TestUsageErrors(t *testing.T) {
 	}
 }
 
-func TestEngineConfigErrorsExitWithError(t *testing.T) {
+func TestTraceFileErrorExitsWithError(t *testing.T) {
 	code, _, errOut := tiny(t, "--trace", "no/such/file.jsonl")
 	require.Equal(t, exitError, code)
 	require.Contains(t, errOut, "--trace no/such/file.jsonl: open no/such/file.jsonl: no such file")
-	code, _, errOut = tiny(t, "--trace", "testdata/small.jsonl", "--page-size", "48")
-	require.Equal(t, exitError, code)
-	require.Contains(t, errOut, "PageSize 48")
-	code, _, errOut = tiny(t, "--trace", "testdata/small.jsonl", "--backend", "tpu")
-	require.Equal(t, exitError, code)
-	require.Contains(t, errOut, `Config.Backend "tpu" is not registered`)
+}
+
+// TestBadFlagValuesExitWithUsage: every bad flag value exits 2 with a
+// message naming the flag, those the engine checks included, and before
+// anything is allocated.
+func TestBadFlagValuesExitWithUsage(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--page-size", "48"}, "--page-size: engine: Config.Cache.PageSize: kvcache: Config.PageSize 48 must be a power of two"},
+		{[]string{"--page-size", "2097152"}, "--page-size: engine: Config.Cache.PageSize"},
+		{[]string{"--pages", "0"}, "--pages: engine: Config.Cache.NumPages"},
+		{[]string{"--pages", "-4"}, "--pages: engine: Config.Cache.NumPages"},
+		{[]string{"--cache-format", "fp8_pertensor", "--kv-scale", "0"}, "--kv-scale: engine: Config.Cache.KVScale"},
+		{[]string{"--q-scale", "-1"}, "--q-scale: engine: Config.QScale: -1"},
+		{[]string{"--layers", "9"}, "--layers: engine: Config.Layers: 9, must be in [1, 4]"},
+		{[]string{"--max-seqs", "-1"}, "--max-seqs: engine: Config.MaxSeqs: -1"},
+		{[]string{"--max-seqs", "1000000"}, "--max-seqs: engine: Config.MaxSeqs: 1000000, must be in [1, 65536]"},
+		{[]string{"--max-tokens", "-1"}, "--max-tokens: engine: Config.MaxTokens: -1"},
+		{[]string{"--max-tokens", "33554432"}, "--max-tokens: engine: Config.MaxTokens: 33554432, must be in [1, 16777216]"},
+		{[]string{"--rope-positions", "2000000"}, "--rope-positions: engine: Config.RopePositions: 2000000"},
+		{[]string{"--cpu-workers", "-2"}, "--cpu-workers: engine: Config.CPUWorkers: -2"},
+		{[]string{"--device", "-1"}, "--device: engine: Config.Device: -1"},
+		{[]string{"--backend", "tpu"}, `--backend "tpu": want one of auto, cpu`},
+		{[]string{"--memory-limit", "lots"}, `--memory-limit "lots": want a size like`},
+		{[]string{"--memory-limit", "-1GiB"}, `--memory-limit "-1GiB"`},
+		{[]string{"--memory-limit", "99999999TiB"}, `--memory-limit "99999999TiB"`},
+		{[]string{"--dump-layers", "4", "--layers", "2"}, `--dump-layers "4": layer 4 is beyond --layers 2 (layers 0 to 1 run)`},
+		{[]string{"--dump-layers", "0,5-7"}, `--dump-layers "0,5-7": layer 7 is beyond --layers 2`},
+		// 2^24 tokens of 2 heads: 68 GiB of buffers, past a 1 GiB limit.
+		{[]string{"--max-tokens", "16777216", "--memory-limit", "1GiB", "--input", "projected"},
+			"--max-tokens: engine: Config.MaxTokens: more memory than MemoryLimit: the engine would allocate 68.0 GiB (input buffers 52.0 GiB, Q output 16.0 GiB"},
+		// The chain's buffers count too.
+		{[]string{"--max-tokens", "16777216", "--memory-limit", "1GiB"},
+			"--max-tokens: engine: Config.MaxTokens: more memory than MemoryLimit: the engine would allocate 82.2 GiB (input buffers 52.0 GiB, Q output 16.0 GiB, chain buffers 14.2 GiB"},
+		{[]string{"--pages", "1000000", "--layers", "0"},
+			"--pages: engine: Config.Cache.NumPages: more memory than MemoryLimit: the engine would allocate 141.0 GiB (KV cache pools 139.5 GiB"},
+		{[]string{"--verify", "--pages", "300000", "--memory-limit", "24GiB"},
+			"--verify: the engine and its cpu reference would allocate 44.8 GiB, more than --memory-limit 24.0 GiB (22.4 GiB each"},
+	} {
+		code, _, errOut := tiny(t, append([]string{"--trace", "testdata/small.jsonl"}, c.args...)...)
+		require.Equal(t, exitUsage, code, "%v: %s", c.args, errOut)
+		require.Contains(t, errOut, c.want, "%v", c.args)
+	}
+}
+
+// TestHugeLineIsRefusedByLineNumber: a valid one-line trace asking for
+// 2^24 tokens is refused with its line number, before the buffers it would
+// size are allocated (it used to end in a fatal out-of-memory crash).
+func TestHugeLineIsRefusedByLineNumber(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "huge.jsonl")
+	require.NoError(t, os.WriteFile(path, []byte("# one huge prompt\n{\"context\":[{\"seq\":1,\"tokens\":16777216}]}\n"), 0o644))
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--pages", "8"}, "trace line 2: the batch's sequences hold 16777216 tokens after it, 262144 pages of 64 tokens, more than the whole pool of 8 pages: it can never fit (--pages 8, --page-size 64)"},
+		// A pool that holds it: the buffers sized for the line pass the limit.
+		{[]string{"--pages", "262144", "--memory-limit", "24GiB"}, "trace line 2: its batch of 16777216 tokens sets --max-tokens: engine: Config.MaxTokens: more memory than MemoryLimit: the engine would allocate"},
+	} {
+		code, _, errOut := tiny(t, append([]string{"--trace", path}, c.args...)...)
+		require.Equal(t, exitError, code, errOut)
+		require.Contains(t, errOut, c.want)
+	}
 }
 
 func TestParseSelection(t *testing.T) {
-	sel, err := parseSelection("--x", "0, 3-5,9")
+	sel, largest, err := parseSelection("--x", "0, 3-5,9")
 	require.NoError(t, err)
+	require.Equal(t, 9, largest)
 	var got []int
 	for i := range 12 {
 		if sel(i) {
@@ -180,11 +240,12 @@ func TestParseSelection(t *testing.T) {
 		}
 	}
 	require.Equal(t, []int{0, 3, 4, 5, 9}, got)
-	all, err := parseSelection("--x", "all")
+	all, largest, err := parseSelection("--x", "all")
 	require.NoError(t, err)
 	require.True(t, all(12345))
+	require.Equal(t, -1, largest)
 	for _, bad := range []string{"", "-1", "1-", "a", "2-1", "1,,2"} {
-		_, err := parseSelection("--x", bad)
+		_, _, err := parseSelection("--x", bad)
 		require.Error(t, err, bad)
 	}
 }

@@ -75,28 +75,31 @@ func writeSummary(w io.Writer, rep *replay.Report, traceName string) {
 }
 
 // parseSelection parses "all" or a comma-separated list of numbers and
-// ranges (0,5,10-12) into a predicate.
-func parseSelection(flagName, spec string) (func(int) bool, error) {
+// ranges (0,5,10-12) into a predicate, and returns the largest number it
+// names (-1 for all).
+func parseSelection(flagName, spec string) (func(int) bool, int, error) {
 	spec = strings.TrimSpace(spec)
 	if spec == "all" {
-		return func(int) bool { return true }, nil
+		return func(int) bool { return true }, -1, nil
 	}
 	type span struct{ lo, hi int }
 	var spans []span
+	largest := -1
 	for _, part := range strings.Split(spec, ",") {
 		part = strings.TrimSpace(part)
 		lo, hi, isRange := strings.Cut(part, "-")
 		a, err := strconv.Atoi(lo)
 		if err != nil || a < 0 {
-			return nil, fmt.Errorf("%s %q: %q is not a number >= 0 or a range a-b (or all)", flagName, spec, part)
+			return nil, 0, fmt.Errorf("%s %q: %q is not a number >= 0 or a range a-b (or all)", flagName, spec, part)
 		}
 		b := a
 		if isRange {
 			if b, err = strconv.Atoi(hi); err != nil || b < a {
-				return nil, fmt.Errorf("%s %q: range %q is not a-b with a <= b", flagName, spec, part)
+				return nil, 0, fmt.Errorf("%s %q: range %q is not a-b with a <= b", flagName, spec, part)
 			}
 		}
 		spans = append(spans, span{a, b})
+		largest = max(largest, b)
 	}
 	return func(i int) bool {
 		for _, s := range spans {
@@ -105,5 +108,5 @@ func parseSelection(flagName, spec string) (func(int) bool, error) {
 			}
 		}
 		return false
-	}, nil
+	}, largest, nil
 }

@@ -19,7 +19,9 @@
 // A line with context or generation is one iteration (context sequences
 // first, then generation sequences, as the engine batches them). Blank
 // lines and lines whose first non-blank character is '#' are skipped.
-// Unknown fields are errors, so a typo cannot silently drop work. The
+// Unknown fields, keys in another case ("SEQ") and keys given twice are
+// errors, so a typo cannot silently drop or replace work; a null field is
+// the same as an absent one, and a line must be an object. The
 // package checks each line on its own (ParseLine); whether a sequence
 // exists, or a batch fits the pool, is the engine's to decide when the line
 // is replayed.

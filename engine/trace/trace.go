@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"strings"
 
 	"github.com/dsv4mla/prologue/metadata"
 )
@@ -136,83 +135,6 @@ func (s Step) Validate() error {
 	return nil
 }
 
-// The wire form keeps pointers so that a missing field is told apart from
-// a zero.
-type wireChunk struct {
-	Seq    *uint64 `json:"seq"`
-	Tokens *int    `json:"tokens"`
-}
-
-type wireGeneration struct {
-	MTP  *int      `json:"mtp"`
-	Seqs *[]uint64 `json:"seqs"`
-}
-
-type wireStep struct {
-	Context    []wireChunk     `json:"context"`
-	Generation *wireGeneration `json:"generation"`
-	Finish     []uint64        `json:"finish"`
-}
-
-// ParseLine parses one non-comment line; n is its line number for errors,
-// which are *LineError.
-func ParseLine(line []byte, n int) (Step, error) {
-	fail := func(err error) (Step, error) { return Step{}, &LineError{Line: n, Err: err} }
-	dec := json.NewDecoder(bytes.NewReader(line))
-	dec.DisallowUnknownFields()
-	var w wireStep
-	if err := dec.Decode(&w); err != nil {
-		return fail(jsonError(err))
-	}
-	end := dec.InputOffset()
-	if _, err := dec.Token(); err != io.EOF {
-		return fail(fmt.Errorf("text after the JSON object at byte %d; one object per line", end))
-	}
-	s := Step{Line: n, Finish: w.Finish}
-	for i, c := range w.Context {
-		if c.Seq == nil {
-			return fail(fmt.Errorf(`context[%d]: missing "seq"`, i))
-		}
-		if c.Tokens == nil {
-			return fail(fmt.Errorf(`context[%d] (seq %d): missing "tokens"`, i, *c.Seq))
-		}
-		s.Context = append(s.Context, Chunk{Seq: *c.Seq, Tokens: *c.Tokens})
-	}
-	if g := w.Generation; g != nil {
-		if g.Seqs == nil {
-			return fail(errors.New(`generation: missing "seqs"`))
-		}
-		s.Generation = &Generation{Seqs: *g.Seqs}
-		if g.MTP != nil {
-			s.Generation.MTP = *g.MTP
-		}
-	}
-	if err := s.Validate(); err != nil {
-		return fail(err)
-	}
-	return s, nil
-}
-
-// jsonError rewrites encoding/json's errors in terms of the trace format.
-func jsonError(err error) error {
-	var te *json.UnmarshalTypeError
-	var se *json.SyntaxError
-	switch {
-	case errors.As(err, &te):
-		if te.Field == "" {
-			return fmt.Errorf("a line must be a JSON object, not %s", te.Value)
-		}
-		return fmt.Errorf("field %q: %s is not a valid %v", te.Field, te.Value, te.Type)
-	case errors.As(err, &se):
-		return fmt.Errorf("malformed JSON at byte %d: %v", se.Offset, se)
-	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
-		return errors.New("malformed JSON: the object is cut short")
-	case strings.HasPrefix(err.Error(), "json: unknown field"):
-		return fmt.Errorf("%s (known fields: context, generation, finish; seq, tokens; mtp, seqs)", strings.TrimPrefix(err.Error(), "json: "))
-	}
-	return err
-}
-
 // Reader reads a trace one step at a time.
 type Reader struct {
 	r    *bufio.Reader
@@ -316,6 +238,7 @@ type Stats struct {
 	GenerationTokens int
 	MixedIterations  int // iterations with both phases
 	MaxTokens        int // the largest batch, in tokens
+	MaxTokensLine    int // the line of the largest batch (the first of equals)
 	MaxSeqs          int // the largest batch, in sequences
 	Sequences        int // distinct sequence ids
 	Finished         int // finish entries
@@ -337,7 +260,9 @@ func Summarize(steps []Step) Stats {
 		if c > 0 && g > 0 {
 			st.MixedIterations++
 		}
-		st.MaxTokens = max(st.MaxTokens, c+g)
+		if c+g > st.MaxTokens {
+			st.MaxTokens, st.MaxTokensLine = c+g, s.Line
+		}
 		st.MaxSeqs = max(st.MaxSeqs, s.Sequences())
 		for _, r := range s.Requests() {
 			ids[r.Seq] = struct{}{}
@@ -377,4 +302,40 @@ func Footprint(steps []Step, pageSize int) (peakPages, maxLength int) {
 		}
 	}
 	return peakPages, maxLength
+}
+
+// CheckFits returns a *LineError for the first line whose batch can never
+// fit a pool of numPages pages of pageSize tokens: after the line, the
+// sequences of its batch alone hold more pages than the whole pool. Like
+// Footprint it replays the lengths, assuming every earlier line succeeds;
+// it allocates nothing, so a replayer can refuse such a line before sizing
+// any buffer for it. Whether a line fits the pages left free by the other
+// sequences is the engine's to decide (ErrCacheFull).
+func CheckFits(steps []Step, pageSize, numPages int) error {
+	if pageSize < 1 || numPages < 1 {
+		return fmt.Errorf("trace: CheckFits: page size %d and pages %d must be positive", pageSize, numPages)
+	}
+	lengths := map[uint64]int{}
+	pagesOf := func(n int) int { return n/pageSize + min(n%pageSize, 1) }
+	for _, s := range steps {
+		pages, tokens := 0, 0
+		for _, r := range s.Requests() {
+			n := r.NewTokens
+			if r.Phase == metadata.Generation {
+				n = 1 + r.MTP
+			}
+			lengths[r.Seq] += n
+			pages += pagesOf(lengths[r.Seq])
+			tokens += lengths[r.Seq]
+		}
+		if pages > numPages {
+			return &LineError{Line: s.Line, Err: fmt.Errorf(
+				"the batch's sequences hold %d tokens after it, %d pages of %d tokens, more than the whole pool of %d pages: it can never fit",
+				tokens, pages, pageSize, numPages)}
+		}
+		for _, seq := range s.Finish {
+			delete(lengths, seq)
+		}
+	}
+	return nil
 }

@@ -223,7 +223,9 @@ func (c *Backend) KVNormRopeStore(ctx context.Context, l mla.Launch, a *mla.Laye
 		}
 		ropeTail(&y, rope[pos*numerics.RopeDim*4:])
 		pg := cache[int(page)*pageBytes : (int(page)+1)*pageBytes]
-		kvcache.EncodeToken(cfg.Format, pg, cfg.PageSize, pos&(cfg.PageSize-1), &y, cfg.KVScale)
+		if err := kvcache.EncodeToken(cfg.Format, pg, cfg.PageSize, pos&(cfg.PageSize-1), &y, cfg.KVScale); err != nil {
+			panic(err) // unreachable: LayerArgs.Validate checked the cache config, and page and offset are in range
+		}
 	})
 }
 

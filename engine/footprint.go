@@ -1,0 +1,184 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/bits"
+	"strings"
+
+	"github.com/dsv4mla/prologue/attention/mla"
+	"github.com/dsv4mla/prologue/numerics"
+)
+
+// DefaultMemoryLimit is the MemoryLimit of a zero Config: 32 GiB, far above
+// the default capacity of any DeepSeek-V4 configuration and below the memory
+// of the machines it runs on. A server that gives the KV cache more sets
+// MemoryLimit.
+const DefaultMemoryLimit = 32 << 30
+
+// ErrMemoryLimit: the buffers of a Config would pass its MemoryLimit. New
+// returns it inside a *ConfigError before allocating anything.
+var ErrMemoryLimit = errors.New("more memory than MemoryLimit")
+
+// Footprint is what New allocates for a Config, in bytes, by buffer: on
+// the backend (device memory, or host memory for cpu) and the host copies
+// the engine keeps.
+type Footprint struct {
+	Pools       int64 // Layers KV cache pools of Cache.PoolBytes()
+	Inputs      int64 // fused A and Q input buffers: MaxTokens rows
+	QOutput     int64 // Q output buffer: MaxTokens rows of QFormat
+	RopeTables  int64 // one table per RoPE kind the layers use, RopePositions rows, on the backend and on the host (plus the upload copy)
+	Metadata    int64 // the fixed-address metadata buffer: MaxSeqs block-table rows
+	Weights     int64 // kv_a_layernorm weights, on the backend and on the host
+	Chain       int64 // Input = hidden: the hidden-state input and the quantized activations (MaxTokens rows)
+	ChainWeight int64 // Input = hidden: every layer's [wq_a; wkv], wq_b (the head range's rows), their scales and q_norm
+	Bookkeeping int64 // the page free list
+}
+
+// Total is the sum of every buffer, saturating at math.MaxInt64.
+func (f Footprint) Total() int64 {
+	var t int64
+	for _, b := range f.parts() {
+		t = addSat(t, b.bytes)
+	}
+	return t
+}
+
+type footprintPart struct {
+	name, field string
+	bytes       int64
+}
+
+func (f Footprint) parts() []footprintPart {
+	return []footprintPart{
+		{"KV cache pools", "Cache.NumPages", f.Pools},
+		{"input buffers", "MaxTokens", f.Inputs},
+		{"Q output", "MaxTokens", f.QOutput},
+		{"RoPE tables", "RopePositions", f.RopeTables},
+		{"metadata", "MaxSeqs", f.Metadata},
+		{"weights", "Layers", f.Weights},
+		{"chain buffers", "MaxTokens", f.Chain},
+		{"checkpoint weights", "Layers", f.ChainWeight},
+		{"page bookkeeping", "Cache.NumPages", f.Bookkeeping},
+	}
+}
+
+// String lists the buffers, largest first.
+func (f Footprint) String() string {
+	var ps []footprintPart
+	for _, p := range f.parts() {
+		if p.bytes > 0 {
+			ps = append(ps, p)
+		}
+	}
+	var out []string
+	for len(ps) > 0 {
+		i := largestPart(ps)
+		out = append(out, ps[i].name+" "+FormatBytes(ps[i].bytes))
+		ps = append(ps[:i], ps[i+1:]...)
+	}
+	return strings.Join(out, ", ")
+}
+
+func largestPart(ps []footprintPart) int {
+	best := 0
+	for i, p := range ps {
+		if p.bytes > ps[best].bytes {
+			best = i
+		}
+	}
+	return best
+}
+
+// largest returns the Config field that drives the largest buffer and a
+// description of that buffer.
+func (f Footprint) largest() (field, what string) {
+	ps := f.parts()
+	p := ps[largestPart(ps)]
+	return p.field, fmt.Sprintf("the %s, %s", p.name, FormatBytes(p.bytes))
+}
+
+// FormatBytes prints a byte count in binary units: 512 B, 1.5 KiB, 2.0 GiB.
+func FormatBytes(n int64) string {
+	if n < 1024 {
+		return fmt.Sprintf("%d B", n)
+	}
+	v, unit := float64(n), 0
+	units := []string{"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"}
+	for v >= 1024 && unit < len(units)-1 {
+		v /= 1024
+		unit++
+	}
+	return fmt.Sprintf("%.1f %s", v, units[unit])
+}
+
+func mulSat(a, b int64) int64 {
+	hi, lo := bits.Mul64(uint64(a), uint64(b))
+	if hi != 0 || lo > math.MaxInt64 {
+		return math.MaxInt64
+	}
+	return int64(lo)
+}
+
+func addSat(a, b int64) int64 {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
+}
+
+// Footprint returns what New would allocate for c, with the defaults filled
+// in; it allocates nothing. It fails on the same bad fields as New, except
+// that it does not compare the total with MemoryLimit.
+func (c Config) Footprint() (Footprint, error) {
+	r, err := c.resolve(false)
+	if err != nil {
+		return Footprint{}, err
+	}
+	return r.footprint()
+}
+
+// Resolve returns c with every default filled in, or the first field New
+// would refuse (a *ConfigError), MemoryLimit included. It allocates
+// nothing, so a front end can check a configuration before committing to it.
+func (c Config) Resolve() (Config, error) { return c.resolve(true) }
+
+// footprint computes the buffers' sizes of a resolved config. Every factor
+// is bounded by resolve, and the products saturate, so nothing overflows.
+func (c Config) footprint() (Footprint, error) {
+	var f Footprint
+	layers := int64(c.Layers)
+	f.Pools = mulSat(layers, int64(c.Cache.PoolBytes()))
+	tokens, heads := int64(c.MaxTokens), int64(c.Model.NumHeads)
+	f.Inputs = tokens*int64(c.fusedRowElems())*2 + tokens*heads*numerics.HeadDim*2
+	f.QOutput = tokens * heads * numerics.HeadDim * int64(c.QFormat.ElemBytes())
+	kinds := map[any]bool{}
+	for l := range c.Layers {
+		k, err := c.Model.LayerRope(l)
+		if err != nil {
+			return f, &ConfigError{Field: "Model", Err: fmt.Errorf("layer %d: %w", l, err)}
+		}
+		kinds[k] = true
+	}
+	f.RopeTables = 3 * int64(len(kinds)) * int64(c.RopePositions) * numerics.RopeDim * 4
+	mb, err := mla.MetadataLayout(c.MaxSeqs, c.pageStride())
+	if err != nil {
+		return f, &ConfigError{Field: "MaxSeqs", Err: err}
+	}
+	f.Metadata = int64(mb.Size)
+	f.Weights = 2 * layers * numerics.HeadDim * 4
+	f.Bookkeeping = int64(c.Cache.NumPages) * 4
+	if c.Input == InputHidden {
+		hidden, q := int64(c.Model.HiddenSize), int64(c.Model.QLoraRank)
+		// The hidden rows (bf16), act_quant's and q_norm's e4m3 values and
+		// float32 block scales.
+		f.Chain = tokens*hidden*2 + tokens*hidden + tokens*hidden/32 + tokens*q + tokens*q/32
+		fused := int64(c.fusedRowElems())
+		wqb := int64(c.heads()) * numerics.HeadDim
+		perLayer := fused*hidden + (fused+127)/128*((hidden+127)/128)*4 +
+			wqb*q + (wqb+127)/128*((q+127)/128)*4 + q*4
+		f.ChainWeight = mulSat(layers, perLayer)
+	}
+	return f, nil
+}
