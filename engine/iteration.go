@@ -117,7 +117,10 @@ func (it *Iteration) RunLayer(ctx context.Context, layer int) error {
 		it.fail(err)
 		return fmt.Errorf("engine: RunLayer(%d): %w", layer, err)
 	}
-	run := func() error { return it.e.runLayer(ctx, layer, it.launches) }
+	// One hand-over to the driver thread for all of the layer's launches.
+	run := func() error {
+		return mla.Batch(it.e.backend, func() error { return it.e.runLayer(ctx, layer, it.launches) })
+	}
 	if it.graph {
 		run = func() error { return it.replay(ctx, layer) }
 	}

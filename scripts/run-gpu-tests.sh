@@ -4,7 +4,8 @@
 # exhaustive e4m3 check, the cross-package tests (trace replay with
 # --backend cuda --verify when available), and compute-sanitizer memcheck and
 # racecheck over the conformance suite. Output also goes to $OUT/gpu-tests.log
-# when OUT is set. Exits non-zero if any step fails.
+# when OUT is set. Exits non-zero if any step fails; a step is stopped after
+# STEP_TIMEOUT seconds (default 300).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 log=${OUT:-/tmp}/gpu-tests.log
@@ -12,7 +13,7 @@ log=${OUT:-/tmp}/gpu-tests.log
 fail=0
 step() {
 	echo "=== $*" | tee -a "$log"
-	"$@" 2>&1 | tee -a "$log" | grep -E -- '^(=== RUN|--- FAIL|--- SKIP|FAIL|ok|PASS|panic)|cuda_test|differ|ERROR SUMMARY|device|Error|error|verify:|replayed|engine:|wall:|tokens:' | grep -v '^=== RUN' | tail -${TAIL:-40}
+	timeout "${STEP_TIMEOUT:-300}" "$@" 2>&1 | tee -a "$log" | grep -E -- '^(=== RUN|--- FAIL|--- SKIP|FAIL|ok|PASS|panic)|cuda_test|differ|ERROR SUMMARY|device|Error|error|verify:|replayed|engine:|wall:|tokens:' | grep -v '^=== RUN' | tail -${TAIL:-40}
 	local rc=${PIPESTATUS[0]}
 	echo "=== exit $rc: $1" | tee -a "$log"
 	[ "$rc" -eq 0 ] || fail=1
@@ -47,7 +48,7 @@ step .gpu/decode --backend cuda --verify --summary-only --input hidden --model p
 rm -rf "$ck"
 if command -v compute-sanitizer >/dev/null; then
 	for tool in memcheck racecheck; do
-		step compute-sanitizer --tool "$tool" --error-exitcode 9 .gpu/cuda.test -test.short -test.run 'TestCUDAConformance$'
+		step compute-sanitizer --tool "$tool" --error-exitcode 9 .gpu/cuda.test -test.short -test.run 'TestCUDAConformance$|TestCUDAActQuant$|TestCUDANormQuant$|TestCUDAGEMMPaths$'
 	done
 else
 	echo "compute-sanitizer not found" | tee -a "$log"

@@ -313,3 +313,20 @@ func (c *Census) Add(ls []Launch) {
 // Total is the number of KV and Q work units counted (two per launch,
 // whether a backend issues them as two kernels or one fused grid).
 func (c Census) Total() int { return c.ContextKV + c.ContextQ + c.GenerationKV + c.GenerationQ }
+
+// Batcher is an optional interface of backends whose calls are handed to
+// one owner thread (the CUDA backend's driver thread): Batch runs f there,
+// so every backend call f makes is issued directly and a layer's launches
+// cost one hand-over instead of one each. f must only issue work on the
+// backend (no waiting on other goroutines).
+type Batcher interface {
+	Batch(f func() error) error
+}
+
+// Batch runs f through b's Batcher, or directly for backends without one.
+func Batch(b Backend, f func() error) error {
+	if bb, ok := b.(Batcher); ok {
+		return bb.Batch(f)
+	}
+	return f()
+}

@@ -522,3 +522,7 @@ func (g *Graph) Launch() error { return g.b.ctx.GraphLaunch(g.exec, g.b.stream) 
 
 // Close destroys the graph.
 func (g *Graph) Close() error { return errors.Join(g.exec.Destroy(), g.g.Destroy()) }
+
+// Batch implements mla.Batcher: f runs on the driver thread, where every
+// call of the backend it makes is issued without a further hand-over.
+func (b *Backend) Batch(f func() error) error { return b.ctx.Do(f) }

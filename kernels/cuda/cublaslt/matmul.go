@@ -148,6 +148,18 @@ func (h *Handle) build(p *plan, s Shape) error {
 	if err := errors.Join(setI32(descTransA, opT), setI32(descAScaleMode, scaleBlk128x128F32), setI32(descBScaleMode, scaleVec128F32)); err != nil {
 		return err
 	}
+	// The heuristic refuses block-scaled modes whose scale pointers are
+	// unset (status 7, seen on the H200): give it placeholders (the
+	// workspace); Matmul sets each call's real scales.
+	setPtr := func(attr int32, v uint64) error {
+		var pin runtime.Pinner
+		defer pin.Unpin()
+		pin.Pin(&v)
+		return a.check(fmt.Sprintf("cublasLtMatmulDescSetAttribute(%d)", attr), a.descSetAttribute(p.desc, attr, unsafe.Pointer(&v), 8))
+	}
+	if err := errors.Join(setPtr(descAScalePointer, uint64(h.workspace)), setPtr(descBScalePointer, uint64(h.workspace))); err != nil {
+		return err
+	}
 	for _, l := range []struct {
 		dst        *uintptr
 		typ        int32

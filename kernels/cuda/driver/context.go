@@ -177,11 +177,13 @@ func (c *Context) queryProps(ordinal int) (DeviceProps, error) {
 
 // handoffSpin bounds how long the owner polls for the next request, and a
 // caller for its reply, before parking. Waking a goroutine locked to its
-// thread costs a futex round trip per direction (tens of microseconds on a
-// busy VM); bursts of calls, like a layer's launches, stay under the bound
-// and never park. Only worth it with a second P to run the other side. The
-// request channel is buffered so that a caller never parks on the send.
-const handoffSpin = 50 * time.Microsecond
+// thread costs a futex round trip per direction, about 100 us on the H200
+// machine's VM (TestHandoffLatency measures it); the bound is long enough
+// that the calls of an eager iteration, and the host work between them,
+// never park, at the price of a core polling that long after each call.
+// Only worth it with a second P to run the other side. The request channel
+// is buffered so that a caller never parks on the send.
+const handoffSpin = 300 * time.Microsecond
 
 func spinning() bool { return runtime.GOMAXPROCS(0) >= 2 }
 

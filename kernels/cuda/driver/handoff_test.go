@@ -10,15 +10,15 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-var handoff = flag.Bool("handoff", false, "TestGPUHandoffLatency: print the host cost of Do and of launches")
+var handoff = flag.Bool("handoff", false, "TestHandoffLatency: print the host cost of Do and of launches")
 
-// TestGPUHandoffLatency prints the distribution of the host time of a
+// TestHandoffLatency prints the distribution of the host time of a
 // call handed to the owner thread (an empty Do, a launch through Do, with
 // and without PDL) and of a launch issued on the owner thread itself, on
 // an idle GPU and behind a long-running kernel. It finds where an eager
 // iteration's host time goes (run with -handoff; it asserts nothing about
 // speed).
-func TestGPUHandoffLatency(t *testing.T) {
+func TestHandoffLatency(t *testing.T) {
 	if !*handoff {
 		t.Skip("run with -handoff")
 	}
