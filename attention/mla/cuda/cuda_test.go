@@ -45,21 +45,36 @@ func TestCUDAConformance(t *testing.T) {
 	mlatest.Test(t, b)
 }
 
-// TestCUDAConformanceVariants runs the suite on other launch shapes:
-// warps that stream long ranges through their rings (odd warp counts and
-// depths), one row in flight, and launches without programmatic dependent launch.
+// TestCUDAConformanceVariants runs the suite on other launch shapes. The
+// default backend puts every launch of the suite on the direct path; the
+// streaming pipeline runs with the direct path off: warps that stream long
+// ranges through their rings (odd warp counts and depths), one row in
+// flight, its default shape. Both paths run without programmatic dependent
+// launch and as separate KV and Q launches, the direct path with odd block
+// shapes, and two thresholds put the suite's launches on both sides of the
+// boundary (TestSuiteCrossesThePathBoundary checks that they do).
 func TestCUDAConformanceVariants(t *testing.T) {
 	backend(t)
+	const off = -1 // Knobs.DirectMaxRows: every launch streams
 	variants := map[string]struct {
 		opts  cuda.Options
 		knobs cudatune.Knobs
 	}{
 		// One small block: every warp streams a long range through its ring.
-		"one-block": {knobs: cudatune.Knobs{Warps: 3, KVDepth: 3, QDepth: 5, MaxBlocks: 1}},
-		"depth1":    {knobs: cudatune.Knobs{Warps: 1, KVDepth: 1, QDepth: 1, MaxBlocks: 2}},
-		"no-pdl":    {opts: cuda.Options{NoPDL: true}},
-		"separate":  {knobs: cudatune.Knobs{SeparateLaunches: true}},
-		"wide":      {knobs: cudatune.Knobs{Warps: 4, KVDepth: 8, QDepth: 8}},
+		"one-block":          {knobs: cudatune.Knobs{Warps: 3, KVDepth: 3, QDepth: 5, MaxBlocks: 1, DirectMaxRows: off}},
+		"depth1":             {knobs: cudatune.Knobs{Warps: 1, KVDepth: 1, QDepth: 1, MaxBlocks: 2, DirectMaxRows: off}},
+		"wide":               {knobs: cudatune.Knobs{Warps: 4, KVDepth: 8, QDepth: 8, DirectMaxRows: off}},
+		"streaming":          {knobs: cudatune.Knobs{DirectMaxRows: off}},
+		"streaming-no-pdl":   {opts: cuda.Options{NoPDL: true}, knobs: cudatune.Knobs{DirectMaxRows: off}},
+		"streaming-separate": {knobs: cudatune.Knobs{SeparateLaunches: true, DirectMaxRows: off}},
+		"no-pdl":             {opts: cuda.Options{NoPDL: true}},
+		"separate":           {knobs: cudatune.Knobs{SeparateLaunches: true}},
+		// Blocks of 3 warps (a block's rows straddle tokens and the KV/Q
+		// split), registers capped by 5 blocks a multiprocessor.
+		"direct-3warps": {knobs: cudatune.Knobs{DirectWarps: 3, DirectMinBlocks: 5}},
+		"direct-1warp":  {knobs: cudatune.Knobs{DirectWarps: 1}},
+		"boundary":      {knobs: cudatune.Knobs{DirectMaxRows: boundaryRows}},
+		"split":         {knobs: cudatune.Knobs{DirectMaxRows: splitRows}},
 	}
 	for name, v := range variants {
 		b, err := cuda.NewTuned(v.opts, v.knobs)
