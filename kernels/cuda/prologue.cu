@@ -213,33 +213,51 @@ __device__ __forceinline__ void load_rope(float cs[16], const float* rope, int p
     }
 }
 
+// Rotate one pair (y0, y1) with its (c, s): DESIGN.md section 4 step 4.
+__device__ __forceinline__ void rope_pair(float& y0, float& y1, float c, float s) {
+    float r0 = __fsub_rn(__fmul_rn(y0, c), __fmul_rn(y1, s));
+    float r1 = __fadd_rn(__fmul_rn(y0, s), __fmul_rn(y1, c));
+    round2(r0, r1);
+    y0 = r0;
+    y1 = r1;
+}
+
 // Rotate the lane's 8 pairs (lanes 28..31) with their (cos, sin).
 __device__ __forceinline__ void rope_pairs(float y[16], const float cs[16]) {
 #pragma unroll
+    for (int k = 0; k < 8; k++) rope_pair(y[2 * k], y[2 * k + 1], cs[2 * k], cs[2 * k + 1]);
+}
+
+// The RoPE row spread over the warp: lane j holds pair j's (cos, sin), two
+// registers instead of sixteen (the direct path keeps it across the wait).
+__device__ __forceinline__ float2 load_rope_pair(const float* rope, int pos, int lane) {
+    return __ldg(reinterpret_cast<const float2*>(rope + (size_t)pos * 64 + 2 * lane));
+}
+
+// rope_pairs with the row spread by load_rope_pair: lane 28+m's pairs
+// 8m..8m+7 come from lanes 8m..8m+7 by shuffles, which move the bits
+// exactly. Every lane of the warp must call it.
+__device__ __forceinline__ void rope_pairs_spread(float y[16], float2 cs, int lane) {
+    const int src = (lane & 3) << 3;
+#pragma unroll
     for (int k = 0; k < 8; k++) {
-        float c = cs[2 * k], s = cs[2 * k + 1];
-        float y0 = y[2 * k], y1 = y[2 * k + 1];
-        float r0 = __fsub_rn(__fmul_rn(y0, c), __fmul_rn(y1, s));
-        float r1 = __fadd_rn(__fmul_rn(y0, s), __fmul_rn(y1, c));
-        round2(r0, r1);
-        y[2 * k] = r0;
-        y[2 * k + 1] = r1;
+        const float c = __shfl_sync(FULL, cs.x, src + k);
+        const float s = __shfl_sync(FULL, cs.y, src + k);
+        if (lane >= 28) rope_pair(y[2 * k], y[2 * k + 1], c, s);
     }
 }
 
 // ---- One row: the arithmetic both paths share ------------------------------
 // The streaming pipeline and the direct path differ only in how a row
-// reaches the registers (va, vb: the lane's 32 bytes of the row) and where
-// the metadata comes from; the arithmetic and the stores are these
-// functions, so the two paths cannot produce different bytes.
+// reaches the registers (va, vb: the lane's 32 bytes of the row), where the
+// metadata comes from and how the RoPE row is held (the pipeline: 16 values
+// in each of lanes 28..31; the direct path: one pair a lane, shuffled to
+// them); the arithmetic (rope_pair and the functions below) and the stores
+// are shared, so the two paths cannot produce different bytes.
 
-// The KV job of one latent row: RMSNorm with the weight w (the lane's 16
-// values), RoPE of the tail with cs (lanes 28..31), the store at offset off
-// of page.
-template <int FMT>
-__device__ __forceinline__ void kv_row(const Params& p, uint4 va, uint4 vb, const float w[16], const float cs[16],
-                                       u8* page, int off, int lane) {
-    float x[16];
+// The KV row's RMSNorm with the weight w (the lane's 16 values): x (the
+// lane's 32 bytes of the row) becomes bf16(fl(fl(x*r)*w)).
+__device__ __forceinline__ void kv_norm(const Params& p, uint4 va, uint4 vb, const float w[16], float x[16]) {
     unpack16(va, vb, x);
     const float r = warp_rms_inv(x, p.eps);
 #pragma unroll
@@ -250,15 +268,10 @@ __device__ __forceinline__ void kv_row(const Params& p, uint4 va, uint4 vb, cons
         x[2 * k] = a;
         x[2 * k + 1] = c;
     }
-    if (lane >= 28) rope_pairs(x, cs);
-    kv_store<FMT>(p, page, off, x, lane);
 }
 
-// The Q job of one (token, head) row: RMSNorm without weight, RoPE of the
-// tail with cs (lanes 28..31), the lane's 16 values stored at dst.
-template <int QFMT>
-__device__ __forceinline__ void q_row(const Params& p, uint4 va, uint4 vb, const float cs[16], u8* dst, int lane) {
-    float x[16];
+// The Q row's RMSNorm without weight: x becomes bf16(fl(x*r)).
+__device__ __forceinline__ void q_norm(const Params& p, uint4 va, uint4 vb, float x[16]) {
     unpack16(va, vb, x);
     const float r = warp_rms_inv(x, p.eps);
 #pragma unroll
@@ -268,7 +281,11 @@ __device__ __forceinline__ void q_row(const Params& p, uint4 va, uint4 vb, const
         x[2 * k] = a;
         x[2 * k + 1] = c;
     }
-    if (lane >= 28) rope_pairs(x, cs);
+}
+
+// The lane's 16 finished Q values stored at dst in the Q format.
+template <int QFMT>
+__device__ __forceinline__ void q_store(const Params& p, u8* dst, const float x[16]) {
     if (QFMT == QFMT_BF16)
         st_bf16x16(dst, x);
     else
@@ -451,7 +468,10 @@ __device__ __forceinline__ void kv_pipeline(const Params& p0, u8* ring, int blk,
                             cs[4 * q] = t.x; cs[4 * q + 1] = t.y; cs[4 * q + 2] = t.z; cs[4 * q + 3] = t.w;
                         }
                     }
-                    kv_row<FMT>(p, va, vb, w, cs, p.out + (size_t)page[d] * p.page_bytes, off[d], lane);
+                    float x[16];
+                    kv_norm(p, va, vb, w, x);
+                    if (lane >= 28) rope_pairs(x, cs);
+                    kv_store<FMT>(p, p.out + (size_t)page[d] * p.page_bytes, off[d], x, lane);
                 }
                 issue(i + KV_DEPTH, d);
             }
@@ -518,7 +538,10 @@ __device__ __forceinline__ void q_pipeline(const Params& p0, u8* ring, int blk, 
                 } else {
                     uint4 va, vb;
                     lds32(base + d * 1024 + lane * 32, va, vb);
-                    q_row<QFMT>(p, va, vb, cs, dst, lane);
+                    float x[16];
+                    q_norm(p, va, vb, x);
+                    if (lane >= 28) rope_pairs(x, cs);
+                    q_store<QFMT>(p, dst, x);
                 }
                 issue(i + Q_DEPTH, d);
                 if (++h == p.heads) { h = 0; t++; }
@@ -606,14 +629,17 @@ __device__ __forceinline__ void kv_direct(const Params& p0, int blk) {
     st.b = -1;
     int page = -1, off = 0, pos = 0;
     const bool live = i < p.rows && kv_resolve(p, st, i, page, off, pos);
-    float cs[16];
-    if (live && lane >= 28) load_rope(cs, p.rope, pos, lane);
+    float2 cs = make_float2(0.f, 0.f);
+    if (live) cs = load_rope_pair(p.rope, pos, lane);
     pdl_wait();
     if (p.write_sched && blk == 0 && threadIdx.x == 0) write_scheduler(p);
     if (!live) return;  // padding, a slot outside the pool: no byte changes
     uint4 va, vb;
     ld_row32(p.in + (size_t)(p.row_begin + i) * p.in_stride + lane * 32, va, vb);
-    kv_row<FMT>(p, va, vb, w, cs, p.out + (size_t)page * p.page_bytes, off, lane);
+    float x[16];
+    kv_norm(p, va, vb, w, x);
+    rope_pairs_spread(x, cs, lane);
+    kv_store<FMT>(p, p.out + (size_t)page * p.page_bytes, off, x, lane);
 }
 
 // Q: warp i of the part owns (token, head) row i of the launch.
@@ -626,11 +652,11 @@ __device__ __forceinline__ void q_direct(const Params& p0, int blk) {
     const Params p = with_header(p0);
     const bool row = i < p.rows * p.heads;
     bool live = false;
-    float cs[16];
+    float2 cs = make_float2(0.f, 0.f);
     if (row) {
         int b, pos;
         live = resolve(p, i / p.heads, b, pos);
-        if (live && lane >= 28) load_rope(cs, p.rope, pos, lane);
+        if (live) cs = load_rope_pair(p.rope, pos, lane);
     }
     const size_t r = (size_t)p.row_begin * p.heads + i;
     u8* dst = p.out + r * 512 * es + lane * 16 * es;
@@ -642,7 +668,10 @@ __device__ __forceinline__ void q_direct(const Params& p0, int blk) {
     }
     uint4 va, vb;
     ld_row32(p.in + r * 1024 + lane * 32, va, vb);
-    q_row<QFMT>(p, va, vb, cs, dst, lane);
+    float x[16];
+    q_norm(p, va, vb, x);
+    rope_pairs_spread(x, cs, lane);
+    q_store<QFMT>(p, dst, x);
 }
 
 #define KV_DIRECT_KERNEL(NAME, FMT)                                                            \
