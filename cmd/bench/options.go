@@ -15,9 +15,9 @@ import (
 
 // variant is one kernel option set of --variant / --variants, written as
 // space-separated words: warps=N kvd=N qd=N bpsm=N maxblocks=N (the
-// streaming pipeline), direct=N dwarps=N dminb=N nodirect (the direct path:
-// its threshold in Q rows, warps a block, __launch_bounds__ minimum of
-// blocks a multiprocessor, and off), nopdl separate. A zero number keeps the
+// streaming pipeline), direct=N dwarps=N qrows=N dminb=N nodirect (the
+// direct path: its threshold in Q rows, warps a block, Q rows a warp,
+// __launch_bounds__ minimum of blocks a multiprocessor, and off), nopdl separate. A zero number keeps the
 // backend's default.
 type variant struct {
 	Name                    string // the text it was parsed from
@@ -25,6 +25,7 @@ type variant struct {
 	BlocksPerSM, MaxBlocks  int
 	DirectMaxRows           int
 	DirectWarps             int
+	DirectQRows             int
 	DirectMinBlocks         int
 	NoDirect                bool
 	NoPDL, SeparateLaunches bool
@@ -48,6 +49,8 @@ func (v *variant) field(key string) (*int, *bool) {
 		return &v.DirectMaxRows, nil
 	case "dwarps":
 		return &v.DirectWarps, nil
+	case "qrows":
+		return &v.DirectQRows, nil
 	case "dminb":
 		return &v.DirectMinBlocks, nil
 	case "nodirect":
@@ -94,7 +97,7 @@ func parseVariant(text string) (variant, error) {
 			*sw = true
 			continue
 		}
-		return variant{}, fmt.Errorf("variant %q: unknown option %q (known: warps=N kvd=N qd=N bpsm=N maxblocks=N direct=N dwarps=N dminb=N nodirect nopdl separate)", text, key)
+		return variant{}, fmt.Errorf("variant %q: unknown option %q (known: warps=N kvd=N qd=N bpsm=N maxblocks=N direct=N dwarps=N qrows=N dminb=N nodirect nopdl separate)", text, key)
 	}
 	return v, nil
 }
@@ -134,6 +137,7 @@ func (v variant) options(verbose bool) (cuda.Options, cudatune.Knobs) {
 		MaxBlocks:        v.MaxBlocks,
 		DirectMaxRows:    direct,
 		DirectWarps:      v.DirectWarps,
+		DirectQRows:      v.DirectQRows,
 		DirectMinBlocks:  v.DirectMinBlocks,
 		SeparateLaunches: v.SeparateLaunches,
 		Verbose:          verbose,

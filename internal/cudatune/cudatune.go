@@ -32,6 +32,10 @@ type Knobs struct {
 	DirectMaxRows int
 	// DirectWarps is the direct path's warps per block (0: 4).
 	DirectWarps int
+	// DirectQRows is the (token, head) rows each Q warp of the direct path
+	// owns, their loads issued together (0: 2): fewer warps, so that a
+	// decode batch's grid is resident at once.
+	DirectQRows int
 	// DirectMinBlocks is the direct path's __launch_bounds__ minimum of
 	// blocks a multiprocessor (0: 1, the registers left to the compiler);
 	// a larger value caps the registers a thread to raise occupancy.
@@ -57,6 +61,7 @@ func (k Knobs) Defaults() Knobs {
 	def(&k.QDepth, 4)
 	def(&k.BlocksPerSM, 4)
 	def(&k.DirectWarps, 4)
+	def(&k.DirectQRows, 2)
 	def(&k.DirectMinBlocks, 1)
 	switch {
 	case k.DirectMaxRows == 0:

@@ -8,9 +8,9 @@ import (
 
 func TestDefaults(t *testing.T) {
 	require.Equal(t, Knobs{Warps: 8, KVDepth: 4, QDepth: 4, BlocksPerSM: 4,
-		DirectMaxRows: DefaultDirectMaxRows, DirectWarps: 4, DirectMinBlocks: 1}, Knobs{}.Defaults())
+		DirectMaxRows: DefaultDirectMaxRows, DirectWarps: 4, DirectQRows: 2, DirectMinBlocks: 1}, Knobs{}.Defaults())
 	set := Knobs{Warps: 3, KVDepth: 1, QDepth: 5, BlocksPerSM: 2, MaxBlocks: 1, DirectMaxRows: 7, DirectWarps: 2,
-		DirectMinBlocks: 6, SeparateLaunches: true, Verbose: true}
+		DirectQRows: 3, DirectMinBlocks: 6, SeparateLaunches: true, Verbose: true}
 	require.Equal(t, set, set.Defaults(), "set fields stay")
 	require.Equal(t, 8, Knobs{Warps: -1}.Defaults().Warps)
 	require.Equal(t, -1, Knobs{DirectMaxRows: -5}.Defaults().DirectMaxRows, "negative: never direct")

@@ -583,11 +583,11 @@ LAYER_KERNEL(layer_fp8_pertensor_qbf16, FMT_FP8_PERTENSOR, QFMT_BF16)
 // ---- The direct path ----------------------------------------------------------
 // Small batches (the host picks this path per launch, for up to
 // cudatune.Knobs.DirectMaxRows Q rows): latency, not bandwidth, sets their
-// time. One warp per work row and the grid covers every row, so a warp's
-// only global round trip after the wait is its own row (two 16-byte loads a
-// lane, straight into registers: lane j holds the canonical partial j). No
-// shared memory, so the next grid's blocks can become resident beside this
-// one's.
+// time. One warp per latent row, one per DIRECT_QROWS (token, head) rows,
+// and the grid covers every row, so a warp's only global round trip after
+// the wait is its own rows (two 16-byte loads a lane each, straight into
+// registers: lane j holds the canonical partial j). No shared memory, so
+// the next grid's blocks can become resident beside this one's.
 //
 // Ordering under programmatic dependent launch: the next grid may launch as
 // soon as every block of this one has started (pdl_trigger first), and runs
@@ -602,6 +602,10 @@ LAYER_KERNEL(layer_fp8_pertensor_qbf16, FMT_FP8_PERTENSOR, QFMT_BF16)
 
 #ifndef DIRECT_WARPS
 #define DIRECT_WARPS 4
+#endif
+// (Token, head) rows a Q warp owns.
+#ifndef DIRECT_QROWS
+#define DIRECT_QROWS 2
 #endif
 // Blocks a multiprocessor must be able to hold (__launch_bounds__' second
 // argument: it caps the registers a thread, so 1 leaves them to the compiler).
@@ -642,36 +646,62 @@ __device__ __forceinline__ void kv_direct(const Params& p0, int blk) {
     kv_store<FMT>(p, p.out + (size_t)page * p.page_bytes, off, x, lane);
 }
 
-// Q: warp i of the part owns (token, head) row i of the launch.
+// Q: warp w of the part owns (token, head) rows [w*R, w*R+R) of the launch,
+// R = DIRECT_QROWS: their loads go out together after the wait, so a grid
+// of 1/R the warps (resident at once, its metadata resolved before the
+// wait) keeps as many bytes in flight. A token's metadata and RoPE row are
+// resolved once for its consecutive rows.
 template <int QFMT>
 __device__ __forceinline__ void q_direct(const Params& p0, int blk) {
+    constexpr int R = DIRECT_QROWS;
     pdl_trigger();
     const int es = QFMT == QFMT_BF16 ? 2 : 1;
     const int lane = threadIdx.x & 31;
-    const int i = blk * DIRECT_WARPS + (threadIdx.x >> 5);  // warp-uniform
+    const int i0 = (blk * DIRECT_WARPS + (threadIdx.x >> 5)) * R;  // warp-uniform
     const Params p = with_header(p0);
-    const bool row = i < p.rows * p.heads;
-    bool live = false;
-    float2 cs = make_float2(0.f, 0.f);
-    if (row) {
-        int b, pos;
-        live = resolve(p, i / p.heads, b, pos);
-        if (live) cs = load_rope_pair(p.rope, pos, lane);
+    const int n = p.rows * p.heads;
+    bool live[R];
+    float2 cs[R];
+    {
+        int tok = -1;
+        bool tlive = false;
+        float2 tcs = make_float2(0.f, 0.f);
+#pragma unroll
+        for (int k = 0; k < R; k++) {
+            live[k] = false;
+            cs[k] = tcs;
+            if (i0 + k < n) {
+                const int t = (i0 + k) / p.heads;
+                if (t != tok) {
+                    tok = t;
+                    int b, pos;
+                    tlive = resolve(p, t, b, pos);
+                    if (tlive) tcs = load_rope_pair(p.rope, pos, lane);
+                }
+                live[k] = tlive;
+                cs[k] = tcs;
+            }
+        }
     }
-    const size_t r = (size_t)p.row_begin * p.heads + i;
-    u8* dst = p.out + r * 512 * es + lane * 16 * es;
+    const size_t r0 = (size_t)p.row_begin * p.heads + i0;
     pdl_wait();
-    if (!row) return;
-    if (!live) {
-        q_zero<QFMT>(dst);
-        return;
+    uint4 va[R], vb[R];
+#pragma unroll
+    for (int k = 0; k < R; k++)
+        if (live[k]) ld_row32(p.in + (r0 + k) * 1024 + lane * 32, va[k], vb[k]);
+#pragma unroll
+    for (int k = 0; k < R; k++) {
+        if (i0 + k >= n) break;
+        u8* dst = p.out + (r0 + k) * 512 * es + lane * 16 * es;
+        if (!live[k]) {
+            q_zero<QFMT>(dst);
+        } else {
+            float x[16];
+            q_norm(p, va[k], vb[k], x);
+            rope_pairs_spread(x, cs[k], lane);
+            q_store<QFMT>(p, dst, x);
+        }
     }
-    uint4 va, vb;
-    ld_row32(p.in + r * 1024 + lane * 32, va, vb);
-    float x[16];
-    q_norm(p, va, vb, x);
-    rope_pairs_spread(x, cs, lane);
-    q_store<QFMT>(p, dst, x);
 }
 
 #define KV_DIRECT_KERNEL(NAME, FMT)                                                            \
@@ -692,7 +722,8 @@ Q_DIRECT_KERNEL(q_fp8_direct, QFMT_FP8)
 Q_DIRECT_KERNEL(q_bf16_direct, QFMT_BF16)
 
 // The fused layer grid of the direct path: blocks [0, kv_blocks) own the
-// launch's latent rows, one warp each, the rest its (token, head) rows.
+// launch's latent rows, one warp each, the rest its (token, head) rows,
+// DIRECT_QROWS a warp.
 #define LAYER_DIRECT_KERNEL(NAME, FMT, QFMT)                                                   \
     extern "C" __global__ void __launch_bounds__(DIRECT_WARPS * 32, DIRECT_MIN_BLOCKS)         \
         NAME(const Params kv, const Params q, const int kv_blocks) {                           \

@@ -90,6 +90,9 @@ func NewTuned(opts Options, k cudatune.Knobs) (*Backend, error) {
 	if k.DirectWarps > 32 {
 		return nil, fmt.Errorf("cuda: Knobs.DirectWarps = %d exceeds 32 warps a block", k.DirectWarps)
 	}
+	if k.DirectQRows > 8 {
+		return nil, fmt.Errorf("cuda: Knobs.DirectQRows = %d exceeds 8 rows a warp", k.DirectQRows)
+	}
 	if k.DirectWarps*k.DirectMinBlocks > 64 {
 		return nil, fmt.Errorf("cuda: Knobs.DirectMinBlocks = %d blocks of %d warps exceeds the 64 warps a multiprocessor holds",
 			k.DirectMinBlocks, k.DirectWarps)
@@ -118,6 +121,7 @@ func (b *Backend) compileOptions() driver.CompileOptions {
 			"KV_DEPTH":          strconv.Itoa(b.knobs.KVDepth),
 			"Q_DEPTH":           strconv.Itoa(b.knobs.QDepth),
 			"DIRECT_WARPS":      strconv.Itoa(b.knobs.DirectWarps),
+			"DIRECT_QROWS":      strconv.Itoa(b.knobs.DirectQRows),
 			"DIRECT_MIN_BLOCKS": strconv.Itoa(b.knobs.DirectMinBlocks),
 		},
 	}
@@ -345,10 +349,11 @@ func (b *Backend) grid(n int) (driver.Dim3, driver.Dim3) {
 	return driver.Dim3{uint32(blocks), 1, 1}, driver.Dim3{uint32(32 * b.knobs.Warps), 1, 1}
 }
 
-// directGrid sizes a direct-path launch over n work rows: one warp a row,
-// every row covered (the kernels do not loop).
-func directGrid(k cudatune.Knobs, n int) (driver.Dim3, driver.Dim3) {
-	blocks := max(1, (n+k.DirectWarps-1)/k.DirectWarps)
+// directGrid sizes a direct-path part over n work rows, perWarp rows a warp
+// (KV: 1; Q: Knobs.DirectQRows): every row covered (the kernels do not loop).
+func directGrid(k cudatune.Knobs, n, perWarp int) (driver.Dim3, driver.Dim3) {
+	warps := (n + perWarp - 1) / perWarp
+	blocks := max(1, (warps+k.DirectWarps-1)/k.DirectWarps)
 	return driver.Dim3{uint32(blocks), 1, 1}, driver.Dim3{uint32(32 * k.DirectWarps), 1, 1}
 }
 
@@ -367,13 +372,20 @@ func pathFor(k cudatune.Knobs, l mla.Launch, heads int) abi.Path {
 
 func (b *Backend) path(l mla.Launch, heads int) abi.Path { return pathFor(b.knobs, l, heads) }
 
-// partGrid sizes one part (KV: n latent rows; Q: n (token, head) rows) of
-// a launch on its path.
-func (b *Backend) partGrid(p abi.Path, n int) (driver.Dim3, driver.Dim3) {
+// kvGrid and qGrid size a launch's KV part (its latent rows) and Q part
+// (its (token, head) rows) on path p.
+func (b *Backend) kvGrid(p abi.Path, l mla.Launch) (driver.Dim3, driver.Dim3) {
 	if p == abi.Direct {
-		return directGrid(b.knobs, n)
+		return directGrid(b.knobs, l.Rows, 1)
 	}
-	return b.grid(n)
+	return b.grid(l.Rows)
+}
+
+func (b *Backend) qGrid(p abi.Path, l mla.Launch, heads int) (driver.Dim3, driver.Dim3) {
+	if p == abi.Direct {
+		return directGrid(b.knobs, l.Rows*heads, b.knobs.DirectQRows)
+	}
+	return b.grid(l.Rows * heads)
 }
 
 func (b *Backend) launch(fn *driver.Function, grid, block driver.Dim3, args ...any) error {
@@ -425,7 +437,7 @@ func (b *Backend) KVNormRopeStore(ctx context.Context, l mla.Launch, a *mla.Laye
 	if err != nil {
 		return err
 	}
-	grid, block := b.partGrid(path, l.Rows)
+	grid, block := b.kvGrid(path, l)
 	return b.launch(b.fns[name], grid, block, p)
 }
 
@@ -443,7 +455,7 @@ func (b *Backend) QNormRopeQuant(ctx context.Context, l mla.Launch, a *mla.Layer
 	if err != nil {
 		return err
 	}
-	grid, block := b.partGrid(path, l.Rows*a.Heads)
+	grid, block := b.qGrid(path, l, a.Heads)
 	return b.launch(b.fns[name], grid, block, p)
 }
 
@@ -467,8 +479,8 @@ func (b *Backend) layerLaunch(l mla.Launch, a *mla.LayerArgs) error {
 	if err != nil {
 		return err
 	}
-	kvGrid, block := b.partGrid(path, l.Rows)
-	qGrid, _ := b.partGrid(path, l.Rows*a.Heads)
+	kvGrid, block := b.kvGrid(path, l)
+	qGrid, _ := b.qGrid(path, l, a.Heads)
 	grid := driver.Dim3{kvGrid[0] + qGrid[0], 1, 1}
 	return b.launch(fn, grid, block, pkv, pq, int32(kvGrid[0]))
 }

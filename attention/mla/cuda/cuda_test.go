@@ -69,12 +69,14 @@ func TestCUDAConformanceVariants(t *testing.T) {
 		"streaming-separate": {knobs: cudatune.Knobs{SeparateLaunches: true, DirectMaxRows: off}},
 		"no-pdl":             {opts: cuda.Options{NoPDL: true}},
 		"separate":           {knobs: cudatune.Knobs{SeparateLaunches: true}},
-		// Blocks of 3 warps (a block's rows straddle tokens and the KV/Q
-		// split), registers capped by 5 blocks a multiprocessor.
-		"direct-3warps": {knobs: cudatune.Knobs{DirectWarps: 3, DirectMinBlocks: 5}},
-		"direct-1warp":  {knobs: cudatune.Knobs{DirectWarps: 1}},
-		"boundary":      {knobs: cudatune.Knobs{DirectMaxRows: boundaryRows}},
-		"split":         {knobs: cudatune.Knobs{DirectMaxRows: splitRows}},
+		// Blocks of 3 warps and 3 Q rows a warp (a warp's rows straddle
+		// tokens, a block's the KV/Q split), registers capped by 5 blocks a
+		// multiprocessor.
+		"direct-3warps-3rows": {knobs: cudatune.Knobs{DirectWarps: 3, DirectQRows: 3, DirectMinBlocks: 5}},
+		"direct-1warp-1row":   {knobs: cudatune.Knobs{DirectWarps: 1, DirectQRows: 1}},
+		"direct-4rows":        {knobs: cudatune.Knobs{DirectQRows: 4}},
+		"boundary":            {knobs: cudatune.Knobs{DirectMaxRows: boundaryRows}},
+		"split":               {knobs: cudatune.Knobs{DirectMaxRows: splitRows}},
 	}
 	for name, v := range variants {
 		b, err := cuda.NewTuned(v.opts, v.knobs)

@@ -88,7 +88,7 @@ func (b *Backend) ForkKV(ctx context.Context, launches []mla.Launch, a *mla.Laye
 			if err != nil {
 				return err
 			}
-			grid, block := b.partGrid(path, l.Rows)
+			grid, block := b.kvGrid(path, l)
 			if err := b.ctx.Launch(b.fns[name], grid, block, 0, s.stream, p); err != nil {
 				return fmt.Errorf("cuda: side-stream KV %v launch: %w", l, err)
 			}

@@ -91,16 +91,18 @@ func TestLaunchParamsPacking(t *testing.T) {
 	}
 }
 
-// TestDirectGrid: the direct path's grid has a warp for every row (its
-// kernels do not loop) and at least one block.
+// TestDirectGrid: the direct path's grid has a warp for every row (KV) or
+// every DirectQRows rows (Q), as its kernels do not loop, and at least one
+// block.
 func TestDirectGrid(t *testing.T) {
-	for _, c := range []struct{ warps, n, blocks int }{
-		{4, 8192, 2048}, {4, 128, 32}, {4, 5, 2}, {4, 1, 1}, {4, 0, 1}, {3, 7, 3}, {1, 9, 9}, {32, 33, 2},
+	for _, c := range []struct{ warps, n, perWarp, blocks int }{
+		{4, 8192, 2, 1024}, {4, 8192, 1, 2048}, {4, 128, 1, 32}, {4, 5, 1, 2}, {4, 1, 1, 1}, {4, 0, 1, 1},
+		{3, 7, 1, 3}, {1, 9, 1, 9}, {32, 33, 1, 2}, {3, 7, 3, 1}, {1, 7, 3, 3}, {2, 16384, 4, 2048},
 	} {
 		k := cudatune.Knobs{DirectWarps: c.warps}.Defaults()
-		grid, block := directGrid(k, c.n)
-		require.Equal(t, driver.Dim3{uint32(c.blocks), 1, 1}, grid, "%d rows, %d warps", c.n, c.warps)
+		grid, block := directGrid(k, c.n, c.perWarp)
+		require.Equal(t, driver.Dim3{uint32(c.blocks), 1, 1}, grid, "%d rows, %d a warp, %d warps a block", c.n, c.perWarp, c.warps)
 		require.Equal(t, driver.Dim3{uint32(32 * c.warps), 1, 1}, block)
-		require.GreaterOrEqual(t, c.blocks*c.warps, c.n)
+		require.GreaterOrEqual(t, c.blocks*c.warps*c.perWarp, c.n)
 	}
 }
