@@ -49,10 +49,11 @@ func TestCUDAConformance(t *testing.T) {
 // default backend puts every launch of the suite on the direct path; the
 // streaming pipeline runs with the direct path off: warps that stream long
 // ranges through their rings (odd warp counts and depths), one row in
-// flight, its default shape. Both paths run without programmatic dependent
-// launch and as separate KV and Q launches, the direct path with odd block
-// shapes, and two thresholds put the suite's launches on both sides of the
-// boundary (TestSuiteCrossesThePathBoundary checks that they do).
+// flight, its default shape, as separate KV and Q launches. The direct
+// path runs without programmatic dependent launch, as separate launches and
+// with odd block shapes, and two thresholds put the suite's launches on both
+// sides of the boundary (TestSuiteCrossesThePathBoundary checks that they
+// do).
 func TestCUDAConformanceVariants(t *testing.T) {
 	backend(t)
 	const off = -1 // Knobs.DirectMaxRows: every launch streams
@@ -65,7 +66,6 @@ func TestCUDAConformanceVariants(t *testing.T) {
 		"depth1":             {knobs: cudatune.Knobs{Warps: 1, KVDepth: 1, QDepth: 1, MaxBlocks: 2, DirectMaxRows: off}},
 		"wide":               {knobs: cudatune.Knobs{Warps: 4, KVDepth: 8, QDepth: 8, DirectMaxRows: off}},
 		"streaming":          {knobs: cudatune.Knobs{DirectMaxRows: off}},
-		"streaming-no-pdl":   {opts: cuda.Options{NoPDL: true}, knobs: cudatune.Knobs{DirectMaxRows: off}},
 		"streaming-separate": {knobs: cudatune.Knobs{SeparateLaunches: true, DirectMaxRows: off}},
 		"no-pdl":             {opts: cuda.Options{NoPDL: true}},
 		"separate":           {knobs: cudatune.Knobs{SeparateLaunches: true}},
@@ -74,7 +74,6 @@ func TestCUDAConformanceVariants(t *testing.T) {
 		// multiprocessor.
 		"direct-3warps-3rows": {knobs: cudatune.Knobs{DirectWarps: 3, DirectQRows: 3, DirectMinBlocks: 5}},
 		"direct-1warp-1row":   {knobs: cudatune.Knobs{DirectWarps: 1, DirectQRows: 1}},
-		"direct-4rows":        {knobs: cudatune.Knobs{DirectQRows: 4}},
 		"boundary":            {knobs: cudatune.Knobs{DirectMaxRows: boundaryRows}},
 		"split":               {knobs: cudatune.Knobs{DirectMaxRows: splitRows}},
 	}
