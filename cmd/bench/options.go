@@ -14,12 +14,20 @@ import (
 // changes.
 
 // variant is one kernel option set of --variant / --variants, written as
-// space-separated words: warps=N kvd=N qd=N bpsm=N maxblocks=N nopdl separate.
-// A zero number keeps the backend's default.
+// space-separated words: warps=N kvd=N qd=N bpsm=N maxblocks=N (the
+// streaming pipeline), direct=N dwarps=N qrows=N dminb=N nodirect (the
+// direct path: its threshold in Q rows, warps a block, Q rows a warp,
+// __launch_bounds__ minimum of blocks a multiprocessor, and off), nopdl separate. A zero number keeps the
+// backend's default.
 type variant struct {
 	Name                    string // the text it was parsed from
 	Warps, KVDepth, QDepth  int
 	BlocksPerSM, MaxBlocks  int
+	DirectMaxRows           int
+	DirectWarps             int
+	DirectQRows             int
+	DirectMinBlocks         int
+	NoDirect                bool
 	NoPDL, SeparateLaunches bool
 }
 
@@ -37,6 +45,16 @@ func (v *variant) field(key string) (*int, *bool) {
 		return &v.BlocksPerSM, nil
 	case "maxblocks":
 		return &v.MaxBlocks, nil
+	case "direct":
+		return &v.DirectMaxRows, nil
+	case "dwarps":
+		return &v.DirectWarps, nil
+	case "qrows":
+		return &v.DirectQRows, nil
+	case "dminb":
+		return &v.DirectMinBlocks, nil
+	case "nodirect":
+		return nil, &v.NoDirect
 	case "nopdl":
 		return nil, &v.NoPDL
 	case "separate":
@@ -79,7 +97,7 @@ func parseVariant(text string) (variant, error) {
 			*sw = true
 			continue
 		}
-		return variant{}, fmt.Errorf("variant %q: unknown option %q (known: warps=N kvd=N qd=N bpsm=N maxblocks=N nopdl separate)", text, key)
+		return variant{}, fmt.Errorf("variant %q: unknown option %q (known: warps=N kvd=N qd=N bpsm=N maxblocks=N direct=N dwarps=N qrows=N dminb=N nodirect nopdl separate)", text, key)
 	}
 	return v, nil
 }
@@ -107,12 +125,20 @@ func parseVariants(list string) ([]variant, error) {
 // options is the CUDA backend configuration of the variant: the user
 // options and the launch-shape knobs (internal/cudatune).
 func (v variant) options(verbose bool) (cuda.Options, cudatune.Knobs) {
+	direct := v.DirectMaxRows
+	if v.NoDirect {
+		direct = -1
+	}
 	return cuda.Options{NoPDL: v.NoPDL}, cudatune.Knobs{
 		Warps:            v.Warps,
 		KVDepth:          v.KVDepth,
 		QDepth:           v.QDepth,
 		BlocksPerSM:      v.BlocksPerSM,
 		MaxBlocks:        v.MaxBlocks,
+		DirectMaxRows:    direct,
+		DirectWarps:      v.DirectWarps,
+		DirectQRows:      v.DirectQRows,
+		DirectMinBlocks:  v.DirectMinBlocks,
 		SeparateLaunches: v.SeparateLaunches,
 		Verbose:          verbose,
 	}

@@ -1,10 +1,16 @@
 // Package cudatune holds the CUDA backend's launch-shape knobs: the
-// pipeline's warps and depths, the grid cap, separate KV and Q launches and
-// the compiler's resource report. The defaults (the zero Knobs) are the
-// shapes measured best on the H200; the module's tests vary them to run the
-// kernels through unusual shapes, and cmd/bench to measure alternatives.
-// Being internal, they stay out of the backend's public Options.
+// streaming pipeline's warps and depths, the grid cap, the direct path's
+// threshold and block shape, separate KV and Q launches and the compiler's
+// resource report. The defaults (the zero Knobs) are the shapes measured
+// best on the H200; the module's tests vary them to run the kernels through
+// unusual shapes, and cmd/bench to measure alternatives. Being internal,
+// they stay out of the backend's public Options.
 package cudatune
+
+// DefaultDirectMaxRows is the largest launch, in Q rows (tokens x heads),
+// that takes the direct path by default: V4-Flash decode up to b=128 MTP 3,
+// V4-Pro up to b=64 MTP 3.
+const DefaultDirectMaxRows = 32768
 
 // Knobs are passed to cuda.NewTuned; zero fields take the defaults.
 type Knobs struct {
@@ -19,6 +25,21 @@ type Knobs struct {
 	// MaxBlocks, when set, caps the grid instead (tests use it to make a
 	// few warps stream long ranges).
 	MaxBlocks int
+	// DirectMaxRows: a launch of at most this many Q rows (tokens x heads,
+	// padding included) runs the direct path (one warp per row, no shared
+	// memory; kernels/cuda/prologue.cu), a larger one the streaming
+	// pipeline above. 0: DefaultDirectMaxRows; negative: never direct.
+	DirectMaxRows int
+	// DirectWarps is the direct path's warps per block (0: 4).
+	DirectWarps int
+	// DirectQRows is the (token, head) rows each Q warp of the direct path
+	// owns, their loads issued together (0: 2): fewer warps, so that a
+	// decode batch's grid is resident at once.
+	DirectQRows int
+	// DirectMinBlocks is the direct path's __launch_bounds__ minimum of
+	// blocks a multiprocessor (0: 1, the registers left to the compiler);
+	// a larger value caps the registers a thread to raise occupancy.
+	DirectMinBlocks int
 	// SeparateLaunches makes RunLayer issue the KV and Q kernels as two
 	// launches instead of one fused layer launch.
 	SeparateLaunches bool
@@ -27,7 +48,8 @@ type Knobs struct {
 	Verbose bool
 }
 
-// Defaults returns k with every zero shape field set to its default.
+// Defaults returns k with every zero shape field set to its default (a
+// negative DirectMaxRows stays: it turns the direct path off).
 func (k Knobs) Defaults() Knobs {
 	def := func(v *int, d int) {
 		if *v <= 0 {
@@ -38,5 +60,20 @@ func (k Knobs) Defaults() Knobs {
 	def(&k.KVDepth, 4)
 	def(&k.QDepth, 4)
 	def(&k.BlocksPerSM, 4)
+	def(&k.DirectWarps, 4)
+	def(&k.DirectQRows, 2)
+	def(&k.DirectMinBlocks, 1)
+	switch {
+	case k.DirectMaxRows == 0:
+		k.DirectMaxRows = DefaultDirectMaxRows
+	case k.DirectMaxRows < 0:
+		k.DirectMaxRows = -1
+	}
 	return k
+}
+
+// Direct reports whether a launch of qRows Q rows (tokens x heads) takes
+// the direct path under k (with its defaults applied).
+func (k Knobs) Direct(qRows int) bool {
+	return k.DirectMaxRows >= 0 && qRows <= k.DirectMaxRows
 }

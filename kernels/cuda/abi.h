@@ -115,5 +115,16 @@ static_assert(sizeof(Params) == 176, "Params differs from the Go table in kernel
 //   layer_bf16_qbf16
 //   layer_fp8_pertensor_qfp8
 //   layer_fp8_pertensor_qbf16
+//   kv_fp8_ue8m0_direct
+//   kv_bf16_direct
+//   kv_fp8_pertensor_direct
+//   q_fp8_direct
+//   q_bf16_direct
+//   layer_fp8_ue8m0_qfp8_direct
+//   layer_fp8_ue8m0_qbf16_direct
+//   layer_bf16_qfp8_direct
+//   layer_bf16_qbf16_direct
+//   layer_fp8_pertensor_qfp8_direct
+//   layer_fp8_pertensor_qbf16_direct
 
 #endif // DSV4_PROLOGUE_ABI_H

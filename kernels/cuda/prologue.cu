@@ -213,17 +213,99 @@ __device__ __forceinline__ void load_rope(float cs[16], const float* rope, int p
     }
 }
 
+// Rotate one pair (y0, y1) with its (c, s): DESIGN.md section 4 step 4.
+__device__ __forceinline__ void rope_pair(float& y0, float& y1, float c, float s) {
+    float r0 = __fsub_rn(__fmul_rn(y0, c), __fmul_rn(y1, s));
+    float r1 = __fadd_rn(__fmul_rn(y0, s), __fmul_rn(y1, c));
+    round2(r0, r1);
+    y0 = r0;
+    y1 = r1;
+}
+
 // Rotate the lane's 8 pairs (lanes 28..31) with their (cos, sin).
 __device__ __forceinline__ void rope_pairs(float y[16], const float cs[16]) {
 #pragma unroll
+    for (int k = 0; k < 8; k++) rope_pair(y[2 * k], y[2 * k + 1], cs[2 * k], cs[2 * k + 1]);
+}
+
+// The RoPE row spread over the warp: lane j holds pair j's (cos, sin), two
+// registers instead of sixteen (the direct path keeps it across the wait).
+__device__ __forceinline__ float2 load_rope_pair(const float* rope, int pos, int lane) {
+    return __ldg(reinterpret_cast<const float2*>(rope + (size_t)pos * 64 + 2 * lane));
+}
+
+// rope_pairs with the row spread by load_rope_pair: lane 28+m's pairs
+// 8m..8m+7 come from lanes 8m..8m+7 by shuffles, which move the bits
+// exactly. Every lane of the warp must call it.
+__device__ __forceinline__ void rope_pairs_spread(float y[16], float2 cs, int lane) {
+    const int src = (lane & 3) << 3;
+#pragma unroll
     for (int k = 0; k < 8; k++) {
-        float c = cs[2 * k], s = cs[2 * k + 1];
-        float y0 = y[2 * k], y1 = y[2 * k + 1];
-        float r0 = __fsub_rn(__fmul_rn(y0, c), __fmul_rn(y1, s));
-        float r1 = __fadd_rn(__fmul_rn(y0, s), __fmul_rn(y1, c));
-        round2(r0, r1);
-        y[2 * k] = r0;
-        y[2 * k + 1] = r1;
+        const float c = __shfl_sync(FULL, cs.x, src + k);
+        const float s = __shfl_sync(FULL, cs.y, src + k);
+        if (lane >= 28) rope_pair(y[2 * k], y[2 * k + 1], c, s);
+    }
+}
+
+// ---- One row: the arithmetic both paths share ------------------------------
+// The streaming pipeline and the direct path differ only in how a row
+// reaches the registers (va, vb: the lane's 32 bytes of the row), where the
+// metadata comes from and how the RoPE row is held (the pipeline: 16 values
+// in each of lanes 28..31; the direct path: one pair a lane, shuffled to
+// them); the arithmetic (rope_pair and the functions below) and the stores
+// are shared, so the two paths cannot produce different bytes.
+
+// The KV row's RMSNorm with the weight w (the lane's 16 values): x (the
+// lane's 32 bytes of the row) becomes bf16(fl(fl(x*r)*w)).
+__device__ __forceinline__ void kv_norm(const Params& p, uint4 va, uint4 vb, const float w[16], float x[16]) {
+    unpack16(va, vb, x);
+    const float r = warp_rms_inv(x, p.eps);
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        float a = __fmul_rn(__fmul_rn(x[2 * k], r), w[2 * k]);
+        float c = __fmul_rn(__fmul_rn(x[2 * k + 1], r), w[2 * k + 1]);
+        round2(a, c);
+        x[2 * k] = a;
+        x[2 * k + 1] = c;
+    }
+}
+
+// The Q row's RMSNorm without weight: x becomes bf16(fl(x*r)).
+__device__ __forceinline__ void q_norm(const Params& p, uint4 va, uint4 vb, float x[16]) {
+    unpack16(va, vb, x);
+    const float r = warp_rms_inv(x, p.eps);
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        float a = __fmul_rn(x[2 * k], r), c = __fmul_rn(x[2 * k + 1], r);
+        round2(a, c);
+        x[2 * k] = a;
+        x[2 * k + 1] = c;
+    }
+}
+
+// The lane's 16 finished Q values stored at dst in the Q format.
+template <int QFMT>
+__device__ __forceinline__ void q_store(const Params& p, u8* dst, const float x[16]) {
+    if (QFMT == QFMT_BF16)
+        st_bf16x16(dst, x);
+    else
+        st_e4m3x16(dst, x, p.scale);
+}
+
+// A padding (or unresolvable) Q row is written as zeros: the lane's 16 values.
+template <int QFMT>
+__device__ __forceinline__ void q_zero(u8* dst) {
+    st_u4(dst, make_uint4(0, 0, 0, 0));
+    if (QFMT == QFMT_BF16) st_u4(dst + 16, make_uint4(0, 0, 0, 0));
+}
+
+// The kv_a_layernorm weight of the lane's 16 values.
+__device__ __forceinline__ void load_weight(float w[16], const float* weight, int lane) {
+    const float* wp = weight + lane * 16;
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        float4 t = ld_f4(wp + 4 * q);
+        w[4 * q] = t.x; w[4 * q + 1] = t.y; w[4 * q + 2] = t.z; w[4 * q + 3] = t.w;
     }
 }
 
@@ -329,20 +411,16 @@ template <int FMT>
 __device__ __forceinline__ void kv_pipeline(const Params& p0, u8* ring, int blk, int nblk) {
     const int lane = threadIdx.x & 31;
     const int wib = threadIdx.x >> 5;
-    pdl_wait();
+    // The header and the weight are never written by a grid in flight (the
+    // host uploads the metadata before the iteration's first kernel): read
+    // them before the wait.
     const Params p = with_header(p0);
+    float w[16];
+    load_weight(w, p.weight, lane);
+    pdl_wait();
     if (p.write_sched && blk == 0 && threadIdx.x == 0) write_scheduler(p);
     int begin, end;
     warp_range(p.rows, blk, nblk, begin, end);
-    float w[16];
-    {
-        const float* wp = p.weight + lane * 16;
-#pragma unroll
-        for (int q = 0; q < 4; q++) {
-            float4 t = ld_f4(wp + 4 * q);
-            w[4 * q] = t.x; w[4 * q + 1] = t.y; w[4 * q + 2] = t.z; w[4 * q + 3] = t.w;
-        }
-    }
     KVState st;
     st.b = -1;
     int page[KV_DEPTH], off[KV_DEPTH];
@@ -381,27 +459,18 @@ __device__ __forceinline__ void kv_pipeline(const Params& p0, u8* ring, int blk,
                 if (page[d] >= 0) {  // warp-uniform
                     uint4 va, vb;
                     lds32(base + d * KV_SLOT + lane * 32, va, vb);
-                    float x[16];
-                    unpack16(va, vb, x);
-                    const float r = warp_rms_inv(x, p.eps);
-#pragma unroll
-                    for (int k = 0; k < 8; k++) {
-                        float a = __fmul_rn(__fmul_rn(x[2 * k], r), w[2 * k]);
-                        float c = __fmul_rn(__fmul_rn(x[2 * k + 1], r), w[2 * k + 1]);
-                        round2(a, c);
-                        x[2 * k] = a;
-                        x[2 * k + 1] = c;
-                    }
+                    float cs[16];
                     if (lane >= 28) {
-                        float cs[16];
                         const u8* rp = wring + d * KV_SLOT + 1024 + (lane - 28) * 64;
 #pragma unroll
                         for (int q = 0; q < 4; q++) {
                             float4 t = *reinterpret_cast<const float4*>(rp + 16 * q);
                             cs[4 * q] = t.x; cs[4 * q + 1] = t.y; cs[4 * q + 2] = t.z; cs[4 * q + 3] = t.w;
                         }
-                        rope_pairs(x, cs);
                     }
+                    float x[16];
+                    kv_norm(p, va, vb, w, x);
+                    if (lane >= 28) rope_pairs(x, cs);
                     kv_store<FMT>(p, p.out + (size_t)page[d] * p.page_bytes, off[d], x, lane);
                 }
                 issue(i + KV_DEPTH, d);
@@ -428,8 +497,8 @@ __device__ __forceinline__ void q_pipeline(const Params& p0, u8* ring, int blk, 
     const int lane = threadIdx.x & 31;
     const int wib = threadIdx.x >> 5;
     const int es = BF16OUT ? 2 : 1;
+    const Params p = with_header(p0);  // metadata: before the wait
     pdl_wait();
-    const Params p = with_header(p0);
     int begin, end;
     warp_range(p.rows * p.heads, blk, nblk, begin, end);
     const size_t row0 = (size_t)p.row_begin * p.heads;
@@ -465,26 +534,14 @@ __device__ __forceinline__ void q_pipeline(const Params& p0, u8* ring, int blk, 
                 cp_wait<Q_DEPTH - 1>();
                 u8* dst = p.out + (row0 + i) * 512 * es + lane * 16 * es;
                 if (!live) {
-                    st_u4(dst, make_uint4(0, 0, 0, 0));
-                    if (BF16OUT) st_u4(dst + 16, make_uint4(0, 0, 0, 0));
+                    q_zero<QFMT>(dst);
                 } else {
                     uint4 va, vb;
                     lds32(base + d * 1024 + lane * 32, va, vb);
                     float x[16];
-                    unpack16(va, vb, x);
-                    const float r = warp_rms_inv(x, p.eps);
-#pragma unroll
-                    for (int k = 0; k < 8; k++) {
-                        float a = __fmul_rn(x[2 * k], r), c = __fmul_rn(x[2 * k + 1], r);
-                        round2(a, c);
-                        x[2 * k] = a;
-                        x[2 * k + 1] = c;
-                    }
+                    q_norm(p, va, vb, x);
                     if (lane >= 28) rope_pairs(x, cs);
-                    if (BF16OUT)
-                        st_bf16x16(dst, x);
-                    else
-                        st_e4m3x16(dst, x, p.scale);
+                    q_store<QFMT>(p, dst, x);
                 }
                 issue(i + Q_DEPTH, d);
                 if (++h == p.heads) { h = 0; t++; }
@@ -522,3 +579,162 @@ LAYER_KERNEL(layer_bf16_qfp8, FMT_BF16, QFMT_FP8)
 LAYER_KERNEL(layer_bf16_qbf16, FMT_BF16, QFMT_BF16)
 LAYER_KERNEL(layer_fp8_pertensor_qfp8, FMT_FP8_PERTENSOR, QFMT_FP8)
 LAYER_KERNEL(layer_fp8_pertensor_qbf16, FMT_FP8_PERTENSOR, QFMT_BF16)
+
+// ---- The direct path ----------------------------------------------------------
+// Small batches (the host picks this path per launch, for up to
+// cudatune.Knobs.DirectMaxRows Q rows): latency, not bandwidth, sets their
+// time. One warp per latent row, one per DIRECT_QROWS (token, head) rows,
+// and the grid covers every row, so a warp's only global round trip after
+// the wait is its own rows (two 16-byte loads a lane each, straight into
+// registers: lane j holds the canonical partial j). No shared memory, so
+// the next grid's blocks can become resident beside this one's.
+//
+// Ordering under programmatic dependent launch: the next grid may launch as
+// soon as every block of this one has started (pdl_trigger first), and runs
+// up to its own pdl_wait beside it. Before the wait a grid reads only what
+// no grid in flight writes: the launch parameters, the metadata (header,
+// kv_len, cu_q, cached, block tables: uploaded by the host before the
+// iteration's first kernel, read-only on the device), the RoPE table and
+// the kv_a_layernorm weight. The rows the previous kernel may produce (the
+// latent, QIn) are read, and every byte (cache, QOut, scheduler region) is
+// written, only after the wait. Every thread waits before it exits, even one
+// without a row, so this grid never completes ahead of the grids it follows.
+
+#ifndef DIRECT_WARPS
+#define DIRECT_WARPS 4
+#endif
+// (Token, head) rows a Q warp owns.
+#ifndef DIRECT_QROWS
+#define DIRECT_QROWS 2
+#endif
+// Blocks a multiprocessor must be able to hold (__launch_bounds__' second
+// argument: it caps the registers a thread, so 1 leaves them to the compiler).
+#ifndef DIRECT_MIN_BLOCKS
+#define DIRECT_MIN_BLOCKS 1
+#endif
+
+// The lane's 32 bytes of a row written by an earlier grid: two 16-byte loads
+// cached in L2 only (the point of coherence with the grid that wrote them).
+__device__ __forceinline__ void ld_row32(const u8* src, uint4& a, uint4& b) {
+    a = __ldcg(reinterpret_cast<const uint4*>(src));
+    b = __ldcg(reinterpret_cast<const uint4*>(src + 16));
+}
+
+// KV: warp i of the part owns latent row i of the launch.
+template <int FMT>
+__device__ __forceinline__ void kv_direct(const Params& p0, int blk) {
+    pdl_trigger();
+    const int lane = threadIdx.x & 31;
+    const int i = blk * DIRECT_WARPS + (threadIdx.x >> 5);  // warp-uniform
+    const Params p = with_header(p0);
+    float w[16];
+    load_weight(w, p.weight, lane);
+    KVState st;
+    st.b = -1;
+    int page = -1, off = 0, pos = 0;
+    const bool live = i < p.rows && kv_resolve(p, st, i, page, off, pos);
+    float2 cs = make_float2(0.f, 0.f);
+    if (live) cs = load_rope_pair(p.rope, pos, lane);
+    pdl_wait();
+    if (p.write_sched && blk == 0 && threadIdx.x == 0) write_scheduler(p);
+    if (!live) return;  // padding, a slot outside the pool: no byte changes
+    uint4 va, vb;
+    ld_row32(p.in + (size_t)(p.row_begin + i) * p.in_stride + lane * 32, va, vb);
+    float x[16];
+    kv_norm(p, va, vb, w, x);
+    rope_pairs_spread(x, cs, lane);
+    kv_store<FMT>(p, p.out + (size_t)page * p.page_bytes, off, x, lane);
+}
+
+// Q: warp w of the part owns (token, head) rows [w*R, w*R+R) of the launch,
+// R = DIRECT_QROWS: their loads go out together after the wait, so a grid
+// of 1/R the warps (resident at once, its metadata resolved before the
+// wait) keeps as many bytes in flight. A token's metadata and RoPE row are
+// resolved once for its consecutive rows.
+template <int QFMT>
+__device__ __forceinline__ void q_direct(const Params& p0, int blk) {
+    constexpr int R = DIRECT_QROWS;
+    pdl_trigger();
+    const int es = QFMT == QFMT_BF16 ? 2 : 1;
+    const int lane = threadIdx.x & 31;
+    const int i0 = (blk * DIRECT_WARPS + (threadIdx.x >> 5)) * R;  // warp-uniform
+    const Params p = with_header(p0);
+    const int n = p.rows * p.heads;
+    bool live[R];
+    float2 cs[R];
+    {
+        int tok = -1;
+        bool tlive = false;
+        float2 tcs = make_float2(0.f, 0.f);
+#pragma unroll
+        for (int k = 0; k < R; k++) {
+            live[k] = false;
+            cs[k] = tcs;
+            if (i0 + k < n) {
+                const int t = (i0 + k) / p.heads;
+                if (t != tok) {
+                    tok = t;
+                    int b, pos;
+                    tlive = resolve(p, t, b, pos);
+                    if (tlive) tcs = load_rope_pair(p.rope, pos, lane);
+                }
+                live[k] = tlive;
+                cs[k] = tcs;
+            }
+        }
+    }
+    const size_t r0 = (size_t)p.row_begin * p.heads + i0;
+    pdl_wait();
+    uint4 va[R], vb[R];
+#pragma unroll
+    for (int k = 0; k < R; k++)
+        if (live[k]) ld_row32(p.in + (r0 + k) * 1024 + lane * 32, va[k], vb[k]);
+#pragma unroll
+    for (int k = 0; k < R; k++) {
+        if (i0 + k >= n) break;
+        u8* dst = p.out + (r0 + k) * 512 * es + lane * 16 * es;
+        if (!live[k]) {
+            q_zero<QFMT>(dst);
+        } else {
+            float x[16];
+            q_norm(p, va[k], vb[k], x);
+            rope_pairs_spread(x, cs[k], lane);
+            q_store<QFMT>(p, dst, x);
+        }
+    }
+}
+
+#define KV_DIRECT_KERNEL(NAME, FMT)                                                            \
+    extern "C" __global__ void __launch_bounds__(DIRECT_WARPS * 32, DIRECT_MIN_BLOCKS)         \
+        NAME(const Params p) {                                                                 \
+        kv_direct<FMT>(p, blockIdx.x);                                                         \
+    }
+KV_DIRECT_KERNEL(kv_fp8_ue8m0_direct, FMT_FP8_UE8M0)
+KV_DIRECT_KERNEL(kv_bf16_direct, FMT_BF16)
+KV_DIRECT_KERNEL(kv_fp8_pertensor_direct, FMT_FP8_PERTENSOR)
+
+#define Q_DIRECT_KERNEL(NAME, QFMT)                                                            \
+    extern "C" __global__ void __launch_bounds__(DIRECT_WARPS * 32, DIRECT_MIN_BLOCKS)         \
+        NAME(const Params p) {                                                                 \
+        q_direct<QFMT>(p, blockIdx.x);                                                         \
+    }
+Q_DIRECT_KERNEL(q_fp8_direct, QFMT_FP8)
+Q_DIRECT_KERNEL(q_bf16_direct, QFMT_BF16)
+
+// The fused layer grid of the direct path: blocks [0, kv_blocks) own the
+// launch's latent rows, one warp each, the rest its (token, head) rows,
+// DIRECT_QROWS a warp.
+#define LAYER_DIRECT_KERNEL(NAME, FMT, QFMT)                                                   \
+    extern "C" __global__ void __launch_bounds__(DIRECT_WARPS * 32, DIRECT_MIN_BLOCKS)         \
+        NAME(const Params kv, const Params q, const int kv_blocks) {                           \
+        if ((int)blockIdx.x < kv_blocks)                                                       \
+            kv_direct<FMT>(kv, blockIdx.x);                                                    \
+        else                                                                                   \
+            q_direct<QFMT>(q, blockIdx.x - kv_blocks);                                         \
+    }
+LAYER_DIRECT_KERNEL(layer_fp8_ue8m0_qfp8_direct, FMT_FP8_UE8M0, QFMT_FP8)
+LAYER_DIRECT_KERNEL(layer_fp8_ue8m0_qbf16_direct, FMT_FP8_UE8M0, QFMT_BF16)
+LAYER_DIRECT_KERNEL(layer_bf16_qfp8_direct, FMT_BF16, QFMT_FP8)
+LAYER_DIRECT_KERNEL(layer_bf16_qbf16_direct, FMT_BF16, QFMT_BF16)
+LAYER_DIRECT_KERNEL(layer_fp8_pertensor_qfp8_direct, FMT_FP8_PERTENSOR, QFMT_FP8)
+LAYER_DIRECT_KERNEL(layer_fp8_pertensor_qbf16_direct, FMT_FP8_PERTENSOR, QFMT_BF16)

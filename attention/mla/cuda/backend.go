@@ -87,6 +87,16 @@ func NewTuned(opts Options, k cudatune.Knobs) (*Backend, error) {
 		return nil, fmt.Errorf("cuda: Knobs.Warps = %d with KVDepth = %d and QDepth = %d exceeds 48 KiB of shared memory a block (warps x depth x 1280 or 1024 bytes)",
 			k.Warps, k.KVDepth, k.QDepth)
 	}
+	if k.DirectWarps > 32 {
+		return nil, fmt.Errorf("cuda: Knobs.DirectWarps = %d exceeds 32 warps a block", k.DirectWarps)
+	}
+	if k.DirectQRows > 8 {
+		return nil, fmt.Errorf("cuda: Knobs.DirectQRows = %d exceeds 8 rows a warp", k.DirectQRows)
+	}
+	if k.DirectWarps*k.DirectMinBlocks > 64 {
+		return nil, fmt.Errorf("cuda: Knobs.DirectMinBlocks = %d blocks of %d warps exceeds the 64 warps a multiprocessor holds",
+			k.DirectMinBlocks, k.DirectWarps)
+	}
 	c, err := driver.Open(opts.Device)
 	if err != nil {
 		return nil, err
@@ -107,9 +117,12 @@ func (b *Backend) compileOptions() driver.CompileOptions {
 	opts := driver.CompileOptions{
 		Arch: b.ctx.Props().Arch(),
 		Defines: map[string]string{
-			"PIPE_WARPS": strconv.Itoa(b.knobs.Warps),
-			"KV_DEPTH":   strconv.Itoa(b.knobs.KVDepth),
-			"Q_DEPTH":    strconv.Itoa(b.knobs.QDepth),
+			"PIPE_WARPS":        strconv.Itoa(b.knobs.Warps),
+			"KV_DEPTH":          strconv.Itoa(b.knobs.KVDepth),
+			"Q_DEPTH":           strconv.Itoa(b.knobs.QDepth),
+			"DIRECT_WARPS":      strconv.Itoa(b.knobs.DirectWarps),
+			"DIRECT_QROWS":      strconv.Itoa(b.knobs.DirectQRows),
+			"DIRECT_MIN_BLOCKS": strconv.Itoa(b.knobs.DirectMinBlocks),
 		},
 	}
 	if b.knobs.Verbose {
@@ -336,6 +349,45 @@ func (b *Backend) grid(n int) (driver.Dim3, driver.Dim3) {
 	return driver.Dim3{uint32(blocks), 1, 1}, driver.Dim3{uint32(32 * b.knobs.Warps), 1, 1}
 }
 
+// directGrid sizes a direct-path part over n work rows, perWarp rows a warp
+// (KV: 1; Q: Knobs.DirectQRows): every row covered (the kernels do not loop).
+func directGrid(k cudatune.Knobs, n, perWarp int) (driver.Dim3, driver.Dim3) {
+	warps := (n + perWarp - 1) / perWarp
+	blocks := max(1, (warps+k.DirectWarps-1)/k.DirectWarps)
+	return driver.Dim3{uint32(blocks), 1, 1}, driver.Dim3{uint32(32 * k.DirectWarps), 1, 1}
+}
+
+// pathFor picks a launch's kernels by its size in Q rows (tokens x heads,
+// padding included, the same for its KV and Q parts so that a fused grid
+// has one path): the direct path for small batches, where latency sets the
+// time, the streaming pipeline for large ones (cudatune.Knobs.DirectMaxRows).
+// A FromHeader launch is sized by its Rows (the padded batch), never by the
+// counts the header holds.
+func pathFor(k cudatune.Knobs, l mla.Launch, heads int) abi.Path {
+	if k.Direct(l.Rows * heads) {
+		return abi.Direct
+	}
+	return abi.Streaming
+}
+
+func (b *Backend) path(l mla.Launch, heads int) abi.Path { return pathFor(b.knobs, l, heads) }
+
+// kvGrid and qGrid size a launch's KV part (its latent rows) and Q part
+// (its (token, head) rows) on path p.
+func (b *Backend) kvGrid(p abi.Path, l mla.Launch) (driver.Dim3, driver.Dim3) {
+	if p == abi.Direct {
+		return directGrid(b.knobs, l.Rows, 1)
+	}
+	return b.grid(l.Rows)
+}
+
+func (b *Backend) qGrid(p abi.Path, l mla.Launch, heads int) (driver.Dim3, driver.Dim3) {
+	if p == abi.Direct {
+		return directGrid(b.knobs, l.Rows*heads, b.knobs.DirectQRows)
+	}
+	return b.grid(l.Rows * heads)
+}
+
 func (b *Backend) launch(fn *driver.Function, grid, block driver.Dim3, args ...any) error {
 	if !b.opts.NoPDL {
 		return b.ctx.LaunchPDL(fn, grid, block, 0, b.stream, args...)
@@ -376,7 +428,8 @@ func (b *Backend) KVNormRopeStore(ctx context.Context, l mla.Launch, a *mla.Laye
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	name, err := abi.KVKernel(a.CacheConfig.Format)
+	path := b.path(l, a.Heads)
+	name, err := abi.KVKernel(a.CacheConfig.Format, path)
 	if err != nil {
 		return err
 	}
@@ -384,7 +437,7 @@ func (b *Backend) KVNormRopeStore(ctx context.Context, l mla.Launch, a *mla.Laye
 	if err != nil {
 		return err
 	}
-	grid, block := b.grid(l.Rows)
+	grid, block := b.kvGrid(path, l)
 	return b.launch(b.fns[name], grid, block, p)
 }
 
@@ -393,7 +446,8 @@ func (b *Backend) QNormRopeQuant(ctx context.Context, l mla.Launch, a *mla.Layer
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	name, err := abi.QKernel(a.QFormat)
+	path := b.path(l, a.Heads)
+	name, err := abi.QKernel(a.QFormat, path)
 	if err != nil {
 		return err
 	}
@@ -401,14 +455,15 @@ func (b *Backend) QNormRopeQuant(ctx context.Context, l mla.Launch, a *mla.Layer
 	if err != nil {
 		return err
 	}
-	grid, block := b.grid(l.Rows * a.Heads)
+	grid, block := b.qGrid(path, l, a.Heads)
 	return b.launch(b.fns[name], grid, block, p)
 }
 
 // layerLaunch issues a launch's KV and Q work as one grid (the layer_*
 // kernels): the KV part's blocks first, then the Q part's.
 func (b *Backend) layerLaunch(l mla.Launch, a *mla.LayerArgs) error {
-	name, err := abi.LayerKernel(a.CacheConfig.Format, a.QFormat)
+	path := b.path(l, a.Heads)
+	name, err := abi.LayerKernel(a.CacheConfig.Format, a.QFormat, path)
 	if err != nil {
 		return err
 	}
@@ -424,8 +479,8 @@ func (b *Backend) layerLaunch(l mla.Launch, a *mla.LayerArgs) error {
 	if err != nil {
 		return err
 	}
-	kvGrid, block := b.grid(l.Rows)
-	qGrid, _ := b.grid(l.Rows * a.Heads)
+	kvGrid, block := b.kvGrid(path, l)
+	qGrid, _ := b.qGrid(path, l, a.Heads)
 	grid := driver.Dim3{kvGrid[0] + qGrid[0], 1, 1}
 	return b.launch(fn, grid, block, pkv, pq, int32(kvGrid[0]))
 }

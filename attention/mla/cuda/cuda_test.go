@@ -45,21 +45,37 @@ func TestCUDAConformance(t *testing.T) {
 	mlatest.Test(t, b)
 }
 
-// TestCUDAConformanceVariants runs the suite on other launch shapes:
-// warps that stream long ranges through their rings (odd warp counts and
-// depths), one row in flight, and launches without programmatic dependent launch.
+// TestCUDAConformanceVariants runs the suite on other launch shapes. The
+// default backend puts every launch of the suite on the direct path; the
+// streaming pipeline runs with the direct path off: warps that stream long
+// ranges through their rings (odd warp counts and depths), one row in
+// flight, its default shape, as separate KV and Q launches. The direct
+// path runs without programmatic dependent launch, as separate launches and
+// with odd block shapes, and two thresholds put the suite's launches on both
+// sides of the boundary (TestSuiteCrossesThePathBoundary checks that they
+// do).
 func TestCUDAConformanceVariants(t *testing.T) {
 	backend(t)
+	const off = -1 // Knobs.DirectMaxRows: every launch streams
 	variants := map[string]struct {
 		opts  cuda.Options
 		knobs cudatune.Knobs
 	}{
 		// One small block: every warp streams a long range through its ring.
-		"one-block": {knobs: cudatune.Knobs{Warps: 3, KVDepth: 3, QDepth: 5, MaxBlocks: 1}},
-		"depth1":    {knobs: cudatune.Knobs{Warps: 1, KVDepth: 1, QDepth: 1, MaxBlocks: 2}},
-		"no-pdl":    {opts: cuda.Options{NoPDL: true}},
-		"separate":  {knobs: cudatune.Knobs{SeparateLaunches: true}},
-		"wide":      {knobs: cudatune.Knobs{Warps: 4, KVDepth: 8, QDepth: 8}},
+		"one-block":          {knobs: cudatune.Knobs{Warps: 3, KVDepth: 3, QDepth: 5, MaxBlocks: 1, DirectMaxRows: off}},
+		"depth1":             {knobs: cudatune.Knobs{Warps: 1, KVDepth: 1, QDepth: 1, MaxBlocks: 2, DirectMaxRows: off}},
+		"wide":               {knobs: cudatune.Knobs{Warps: 4, KVDepth: 8, QDepth: 8, DirectMaxRows: off}},
+		"streaming":          {knobs: cudatune.Knobs{DirectMaxRows: off}},
+		"streaming-separate": {knobs: cudatune.Knobs{SeparateLaunches: true, DirectMaxRows: off}},
+		"no-pdl":             {opts: cuda.Options{NoPDL: true}},
+		"separate":           {knobs: cudatune.Knobs{SeparateLaunches: true}},
+		// Blocks of 3 warps and 3 Q rows a warp (a warp's rows straddle
+		// tokens, a block's the KV/Q split), registers capped at 42 by 16
+		// blocks a multiprocessor (the compiler spills).
+		"direct-3warps-3rows": {knobs: cudatune.Knobs{DirectWarps: 3, DirectQRows: 3, DirectMinBlocks: 16}},
+		"direct-1warp-1row":   {knobs: cudatune.Knobs{DirectWarps: 1, DirectQRows: 1}},
+		"boundary":            {knobs: cudatune.Knobs{DirectMaxRows: boundaryRows}},
+		"split":               {knobs: cudatune.Knobs{DirectMaxRows: splitRows}},
 	}
 	for name, v := range variants {
 		b, err := cuda.NewTuned(v.opts, v.knobs)

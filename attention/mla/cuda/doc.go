@@ -13,13 +13,20 @@
 // kernel names both sides use.
 //
 // RunLayer issues each launch (one per phase) as one fused grid: its first
-// blocks run the KV pipeline, the rest the Q pipeline, side by side (they
-// touch disjoint memory). All driver work goes through one driver.Context,
-// whose goroutine is locked to its OS thread; launches go out on one stream
-// in issue order, so the launches of a layer and the layers of an iteration
+// blocks do the KV work, the rest the Q work, side by side (they touch
+// disjoint memory). Each launch takes one of two paths (abi.Path), chosen by
+// its size in Q rows (tokens x heads; cudatune.Knobs.DirectMaxRows): small
+// batches the direct path (one warp per row, no shared memory), large ones
+// the streaming pipeline (a capped grid whose warps stream row ranges
+// through a cp.async ring); both share the per-row arithmetic, so they write
+// the same bytes. All driver work goes through one driver.Context, whose
+// goroutine is locked to its OS thread; launches go out on one stream in
+// issue order, so the launches of a layer and the layers of an iteration
 // run in that order. With programmatic dependent launch (the default) a
-// grid starts while the previous one drains, and waits for its memory
-// (griddepcontrol.wait) before reading anything.
+// grid starts while the previous one drains: before its griddepcontrol.wait
+// it reads only what no grid in flight writes (the metadata the host
+// uploaded, the RoPE table, the weight), and it reads the rows an earlier
+// kernel produces, and writes anything, only after the wait.
 //
 // Options hold what a user chooses (device, logger, PDL); the launch-shape
 // knobs the tests and cmd/bench vary live in internal/cudatune (NewTuned).

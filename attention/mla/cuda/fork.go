@@ -66,8 +66,8 @@ func (b *Backend) ForkKV(ctx context.Context, launches []mla.Launch, a *mla.Laye
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	name, err := abi.KVKernel(a.CacheConfig.Format)
-	if err != nil {
+	// Refused before anything is recorded on either stream.
+	if _, err := abi.KVKernel(a.CacheConfig.Format, abi.Streaming); err != nil {
 		return err
 	}
 	s := &b.fork
@@ -79,11 +79,16 @@ func (b *Backend) ForkKV(ctx context.Context, launches []mla.Launch, a *mla.Laye
 			return fmt.Errorf("cuda: fork: %w", err)
 		}
 		for _, l := range launches {
+			path := b.path(l, a.Heads)
+			name, err := abi.KVKernel(a.CacheConfig.Format, path)
+			if err != nil {
+				return err
+			}
 			p, err := kvParams(l, a)
 			if err != nil {
 				return err
 			}
-			grid, block := b.grid(l.Rows)
+			grid, block := b.kvGrid(path, l)
 			if err := b.ctx.Launch(b.fns[name], grid, block, 0, s.stream, p); err != nil {
 				return fmt.Errorf("cuda: side-stream KV %v launch: %w", l, err)
 			}

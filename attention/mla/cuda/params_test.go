@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/dsv4mla/prologue/attention/mla"
+	"github.com/dsv4mla/prologue/internal/cudatune"
 	"github.com/dsv4mla/prologue/kernels/cuda/abi"
 	"github.com/dsv4mla/prologue/kernels/cuda/driver"
 	"github.com/dsv4mla/prologue/kvcache"
@@ -87,5 +88,21 @@ func TestLaunchParamsPacking(t *testing.T) {
 				require.Equal(t, want, abi.Params.Raw(c.packed, id), "%s launch %v: field %s", name, l, abi.Params.Fields[id].Name)
 			}
 		}
+	}
+}
+
+// TestDirectGrid: the direct path's grid has a warp for every row (KV) or
+// every DirectQRows rows (Q), as its kernels do not loop, and at least one
+// block.
+func TestDirectGrid(t *testing.T) {
+	for _, c := range []struct{ warps, n, perWarp, blocks int }{
+		{4, 8192, 2, 1024}, {4, 8192, 1, 2048}, {4, 128, 1, 32}, {4, 5, 1, 2}, {4, 1, 1, 1}, {4, 0, 1, 1},
+		{3, 7, 1, 3}, {1, 9, 1, 9}, {32, 33, 1, 2}, {3, 7, 3, 1}, {1, 7, 3, 3}, {2, 16384, 4, 2048},
+	} {
+		k := cudatune.Knobs{DirectWarps: c.warps}.Defaults()
+		grid, block := directGrid(k, c.n, c.perWarp)
+		require.Equal(t, driver.Dim3{uint32(c.blocks), 1, 1}, grid, "%d rows, %d a warp, %d warps a block", c.n, c.perWarp, c.warps)
+		require.Equal(t, driver.Dim3{uint32(32 * c.warps), 1, 1}, block)
+		require.GreaterOrEqual(t, c.blocks*c.warps*c.perWarp, c.n)
 	}
 }

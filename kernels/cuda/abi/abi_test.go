@@ -76,21 +76,41 @@ func TestPacker(t *testing.T) {
 }
 
 func TestKernelNames(t *testing.T) {
-	n, err := abi.LayerKernel(kvcache.FormatFP8UE8M0, mla.QBF16)
+	n, err := abi.LayerKernel(kvcache.FormatFP8UE8M0, mla.QBF16, abi.Streaming)
 	require.NoError(t, err)
 	require.Equal(t, "layer_fp8_ue8m0_qbf16", n)
-	_, err = abi.LayerKernel(kvcache.Format(9), mla.QFP8)
+	n, err = abi.LayerKernel(kvcache.FormatFP8UE8M0, mla.QBF16, abi.Direct)
+	require.NoError(t, err)
+	require.Equal(t, "layer_fp8_ue8m0_qbf16_direct", n)
+	n, err = abi.KVKernel(kvcache.FormatBF16, abi.Direct)
+	require.NoError(t, err)
+	require.Equal(t, "kv_bf16_direct", n)
+	n, err = abi.QKernel(mla.QFP8, abi.Streaming)
+	require.NoError(t, err)
+	require.Equal(t, "q_fp8", n)
+	_, err = abi.LayerKernel(kvcache.Format(9), mla.QFP8, abi.Streaming)
 	require.EqualError(t, err, "abi: no KV kernel for cache format Format(9)")
-	_, err = abi.QKernel(mla.QFormat(5))
+	_, err = abi.QKernel(mla.QFormat(5), abi.Direct)
 	require.EqualError(t, err, "abi: no Q kernel for Q format QFormat(5)")
-	// Every (cache format, Q format) pair has its fused kernel.
-	pairs := 0
+	_, err = abi.KVKernel(kvcache.FormatBF16, abi.Path(7))
+	require.EqualError(t, err, "abi: no kernel path Path(7)")
+	_, err = abi.LayerKernel(kvcache.FormatBF16, mla.QFP8, abi.Path(7))
+	require.EqualError(t, err, "abi: no kernel path Path(7)")
+	// Every (cache format, Q format) pair has its fused kernel on each
+	// path, and every name is distinct.
+	pairs := map[abi.Path]int{}
+	names := map[string]bool{}
 	for _, k := range abi.Kernels() {
+		require.False(t, names[k.Name], "kernel %s listed twice", k.Name)
+		names[k.Name] = true
 		if k.Kind == abi.KindLayer {
-			pairs++
+			pairs[k.Path]++
 		}
 	}
-	require.Equal(t, len(kvcache.Formats())*len(mla.QFormats()), pairs)
+	want := len(kvcache.Formats()) * len(mla.QFormats())
+	require.Equal(t, map[abi.Path]int{abi.Streaming: want, abi.Direct: want}, pairs)
+	require.Equal(t, "streaming", abi.Streaming.String())
+	require.Equal(t, "direct", abi.Direct.String())
 }
 
 // A launch's parameters are packed field by field; Bytes refuses a value

@@ -155,59 +155,112 @@ const (
 	KindLayer
 )
 
+// Path is how a kernel walks its work rows (latent rows, (token, head) Q
+// rows). Both paths produce the same bytes: they share the per-row code.
+type Path uint8
+
+const (
+	// Streaming: a grid capped at a few blocks a multiprocessor whose warps
+	// stream contiguous row ranges through a cp.async ring in shared
+	// memory (large batches: close to copy bandwidth).
+	Streaming Path = iota
+	// Direct: one warp per row, the grid covers every row, the row loaded
+	// straight into registers, no shared memory, and everything the
+	// previous grid cannot have written (metadata, RoPE rows, the weight)
+	// read before the programmatic-dependent-launch wait (small batches:
+	// latency).
+	Direct
+)
+
+// Paths lists both paths.
+func Paths() []Path { return []Path{Streaming, Direct} }
+
+func (p Path) String() string {
+	switch p {
+	case Streaming:
+		return "streaming"
+	case Direct:
+		return "direct"
+	}
+	return fmt.Sprintf("Path(%d)", uint8(p))
+}
+
+// suffix is what a path adds to a kernel's name.
+func (p Path) suffix() (string, error) {
+	switch p {
+	case Streaming:
+		return "", nil
+	case Direct:
+		return "_direct", nil
+	}
+	return "", fmt.Errorf("abi: no kernel path %v", p)
+}
+
 // Kernel is one extern "C" kernel of prologue.cu.
 type Kernel struct {
 	Name    string
 	Kind    KernelKind
+	Path    Path
 	Format  kvcache.Format // KindKV, KindLayer
 	QFormat mla.QFormat    // KindQ, KindLayer
 }
 
-// KVKernel is the name of the KV kernel of a cache format.
-func KVKernel(f kvcache.Format) (string, error) {
+// KVKernel is the name of the KV kernel of a cache format on a path.
+func KVKernel(f kvcache.Format, p Path) (string, error) {
 	if !f.Valid() {
 		return "", fmt.Errorf("abi: no KV kernel for cache format %v", f)
 	}
-	return "kv_" + f.String(), nil
+	s, err := p.suffix()
+	if err != nil {
+		return "", err
+	}
+	return "kv_" + f.String() + s, nil
 }
 
-// QKernel is the name of the Q kernel of a Q format.
-func QKernel(q mla.QFormat) (string, error) {
+// QKernel is the name of the Q kernel of a Q format on a path.
+func QKernel(q mla.QFormat, p Path) (string, error) {
 	if q != mla.QFP8 && q != mla.QBF16 {
 		return "", fmt.Errorf("abi: no Q kernel for Q format %v", q)
 	}
-	return "q_" + q.String(), nil
+	s, err := p.suffix()
+	if err != nil {
+		return "", err
+	}
+	return "q_" + q.String() + s, nil
 }
 
 // LayerKernel is the name of the fused layer kernel of a (cache format, Q
-// format) pair.
-func LayerKernel(f kvcache.Format, q mla.QFormat) (string, error) {
-	if _, err := KVKernel(f); err != nil {
+// format) pair on a path.
+func LayerKernel(f kvcache.Format, q mla.QFormat, p Path) (string, error) {
+	if _, err := KVKernel(f, p); err != nil {
 		return "", err
 	}
-	if _, err := QKernel(q); err != nil {
+	if _, err := QKernel(q, p); err != nil {
 		return "", err
 	}
-	return "layer_" + f.String() + "_q" + q.String(), nil
+	s, _ := p.suffix()
+	return "layer_" + f.String() + "_q" + q.String() + s, nil
 }
 
-// Kernels lists every kernel the CUDA backend loads from prologue.cu: a KV
-// kernel per cache format, a Q kernel per Q format and a fused layer kernel
-// per pair.
+// Kernels lists every kernel the CUDA backend loads from prologue.cu: on
+// each path, a KV kernel per cache format, a Q kernel per Q format and a
+// fused layer kernel per pair.
 func Kernels() []Kernel {
 	var ks []Kernel
-	for _, f := range kvcache.Formats() {
-		n, _ := KVKernel(f)
-		ks = append(ks, Kernel{Name: n, Kind: KindKV, Format: f})
-	}
-	for _, q := range mla.QFormats() {
-		n, _ := QKernel(q)
-		ks = append(ks, Kernel{Name: n, Kind: KindQ, QFormat: q})
-	}
-	for _, f := range kvcache.Formats() {
+	for _, p := range Paths() {
+		for _, f := range kvcache.Formats() {
+			n, _ := KVKernel(f, p)
+			ks = append(ks, Kernel{Name: n, Kind: KindKV, Path: p, Format: f})
+		}
 		for _, q := range mla.QFormats() {
-			n, _ := LayerKernel(f, q)
-			ks = append(ks, Kernel{Name: n, Kind: KindLayer, Format: f, QFormat: q})
+			n, _ := QKernel(q, p)
+			ks = append(ks, Kernel{Name: n, Kind: KindQ, Path: p, QFormat: q})
+		}
+		for _, f := range kvcache.Formats() {
+			for _, q := range mla.QFormats() {
+				n, _ := LayerKernel(f, q, p)
+				ks = append(ks, Kernel{Name: n, Kind: KindLayer, Path: p, Format: f, QFormat: q})
+			}
 		}
 	}
 	return ks
