@@ -15,8 +15,8 @@ import (
 
 // variant is one kernel option set of --variant / --variants, written as
 // space-separated words: warps=N kvd=N qd=N bpsm=N maxblocks=N (the
-// streaming pipeline), direct=N dwarps=N qrows=N dminb=N nodirect (the
-// direct path: its threshold in Q rows, warps a block, Q rows a warp,
+// streaming pipeline), direct=N dmin=N dwarps=N qrows=N dminb=N nodirect (the
+// direct path: its largest and smallest launch in Q rows, warps a block, Q rows a warp,
 // __launch_bounds__ minimum of blocks a multiprocessor, and off), nopdl separate. A zero number keeps the
 // backend's default.
 type variant struct {
@@ -24,6 +24,7 @@ type variant struct {
 	Warps, KVDepth, QDepth  int
 	BlocksPerSM, MaxBlocks  int
 	DirectMaxRows           int
+	DirectMinRows           int
 	DirectWarps             int
 	DirectQRows             int
 	DirectMinBlocks         int
@@ -47,6 +48,8 @@ func (v *variant) field(key string) (*int, *bool) {
 		return &v.MaxBlocks, nil
 	case "direct":
 		return &v.DirectMaxRows, nil
+	case "dmin":
+		return &v.DirectMinRows, nil
 	case "dwarps":
 		return &v.DirectWarps, nil
 	case "qrows":
@@ -97,7 +100,7 @@ func parseVariant(text string) (variant, error) {
 			*sw = true
 			continue
 		}
-		return variant{}, fmt.Errorf("variant %q: unknown option %q (known: warps=N kvd=N qd=N bpsm=N maxblocks=N direct=N dwarps=N qrows=N dminb=N nodirect nopdl separate)", text, key)
+		return variant{}, fmt.Errorf("variant %q: unknown option %q (known: warps=N kvd=N qd=N bpsm=N maxblocks=N direct=N dmin=N dwarps=N qrows=N dminb=N nodirect nopdl separate)", text, key)
 	}
 	return v, nil
 }
@@ -136,6 +139,7 @@ func (v variant) options(verbose bool) (cuda.Options, cudatune.Knobs) {
 		BlocksPerSM:      v.BlocksPerSM,
 		MaxBlocks:        v.MaxBlocks,
 		DirectMaxRows:    direct,
+		DirectMinRows:    v.DirectMinRows,
 		DirectWarps:      v.DirectWarps,
 		DirectQRows:      v.DirectQRows,
 		DirectMinBlocks:  v.DirectMinBlocks,

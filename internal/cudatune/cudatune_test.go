@@ -8,8 +8,8 @@ import (
 
 func TestDefaults(t *testing.T) {
 	require.Equal(t, Knobs{Warps: 8, KVDepth: 4, QDepth: 4, BlocksPerSM: 4,
-		DirectMaxRows: DefaultDirectMaxRows, DirectWarps: 4, DirectQRows: 2, DirectMinBlocks: 1}, Knobs{}.Defaults())
-	set := Knobs{Warps: 3, KVDepth: 1, QDepth: 5, BlocksPerSM: 2, MaxBlocks: 1, DirectMaxRows: 7, DirectWarps: 2,
+		DirectMaxRows: DefaultDirectMaxRows, DirectMinRows: DefaultDirectMinRows, DirectWarps: 4, DirectQRows: 2, DirectMinBlocks: 1}, Knobs{}.Defaults())
+	set := Knobs{Warps: 3, KVDepth: 1, QDepth: 5, BlocksPerSM: 2, MaxBlocks: 1, DirectMaxRows: 7, DirectMinRows: 2, DirectWarps: 2,
 		DirectQRows: 3, DirectMinBlocks: 6, SeparateLaunches: true, Verbose: true}
 	require.Equal(t, set, set.Defaults(), "set fields stay")
 	require.Equal(t, 8, Knobs{Warps: -1}.Defaults().Warps)
@@ -20,21 +20,24 @@ func TestDirect(t *testing.T) {
 	cases := []struct {
 		name    string
 		maxRows int
+		minRows int
 		rows    int
 		want    bool
 	}{
-		{"default, V4-Flash b=32 MTP 3", 0, 32 * 4 * 64, true},
-		{"default, at the threshold", 0, DefaultDirectMaxRows, true},
-		{"default, one past", 0, DefaultDirectMaxRows + 1, false},
-		{"at the threshold", 98, 98, true},
-		{"one past the threshold", 98, 99, false},
-		{"one row", 1, 1, true},
-		{"off", -1, 1, false},
-		{"off, no rows", -1, 0, false},
+		{"default, V4-Flash b=32 MTP 3", 0, 0, 32 * 4 * 64, true},
+		{"default, at the threshold", 0, 0, DefaultDirectMaxRows, true},
+		{"default, one past", 0, 0, DefaultDirectMaxRows + 1, false},
+		{"default, at the minimum", 0, 0, DefaultDirectMinRows, true},
+		{"default, one below the minimum", 0, 0, DefaultDirectMinRows - 1, false},
+		{"at the threshold", 98, 1, 98, true},
+		{"one past the threshold", 98, 1, 99, false},
+		{"one row", 1, 1, 1, true},
+		{"off", -1, 1, 1, false},
+		{"off, no rows", -1, 1, 0, false},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			require.Equal(t, c.want, Knobs{DirectMaxRows: c.maxRows}.Defaults().Direct(c.rows))
+			require.Equal(t, c.want, Knobs{DirectMaxRows: c.maxRows, DirectMinRows: c.minRows}.Defaults().Direct(c.rows))
 		})
 	}
 }

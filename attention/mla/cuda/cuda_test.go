@@ -67,15 +67,18 @@ func TestCUDAConformanceVariants(t *testing.T) {
 		"wide":               {knobs: cudatune.Knobs{Warps: 4, KVDepth: 8, QDepth: 8, DirectMaxRows: off}},
 		"streaming":          {knobs: cudatune.Knobs{DirectMaxRows: off}},
 		"streaming-separate": {knobs: cudatune.Knobs{SeparateLaunches: true, DirectMaxRows: off}},
-		"no-pdl":             {opts: cuda.Options{NoPDL: true}},
-		"separate":           {knobs: cudatune.Knobs{SeparateLaunches: true}},
+		// Every launch of the suite is below the direct path's default
+		// minimum, so these force it (DirectMinRows 1).
+		"direct":   {knobs: cudatune.Knobs{DirectMinRows: 1}},
+		"no-pdl":   {opts: cuda.Options{NoPDL: true}, knobs: cudatune.Knobs{DirectMinRows: 1}},
+		"separate": {knobs: cudatune.Knobs{SeparateLaunches: true, DirectMinRows: 1}},
 		// Blocks of 3 warps and 3 Q rows a warp (a warp's rows straddle
 		// tokens, a block's the KV/Q split), registers capped at 42 by 16
 		// blocks a multiprocessor (the compiler spills).
-		"direct-3warps-3rows": {knobs: cudatune.Knobs{DirectWarps: 3, DirectQRows: 3, DirectMinBlocks: 16}},
-		"direct-1warp-1row":   {knobs: cudatune.Knobs{DirectWarps: 1, DirectQRows: 1}},
-		"boundary":            {knobs: cudatune.Knobs{DirectMaxRows: boundaryRows}},
-		"split":               {knobs: cudatune.Knobs{DirectMaxRows: splitRows}},
+		"direct-3warps-3rows": {knobs: cudatune.Knobs{DirectWarps: 3, DirectQRows: 3, DirectMinBlocks: 16, DirectMinRows: 1}},
+		"direct-1warp-1row":   {knobs: cudatune.Knobs{DirectWarps: 1, DirectQRows: 1, DirectMinRows: 1}},
+		"boundary":            {knobs: cudatune.Knobs{DirectMaxRows: boundaryRows, DirectMinRows: 1}},
+		"split":               {knobs: cudatune.Knobs{DirectMaxRows: splitRows, DirectMinRows: 1}},
 	}
 	for name, v := range variants {
 		b, err := cuda.NewTuned(v.opts, v.knobs)

@@ -38,13 +38,15 @@ func TestPathFor(t *testing.T) {
 		{"V4-Pro b=32 MTP 3, defaults", cudatune.Knobs{}, gen, 128, abi.Direct},
 		{"at the default threshold", cudatune.Knobs{}, mla.Launch{Rows: cudatune.DefaultDirectMaxRows / 64}, 64, abi.Direct},
 		{"a token past the default threshold", cudatune.Knobs{}, mla.Launch{Rows: cudatune.DefaultDirectMaxRows/64 + 1}, 64, abi.Streaming},
-		{"at the threshold", cudatune.Knobs{DirectMaxRows: 45}, mla.Launch{Rows: 15}, 3, abi.Direct},
-		{"past the threshold", cudatune.Knobs{DirectMaxRows: 45}, mla.Launch{Rows: 23}, 2, abi.Streaming},
+		{"at the threshold", cudatune.Knobs{DirectMaxRows: 45, DirectMinRows: 1}, mla.Launch{Rows: 15}, 3, abi.Direct},
+		{"past the threshold", cudatune.Knobs{DirectMaxRows: 45, DirectMinRows: 1}, mla.Launch{Rows: 23}, 2, abi.Streaming},
 		{"off", cudatune.Knobs{DirectMaxRows: -1}, mla.Launch{Rows: 1}, 1, abi.Streaming},
+		{"below the default minimum", cudatune.Knobs{}, mla.Launch{Rows: cudatune.DefaultDirectMinRows/64 - 1}, 64, abi.Streaming},
+		{"at the default minimum", cudatune.Knobs{}, mla.Launch{Rows: cudatune.DefaultDirectMinRows / 64}, 64, abi.Direct},
 		// A graph's launch is sized by its padded rows, not by the header's
 		// counts (the host's copies are meaningless).
-		{"from header: padded rows", cudatune.Knobs{DirectMaxRows: 100}, mla.Launch{Rows: 51, FromHeader: true}, 2, abi.Streaming},
-		{"from header: zero valid rows", cudatune.Knobs{DirectMaxRows: 100}, mla.Launch{Rows: 50, FromHeader: true}, 2, abi.Direct},
+		{"from header: padded rows", cudatune.Knobs{DirectMaxRows: 100, DirectMinRows: 1}, mla.Launch{Rows: 51, FromHeader: true}, 2, abi.Streaming},
+		{"from header: zero valid rows", cudatune.Knobs{DirectMaxRows: 100, DirectMinRows: 1}, mla.Launch{Rows: 50, FromHeader: true}, 2, abi.Direct},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -58,8 +60,8 @@ func TestPathFor(t *testing.T) {
 // (streaming); under "split" a batch's launches take both paths. A change
 // to the scenarios that loses either fails here, not silently on the GPU.
 func TestSuiteCrossesThePathBoundary(t *testing.T) {
-	boundary := cudatune.Knobs{DirectMaxRows: boundaryRows}
-	split := cudatune.Knobs{DirectMaxRows: splitRows}
+	boundary := cudatune.Knobs{DirectMaxRows: boundaryRows, DirectMinRows: 1}
+	split := cudatune.Knobs{DirectMaxRows: splitRows, DirectMinRows: 1}
 	var at, past, both []string
 	for _, s := range mlatest.Scenarios() {
 		cs, err := mlatest.NewCase(s, mlatest.Configs()[0], 1)
