@@ -98,6 +98,68 @@ __device__ __forceinline__ void issue_w(u32 slot, const u8* src, int k) {
     for (int c = 0; c < 8; c++) cp16(slot + c * 512, src + (size_t)(c >> 1) * 8 * k + (c & 1) * 64);
 }
 
+// One K block of the warp's 32 rows x 16 NP tokens: the MMA sums of the
+// block from zero (d), then acc += d * x_scale * w_scale. The loop runs over
+// pairs of MMA steps (s = 2 sp, 2 sp + 1), converting only the A fragments
+// of those steps, so that the conversions interleave with the MMAs of the
+// warp and no branch separates the tiles. Step s uses the lane's u32 s of
+// each row: bytes 16 t + 4 s of the row (s < 4), 64 + 16 t + 4 (s - 4) after,
+// the f16 of the same K in the token tile.
+// wsl: the lane's ring slot (chunk c = 2 ri + h of row g + 8 ri at 512 c);
+// xb: the lane's token g of tile 0 at its K offset; sb: token scales of
+// tokens 2t, 2t+1 of tile 0.
+template <int NP>
+__device__ __forceinline__ void kblock_mma(float (&acc)[GEMM_MT / 8][2][4], const u8* wsl, const u8* xb,
+                                           const float* sb, float wsc) {
+    float d[2 * NP][2][4];
+#pragma unroll
+    for (int j = 0; j < 2 * NP; j++)
+#pragma unroll
+        for (int rt = 0; rt < 2; rt++) d[j][rt][0] = d[j][rt][1] = d[j][rt][2] = d[j][rt][3] = 0.f;
+    uint4 raw[4];  // chunk h of rows g, g + 8, g + 16, g + 24
+#pragma unroll
+    for (int sp = 0; sp < 4; sp++) {
+        const int h = sp >> 1;
+        if ((sp & 1) == 0) {
+#pragma unroll
+            for (int ri = 0; ri < 4; ri++) raw[ri] = *reinterpret_cast<const uint4*>(wsl + (2 * ri + h) * 512);
+        }
+        // a[rt][e]: A of step 2 sp + e for rows 16 rt + g (regs 0, 2) and + 8 (regs 1, 3).
+        u32 a[2][2][4];
+#pragma unroll
+        for (int ri = 0; ri < 4; ri++) {
+            const int rt = ri >> 1, hi = ri & 1;
+            const u32 w0 = (sp & 1) ? raw[ri].z : raw[ri].x;
+            const u32 w1 = (sp & 1) ? raw[ri].w : raw[ri].y;
+            e4m3x4_f16(w0, a[rt][0][hi], a[rt][0][2 + hi]);
+            e4m3x4_f16(w1, a[rt][1][hi], a[rt][1][2 + hi]);
+        }
+#pragma unroll
+        for (int j = 0; j < 2 * NP; j++) {
+            // f16 of K 16 t + 8 (sp & 1) .. + 8 of chunk h: steps 2 sp (x, y) and 2 sp + 1 (z, w).
+            const uint4 q = *reinterpret_cast<const uint4*>(xb + j * 8 * GEMM_XROW + h * 128 + (sp & 1) * 16);
+#pragma unroll
+            for (int rt = 0; rt < 2; rt++) {
+                mma_f16(d[j][rt], a[rt][0], q.x, q.y);
+                mma_f16(d[j][rt], a[rt][1], q.z, q.w);
+            }
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < 2 * NP; j++) {
+        // D: (row g, tokens 2t, 2t+1) in d0, d1; row g + 8 in d2, d3.
+        const float2 sx = *reinterpret_cast<const float2*>(sb + j * 8);
+        const float s0 = __fmul_rn(sx.x, wsc), s1 = __fmul_rn(sx.y, wsc);
+#pragma unroll
+        for (int rt = 0; rt < 2; rt++) {
+            acc[j][rt][0] = __fmaf_rn(d[j][rt][0], s0, acc[j][rt][0]);
+            acc[j][rt][1] = __fmaf_rn(d[j][rt][1], s1, acc[j][rt][1]);
+            acc[j][rt][2] = __fmaf_rn(d[j][rt][2], s0, acc[j][rt][2]);
+            acc[j][rt][3] = __fmaf_rn(d[j][rt][3], s1, acc[j][rt][3]);
+        }
+    }
+}
+
 // Grid: x = token chunk of GEMM_MT (fastest, so the chunks that share a
 // weight tile run together and the later ones read it from L2), y = block of
 // GEMM_ROWS rows of W, z = split of K. Y is written as bf16 when part is
@@ -200,69 +262,14 @@ extern "C" __global__ void __launch_bounds__(GEMM_WARPS * 32, 1)
         if (i + 2 < nkb) load_x(kb + 2);
 
         if (active) {
-            // A fragments of the K block: a[rt][s] for rows 16 rt + (g, g+8), MMA s.
             const u8* wsl = wlane + (i % GEMM_STAGES) * GEMM_WSTAGE;
-            u32 a[2][8][4];
-#pragma unroll
-            for (int rt = 0; rt < 2; rt++)
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const uint4 lo = *reinterpret_cast<const uint4*>(wsl + (4 * rt + h) * 512);      // row g + 16 rt
-                    const uint4 hi = *reinterpret_cast<const uint4*>(wsl + (4 * rt + 2 + h) * 512);  // row g + 8 + 16 rt
-                    e4m3x4_f16(lo.x, a[rt][4 * h + 0][0], a[rt][4 * h + 0][2]);
-                    e4m3x4_f16(hi.x, a[rt][4 * h + 0][1], a[rt][4 * h + 0][3]);
-                    e4m3x4_f16(lo.y, a[rt][4 * h + 1][0], a[rt][4 * h + 1][2]);
-                    e4m3x4_f16(hi.y, a[rt][4 * h + 1][1], a[rt][4 * h + 1][3]);
-                    e4m3x4_f16(lo.z, a[rt][4 * h + 2][0], a[rt][4 * h + 2][2]);
-                    e4m3x4_f16(hi.z, a[rt][4 * h + 2][1], a[rt][4 * h + 2][3]);
-                    e4m3x4_f16(lo.w, a[rt][4 * h + 3][0], a[rt][4 * h + 3][2]);
-                    e4m3x4_f16(hi.w, a[rt][4 * h + 3][1], a[rt][4 * h + 3][3]);
-                }
-            // B of token g of tile j: f16 of K [16t, 16t+16) and [64+16t, 64+16t+16).
             const u8* xb = xh + ((i & 1) * GEMM_MT + g) * GEMM_XROW + t * 32;
             const float* sb = xsc + (i & 1) * GEMM_MT + 2 * t;
-#pragma unroll
-            for (int p = 0; p < GEMM_MT / 16; p++) {
-                if (p < pairs) {
-                    u32 b[2][8][2];
-#pragma unroll
-                    for (int jj = 0; jj < 2; jj++) {
-                        const u8* xr = xb + (2 * p + jj) * 8 * GEMM_XROW;
-                        const uint4 q0 = *reinterpret_cast<const uint4*>(xr);
-                        const uint4 q1 = *reinterpret_cast<const uint4*>(xr + 16);
-                        const uint4 q2 = *reinterpret_cast<const uint4*>(xr + 128);
-                        const uint4 q3 = *reinterpret_cast<const uint4*>(xr + 144);
-                        b[jj][0][0] = q0.x, b[jj][0][1] = q0.y, b[jj][1][0] = q0.z, b[jj][1][1] = q0.w;
-                        b[jj][2][0] = q1.x, b[jj][2][1] = q1.y, b[jj][3][0] = q1.z, b[jj][3][1] = q1.w;
-                        b[jj][4][0] = q2.x, b[jj][4][1] = q2.y, b[jj][5][0] = q2.z, b[jj][5][1] = q2.w;
-                        b[jj][6][0] = q3.x, b[jj][6][1] = q3.y, b[jj][7][0] = q3.z, b[jj][7][1] = q3.w;
-                    }
-                    float d[2][2][4];
-#pragma unroll
-                    for (int jj = 0; jj < 2; jj++)
-#pragma unroll
-                        for (int rt = 0; rt < 2; rt++) d[jj][rt][0] = d[jj][rt][1] = d[jj][rt][2] = d[jj][rt][3] = 0.f;
-#pragma unroll
-                    for (int s = 0; s < 8; s++)
-#pragma unroll
-                        for (int jj = 0; jj < 2; jj++)
-#pragma unroll
-                            for (int rt = 0; rt < 2; rt++) mma_f16(d[jj][rt], a[rt][s], b[jj][s][0], b[jj][s][1]);
-#pragma unroll
-                    for (int jj = 0; jj < 2; jj++) {
-                        const int j = 2 * p + jj;
-                        // D: (row g, tokens 2t, 2t+1) in d0, d1; row g + 8 in d2, d3.
-                        const float2 sx = *reinterpret_cast<const float2*>(sb + j * 8);
-                        const float s0 = __fmul_rn(sx.x, wsc), s1 = __fmul_rn(sx.y, wsc);
-#pragma unroll
-                        for (int rt = 0; rt < 2; rt++) {
-                            acc[j][rt][0] = __fmaf_rn(d[jj][rt][0], s0, acc[j][rt][0]);
-                            acc[j][rt][1] = __fmaf_rn(d[jj][rt][1], s1, acc[j][rt][1]);
-                            acc[j][rt][2] = __fmaf_rn(d[jj][rt][2], s0, acc[j][rt][2]);
-                            acc[j][rt][3] = __fmaf_rn(d[jj][rt][3], s1, acc[j][rt][3]);
-                        }
-                    }
-                }
+            switch (pairs) {  // the tiles holding a real token, as a constant for each case
+                case 1: kblock_mma<1>(acc, wsl, xb, sb, wsc); break;
+                case 2: kblock_mma<2>(acc, wsl, xb, sb, wsc); break;
+                case 3: kblock_mma<3>(acc, wsl, xb, sb, wsc); break;
+                default: kblock_mma<4>(acc, wsl, xb, sb, wsc); break;
             }
         }
         wsc = wsc_next;
