@@ -54,7 +54,7 @@ func (b *Backend) initGEMM() error {
 	g := &b.gemm
 	p := b.ctx.Props()
 	if p.Major*10+p.Minor < 89 {
-		return fmt.Errorf("cuda: the FP8 GEMM kernel needs compute capability 8.9 or newer (e4m3 MMA), the device is %d.%d", p.Major, p.Minor)
+		return fmt.Errorf("cuda: the FP8 GEMM kernel needs compute capability 8.9 or newer (e4m3 to f16 conversion), the device is %d.%d", p.Major, p.Minor)
 	}
 	stages, smem := gemmStages(p.MaxSharedBytesOptin)
 	if stages == 0 {
