@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"sync/atomic"
 
@@ -31,8 +32,8 @@ type gemmState struct {
 	once           sync.Once
 	err            error
 	mod            *driver.Module
-	mt64, mt128    *driver.Function
-	reduce         *driver.Function
+	kernel, reduce *driver.Function
+	smemBytes      int // the kernel's dynamic shared memory
 	part           driver.DevicePtr
 	lt             *cublaslt.Handle
 	ltErr          error // why cuBLASLt is not used (absent, or Options.NoCuBLASLt)
@@ -53,9 +54,14 @@ func (b *Backend) initGEMM() error {
 	g := &b.gemm
 	p := b.ctx.Props()
 	if p.Major*10+p.Minor < 89 {
-		return fmt.Errorf("cuda: the FP8 GEMM kernel needs compute capability 8.9 or newer (e4m3 MMA), the device is %d.%d", p.Major, p.Minor)
+		return fmt.Errorf("cuda: the FP8 GEMM kernel needs compute capability 8.9 or newer (e4m3 to f16 conversion), the device is %d.%d", p.Major, p.Minor)
 	}
-	compiled, err := driver.CompileDetailed(kernels.GEMMSource(), "gemm_fp8.cu", driver.CompileOptions{Arch: p.Arch()})
+	stages, smem := gemmStages(p.MaxSharedBytesOptin)
+	if stages == 0 {
+		return fmt.Errorf("cuda: the FP8 GEMM kernel needs %d bytes of shared memory per block, the device allows %d", smem, p.MaxSharedBytesOptin)
+	}
+	compiled, err := driver.CompileDetailed(kernels.GEMMSource(), "gemm_fp8.cu", driver.CompileOptions{
+		Arch: p.Arch(), Defines: map[string]string{"GEMM_STAGES": strconv.Itoa(stages)}})
 	if err != nil {
 		return err
 	}
@@ -65,11 +71,15 @@ func (b *Backend) initGEMM() error {
 	for _, f := range []struct {
 		dst  **driver.Function
 		name string
-	}{{&g.mt64, "gemm_fp8_mt64"}, {&g.mt128, "gemm_fp8_mt128"}, {&g.reduce, "gemm_fp8_reduce"}} {
+	}{{&g.kernel, "gemm_fp8"}, {&g.reduce, "gemm_fp8_reduce"}} {
 		if *f.dst, err = g.mod.Function(f.name); err != nil {
 			return err
 		}
 	}
+	if err = g.kernel.SetAttribute(driver.FuncMaxDynamicSharedSizeBytes, smem); err != nil {
+		return err
+	}
+	g.smemBytes = smem
 	if g.part, err = b.ctx.Alloc(gemmPartBytes); err != nil {
 		return err
 	}
@@ -124,30 +134,59 @@ func (b *Backend) CuBLASLtSupports(m, n, k, yStride int) error {
 	return b.gemm.lt.Supported(cublaslt.Shape{M: m, N: n, K: k, YStride: yStride})
 }
 
-// ownGEMMPlan is the launch shape of the own kernel for one GEMM.
-type ownGEMMPlan struct {
-	mt, chunks, splits, kbPerSplit int
+// The own kernel's tile (kernels/cuda/gemm_fp8.cu): a block computes
+// gemmBlockRows rows of W for gemmBlockTokens tokens.
+const (
+	gemmBlockRows   = 256 // GEMM_ROWS
+	gemmBlockTokens = 64  // GEMM_MT
+)
+
+// gemmStages is the deepest weight ring (GEMM_STAGES, 2 to 4 K blocks) whose
+// shared memory fits maxShared bytes, with that size; 0 when none fits.
+func gemmStages(maxShared int) (stages, bytes int) {
+	size := func(s int) int {
+		// weight ring + two f16 token tiles + two rows of token scales
+		return 8*s*4096 + 2*gemmBlockTokens*272 + 2*gemmBlockTokens*4
+	}
+	for s := 4; s >= 2; s-- {
+		if size(s) <= maxShared {
+			return s, size(s)
+		}
+	}
+	return 0, size(2)
 }
 
-// planOwnGEMM picks the token chunk (64, or 128 when wide N already fills
-// the device) and the split of K: narrow N (the fused [wq_a; wkv]) splits
-// K until the grid has about two blocks per SM, as long as the float32
-// partials stay within the workspace and no larger than the weight.
+// ownGEMMPlan is the launch shape of the own kernel for one GEMM.
+type ownGEMMPlan struct {
+	chunks, rowBlocks, splits, kbPerSplit int
+}
+
+// planOwnGEMM splits K when that shortens the GEMM: a block (one per SM: it
+// takes most of the shared memory) streams kbPerSplit K blocks of its rows,
+// so the time goes as waves of blocks x kbPerSplit, plus about one K block
+// for the reduction of the partials. Narrow N (the fused [wq_a; wkv]) at
+// small M splits until the grid covers the device; wide N (wq_b) already
+// does and runs unsplit. The float32 partials stay within the workspace and
+// no larger than the weight.
 func planOwnGEMM(m, n, k, sms, partBytes int) ownGEMMPlan {
-	kbn, tiles := k/128, n/128
-	p := ownGEMMPlan{mt: 64, splits: 1}
-	if m > 64 && tiles*((m+127)/128) >= sms {
-		p.mt = 128
+	kbn := k / 128
+	p := ownGEMMPlan{
+		chunks:     (m + gemmBlockTokens - 1) / gemmBlockTokens,
+		rowBlocks:  (n + gemmBlockRows - 1) / gemmBlockRows,
+		splits:     1,
+		kbPerSplit: kbn,
 	}
-	p.chunks = (m + p.mt - 1) / p.mt
-	blocks := p.chunks * tiles
-	if p.mt == 64 && blocks < sms {
-		s := (2*sms + blocks - 1) / blocks
-		s = min(s, kbn, max(1, k/(4*m)), max(1, partBytes/(4*m*n)))
-		p.splits = max(1, s)
+	blocks := p.chunks * p.rowBlocks
+	waves := func(b int) int { return (b + sms - 1) / sms }
+	best := waves(blocks) * kbn
+	maxSplits := min(kbn, max(1, k/(4*m)), max(1, partBytes/(4*m*n)))
+	for s := 2; s <= maxSplits; s++ {
+		kbp := (kbn + s - 1) / s
+		sp := (kbn + kbp - 1) / kbp
+		if cost := waves(blocks*sp)*kbp + 1; cost < best {
+			best, p.splits, p.kbPerSplit = cost, sp, kbp
+		}
 	}
-	p.kbPerSplit = (kbn + p.splits - 1) / p.splits
-	p.splits = (kbn + p.kbPerSplit - 1) / p.kbPerSplit
 	return p
 }
 
@@ -208,18 +247,14 @@ func (b *Backend) GEMM(ctx context.Context, a *mla.GEMMArgs) error {
 func (b *Backend) ownGEMM(w, ws, x, xs, y driver.DevicePtr, m, n, k, xsStride, yStride int) error {
 	g := &b.gemm
 	p := planOwnGEMM(m, n, k, b.ctx.Props().SMCount, gemmPartBytes)
-	fn := g.mt64
-	if p.mt == 128 {
-		fn = g.mt128
-	}
 	var part driver.DevicePtr
 	if p.splits > 1 {
 		part = g.part
 	}
-	grid := driver.Dim3{uint32(p.chunks), uint32(n / 128), uint32(p.splits)}
+	grid := driver.Dim3{uint32(p.chunks), uint32(p.rowBlocks), uint32(p.splits)}
 	block := driver.Dim3{256, 1, 1}
 	return b.ctx.Do(func() error {
-		if err := b.launch(fn, grid, block, w, ws, x, xs, y, part,
+		if err := b.launchShared(g.kernel, grid, block, g.smemBytes, w, ws, x, xs, y, part,
 			int32(m), int32(n), int32(k), int32(xsStride), int32(yStride), int32(p.kbPerSplit)); err != nil {
 			return err
 		}
