@@ -276,23 +276,17 @@ def iteration_plan(positions, slots, fmt, page_size, tables):
     return {"rope": rope, "vbase": vbase.contiguous(), "sbase": sbase.contiguous()}
 
 
-def make_layer_fn(fmt, q_lora_rank, kv_scale=1.0, q_scale=1.0, out_fp8=True, shift_bytes=False):
-    """layer_prologue(fused, q, w, cos, sin, vbase, sbase, cache_flat, q_out) with the format and
-    scalars bound: the whole prologue of one layer, in place.
-
-    fused: (T, q_lora_rank + 512) bf16, the fused A projection rows (the latent read in place from
-    its last 512 columns). q: (T, H, 512) bf16. w: (512,) float32. cos, sin: (T, 32) float32 and
-    vbase, sbase: (T,) int64 from iteration_plan. cache_flat: the layer's pool as one contiguous
-    uint8 vector. q_out: (T, H, 512) float8_e4m3fn (out_fp8) or bfloat16. Every token is real (no
-    padding rows). shift_bytes=True writes bf16 bytes by shifts, as torch.compile needs; the bytes
-    are the same either way.
-    """
+def make_layer_parts(fmt, q_lora_rank, kv_scale=1.0, q_scale=1.0, out_fp8=True, shift_bytes=False):
+    """The two halves of layer_prologue (make_layer_fn), for callers that run them apart, as the
+    chain does (the KV side on a second stream under the wq_b GEMM): kv_part(fused, w, cos, sin,
+    vbase, sbase, cache_flat) writes the cache, q_part(q, cos, sin, q_out) writes Q. Arguments as
+    make_layer_fn's."""
     bf16_bytes = _bf16_bytes_shift if shift_bytes else _bf16_bytes
     width = row_bytes(fmt)
     if fmt not in FORMATS:
         raise ValueError(f"cache format {fmt!r}: want one of {', '.join(FORMATS)}")
 
-    def layer_prologue(fused, q, w, cos, sin, vbase, sbase, cache_flat, q_out):
+    def kv_part(fused, w, cos, sin, vbase, sbase, cache_flat):
         # KV: RMSNorm * w, RoPE, quantize, one scatter of each token's row into the pool.
         y = _rope_rows(_rms_norm(fused[:, q_lora_rank:], w), cos, sin)
         cols = torch.arange(width, device=fused.device)
@@ -317,12 +311,36 @@ def make_layer_fn(fmt, q_lora_rank, kv_scale=1.0, q_scale=1.0, out_fp8=True, shi
             row = _fp8_bytes(_to_e4m3(y.float() * kv_scale))
             idx = vbase.unsqueeze(1) + cols
         cache_flat.index_put_((idx,), row)
+
+    def q_part(q, cos, sin, q_out):
         # Q: weightless RMSNorm per (token, head), RoPE at the token's rows, fp8 or bf16.
         yq = _rope_rows(_rms_norm(q), cos.unsqueeze(1), sin.unsqueeze(1))
         if out_fp8:
             q_out.copy_(_to_e4m3(yq.float() * q_scale))
         else:
             q_out.copy_(yq)
+
+    kv_part.__name__ = f"kv_part_{fmt}"
+    q_part.__name__ = f"q_part_{'fp8' if out_fp8 else 'bf16'}"
+    return kv_part, q_part
+
+
+def make_layer_fn(fmt, q_lora_rank, kv_scale=1.0, q_scale=1.0, out_fp8=True, shift_bytes=False):
+    """layer_prologue(fused, q, w, cos, sin, vbase, sbase, cache_flat, q_out) with the format and
+    scalars bound: the whole prologue of one layer, in place.
+
+    fused: (T, q_lora_rank + 512) bf16, the fused A projection rows (the latent read in place from
+    its last 512 columns). q: (T, H, 512) bf16. w: (512,) float32. cos, sin: (T, 32) float32 and
+    vbase, sbase: (T,) int64 from iteration_plan. cache_flat: the layer's pool as one contiguous
+    uint8 vector. q_out: (T, H, 512) float8_e4m3fn (out_fp8) or bfloat16. Every token is real (no
+    padding rows). shift_bytes=True writes bf16 bytes by shifts, as torch.compile needs; the bytes
+    are the same either way.
+    """
+    kv_part, q_part = make_layer_parts(fmt, q_lora_rank, kv_scale, q_scale, out_fp8, shift_bytes)
+
+    def layer_prologue(fused, q, w, cos, sin, vbase, sbase, cache_flat, q_out):
+        kv_part(fused, w, cos, sin, vbase, sbase, cache_flat)
+        q_part(q, cos, sin, q_out)
 
     layer_prologue.__name__ = f"layer_{fmt}_q{'fp8' if out_fp8 else 'bf16'}"
     return layer_prologue

@@ -49,6 +49,15 @@ type config struct {
 	// layer is long enough that a few layers amortize the graph launch.
 	CtxGraphLayers int
 
+	// Chain times the whole chain of DESIGN.md section 7 per layer (act_quant,
+	// the two GEMMs, q_norm, the prologue) in CUDA graphs of ChainLayers
+	// layers with distinct weights, over ChainBatches (at every MTP) and
+	// ChainCtxTokens.
+	Chain          bool
+	ChainLayers    int
+	ChainBatches   []int
+	ChainCtxTokens []int
+
 	HostCost bool // the engine's Begin/End host cost
 	HostReps int
 	// HostPrefill is the context length each sequence of the host-cost
@@ -63,6 +72,11 @@ const (
 	defaultCtxTokens  = "1024,4096,16384,65536"
 	quickGenBatches   = "1,32,256"
 	quickCtxTokens    = "4096"
+	// Issue 9's shapes of the chain.
+	defaultChainBatches   = "1,8,32,128,256"
+	defaultChainCtxTokens = "1024,4096,16384"
+	quickChainBatches     = "1,32"
+	quickChainCtxTokens   = "4096"
 )
 
 // parseFlags reads the run's command line (without the program name).
@@ -90,6 +104,11 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.BoolVar(&c.Graph, "graph", true, "time every shape as a CUDA graph of many layers with distinct inputs")
 	graphMem := fs.Float64("graph-mem-gb", 48, "device memory for one graph's per-layer inputs, GB")
 	fs.IntVar(&c.CtxGraphLayers, "ctx-graph-layers", 8, "layers in a context shape's graph")
+	fs.BoolVar(&c.Chain, "chain", true, "time the whole chain from hidden states (act_quant, GEMMs, q_norm, prologue) per layer in CUDA graphs")
+	fs.IntVar(&c.ChainLayers, "chain-layers", 8, "layers, each with its own weights, in a chain graph")
+	chainBatches := fs.String("chain-batches", "", "generation batch sizes of the chain (default "+defaultChainBatches+"; --quick "+quickChainBatches+")")
+	chainCtx := fs.String("chain-ctx-tokens", "", "context batch sizes of the chain in tokens (default "+defaultChainCtxTokens+"; --quick "+quickChainCtxTokens+")")
+	only := fs.Bool("chain-only", false, "only the chain (and the copy ceiling): the same as --kernels=false --iteration=false --graph=false --host-cost=false")
 	fs.BoolVar(&c.HostCost, "host-cost", true, "measure the engine's Begin/End host cost on the CUDA backend")
 	fs.IntVar(&c.HostReps, "host-reps", 30, "iterations per batch size of the host-cost measurement")
 	fs.IntVar(&c.HostPrefill, "host-prefill", 2048, "tokens each host-cost sequence holds before its generation steps")
@@ -118,6 +137,30 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 			*ctx = quickCtxTokens
 		}
 	}
+	if *chainBatches == "" {
+		*chainBatches = defaultChainBatches
+		if c.Quick {
+			*chainBatches = quickChainBatches
+		}
+	}
+	if *chainCtx == "" {
+		*chainCtx = defaultChainCtxTokens
+		if c.Quick {
+			*chainCtx = quickChainCtxTokens
+		}
+	}
+	if c.ChainBatches, err = parseInts("chain-batches", *chainBatches, 1, 4096); err != nil {
+		return c, err
+	}
+	if c.ChainCtxTokens, err = parseInts("chain-ctx-tokens", *chainCtx, 1, 1<<20); err != nil {
+		return c, err
+	}
+	if *only {
+		if !c.Chain {
+			return c, errors.New("--chain-only and --chain=false ask for nothing")
+		}
+		c.Kernels, c.Iteration, c.Graph, c.HostCost = false, false, false, false
+	}
 	if c.GenBatches, err = parseInts("gen-batches", *gen, 1, 4096); err != nil {
 		return c, err
 	}
@@ -136,7 +179,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	positive := []struct {
 		name string
 		v    int
-	}{{"reps", c.Reps}, {"graph-reps", c.GraphReps}, {"ctx-graph-layers", c.CtxGraphLayers}, {"host-reps", c.HostReps}, {"host-prefill", c.HostPrefill}}
+	}{{"reps", c.Reps}, {"graph-reps", c.GraphReps}, {"ctx-graph-layers", c.CtxGraphLayers}, {"host-reps", c.HostReps}, {"host-prefill", c.HostPrefill},
+		{"chain-layers", c.ChainLayers}}
 	for _, p := range positive {
 		if p.v <= 0 || p.v > 100000 {
 			return c, fmt.Errorf("--%s = %d, must be in [1, 100000]", p.name, p.v)
@@ -148,6 +192,9 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	c.GraphMemBytes = int64(*graphMem * 1e9)
 	if c.ContiguousLatent && c.CheckDir != "" {
 		return c, errors.New("--contiguous-latent is a diagnostic: the --check-dir cases need the fused rows")
+	}
+	if c.ContiguousLatent && c.Chain {
+		return c, errors.New("--contiguous-latent is a diagnostic: the chain writes the fused rows (add --chain=false)")
 	}
 	return c, nil
 }

@@ -28,6 +28,24 @@ func TestParseFlagsDefaults(t *testing.T) {
 	assert.Equal(t, variant{}, c.Main)
 	assert.Empty(t, c.Variants)
 	assert.Len(t, c.shapes(), 9*2+4)
+	assert.True(t, c.Chain)
+	assert.Equal(t, 8, c.ChainLayers)
+	assert.Equal(t, []int{1, 8, 32, 128, 256}, c.ChainBatches)
+	assert.Equal(t, []int{1024, 4096, 16384}, c.ChainCtxTokens)
+	assert.Len(t, c.chainShapes(), 5*2+3)
+}
+
+func TestParseFlagsChainOnly(t *testing.T) {
+	c, err := parseFlags([]string{"--chain-only", "--chain-layers", "4"}, io.Discard)
+	require.NoError(t, err)
+	assert.True(t, c.Chain)
+	assert.False(t, c.Kernels || c.Graph || c.Iteration || c.HostCost, "only the chain runs")
+	assert.Equal(t, 4, c.ChainLayers)
+
+	c, err = parseFlags([]string{"--quick"}, io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, []int{1, 32}, c.ChainBatches)
+	assert.Equal(t, []int{4096}, c.ChainCtxTokens)
 }
 
 func TestParseFlagsQuick(t *testing.T) {
@@ -69,6 +87,11 @@ func TestParseFlagsErrors(t *testing.T) {
 		{[]string{"--graph-reps", "-1"}, "--graph-reps = -1"},
 		{[]string{"--graph-mem-gb", "0"}, "--graph-mem-gb = 0"},
 		{[]string{"--contiguous-latent", "--check-dir", "x"}, "--contiguous-latent is a diagnostic"},
+		{[]string{"--chain-layers", "0"}, "--chain-layers = 0"},
+		{[]string{"--chain-batches", "0"}, "--chain-batches: 0 is outside"},
+		{[]string{"--chain-ctx-tokens", "x"}, `--chain-ctx-tokens: "x" is not a whole number`},
+		{[]string{"--chain-only", "--chain=false"}, "--chain-only and --chain=false"},
+		{[]string{"--contiguous-latent"}, "the chain writes the fused rows"},
 		{[]string{"extra"}, `unexpected argument "extra"`},
 		{[]string{"--no-such-flag"}, "no-such-flag"},
 	}

@@ -21,6 +21,7 @@ type device struct {
 	ctx      *driver.Context
 	fillBF16 *driver.Function
 	fillF32  *driver.Function
+	fillE4M3 *driver.Function
 	copy16   *driver.Function
 	copyRows *driver.Function
 	flush    mla.Buffer // written before each timed launch to evict the L2
@@ -49,7 +50,7 @@ func newDevice(opts cuda.Options, knobs cudatune.Knobs, reps int, contiguousLate
 	for _, f := range []struct {
 		fn   **driver.Function
 		name string
-	}{{&d.fillBF16, "fill_bf16"}, {&d.fillF32, "fill_f32"}, {&d.copy16, "copy16"}, {&d.copyRows, "copy_rows"}} {
+	}{{&d.fillBF16, "fill_bf16"}, {&d.fillF32, "fill_f32"}, {&d.fillE4M3, "fill_e4m3"}, {&d.copy16, "copy16"}, {&d.copyRows, "copy_rows"}} {
 		if *f.fn, err = mod.Function(f.name); err != nil {
 			return nil, err
 		}
@@ -83,6 +84,17 @@ func (d *device) randF32(n int, lo, hi float32) (mla.Buffer, error) {
 	d.seed++
 	return buf, d.ctx.Launch(d.fillF32, d.grid(), driver.Dim3{256, 1, 1}, 0, d.be.Stream(),
 		buf.(*cuda.Buffer).Ptr(), uint64(n), d.seed, lo, hi)
+}
+
+// randE4M3 allocates n random e4m3 bytes of moderate magnitude (never NaN).
+func (d *device) randE4M3(n int) (mla.Buffer, error) {
+	buf, err := d.be.Alloc(n)
+	if err != nil {
+		return nil, err
+	}
+	d.seed++
+	return buf, d.ctx.Launch(d.fillE4M3, d.grid(), driver.Dim3{256, 1, 1}, 0, d.be.Stream(),
+		buf.(*cuda.Buffer).Ptr(), uint64(n), d.seed)
 }
 
 // safeDiv is a / b, or 0 when b is not positive: a ratio JSON can hold.

@@ -27,6 +27,15 @@ extern "C" __global__ void fill_f32(float* p, u64 n, u32 seed, float lo, float h
     }
 }
 
+// e4m3 bytes of moderate magnitude (biased exponents 4..11: about 2^-3 to
+// 30) with random sign and mantissa, never NaN: synthetic FP8 weights.
+extern "C" __global__ void fill_e4m3(unsigned char* p, u64 n, u32 seed) {
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
+        u32 h = mix(i * 0x9e3779b97f4a7c15ull + seed);
+        p[i] = (unsigned char)((h & 0x80u) | (0x20u + ((h >> 8) & 0x3fu)));
+    }
+}
+
 // The copy baseline: 16-byte streaming loads and stores, four in flight per
 // thread, grid-stride.
 extern "C" __global__ void copy16(uint4* dst, const uint4* src, u64 n16) {

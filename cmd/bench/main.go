@@ -13,6 +13,10 @@
 // layer); a whole decode iteration launched eagerly from Go and as a graph;
 // and the engine's own host cost per iteration (Begin, End). The JSON feeds
 // bench/report.py, which joins it with the PyTorch peers (bench/peers.py).
+// The chain: the whole layer from hidden states (act_quant, the two FP8
+// GEMMs, q_norm, the prologue with the KV side on a second stream), every
+// layer with its own weights in one CUDA graph, against the weight-streaming
+// floor and the PyTorch chain peer (bench/chain_peer.py).
 // With --check-dir it also writes small cases as safetensors for
 // bench/check_peers.py, after checking them byte for byte against the CPU
 // backend.
@@ -160,6 +164,11 @@ func run(c *config, command string) error {
 	if c.Graph {
 		for _, md := range c.Models {
 			part("layer graphs "+md.Name, func() error { return layerGraphs(c, main, md, &rep) })
+		}
+	}
+	if c.Chain {
+		for _, md := range c.Models {
+			part("chain "+md.Name, func() error { return chains(c, main, md, &rep) })
 		}
 	}
 	if len(rep.Errors) > 0 {

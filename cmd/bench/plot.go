@@ -48,6 +48,17 @@ type peerReport struct {
 		QFormat    string   `json:"q_format"`
 		UsPerLayer *float64 `json:"us_per_layer"`
 	} `json:"layer_graph"`
+	// Chain is bench/chain_peer.py's: the PyTorch chain per layer.
+	Chain []chainPeerEntry `json:"chain"`
+}
+
+// chainPeerEntry is the part of a chain peer entry the plots read.
+type chainPeerEntry struct {
+	Model      string   `json:"model"`
+	Phase      string   `json:"phase"`
+	MTP        int      `json:"mtp"`
+	Tokens     int      `json:"tokens"`
+	UsPerLayer *float64 `json:"us_per_layer"`
 }
 
 // groupSeries collects points under labels, in the order labels first
@@ -126,6 +137,35 @@ func layerSeries(rep *Report, peers *peerReport, model string) []series {
 	}
 	out := g.list()
 	for _, s := range copyLine.list() {
+		out = append(out, dedupeTokens(s))
+	}
+	return out
+}
+
+// chainSeries is the chain's per-layer view of a model: ours with the KV
+// prologue forked and without it, the PyTorch chain peer, and the two
+// floors (the weights alone, and weights plus the layer's I/O) at the copy
+// rate.
+func chainSeries(rep *Report, peers *peerReport, model string) []series {
+	var g, floors groupSeries
+	for _, r := range rep.Chain {
+		if r.Model != model {
+			continue
+		}
+		g.add(fmt.Sprintf("ours, KV forked, %s", phaseLabel(r.Phase, r.MTP)), measured, r.Tokens, r.UsPerLayer)
+		g.add(fmt.Sprintf("ours, without the KV prologue, %s", phaseLabel(r.Phase, r.MTP)), measured, r.Tokens, r.NoKVUsPerLayer)
+		floors.add("weight-streaming floor (weights at the copy rate)", ceiling, r.Tokens, r.WeightFloorUs)
+		floors.add("floor: weights + hidden in + Q and cache out, at the copy rate", ceiling, r.Tokens, r.FloorUs)
+	}
+	if peers != nil {
+		for _, p := range peers.Chain {
+			if p.Model == model && p.UsPerLayer != nil {
+				g.add(fmt.Sprintf("PyTorch chain (_scaled_mm + torch.compile, one graph), %s", phaseLabel(p.Phase, p.MTP)), measured, p.Tokens, *p.UsPerLayer)
+			}
+		}
+	}
+	out := g.list()
+	for _, s := range floors.list() {
 		out = append(out, dedupeTokens(s))
 	}
 	return out
@@ -262,6 +302,12 @@ func writePlots(rep *Report, peers *peerReport, dir, prefix string) ([]string, e
 			models = append(models, lg.Model)
 		}
 	}
+	for _, r := range rep.Chain {
+		if !seen[r.Model] {
+			seen[r.Model] = true
+			models = append(models, r.Model)
+		}
+	}
 	var files []string
 	for _, m := range models {
 		plots := []struct {
@@ -270,6 +316,7 @@ func writePlots(rep *Report, peers *peerReport, dir, prefix string) ([]string, e
 		}{
 			{"layer", modelTitle(m) + ": time per layer (Q + KV), " + rep.Device, "µs per layer", layerSeries(rep, peers, m)},
 			{"kernels", modelTitle(m) + ": each kernel launched alone, L2 flushed, " + rep.Device, "µs per launch", kernelSeries(rep, m)},
+			{"chain", modelTitle(m) + ": the whole chain from hidden states per layer, " + rep.Device, "µs per layer", chainSeries(rep, peers, m)},
 		}
 		for _, pl := range plots {
 			if !hasMeasured(pl.ss) {
@@ -284,7 +331,7 @@ func writePlots(rep *Report, peers *peerReport, dir, prefix string) ([]string, e
 		}
 	}
 	if len(files) == 0 {
-		return nil, fmt.Errorf("the report has no single launches and no layer graphs to plot")
+		return nil, fmt.Errorf("the report has no single launches and no layer graphs to plot, and no chain")
 	}
 	return files, nil
 }
@@ -305,6 +352,7 @@ func reportMain(args []string, stdout, stderr io.Writer) error {
 	fs.SetOutput(stderr)
 	goJSON := fs.String("go", "bench-go.json", "the JSON of a bench run")
 	peersJSON := fs.String("peers", "", "bench/peers.py's JSON, for the PyTorch peer's graph (optional)")
+	chainPeerJSON := fs.String("chain-peer", "", "bench/chain_peer.py's JSON, for the PyTorch chain (optional)")
 	outDir := fs.String("out-dir", "", "where the plots go (default: beside --go)")
 	prefix := fs.String("prefix", "bench", "file name prefix: PREFIX-layer-MODEL.png, PREFIX-kernels-MODEL.svg, ...")
 	if err := fs.Parse(args); err != nil {
@@ -327,6 +375,20 @@ func reportMain(args []string, stdout, stderr io.Writer) error {
 		if err := json.Unmarshal(data, peers); err != nil {
 			return fmt.Errorf("%s: %w", *peersJSON, err)
 		}
+	}
+	if *chainPeerJSON != "" {
+		data, err := os.ReadFile(*chainPeerJSON)
+		if err != nil {
+			return err
+		}
+		var cp peerReport
+		if err := json.Unmarshal(data, &cp); err != nil {
+			return fmt.Errorf("%s: %w", *chainPeerJSON, err)
+		}
+		if peers == nil {
+			peers = &peerReport{}
+		}
+		peers.Chain = append(peers.Chain, cp.Chain...)
 	}
 	dir := *outDir
 	if dir == "" {

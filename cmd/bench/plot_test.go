@@ -101,7 +101,7 @@ func TestReportErrors(t *testing.T) {
 	}{
 		{[]string{"--go", filepath.Join(dir, "missing.json")}, "missing.json"},
 		{[]string{"--go", bad}, "bad.json"},
-		{[]string{"--go", empty}, "no single launches and no layer graphs"},
+		{[]string{"--go", empty}, "no single launches and no layer graphs to plot, and no chain"},
 		{[]string{"--go", "testdata/bench-go.json", "--peers", bad, "--out-dir", dir}, "bad.json"},
 	} {
 		err := reportMain(c.args, &bytes.Buffer{}, &bytes.Buffer{})

@@ -65,6 +65,51 @@ type LayerGraph struct {
 	PctCopy        float64 `json:"pct_copy"`
 }
 
+// ChainResult is one shape of the whole chain from hidden states (DESIGN.md
+// section 7): every layer with its own weights (and, memory allowing, its
+// own hidden states, activations, outputs and cache pool) in one CUDA
+// graph, the L2 flushed before each replay (median); per layer = total /
+// layers. The same graph is timed four ways to show what the KV prologue
+// costs: forked onto the second stream (the engine's way, UsPerLayer),
+// left out, in order on the main stream, and alone.
+type ChainResult struct {
+	Model  string `json:"model"`
+	Phase  string `json:"phase"`
+	Batch  int    `json:"batch"`
+	MTP    int    `json:"mtp"`
+	Tokens int    `json:"tokens"`
+	Rows   int    `json:"rows"`   // rows every step runs over: the graph bucket for generation
+	Layers int    `json:"layers"` // layers in the graph, each with its own weights
+	Sets   int    `json:"sets"`   // distinct activation sets the layers cycle over
+	// FusedGEMM and WqBGEMM are the GEMM implementation that ran: "own"
+	// (the weight-streaming kernel) or "cublaslt".
+	FusedGEMM string  `json:"fused_gemm"`
+	WqBGEMM   string  `json:"wq_b_gemm"`
+	TotalUs   float64 `json:"total_us"`
+	// UsPerLayer: the KV prologue forked. NoKVUsPerLayer: without it.
+	// SerialKVUsPerLayer: in order on the main stream. KVAloneUsPerLayer:
+	// only the KV prologue. KVExposedUs = UsPerLayer - NoKVUsPerLayer, what
+	// the fork leaves of the KV work (about 0 when it is hidden).
+	UsPerLayer         float64 `json:"us_per_layer"`
+	NoKVUsPerLayer     float64 `json:"no_kv_us_per_layer"`
+	SerialKVUsPerLayer float64 `json:"serial_kv_us_per_layer"`
+	KVAloneUsPerLayer  float64 `json:"kv_alone_us_per_layer"`
+	KVExposedUs        float64 `json:"kv_exposed_us"`
+	// WeightBytes is a layer's GEMM weights with their scales and the q_norm
+	// weight; WeightGBps = WeightBytes / UsPerLayer. WeightFloorUs is the
+	// weights at the measured copy rate (the weight-streaming floor), and
+	// PctWeightFloor = 100 * WeightFloorUs / UsPerLayer.
+	WeightBytes    int64   `json:"weight_bytes"`
+	WeightGBps     float64 `json:"weight_gbps"`
+	WeightFloorUs  float64 `json:"weight_floor_us"`
+	PctWeightFloor float64 `json:"pct_weight_floor"`
+	// IOBytes is the least the layer moves besides the weights (hidden rows
+	// in, FP8 Q and cache rows out); FloorUs is weights + I/O at the copy
+	// rate, the floor for context batches.
+	IOBytes int64   `json:"io_bytes"`
+	FloorUs float64 `json:"floor_us"`
+}
+
 // HostCost is the engine's own host time per generation iteration.
 type HostCost struct {
 	Backend string `json:"backend"`
@@ -100,10 +145,13 @@ type Report struct {
 	Results   []Result    `json:"results"`
 	Iteration []Iteration `json:"iteration"`
 	// IterationVariants are the decode iteration under the --variants.
-	IterationVariants []Iteration  `json:"iteration_variants,omitempty"`
-	LayerGraphs       []LayerGraph `json:"layer_graph,omitempty"`
-	HostCost          []HostCost   `json:"host_cost,omitempty"`
-	Checks            []string     `json:"checks"`
+	IterationVariants []Iteration   `json:"iteration_variants,omitempty"`
+	LayerGraphs       []LayerGraph  `json:"layer_graph,omitempty"`
+	HostCost          []HostCost    `json:"host_cost,omitempty"`
+	Chain             []ChainResult `json:"chain,omitempty"`
+	// ChainGEMM says whether cuBLASLt is in use for the chain's GEMMs.
+	ChainGEMM string   `json:"chain_gemm,omitempty"`
+	Checks    []string `json:"checks"`
 	// StridedCopy is a copy with the KV kernel's read pattern, L2-flushed
 	// like the kernels: the ceiling for reading the latent in place.
 	StridedCopy      []StridedCopy `json:"strided_copy"`

@@ -1,0 +1,402 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/dsv4mla/prologue/attention/mla"
+	"github.com/dsv4mla/prologue/kvcache"
+	"github.com/dsv4mla/prologue/numerics"
+)
+
+// The whole chain of DESIGN.md section 7 per layer, the way the engine
+// issues it from hidden states (engine/chain.go): act_quant, the fused
+// [wq_a; wkv] GEMM, the KV prologue forked onto the backend's second stream,
+// q_norm with its act_quant, the wq_b GEMM, the Q prologue, the join. It
+// is issued here through the backend's methods, as the engine does, so that
+// every layer of a graph gets its own weights, hidden states, activations,
+// outputs and cache pool (the engine has one set of activation buffers).
+
+// chainKV says what a chain graph does with the KV prologue.
+type chainKV int
+
+const (
+	kvForked chainKV = iota // on the side stream under q_norm and wq_b (the engine's way)
+	kvNone                  // left out: the chain's time without the KV work
+	kvSerial                // in order on the main stream after the fused GEMM
+	kvAlone                 // only the KV prologue of every layer (what the fork hides)
+)
+
+func (k chainKV) String() string {
+	switch k {
+	case kvForked:
+		return "KV forked"
+	case kvNone:
+		return "no KV"
+	case kvSerial:
+		return "KV in order"
+	case kvAlone:
+		return "KV alone"
+	}
+	return fmt.Sprintf("chainKV(%d)", int(k))
+}
+
+// chainLayerWeights are one layer's GEMM weights and q_norm weight on the
+// device.
+type chainLayerWeights struct {
+	fused mla.FP8Weight // [wq_a; wkv]: q_lora_rank+512 rows of hidden
+	wqB   mla.FP8Weight // heads*512 rows of q_lora_rank
+	qNorm mla.Buffer    // q_lora_rank float32
+}
+
+// chainWeights are the distinct weights of every layer of a chain graph.
+type chainWeights struct {
+	layers []chainLayerWeights
+	bufs   []mla.Buffer
+}
+
+// chainDims are the chain's sizes of a model.
+type chainDims struct {
+	hidden, qLora, heads int
+	fusedN, qN           int // output widths of the two GEMMs
+}
+
+func chainDimsOf(md model) chainDims {
+	return chainDims{hidden: md.cfg.HiddenSize, qLora: md.QLora, heads: md.Heads,
+		fusedN: md.QLora + numerics.HeadDim, qN: md.Heads * numerics.HeadDim}
+}
+
+// fp8WeightBytes is an FP8 matrix's bytes with its float32 128x128 block
+// scales.
+func fp8WeightBytes(n, k int) int64 {
+	return int64(n)*int64(k) + 4*int64((n+127)/128)*int64((k+127)/128)
+}
+
+// weightBytes is what one layer's chain reads of weights: both GEMM
+// matrices with their scales and the q_norm weight (the kv_norm weight is
+// the prologue's).
+func (cd chainDims) weightBytes() int64 {
+	return fp8WeightBytes(cd.fusedN, cd.hidden) + fp8WeightBytes(cd.qN, cd.qLora) + 4*int64(cd.qLora)
+}
+
+// ioBytes is the least one layer's chain must move besides the weights,
+// for t tokens: the hidden rows read, the FP8 Q and the cache rows written.
+func (cd chainDims) ioBytes(t int, f kvcache.Format) int64 {
+	return int64(t) * (2*int64(cd.hidden) + int64(cd.qN) + int64(f.BytesPerToken()))
+}
+
+// actBytesPerRow is the device memory of one token row of a layer's chain
+// buffers beyond what setupLayers allocates: the hidden row, its e4m3 copy
+// and scales, q_norm's e4m3 output and scales.
+func (cd chainDims) actBytesPerRow() int64 {
+	return 2*int64(cd.hidden) + int64(cd.hidden) + 4*int64(cd.hidden/128) + int64(cd.qLora) + 4*int64(cd.qLora/128)
+}
+
+// newChainWeights allocates n layers of random FP8 weights (e4m3 values of
+// moderate magnitude, block scales around 2^-10) and q_norm weights.
+func (d *device) newChainWeights(md model, n int) (_ *chainWeights, err error) {
+	cd := chainDimsOf(md)
+	w := &chainWeights{}
+	defer func() {
+		if err != nil {
+			d.freeBufs(w.bufs)
+		}
+	}()
+	keep := func(buf mla.Buffer, err error) (mla.Buffer, error) {
+		if err == nil {
+			w.bufs = append(w.bufs, buf)
+		}
+		return buf, err
+	}
+	matrix := func(rows, cols int) (mla.FP8Weight, error) {
+		m := mla.FP8Weight{N: rows, K: cols}
+		var err error
+		if m.Data, err = keep(d.randE4M3(rows * cols)); err != nil {
+			return m, err
+		}
+		m.Scale, err = keep(d.randF32(((rows+127)/128)*((cols+127)/128), 0.5/1024, 2.0/1024))
+		return m, err
+	}
+	for l := range n {
+		var lw chainLayerWeights
+		if lw.fused, err = matrix(cd.fusedN, cd.hidden); err != nil {
+			return nil, fmt.Errorf("layer %d [wq_a; wkv]: %w", l, err)
+		}
+		if lw.wqB, err = matrix(cd.qN, cd.qLora); err != nil {
+			return nil, fmt.Errorf("layer %d wq_b: %w", l, err)
+		}
+		if lw.qNorm, err = keep(d.randF32(cd.qLora, 0.5, 1.5)); err != nil {
+			return nil, fmt.Errorf("layer %d q_norm: %w", l, err)
+		}
+		w.layers = append(w.layers, lw)
+	}
+	return w, d.be.Synchronize(context.Background())
+}
+
+func (d *device) freeBufs(bufs []mla.Buffer) {
+	for _, b := range bufs {
+		_ = d.be.Free(b)
+	}
+}
+
+// chainSet is one input set's chain buffers beside its LayerArgs: the
+// hidden rows and the two quantized activations ([K/128][rows] scales).
+type chainSet struct {
+	hidden mla.Buffer
+	xq, qn mla.FP8Activations
+}
+
+// chainLayout is one shape's layers: the prologue's (setupLayers) and the
+// chain's buffers of each input set.
+type chainLayout struct {
+	ls   *layers
+	sets []chainSet
+	rows int // the rows every step runs over: the graph bucket for generation
+}
+
+// setupChain lays out a shape for the chain: setupLayers' buffers (the
+// fused rows, which the first GEMM writes, the Q input, which the second
+// writes, the Q output and the cache pool) and the chain's own, within
+// memBytes for both.
+func (d *device) setupChain(md model, s shape, layers int, memBytes int64) (_ *chainLayout, err error) {
+	cd := chainDimsOf(md)
+	spec := layerSpec{sets: layers, cacheFormat: kvcache.FormatFP8UE8M0}
+	if s.Phase == "generation" {
+		spec.padTo, spec.fromHeader = graphBucket(s.Tokens), true
+	}
+	// setupLayers bounds its own buffers; give it its share of memBytes.
+	prologueRow := int64(md.QLora+512)*2 + 2*int64(md.Heads)*512*2
+	spec.memBytes = int64(float64(memBytes) * float64(prologueRow) / float64(prologueRow+cd.actBytesPerRow()))
+	ls, err := d.setupLayers(md, s, spec)
+	if err != nil {
+		return nil, err
+	}
+	cl := &chainLayout{ls: ls, rows: ls.m.PaddedTokens}
+	defer func() {
+		if err != nil {
+			d.free(ls)
+		}
+	}()
+	keep := func(buf mla.Buffer, err error) (mla.Buffer, error) {
+		if err == nil {
+			ls.bufs = append(ls.bufs, buf)
+		}
+		return buf, err
+	}
+	rows := cl.rows
+	acts := func(k int) (mla.FP8Activations, error) {
+		a := mla.FP8Activations{Rows: rows, K: k, ScaleStride: rows}
+		var err error
+		if a.Data, err = keep(d.be.Alloc(rows * k)); err != nil {
+			return a, err
+		}
+		a.Scale, err = keep(d.be.Alloc(k / 128 * rows * 4))
+		return a, err
+	}
+	for i := range ls.args {
+		var cs chainSet
+		if cs.hidden, err = keep(d.randBF16(rows*cd.hidden, cd.hidden)); err != nil {
+			return nil, fmt.Errorf("input set %d hidden rows: %w", i, err)
+		}
+		if cs.xq, err = acts(cd.hidden); err != nil {
+			return nil, fmt.Errorf("input set %d quantized hidden rows: %w", i, err)
+		}
+		if cs.qn, err = acts(cd.qLora); err != nil {
+			return nil, fmt.Errorf("input set %d q_norm output: %w", i, err)
+		}
+		cl.sets = append(cl.sets, cs)
+	}
+	return cl, d.be.Synchronize(context.Background())
+}
+
+// gemmPath runs one GEMM and says which implementation ran it.
+func (d *device) gemmPath(run func() error) (string, error) {
+	own0, lt0 := d.be.GEMMCounts()
+	if err := run(); err != nil {
+		return "", err
+	}
+	own1, lt1 := d.be.GEMMCounts()
+	switch {
+	case lt1 > lt0:
+		return "cublaslt", nil
+	case own1 > own0:
+		return "own", nil
+	}
+	return "none", nil
+}
+
+// chainLayer issues layer l of the layout (input set l mod sets, weights
+// w) with the KV prologue as kv says. With paths non-nil it records which
+// GEMM implementation ran each GEMM.
+func (d *device) chainLayer(ctx context.Context, md model, cl *chainLayout, w *chainLayerWeights, l int, kv chainKV, paths *[2]string) (err error) {
+	cd := chainDimsOf(md)
+	set := l % len(cl.sets)
+	cs := &cl.sets[set]
+	a := cl.ls.withFormats(set, kvcache.FormatFP8UE8M0, mla.QFP8)
+	launches := cl.ls.launches
+	if err := a.Validate(cl.rows); err != nil {
+		return err
+	}
+	if kv == kvAlone {
+		return mla.KVOnly(ctx, d.be, launches, &a)
+	}
+	gemm := func(i int, g *mla.GEMMArgs) error {
+		if paths == nil {
+			return d.be.GEMM(ctx, g)
+		}
+		p, err := d.gemmPath(func() error { return d.be.GEMM(ctx, g) })
+		paths[i] = p
+		return err
+	}
+	if err := d.be.ActQuant(ctx, &mla.ActQuantArgs{X: cs.hidden, XStride: cd.hidden, Out: cs.xq}); err != nil {
+		return fmt.Errorf("act_quant: %w", err)
+	}
+	if err := gemm(0, &mla.GEMMArgs{X: cs.xq, W: &w.fused, Y: a.Latent, YStride: a.LatentStride}); err != nil {
+		return fmt.Errorf("[wq_a; wkv] GEMM: %w", err)
+	}
+	switch kv {
+	case kvForked:
+		if err := d.be.ForkKV(ctx, launches, &a); err != nil {
+			return fmt.Errorf("forking the KV prologue: %w", err)
+		}
+		defer func() {
+			// Join even after a failure: a capture must end joined.
+			if jerr := d.be.JoinKV(ctx); jerr != nil {
+				err = errors.Join(err, fmt.Errorf("joining the KV prologue: %w", jerr))
+			}
+		}()
+	case kvSerial:
+		if err := mla.KVOnly(ctx, d.be, launches, &a); err != nil {
+			return err
+		}
+	}
+	if err := d.be.NormQuant(ctx, &mla.NormQuantArgs{X: a.Latent, XStride: a.LatentStride, Weight: w.qNorm,
+		Eps: float32(md.cfg.RMSNormEps), Out: cs.qn}); err != nil {
+		return fmt.Errorf("q_norm: %w", err)
+	}
+	if err := gemm(1, &mla.GEMMArgs{X: cs.qn, W: &w.wqB, Y: a.QIn, YStride: cd.qN}); err != nil {
+		return fmt.Errorf("wq_b GEMM: %w", err)
+	}
+	return mla.QOnly(ctx, d.be, launches, &a)
+}
+
+// chainShapes lists the chain's generation shapes (every batch at every
+// MTP) and then its context shapes.
+func (c *config) chainShapes() []shape {
+	var out []shape
+	for _, mtp := range c.MTPs {
+		for _, nb := range c.ChainBatches {
+			out = append(out, generationShape(nb, mtp))
+		}
+	}
+	for _, t := range c.ChainCtxTokens {
+		out = append(out, contextShape(t))
+	}
+	return out
+}
+
+// chains times every chain shape of md. A shape that fails is reported in
+// rep.Errors and the next one runs.
+func chains(c *config, d *device, md model, rep *Report) error {
+	if err := d.be.InitGEMM(); err != nil {
+		return err
+	}
+	if rep.ChainGEMM == "" {
+		rep.ChainGEMM = "cuBLASLt in use above the own kernel's batches"
+		if err := d.be.CuBLASLtError(); err != nil {
+			rep.ChainGEMM = "cuBLASLt not in use (the own kernel runs every GEMM): " + err.Error()
+		}
+		fmt.Println("chain GEMMs:", rep.ChainGEMM)
+	}
+	w, err := d.newChainWeights(md, c.ChainLayers)
+	if err != nil {
+		return fmt.Errorf("chain weights: %w", err)
+	}
+	defer d.freeBufs(w.bufs)
+	var failed int
+	for _, s := range c.chainShapes() {
+		r, err := chainShape(c, d, md, w, s, rep.CopyGBps)
+		if err != nil {
+			failed++
+			msg := fmt.Sprintf("chain %s %s b=%d mtp=%d %d tokens: %v", md.Name, s.Phase, s.Batch, s.MTP, s.Tokens, err)
+			fmt.Println("bench:", msg)
+			rep.Errors = append(rep.Errors, msg)
+			continue
+		}
+		rep.Chain = append(rep.Chain, r)
+		if err := rep.write(c.Out); err != nil {
+			return err
+		}
+	}
+	if failed > 0 {
+		return fmt.Errorf("%d chain shapes of %s failed (listed above)", failed, md.Name)
+	}
+	return nil
+}
+
+// chainShape times one shape: the chain of every layer (each its own
+// weights and, memory allowing, its own input set) captured in one CUDA
+// graph, replayed with the L2 flushed before each replay (median), once
+// per way of running the KV prologue.
+func chainShape(c *config, d *device, md model, w *chainWeights, s shape, copyGBps float64) (ChainResult, error) {
+	ctx := context.Background()
+	cl, err := d.setupChain(md, s, len(w.layers), c.GraphMemBytes)
+	if err != nil {
+		return ChainResult{}, err
+	}
+	defer d.free(cl.ls)
+	L := len(w.layers)
+	cd := chainDimsOf(md)
+	r := ChainResult{Model: md.Name, Phase: s.Phase, Batch: s.Batch, MTP: s.MTP, Tokens: s.Tokens, Rows: cl.rows,
+		Layers: L, Sets: len(cl.sets), WeightBytes: cd.weightBytes(), IOBytes: cd.ioBytes(s.Tokens, kvcache.FormatFP8UE8M0)}
+	// One eager layer first: it runs each GEMM shape once (cuBLASLt plans
+	// its algorithm then; a capture may not), and records the GEMM paths.
+	var paths [2]string
+	if err := d.chainLayer(ctx, md, cl, &w.layers[0], 0, kvForked, &paths); err != nil {
+		return r, fmt.Errorf("eager layer: %w", err)
+	}
+	if err := d.be.Synchronize(ctx); err != nil {
+		return r, fmt.Errorf("eager layer: %w", err)
+	}
+	r.FusedGEMM, r.WqBGEMM = paths[0], paths[1]
+	perLayer := map[chainKV]float64{}
+	for _, kv := range []chainKV{kvForked, kvNone, kvSerial, kvAlone} {
+		g, err := d.be.Capture(func() error {
+			for l := range L {
+				if err := d.chainLayer(ctx, md, cl, &w.layers[l], l, kv, nil); err != nil {
+					return fmt.Errorf("layer %d: %w", l, err)
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return r, fmt.Errorf("capture (%v): %w", kv, err)
+		}
+		total, err := d.timeLaunchN(c.GraphReps, g.Launch)
+		if cerr := g.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return r, fmt.Errorf("replay (%v): %w", kv, err)
+		}
+		perLayer[kv] = total / float64(L)
+		if kv == kvForked {
+			r.TotalUs = total
+		}
+	}
+	r.UsPerLayer = perLayer[kvForked]
+	r.NoKVUsPerLayer = perLayer[kvNone]
+	r.SerialKVUsPerLayer = perLayer[kvSerial]
+	r.KVAloneUsPerLayer = perLayer[kvAlone]
+	r.KVExposedUs = r.UsPerLayer - r.NoKVUsPerLayer
+	r.WeightGBps = safeDiv(float64(r.WeightBytes), r.UsPerLayer*1e3)
+	r.WeightFloorUs = safeDiv(float64(r.WeightBytes), copyGBps*1e3)
+	r.PctWeightFloor = safeDiv(100*r.WeightFloorUs, r.UsPerLayer)
+	r.FloorUs = safeDiv(float64(r.WeightBytes+r.IOBytes), copyGBps*1e3)
+	fmt.Printf("chain %-5s %-10s b=%-4d mtp=%d tokens=%-6d rows=%-6d GEMMs %s/%s: %8.2f us/layer (no KV %8.2f, KV in order %8.2f, KV alone %7.2f; KV exposed %+6.2f), weights %5.1f MB at %6.0f GB/s, floor %6.2f us (%5.1f%%), with I/O %7.2f us\n",
+		r.Model, r.Phase, r.Batch, r.MTP, r.Tokens, r.Rows, r.FusedGEMM, r.WqBGEMM, r.UsPerLayer, r.NoKVUsPerLayer,
+		r.SerialKVUsPerLayer, r.KVAloneUsPerLayer, r.KVExposedUs, float64(r.WeightBytes)/1e6, r.WeightGBps,
+		r.WeightFloorUs, r.PctWeightFloor, r.FloorUs)
+	return r, nil
+}
