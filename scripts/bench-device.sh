@@ -74,9 +74,9 @@ else
 	if [ "$quick" = 1 ]; then
 		gobench=(--quick --reps 30 --graph-reps 20 --host-reps 10 --host-prefill 512)
 		peers=(--gen-batches 1,32 --ctx-tokens 4096 --graph-batches 8,32 --min-reps 20 --max-reps 50 --target-s 0.05)
-		chain_go=(--quick --graph-reps 10)
+		chain_go=(--graph-reps 10)
 		chain_peer=(--gen-batches 1,32 --ctx-tokens 4096 --min-reps 10 --max-reps 30 --target-s 0.05)
-		go_limit=150 total=400 chain_go_limit=60 chain_peer_limit=90
+		go_limit=150 total=430 chain_go_limit=100 chain_peer_limit=90
 	else
 		gobench=(--variants separate --variant-kernels=false)
 		peers=()
