@@ -71,6 +71,7 @@ type options struct {
 	qScale       float64
 	pageSize     int
 	pages        int
+	window       int
 	ropePos      int
 	ropeMode     dsv4.RopeMode
 	maxSeqs      int
@@ -107,6 +108,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.Float64Var(&o.qScale, "q-scale", 1, "per-tensor Q scale (fp8)")
 	fs.IntVar(&o.pageSize, "page-size", kvcache.DefaultPageSize, "KV cache page size in tokens (a power of two)")
 	fs.IntVar(&o.pages, "pages", defaultPages, "KV cache pool size in pages (per layer)")
+	fs.IntVar(&o.window, "window", kvcache.DSv4Window, "sliding window in tokens: pages whose positions all lie below length-window go back to the pool when an iteration ends (128: DeepSeek-V4; 0: keep every token)")
 	fs.IntVar(&o.ropePos, "rope-positions", 0, "RoPE table length (0: min(max_position_embeddings, pages*page-size))")
 	fs.TextVar(&o.ropeMode, "rope-mode", dsv4.RopeReference, "RoPE table: reference (float32 angles, as DeepSeek's reference code) or exact (float64)")
 	fs.IntVar(&o.maxSeqs, "max-seqs", 0, "capacity in sequences per batch (0: the trace's largest batch)")
@@ -247,6 +249,7 @@ var flagOf = map[string]string{
 	"Cache.PageSize": "--page-size",
 	"Cache.NumPages": "--pages",
 	"Cache.KVScale":  "--kv-scale",
+	"Cache.Window":   "--window",
 	"Layers":         "--layers",
 	"QFormat":        "--q-format",
 	"QScale":         "--q-scale",
@@ -318,7 +321,7 @@ func (o *options) config(log zerolog.Logger) (replay.Options, []trace.Step, stri
 	}
 	cfg := engine.Config{
 		Model:         model,
-		Cache:         kvcache.Config{Format: o.cacheFormat, PageSize: o.pageSize, NumPages: o.pages, KVScale: float32(o.kvScale)},
+		Cache:         kvcache.Config{Format: o.cacheFormat, PageSize: o.pageSize, NumPages: o.pages, KVScale: float32(o.kvScale), Window: o.window},
 		Backend:       o.backend,
 		Device:        o.device,
 		CPUWorkers:    o.cpuWorkers,
