@@ -544,7 +544,7 @@ func (e *Engine) Begin(ctx context.Context, reqs []metadata.Request) (_ *Iterati
 func (e *Engine) closeIterationLocked(it *Iteration, commit bool) error {
 	var err error
 	if commit {
-		err = it.res.Commit()
+		err = it.res.CommitLengths(it.lengths)
 	} else {
 		err = it.res.Rollback()
 	}

@@ -364,7 +364,7 @@ func (o *options) config(log zerolog.Logger) (replay.Options, []trace.Step, stri
 	if len(steps) == 0 {
 		return ro, nil, "", fmt.Errorf("--trace %s: no iterations", name)
 	}
-	if err := trace.CheckFits(steps, o.pageSize, o.pages); err != nil {
+	if err := trace.CheckFits(steps, o.pageSize, o.pages, o.window); err != nil {
 		return ro, nil, "", fmt.Errorf("--trace %s: %w (--pages %d, --page-size %d)", name, err, o.pages, o.pageSize)
 	}
 	st := trace.Summarize(steps)
@@ -401,7 +401,7 @@ func (o *options) config(log zerolog.Logger) (replay.Options, []trace.Step, stri
 	ev := log.Info().Str("trace", name).Int("lines", st.Lines).Int("iterations", st.Iterations).
 		Int("mixed", st.MixedIterations).Int("ctx_tokens", st.ContextTokens).Int("gen_tokens", st.GenerationTokens).
 		Int("sequences", st.Sequences)
-	peak, longest := trace.Footprint(steps, o.pageSize)
+	peak, longest := trace.Footprint(steps, o.pageSize, o.window)
 	ev = ev.Int("peak_pages", peak).Int("longest_seq", longest)
 	if peak > o.pages {
 		log.Warn().Int("peak_pages", peak).Int("pages", o.pages).Msg("the trace holds more pages at its peak than the pool has: expect a cache-full refusal")

@@ -266,6 +266,16 @@ func (r *Replayer) iterate(ctx context.Context, s trace.Step, ir *IterationRepor
 			ir.Dumps = append(ir.Dumps, path)
 		}
 	}
+	if accepted := s.Accepted(); accepted != nil {
+		if err := it.Accept(accepted); err != nil {
+			return err
+		}
+		if rit != nil {
+			if err := rit.Accept(accepted); err != nil {
+				return fmt.Errorf("reference engine: %w", err)
+			}
+		}
+	}
 	if err := timed(func() error { return it.End(ctx) }); err != nil {
 		return err
 	}
