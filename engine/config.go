@@ -97,6 +97,11 @@ type Config struct {
 	// 0 = DefaultMemoryLimit.
 	MemoryLimit int64
 
+	// Compressor turns on DSv4's KV compressor and compressed caches in the
+	// ratio-4 and ratio-128 layers (DESIGN.md section 8); the zero value
+	// leaves it off.
+	Compressor CompressorConfig
+
 	// Logger receives the engine's logs; the zero value discards them.
 	Logger zerolog.Logger
 
@@ -224,6 +229,9 @@ func (c Config) resolve(checkMemory bool) (Config, error) {
 	if c.MaxTokens < 0 || c.MaxTokens > maxTokensLimit || int64(c.MaxTokens)*int64(c.Model.NumHeads) > math.MaxInt32 {
 		return c, fieldError("MaxTokens", "%d, must be in [1, %d] (0: %d) with MaxTokens*heads (%d) within int32",
 			c.MaxTokens, maxTokensLimit, DefaultMaxTokens, c.Model.NumHeads)
+	}
+	if c, err = c.resolveCompressor(); err != nil {
+		return c, err
 	}
 	if c.RopePositions == 0 {
 		pool := int64(c.Cache.NumPages) * int64(c.Cache.PageSize)

@@ -30,6 +30,8 @@ type Iteration struct {
 	census    mla.Census
 	err       error          // the first RunLayer failure
 	lengths   map[uint64]int // Accept: the lengths End commits (cached + accepted), nil for all
+	comp      *iterComp       // the compressor's part; nil when it is off
+	created   map[uint64]bool // sequences this iteration creates
 	done      bool
 }
 
@@ -123,6 +125,10 @@ func (it *Iteration) RunLayer(ctx context.Context, layer int) error {
 		run = func() error { return it.replay(ctx, layer) }
 	}
 	if err := run(); err != nil {
+		it.fail(err)
+		return fmt.Errorf("engine: RunLayer(%d): %w", layer, err)
+	}
+	if err := it.runCompressor(ctx, layer); err != nil {
 		it.fail(err)
 		return fmt.Errorf("engine: RunLayer(%d): %w", layer, err)
 	}
