@@ -66,13 +66,13 @@ type Engine struct {
 	args       []*mla.LayerArgs
 	allocated  []mla.Buffer // everything to free on Close
 
-	chain    *chainState            // nil on the projected path (Config.Input)
-	comp     *compressState         // nil unless Config.Compressor.Enabled
+	chain *chainState    // nil on the projected path (Config.Input)
+	comp  *compressState // nil unless Config.Compressor.Enabled
 	// compWeights holds the compressor weights the chain's weight source
 	// read, until newCompressor takes them.
 	compWeights map[int]*weights.Compressor
-	capturer mla.GraphCapturer      // nil unless UseGraphs and the backend captures graphs
-	graphs   map[graphKey]mla.Graph // captured per (layer, bucket); replayed by graph iterations
+	capturer    mla.GraphCapturer      // nil unless UseGraphs and the backend captures graphs
+	graphs      map[graphKey]mla.Graph // captured per (layer, bucket); replayed by graph iterations
 
 	mu         sync.Mutex
 	weights    [][]float32 // host copies of the kv_a_layernorm weights

@@ -28,8 +28,8 @@ type Iteration struct {
 	inputsFor int                 // layer of the last SetInputs, -1 before any
 	pages     []int32             // pages holding a slot of this iteration
 	census    mla.Census
-	err       error          // the first RunLayer failure
-	lengths   map[uint64]int // Accept: the lengths End commits (cached + accepted), nil for all
+	err       error           // the first RunLayer failure
+	lengths   map[uint64]int  // Accept: the lengths End commits (cached + accepted), nil for all
 	comp      *iterComp       // the compressor's part; nil when it is off
 	created   map[uint64]bool // sequences this iteration creates
 	done      bool
