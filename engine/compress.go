@@ -711,3 +711,68 @@ func (e *Engine) finishCompressor(seq uint64, retire bool) error {
 	}
 	return errors.Join(errs...)
 }
+
+// CheckInvariants verifies the engine's bookkeeping between iterations:
+// each cache's own invariants (kvcache.Cache.CheckInvariants: with a
+// window, exactly the pages of the last Window positions held); with the
+// compressor, every live sequence has floor(len/r) entries in each ratio's
+// pool and a state at its length in every compressed layer, and no other
+// sequence holds entries or state (nothing leaks when sequences finish).
+func (e *Engine) CheckInvariants() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.open != nil {
+		return fmt.Errorf("engine: CheckInvariants while iteration %d is open: %w", e.open.index, ErrIterationOpen)
+	}
+	if err := e.cache.CheckInvariants(); err != nil {
+		return err
+	}
+	c := e.comp
+	if c == nil {
+		return nil
+	}
+	lengths := e.cache.Lengths()
+	for _, r := range c.ratios {
+		if err := c.caches[r].CheckInvariants(); err != nil {
+			return fmt.Errorf("ratio-%d compressed pool: %w", r, err)
+		}
+		entries := c.caches[r].Lengths()
+		if len(entries) != len(lengths) {
+			return fmt.Errorf("engine invariant: the ratio-%d pool holds %d sequences, the KV cache %d", r, len(entries), len(lengths))
+		}
+		for seq, n := range lengths {
+			if got, ok := entries[seq]; !ok || got != n/r {
+				return fmt.Errorf("engine invariant: sequence %d of length %d holds %d ratio-%d entries (present %v), want %d", seq, n, got, r, ok, n/r)
+			}
+		}
+	}
+	if len(c.states) != len(lengths) {
+		return fmt.Errorf("engine invariant: compressor states for %d sequences, %d live", len(c.states), len(lengths))
+	}
+	for seq, n := range lengths {
+		st, ok := c.states[seq]
+		if !ok {
+			return fmt.Errorf("engine invariant: live sequence %d has no compressor state", seq)
+		}
+		for l, s := range st {
+			if (s == nil) != (c.layers[l] == nil) {
+				return fmt.Errorf("engine invariant: sequence %d layer %d: state present %v, compressor present %v", seq, l, s != nil, c.layers[l] != nil)
+			}
+			if s != nil && s.Len() != n {
+				return fmt.Errorf("engine invariant: sequence %d layer %d: state at length %d, sequence at %d", seq, l, s.Len(), n)
+			}
+		}
+	}
+	return nil
+}
+
+// CompressorSequences returns the sequences the compressor holds state
+// for (0 when it is off).
+func (e *Engine) CompressorSequences() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.comp == nil {
+		return 0
+	}
+	return len(e.comp.states)
+}

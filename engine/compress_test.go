@@ -376,3 +376,43 @@ func TestCompressorRefusalAndAbort(t *testing.T) {
 	requireSameCompressed(t, e, ref, 1, "continued after aborts")
 	requireSameLive(t, e, ref, 1, "continued after aborts")
 }
+
+// TestCompressorHidden: on the hidden-state path the engine projects the
+// hidden rows with each compressed layer's weights (ape by absolute
+// position): a prompt in one chunk and split across a ratio-128 boundary
+// and mid ratio-4 window gives the same entries and states.
+func TestCompressorHidden(t *testing.T) {
+	seed := testSeed(t)
+	cfg := compConfig()
+	cfg.Input = engine.InputHidden
+	cfg.Model.HiddenSize = 256 // small GEMMs; the compressor's shapes do not depend on it
+	cfg.Compressor.Ratio4Pages, cfg.Compressor.Ratio128Pages = 2, 1
+	hiddenRows := func(e *engine.Engine, it *engine.Iteration, layer int) []byte {
+		m := it.Metadata()
+		var out []byte
+		for row := range it.Tokens() {
+			b, pos, _ := m.Row(row)
+			rng := rand.New(rand.NewPCG(seed^m.Seqs[b], uint64(pos)<<16|uint64(layer)))
+			out = append(out, randomBF16(rng, e.HiddenSize())...)
+		}
+		return out
+	}
+	run := func(e *engine.Engine, chunks ...int) {
+		ctx := context.Background()
+		for _, c := range chunks {
+			it, err := e.Begin(ctx, []metadata.Request{ctxReq(1, c)})
+			require.NoError(t, err)
+			for l := range e.Layers() {
+				require.NoError(t, it.SetHidden(l, hiddenRows(e, it, l)))
+				require.NoError(t, it.RunLayer(ctx, l))
+			}
+			require.NoError(t, it.End(ctx))
+		}
+	}
+	one, split := newEngine(t, cfg), newEngine(t, cfg)
+	run(one, 130)
+	run(split, 126, 3, 1)
+	requireSameCompressed(t, split, one, 1, "hidden path, split")
+	require.Len(t, compEntries(t, one, 3, 1), 1)
+	require.Len(t, compEntries(t, one, 2, 1), 32)
+}

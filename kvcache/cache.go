@@ -439,3 +439,15 @@ func (c *Cache) afterMutation() {
 		}
 	}
 }
+
+// Lengths returns the committed length of every live sequence, by id
+// (sequences created by a pending reservation count with length 0).
+func (c *Cache) Lengths() map[uint64]int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make(map[uint64]int, len(c.seqs))
+	for id, s := range c.seqs {
+		out[id] = s.length
+	}
+	return out
+}

@@ -400,3 +400,37 @@ func CheckFits(steps []Step, pageSize, numPages, window int) error {
 	}
 	return nil
 }
+
+// EntryFootprint replays the trace's lengths as a compressed cache of one
+// ratio holds them: floor(length/ratio) entries per sequence, in pages of
+// pageSize entries, counting a batch's entries while it runs (before its
+// accept lists cut them). It returns the most pages held at once, the
+// pages a ratio's compressed pool needs for the trace.
+func EntryFootprint(steps []Step, ratio, pageSize int) (peakPages int) {
+	lengths := map[uint64]int{}
+	pagesOf := func(n int) int { return (n/ratio + pageSize - 1) / pageSize }
+	held := 0
+	for _, s := range steps {
+		accepted := s.Accepted()
+		flight := held
+		for _, q := range s.Requests() {
+			old := lengths[q.Seq]
+			n := old + q.NewTokens
+			if q.Phase == metadata.Generation {
+				n = old + 1 + q.MTP
+			}
+			flight += pagesOf(n) - pagesOf(old)
+			if a, ok := accepted[q.Seq]; ok {
+				n = old + a
+			}
+			held += pagesOf(n) - pagesOf(old)
+			lengths[q.Seq] = n
+		}
+		peakPages = max(peakPages, flight)
+		for _, seq := range s.Finish {
+			held -= pagesOf(lengths[seq])
+			delete(lengths, seq)
+		}
+	}
+	return peakPages
+}
