@@ -58,6 +58,11 @@
 // unchanged, and the next iteration to reach those positions overwrites
 // each slot whole.
 //
+// The same holds for the compressed pools: an aborted iteration may leave
+// entries at indices at or past each sequence's committed entry count (in
+// its own or freed pages), which the next iteration to reach them
+// overwrites; the compressor states are restored exactly.
+//
 // Finish may be called from any goroutine; a sequence of the running
 // iteration is finished when that iteration ends, even when the iteration
 // rolls back, including the creation of that sequence (its id is retired).
