@@ -644,3 +644,36 @@ func BenchmarkAppendDecode(b *testing.B) {
 		})
 	}
 }
+
+// TestClone: a clone taken before a step is the state without the step:
+// continuing from it gives the entries and rows of a run that never took it.
+func TestClone(t *testing.T) {
+	r := newRand(t)
+	for _, ratio := range []int{4, 128} {
+		l, ref := testLayer(t, r, ratio, 3)
+		n := 2*ratio + 5
+		K, G := randomTokens(r, n, l.Width())
+		want := refEntries(ref, K, G)
+		s := l.NewState()
+		_, err := s.Append(0, K[:ratio+1], G[:ratio+1])
+		require.NoError(t, err)
+		saved := s.Clone()
+		// A long step the state cannot roll back with Accept.
+		_, err = s.Append(ratio+1, K[ratio+1:n-1], G[ratio+1:n-1])
+		require.NoError(t, err)
+		_, err = s.Accept(ratio + 1)
+		require.Error(t, err)
+		require.Equal(t, ratio+1, saved.Len())
+		got := map[int][EntryBytes]byte{}
+		for i := range (ratio + 1) / ratio {
+			got[i] = want[i]
+		}
+		es, err := saved.Append(ratio+1, K[ratio+1:], G[ratio+1:])
+		require.NoError(t, err)
+		for _, e := range es {
+			got[e.Index] = e.Bytes
+		}
+		checkState(t, saved, K, G)
+		requireEntries(t, want, got, fmt.Sprintf("ratio %d", ratio))
+	}
+}

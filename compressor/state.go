@@ -132,3 +132,13 @@ func (s *State) Accept(newLen int) (EntryRange, error) {
 	s.rollbackFloor = newLen
 	return dropped, nil
 }
+
+// Clone returns an independent copy of the state: an engine keeps one
+// before a step it may have to undo whole (an aborted prefill chunk longer
+// than MaxDrafts, which Accept cannot roll back).
+func (s *State) Clone() *State {
+	c := *s
+	c.k = append([]float32(nil), s.k...)
+	c.g = append([]float32(nil), s.g...)
+	return &c
+}

@@ -163,6 +163,12 @@ func (e *Engine) newChain(alloc func(what string, n int, fill byte) (mla.Buffer,
 		if err != nil {
 			return err
 		}
+		if cfg.Compressor.Enabled && w.Compressor != nil {
+			if e.compWeights == nil {
+				e.compWeights = map[int]*weights.Compressor{}
+			}
+			e.compWeights[l] = w.Compressor
+		}
 		cl, err := e.uploadLayer(l, w, alloc)
 		if err != nil {
 			return err
@@ -375,6 +381,10 @@ func (it *Iteration) RunStage(ctx context.Context, layer int, s Stage) error {
 		return fmt.Errorf("engine: RunStage(%d): %w", layer, err)
 	}
 	if s == StagePrologue {
+		if err := it.runCompressor(ctx, layer); err != nil {
+			it.fail(err)
+			return fmt.Errorf("engine: RunStage(%d): %w", layer, err)
+		}
 		it.markRan(layer)
 	}
 	return nil

@@ -29,6 +29,10 @@ type Config struct {
 	// Cache is the KV cache pool: format, page size, number of pages (and
 	// KVScale for fp8_pertensor). Every layer has its own pool of this
 	// size; the page bookkeeping (block tables) is shared by all layers.
+	// Cache.Window is the sliding window: kvcache.DSv4Window (128) for
+	// DeepSeek-V4, whose attention reads raw KV of the last 128 positions
+	// only, so the pages behind it go back to the pool when an iteration
+	// ends; 0 keeps every token (DeepSeek-V3's MLA).
 	Cache kvcache.Config
 
 	// Backend is "auto" (or ""), "cpu", or a registered name ("cuda" once
@@ -58,6 +62,8 @@ type Config struct {
 
 	// RopePositions is the length of the RoPE tables, the bound on every
 	// position; 0 = min(Model.MaxPositionEmbeddings, NumPages*PageSize).
+	// With a sliding window (Cache.Window) a sequence may be far longer
+	// than the pool: set it to the longest sequence served.
 	// At most 2^24, and within MemoryLimit.
 	RopePositions int
 	// RopeMode is how the RoPE tables are computed (docs/DESIGN.md section 2):
@@ -90,6 +96,11 @@ type Config struct {
 	// that says how much it would take and which field drives the most.
 	// 0 = DefaultMemoryLimit.
 	MemoryLimit int64
+
+	// Compressor turns on DSv4's KV compressor and compressed caches in the
+	// ratio-4 and ratio-128 layers (DESIGN.md section 8); the zero value
+	// leaves it off.
+	Compressor CompressorConfig
 
 	// Logger receives the engine's logs; the zero value discards them.
 	Logger zerolog.Logger
@@ -219,6 +230,9 @@ func (c Config) resolve(checkMemory bool) (Config, error) {
 		return c, fieldError("MaxTokens", "%d, must be in [1, %d] (0: %d) with MaxTokens*heads (%d) within int32",
 			c.MaxTokens, maxTokensLimit, DefaultMaxTokens, c.Model.NumHeads)
 	}
+	if c, err = c.resolveCompressor(); err != nil {
+		return c, err
+	}
 	if c.RopePositions == 0 {
 		pool := int64(c.Cache.NumPages) * int64(c.Cache.PageSize)
 		c.RopePositions = int(min(int64(c.Model.MaxPositionEmbeddings), pool))
@@ -275,6 +289,8 @@ func cacheField(c kvcache.Config) string {
 		return "PageSize"
 	case bad(func(g *kvcache.Config) { g.Format, g.KVScale = c.Format, c.KVScale }):
 		return "KVScale"
+	case bad(func(g *kvcache.Config) { g.Window = c.Window }):
+		return "Window"
 	}
 	return "NumPages"
 }
@@ -305,9 +321,15 @@ func (c Config) graphBucket(tokens int) int {
 }
 
 // pageStride is the block-table width of the metadata buffer: the most pages
-// one sequence can hold, bounded by the pool and by the RoPE table.
+// one sequence's positions can span, bounded by the RoPE table and, without
+// a window, by the pool (with one, freed entries keep their place, so a
+// sequence spans more pages than the pool has).
 func (c Config) pageStride() int {
-	return min(c.Cache.NumPages, (c.RopePositions+c.Cache.PageSize-1)/c.Cache.PageSize)
+	span := (c.RopePositions + c.Cache.PageSize - 1) / c.Cache.PageSize
+	if c.Cache.Window > 0 {
+		return span
+	}
+	return min(c.Cache.NumPages, span)
 }
 
 // fusedRowElems is the fused A projection row: [q_lora_rank | 448 | 64].

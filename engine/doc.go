@@ -20,6 +20,30 @@
 // has one (mla.KVForker). Config.HeadBegin and HeadEnd shard the Q heads
 // for tensor parallelism.
 //
+// DeepSeek-V4's cache model (DESIGN.md section 8) is opt-in, so the plain
+// prologue keeps its behaviour:
+//
+//   - Config.Cache.Window (kvcache.DSv4Window = 128) frees, when an
+//     iteration ends, every page whose positions all lie below
+//     committed_len - 128; block tables, slots and metadata stay by
+//     absolute position (freed entries are -1). Set RopePositions to the
+//     longest sequence served: the pool no longer bounds it.
+//   - Iteration.Accept reports, after an MTP verify step, how many of each
+//     sequence's 1+MTP tokens were accepted; End commits cached + n and
+//     rolls everything past it back (pages, window, compressed entries,
+//     compressor state), as if the rejected drafts never ran.
+//   - Config.Compressor runs the KV compressor of the ratio-4 and ratio-128
+//     layers: a compressed pool per layer (584-byte entries, 64 a page,
+//     one block table per ratio by entry index), reserved with the SWA
+//     pages all or nothing, and one compressor.State per sequence and
+//     layer. Its projections are the caller's on the projected path
+//     (Iteration.SetCompressorInputs) or the engine's from the hidden rows.
+//     Backends with mla.CompressorBackend (cpu) run it in place; others
+//     (cuda today) run it on the host and write the entries with
+//     Backend.Write: exact but slow, until a device kernel follows.
+//     Engine.Pools and Config.SequenceMemory give a scheduler the figures;
+//     Engine.CheckInvariants checks that nothing leaks.
+//
 // A refused batch (an unknown or finished sequence, a full pool, a prompt
 // past the RoPE table, a batch beyond the capacity) changes nothing: no page,
 // no block table, no pool byte. An iteration that fails after Begin (Abort,
@@ -33,6 +57,11 @@
 // freed), so every committed token's bytes and every other pool byte are
 // unchanged, and the next iteration to reach those positions overwrites
 // each slot whole.
+//
+// The same holds for the compressed pools: an aborted iteration may leave
+// entries at indices at or past each sequence's committed entry count (in
+// its own or freed pages), which the next iteration to reach them
+// overwrites; the compressor states are restored exactly.
 //
 // Finish may be called from any goroutine; a sequence of the running
 // iteration is finished when that iteration ends, even when the iteration

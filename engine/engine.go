@@ -13,10 +13,12 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/dsv4mla/prologue/attention/mla"
+	"github.com/dsv4mla/prologue/compressor"
 	"github.com/dsv4mla/prologue/kvcache"
 	"github.com/dsv4mla/prologue/metadata"
 	"github.com/dsv4mla/prologue/model/dsv4"
 	"github.com/dsv4mla/prologue/numerics"
+	"github.com/dsv4mla/prologue/weights"
 )
 
 // Errors of the engine; test with errors.Is. The cache's errors
@@ -64,9 +66,13 @@ type Engine struct {
 	args       []*mla.LayerArgs
 	allocated  []mla.Buffer // everything to free on Close
 
-	chain    *chainState            // nil on the projected path (Config.Input)
-	capturer mla.GraphCapturer      // nil unless UseGraphs and the backend captures graphs
-	graphs   map[graphKey]mla.Graph // captured per (layer, bucket); replayed by graph iterations
+	chain *chainState    // nil on the projected path (Config.Input)
+	comp  *compressState // nil unless Config.Compressor.Enabled
+	// compWeights holds the compressor weights the chain's weight source
+	// read, until newCompressor takes them.
+	compWeights map[int]*weights.Compressor
+	capturer    mla.GraphCapturer      // nil unless UseGraphs and the backend captures graphs
+	graphs      map[graphKey]mla.Graph // captured per (layer, bucket); replayed by graph iterations
 
 	mu         sync.Mutex
 	weights    [][]float32 // host copies of the kv_a_layernorm weights
@@ -187,6 +193,16 @@ func New(ctx context.Context, cfg Config) (_ *Engine, err error) {
 		if err := e.newChain(alloc); err != nil {
 			return nil, err
 		}
+	}
+	if cfg.Compressor.Enabled {
+		var proj func(int) (*compressor.Projection, []float32, error)
+		if cfg.Input == InputHidden {
+			proj = e.compressorWeights
+		}
+		if err := e.newCompressor(alloc, proj); err != nil {
+			return nil, err
+		}
+		e.compWeights = nil
 	}
 
 	for l := range cfg.Layers {
@@ -423,6 +439,9 @@ func (e *Engine) Finish(seq uint64) error {
 	if err := e.cache.Finish(seq); err != nil {
 		return fmt.Errorf("engine: Finish(%d): %w", seq, err)
 	}
+	if err := e.finishCompressor(seq, false); err != nil {
+		return fmt.Errorf("engine: Finish(%d): compressed pools: %w", seq, err)
+	}
 	return nil
 }
 
@@ -497,6 +516,17 @@ func (e *Engine) Begin(ctx context.Context, reqs []metadata.Request) (_ *Iterati
 			}
 		}
 	}()
+	var ic *iterComp
+	if e.comp != nil {
+		if ic, err = e.beginCompressor(reqs, len(needs), needs); err != nil {
+			return nil, err
+		}
+		defer func() {
+			if err != nil {
+				e.undoBeginCompressor(ic, needs)
+			}
+		}()
+	}
 	m, err := plan.Build(e.cache.BlockTable)
 	if err != nil {
 		return nil, fmt.Errorf("engine: Begin: %w", err)
@@ -522,9 +552,14 @@ func (e *Engine) Begin(ctx context.Context, reqs []metadata.Request) (_ *Iterati
 		ran:       make([]bool, e.cfg.Layers),
 		inputsFor: -1,
 		pages:     writtenPages(m),
+		comp:      ic,
+		created:   map[uint64]bool{},
 	}
 	for _, n := range needs {
 		it.holds[n.Seq] = struct{}{}
+		if n.Create {
+			it.created[n.Seq] = true
+		}
 	}
 	e.iterations++
 	e.open = it
@@ -544,9 +579,12 @@ func (e *Engine) Begin(ctx context.Context, reqs []metadata.Request) (_ *Iterati
 func (e *Engine) closeIterationLocked(it *Iteration, commit bool) error {
 	var err error
 	if commit {
-		err = it.res.Commit()
+		err = it.res.CommitLengths(it.lengths)
 	} else {
 		err = it.res.Rollback()
+	}
+	if cerr := e.endCompressor(it, commit); cerr != nil {
+		err = errors.Join(err, cerr)
 	}
 	if e.open == it {
 		e.open = nil
@@ -554,9 +592,14 @@ func (e *Engine) closeIterationLocked(it *Iteration, commit bool) error {
 	var errs []error
 	for _, seq := range e.deferred {
 		ferr := e.cache.Finish(seq)
+		retired := false
 		if errors.Is(ferr, kvcache.ErrUnknownSequence) && !commit {
 			ferr = e.cache.Retire(seq)
+			retired = true
 			e.log.Debug().Uint64("seq", seq).Int("iteration", it.index).Msg("finish of a sequence whose creation rolled back: id retired")
+		}
+		if ferr == nil {
+			ferr = e.finishCompressor(seq, retired)
 		}
 		if ferr != nil {
 			errs = append(errs, fmt.Errorf("engine: deferred Finish(%d): %w", seq, ferr))

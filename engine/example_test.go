@@ -123,3 +123,49 @@ func ExampleConfig_Footprint() {
 	// 518.1 MiB = input buffers 268.0 MiB, Q output 128.0 MiB, KV cache pools 73.1 MiB, RoPE tables 48.0 MiB, metadata 1.0 MiB, weights 8.0 KiB, page bookkeeping 4.0 KiB
 	// refused: MaxTokens
 }
+
+// An MTP verify step: each sequence runs its token and 3 drafts, and the
+// server reports how many verification kept before the step ends. With a
+// 128-token window the pages behind it go back to the pool.
+func ExampleIteration_Accept() {
+	ctx := context.Background()
+	m := dsv4.Flash()
+	m.NumHeads = 1
+	e, err := engine.New(ctx, engine.Config{
+		Model: m, Backend: engine.BackendCPU, Layers: 1, MaxSeqs: 2, MaxTokens: 300,
+		Cache: kvcache.Config{PageSize: 64, NumPages: 16, Window: kvcache.DSv4Window},
+	})
+	if err != nil {
+		panic(err)
+	}
+	defer e.Close()
+	run := func(accepted map[uint64]int, reqs ...metadata.Request) {
+		it, err := e.Begin(ctx, reqs)
+		if err != nil {
+			panic(err)
+		}
+		fused := make([]byte, it.Tokens()*e.FusedRowElems()*2)
+		q := make([]byte, it.Tokens()*e.Heads()*512*2)
+		if err := it.SetInputs(0, fused, q); err != nil {
+			panic(err)
+		}
+		if err := it.RunLayer(ctx, 0); err != nil {
+			panic(err)
+		}
+		if err := it.Accept(accepted); err != nil {
+			panic(err)
+		}
+		if err := it.End(ctx); err != nil {
+			panic(err)
+		}
+	}
+	run(nil, metadata.Request{Seq: 1, Phase: metadata.Context, NewTokens: 300})
+	table, _ := e.BlockTable(1)
+	fmt.Println("after the prompt:", table)
+	run(map[uint64]int{1: 2}, metadata.Request{Seq: 1, Phase: metadata.Generation, MTP: 3})
+	n, _ := e.SequenceLength(1)
+	fmt.Println("kept 2 of 4:", n)
+	// Output:
+	// after the prompt: [-1 -1 2 3 4]
+	// kept 2 of 4: 302
+}

@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	"github.com/dsv4mla/prologue/attention/mla"
+	"github.com/dsv4mla/prologue/compressor"
+	"github.com/dsv4mla/prologue/kvcache"
 	"github.com/dsv4mla/prologue/numerics"
 )
 
@@ -34,6 +36,9 @@ type Footprint struct {
 	Chain       int64 // Input = hidden: the hidden-state input and the quantized activations (MaxTokens rows)
 	ChainWeight int64 // Input = hidden: every layer's [wq_a; wkv], wq_b (the head range's rows), their scales and q_norm
 	Bookkeeping int64 // the page free list
+	Compressed  int64 // Compressor: each compressed layer's pool of its ratio's pages
+	StateBound  int64 // Compressor: the states of Compressor.MaxSequences sequences (host memory, taken as sequences arrive)
+	CompWeights int64 // Compressor with Input = hidden: each compressed layer's wkv, wgate (bf16) and ape, on the host
 }
 
 // Total is the sum of every buffer, saturating at math.MaxInt64.
@@ -61,6 +66,9 @@ func (f Footprint) parts() []footprintPart {
 		{"chain buffers", "MaxTokens", f.Chain},
 		{"checkpoint weights", "Layers", f.ChainWeight},
 		{"page bookkeeping", "Cache.NumPages", f.Bookkeeping},
+		{"compressed pools", "Compressor.Ratio4Pages", f.Compressed},
+		{"compressor states", "Compressor.MaxSequences", f.StateBound},
+		{"compressor weights", "Layers", f.CompWeights},
 	}
 }
 
@@ -169,6 +177,21 @@ func (c Config) footprint() (Footprint, error) {
 	f.Metadata = int64(mb.Size)
 	f.Weights = 2 * layers * numerics.HeadDim * 4
 	f.Bookkeeping = int64(c.Cache.NumPages) * 4
+	if c.Compressor.Enabled {
+		pageBytes := int64(kvcache.FormatFP8UE8M0.PageBytes(CompressedPageSize))
+		for l := range c.Layers {
+			r, _ := c.Model.CompressRatio(l)
+			if compressor.Overlap(r) == 0 {
+				continue
+			}
+			f.Compressed = addSat(f.Compressed, mulSat(int64(c.Compressor.pagesFor(r)), pageBytes))
+			f.StateBound = addSat(f.StateBound, mulSat(int64(c.Compressor.MaxSequences), stateBytes(r, c.Compressor.MaxDrafts)))
+			if c.Input == InputHidden {
+				out := int64(compressor.Overlap(r) * compressor.Dim)
+				f.CompWeights = addSat(f.CompWeights, 2*out*int64(c.Model.HiddenSize)*2+int64(r)*out*4)
+			}
+		}
+	}
 	if c.Input == InputHidden {
 		hidden, q := int64(c.Model.HiddenSize), int64(c.Model.QLoraRank)
 		// The hidden rows (bf16), act_quant's and q_norm's e4m3 values and

@@ -28,7 +28,10 @@ type Iteration struct {
 	inputsFor int                 // layer of the last SetInputs, -1 before any
 	pages     []int32             // pages holding a slot of this iteration
 	census    mla.Census
-	err       error // the first RunLayer failure
+	err       error           // the first RunLayer failure
+	lengths   map[uint64]int  // Accept: the lengths End commits (cached + accepted), nil for all
+	comp      *iterComp       // the compressor's part; nil when it is off
+	created   map[uint64]bool // sequences this iteration creates
 	done      bool
 }
 
@@ -128,6 +131,10 @@ func (it *Iteration) RunLayer(ctx context.Context, layer int) error {
 		it.fail(err)
 		return fmt.Errorf("engine: RunLayer(%d): %w", layer, err)
 	}
+	if err := it.runCompressor(ctx, layer); err != nil {
+		it.fail(err)
+		return fmt.Errorf("engine: RunLayer(%d): %w", layer, err)
+	}
 	it.markRan(layer)
 	return nil
 }
@@ -194,8 +201,49 @@ func (it *Iteration) fail(err error) {
 	}
 }
 
+// ErrInvalidAccept: Accept named a sequence that is not a generation
+// sequence of the iteration, or a count outside [1, 1+MTP].
+var ErrInvalidAccept = errors.New("engine: invalid accepted count")
+
+// Accept reports, after an MTP verify step, how many of each generation
+// sequence's 1+MTP tokens verification accepted: accepted[seq] = n in [1,
+// 1+MTP]. End then commits cached + n tokens for it, exactly as if the
+// rejected drafts had never run (DESIGN.md section 8): positions at or past
+// that length are dead (the next iteration overwrites them), pages holding
+// only such positions go back to the pool, the window follows the accepted
+// length only, and each compressed layer's state and entries roll back to
+// it. Sequences not named keep every token; context chunks are always kept
+// whole. Call it once per iteration, between Begin and End; a second call
+// replaces the first. A bad entry refuses the whole call
+// (ErrInvalidAccept) and changes nothing.
+func (it *Iteration) Accept(accepted map[uint64]int) error {
+	if it.done {
+		return fmt.Errorf("engine: Accept: iteration %d: %w", it.index, ErrIterationDone)
+	}
+	m := it.meta
+	index := make(map[uint64]int, m.NumSeqs)
+	for b, seq := range m.Seqs {
+		index[seq] = b
+	}
+	lengths := make(map[uint64]int, len(accepted))
+	for seq, n := range accepted {
+		b, ok := index[seq]
+		switch {
+		case !ok:
+			return fmt.Errorf("%w: sequence %d is not in iteration %d", ErrInvalidAccept, seq, it.index)
+		case b < m.NumCtx:
+			return fmt.Errorf("%w: sequence %d is a context chunk in iteration %d; a chunk is kept whole", ErrInvalidAccept, seq, it.index)
+		case n < 1 || n > int(m.QLen[b]):
+			return fmt.Errorf("%w: sequence %d accepted %d tokens, must be in [1, %d] (1 + MTP)", ErrInvalidAccept, seq, n, m.QLen[b])
+		}
+		lengths[seq] = int(m.Cached[b]) + n
+	}
+	it.lengths = lengths
+	return nil
+}
+
 // End waits for the iteration's work and commits it: the sequences now hold
-// their new tokens. If a layer did not run, a RunLayer failed or the wait
+// their new tokens (those Accept kept, for MTP steps). If a layer did not run, a RunLayer failed or the wait
 // fails (ctx cancelled, a device error), End rolls the iteration back
 // instead and returns why: the bookkeeping is exactly as before Begin, and
 // only the iteration's own slots may hold its values (see the package

@@ -104,7 +104,9 @@ func (s *syntheticSource) Layer(layer int) (*weights.Layer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("engine: synthetic weights of layer %d: %w", layer, err)
 	}
-	l.Compressor = nil // not read by the chain; let it go
+	if !s.cfg.Compressor.Enabled {
+		l.Compressor = nil // not read by the chain; let it go
+	}
 	l.WQB = headRows(l.WQB, s.cfg.HeadBegin, s.cfg.HeadEnd)
 	return l, nil
 }

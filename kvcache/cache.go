@@ -42,6 +42,9 @@ var (
 	// ErrReservationDone: Commit or Rollback of a reservation already
 	// committed or rolled back.
 	ErrReservationDone = errors.New("kvcache: reservation already committed or rolled back")
+	// ErrInvalidLength: CommitLengths with a length outside what the
+	// reservation allows, or for a sequence it does not hold.
+	ErrInvalidLength = errors.New("kvcache: invalid committed length")
 )
 
 // Cache is the page bookkeeping of one KV cache pool: which pages each
@@ -66,7 +69,8 @@ type Cache struct {
 }
 
 type sequence struct {
-	pages    []int32
+	pages    []int32      // by position; the first freed are -1 (the window freed them)
+	freed    int          // leading pages the window gave back: Config.DeadPages(length)
 	length   int          // committed tokens
 	reserved int          // tokens the pages cover for: length, or the pending NewLength
 	pending  *Reservation // non-nil while a reservation holds the sequence
@@ -233,20 +237,73 @@ func (c *Cache) Reserve(needs []Need) (*Reservation, error) {
 }
 
 // Commit makes the reserved lengths permanent and releases the sequences.
-func (r *Reservation) Commit() error {
+// With a window (Config.Window), each sequence's pages whose positions all
+// lie below its new length minus the window go back to the pool; their
+// block-table entries become -1.
+func (r *Reservation) Commit() error { return r.CommitLengths(nil) }
+
+// CommitLengths commits with the lengths the sequences actually keep: a
+// sequence named in lengths ends at that length, in [its committed length
+// before Reserve, its reserved length] (after an MTP verify step, cached +
+// accepted tokens), the others at their reserved length. Positions at or
+// past the new length are dead: pages holding only such positions go back
+// to the pool, as do the pages the window frees at the new length. A length
+// out of range or a sequence the reservation does not hold is refused
+// (ErrInvalidLength) and nothing changes; the reservation stays pending.
+func (r *Reservation) CommitLengths(lengths map[uint64]int) error {
 	c := r.cache
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if r.done {
 		return ErrReservationDone
 	}
+	if len(lengths) > 0 {
+		held := make(map[uint64]*sequence, len(r.entries))
+		for _, e := range r.entries {
+			held[e.id] = e.seq
+		}
+		for id, n := range lengths {
+			s, ok := held[id]
+			if !ok {
+				return fmt.Errorf("%w: sequence %d is not in the reservation", ErrInvalidLength, id)
+			}
+			if n < s.length || n > s.reserved {
+				return fmt.Errorf("%w: sequence %d: length %d not in [%d, %d] (committed, reserved)", ErrInvalidLength, id, n, s.length, s.reserved)
+			}
+		}
+	}
 	r.done = true
 	for _, e := range r.entries {
-		e.seq.length = e.seq.reserved
-		e.seq.pending = nil
+		s := e.seq
+		n := s.reserved
+		if v, ok := lengths[e.id]; ok {
+			n = v
+		}
+		// Pages past the kept length hold only rejected positions; they
+		// were taken by this reservation (the old pages cover the old
+		// length), so they go back in reverse pop order.
+		keep := c.pagesFor(n)
+		for i := len(s.pages) - 1; i >= keep; i-- {
+			c.free = append(c.free, s.pages[i])
+		}
+		s.pages = s.pages[:keep]
+		s.length, s.reserved, s.pending = n, n, nil
+		c.slideLocked(s)
 	}
 	c.afterMutation()
 	return nil
+}
+
+// slideLocked gives back the pages of s that the window has left behind
+// its committed length, highest position first (so the next allocations
+// reuse them lowest first).
+func (c *Cache) slideLocked(s *sequence) {
+	dead := c.cfg.DeadPages(s.length)
+	for i := dead - 1; i >= s.freed; i-- {
+		c.free = append(c.free, s.pages[i])
+		s.pages[i] = -1
+	}
+	s.freed = max(s.freed, dead)
 }
 
 // Rollback undoes the reservation: reserved pages go back to the free list
@@ -279,7 +336,7 @@ func (r *Reservation) Rollback() error {
 
 // BlockTable returns a copy of the pages of sequence id, in position order,
 // including pages of a pending reservation (the metadata pass needs them
-// before the batch commits).
+// before the batch commits). Pages the window freed are -1.
 func (c *Cache) BlockTable(id uint64) ([]int32, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -293,7 +350,7 @@ func (c *Cache) BlockTable(id uint64) ([]int32, error) {
 // Slot returns the slot of position pos of sequence id:
 // page*P + (pos & (P-1)) with page = BlockTable(id)[pos >> log2 P]. pos must
 // lie in [0, reserved length), where the reserved length counts a pending
-// reservation.
+// reservation, and not in a page the window freed.
 func (c *Cache) Slot(id uint64, pos int) (int64, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -305,6 +362,10 @@ func (c *Cache) Slot(id uint64, pos int) (int64, error) {
 		return 0, fmt.Errorf("kvcache: %w: position %d of sequence %d not in [0, %d)", ErrPositionOutOfRange, pos, id, s.reserved)
 	}
 	page := s.pages[pos>>c.shift]
+	if page < 0 {
+		return 0, fmt.Errorf("kvcache: %w: position %d of sequence %d is behind the window (its page was freed; length %d, window %d)",
+			ErrPositionOutOfRange, pos, id, s.length, c.cfg.Window)
+	}
 	return int64(page)<<c.shift | int64(pos&(c.cfg.PageSize-1)), nil
 }
 
@@ -322,7 +383,7 @@ func (c *Cache) Finish(id uint64) error {
 	if s.pending != nil {
 		return fmt.Errorf("%w: cannot finish sequence %d", ErrSequenceBusy, id)
 	}
-	for i := len(s.pages) - 1; i >= 0; i-- {
+	for i := len(s.pages) - 1; i >= s.freed; i-- {
 		c.free = append(c.free, s.pages[i])
 	}
 	delete(c.seqs, id)
@@ -377,4 +438,16 @@ func (c *Cache) afterMutation() {
 			panic(err)
 		}
 	}
+}
+
+// Lengths returns the committed length of every live sequence, by id
+// (sequences created by a pending reservation count with length 0).
+func (c *Cache) Lengths() map[uint64]int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make(map[uint64]int, len(c.seqs))
+	for id, s := range c.seqs {
+		out[id] = s.length
+	}
+	return out
 }

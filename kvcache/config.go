@@ -14,6 +14,11 @@ const DefaultPageSize = 64
 // overflow.
 const MaxPageSize = 1 << 20
 
+// DSv4Window is DeepSeek-V4's sliding window (config sliding_window): a
+// query at position t reads raw KV at positions [max(0, t-127), t] only, in
+// every layer (docs/DESIGN.md section 8).
+const DSv4Window = 128
+
 // Config describes a KV cache pool.
 type Config struct {
 	// Format is the storage format; the zero value is fp8_ue8m0.
@@ -26,6 +31,13 @@ type Config struct {
 	// e4m3(y*KVScale)); it must then be finite and positive. The other
 	// formats ignore it.
 	KVScale float32
+	// Window is the sliding window in tokens: when a reservation commits,
+	// every page of a sequence whose positions all lie below
+	// committed_len - Window goes back to the pool and its block-table entry
+	// becomes -1 (no later query reads it; DESIGN.md section 8). 0 keeps
+	// every token for the life of the sequence (DeepSeek-V3's MLA); DSv4
+	// uses DSv4Window.
+	Window int
 }
 
 // Validate reports the first bad field, by name and value.
@@ -43,6 +55,9 @@ func (c Config) Validate() error {
 		return fmt.Errorf("kvcache: Config.NumPages %d: the pool of %d-byte pages overflows int",
 			c.NumPages, c.Format.PageBytes(c.PageSize))
 	}
+	if c.Window < 0 || c.Window > math.MaxInt32 {
+		return fmt.Errorf("kvcache: Config.Window %d must be in [0, %d] (0 keeps every token)", c.Window, math.MaxInt32)
+	}
 	if c.Format == FormatFP8PerTensor {
 		s := float64(c.KVScale)
 		if !(s > 0) || math.IsInf(s, 0) {
@@ -54,6 +69,26 @@ func (c Config) Validate() error {
 
 // PageBytes returns the bytes of one page, c.Format.PageBytes(c.PageSize).
 func (c Config) PageBytes() int { return c.Format.PageBytes(c.PageSize) }
+
+// DeadPages returns how many leading pages of a sequence of committed
+// length n the window has freed: those whose positions all lie below
+// n - Window (0 when Window is 0).
+func (c Config) DeadPages(n int) int {
+	if c.Window == 0 || n <= c.Window {
+		return 0
+	}
+	return (n - c.Window) / c.PageSize
+}
+
+// LivePages returns the pages a sequence of committed length n holds
+// between iterations: ceil(n/PageSize) - DeadPages(n). With a window W it
+// never exceeds ceil(W/PageSize) + 1 (3 pages of 64 for DSv4).
+func (c Config) LivePages(n int) int {
+	if n <= 0 {
+		return 0
+	}
+	return (n+c.PageSize-1)/c.PageSize - c.DeadPages(n)
+}
 
 // PoolBytes returns the bytes of the whole pool, NumPages*PageBytes.
 func (c Config) PoolBytes() int { return c.NumPages * c.PageBytes() }

@@ -2,6 +2,7 @@ package kvcache
 
 import (
 	"bufio"
+	"flag"
 	"fmt"
 	"maps"
 	"os"
@@ -18,11 +19,15 @@ import (
 // a "----" line and the expected output, ended by a blank line. Lines
 // starting with # between cases are comments. Commands:
 //
-//	init page-size=P pages=N [format=F]   new cache; prints the counters
+//	init page-size=P pages=N [format=F] [window=W]
+//	                                       new cache; prints the counters
 //	reserve NAME NEED...                   NEED is ID:LEN (NewLength LEN),
 //	                                       ID:+N (committed length + N), with
 //	                                       an optional :create suffix
-//	commit NAME | rollback NAME            spend reservation NAME
+//	commit NAME [ID:LEN...]                commit NAME, sequence ID ending at
+//	                                       length LEN (CommitLengths); prints
+//	                                       the counters and the named sequences
+//	rollback NAME                          spend reservation NAME
 //	finish ID | retire ID | lookup ID | table ID
 //	slot ID POS...                         one line per position
 //	split-slot SLOT...                     page and offset of raw slots
@@ -42,10 +47,16 @@ func TestDataDriven(t *testing.T) {
 	}
 }
 
+// Run with -rewrite to print the actual output into the files; every
+// rewritten expectation must then be checked by hand.
+var rewrite = flag.Bool("rewrite", false, "rewrite testdata expectations with the actual output")
+
 type scriptCase struct {
 	line    int
 	command string
 	want    string
+	// the expected output's lines, [wantFrom, wantTo) 0-based, for -rewrite
+	wantFrom, wantTo int
 }
 
 func parseScript(t *testing.T, file string) []scriptCase {
@@ -66,6 +77,7 @@ func parseScript(t *testing.T, file string) []scriptCase {
 			t.Fatalf("%s:%d: command %q is not followed by ----", file, lineNo, line)
 		}
 		lineNo++
+		c.wantFrom = lineNo
 		var out []string
 		for sc.Scan() {
 			lineNo++
@@ -74,6 +86,7 @@ func parseScript(t *testing.T, file string) []scriptCase {
 			}
 			out = append(out, sc.Text())
 		}
+		c.wantTo = c.wantFrom + len(out)
 		c.want = strings.Join(out, "\n")
 		cases = append(cases, c)
 	}
@@ -88,6 +101,20 @@ type scriptState struct {
 
 func runScript(t *testing.T, file string) {
 	st := &scriptState{reservations: map[string]*Reservation{}}
+	var lines []string
+	if *rewrite {
+		raw, err := os.ReadFile(file)
+		require.NoError(t, err)
+		lines = strings.Split(strings.TrimSuffix(string(raw), "\n"), "\n")
+	}
+	var rewritten []string
+	last := 0
+	defer func() {
+		if *rewrite && !t.Failed() {
+			rewritten = append(rewritten, lines[last:]...)
+			require.NoError(t, os.WriteFile(file, []byte(strings.Join(rewritten, "\n")+"\n"), 0o644))
+		}
+	}()
 	for _, c := range parseScript(t, file) {
 		fields := strings.Fields(c.command)
 		mutating := slices.Contains([]string{"reserve", "commit", "rollback", "finish", "retire"}, fields[0])
@@ -99,7 +126,11 @@ func runScript(t *testing.T, file string) {
 		if err != nil {
 			t.Fatalf("%s:%d: %s: %v", file, c.line, c.command, err)
 		}
-		if got != c.want {
+		if *rewrite {
+			rewritten = append(rewritten, lines[last:c.wantFrom]...)
+			rewritten = append(rewritten, strings.Split(got, "\n")...)
+			last = c.wantTo
+		} else if got != c.want {
 			t.Errorf("%s:%d: %s\ngot:\n%s\nwant:\n%s", file, c.line, c.command, got, c.want)
 		}
 		if st.cache == nil {
@@ -130,7 +161,7 @@ func (st *scriptState) run(fields []string) (out string, refused bool, err error
 		if err != nil {
 			return "", false, err
 		}
-		cfg := Config{PageSize: atoiOr(kv["page-size"], -1), NumPages: atoiOr(kv["pages"], -1), KVScale: 1}
+		cfg := Config{PageSize: atoiOr(kv["page-size"], -1), NumPages: atoiOr(kv["pages"], -1), KVScale: 1, Window: atoiOr(kv["window"], 0)}
 		if s, ok := kv["format"]; ok {
 			if cfg.Format, err = ParseFormat(s); err != nil {
 				return "", false, err
@@ -166,19 +197,38 @@ func (st *scriptState) run(fields []string) (out string, refused bool, err error
 		lines = append(lines, counters(st.cache))
 		return strings.Join(lines, "\n"), false, nil
 	case "commit", "rollback":
-		if len(args) != 1 || st.reservations[args[0]] == nil {
+		if len(args) < 1 || st.reservations[args[0]] == nil || (cmd == "rollback" && len(args) != 1) {
 			return "", false, fmt.Errorf("%s needs a known reservation name", cmd)
 		}
 		r := st.reservations[args[0]]
-		if cmd == "commit" {
-			err = r.Commit()
-		} else {
+		var ids []uint64
+		switch {
+		case cmd == "rollback":
 			err = r.Rollback()
+		case len(args) == 1:
+			err = r.Commit()
+		default:
+			lengths := map[uint64]int{}
+			for _, a := range args[1:] {
+				idStr, lenStr, ok := strings.Cut(a, ":")
+				id, ierr := strconv.ParseUint(idStr, 10, 64)
+				n, nerr := strconv.Atoi(lenStr)
+				if !ok || ierr != nil || nerr != nil {
+					return "", false, fmt.Errorf("commit length %q: want ID:LEN", a)
+				}
+				lengths[id] = n
+				ids = append(ids, id)
+			}
+			err = r.CommitLengths(lengths)
 		}
 		if err != nil {
 			return refuse(err)
 		}
-		return counters(st.cache), false, nil
+		var lines []string
+		for _, id := range ids {
+			lines = append(lines, describeSeq(id, st.cache.seqs[id]))
+		}
+		return strings.Join(append(lines, counters(st.cache)), "\n"), false, nil
 	case "finish", "retire", "lookup", "table":
 		if len(args) != 1 {
 			return "", false, fmt.Errorf("%s needs one id", cmd)

@@ -15,6 +15,19 @@
 // [Cache.Reserve] takes every page the batch needs or fails with
 // [ErrCacheFull] and changes nothing; [Reservation.Commit] makes the new
 // lengths permanent and [Reservation.Rollback] puts everything back.
+// [Reservation.CommitLengths] commits shorter lengths instead (an MTP
+// verify step whose drafts were partly rejected): pages holding only
+// rejected positions go back.
+//
+// Sliding window. With Config.Window = W (DSv4Window for DeepSeek-V4), a
+// commit also gives back every page of a sequence whose positions all lie
+// below its committed length minus W: no query reads them again. Block
+// tables stay indexed by absolute position; a freed page's entry becomes
+// -1 (so a stray read is visible) and Slot refuses its positions. A
+// reservation takes a chunk's pages whole, however long, so a prefilling
+// sequence holds chunk + W positions until its commit. Between iterations a
+// sequence holds at most ceil(W/P) + 1 pages ([Config.LivePages]).
+//
 // Finished ids are refused for good; they are remembered as runs of
 // consecutive ids, so a server numbering sequences with a counter runs
 // forever in flat memory ([MaxFinishedRuns] states the rule and its bound).

@@ -4,7 +4,10 @@ import "fmt"
 
 // CheckInvariants verifies the bookkeeping: every page in [0, NumPages) is
 // either free or owned by exactly one live sequence; free + used pages ==
-// NumPages; each sequence owns exactly ceil(reserved/P) pages and its
+// NumPages; each sequence's block table has exactly ceil(reserved/P)
+// entries, of which the first Config.DeadPages(committed length) are -1
+// (freed by the window: no query can read them) and the others owned pages;
+// its
 // committed length does not exceed its reserved length (they are equal
 // unless a pending reservation holds it); no live id is also finished; the
 // finished runs are sorted, disjoint, not adjacent and at most
@@ -45,13 +48,22 @@ func (c *Cache) checkLocked() error {
 	for id, s := range c.seqs {
 		ids = append(ids, id)
 		o := len(ids) + 1
-		for _, p := range s.pages {
+		what := describe(o)
+		if dead := c.cfg.DeadPages(s.length); s.freed != dead || dead > len(s.pages) {
+			return fmt.Errorf("kvcache invariant: %s has %d pages freed by the window at length %d, want %d", what, s.freed, s.length, dead)
+		}
+		for j, p := range s.pages {
+			if j < s.freed {
+				if p != -1 {
+					return fmt.Errorf("kvcache invariant: %s keeps page %d at block %d, behind the window (length %d, window %d)", what, p, j, s.length, c.cfg.Window)
+				}
+				continue
+			}
 			if err := claim(p, o); err != nil {
 				return err
 			}
 		}
-		used += len(s.pages)
-		what := describe(o)
+		used += len(s.pages) - s.freed
 		if want := c.pagesFor(s.reserved); len(s.pages) != want {
 			return fmt.Errorf("kvcache invariant: %s has %d pages for %d reserved tokens, want %d", what, len(s.pages), s.reserved, want)
 		}

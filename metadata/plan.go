@@ -244,7 +244,9 @@ func (p *Plan) Needs() []Need {
 }
 
 // Build finishes the pass once the cache holds Needs(). blockTable returns a
-// sequence's page list; it must cover at least the sequence's kv_len. Only
+// sequence's page list; it must cover at least the sequence's kv_len, with
+// a real page for every new token (a sliding-window cache marks the pages
+// it freed, all before the cached positions, with -1, copied as is). Only
 // the pages covering kv_len are copied (entries past them are -1), so the
 // metadata does not depend on pages a cache allocated ahead. Build does not
 // keep or modify the returned slices.
@@ -291,9 +293,13 @@ func (p *Plan) Build(blockTable func(seq uint64) ([]int32, error)) (*Metadata, e
 			return nil, requestError(b, seq, "block table has %d pages, kv_len %d needs %d pages of %d", len(pages), p.kvLen[b], need, p.params.PageSize)
 		}
 		row := m.BlockTables[b*m.MaxPages : (b+1)*m.MaxPages]
+		// A sliding-window cache frees the pages no query reads any more:
+		// their entries are -1. Only pages wholly before the cached
+		// positions may be: every new token's page must be real.
+		behind := int(p.cached[b]) >> p.pageShift
 		for j, pg := range pages[:need] {
-			if pg < 0 {
-				return nil, requestError(b, seq, "block table entry %d is page %d, must be >= 0", j, pg)
+			if pg < 0 && (pg != -1 || j >= behind) {
+				return nil, requestError(b, seq, "block table entry %d is page %d, must be >= 0 (or -1 for a page freed behind the cached positions, before entry %d)", j, pg, behind)
 			}
 			row[j] = pg
 		}

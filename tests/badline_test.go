@@ -139,8 +139,8 @@ func TestMalformedLineIsRefusedBeforeReplay(t *testing.T) {
 func TestLineThatCanNeverFit(t *testing.T) {
 	steps, err := trace.Parse(strings.NewReader(badLinePrefix + neverFits + "\n"))
 	require.NoError(t, err)
-	require.NoError(t, trace.CheckFits(steps[:3], 16, 16), "the prefix fits")
-	err = trace.CheckFits(steps, 16, 16)
+	require.NoError(t, trace.CheckFits(steps[:3], 16, 16, 0), "the prefix fits")
+	err = trace.CheckFits(steps, 16, 16, 0)
 	var le *trace.LineError
 	require.ErrorAs(t, err, &le)
 	require.Equal(t, 4, le.Line)

@@ -60,7 +60,7 @@ func expectedCensus(steps []trace.Step, layers int) mla.Census {
 func TestDefaultTraceReplay(t *testing.T) {
 	steps, err := trace.Default()
 	require.NoError(t, err)
-	peak, _ := trace.Footprint(steps, 64)
+	peak, _ := trace.Footprint(steps, 64, 0)
 	opts := replayOptions(t, steps, peak+16)
 	opts.Engine.Layers = 1 // the launches scale with the layers; CI time does too
 	opts.Verify = true

@@ -71,6 +71,11 @@ type options struct {
 	qScale       float64
 	pageSize     int
 	pages        int
+	window       int
+	compress     bool
+	compPages4   int
+	compPages128 int
+	maxDrafts    int
 	ropePos      int
 	ropeMode     dsv4.RopeMode
 	maxSeqs      int
@@ -107,6 +112,11 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.Float64Var(&o.qScale, "q-scale", 1, "per-tensor Q scale (fp8)")
 	fs.IntVar(&o.pageSize, "page-size", kvcache.DefaultPageSize, "KV cache page size in tokens (a power of two)")
 	fs.IntVar(&o.pages, "pages", defaultPages, "KV cache pool size in pages (per layer)")
+	fs.BoolVar(&o.compress, "compress", true, "run DeepSeek-V4's KV compressor and compressed caches in the ratio-4 and ratio-128 layers (engine Config.Compressor; the first two Flash layers have none)")
+	fs.IntVar(&o.compPages4, "compressed-pages-4", 0, "pages of 64 entries in each ratio-4 layer's compressed pool (0: what the trace needs at its peak)")
+	fs.IntVar(&o.compPages128, "compressed-pages-128", 0, "pages of 64 entries in each ratio-128 layer's compressed pool (0: what the trace needs at its peak)")
+	fs.IntVar(&o.maxDrafts, "max-drafts", 0, "most MTP drafts of a generation step the compressor can roll back (0: the engine's default, 7)")
+	fs.IntVar(&o.window, "window", kvcache.DSv4Window, "sliding window in tokens: pages whose positions all lie below length-window go back to the pool when an iteration ends (128: DeepSeek-V4; 0: keep every token)")
 	fs.IntVar(&o.ropePos, "rope-positions", 0, "RoPE table length (0: min(max_position_embeddings, pages*page-size))")
 	fs.TextVar(&o.ropeMode, "rope-mode", dsv4.RopeReference, "RoPE table: reference (float32 angles, as DeepSeek's reference code) or exact (float64)")
 	fs.IntVar(&o.maxSeqs, "max-seqs", 0, "capacity in sequences per batch (0: the trace's largest batch)")
@@ -247,15 +257,21 @@ var flagOf = map[string]string{
 	"Cache.PageSize": "--page-size",
 	"Cache.NumPages": "--pages",
 	"Cache.KVScale":  "--kv-scale",
-	"Layers":         "--layers",
-	"QFormat":        "--q-format",
-	"QScale":         "--q-scale",
-	"Device":         "--device",
-	"CPUWorkers":     "--cpu-workers",
-	"MaxSeqs":        "--max-seqs",
-	"MaxTokens":      "--max-tokens",
-	"RopePositions":  "--rope-positions",
-	"MemoryLimit":    "--memory-limit",
+	"Cache.Window":   "--window",
+
+	"Compressor.Ratio4Pages":   "--compressed-pages-4",
+	"Compressor.Ratio128Pages": "--compressed-pages-128",
+	"Compressor.MaxDrafts":     "--max-drafts",
+	"Compressor.Enabled":       "--compress",
+	"Layers":                   "--layers",
+	"QFormat":                  "--q-format",
+	"QScale":                   "--q-scale",
+	"Device":                   "--device",
+	"CPUWorkers":               "--cpu-workers",
+	"MaxSeqs":                  "--max-seqs",
+	"MaxTokens":                "--max-tokens",
+	"RopePositions":            "--rope-positions",
+	"MemoryLimit":              "--memory-limit",
 }
 
 // flagError words an engine configuration error in flags: a usage error
@@ -318,7 +334,7 @@ func (o *options) config(log zerolog.Logger) (replay.Options, []trace.Step, stri
 	}
 	cfg := engine.Config{
 		Model:         model,
-		Cache:         kvcache.Config{Format: o.cacheFormat, PageSize: o.pageSize, NumPages: o.pages, KVScale: float32(o.kvScale)},
+		Cache:         kvcache.Config{Format: o.cacheFormat, PageSize: o.pageSize, NumPages: o.pages, KVScale: float32(o.kvScale), Window: o.window},
 		Backend:       o.backend,
 		Device:        o.device,
 		CPUWorkers:    o.cpuWorkers,
@@ -361,10 +377,15 @@ func (o *options) config(log zerolog.Logger) (replay.Options, []trace.Step, stri
 	if len(steps) == 0 {
 		return ro, nil, "", fmt.Errorf("--trace %s: no iterations", name)
 	}
-	if err := trace.CheckFits(steps, o.pageSize, o.pages); err != nil {
+	if err := trace.CheckFits(steps, o.pageSize, o.pages, o.window); err != nil {
 		return ro, nil, "", fmt.Errorf("--trace %s: %w (--pages %d, --page-size %d)", name, err, o.pages, o.pageSize)
 	}
 	st := trace.Summarize(steps)
+	if o.compress {
+		if cfg.Compressor, err = compressorConfig(o, model, steps); err != nil {
+			return ro, nil, "", err
+		}
+	}
 	if cfg.MaxSeqs == 0 {
 		cfg.MaxSeqs = max(1, st.MaxSeqs)
 	}
@@ -398,7 +419,7 @@ func (o *options) config(log zerolog.Logger) (replay.Options, []trace.Step, stri
 	ev := log.Info().Str("trace", name).Int("lines", st.Lines).Int("iterations", st.Iterations).
 		Int("mixed", st.MixedIterations).Int("ctx_tokens", st.ContextTokens).Int("gen_tokens", st.GenerationTokens).
 		Int("sequences", st.Sequences)
-	peak, longest := trace.Footprint(steps, o.pageSize)
+	peak, longest := trace.Footprint(steps, o.pageSize, o.window)
 	ev = ev.Int("peak_pages", peak).Int("longest_seq", longest)
 	if peak > o.pages {
 		log.Warn().Int("peak_pages", peak).Int("pages", o.pages).Msg("the trace holds more pages at its peak than the pool has: expect a cache-full refusal")
@@ -496,4 +517,43 @@ func parseHeads(s string) (h0, h1 int, err error) {
 		return 0, 0, fmt.Errorf("--heads %q: want h0:h1 with 0 <= h0 < h1", s)
 	}
 	return h0, h1, nil
+}
+
+// compressorConfig sizes the compressor's pools: the flags, or the trace's
+// peak for a ratio the layers use (at least one page). With no compressed
+// layer among --layers the compressor stays off.
+func compressorConfig(o *options, model dsv4.Config, steps []trace.Step) (engine.CompressorConfig, error) {
+	layers := o.layers
+	if layers == 0 {
+		layers = model.NumAttentionLayers()
+	}
+	cc := engine.CompressorConfig{MaxDrafts: o.maxDrafts}
+	flags := map[int]int{4: o.compPages4, 128: o.compPages128}
+	for r, n := range flags {
+		if n < 0 {
+			return cc, usageError{fmt.Errorf("--compressed-pages-%d %d: must be 0 (the trace's peak) or positive", r, n)}
+		}
+	}
+	used := map[int]bool{}
+	for l := range min(layers, model.NumAttentionLayers()) {
+		if r, err := model.CompressRatio(l); err == nil && (r == 4 || r == 128) {
+			used[r] = true
+		}
+	}
+	if len(used) == 0 {
+		return engine.CompressorConfig{}, nil
+	}
+	cc.Enabled = true
+	for r := range used {
+		n := flags[r]
+		if n == 0 {
+			n = max(1, trace.EntryFootprint(steps, r, engine.CompressedPageSize))
+		}
+		if r == 4 {
+			cc.Ratio4Pages = n
+		} else {
+			cc.Ratio128Pages = n
+		}
+	}
+	return cc, nil
 }

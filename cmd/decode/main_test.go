@@ -201,7 +201,7 @@ func TestBadFlagValuesExitWithUsage(t *testing.T) {
 		{[]string{"--pages", "1000000", "--layers", "0"},
 			"--pages: engine: Config.Cache.NumPages: more memory than MemoryLimit: the engine would allocate 141.0 GiB (KV cache pools 139.5 GiB"},
 		{[]string{"--verify", "--pages", "300000", "--memory-limit", "24GiB"},
-			"--verify: the engine and its cpu reference would allocate 44.8 GiB, more than --memory-limit 24.0 GiB (22.4 GiB each"},
+			"--verify: the engine and its cpu reference would allocate 44.9 GiB, more than --memory-limit 24.0 GiB (22.4 GiB each"},
 	} {
 		code, _, errOut := tiny(t, append([]string{"--trace", "testdata/small.jsonl"}, c.args...)...)
 		require.Equal(t, exitUsage, code, "%v: %s", c.args, errOut)

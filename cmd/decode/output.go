@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"github.com/dsv4mla/prologue/engine"
 	"io"
 	"strconv"
 	"strings"
@@ -69,8 +70,24 @@ func writeSummary(w io.Writer, rep *replay.Report, traceName string) {
 		fmt.Fprintf(w, "device:   %s total\n", dur(s.DeviceNS))
 	}
 	fmt.Fprintf(w, "cache:    fewest free pages %d of %d; %d sequences finished\n", s.MinFreePages, rep.Pages, s.Finished)
+	for _, p := range rep.Pools {
+		fmt.Fprintf(w, "pool %-9s %d layers x %d pages of %s (%s per layer); %d free at the end\n", p.Name+":", p.Layers, p.Pages,
+			engine.FormatBytes(int64(p.PageBytes)), engine.FormatBytes(int64(p.Pages)*int64(p.PageBytes)), p.Free)
+	}
+	for _, m := range rep.SequenceMemory {
+		parts := []string{"SWA " + engine.FormatBytes(m.SWA)}
+		for _, r := range []int{4, 128} {
+			if b, ok := m.Ratio[r]; ok {
+				parts = append(parts, fmt.Sprintf("ratio %d %s", r, engine.FormatBytes(b)))
+			}
+		}
+		if m.State > 0 {
+			parts = append(parts, "state "+engine.FormatBytes(m.State))
+		}
+		fmt.Fprintf(w, "sequence at %d tokens: %s (%s)\n", m.Length, engine.FormatBytes(m.Total()), strings.Join(parts, ", "))
+	}
 	if rep.Verify {
-		fmt.Fprintf(w, "verify:   %d iterations byte-identical to the cpu reference (Q output after every layer, every cache page written)\n", s.Verified)
+		fmt.Fprintf(w, "verify:   %d iterations byte-identical to the cpu reference (Q output after every layer, every cache page written, every compressed pool)\n", s.Verified)
 	}
 }
 

@@ -2,6 +2,7 @@ package replay
 
 import (
 	"encoding/binary"
+	"math"
 	"math/rand/v2"
 	"runtime"
 	"sync"
@@ -76,4 +77,25 @@ func fillRow(rng *rand.Rand, dst []byte) {
 			binary.LittleEndian.PutUint16(dst[2*i:], sign|e<<7|mant)
 		}
 	}
+}
+
+// CompressorActivations synthesizes a compressed layer's compressor
+// projections for tokens rows (the projected path): k and g are
+// [tokens][width] little-endian float32, K normal with a per-row power of
+// two scale in [2^-2, 2^3], G normal around 0.5 with deviation 3 (logits
+// far enough apart that the softmax weights differ). Row t draws from a
+// stream of its own (seed, a mix of iteration, layer and t), apart from
+// Activations' streams.
+func CompressorActivations(seed uint64, iteration, layer, tokens, width int) (k, g []byte) {
+	k, g = make([]byte, 4*tokens*width), make([]byte, 4*tokens*width)
+	for t := range tokens {
+		rng := rand.New(rand.NewPCG(seed^0x636f6d7072657373, rowStream(iteration, layer, t)))
+		scale := math.Ldexp(1, rng.IntN(6)-2)
+		for i := range width {
+			o := 4 * (t*width + i)
+			binary.LittleEndian.PutUint32(k[o:], math.Float32bits(float32(rng.NormFloat64()*scale)))
+			binary.LittleEndian.PutUint32(g[o:], math.Float32bits(float32(rng.NormFloat64()*3+0.5)))
+		}
+	}
+	return k, g
 }

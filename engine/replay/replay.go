@@ -42,6 +42,8 @@ type Replayer struct {
 	timer  engine.EventTimer
 	timed  bool
 	report Report
+	// longest is the longest sequence replayed so far, in tokens.
+	longest int
 	// weights caches the reference engine's GEMM weights per layer (the
 	// chain's verify bounds the engine's GEMM outputs with them).
 	weights map[int]*[2]weights.FP8Matrix
@@ -87,6 +89,8 @@ func New(ctx context.Context, opts Options) (*Replayer, error) {
 		HeadBegin:   cfg.HeadBegin,
 		HeadEnd:     cfg.HeadEnd,
 		Checkpoint:  cfg.Checkpoint,
+		Window:      cfg.Cache.Window,
+		Compressor:  cfg.Compressor.Enabled,
 	}
 	return r, nil
 }
@@ -132,6 +136,13 @@ func (r *Replayer) Report() *Report {
 	rep := r.report
 	rep.Iterations = append([]IterationReport(nil), r.report.Iterations...)
 	rep.Summary = summarize(rep.Iterations, r.timed)
+	rep.Pools = r.eng.Pools()
+	rep.SequenceMemory = nil
+	for _, n := range []int{1 << 10, 128 << 10, 1 << 20, r.longest} {
+		if m, err := r.eng.Config().SequenceMemory(n); err == nil {
+			rep.SequenceMemory = append(rep.SequenceMemory, m)
+		}
+	}
 	return &rep
 }
 
@@ -169,6 +180,11 @@ func (r *Replayer) Step(ctx context.Context, s trace.Step) (*IterationReport, er
 			if err := r.ref.Finish(seq); err != nil {
 				return nil, lineErr(fmt.Errorf("reference engine: %w", err))
 			}
+		}
+	}
+	for _, q := range s.Requests() {
+		if n, err := r.eng.SequenceLength(q.Seq); err == nil {
+			r.longest = max(r.longest, n)
 		}
 	}
 	ir.Finished = append([]uint64(nil), s.Finish...)
@@ -212,7 +228,7 @@ func (r *Replayer) iterate(ctx context.Context, s trace.Step, ir *IterationRepor
 	backend := r.eng.Backend()
 	hiddenInput := cfg.Input == engine.InputHidden
 	for layer := range r.eng.Layers() {
-		var fused, q, hidden []byte
+		var fused, q, hidden, ck, cg []byte
 		if hiddenInput {
 			hidden = HiddenStates(r.opts.Seed, it.Index(), layer, it.Tokens(), cfg.Model.HiddenSize)
 			if err := it.SetHidden(layer, hidden); err != nil {
@@ -222,6 +238,12 @@ func (r *Replayer) iterate(ctx context.Context, s trace.Step, ir *IterationRepor
 			fused, q = Activations(r.opts.Seed, it.Index(), layer, it.Tokens(), cfg.Model.QLoraRank, r.eng.Heads())
 			if err := it.SetInputs(layer, fused, q); err != nil {
 				return err
+			}
+			if w := r.eng.CompressorWidth(layer); w > 0 {
+				ck, cg = CompressorActivations(r.opts.Seed, it.Index(), layer, it.Tokens(), w)
+				if err := it.SetCompressorInputs(layer, ck, cg); err != nil {
+					return err
+				}
 			}
 		}
 		err := timed(func() error {
@@ -250,6 +272,11 @@ func (r *Replayer) iterate(ctx context.Context, s trace.Step, ir *IterationRepor
 				if err := rit.SetInputs(layer, fused, q); err != nil {
 					return fmt.Errorf("reference engine: %w", err)
 				}
+				if ck != nil {
+					if err := rit.SetCompressorInputs(layer, ck, cg); err != nil {
+						return fmt.Errorf("reference engine: %w", err)
+					}
+				}
 				if err := rit.RunLayer(ctx, layer); err != nil {
 					return fmt.Errorf("reference engine: %w", err)
 				}
@@ -264,6 +291,16 @@ func (r *Replayer) iterate(ctx context.Context, s trace.Step, ir *IterationRepor
 				return err
 			}
 			ir.Dumps = append(ir.Dumps, path)
+		}
+	}
+	if accepted := s.Accepted(); accepted != nil {
+		if err := it.Accept(accepted); err != nil {
+			return err
+		}
+		if rit != nil {
+			if err := rit.Accept(accepted); err != nil {
+				return fmt.Errorf("reference engine: %w", err)
+			}
 		}
 	}
 	if err := timed(func() error { return it.End(ctx) }); err != nil {

@@ -2,6 +2,7 @@ package replay
 
 import (
 	"fmt"
+	"github.com/dsv4mla/prologue/engine"
 	"io"
 	"runtime"
 	"slices"
@@ -12,23 +13,30 @@ import (
 
 // Report is a whole replay: the configuration, every line and a summary.
 type Report struct {
-	Backend     string            `json:"backend"`
-	Model       string            `json:"model"`
-	Layers      int               `json:"layers"`
-	Heads       int               `json:"heads"`
-	CacheFormat string            `json:"cache_format"`
-	PageSize    int               `json:"page_size"`
-	Pages       int               `json:"pages"`
-	QFormat     string            `json:"q_format"`
-	Seed        uint64            `json:"seed"`
-	Verify      bool              `json:"verify"`
-	UseGraphs   bool              `json:"use_graphs"`
-	Input       string            `json:"input"`                // hidden or projected (engine.Config.Input)
-	HeadBegin   int               `json:"head_begin"`           // the engine's head range [HeadBegin, HeadEnd)
-	HeadEnd     int               `json:"head_end"`             //
-	Checkpoint  string            `json:"checkpoint,omitempty"` // empty: synthetic weights (hidden input)
-	Iterations  []IterationReport `json:"iterations"`
-	Summary     Summary           `json:"summary"`
+	Backend     string `json:"backend"`
+	Model       string `json:"model"`
+	Layers      int    `json:"layers"`
+	Heads       int    `json:"heads"`
+	CacheFormat string `json:"cache_format"`
+	PageSize    int    `json:"page_size"`
+	Pages       int    `json:"pages"`
+	QFormat     string `json:"q_format"`
+	Seed        uint64 `json:"seed"`
+	Verify      bool   `json:"verify"`
+	UseGraphs   bool   `json:"use_graphs"`
+	Input       string `json:"input"`                // hidden or projected (engine.Config.Input)
+	HeadBegin   int    `json:"head_begin"`           // the engine's head range [HeadBegin, HeadEnd)
+	HeadEnd     int    `json:"head_end"`             //
+	Checkpoint  string `json:"checkpoint,omitempty"` // empty: synthetic weights (hidden input)
+	Window      int    `json:"window"`               // the sliding window (engine.Config.Cache.Window), 0: none
+	Compressor  bool   `json:"compressor"`           // the KV compressor and compressed caches run
+	// Pools is every pool's occupancy when the report was taken.
+	Pools []engine.PoolUsage `json:"pools"`
+	// SequenceMemory is what one sequence holds between iterations at 1K,
+	// 128K and 1M tokens, and at the trace's longest length so far.
+	SequenceMemory []engine.SequenceMemory `json:"sequence_memory"`
+	Iterations     []IterationReport       `json:"iterations"`
+	Summary        Summary                 `json:"summary"`
 }
 
 // Summary aggregates the iterations of a report.

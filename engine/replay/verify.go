@@ -96,6 +96,24 @@ func (r *Replayer) compare(it, rit *engine.Iteration, layer int) error {
 			return mk(fmt.Sprintf("cache page %d", p), off, n, len(w), describePage(off, cfg.Cache), g, w)
 		}
 	}
+	if r.eng.CompressorWidth(layer) > 0 {
+		// The whole compressed pool: both engines hand out the same pages,
+		// so every byte, entries of earlier iterations included, matches.
+		g, err := r.eng.ReadCompressedPool(layer)
+		if err != nil {
+			return err
+		}
+		w, err := r.ref.ReadCompressedPool(layer)
+		if err != nil {
+			return fmt.Errorf("reference engine: %w", err)
+		}
+		if off, n := compareBytes(g, w); off >= 0 {
+			cc := kvcache.Config{Format: kvcache.FormatFP8UE8M0, PageSize: engine.CompressedPageSize}
+			pb := cc.PageBytes()
+			return mk(fmt.Sprintf("ratio-%d compressed pool page %d", r.eng.CompressRatio(layer), off/pb), off, n, len(w),
+				"entry "+describePage(off%pb, cc), g, w)
+		}
+	}
 	return nil
 }
 

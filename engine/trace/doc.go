@@ -11,8 +11,12 @@
 //   - context: prefill chunks, one per sequence. A chunk for a sequence the
 //     cache does not hold creates it; a later chunk for the same sequence
 //     continues its prompt at the cached offset (chunked prefill).
-//   - generation: one decode step for every listed sequence, each adding
-//     1 + mtp tokens (the token and its MTP drafts).
+//   - generation: one decode step for every listed sequence, each running
+//     1 + mtp tokens (the token and its MTP drafts). An optional "accept"
+//     list, parallel to "seqs", says how many of them verification kept
+//     (each in [1, 1 + mtp]; absent: all), as in
+//     {"generation":{"mtp":3,"seqs":[1,2],"accept":[4,2]}}; the replay
+//     reports it to the engine (Iteration.Accept) before the step ends.
 //   - finish: sequences finished after this line's batch; their pages are
 //     freed and the ids cannot come back.
 //

@@ -26,6 +26,10 @@ type GenParams struct {
 	Chunk                int // chunked-prefill piece of a long prompt
 	StepsMin, StepsMax   int // generation steps per stream, uniform
 	MTP                  int // drafts per generation step
+	// Accept draws, for every generation step, each sequence's accepted
+	// token count uniformly in [1, 1+MTP] (the line's accept list); false
+	// accepts every draft.
+	Accept bool
 }
 
 // DefaultGenParams is the workload of the embedded default trace: 48 decode
@@ -148,6 +152,9 @@ func Generate(p GenParams) ([]Step, error) {
 			kept := decoding[:0]
 			for _, s := range decoding {
 				g.Seqs = append(g.Seqs, s.seq)
+				if p.Accept {
+					g.Accept = append(g.Accept, between(1, 1+p.MTP))
+				}
 				if s.steps--; s.steps == 0 {
 					st.Finish = append(st.Finish, s.seq)
 				} else {

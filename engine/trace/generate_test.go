@@ -98,6 +98,33 @@ func TestGenerateDeterministicAndValidated(t *testing.T) {
 	require.NoError(t, err)
 	require.NotEqual(t, a, c)
 
+	// Accept draws each step's accepted counts; the lines parse back.
+	p.Accept = true
+	d, err := trace.Generate(p)
+	require.NoError(t, err)
+	checkLifecycle(t, d)
+	partial := 0
+	for _, s := range d {
+		if g := s.Generation; g != nil {
+			require.Len(t, g.Accept, len(g.Seqs))
+			for _, n := range g.Accept {
+				require.True(t, n >= 1 && n <= 1+g.MTP)
+				if n < 1+g.MTP {
+					partial++
+				}
+			}
+		}
+	}
+	require.Positive(t, partial, "some drafts are rejected")
+	var buf bytes.Buffer
+	require.NoError(t, trace.Write(&buf, nil, d))
+	back, err := trace.Parse(&buf)
+	require.NoError(t, err)
+	for i := range back {
+		back[i].Line = 0
+	}
+	require.Equal(t, d, back)
+
 	for i, edit := range []func(*trace.GenParams){
 		func(p *trace.GenParams) { p.PromptMax = p.ShortBudget + 1 },
 		func(p *trace.GenParams) { p.Chunk = 0 },

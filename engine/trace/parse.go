@@ -45,7 +45,7 @@ func ParseLine(line []byte, n int) (Step, error) {
 var (
 	stepKeys       = []string{"context", "generation", "finish"}
 	chunkKeys      = []string{"seq", "tokens"}
-	generationKeys = []string{"mtp", "seqs"}
+	generationKeys = []string{"mtp", "seqs", "accept"}
 )
 
 const (
@@ -56,6 +56,7 @@ const (
 var (
 	wantTokens = fmt.Sprintf("a whole number in [1, %d]", MaxChunkTokens)
 	wantMTP    = fmt.Sprintf("a whole number in [0, %d]", MaxMTP)
+	wantAccept = fmt.Sprintf("a whole number in [1, %d] (1 + mtp at most)", MaxMTP+1)
 )
 
 type lineParser struct {
@@ -282,6 +283,17 @@ func (p *lineParser) generation(at string) (*Generation, error) {
 				g.Seqs = append(g.Seqs, id)
 				return err
 			})
+			return err
+		}
+		if key == "accept" {
+			isArray, err := p.array(at, "an array of accepted token counts, one per sequence", func(i int, at string, tok json.Token) error {
+				n, err := parseInt(at, wantAccept, tok)
+				g.Accept = append(g.Accept, n)
+				return err
+			})
+			if isArray && g.Accept == nil {
+				g.Accept = []int{} // [] is not "absent": Validate refuses it
+			}
 			return err
 		}
 		tok, ok, err := p.scalar()

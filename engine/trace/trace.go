@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 
+	"github.com/dsv4mla/prologue/kvcache"
 	"github.com/dsv4mla/prologue/metadata"
 )
 
@@ -37,6 +38,10 @@ type Chunk struct {
 type Generation struct {
 	MTP  int      `json:"mtp"`
 	Seqs []uint64 `json:"seqs"`
+	// Accept is, per sequence of Seqs (same order), how many of the step's
+	// 1+MTP tokens verification accepted, each in [1, 1+MTP]: the sequence
+	// keeps cached + Accept[i] tokens. Absent (nil): all accepted.
+	Accept []int `json:"accept,omitempty"`
 }
 
 // LineError is a line that cannot be parsed or replayed.
@@ -88,9 +93,24 @@ func (s Step) Requests() []metadata.Request {
 	return reqs
 }
 
+// Accepted returns the generation sequences' accepted token counts by id
+// (Generation.Accept), or nil when the line accepts every token.
+func (s Step) Accepted() map[uint64]int {
+	g := s.Generation
+	if g == nil || g.Accept == nil {
+		return nil
+	}
+	out := make(map[uint64]int, len(g.Seqs))
+	for i, seq := range g.Seqs {
+		out[seq] = g.Accept[i]
+	}
+	return out
+}
+
 // Validate checks a step on its own: positive chunk lengths within
 // MaxChunkTokens, an MTP depth in [0, MaxMTP], a non-empty generation set,
-// no sequence twice in the batch or twice in finish, and something to do.
+// an accept list (when given) parallel to it with counts in [1, 1+MTP], no
+// sequence twice in the batch or twice in finish, and something to do.
 func (s Step) Validate() error {
 	if !s.HasBatch() && len(s.Finish) == 0 {
 		return errors.New(`nothing to do: give "context", "generation" or "finish"`)
@@ -122,6 +142,14 @@ func (s Step) Validate() error {
 		for i, seq := range g.Seqs {
 			if err := claim(seq, fmt.Sprintf("generation.seqs[%d]", i)); err != nil {
 				return err
+			}
+		}
+		if g.Accept != nil && len(g.Accept) != len(g.Seqs) {
+			return fmt.Errorf("generation.accept has %d counts for %d seqs; give one per sequence, in the order of seqs", len(g.Accept), len(g.Seqs))
+		}
+		for i, n := range g.Accept {
+			if n < 1 || n > 1+g.MTP {
+				return fmt.Errorf("generation.accept[%d] (seq %d) = %d, must be in [1, %d] (1 + mtp)", i, g.Seqs[i], n, 1+g.MTP)
 			}
 		}
 	}
@@ -272,61 +300,94 @@ func Summarize(steps []Step) Stats {
 	return st
 }
 
+// lengthReplay replays the trace's sequence lengths as a cache with a
+// sliding window of window tokens (0: none) holds them in pages of
+// pageSize tokens.
+type lengthReplay struct {
+	cache   kvcache.Config // PageSize and Window only
+	lengths map[uint64]int
+}
+
+func newLengthReplay(pageSize, window int) *lengthReplay {
+	return &lengthReplay{cache: kvcache.Config{PageSize: pageSize, Window: window}, lengths: map[uint64]int{}}
+}
+
+// pagesOf is ceil(n/pageSize), without overflow.
+func (r *lengthReplay) pagesOf(n int) int { return n/r.cache.PageSize + min(n%r.cache.PageSize, 1) }
+
+// inFlight returns the pages a sequence holds while a batch growing it to
+// n tokens runs: every page up to n, less those the window freed at its
+// committed length.
+func (r *lengthReplay) inFlight(seq uint64, n int) int {
+	return r.pagesOf(n) - r.cache.DeadPages(r.lengths[seq])
+}
+
+// live returns the pages a sequence of n committed tokens holds.
+func (r *lengthReplay) live(n int) int { return r.pagesOf(n) - r.cache.DeadPages(n) }
+
 // Footprint replays the trace's lengths without running anything: the most
-// pages of pageSize tokens held at once (after each line's batch, before
-// its finishes) and the longest sequence, in tokens. It assumes every line
-// is valid for the cache; the replay is what checks that.
-func Footprint(steps []Step, pageSize int) (peakPages, maxLength int) {
-	lengths := map[uint64]int{}
-	pages := 0
-	pagesOf := func(n int) int { return (n + pageSize - 1) / pageSize }
-	grow := func(seq uint64, by int) {
-		old := lengths[seq]
-		lengths[seq] = old + by
-		pages += pagesOf(old+by) - pagesOf(old)
-		maxLength = max(maxLength, old+by)
-	}
+// pages of pageSize tokens held at once (while each line's batch runs,
+// before its finishes) and the longest sequence, in tokens, in a cache with
+// a sliding window of window tokens (0: every token kept). Generation steps
+// keep the tokens their accept list says. It assumes every line is valid
+// for the cache; the replay is what checks that.
+func Footprint(steps []Step, pageSize, window int) (peakPages, maxLength int) {
+	r := newLengthReplay(pageSize, window)
+	held := 0 // pages of committed lengths
 	for _, s := range steps {
-		for _, c := range s.Context {
-			grow(c.Seq, c.Tokens)
-		}
-		if g := s.Generation; g != nil {
-			for _, seq := range g.Seqs {
-				grow(seq, 1+g.MTP)
+		accepted := s.Accepted()
+		flight := held
+		for _, q := range s.Requests() {
+			old := r.lengths[q.Seq]
+			n := old + q.NewTokens
+			if q.Phase == metadata.Generation {
+				n = old + 1 + q.MTP
 			}
+			flight += r.inFlight(q.Seq, n) - r.live(old)
+			maxLength = max(maxLength, n)
+			if a, ok := accepted[q.Seq]; ok {
+				n = old + a
+			}
+			held += r.live(n) - r.live(old)
+			r.lengths[q.Seq] = n
 		}
-		peakPages = max(peakPages, pages)
+		peakPages = max(peakPages, flight)
 		for _, seq := range s.Finish {
-			pages -= pagesOf(lengths[seq])
-			delete(lengths, seq)
+			held -= r.live(r.lengths[seq])
+			delete(r.lengths, seq)
 		}
 	}
 	return peakPages, maxLength
 }
 
 // CheckFits returns a *LineError for the first line whose batch can never
-// fit a pool of numPages pages of pageSize tokens: after the line, the
-// sequences of its batch alone hold more pages than the whole pool. Like
-// Footprint it replays the lengths, assuming every earlier line succeeds;
-// it allocates nothing, so a replayer can refuse such a line before sizing
-// any buffer for it. Whether a line fits the pages left free by the other
-// sequences is the engine's to decide (ErrCacheFull).
-func CheckFits(steps []Step, pageSize, numPages int) error {
-	if pageSize < 1 || numPages < 1 {
-		return fmt.Errorf("trace: CheckFits: page size %d and pages %d must be positive", pageSize, numPages)
+// fit a pool of numPages pages of pageSize tokens with a sliding window of
+// window tokens (0: none): while the line runs, the sequences of its batch
+// alone hold more pages than the whole pool. Like Footprint it replays the
+// lengths, assuming every earlier line succeeds; it allocates nothing, so a
+// replayer can refuse such a line before sizing any buffer for it. Whether
+// a line fits the pages left free by the other sequences is the engine's
+// to decide (ErrCacheFull).
+func CheckFits(steps []Step, pageSize, numPages, window int) error {
+	if pageSize < 1 || numPages < 1 || window < 0 {
+		return fmt.Errorf("trace: CheckFits: page size %d and pages %d must be positive, window %d not negative", pageSize, numPages, window)
 	}
-	lengths := map[uint64]int{}
-	pagesOf := func(n int) int { return n/pageSize + min(n%pageSize, 1) }
+	r := newLengthReplay(pageSize, window)
 	for _, s := range steps {
+		accepted := s.Accepted()
 		pages, tokens := 0, 0
-		for _, r := range s.Requests() {
-			n := r.NewTokens
-			if r.Phase == metadata.Generation {
-				n = 1 + r.MTP
+		for _, q := range s.Requests() {
+			old := r.lengths[q.Seq]
+			n := old + q.NewTokens
+			if q.Phase == metadata.Generation {
+				n = old + 1 + q.MTP
 			}
-			lengths[r.Seq] += n
-			pages += pagesOf(lengths[r.Seq])
-			tokens += lengths[r.Seq]
+			pages += r.inFlight(q.Seq, n)
+			tokens += n
+			if a, ok := accepted[q.Seq]; ok {
+				n = old + a
+			}
+			r.lengths[q.Seq] = n
 		}
 		if pages > numPages {
 			return &LineError{Line: s.Line, Err: fmt.Errorf(
@@ -334,8 +395,42 @@ func CheckFits(steps []Step, pageSize, numPages int) error {
 				tokens, pages, pageSize, numPages)}
 		}
 		for _, seq := range s.Finish {
-			delete(lengths, seq)
+			delete(r.lengths, seq)
 		}
 	}
 	return nil
+}
+
+// EntryFootprint replays the trace's lengths as a compressed cache of one
+// ratio holds them: floor(length/ratio) entries per sequence, in pages of
+// pageSize entries, counting a batch's entries while it runs (before its
+// accept lists cut them). It returns the most pages held at once, the
+// pages a ratio's compressed pool needs for the trace.
+func EntryFootprint(steps []Step, ratio, pageSize int) (peakPages int) {
+	lengths := map[uint64]int{}
+	pagesOf := func(n int) int { return (n/ratio + pageSize - 1) / pageSize }
+	held := 0
+	for _, s := range steps {
+		accepted := s.Accepted()
+		flight := held
+		for _, q := range s.Requests() {
+			old := lengths[q.Seq]
+			n := old + q.NewTokens
+			if q.Phase == metadata.Generation {
+				n = old + 1 + q.MTP
+			}
+			flight += pagesOf(n) - pagesOf(old)
+			if a, ok := accepted[q.Seq]; ok {
+				n = old + a
+			}
+			held += pagesOf(n) - pagesOf(old)
+			lengths[q.Seq] = n
+		}
+		peakPages = max(peakPages, flight)
+		for _, seq := range s.Finish {
+			held -= pagesOf(lengths[seq])
+			delete(lengths, seq)
+		}
+	}
+	return peakPages
 }

@@ -63,6 +63,9 @@ func describe(s trace.Step) string {
 	}
 	if g := s.Generation; g != nil {
 		fmt.Fprintf(&b, " | generation mtp=%d %v", g.MTP, g.Seqs)
+		if g.Accept != nil {
+			fmt.Fprintf(&b, " accept %v", g.Accept)
+		}
 	} else {
 		b.WriteString(" | generation none")
 	}
@@ -225,9 +228,39 @@ func TestSummarizeAndFootprint(t *testing.T) {
 	}, trace.Summarize(steps))
 	// Pages of 64: after line 1, seq 1 holds 2 and seq 2 holds 1; after line
 	// 2, 130 and 68 tokens hold 3 + 2; after line 3, 134 and 72 hold 3 + 2.
-	peak, longest := trace.Footprint(steps, 64)
+	peak, longest := trace.Footprint(steps, 64, 0)
 	require.Equal(t, 5, peak)
 	require.Equal(t, 134, longest)
+}
+
+// TestFootprintWindowAccept: with a window the pages behind it do not
+// count once a line commits (they do while it runs), and a generation step
+// keeps only the tokens its accept list says.
+func TestFootprintWindowAccept(t *testing.T) {
+	steps := []trace.Step{
+		{Line: 1, Context: []trace.Chunk{{Seq: 1, Tokens: 300}}},
+		{Line: 2, Generation: &trace.Generation{MTP: 3, Seqs: []uint64{1}, Accept: []int{1}}},
+		{Line: 3, Generation: &trace.Generation{MTP: 3, Seqs: []uint64{1}, Accept: []int{2}}},
+		{Line: 4, Context: []trace.Chunk{{Seq: 2, Tokens: 64}}, Generation: &trace.Generation{MTP: 3, Seqs: []uint64{1}}},
+	}
+	// Window 128, pages of 64: line 1 holds 5 pages in flight, then 3
+	// (positions 172..299 on pages 2..4); line 2 runs to 304 (page 4 still
+	// covers it) and keeps 301; line 3 runs to 305 and keeps 303; line 4
+	// runs seq 1 to 307 and seq 2 to 64: 3 + 1 pages.
+	peak, longest := trace.Footprint(steps, 64, 128)
+	require.Equal(t, 5, peak)
+	require.Equal(t, 307, longest)
+	// Without a window every page counts: 5 after line 1, then 5.
+	peak, longest = trace.Footprint(steps, 64, 0)
+	require.Equal(t, 6, peak)
+	require.Equal(t, 307, longest)
+	require.NoError(t, trace.CheckFits(steps, 64, 5, 128))
+	require.ErrorContains(t, trace.CheckFits(steps, 64, 4, 128), "trace line 1: the batch's sequences hold 300 tokens after it, 5 pages")
+	require.ErrorContains(t, trace.CheckFits(steps, 64, 5, 0), "trace line 4:")
+	// Accepted lengths drive the next lines: seq 1 keeps 301 then 303, so
+	// line 4 asks for 307 (page 4 holds 256..319) and not 312.
+	require.Equal(t, map[uint64]int{1: 2}, steps[2].Accepted())
+	require.Nil(t, steps[3].Accepted())
 }
 
 // TestCheckFits: a line whose own sequences need more pages than the whole
@@ -244,15 +277,15 @@ func TestCheckFits(t *testing.T) {
 	// Line 2 holds 7 + 1 pages; line 3 holds seq 1's 104 tokens in 7 (seq
 	// 2 is not in its batch); line 4 holds seqs 3 and 1, 16 + 105 tokens in
 	// 1 + 7 pages: each fits 8 pages alone.
-	require.NoError(t, trace.CheckFits(steps[:3], 16, 8))
-	err = trace.CheckFits(steps, 16, 8)
+	require.NoError(t, trace.CheckFits(steps[:3], 16, 8, 0))
+	err = trace.CheckFits(steps, 16, 8, 0)
 	var le *trace.LineError
 	require.ErrorAs(t, err, &le)
 	require.Equal(t, 5, le.Line)
 	require.EqualError(t, err, "trace line 5: the batch's sequences hold 16777216 tokens after it, 1048576 pages of 16 tokens, more than the whole pool of 8 pages: it can never fit")
-	err = trace.CheckFits(steps, 16, 7)
+	err = trace.CheckFits(steps, 16, 7, 0)
 	require.ErrorContains(t, err, "trace line 2: the batch's sequences hold 116 tokens after it, 8 pages of 16 tokens, more than the whole pool of 7 pages")
-	require.Error(t, trace.CheckFits(steps, 0, 8))
+	require.Error(t, trace.CheckFits(steps, 0, 8, 0))
 	require.Equal(t, 5, trace.Summarize(steps).MaxTokensLine)
 }
 

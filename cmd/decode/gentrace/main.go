@@ -40,6 +40,7 @@ func main() {
 	flag.IntVar(&p.StepsMin, "steps-min", p.StepsMin, "fewest generation steps per stream")
 	flag.IntVar(&p.StepsMax, "steps-max", p.StepsMax, "most generation steps per stream")
 	flag.IntVar(&p.MTP, "mtp", p.MTP, "MTP drafts per generation step")
+	flag.BoolVar(&p.Accept, "accept", p.Accept, "draw each generation step's accepted token counts in [1, 1+mtp] (the lines' accept lists) instead of accepting every draft")
 	flag.Parse()
 	if err := run(p, comments(p), *out); err != nil {
 		fmt.Fprintln(os.Stderr, "gentrace:", err)

@@ -1,0 +1,418 @@
+package engine_test
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"sync/atomic"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/dsv4mla/prologue/attention/mla"
+	"github.com/dsv4mla/prologue/attention/mla/cpu"
+	"github.com/dsv4mla/prologue/engine"
+	"github.com/dsv4mla/prologue/kvcache"
+	"github.com/dsv4mla/prologue/metadata"
+)
+
+// hostCompressBackend is the cpu backend seen through mla.Backend alone:
+// without mla.CompressorBackend, the engine runs the compressor on the
+// host and writes the entries with Backend.Write, as on CUDA today.
+type hostCompressBackend struct{ mla.Backend }
+
+// hostCompressorOpen makes the test backend available while a test opens
+// an engine on it, and never to "auto" otherwise.
+var hostCompressorOpen atomic.Bool
+
+func init() {
+	engine.RegisterBackend("cpu-host-compressor", func(o engine.Options) (mla.Backend, error) {
+		return hostCompressBackend{cpu.New(0)}, nil
+	}, func() error {
+		if !hostCompressorOpen.Load() {
+			return fmt.Errorf("a test backend, opened by name only")
+		}
+		return nil
+	})
+}
+
+// newHostEngine opens cfg on the host-path backend.
+func newHostEngine(t testing.TB, cfg engine.Config) *engine.Engine {
+	t.Helper()
+	hostCompressorOpen.Store(true)
+	defer hostCompressorOpen.Store(false)
+	cfg.Backend = "cpu-host-compressor"
+	return newEngine(t, cfg)
+}
+
+// compConfig is V4-Flash with 4 heads and layers 0..3 (ratios 0, 0, 4,
+// 128), windowed, with the compressor on.
+func compConfig() engine.Config {
+	cfg := smallConfig()
+	cfg.Layers = 4
+	cfg.Cache = kvcache.Config{PageSize: 16, NumPages: 64, Window: 32}
+	cfg.RopePositions = 2048
+	cfg.MaxTokens = 512
+	cfg.Compressor = engine.CompressorConfig{Enabled: true, Ratio4Pages: 24, Ratio128Pages: 8}
+	return cfg
+}
+
+// compRows draws a compressed layer's K and G rows for the iteration's
+// tokens, keyed by (seed, seq, position, layer) like positionInputs.
+func compRows(seed uint64, e *engine.Engine, it *engine.Iteration, layer int) (k, g []byte) {
+	w := e.CompressorWidth(layer)
+	m := it.Metadata()
+	for row := range it.Tokens() {
+		b, pos, _ := m.Row(row)
+		rng := rand.New(rand.NewPCG(seed^m.Seqs[b]*0x9e3779b97f4a7c15^0xc0, uint64(pos)<<16|uint64(layer)))
+		scale := math.Ldexp(1, rng.IntN(6)-2)
+		for range w {
+			k = binary.LittleEndian.AppendUint32(k, math.Float32bits(float32(rng.NormFloat64()*scale)))
+			g = binary.LittleEndian.AppendUint32(g, math.Float32bits(float32(rng.NormFloat64()*3+0.5)))
+		}
+	}
+	return k, g
+}
+
+// runComp runs one iteration with position-keyed inputs (compressor rows
+// included), reports accepted (nil: all) and ends it.
+func runComp(t testing.TB, seed uint64, e *engine.Engine, accepted map[uint64]int, reqs ...metadata.Request) {
+	t.Helper()
+	ctx := context.Background()
+	it, err := e.Begin(ctx, reqs)
+	require.NoError(t, err)
+	for l := range e.Layers() {
+		f, q := positionInputs(seed, e, it, l)
+		require.NoError(t, it.SetInputs(l, f, q))
+		if e.CompressorWidth(l) > 0 {
+			k, g := compRows(seed, e, it, l)
+			require.NoError(t, it.SetCompressorInputs(l, k, g))
+		}
+		require.NoError(t, it.RunLayer(ctx, l))
+	}
+	if accepted != nil {
+		require.NoError(t, it.Accept(accepted))
+	}
+	require.NoError(t, it.End(ctx))
+}
+
+// compEntries returns seq's committed compressed entries in a layer, by
+// index: the 576 value bytes and the 7 exponents.
+func compEntries(t testing.TB, e *engine.Engine, layer int, seq uint64) [][]byte {
+	t.Helper()
+	r := e.CompressRatio(layer)
+	n, err := e.CompressedEntries(r, seq)
+	require.NoError(t, err)
+	length, err := e.SequenceLength(seq)
+	require.NoError(t, err)
+	require.Equal(t, length/r, n, "layer %d seq %d: entries at length %d", layer, seq, length)
+	table, err := e.CompressedBlockTable(r, seq)
+	require.NoError(t, err)
+	require.Len(t, table, (n+engine.CompressedPageSize-1)/engine.CompressedPageSize)
+	pool, err := e.ReadCompressedPool(layer)
+	require.NoError(t, err)
+	cfg := kvcache.Config{PageSize: engine.CompressedPageSize, NumPages: len(pool) / kvcache.FormatFP8UE8M0.PageBytes(engine.CompressedPageSize)}
+	out := make([][]byte, n)
+	for i := range n {
+		out[i] = positionBytes(t, cfg, pool, table, i)
+		// An entry's UE8M0 exponents are e+127 with e >= -22: never 0, so a
+		// zero byte is an entry never written (the pools start zeroed).
+		for g, x := range out[i][kvcache.UE8M0ValueBytes:] {
+			require.NotZero(t, x, "layer %d seq %d entry %d: exponent %d unwritten", layer, seq, i, g)
+		}
+	}
+	return out
+}
+
+// requireSameCompressed checks that two engines hold the same compressed
+// entries and compressor state of seq in every compressed layer, bit for
+// bit.
+func requireSameCompressed(t testing.TB, a, b *engine.Engine, seq uint64, what string) {
+	t.Helper()
+	for l := range a.Layers() {
+		if a.CompressorWidth(l) == 0 {
+			continue
+		}
+		ea, eb := compEntries(t, a, l, seq), compEntries(t, b, l, seq)
+		require.Len(t, ea, len(eb), "%s: layer %d seq %d entries", what, l, seq)
+		for i := range ea {
+			require.Equal(t, eb[i], ea[i], "%s: layer %d seq %d entry %d", what, l, seq, i)
+		}
+		sa, err := a.CompressorState(l, seq)
+		require.NoError(t, err)
+		sb, err := b.CompressorState(l, seq)
+		require.NoError(t, err)
+		require.Equal(t, sb.Len(), sa.Len())
+		fa, ea2 := sa.Window()
+		fb, eb2 := sb.Window()
+		require.Equal(t, [2]int{fb, eb2}, [2]int{fa, ea2}, "%s: layer %d seq %d state window", what, l, seq)
+		for pos := fa; pos < ea2; pos++ {
+			ka, ga, ok := sa.Row(pos)
+			require.True(t, ok)
+			kb, gb, ok := sb.Row(pos)
+			require.True(t, ok)
+			require.Equal(t, f32bits(kb), f32bits(ka), "%s: layer %d seq %d state K at %d", what, l, seq, pos)
+			require.Equal(t, f32bits(gb), f32bits(ga), "%s: layer %d seq %d state G at %d", what, l, seq, pos)
+		}
+	}
+}
+
+func f32bits(v []float32) []uint32 {
+	out := make([]uint32, len(v))
+	for i, x := range v {
+		out[i] = math.Float32bits(x)
+	}
+	return out
+}
+
+// TestCompressorChunkInvariance: one prompt of 300 tokens in one chunk, in
+// chunks split at positions 1, 2, 3 mod 4 and 1, 127 mod 128 (chunks
+// shorter than 4 and longer than 256 among them), token by token, and
+// inside batches of other sequences, on the cpu backend and on the host
+// path: every compressed byte, every state value and every readable SWA
+// byte is the same.
+func TestCompressorChunkInvariance(t *testing.T) {
+	seed := testSeed(t)
+	const n = 300
+	const seq = 7
+	splits := map[string][]int{
+		"one chunk":      {n},
+		"mod 4":          {1, 1, 1, 2, 3, 5, 7, 13, 97, 129, 41},
+		"mod 128":        {129, 126, 45},
+		"long then tail": {257, 1, 2, 40},
+		"short":          {3, 3, 3, 3, 3, 3, 282},
+	}
+	ref := newEngine(t, compConfig())
+	runComp(t, seed, ref, nil, ctxReq(seq, n))
+	check := func(e *engine.Engine, what string) {
+		requireSameCompressed(t, e, ref, seq, what)
+		requireSameLive(t, e, ref, seq, what)
+	}
+	for name, chunks := range splits {
+		for _, backend := range []string{engine.BackendCPU, "cpu-host-compressor"} {
+			e := newEngine(t, compConfig())
+			if backend != engine.BackendCPU {
+				e = newHostEngine(t, compConfig())
+			}
+			done := 0
+			for _, c := range chunks {
+				runComp(t, seed, e, nil, ctxReq(seq, c))
+				done += c
+			}
+			require.Equal(t, n, done)
+			check(e, name+" on "+backend)
+		}
+	}
+	// Token by token after a 1-token prompt, with other sequences decoding
+	// and prefilling alongside.
+	e := newEngine(t, compConfig())
+	runComp(t, seed, e, nil, ctxReq(seq, 1), ctxReq(100, 5))
+	next, live := uint64(101), []uint64{}
+	for pos := 1; pos < n; pos++ {
+		reqs := []metadata.Request{}
+		if pos%9 == 0 {
+			reqs = append(reqs, ctxReq(next, 1+pos%13))
+			live = append(live, next)
+			next++
+		}
+		reqs = append(reqs, genReq(seq, 0), genReq(100, 0))
+		runComp(t, seed, e, nil, reqs...)
+		if pos%37 == 0 {
+			for _, o := range live {
+				require.NoError(t, e.Finish(o))
+			}
+			live = live[:0]
+		}
+	}
+	check(e, "token by token in batches")
+}
+
+// TestCompressorAccept: MTP verify steps whose drafts are partly rejected
+// leave every compressed entry, every compressor state and every readable
+// SWA byte as a run that never speculated, and continuing afterwards stays
+// byte-identical. Scripted cases first (a step crossing a ratio-4 boundary
+// rejected before it and at it, a ratio-128 boundary likewise, rejected
+// inside a 128-window, full acceptance), then random steps with drafts
+// 1..7 and per-sequence accepted counts, repeated rejections included.
+func TestCompressorAccept(t *testing.T) {
+	seed := testSeed(t)
+	rng := rand.New(rand.NewPCG(seed, 4))
+	cfg := compConfig()
+	spec, plain := newEngine(t, cfg), newEngine(t, cfg)
+	type scripted struct {
+		prompt, drafts, accept int
+		what                   string
+	}
+	cases := []scripted{
+		{6, 3, 1, "ratio-4 boundary at 7, rejected before it"},
+		{6, 3, 2, "ratio-4 boundary at 7, rejected at it"},
+		{6, 3, 4, "ratio-4 boundary, full acceptance"},
+		{126, 4, 1, "ratio-128 boundary at 127, rejected before it"},
+		{126, 4, 2, "ratio-128 boundary at 127, rejected at it"},
+		{60, 7, 3, "inside a ratio-128 window"},
+		{3, 7, 8, "from a prompt shorter than 4, full acceptance"},
+		{1, 7, 1, "every draft rejected"},
+	}
+	var seqs []uint64
+	for i, c := range cases {
+		s := uint64(10 + i)
+		seqs = append(seqs, s)
+		runComp(t, seed, spec, nil, ctxReq(s, c.prompt))
+		runComp(t, seed, plain, nil, ctxReq(s, c.prompt))
+	}
+	// One batch per depth: every scripted sequence of that depth verifies
+	// together with different accepted counts.
+	for _, d := range []int{3, 4, 7} {
+		var reqs []metadata.Request
+		accepted := map[uint64]int{}
+		for i, c := range cases {
+			if c.drafts == d {
+				reqs = append(reqs, genReq(seqs[i], d))
+				accepted[seqs[i]] = c.accept
+			}
+		}
+		runComp(t, seed, spec, accepted, reqs...)
+		for s, n := range accepted {
+			runComp(t, seed, plain, nil, genReq(s, n-1))
+		}
+	}
+	for i, c := range cases {
+		requireSameCompressed(t, spec, plain, seqs[i], c.what)
+		requireSameLive(t, spec, plain, seqs[i], c.what)
+	}
+	for stepNo := range 80 {
+		d := 1 + rng.IntN(7)
+		accepted := map[uint64]int{}
+		var reqs []metadata.Request
+		for _, s := range seqs[:4] {
+			reqs = append(reqs, genReq(s, d))
+			switch rng.IntN(4) {
+			case 0:
+				accepted[s] = 1 + d
+			case 1:
+				accepted[s] = 1
+			default:
+				accepted[s] = 1 + rng.IntN(1+d)
+			}
+		}
+		runComp(t, seed, spec, accepted, reqs...)
+		for _, s := range seqs[:4] {
+			runComp(t, seed, plain, nil, genReq(s, accepted[s]-1))
+		}
+		if stepNo%8 == 7 {
+			for _, s := range seqs[:4] {
+				requireSameCompressed(t, spec, plain, s, fmt.Sprintf("random step %d", stepNo))
+				requireSameLive(t, spec, plain, s, fmt.Sprintf("random step %d", stepNo))
+			}
+		}
+	}
+	// Continue without speculation: a chunk then decode, both engines.
+	for _, s := range seqs {
+		runComp(t, seed, spec, nil, ctxReq(s, 9))
+		runComp(t, seed, plain, nil, ctxReq(s, 9))
+		requireSameCompressed(t, spec, plain, s, "continued")
+	}
+	for _, s := range seqs {
+		require.NoError(t, spec.Finish(s))
+	}
+	for _, p := range spec.Pools() {
+		require.Equal(t, p.Pages, p.Free, "pool %s leaks", p.Name)
+	}
+}
+
+// TestCompressorRefusalAndAbort: a batch that does not fit a compressed
+// pool is refused with ErrCacheFull naming the pool, and nothing changes
+// (pages, tables, states, pool bytes); an iteration aborted after its
+// layers ran (a long chunk and an MTP step) leaves the states as before,
+// so the run continues exactly as if it never happened.
+func TestCompressorRefusalAndAbort(t *testing.T) {
+	seed := testSeed(t)
+	cfg := compConfig()
+	cfg.Compressor.Ratio4Pages = 3 // 192 entries: 768 tokens
+	e, ref := newEngine(t, cfg), newEngine(t, cfg)
+	runComp(t, seed, e, nil, ctxReq(1, 300))
+	runComp(t, seed, ref, nil, ctxReq(1, 300))
+	snap := func() (s []any) {
+		for l := 2; l < 4; l++ {
+			p, err := e.ReadCompressedPool(l)
+			require.NoError(t, err)
+			st, err := e.CompressorState(l, 1)
+			require.NoError(t, err)
+			s = append(s, p, st.Len())
+		}
+		t4, err := e.CompressedBlockTable(4, 1)
+		require.NoError(t, err)
+		return append(s, t4, e.Pools())
+	}
+	before, kv := snap(), takeSnapshot(t, e, 1, 2)
+	_, err := e.Begin(t.Context(), []metadata.Request{ctxReq(2, 260)}) // 65 entries: 2 pages, 1 free (seq 1 holds 75 in 2)
+	require.ErrorIs(t, err, engine.ErrCacheFull)
+	require.ErrorContains(t, err, "ratio-4 compressed pool")
+	require.Equal(t, before, snap())
+	requireSameSnapshot(t, kv, takeSnapshot(t, e, 1, 2))
+
+	ctx := context.Background()
+	for _, reqs := range [][]metadata.Request{{ctxReq(1, 150), ctxReq(3, 20)}, {genReq(1, 5)}} {
+		it, err := e.Begin(ctx, reqs)
+		require.NoError(t, err)
+		for l := range e.Layers() {
+			f, q := positionInputs(seed+1, e, it, l) // other values: an abort must leave no trace
+			require.NoError(t, it.SetInputs(l, f, q))
+			if e.CompressorWidth(l) > 0 {
+				k, g := compRows(seed+1, e, it, l)
+				require.NoError(t, it.SetCompressorInputs(l, k, g))
+			}
+			require.NoError(t, it.RunLayer(ctx, l))
+		}
+		it.Abort()
+		_, err = e.CompressorState(2, 3)
+		require.Error(t, err, "the created sequence is gone")
+		requireSameCompressed(t, e, ref, 1, "after abort")
+	}
+	runComp(t, seed, e, nil, ctxReq(1, 150))
+	runComp(t, seed, ref, nil, ctxReq(1, 150))
+	requireSameCompressed(t, e, ref, 1, "continued after aborts")
+	requireSameLive(t, e, ref, 1, "continued after aborts")
+}
+
+// TestCompressorHidden: on the hidden-state path the engine projects the
+// hidden rows with each compressed layer's weights (ape by absolute
+// position): a prompt in one chunk and split across a ratio-128 boundary
+// and mid ratio-4 window gives the same entries and states.
+func TestCompressorHidden(t *testing.T) {
+	seed := testSeed(t)
+	cfg := compConfig()
+	cfg.Input = engine.InputHidden
+	cfg.Model.HiddenSize = 256 // small GEMMs; the compressor's shapes do not depend on it
+	cfg.Compressor.Ratio4Pages, cfg.Compressor.Ratio128Pages = 2, 1
+	hiddenRows := func(e *engine.Engine, it *engine.Iteration, layer int) []byte {
+		m := it.Metadata()
+		var out []byte
+		for row := range it.Tokens() {
+			b, pos, _ := m.Row(row)
+			rng := rand.New(rand.NewPCG(seed^m.Seqs[b], uint64(pos)<<16|uint64(layer)))
+			out = append(out, randomBF16(rng, e.HiddenSize())...)
+		}
+		return out
+	}
+	run := func(e *engine.Engine, chunks ...int) {
+		ctx := context.Background()
+		for _, c := range chunks {
+			it, err := e.Begin(ctx, []metadata.Request{ctxReq(1, c)})
+			require.NoError(t, err)
+			for l := range e.Layers() {
+				require.NoError(t, it.SetHidden(l, hiddenRows(e, it, l)))
+				require.NoError(t, it.RunLayer(ctx, l))
+			}
+			require.NoError(t, it.End(ctx))
+		}
+	}
+	one, split := newEngine(t, cfg), newEngine(t, cfg)
+	run(one, 130)
+	run(split, 126, 3, 1)
+	requireSameCompressed(t, split, one, 1, "hidden path, split")
+	require.Len(t, compEntries(t, one, 3, 1), 1)
+	require.Len(t, compEntries(t, one, 2, 1), 32)
+}

@@ -1,0 +1,158 @@
+package replay
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/dsv4mla/prologue/engine"
+	"github.com/dsv4mla/prologue/engine/trace"
+	"github.com/dsv4mla/prologue/kvcache"
+	"github.com/dsv4mla/prologue/model/dsv4"
+)
+
+// TestLongRandomReplay replays a long generated workload (arrivals, chunked
+// prefills, MTP steps with random acceptance, finishes) on a windowed
+// engine with the compressor, with pools tight enough that some lines are
+// refused, verifying every iteration against a second cpu engine (Q, the
+// SWA pages written, every compressed pool byte). After every line the
+// engine's invariants hold (no page, entry or state leaks; lengths, entries
+// and states agree), and once every sequence is finished every pool is
+// free and no state is left.
+func TestLongRandomReplay(t *testing.T) {
+	seed := rand.Uint64()
+	t.Logf("seed %d", seed)
+	iterations := 1500
+	if testing.Short() {
+		iterations = 200
+	}
+	p := trace.GenParams{
+		Seed: seed, Streams: 4, Arrivals: iterations / 5, ArrivalSpan: iterations - 100,
+		PromptMin: 1, PromptMax: 160, ShortBudget: 200, LongPrompts: max(2, iterations/150), LongMin: 300, LongMax: 700,
+		Chunk: 130, StepsMin: 2, StepsMax: 40, MTP: 3, Accept: true,
+	}
+	steps, err := trace.Generate(p)
+	require.NoError(t, err)
+	m := dsv4.Flash()
+	m.NumHeads = 1
+	opts := Options{
+		Engine: engine.Config{
+			Model: m, Cache: kvcache.Config{PageSize: 16, NumPages: 32, Window: 32},
+			Backend: engine.BackendCPU, Layers: 4, MaxSeqs: 16, MaxTokens: 1024, RopePositions: 4096,
+			Compressor: engine.CompressorConfig{Enabled: true, Ratio4Pages: 8, Ratio128Pages: 12, MaxDrafts: 3},
+		},
+		Seed:   seed,
+		Verify: true,
+	}
+	r, err := New(context.Background(), opts)
+	require.NoError(t, err)
+	defer r.Close()
+	e := r.Engine()
+	refused := 0
+	ids := map[uint64]bool{}
+	dead := map[uint64]bool{} // sequences whose prompt was refused: a server drops them
+	for _, s := range steps {
+		s = withoutDead(s, dead)
+		if !s.HasBatch() && len(s.Finish) == 0 {
+			continue
+		}
+		for _, q := range s.Requests() {
+			ids[q.Seq] = true
+		}
+		if _, err := r.Step(context.Background(), s); err != nil {
+			for _, q := range s.Requests() {
+				if _, err := e.SequenceLength(q.Seq); err != nil {
+					dead[q.Seq] = true
+				}
+			}
+			var ve *VerifyError
+			require.False(t, errors.As(err, &ve), "line %d: %v", s.Line, err)
+			// A refused line (a full pool, or a sequence whose prompt was
+			// refused before) changes nothing.
+			if !errors.Is(err, engine.ErrCacheFull) && !errors.Is(err, kvcache.ErrUnknownSequence) && !errors.Is(err, kvcache.ErrFinishedSequence) {
+				require.NoError(t, err, "line %d", s.Line)
+			}
+			refused++
+			// The server still ends the sequences the line finishes.
+			for _, id := range s.Finish {
+				_ = e.Finish(id)
+				_ = r.Reference().Finish(id)
+			}
+		}
+		require.NoError(t, e.CheckInvariants(), "after line %d", s.Line)
+		require.NoError(t, r.Reference().CheckInvariants(), "reference, after line %d", s.Line)
+	}
+	t.Logf("%d lines, %d refused", len(steps), refused)
+	require.Positive(t, refused, "the pools are sized to refuse some lines")
+	require.Less(t, refused, len(steps)*3/4, "most lines run")
+	for id := range ids {
+		_ = e.Finish(id) // the lines that finished them may have been refused
+	}
+	require.NoError(t, e.CheckInvariants())
+	require.Zero(t, e.Sequences())
+	require.Zero(t, e.CompressorSequences())
+	for _, p := range e.Pools() {
+		require.Equal(t, p.Pages, p.Free, "pool %s", p.Name)
+	}
+}
+
+// TestSequenceMemoryFlash pins DESIGN.md section 8's figures for V4-Flash
+// at 1M tokens: about 3.3 GB per sequence with the window and the
+// compressed caches, against about 25.7 GB (in decimal units, 27 GB) when
+// every layer keeps every token.
+func TestSequenceMemoryFlash(t *testing.T) {
+	cfg := engine.Config{
+		Model: dsv4.Flash(), Cache: kvcache.Config{PageSize: 64, NumPages: 64, Window: kvcache.DSv4Window},
+		Backend: engine.BackendCPU, MaxSeqs: 1, MaxTokens: 64, RopePositions: 64,
+		Compressor: engine.CompressorConfig{Enabled: true, Ratio4Pages: 1, Ratio128Pages: 1},
+	}
+	m, err := cfg.SequenceMemory(1 << 20)
+	require.NoError(t, err)
+	pageBytes := int64(37440)
+	require.Equal(t, 44*2*pageBytes, m.SWA)                     // the last 128 positions fill pages 16382 and 16383, 44 layers
+	require.Equal(t, 21*4096*pageBytes, m.Ratio[4])             // 262144 entries, 21 layers
+	require.Equal(t, 20*128*pageBytes, m.Ratio[128])            // 8192 entries, 20 layers
+	require.Equal(t, int64(21*16*1024*8+20*136*512*8), m.State) // (8 + 7 + 1) and (128 + 7 + 1) rows
+	require.InDelta(t, 3.33e9, float64(m.Total()), 0.05e9)
+	full := cfg
+	full.Cache.Window = 0
+	full.Compressor = engine.CompressorConfig{}
+	f, err := full.SequenceMemory(1 << 20)
+	require.NoError(t, err)
+	require.Equal(t, 44*16384*pageBytes, f.Total())
+}
+
+// withoutDead drops the sequences of dead from a line (and their accepted
+// counts and finishes).
+func withoutDead(s trace.Step, dead map[uint64]bool) trace.Step {
+	out := trace.Step{Line: s.Line}
+	for _, c := range s.Context {
+		if !dead[c.Seq] {
+			out.Context = append(out.Context, c)
+		}
+	}
+	if g := s.Generation; g != nil {
+		ng := &trace.Generation{MTP: g.MTP}
+		for i, seq := range g.Seqs {
+			if dead[seq] {
+				continue
+			}
+			ng.Seqs = append(ng.Seqs, seq)
+			if g.Accept != nil {
+				ng.Accept = append(ng.Accept, g.Accept[i])
+			}
+		}
+		if len(ng.Seqs) > 0 {
+			out.Generation = ng
+		}
+	}
+	for _, seq := range s.Finish {
+		if !dead[seq] {
+			out.Finish = append(out.Finish, seq)
+		}
+	}
+	return out
+}
