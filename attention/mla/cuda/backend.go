@@ -38,7 +38,8 @@ type Options struct {
 	// which a kernel's launch overlaps the tail of the one before it.
 	NoPDL bool
 	// GEMMOwnMaxM: GEMMs of up to this many rows run the weight-streaming
-	// kernel, larger ones cuBLASLt (0: DefaultGEMMOwnMaxM; -1: cuBLASLt for
+	// kernel, larger ones cuBLASLt (0: the measured per-shape default of
+	// gemm.go; -1: cuBLASLt for
 	// every batch it accepts). See gemm.go.
 	GEMMOwnMaxM int
 	// NoCuBLASLt runs every GEMM on the own kernel (cuBLASLt is not loaded).

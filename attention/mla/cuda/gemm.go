@@ -21,8 +21,13 @@ import (
 // Options.GEMMOwnMaxM rows. Both are compiled or loaded at the first GEMM
 // (or InitGEMM); without cuBLASLt the kernel runs every batch.
 
-// DefaultGEMMOwnMaxM is the largest batch the own kernel takes by default.
-const DefaultGEMMOwnMaxM = 128
+// ownGEMMDefault is the default choice of the own kernel over cuBLASLt for
+// an M x N x K GEMM, from the H200's graph-timed, L2-flushed measurements
+// (TestGEMMTimes): the own kernel up to 8 rows (V4-Flash wq_b at 8 rows
+// 18.3 us against cuBLASLt's 17.4, V4-Pro's 40.1 against 46.7), and up to
+// 64 rows for the narrow fused [wq_a; wkv] (V4-Flash at 32 rows 10.6 us
+// against 14.0; at 128 rows 15.9 against 14.9); cuBLASLt above.
+func ownGEMMDefault(m, n int) bool { return m <= 8 || (n <= 4096 && m <= 64) }
 
 // gemmPartBytes is the split-K workspace: float32 partials of every split.
 const gemmPartBytes = 32 << 20
@@ -227,13 +232,13 @@ func (b *Backend) GEMM(ctx context.Context, a *mla.GEMMArgs) error {
 		return err
 	}
 	g := &b.gemm
-	ownMax := b.opts.GEMMOwnMaxM
-	if ownMax == 0 {
-		ownMax = DefaultGEMMOwnMaxM
+	own := ownGEMMDefault(m, n)
+	if b.opts.GEMMOwnMaxM != 0 {
+		own = m <= b.opts.GEMMOwnMaxM
 	}
 	// cuBLASLt's VEC128_32F scales have no stride: only an unpadded scale
 	// layout can go to it.
-	if g.lt != nil && m > ownMax && a.X.ScaleStride == m {
+	if g.lt != nil && !own && a.X.ScaleStride == m {
 		shape := cublaslt.Shape{M: m, N: n, K: k, YStride: a.YStride}
 		if err := g.lt.Supported(shape); err == nil {
 			g.cublasRun.Add(1)

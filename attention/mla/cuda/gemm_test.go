@@ -157,7 +157,7 @@ var gemmTimes = flag.Bool("gemm.times", false, "TestGEMMTimes: time the GEMM imp
 // -gemm.times. The first column is the own kernel forced (NoCuBLASLt), the
 // second cuBLASLt wherever it accepts the shape (GEMMOwnMaxM = -1; its
 // path column says "own" where cuBLASLt refused): together they choose
-// DefaultGEMMOwnMaxM.
+// the default choice (ownGEMMDefault).
 func TestGEMMTimes(t *testing.T) {
 	if !*gemmTimes {
 		t.Skip("run with -gemm.times")
