@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"sync"
 	"sync/atomic"
 
@@ -20,14 +19,20 @@ import (
 // weight-bandwidth floor below a few hundred rows), and cuBLASLt above
 // Options.GEMMOwnMaxM rows. Both are compiled or loaded at the first GEMM
 // (or InitGEMM); without cuBLASLt the kernel runs every batch.
+//
+// (A rewrite of the kernel that converts each operand to f16 once and runs
+// f16 MMAs measured 2-4x faster from 32 rows up, but failed the chain's
+// verify on the tiny model through CUDA graphs; it waits on branch
+// gemmperf until that failure is understood.)
 
 // ownGEMMDefault is the default choice of the own kernel over cuBLASLt for
-// an M x N x K GEMM, from the H200's graph-timed, L2-flushed measurements
+// an M x N GEMM, from the H200's graph-timed, L2-flushed measurements
 // (TestGEMMTimes): the own kernel up to 8 rows (V4-Flash wq_b at 8 rows
-// 18.3 us against cuBLASLt's 17.4, V4-Pro's 40.1 against 46.7), and up to
-// 64 rows for the narrow fused [wq_a; wkv] (V4-Flash at 32 rows 10.6 us
-// against 14.0; at 128 rows 15.9 against 14.9); cuBLASLt above.
-func ownGEMMDefault(m, n int) bool { return m <= 8 || (n <= 4096 && m <= 64) }
+// 15.8 us against cuBLASLt's 16.8; V4-Pro's 38.5 against 46.5), and up to
+// 32 rows for the narrow fused [wq_a; wkv] (V4-Flash at 32 rows 12.7 us
+// against 14.1; at 128 rows 29.4 against 14.3); cuBLASLt above, and below
+// 4 rows, which it refuses, the own kernel.
+func ownGEMMDefault(m, n int) bool { return m <= 8 || (n <= 4096 && m <= 32) }
 
 // gemmPartBytes is the split-K workspace: float32 partials of every split.
 const gemmPartBytes = 32 << 20
@@ -37,8 +42,8 @@ type gemmState struct {
 	once           sync.Once
 	err            error
 	mod            *driver.Module
-	kernel, reduce *driver.Function
-	smemBytes      int // the kernel's dynamic shared memory
+	mt64, mt128    *driver.Function
+	reduce         *driver.Function
 	part           driver.DevicePtr
 	lt             *cublaslt.Handle
 	ltErr          error // why cuBLASLt is not used (absent, or Options.NoCuBLASLt)
@@ -59,14 +64,9 @@ func (b *Backend) initGEMM() error {
 	g := &b.gemm
 	p := b.ctx.Props()
 	if p.Major*10+p.Minor < 89 {
-		return fmt.Errorf("cuda: the FP8 GEMM kernel needs compute capability 8.9 or newer (e4m3 to f16 conversion), the device is %d.%d", p.Major, p.Minor)
+		return fmt.Errorf("cuda: the FP8 GEMM kernel needs compute capability 8.9 or newer (e4m3 MMA), the device is %d.%d", p.Major, p.Minor)
 	}
-	stages, smem := gemmStages(p.MaxSharedBytesOptin)
-	if stages == 0 {
-		return fmt.Errorf("cuda: the FP8 GEMM kernel needs %d bytes of shared memory per block, the device allows %d", smem, p.MaxSharedBytesOptin)
-	}
-	compiled, err := driver.CompileDetailed(kernels.GEMMSource(), "gemm_fp8.cu", driver.CompileOptions{
-		Arch: p.Arch(), Defines: map[string]string{"GEMM_STAGES": strconv.Itoa(stages)}})
+	compiled, err := driver.CompileDetailed(kernels.GEMMSource(), "gemm_fp8.cu", driver.CompileOptions{Arch: p.Arch()})
 	if err != nil {
 		return err
 	}
@@ -76,15 +76,11 @@ func (b *Backend) initGEMM() error {
 	for _, f := range []struct {
 		dst  **driver.Function
 		name string
-	}{{&g.kernel, "gemm_fp8"}, {&g.reduce, "gemm_fp8_reduce"}} {
+	}{{&g.mt64, "gemm_fp8_mt64"}, {&g.mt128, "gemm_fp8_mt128"}, {&g.reduce, "gemm_fp8_reduce"}} {
 		if *f.dst, err = g.mod.Function(f.name); err != nil {
 			return err
 		}
 	}
-	if err = g.kernel.SetAttribute(driver.FuncMaxDynamicSharedSizeBytes, smem); err != nil {
-		return err
-	}
-	g.smemBytes = smem
 	if g.part, err = b.ctx.Alloc(gemmPartBytes); err != nil {
 		return err
 	}
@@ -139,59 +135,30 @@ func (b *Backend) CuBLASLtSupports(m, n, k, yStride int) error {
 	return b.gemm.lt.Supported(cublaslt.Shape{M: m, N: n, K: k, YStride: yStride})
 }
 
-// The own kernel's tile (kernels/cuda/gemm_fp8.cu): a block computes
-// gemmBlockRows rows of W for gemmBlockTokens tokens.
-const (
-	gemmBlockRows   = 256 // GEMM_ROWS
-	gemmBlockTokens = 64  // GEMM_MT
-)
-
-// gemmStages is the deepest weight ring (GEMM_STAGES, 2 to 4 K blocks) whose
-// shared memory fits maxShared bytes, with that size; 0 when none fits.
-func gemmStages(maxShared int) (stages, bytes int) {
-	size := func(s int) int {
-		// weight ring + two f16 token tiles + two rows of token scales
-		return 8*s*4096 + 2*gemmBlockTokens*272 + 2*gemmBlockTokens*4
-	}
-	for s := 4; s >= 2; s-- {
-		if size(s) <= maxShared {
-			return s, size(s)
-		}
-	}
-	return 0, size(2)
-}
-
 // ownGEMMPlan is the launch shape of the own kernel for one GEMM.
 type ownGEMMPlan struct {
-	chunks, rowBlocks, splits, kbPerSplit int
+	mt, chunks, splits, kbPerSplit int
 }
 
-// planOwnGEMM splits K when that shortens the GEMM: a block (one per SM: it
-// takes most of the shared memory) streams kbPerSplit K blocks of its rows,
-// so the time goes as waves of blocks x kbPerSplit, plus about one K block
-// for the reduction of the partials. Narrow N (the fused [wq_a; wkv]) at
-// small M splits until the grid covers the device; wide N (wq_b) already
-// does and runs unsplit. The float32 partials stay within the workspace and
-// no larger than the weight.
+// planOwnGEMM picks the token chunk (64, or 128 when wide N already fills
+// the device) and the split of K: narrow N (the fused [wq_a; wkv]) splits
+// K until the grid has about two blocks per SM, as long as the float32
+// partials stay within the workspace and no larger than the weight.
 func planOwnGEMM(m, n, k, sms, partBytes int) ownGEMMPlan {
-	kbn := k / 128
-	p := ownGEMMPlan{
-		chunks:     (m + gemmBlockTokens - 1) / gemmBlockTokens,
-		rowBlocks:  (n + gemmBlockRows - 1) / gemmBlockRows,
-		splits:     1,
-		kbPerSplit: kbn,
+	kbn, tiles := k/128, n/128
+	p := ownGEMMPlan{mt: 64, splits: 1}
+	if m > 64 && tiles*((m+127)/128) >= sms {
+		p.mt = 128
 	}
-	blocks := p.chunks * p.rowBlocks
-	waves := func(b int) int { return (b + sms - 1) / sms }
-	best := waves(blocks) * kbn
-	maxSplits := min(kbn, max(1, k/(4*m)), max(1, partBytes/(4*m*n)))
-	for s := 2; s <= maxSplits; s++ {
-		kbp := (kbn + s - 1) / s
-		sp := (kbn + kbp - 1) / kbp
-		if cost := waves(blocks*sp)*kbp + 1; cost < best {
-			best, p.splits, p.kbPerSplit = cost, sp, kbp
-		}
+	p.chunks = (m + p.mt - 1) / p.mt
+	blocks := p.chunks * tiles
+	if p.mt == 64 && blocks < sms {
+		s := (2*sms + blocks - 1) / blocks
+		s = min(s, kbn, max(1, k/(4*m)), max(1, partBytes/(4*m*n)))
+		p.splits = max(1, s)
 	}
+	p.kbPerSplit = (kbn + p.splits - 1) / p.splits
+	p.splits = (kbn + p.kbPerSplit - 1) / p.kbPerSplit
 	return p
 }
 
@@ -252,14 +219,18 @@ func (b *Backend) GEMM(ctx context.Context, a *mla.GEMMArgs) error {
 func (b *Backend) ownGEMM(w, ws, x, xs, y driver.DevicePtr, m, n, k, xsStride, yStride int) error {
 	g := &b.gemm
 	p := planOwnGEMM(m, n, k, b.ctx.Props().SMCount, gemmPartBytes)
+	fn := g.mt64
+	if p.mt == 128 {
+		fn = g.mt128
+	}
 	var part driver.DevicePtr
 	if p.splits > 1 {
 		part = g.part
 	}
-	grid := driver.Dim3{uint32(p.chunks), uint32(p.rowBlocks), uint32(p.splits)}
+	grid := driver.Dim3{uint32(p.chunks), uint32(n / 128), uint32(p.splits)}
 	block := driver.Dim3{256, 1, 1}
 	return b.ctx.Do(func() error {
-		if err := b.launchShared(g.kernel, grid, block, g.smemBytes, w, ws, x, xs, y, part,
+		if err := b.launch(fn, grid, block, w, ws, x, xs, y, part,
 			int32(m), int32(n), int32(k), int32(xsStride), int32(yStride), int32(p.kbPerSplit)); err != nil {
 			return err
 		}
