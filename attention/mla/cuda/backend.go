@@ -60,6 +60,7 @@ type Backend struct {
 
 	// chainMod holds the chain kernels (chain.go); its functions are in fns.
 	chainMod *driver.Module
+	comp     compressState // the compressor's kernels (compress.go), loaded at first use
 }
 
 // Buffer is device memory.
@@ -252,7 +253,7 @@ func (b *Backend) Synchronize(ctx context.Context) error {
 func (b *Backend) Close() error {
 	errs := []error{b.fork.close()}
 	if b.stream != nil {
-		errs = append(errs, b.stream.Synchronize(), b.closeGEMM(), b.stream.Destroy())
+		errs = append(errs, b.stream.Synchronize(), b.closeGEMM(), b.closeCompress(), b.stream.Destroy())
 	}
 	if b.mod != nil {
 		errs = append(errs, b.mod.Unload())

@@ -14,3 +14,22 @@ func (b *Backend) CompileWithTestKernels(file, src string) (*driver.Module, erro
 	full := kernels.PrologueSource() + "\n#line 1 " + strconv.Quote(file) + "\n" + src
 	return b.ctx.CompileModule(full, file, b.compileOptions())
 }
+
+// CompileWithCompressKernels compiles the compressor's program
+// (kernels/cuda.CompressSource: abi.h, prologue.cu's helpers, exp32.cuh and
+// compress.cu) followed by a test-only source that may use its helpers,
+// and loads the module.
+func (b *Backend) CompileWithCompressKernels(file, src string) (*driver.Module, error) {
+	full := kernels.CompressSource() + "\n#line 1 " + strconv.Quote(file) + "\n" + src
+	return b.ctx.CompileModule(full, file, driver.CompileOptions{Arch: b.ctx.Props().Arch()})
+}
+
+// PackCompressJobs is the job list CompressEntries uploads: int32 {index,
+// cand, page, offset} per job, then every job's candidate codes.
+func PackCompressJobs(jobs []CompressJob) []byte {
+	n := 0
+	for _, j := range jobs {
+		n += len(j.Candidates)
+	}
+	return packJobs(jobs, n)
+}
