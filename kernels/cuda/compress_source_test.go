@@ -18,7 +18,7 @@ func TestCompressSourceCompiles(t *testing.T) {
 	if err := driver.NVRTCAvailable(); err != nil {
 		t.Skipf("no NVRTC: %v", err)
 	}
-	c, err := driver.CompileDetailed(kernels.CompressSource(), "compress.cu", driver.CompileOptions{Arch: "sm_90", NoCache: true})
+	c, err := driver.CompileDetailed(kernels.CompressSource(), "compress.cu", driver.CompileOptions{Arch: "sm_90", NoFMAD: true, NoCache: true})
 	require.NoError(t, err)
 	t.Logf("NVRTC log: %q", c.Log)
 	require.True(t, bytes.Contains(c.Cubin, []byte("compress_entries")), "the cubin has no compress_entries")

@@ -209,6 +209,13 @@ func packJobs(jobs []CompressJob, candidates int) []byte {
 	return buf
 }
 
+// compressCompileOptions are the NVRTC options of the compressor's
+// program: --fmad=false guards the softmax's explicit roundings (every
+// operation is already an _rn intrinsic).
+func (b *Backend) compressCompileOptions() driver.CompileOptions {
+	return driver.CompileOptions{Arch: b.ctx.Props().Arch(), NoFMAD: true}
+}
+
 // LoadCompressor compiles (or loads from the cache) the compressor's module
 // if it is not loaded yet. CompressEntries and LaunchCompress call it; an
 // engine calls it at setup so that no module loads during a graph capture.
@@ -217,7 +224,7 @@ func (b *Backend) LoadCompressor() error {
 	if c.fn != nil || c.err != nil {
 		return c.err
 	}
-	opts := driver.CompileOptions{Arch: b.ctx.Props().Arch()}
+	opts := b.compressCompileOptions()
 	if b.knobs.Verbose {
 		opts.Extra = []string{"--ptxas-options=-v"}
 		opts.NoCache = true

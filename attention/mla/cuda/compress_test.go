@@ -143,7 +143,7 @@ var compressCases = []compressCase{
 // rows poisoned with NaN), the jobs in random order to random pool slots.
 func TestCUDACompressEntries(t *testing.T) {
 	b := backend(t)
-	runCompressCases(t, compressCases, gpuCompress(b))
+	runCompressCases(t, compressCases, gpuCompress(t, b))
 }
 
 // TestCUDACompressEntriesLooping: with two blocks, each block loops over
@@ -153,7 +153,7 @@ func TestCUDACompressEntriesLooping(t *testing.T) {
 	b, err := cuda.NewTuned(cuda.Options{}, cudatune.Knobs{MaxBlocks: 2})
 	require.NoError(t, err)
 	defer func() { require.NoError(t, b.Close()) }()
-	runCompressCases(t, []compressCase{compressCases[0], compressCases[3], compressCases[7]}, gpuCompress(b))
+	runCompressCases(t, []compressCase{compressCases[0], compressCases[3], compressCases[7]}, gpuCompress(t, b))
 }
 
 // compressInputs is one case's host data: the two row spaces, the layer's
@@ -191,21 +191,13 @@ func runCompressCases(t *testing.T, cases []compressCase, run compressRunner) {
 	}
 }
 
-// gpuCompress runs compress_entries on b.
-func gpuCompress(b *cuda.Backend) compressRunner {
-	var ropeOnce sync.Once
-	var ropeBuf mla.Buffer
+// gpuCompress runs compress_entries on b, with the RoPE table uploaded
+// once for t's cases.
+func gpuCompress(t *testing.T, b *cuda.Backend) compressRunner {
+	table, err := compressRope()
+	require.NoError(t, err)
+	ropeBuf := uploadBytes(t, b, table.Bytes())
 	return func(t *testing.T, in *compressInputs) []byte {
-		table, err := compressRope()
-		require.NoError(t, err)
-		ropeOnce.Do(func() {
-			raw := table.Bytes()
-			buf, err := b.Alloc(len(raw))
-			require.NoError(t, err)
-			require.NoError(t, b.Write(buf, 0, raw))
-			ropeBuf = buf
-		})
-		require.NotNil(t, ropeBuf)
 		size := in.numPages * kvcache.FormatFP8UE8M0.PageBytes(in.pageSize)
 		pool, err := b.Alloc(size)
 		require.NoError(t, err)
@@ -508,7 +500,7 @@ func TestExp32TestKernelsCompile(t *testing.T) {
 		t.Skipf("no NVRTC: %v", err)
 	}
 	src := kernels.CompressSource() + "\n#line 1 \"exp32.cu\"\n" + exp32TestSource
-	c, err := driver.CompileDetailed(src, "exp32.cu", driver.CompileOptions{Arch: "sm_90", NoCache: true})
+	c, err := driver.CompileDetailed(src, "exp32.cu", driver.CompileOptions{Arch: "sm_90", NoFMAD: true, NoCache: true})
 	require.NoError(t, err)
 	for _, k := range []string{"exp32_hash", "exp32_values", "compress_entries"} {
 		require.True(t, bytes.Contains(c.Cubin, []byte(k)), "the cubin has no %s", k)

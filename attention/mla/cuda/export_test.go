@@ -21,7 +21,7 @@ func (b *Backend) CompileWithTestKernels(file, src string) (*driver.Module, erro
 // and loads the module.
 func (b *Backend) CompileWithCompressKernels(file, src string) (*driver.Module, error) {
 	full := kernels.CompressSource() + "\n#line 1 " + strconv.Quote(file) + "\n" + src
-	return b.ctx.CompileModule(full, file, driver.CompileOptions{Arch: b.ctx.Props().Arch()})
+	return b.ctx.CompileModule(full, file, b.compressCompileOptions())
 }
 
 // PackCompressJobs is the job list CompressEntries uploads: int32 {index,
