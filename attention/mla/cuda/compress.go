@@ -13,6 +13,7 @@ import (
 	kernels "github.com/dsv4mla/prologue/kernels/cuda"
 	"github.com/dsv4mla/prologue/kernels/cuda/driver"
 	"github.com/dsv4mla/prologue/kvcache"
+	"github.com/dsv4mla/prologue/model/dsv4"
 	"github.com/dsv4mla/prologue/numerics"
 )
 
@@ -34,6 +35,11 @@ type compressState struct {
 	fn      *driver.Function
 	err     error      // a failed load, returned by every later call
 	scratch mla.Buffer // jobs then candidate codes of CompressEntries
+	// Compress's (compress_backend.go): the row uploads, and the device
+	// copies of each layer's norm weight and each RoPE table.
+	uploads [compressUploads]mla.Buffer
+	norms   map[*compressor.Layer]mla.Buffer
+	ropes   map[*dsv4.RopeTable]mla.Buffer
 }
 
 // StateRow returns the candidate code of row `row` of CompressLayer's state
@@ -384,16 +390,28 @@ func (b *Backend) launchCompress(l *CompressLayer, list mla.Buffer, jobsOff, num
 		pool, uint64(pageBytes), int32(l.PageSize), int32(l.NumPages))
 }
 
-// closeCompress releases the compressor's module and upload buffer.
+// closeCompress releases the compressor's module and device buffers.
 func (b *Backend) closeCompress() error {
 	var errs []error
-	if b.comp.scratch != nil {
-		if db, err := dev(b.comp.scratch); err == nil && db.ptr != 0 {
+	free := func(buf mla.Buffer) {
+		if db, err := dev(buf); err == nil && db.ptr != 0 {
 			errs = append(errs, b.ctx.Free(db.ptr))
 			db.ptr, db.n = 0, 0
 		}
-		b.comp.scratch = nil
 	}
+	bufs := append([]mla.Buffer{b.comp.scratch}, b.comp.uploads[:]...)
+	for _, buf := range b.comp.norms {
+		bufs = append(bufs, buf)
+	}
+	for _, buf := range b.comp.ropes {
+		bufs = append(bufs, buf)
+	}
+	for _, buf := range bufs {
+		if buf != nil {
+			free(buf)
+		}
+	}
+	b.comp.scratch, b.comp.uploads, b.comp.norms, b.comp.ropes = nil, [compressUploads]mla.Buffer{}, nil, nil
 	if b.comp.mod != nil {
 		errs = append(errs, b.comp.mod.Unload())
 		b.comp.mod, b.comp.fn = nil, nil

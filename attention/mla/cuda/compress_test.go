@@ -224,6 +224,13 @@ func gpuCompress(t *testing.T, b *cuda.Backend) compressRunner {
 // compressor's math. It checks the test's plumbing and the packing without
 // a GPU.
 func hostCompress(t *testing.T, in *compressInputs) []byte {
+	pool := bytes.Repeat([]byte{in.poison}, in.numPages*kvcache.FormatFP8UE8M0.PageBytes(in.pageSize))
+	hostCompressInto(t, in, pool)
+	return pool
+}
+
+// hostCompressInto is hostCompress storing into an existing pool.
+func hostCompressInto(t *testing.T, in *compressInputs, pool []byte) {
 	table, err := compressRope()
 	require.NoError(t, err)
 	layer, err := compressor.NewLayer(compressor.Params{Ratio: in.ratio, NormWeight: in.norm, Eps: in.eps, Rope: table})
@@ -231,7 +238,6 @@ func hostCompress(t *testing.T, in *compressInputs) []byte {
 	packed := cuda.PackCompressJobs(in.jobs)
 	word := func(i int) int32 { return int32(binary.LittleEndian.Uint32(packed[4*i:])) }
 	pageBytes := kvcache.FormatFP8UE8M0.PageBytes(in.pageSize)
-	pool := bytes.Repeat([]byte{in.poison}, in.numPages*pageBytes)
 	codes := 4 * len(in.jobs)
 	for j := range in.jobs {
 		index, cand, page, off := int(word(4*j)), int(word(4*j+1)), int(word(4*j+2)), int(word(4*j+3))
@@ -262,7 +268,6 @@ func hostCompress(t *testing.T, in *compressInputs) []byte {
 		require.NoError(t, err)
 		e.Store(pool[page*pageBytes:(page+1)*pageBytes], in.pageSize, off)
 	}
-	return pool
 }
 
 // TestCompressJobsHost runs the GPU test's cases through the host

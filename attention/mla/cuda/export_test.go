@@ -3,6 +3,7 @@ package cuda
 import (
 	"strconv"
 
+	"github.com/dsv4mla/prologue/attention/mla"
 	kernels "github.com/dsv4mla/prologue/kernels/cuda"
 	"github.com/dsv4mla/prologue/kernels/cuda/driver"
 )
@@ -32,4 +33,14 @@ func PackCompressJobs(jobs []CompressJob) []byte {
 		n += len(j.Candidates)
 	}
 	return packJobs(jobs, n)
+}
+
+// PlanCompress is Compress's plan of a: the jobs (new rows: a.K and a.G's),
+// and the state rows they read.
+func PlanCompress(a *mla.CompressArgs) (jobs []CompressJob, stateK, stateG []float32, stateRows int, err error) {
+	p, err := planCompress(a)
+	if err != nil {
+		return nil, nil, nil, 0, err
+	}
+	return p.jobs, p.stateK, p.stateG, p.stateRows, nil
 }
