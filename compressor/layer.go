@@ -82,6 +82,16 @@ func NewLayer(p Params) (*Layer, error) {
 	return l, nil
 }
 
+// NormWeight returns a copy of Params.NormWeight.
+func (l *Layer) NormWeight() []float32 { return append([]float32(nil), l.norm[:]...) }
+
+// Eps returns Params.Eps.
+func (l *Layer) Eps() float32 { return l.eps }
+
+// Rope returns the layer's RoPE table (Params.Rope), shared: not to be
+// modified.
+func (l *Layer) Rope() *dsv4.RopeTable { return l.rope }
+
 // Ratio returns r, the tokens per entry.
 func (l *Layer) Ratio() int { return l.ratio }
 

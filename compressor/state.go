@@ -58,23 +58,13 @@ func (s *State) row(pos int) (k, g []float32) {
 // must equal Len(): a gap or an overlap is refused (to redo rejected drafts,
 // call Accept first). On error nothing changes.
 func (s *State) Append(startPos int, K, G [][]float32) ([]Entry, error) {
-	l := s.layer
-	if startPos != s.n {
-		return nil, fmt.Errorf("compressor: Append at position %d, but the sequence has %d positions (want startPos = %d; roll back drafts with Accept)",
-			startPos, s.n, s.n)
-	}
-	if len(K) != len(G) {
-		return nil, fmt.Errorf("compressor: %d K rows but %d G rows", len(K), len(G))
-	}
-	for t := range K {
-		if len(K[t]) != l.Width() || len(G[t]) != l.Width() {
-			return nil, fmt.Errorf("compressor: token %d (position %d): K has %d values and G %d, want %d each",
-				t, startPos+t, len(K[t]), len(G[t]), l.Width())
-		}
+	if err := s.checkAppend(startPos, K, G); err != nil {
+		return nil, err
 	}
 	if len(K) == 0 {
 		return nil, nil // nothing to do; the last step stays rollback-able
 	}
+	l := s.layer
 	end := startPos + len(K)
 	src := func(pos int) ([]float32, []float32) {
 		if pos >= startPos {
@@ -94,6 +84,58 @@ func (s *State) Append(startPos int, K, G [][]float32) ([]Entry, error) {
 		}
 		entries = append(entries, e)
 	}
+	s.keep(startPos, K, G)
+	return entries, nil
+}
+
+// Advance is Append for a backend that computes the entries itself (the
+// CUDA kernel, from the rows it read with Row before the call): it keeps
+// the rows exactly as Append does and returns the indices of the entries
+// they complete, [floor(startPos/r), floor((startPos+len(K))/r)), without
+// computing them. The checks are Append's, the RoPE table's included (an
+// entry past the table fails as in Append); on error nothing changes.
+func (s *State) Advance(startPos int, K, G [][]float32) (EntryRange, error) {
+	if err := s.checkAppend(startPos, K, G); err != nil {
+		return EntryRange{}, err
+	}
+	l := s.layer
+	end := startPos + len(K)
+	done := EntryRange{Begin: startPos / l.ratio, End: end / l.ratio}
+	if done.Len() > 0 {
+		if err := l.rope.CheckPosition((done.End - 1) * l.ratio); err != nil {
+			return EntryRange{}, fmt.Errorf("compressor: entry %d: %w", done.End-1, err)
+		}
+	}
+	if len(K) == 0 {
+		return done, nil // nothing to do; the last step stays rollback-able
+	}
+	s.keep(startPos, K, G)
+	return done, nil
+}
+
+// checkAppend checks Append's arguments.
+func (s *State) checkAppend(startPos int, K, G [][]float32) error {
+	l := s.layer
+	if startPos != s.n {
+		return fmt.Errorf("compressor: Append at position %d, but the sequence has %d positions (want startPos = %d; roll back drafts with Accept)",
+			startPos, s.n, s.n)
+	}
+	if len(K) != len(G) {
+		return fmt.Errorf("compressor: %d K rows but %d G rows", len(K), len(G))
+	}
+	for t := range K {
+		if len(K[t]) != l.Width() || len(G[t]) != l.Width() {
+			return fmt.Errorf("compressor: token %d (position %d): K has %d values and G %d, want %d each",
+				t, startPos+t, len(K[t]), len(G[t]), l.Width())
+		}
+	}
+	return nil
+}
+
+// keep stores the rows of a checked, non-empty Append and moves the length.
+func (s *State) keep(startPos int, K, G [][]float32) {
+	l := s.layer
+	end := startPos + len(K)
 	// Keep what any length this step may end at (after Accept) still needs.
 	floor := max(startPos, end-l.maxDrafts)
 	first := l.firstNeeded(floor)
@@ -103,7 +145,6 @@ func (s *State) Append(startPos int, K, G [][]float32) ([]Entry, error) {
 		copy(rg, G[pos-startPos])
 	}
 	s.first, s.n, s.rollbackFloor = first, end, floor
-	return entries, nil
 }
 
 // EntryRange is a half-open range [Begin, End) of entry indices.

@@ -22,6 +22,8 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noh
 step .gpu/driver.test -test.v
 step .gpu/cuda.test -test.v -test.run 'Conformance|Mixed|Available'
 step .gpu/cuda.test -test.v -test.run 'Exhaustive'
+# The KV compressor's entries (compress_entries) against package compressor.
+step .gpu/cuda.test -test.v -test.run 'Compress'
 # The chain's FP8 GEMMs: conformance within package gemm's bound, per implementation.
 step .gpu/cuda.test -test.v -test.run 'GEMM'
 step env -C tests ../.gpu/tests.test -test.v
@@ -49,6 +51,7 @@ rm -rf "$ck"
 if command -v compute-sanitizer >/dev/null; then
 	for tool in memcheck racecheck; do
 		step compute-sanitizer --tool "$tool" --error-exitcode 9 .gpu/cuda.test -test.short -test.run 'TestCUDAConformance$|TestCUDAActQuant$|TestCUDANormQuant$|TestCUDAGEMMPaths$'
+		step compute-sanitizer --tool "$tool" --error-exitcode 9 .gpu/cuda.test -test.short -test.run 'TestCUDACompressEntries'
 	done
 else
 	echo "compute-sanitizer not found" | tee -a "$log"

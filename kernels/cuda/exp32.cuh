@@ -3,8 +3,12 @@
 // operation is an explicitly rounded intrinsic (no FMA contraction), the
 // constants are the Go file's bit patterns, and 2^k is built from its bits,
 // so the result is bit-identical to the Go function for every input.
-// Self-contained: no typedefs or other includes needed.
-#pragma once
+// Self-contained: no typedefs or other includes needed. NVRTC has no
+// include path here: kernels/cuda.CompressSource pastes it into the
+// compressor's program (an include guard, since #pragma once in a main file
+// draws a warning).
+#ifndef EXP32_CUH
+#define EXP32_CUH
 
 // 2^k for k in [-126, 127], from its bits (numerics.exp32Pow2).
 __device__ __forceinline__ float exp32_pow2(int k) { return __int_as_float((k + 127) << 23); }
@@ -40,3 +44,5 @@ __device__ __forceinline__ float exp32(float x) {
     y = __fmul_rn(y, exp32_pow2(k2));  // rounds once (subnormal results)
     return y;
 }
+
+#endif  // EXP32_CUH

@@ -11,6 +11,9 @@
 // One warp owns one 512-value row; lane j holds values [16j, 16j+16), which
 // is exactly the canonical reduction's partial j. Lanes 28..31 hold the rope
 // tail, and lanes 4g..4g+3 hold UE8M0 group g.
+//
+// With PROLOGUE_HELPERS_ONLY defined, only the helpers are compiled (no
+// kernel): the compressor's module (compress.cu) is built on them.
 
 #define FULL 0xffffffffu
 
@@ -169,6 +172,32 @@ __device__ __forceinline__ void st_bf16x16(u8* dst, const float y[16]) {
     st_u4(dst + 16, make_uint4(w[4], w[5], w[6], w[7]));
 }
 
+// The fp8_ue8m0 store of one 512-value row held by a warp (lane j: values
+// [16j, 16j+16)): the 448 nope values as e4m3 with one UE8M0 exponent per
+// 64-value group at vals, the 64 rope values as bf16 at vals +
+// UE8M0_ROPE_OFFSET, and group g's exponent byte at scales[g] (7 bytes; the
+// padding byte is not written). All 32 lanes must call it. The KV kernels
+// and the compressor's entries (compress.cu) share it.
+__device__ __forceinline__ void ue8m0_store(u8* vals, u8* scales, const float y[16], int lane) {
+    float a = 0.f;
+#pragma unroll
+    for (int i = 0; i < 16; i++) a = fmaxf(a, fabsf(y[i]));
+    a = fmaxf(a, __shfl_xor_sync(FULL, a, 1));
+    a = fmaxf(a, __shfl_xor_sync(FULL, a, 2));
+    if (lane < 28) {
+        a = fmaxf(a, 1e-4f);
+        u32 tb = __float_as_uint(__fdiv_rn(a, 448.f));
+        int e = (tb >> 23) & 0xff;
+        if (tb & 0x7fffffu) e++;
+        if (e > 254) e = 254;
+        float inv = pow2i(127 - e);
+        st_e4m3x16(vals + lane * 16, y, inv);
+        if ((lane & 3) == 0) scales[lane >> 2] = (u8)e;
+    } else {
+        st_bf16x16(vals + UE8M0_ROPE_OFFSET + (lane - 28) * 32, y);
+    }
+}
+
 template <int FMT>
 __device__ __forceinline__ void kv_store(const Params& p, u8* page, int off, float y[16], int lane) {
     if (FMT == FMT_BF16) {
@@ -176,25 +205,8 @@ __device__ __forceinline__ void kv_store(const Params& p, u8* page, int off, flo
     } else if (FMT == FMT_FP8_PERTENSOR) {
         st_e4m3x16(page + (size_t)off * FP8_PERTENSOR_TOKEN_BYTES + lane * 16, y, p.scale);
     } else {  // FP8_UE8M0
-        float a = 0.f;
-#pragma unroll
-        for (int i = 0; i < 16; i++) a = fmaxf(a, fabsf(y[i]));
-        a = fmaxf(a, __shfl_xor_sync(FULL, a, 1));
-        a = fmaxf(a, __shfl_xor_sync(FULL, a, 2));
-        u8* vals = page + (size_t)off * UE8M0_VALUE_BYTES;
-        if (lane < 28) {
-            a = fmaxf(a, 1e-4f);
-            u32 tb = __float_as_uint(__fdiv_rn(a, 448.f));
-            int e = (tb >> 23) & 0xff;
-            if (tb & 0x7fffffu) e++;
-            if (e > 254) e = 254;
-            float inv = pow2i(127 - e);
-            st_e4m3x16(vals + lane * 16, y, inv);
-            if ((lane & 3) == 0)
-                page[UE8M0_VALUE_BYTES * (1 << p.page_size_log2) + off * UE8M0_SCALE_BYTES + (lane >> 2)] = (u8)e;
-        } else {
-            st_bf16x16(vals + UE8M0_ROPE_OFFSET + (lane - 28) * 32, y);
-        }
+        ue8m0_store(page + (size_t)off * UE8M0_VALUE_BYTES,
+                    page + UE8M0_VALUE_BYTES * (1 << p.page_size_log2) + off * UE8M0_SCALE_BYTES, y, lane);
     }
 }
 
@@ -485,9 +497,11 @@ __device__ __forceinline__ void kv_pipeline(const Params& p0, u8* ring, int blk,
         __shared__ __align__(16) u8 ring[KV_RING_BYTES];                                       \
         kv_pipeline<FMT>(p, ring, blockIdx.x, gridDim.x);                                      \
     }
+#ifndef PROLOGUE_HELPERS_ONLY  // compress.cu reuses the helpers without these kernels
 KV_KERNEL(kv_fp8_ue8m0, FMT_FP8_UE8M0)
 KV_KERNEL(kv_bf16, FMT_BF16)
 KV_KERNEL(kv_fp8_pertensor, FMT_FP8_PERTENSOR)
+#endif
 
 // Q: the work rows are (token, head) pairs of the launch; a token's position
 // and RoPE row are resolved once when the warp reaches its first head.
@@ -556,8 +570,10 @@ __device__ __forceinline__ void q_pipeline(const Params& p0, u8* ring, int blk, 
         __shared__ __align__(16) u8 ring[Q_RING_BYTES];                                        \
         q_pipeline<QFMT>(p, ring, blockIdx.x, gridDim.x);                                      \
     }
+#ifndef PROLOGUE_HELPERS_ONLY  // compress.cu reuses the helpers without these kernels
 Q_KERNEL(q_fp8, QFMT_FP8)
 Q_KERNEL(q_bf16, QFMT_BF16)
+#endif
 
 // A whole layer's launch in one grid: blocks [0, kv_blocks) run the KV
 // pipeline over the launch's latent rows, the rest the Q pipeline over its
@@ -573,12 +589,16 @@ Q_KERNEL(q_bf16, QFMT_BF16)
         else                                                                                   \
             q_pipeline<QFMT>(q, ring, blockIdx.x - kv_blocks, gridDim.x - kv_blocks);          \
     }
+#ifndef PROLOGUE_HELPERS_ONLY  // compress.cu reuses the helpers without these kernels
 LAYER_KERNEL(layer_fp8_ue8m0_qfp8, FMT_FP8_UE8M0, QFMT_FP8)
 LAYER_KERNEL(layer_fp8_ue8m0_qbf16, FMT_FP8_UE8M0, QFMT_BF16)
 LAYER_KERNEL(layer_bf16_qfp8, FMT_BF16, QFMT_FP8)
 LAYER_KERNEL(layer_bf16_qbf16, FMT_BF16, QFMT_BF16)
 LAYER_KERNEL(layer_fp8_pertensor_qfp8, FMT_FP8_PERTENSOR, QFMT_FP8)
 LAYER_KERNEL(layer_fp8_pertensor_qbf16, FMT_FP8_PERTENSOR, QFMT_BF16)
+#endif
+
+#ifndef PROLOGUE_HELPERS_ONLY  // the direct path: kernels and their helpers, not needed by compress.cu
 
 // ---- The direct path ----------------------------------------------------------
 // Small batches (the host picks this path per launch, for up to
@@ -738,3 +758,4 @@ LAYER_DIRECT_KERNEL(layer_bf16_qfp8_direct, FMT_BF16, QFMT_FP8)
 LAYER_DIRECT_KERNEL(layer_bf16_qbf16_direct, FMT_BF16, QFMT_BF16)
 LAYER_DIRECT_KERNEL(layer_fp8_pertensor_qfp8_direct, FMT_FP8_PERTENSOR, QFMT_FP8)
 LAYER_DIRECT_KERNEL(layer_fp8_pertensor_qbf16_direct, FMT_FP8_PERTENSOR, QFMT_BF16)
+#endif  // PROLOGUE_HELPERS_ONLY

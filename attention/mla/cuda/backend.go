@@ -44,6 +44,10 @@ type Options struct {
 	GEMMOwnMaxM int
 	// NoCuBLASLt runs every GEMM on the own kernel (cuBLASLt is not loaded).
 	NoCuBLASLt bool
+	// HostCompressor runs the KV compressor's entries on the host (package
+	// compressor, written with Write) instead of the compress_entries
+	// kernel (Compress).
+	HostCompressor bool
 }
 
 // Backend runs the prologue kernels on one device.
@@ -61,6 +65,7 @@ type Backend struct {
 
 	// chainMod holds the chain kernels (chain.go); its functions are in fns.
 	chainMod *driver.Module
+	comp     compressState // the compressor's kernels (compress.go), loaded at first use
 }
 
 // Buffer is device memory.
@@ -266,7 +271,7 @@ func (b *Backend) Synchronize(ctx context.Context) error {
 func (b *Backend) Close() error {
 	errs := []error{b.fork.close()}
 	if b.stream != nil {
-		errs = append(errs, b.stream.Synchronize(), b.closeGEMM(), b.stream.Destroy())
+		errs = append(errs, b.stream.Synchronize(), b.closeGEMM(), b.closeCompress(), b.stream.Destroy())
 	}
 	if b.mod != nil {
 		errs = append(errs, b.mod.Unload())

@@ -28,6 +28,13 @@
 // uploaded, the RoPE table, the weight), and it reads the rows an earlier
 // kernel produces, and writes anything, only after the wait.
 //
+// The KV compressor's entries (DESIGN.md section 8) run in their own
+// module, kernels/cuda/compress.cu on prologue.cu's helpers and the
+// canonical exp32 (kernels/cuda/exp32.cuh), loaded at first use
+// (CompressEntries, LaunchCompress, LoadCompressor): one block per entry
+// pools its candidates' rows from two row spaces (the iteration's and a
+// state's), bit-identical to package compressor.
+//
 // Options hold what a user chooses (device, logger, PDL); the launch-shape
 // knobs the tests and cmd/bench vary live in internal/cudatune (NewTuned).
 package cuda

@@ -23,3 +23,32 @@ func (b *Backend) CompileWithTestKernels(file, src string) (*driver.Module, erro
 	full := kernels.PrologueSource() + "\n#line 1 " + strconv.Quote(file) + "\n" + src
 	return b.ctx.CompileModule(full, file, b.compileOptions())
 }
+
+// CompileWithCompressKernels compiles the compressor's program
+// (kernels/cuda.CompressSource: abi.h, prologue.cu's helpers, exp32.cuh and
+// compress.cu) followed by a test-only source that may use its helpers,
+// and loads the module.
+func (b *Backend) CompileWithCompressKernels(file, src string) (*driver.Module, error) {
+	full := kernels.CompressSource() + "\n#line 1 " + strconv.Quote(file) + "\n" + src
+	return b.ctx.CompileModule(full, file, b.compressCompileOptions())
+}
+
+// PackCompressJobs is the job list CompressEntries uploads: int32 {index,
+// cand, page, offset} per job, then every job's candidate codes.
+func PackCompressJobs(jobs []CompressJob) []byte {
+	n := 0
+	for _, j := range jobs {
+		n += len(j.Candidates)
+	}
+	return packJobs(jobs, n)
+}
+
+// PlanCompress is Compress's plan of a: the jobs (new rows: a.K and a.G's),
+// and the state rows they read.
+func PlanCompress(a *mla.CompressArgs) (jobs []CompressJob, stateK, stateG []float32, stateRows int, err error) {
+	p, err := planCompress(a)
+	if err != nil {
+		return nil, nil, nil, 0, err
+	}
+	return p.jobs, p.stateK, p.stateG, p.stateRows, nil
+}

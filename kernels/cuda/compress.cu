@@ -1,0 +1,130 @@
+// DSv4's KV compressor on the device (DESIGN.md section 8): the gated
+// pooling of a window's projections into one compressed entry, bit-identical
+// to package compressor (compressor.PoolChannel, then Layer.FinishEntry).
+// NVRTC compiles it after abi.h, prologue.cu with PROLOGUE_HELPERS_ONLY (its
+// helpers, none of its kernels) and exp32.cuh, as one program
+// (kernels/cuda.CompressSource). Same rules as prologue.cu: every float
+// operation is an explicit _rn intrinsic, no -ftz.
+//
+// compress_entries: one block of 512 threads per entry (a grid-stride loop
+// over the jobs). Thread c pools channel c over the entry's candidates in
+// the fixed order of PoolChannel:
+//   m = max of the logits, ascending (a NaN logit is skipped)
+//   s = sum of exp32(fl(G_j - m)), ascending
+//   E = sum of fl(fl(exp32(fl(G_j - m)) / s) * K_j), ascending
+// (e_j is recomputed in the last loop: same bits as keeping it). Warp 0 then
+// turns the 512 pooled values into the entry exactly as the KV prologue
+// turns a latent row into a token: bf16(E), RMSNorm with the compressor's
+// norm weight (the canonical 32-partial sum of squares, lane j = partial j),
+// RoPE of the tail at position index*ratio, UE8M0 store (ue8m0_store).
+//
+// Inputs (the host side is attention/mla/cuda/compress.go):
+//   new_k, new_g, state_k, state_g: two row spaces of float32 projection
+//     rows, `width` values a row (coff*512: 1024 for ratio 4, 512 for
+//     ratio 128): the launch's own rows (new_*) and rows kept from earlier
+//     iterations (state_*). K and G of a space share its row numbers.
+//   cands: num_cands candidate codes; code >= 0 is row `code` of the new
+//     space, code < 0 row ~code (= -code - 1) of the state space.
+//   jobs: one int4 {index, cand, page, off} per entry: entry index i, its
+//     candidates' codes at cands[cand .. cand+n), the pool page and in-page
+//     offset it is stored at. The candidates, by ascending position: ratio
+//     128, the window's 128 tokens (n = 128, columns [0, 512)); ratio 4,
+//     the previous window's 4 tokens reading the "A" half (columns
+//     [0, 512)) then the current window's 4 reading the "B" half (columns
+//     [512, 1024)): n = 8, or n = 4 (the current window only) for i = 0.
+//   A job whose index, page, offset or candidate codes are out of range
+//   is skipped (nothing written); the host refuses such jobs before the
+//   launch, so this only keeps a bad launch from touching foreign memory.
+
+#define COMPRESS_THREADS 512
+static_assert(COMPRESS_THREADS == HEAD_DIM, "one thread per channel of the pooled row");
+
+__device__ __forceinline__ const float* compress_row(const float* fresh, const float* state, int code, int width) {
+    return code >= 0 ? fresh + (size_t)code * width : state + (size_t)(~code) * width;
+}
+
+extern "C" __global__ void __launch_bounds__(COMPRESS_THREADS)
+    compress_entries(const float* new_k, const float* new_g, int new_rows, const float* state_k,
+                     const float* state_g, int state_rows, const int* cands, int num_cands, const int4* jobs, int njobs,
+                     int ratio, int width, const float* norm, float eps, const float* rope, int rope_positions,
+                     u8* pool, u64 page_bytes, int page_size, int num_pages) {
+    __shared__ __align__(16) float pooled[HEAD_DIM];
+    const int c = threadIdx.x;
+    pdl_wait();
+    pdl_trigger();
+    for (int jb = blockIdx.x; jb < njobs; jb += gridDim.x) {
+        const int4 job = __ldg(jobs + jb);
+        const int index = job.x;
+        const int n = ratio == 4 ? (index > 0 ? 8 : 4) : ratio;
+        const int nlo = ratio == 4 ? n - 4 : n;  // candidates [0, nlo) read columns [0, 512), the rest [512, 1024)
+        const int* cj = cands + job.y;
+        // Block-uniform checks: every thread reads the same values.
+        bool ok = index >= 0 && (long long)index * ratio < rope_positions && job.y >= 0 && job.y <= num_cands - n &&
+                  job.z >= 0 && job.z < num_pages && job.w >= 0 && job.w < page_size;
+        for (int j = 0; ok && j < n; j++) {
+            const int code = __ldg(cj + j);
+            ok = code >= 0 ? code < new_rows : ~code < state_rows;
+        }
+        if (!ok) continue;
+
+        float m = __uint_as_float(0xff800000u);  // -Inf
+        for (int j = 0; j < n; j++) {
+            const int col = j < nlo ? c : HEAD_DIM + c;
+            const float g = __ldg(compress_row(new_g, state_g, __ldg(cj + j), width) + col);
+            m = g > m ? g : m;
+        }
+        float s = 0.f;
+        for (int j = 0; j < n; j++) {
+            const int col = j < nlo ? c : HEAD_DIM + c;
+            const float g = __ldg(compress_row(new_g, state_g, __ldg(cj + j), width) + col);
+            s = __fadd_rn(s, exp32(__fsub_rn(g, m)));
+        }
+        float acc = 0.f;
+        for (int j = 0; j < n; j++) {
+            const int code = __ldg(cj + j);
+            const int col = j < nlo ? c : HEAD_DIM + c;
+            const float g = __ldg(compress_row(new_g, state_g, code, width) + col);
+            const float k = __ldg(compress_row(new_k, state_k, code, width) + col);
+            const float w = __fdiv_rn(exp32(__fsub_rn(g, m)), s);
+            acc = __fadd_rn(acc, __fmul_rn(w, k));
+        }
+        pooled[c] = acc;
+        __syncthreads();
+
+        if (c < 32) {  // warp 0: the KV prologue on bf16(E) at position index*ratio
+            const int lane = c;
+            float x[16];
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                const float4 t = *reinterpret_cast<const float4*>(pooled + lane * 16 + 4 * q);
+                x[4 * q] = t.x; x[4 * q + 1] = t.y; x[4 * q + 2] = t.z; x[4 * q + 3] = t.w;
+            }
+#pragma unroll
+            for (int k = 0; k < 8; k++) round2(x[2 * k], x[2 * k + 1]);
+            const float r = warp_rms_inv(x, eps);
+            float w[16];
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                const float4 t = ld_f4(norm + lane * 16 + 4 * q);
+                w[4 * q] = t.x; w[4 * q + 1] = t.y; w[4 * q + 2] = t.z; w[4 * q + 3] = t.w;
+            }
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                float a = __fmul_rn(__fmul_rn(x[2 * k], r), w[2 * k]);
+                float b = __fmul_rn(__fmul_rn(x[2 * k + 1], r), w[2 * k + 1]);
+                round2(a, b);
+                x[2 * k] = a;
+                x[2 * k + 1] = b;
+            }
+            if (lane >= 28) {
+                float cs[16];
+                load_rope(cs, rope, index * ratio, lane);
+                rope_pairs(x, cs);
+            }
+            u8* page = pool + (size_t)job.z * page_bytes;
+            ue8m0_store(page + (size_t)job.w * UE8M0_VALUE_BYTES,
+                        page + (size_t)page_size * UE8M0_VALUE_BYTES + (size_t)job.w * UE8M0_SCALE_BYTES, x, lane);
+        }
+        __syncthreads();  // pooled is rewritten by the block's next job
+    }
+}
