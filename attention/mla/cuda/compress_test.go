@@ -152,7 +152,9 @@ func TestCUDACompressEntriesLooping(t *testing.T) {
 	backend(t)
 	b, err := cuda.NewTuned(cuda.Options{}, cudatune.Knobs{MaxBlocks: 2})
 	require.NoError(t, err)
-	defer func() { require.NoError(t, b.Close()) }()
+	// A cleanup, not a defer: the cases' buffers are freed by cleanups,
+	// which run after the test function returns, before this one.
+	t.Cleanup(func() { require.NoError(t, b.Close()) })
 	runCompressCases(t, []compressCase{compressCases[0], compressCases[3], compressCases[7]}, gpuCompress(t, b))
 }
 
