@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/bits"
+	"unsafe"
 
 	"github.com/dsv4mla/prologue/metadata"
 )
@@ -38,7 +39,34 @@ type MetadataBuffers struct {
 	// Byte offsets into Buf.
 	OffHeader, OffCuQ, OffCuKV, OffCuQRows, OffQLen, OffKVLen, OffCached, OffBlockTables, OffScheduler int
 	Size                                                                                               int
+
+	mirror metaMirror // Upload's host copy of what the device holds
 }
+
+// metaMirror is the host copy of the buffer's bytes [0, OffScheduler) as
+// the last Upload left them on the device, so that the next Upload copies
+// only the words that changed (one copy of the span that covers them)
+// instead of encoding and copying every block-table row at its full
+// stride. Between decode iterations only the lengths, prefix sums and the
+// few rows that gained a page change.
+type metaMirror struct {
+	words    []int32 // [OffScheduler/4], the device's int32 words
+	buf      Buffer  // the buffer the words mirror; nil: nothing mirrored
+	backend  Backend
+	numPages int   // the pool bound every mirrored page passed
+	seqs     int   // sequences of the last upload: entries past them are 0
+	width    []int // per block-table row: entries at or past it are -1 (rows < seqs)
+	lo, hi   int   // the words this upload changed, [lo, hi)
+}
+
+// Invalidate forgets what Upload last wrote, so the next Upload writes
+// every byte. Call it after writing the buffer's metadata region other
+// than through Upload.
+func (mb *MetadataBuffers) Invalidate() { mb.mirror.buf = nil }
+
+// nativeLittleEndian: the mirror's int32 words are the device's bytes as
+// they are, with no encoding pass.
+var nativeLittleEndian = binary.NativeEndian.Uint16([]byte{1, 0}) == 1
 
 // SchedulerBytes is the size of the scheduler region: tile counter (uint32),
 // bmm1[2] and bmm2 (float32).
@@ -145,13 +173,169 @@ func (mb *MetadataBuffers) Encode(m *metadata.Metadata, numPages int) ([]byte, e
 	return out, nil
 }
 
-// Upload encodes m and writes it with one copy.
+// Upload writes the bytes Encode lays out for m with one copy. After a
+// first full copy it copies only the span of words that differ from what
+// its last upload left in the same buffer (the device bytes end up the
+// same either way); nothing is copied when nothing changed. A refused m
+// (see Encode) writes nothing and leaves the mirror as it was.
 func (mb *MetadataBuffers) Upload(b Backend, m *metadata.Metadata, numPages int) error {
-	enc, err := mb.Encode(m, numPages)
-	if err != nil {
+	mm := &mb.mirror
+	if !nativeLittleEndian || mm.buf == nil || mm.buf != mb.Buf || mm.backend != b || mm.numPages != numPages {
+		enc, err := mb.Encode(m, numPages)
+		if err != nil {
+			return err
+		}
+		mm.buf = nil
+		if err := b.Write(mb.Buf, 0, enc); err != nil {
+			return err
+		}
+		if nativeLittleEndian {
+			mb.remember(b, m, enc, numPages)
+		}
+		return nil
+	}
+	if err := mb.check(m, numPages); err != nil {
 		return err
 	}
-	return b.Write(mb.Buf, 0, enc)
+	mb.update(m)
+	if mm.lo >= mm.hi {
+		return nil
+	}
+	lo, hi := mm.lo, mm.hi
+	if err := b.Write(mb.Buf, 4*lo, wordBytes(mm.words[lo:hi])); err != nil {
+		mm.buf = nil // the device holds an unknown mix: write it all next time
+		return err
+	}
+	return nil
+}
+
+// wordBytes views int32 words as their native (little-endian) bytes.
+func wordBytes(w []int32) []byte {
+	if len(w) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(&w[0])), 4*len(w))
+}
+
+// remember takes enc, the full encoding just uploaded for m, as the mirror.
+func (mb *MetadataBuffers) remember(b Backend, m *metadata.Metadata, enc []byte, numPages int) {
+	mm := &mb.mirror
+	if len(mm.words) != mb.OffScheduler/4 {
+		mm.words = make([]int32, mb.OffScheduler/4)
+		mm.width = make([]int, mb.MaxSeqs)
+	}
+	copy(wordBytes(mm.words), enc)
+	mm.buf, mm.backend, mm.numPages, mm.seqs = mb.Buf, b, numPages, m.NumSeqs
+	for r := range m.NumSeqs {
+		mm.width[r] = m.MaxPages
+	}
+}
+
+// check refuses what Encode refuses, except the page bound of block-table
+// entries, which update checks on the entries that change (the others
+// passed it on an earlier upload with the same pool).
+func (mb *MetadataBuffers) check(m *metadata.Metadata, numPages int) error {
+	if m.NumSeqs > mb.MaxSeqs {
+		return fmt.Errorf("mla: batch of %d sequences exceeds the metadata capacity of %d", m.NumSeqs, mb.MaxSeqs)
+	}
+	if m.MaxPages > mb.PageStride {
+		return fmt.Errorf("mla: block tables %d pages wide exceed the metadata capacity of %d", m.MaxPages, mb.PageStride)
+	}
+	hdr := [NumHdrFields]int{m.NumSeqs, m.NumCtx, m.NumGen, m.CtxTokens, m.GenTokens, m.Tokens, m.PaddedTokens, m.GenSeqLen, m.MaxPages}
+	for i, v := range hdr {
+		if v > math.MaxInt32 {
+			return fmt.Errorf("mla: metadata header field %d = %d overflows int32", i, v)
+		}
+	}
+	mm := &mb.mirror
+	for r := range m.NumSeqs {
+		row := m.BlockTables[r*m.MaxPages : (r+1)*m.MaxPages]
+		old := mm.words[mb.OffBlockTables/4+r*mb.PageStride:][:m.MaxPages]
+		if r < mm.seqs && equalWords(row, old) {
+			continue
+		}
+		for p, page := range row {
+			if int(page) >= numPages {
+				return fmt.Errorf("mla: sequence %d block table entry %d = page %d, outside the pool of %d pages", m.Seqs[r], p, page, numPages)
+			}
+		}
+	}
+	return nil
+}
+
+func equalWords(a, b []int32) bool { return string(wordBytes(a)) == string(wordBytes(b)) }
+
+// update writes m's encoding into the mirror, recording the span of words
+// that changed in [lo, hi).
+func (mb *MetadataBuffers) update(m *metadata.Metadata) {
+	mm := &mb.mirror
+	mm.lo, mm.hi = len(mm.words), 0
+	set := func(i int, v int32) {
+		if mm.words[i] != v {
+			mm.words[i] = v
+			mm.lo, mm.hi = min(mm.lo, i), max(mm.hi, i+1)
+		}
+	}
+	hdr := [NumHdrFields]int{m.NumSeqs, m.NumCtx, m.NumGen, m.CtxTokens, m.GenTokens, m.Tokens, m.PaddedTokens, m.GenSeqLen, m.MaxPages}
+	for i, v := range hdr {
+		set(mb.OffHeader/4+i, int32(v))
+	}
+	// Entries past the batch are 0, as Encode leaves them: clear those the
+	// last upload used.
+	n := max(m.NumSeqs, mm.seqs)
+	for i := 0; i <= n; i++ {
+		var q, kv, rows int32
+		if i <= m.NumSeqs {
+			q, kv, rows = m.CuQ[i], m.CuKV[i], m.CuQRows[i]
+		}
+		set(mb.OffCuQ/4+i, q)
+		set(mb.OffCuKV/4+i, kv)
+		set(mb.OffCuQRows/4+i, rows)
+	}
+	for r := range n {
+		var q, kv, c int32
+		if r < m.NumSeqs {
+			q, kv, c = m.QLen[r], m.KVLen[r], m.Cached[r]
+		}
+		set(mb.OffQLen/4+r, q)
+		set(mb.OffKVLen/4+r, kv)
+		set(mb.OffCached/4+r, c)
+	}
+	for r := range n {
+		base := mb.OffBlockTables/4 + r*mb.PageStride
+		words := mm.words[base : base+mb.PageStride]
+		if r >= m.NumSeqs {
+			for p := range words {
+				set(base+p, 0)
+			}
+			continue
+		}
+		w := m.MaxPages
+		row := m.BlockTables[r*w : (r+1)*w]
+		if r >= mm.seqs {
+			// A row that was all zeros: every entry changes.
+			for p := range words {
+				v := int32(-1)
+				if p < w {
+					v = row[p]
+				}
+				set(base+p, v)
+			}
+			mm.width[r] = w
+			continue
+		}
+		if !equalWords(row, words[:w]) {
+			for p, v := range row {
+				set(base+p, v)
+			}
+		}
+		// Entries past both widths are -1 already.
+		for p := w; p < mm.width[r]; p++ {
+			set(base+p, -1)
+		}
+		mm.width[r] = w
+	}
+	mm.seqs = m.NumSeqs
 }
 
 // DecodeScheduler reads the scheduler region's bytes.

@@ -2,11 +2,15 @@ package mla_test
 
 import (
 	"math"
+	"math/rand/v2"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/dsv4mla/prologue/attention/mla"
+	"github.com/dsv4mla/prologue/attention/mla/cpu"
+	"github.com/dsv4mla/prologue/metadata"
 )
 
 // TestMetadataLayoutBounds: sizes that would overflow, or pass the int32
@@ -46,4 +50,105 @@ func TestMetadataLayoutBounds(t *testing.T) {
 	require.LessOrEqual(t, mb.Size, mla.MaxMetadataBytes)
 	_, err = mla.MetadataLayout(s+1, 1<<16)
 	require.ErrorContains(t, err, "the buffer would pass 2147483647 bytes")
+}
+
+// randomMetadata builds a batch of up to maxSeqs sequences with random
+// lengths and random block tables (some entries -1, as a window leaves
+// them) drawn from a pool of numPages pages.
+func randomMetadata(t *testing.T, rng *rand.Rand, maxSeqs, maxPages, numPages int) *metadata.Metadata {
+	t.Helper()
+	const pageSize = 4
+	n := 1 + rng.IntN(maxSeqs)
+	reqs := make([]metadata.Request, n)
+	cached := map[uint64]int{}
+	nctx := rng.IntN(n + 1)
+	mtp := rng.IntN(3)
+	for i := range reqs {
+		seq := uint64(i + 1 + rng.IntN(3)*100)
+		if i < nctx {
+			reqs[i] = metadata.Request{Seq: seq, Phase: metadata.Context, NewTokens: 1 + rng.IntN(pageSize*2)}
+		} else {
+			reqs[i] = metadata.Request{Seq: seq, Phase: metadata.Generation, MTP: mtp}
+		}
+		cached[seq] = rng.IntN(pageSize*(maxPages-3) + 1)
+	}
+	plan, err := metadata.NewPlan(reqs, func(s uint64) (int, bool, error) { c, ok := cached[s]; return c, ok, nil },
+		metadata.Params{Heads: 2, PageSize: pageSize, MaxPositions: pageSize * maxPages, Scheduler: metadata.DefaultSchedulerParams()})
+	require.NoError(t, err)
+	m, err := plan.Build(func(s uint64) ([]int32, error) {
+		pages := make([]int32, maxPages)
+		for j := range pages {
+			pages[j] = int32(rng.IntN(numPages))
+		}
+		if c := cached[s]; c >= pageSize && rng.IntN(3) == 0 {
+			for j := range rng.IntN(c/pageSize) + 1 {
+				pages[j] = -1
+			}
+		}
+		return pages, nil
+	})
+	require.NoError(t, err)
+	return m
+}
+
+// TestUploadMatchesEncode: after every upload of a random series of
+// batches (growing and shrinking in sequences and width, rows changing in
+// a few entries or not at all, a refused batch between them), the device
+// holds exactly Encode's bytes, with the scheduler region untouched.
+func TestUploadMatchesEncode(t *testing.T) {
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewPCG(seed, 7))
+	const maxSeqs, stride, numPages = 9, 12, 40
+	b := cpu.New(1)
+	defer b.Close()
+	mb, err := mla.NewMetadataBuffers(b, maxSeqs, stride)
+	require.NoError(t, err)
+	device := cpu.Bytes(mb.Buf)
+	var prev *metadata.Metadata
+	for step := range 400 {
+		m := randomMetadata(t, rng, maxSeqs, stride, numPages)
+		if prev != nil && rng.IntN(2) == 0 {
+			// The last batch again, with a few entries changed.
+			m = prev
+			for range rng.IntN(3) {
+				m.BlockTables[rng.IntN(len(m.BlockTables))] = int32(rng.IntN(numPages))
+			}
+			m.KVLen[0] += int32(rng.IntN(2))
+		}
+		if rng.IntN(10) == 0 {
+			bad := *m
+			bad.BlockTables = append([]int32(nil), m.BlockTables...)
+			bad.BlockTables[rng.IntN(len(bad.BlockTables))] = numPages
+			before := append([]byte(nil), device...)
+			require.ErrorContains(t, mb.Upload(b, &bad, numPages), "outside the pool", "step %d", step)
+			require.Equal(t, before, device, "step %d: a refused upload wrote", step)
+		}
+		if rng.IntN(40) == 0 {
+			require.NoError(t, b.Fill(mb.Buf, 0, mb.OffScheduler, byte(rng.IntN(256))))
+			mb.Invalidate()
+		}
+		want, err := mb.Encode(m, numPages)
+		require.NoError(t, err)
+		require.NoError(t, mb.Upload(b, m, numPages), "step %d", step)
+		if i := firstDiff(want, device[:mb.OffScheduler]); i >= 0 {
+			t.Fatalf("step %d: device byte %d = %#x, Encode says %#x", step, i, device[i], want[i])
+		}
+		for i, v := range device[mb.OffScheduler:] {
+			require.Equal(t, byte(0xFF), v, "step %d: scheduler byte %d", step, i)
+		}
+		prev = m
+	}
+}
+
+func firstDiff(a, b []byte) int {
+	for i := range min(len(a), len(b)) {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	if len(a) != len(b) {
+		return min(len(a), len(b))
+	}
+	return -1
 }

@@ -1,0 +1,109 @@
+package engine_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/dsv4mla/prologue/attention/mla"
+	"github.com/dsv4mla/prologue/attention/mla/cpu"
+	"github.com/dsv4mla/prologue/engine"
+	"github.com/dsv4mla/prologue/kvcache"
+	"github.com/dsv4mla/prologue/metadata"
+)
+
+// hostOnlyBackend is the CPU backend's memory with kernels that do nothing
+// and graphs that replay nothing: an iteration through it costs only the
+// engine's own host work, the part BenchmarkBegin measures.
+type hostOnlyBackend struct{ *cpu.Backend }
+
+func (hostOnlyBackend) Name() string { return hostOnlyName }
+func (hostOnlyBackend) KVNormRopeStore(context.Context, mla.Launch, *mla.LayerArgs) error {
+	return nil
+}
+func (hostOnlyBackend) QNormRopeQuant(context.Context, mla.Launch, *mla.LayerArgs) error {
+	return nil
+}
+func (hostOnlyBackend) Capture(f func() error) (mla.Graph, error) {
+	if err := f(); err != nil {
+		return nil, err
+	}
+	return noGraph{}, nil
+}
+
+type noGraph struct{}
+
+func (noGraph) Launch() error { return nil }
+func (noGraph) Close() error  { return nil }
+
+const hostOnlyName = "host-only-test"
+
+// hostOnlyOpening is true only while BenchmarkBegin opens its engine, so
+// that no other test's auto backend picks the kernel-less backend.
+var hostOnlyOpening bool
+
+func init() {
+	engine.RegisterBackend(hostOnlyName,
+		func(engine.Options) (mla.Backend, error) { return hostOnlyBackend{cpu.New(1)}, nil },
+		func() error {
+			if !hostOnlyOpening {
+				return fmt.Errorf("%s is only for BenchmarkBegin", hostOnlyName)
+			}
+			return nil
+		})
+}
+
+// BenchmarkBegin is the engine's host cost of one generation iteration
+// (Begin, the layer's no-op launches or graph replay, End) at decode sizes,
+// every sequence holding about 2048 tokens, graphs on as the CUDA backend
+// runs them.
+func BenchmarkBegin(b *testing.B) {
+	const prefill, pageSize = 2048, 64
+	for _, mtp := range []int{0, 3} {
+		for _, nb := range []int{1, 32, 256} {
+			b.Run(fmt.Sprintf("b=%d/mtp=%d", nb, mtp), func(b *testing.B) {
+				perSeq := (prefill+4096*(1+mtp))/pageSize + 2
+				cfg := engine.Config{
+					Model:         smallModel(),
+					Cache:         kvcache.Config{Format: kvcache.FormatFP8UE8M0, PageSize: pageSize, NumPages: nb * perSeq},
+					Backend:       hostOnlyName,
+					Layers:        1,
+					MaxSeqs:       nb,
+					MaxTokens:     max(nb*(1+mtp), prefill),
+					RopePositions: perSeq * pageSize,
+					UseGraphs:     true,
+				}
+				hostOnlyOpening = true
+				e := newEngine(b, cfg)
+				hostOnlyOpening = false
+				ctx := context.Background()
+				run := func(reqs []metadata.Request) {
+					it, err := e.Begin(ctx, reqs)
+					if err != nil {
+						b.Fatal(err)
+					}
+					if err := it.RunLayer(ctx, 0); err != nil {
+						b.Fatal(err)
+					}
+					if err := it.End(ctx); err != nil {
+						b.Fatal(err)
+					}
+				}
+				decode := make([]metadata.Request, nb)
+				for s := range nb {
+					run([]metadata.Request{ctxReq(uint64(s+1), prefill)})
+					decode[s] = genReq(uint64(s+1), mtp)
+				}
+				run(decode) // captures the bucket's graph
+				steps := 0
+				for b.Loop() {
+					if steps == 4096 {
+						b.Fatal("the sequences outgrew the cache: use -benchtime of at most 4096x")
+					}
+					run(decode)
+					steps++
+				}
+			})
+		}
+	}
+}
