@@ -81,6 +81,9 @@ type Engine struct {
 	closed     bool
 	census     mla.Census
 	iterations int // iterations begun
+
+	tableScratch []int32 // Begin's block-table reads, reused
+	pageScratch  []int32 // writtenPages' work, reused
 }
 
 // graphKey names a captured layer: its launches differ only by the padded
@@ -527,7 +530,12 @@ func (e *Engine) Begin(ctx context.Context, reqs []metadata.Request) (_ *Iterati
 			}
 		}()
 	}
-	m, err := plan.Build(e.cache.BlockTable)
+	m, err := plan.Build(func(seq uint64) ([]int32, error) {
+		// Build copies the pages at once: one buffer serves every sequence.
+		table, terr := e.cache.AppendBlockTable(e.tableScratch[:0], seq)
+		e.tableScratch = table
+		return table, terr
+	})
 	if err != nil {
 		return nil, fmt.Errorf("engine: Begin: %w", err)
 	}
@@ -537,6 +545,8 @@ func (e *Engine) Begin(ctx context.Context, reqs []metadata.Request) (_ *Iterati
 	if err := e.meta.Upload(e.backend, m, e.cfg.Cache.NumPages); err != nil {
 		return nil, fmt.Errorf("engine: Begin: uploading metadata: %w", err)
 	}
+	var pages []int32
+	pages, e.pageScratch = writtenPages(m, e.pageScratch)
 	launches := mla.Plan(m)
 	if graph {
 		launches = mla.FromHeader(launches)
@@ -551,7 +561,7 @@ func (e *Engine) Begin(ctx context.Context, reqs []metadata.Request) (_ *Iterati
 		holds:     make(map[uint64]struct{}, len(needs)),
 		ran:       make([]bool, e.cfg.Layers),
 		inputsFor: -1,
-		pages:     writtenPages(m),
+		pages:     pages,
 		comp:      ic,
 		created:   map[uint64]bool{},
 	}
@@ -610,18 +620,19 @@ func (e *Engine) closeIterationLocked(it *Iteration, commit bool) error {
 }
 
 // writtenPages lists, in ascending order, the pages holding a slot of the
-// iteration's real rows.
-func writtenPages(m *metadata.Metadata) []int32 {
-	seen := map[int32]bool{}
-	var out []int32
+// iteration's real rows: for each sequence, the block-table entries of its
+// new positions [Cached, KVLen). scratch is reused for the work; the result
+// is a fresh slice.
+func writtenPages(m *metadata.Metadata, scratch []int32) (pages, work []int32) {
+	work = scratch[:0]
 	shift := bits.TrailingZeros(uint(m.PageSize))
-	for _, s := range m.Slots()[:m.Tokens] {
-		p := int32(s >> shift)
-		if !seen[p] {
-			seen[p] = true
-			out = append(out, p)
+	for b := range m.NumSeqs {
+		if m.KVLen[b] == m.Cached[b] {
+			continue
 		}
+		first, last := int(m.Cached[b])>>shift, int(m.KVLen[b]-1)>>shift
+		work = append(work, m.BlockTables[b*m.MaxPages+first:b*m.MaxPages+last+1]...)
 	}
-	slices.Sort(out)
-	return out
+	slices.Sort(work)
+	return slices.Clone(slices.Compact(work)), work
 }

@@ -347,6 +347,18 @@ func (c *Cache) BlockTable(id uint64) ([]int32, error) {
 	return append([]int32(nil), s.pages...), nil
 }
 
+// AppendBlockTable is BlockTable appending to dst, so that a caller that
+// reads many tables per iteration reuses one buffer.
+func (c *Cache) AppendBlockTable(dst []int32, id uint64) ([]int32, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s, err := c.liveLocked(id)
+	if err != nil {
+		return dst, err
+	}
+	return append(dst, s.pages...), nil
+}
+
 // Slot returns the slot of position pos of sequence id:
 // page*P + (pos & (P-1)) with page = BlockTable(id)[pos >> log2 P]. pos must
 // lie in [0, reserved length), where the reserved length counts a pending

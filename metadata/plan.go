@@ -296,12 +296,17 @@ func (p *Plan) Build(blockTable func(seq uint64) ([]int32, error)) (*Metadata, e
 		// A sliding-window cache frees the pages no query reads any more:
 		// their entries are -1. Only pages wholly before the cached
 		// positions may be: every new token's page must be real.
-		behind := int(p.cached[b]) >> p.pageShift
-		for j, pg := range pages[:need] {
-			if pg < 0 && (pg != -1 || j >= behind) {
+		behind := min(int(p.cached[b])>>p.pageShift, need)
+		copy(row, pages[:need])
+		for j, pg := range row[:behind] {
+			if pg < -1 {
 				return nil, requestError(b, seq, "block table entry %d is page %d, must be >= 0 (or -1 for a page freed behind the cached positions, before entry %d)", j, pg, behind)
 			}
-			row[j] = pg
+		}
+		for j, pg := range row[behind:need] {
+			if pg < 0 {
+				return nil, requestError(b, seq, "block table entry %d is page %d, must be >= 0 (or -1 for a page freed behind the cached positions, before entry %d)", behind+j, pg, behind)
+			}
 		}
 		for j := need; j < len(row); j++ {
 			row[j] = -1
