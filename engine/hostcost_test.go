@@ -62,7 +62,11 @@ func BenchmarkBegin(b *testing.B) {
 	for _, mtp := range []int{0, 3} {
 		for _, nb := range []int{1, 32, 256} {
 			b.Run(fmt.Sprintf("b=%d/mtp=%d", nb, mtp), func(b *testing.B) {
-				perSeq := (prefill+4096*(1+mtp))/pageSize + 2
+				// Every refill steps the sequences are replaced by fresh ones
+				// of prefill tokens, so they hold prefill to prefill+refill*(1+mtp)
+				// tokens whatever b.N is.
+				const refill = 64
+				perSeq := (prefill+refill*(1+mtp))/pageSize + 2
 				cfg := engine.Config{
 					Model:         smallModel(),
 					Cache:         kvcache.Config{Format: kvcache.FormatFP8UE8M0, PageSize: pageSize, NumPages: nb * perSeq},
@@ -90,18 +94,31 @@ func BenchmarkBegin(b *testing.B) {
 					}
 				}
 				decode := make([]metadata.Request, nb)
-				for s := range nb {
-					run([]metadata.Request{ctxReq(uint64(s+1), prefill)})
-					decode[s] = genReq(uint64(s+1), mtp)
+				next := uint64(1)
+				fresh := func() {
+					for _, r := range decode {
+						if r.Seq != 0 {
+							if err := e.Finish(r.Seq); err != nil {
+								b.Fatal(err)
+							}
+						}
+					}
+					for s := range decode {
+						run([]metadata.Request{ctxReq(next, prefill)})
+						decode[s] = genReq(next, mtp)
+						next++
+					}
 				}
+				fresh()
 				run(decode) // captures the bucket's graph
 				steps := 0
 				for b.Loop() {
-					if steps == 4096 {
-						b.Fatal("the sequences outgrew the cache: use -benchtime of at most 4096x")
+					if steps++; steps%refill == 0 {
+						b.StopTimer()
+						fresh()
+						b.StartTimer()
 					}
 					run(decode)
-					steps++
 				}
 			})
 		}
