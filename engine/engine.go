@@ -2,10 +2,8 @@ package engine
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"math"
 	"math/bits"
 	"slices"
 	"sync"
@@ -336,11 +334,7 @@ func (e *Engine) setLayerWeight(layer int, w []float32) error {
 	if len(w) != numerics.HeadDim {
 		return fmt.Errorf("engine: SetLayerWeight(%d): weight has %d values, want %d", layer, len(w), numerics.HeadDim)
 	}
-	raw := make([]byte, 4*len(w))
-	for i, v := range w {
-		binary.LittleEndian.PutUint32(raw[4*i:], math.Float32bits(v))
-	}
-	if err := e.backend.Write(e.weightBufs[layer], 0, raw); err != nil {
+	if err := e.backend.Write(e.weightBufs[layer], 0, numerics.F32Bytes(w)); err != nil {
 		return fmt.Errorf("engine: uploading layer %d kv_a_layernorm weight: %w", layer, err)
 	}
 	e.weights[layer] = append([]float32(nil), w...)

@@ -1,9 +1,7 @@
 package engine
 
 import (
-	"encoding/binary"
 	"fmt"
-	"math"
 	"path/filepath"
 
 	"github.com/dsv4mla/prologue/attention/mla"
@@ -173,7 +171,7 @@ func (e *Engine) uploadLayer(layer int, w *weights.Layer, alloc func(what string
 		if fw.Data, err = up(what, m.Data); err != nil {
 			return fw, err
 		}
-		fw.Scale, err = up(what+" scales", f32Bytes(m.Scale))
+		fw.Scale, err = up(what+" scales", numerics.F32Bytes(m.Scale))
 		return fw, err
 	}
 	if cl.fused, err = matrix("[wq_a; wkv]", fused); err != nil {
@@ -182,19 +180,11 @@ func (e *Engine) uploadLayer(layer int, w *weights.Layer, alloc func(what string
 	if cl.wqB, err = matrix("wq_b", w.WQB); err != nil {
 		return cl, err
 	}
-	if cl.qNorm, err = up("q_norm weight", f32Bytes(w.QNorm)); err != nil {
+	if cl.qNorm, err = up("q_norm weight", numerics.F32Bytes(w.QNorm)); err != nil {
 		return cl, err
 	}
 	if err := e.setLayerWeight(layer, w.KVNorm); err != nil {
 		return cl, err
 	}
 	return cl, nil
-}
-
-func f32Bytes(v []float32) []byte {
-	b := make([]byte, 4*len(v))
-	for i, x := range v {
-		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(x))
-	}
-	return b
 }

@@ -1,6 +1,9 @@
 package numerics
 
-import "math"
+import (
+	"encoding/binary"
+	"math"
+)
 
 // Dimensions of one DSv4 MLA row.
 const (
@@ -101,4 +104,24 @@ func Pow2(k int) float32 {
 	default:
 		return 0
 	}
+}
+
+// F32Bytes encodes v as little-endian float32s, the layout of every float32
+// buffer the backends share (weights, scales, RoPE tables).
+func F32Bytes(v []float32) []byte {
+	out := make([]byte, 4*len(v))
+	for i, f := range v {
+		binary.LittleEndian.PutUint32(out[4*i:], math.Float32bits(f))
+	}
+	return out
+}
+
+// F32sFromBytes decodes little-endian float32s (the inverse of F32Bytes;
+// a trailing partial value is ignored).
+func F32sFromBytes(b []byte) []float32 {
+	out := make([]float32, len(b)/4)
+	for i := range out {
+		out[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
+	}
+	return out
 }

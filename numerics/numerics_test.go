@@ -140,3 +140,20 @@ func BenchmarkE4M3FromF32(b *testing.B) {
 		}
 	}
 }
+
+func TestF32BytesRoundTrip(t *testing.T) {
+	v := []float32{0, -0.5, 1.5, float32(math.Inf(-1)), math.Float32frombits(0x7fc00001), math.SmallestNonzeroFloat32}
+	b := F32Bytes(v)
+	if len(b) != 4*len(v) || b[4+3] != 0xbf || b[4+2] != 0x00 {
+		t.Fatalf("F32Bytes(%v) = % x: want little-endian float32s", v, b)
+	}
+	got := F32sFromBytes(append(b, 0xff)) // a trailing partial value is ignored
+	if len(got) != len(v) {
+		t.Fatalf("F32sFromBytes gave %d values, want %d", len(got), len(v))
+	}
+	for i := range v {
+		if math.Float32bits(got[i]) != math.Float32bits(v[i]) {
+			t.Fatalf("value %d: got %#x, want %#x", i, math.Float32bits(got[i]), math.Float32bits(v[i]))
+		}
+	}
+}

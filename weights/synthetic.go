@@ -283,7 +283,7 @@ func layerTensors(cfg *dsv4.Config, l *Layer, naming Naming, format ScaleFormat,
 				s.Data[x] = e
 			}
 		} else {
-			s.DType, s.Data = dtF32, f32Bytes(w.Scale)
+			s.DType, s.Data = dtF32, numerics.F32Bytes(w.Scale)
 		}
 		ts = append(ts, s)
 		return nil
@@ -316,23 +316,15 @@ func layerTensors(cfg *dsv4.Config, l *Layer, naming Naming, format ScaleFormat,
 		bf16Matrix(modCompWKV, &c.WKV)
 		bf16Matrix(modCompWGate, &c.WGate)
 		ts = append(ts, safetensors.Tensor{Name: naming.name(cfg, i, modCompAPE, false), DType: dtF32,
-			Shape: []int{c.Ratio, c.Coff * LatentDim}, Data: f32Bytes(c.APE)})
+			Shape: []int{c.Ratio, c.Coff * LatentDim}, Data: numerics.F32Bytes(c.APE)})
 		bf16(modCompNorm, c.Norm)
 	}
 	// A tensor the loader never reads.
 	sinkPrefix := naming.name(cfg, i, module{key: "attn_sink", hf: "sinks", v3: "sinks", param: true}, false)
 	g := gen{seed: seed, layer: i}
 	ts = append(ts, safetensors.Tensor{Name: sinkPrefix, DType: dtF32, Shape: []int{cfg.NumHeads},
-		Data: f32Bytes(g.f32(module{key: "attn_sink"}, cfg.NumHeads, 1))})
+		Data: numerics.F32Bytes(g.f32(module{key: "attn_sink"}, cfg.NumHeads, 1))})
 	return ts, nil
-}
-
-func f32Bytes(v []float32) []byte {
-	b := make([]byte, 4*len(v))
-	for x, f := range v {
-		binary.LittleEndian.PutUint32(b[4*x:], math.Float32bits(f))
-	}
-	return b
 }
 
 // e8m0Exponent returns e with 2^(e-127) == v exactly, if there is one.

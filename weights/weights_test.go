@@ -18,6 +18,7 @@ import (
 
 	"github.com/dsv4mla/prologue/internal/safetensors"
 	"github.com/dsv4mla/prologue/model/dsv4"
+	"github.com/dsv4mla/prologue/numerics"
 )
 
 // oddConfig has sizes that are not multiples of 128 (scale grids with a
@@ -125,7 +126,7 @@ func TestRawBytes(t *testing.T) {
 			}
 			ape := byName["layers.1.attn.compressor.ape"]
 			require.Equal(t, []int{4, 1024}, ape.Shape)
-			require.Equal(t, f32Bytes(l.Compressor.APE), ape.Data)
+			require.Equal(t, numerics.F32Bytes(l.Compressor.APE), ape.Data)
 			require.Equal(t, 2, l.Compressor.Coff)
 			require.Equal(t, 1024, l.Compressor.WKV.N)
 			wg := byName["layers.1.attn.compressor.wgate.weight"]

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
-	"math"
 	"math/rand/v2"
 
 	"github.com/dsv4mla/prologue/engine"
@@ -67,14 +66,6 @@ func (r *Replayer) chainWeights(layer int) (*[2]weights.FP8Matrix, error) {
 	return w, nil
 }
 
-func f32sFrom(b []byte) []float32 {
-	out := make([]float32, len(b)/4)
-	for i := range out {
-		out[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
-	}
-	return out
-}
-
 func u16sFrom(b []byte) []uint16 {
 	out := make([]uint16, len(b)/2)
 	for i := range out {
@@ -128,7 +119,7 @@ func (r *Replayer) verifyChain(ctx context.Context, it, rit *engine.Iteration, l
 		if err != nil {
 			return err
 		}
-		x := &gemm.Activations{Rows: it.Tokens(), K: w.K, Data: data, Scale: f32sFrom(sb), ScaleStride: it.Tokens()}
+		x := &gemm.Activations{Rows: it.Tokens(), K: w.K, Data: data, Scale: numerics.F32sFromBytes(sb), ScaleStride: it.Tokens()}
 		got, err := read(it, out)
 		if err != nil {
 			return err

@@ -3,7 +3,6 @@ package replay
 import (
 	"encoding/binary"
 	"fmt"
-	"math"
 	"path/filepath"
 	"strconv"
 
@@ -30,14 +29,6 @@ func i64s[T int64 | uint64](v []T) []byte {
 	b := make([]byte, 8*len(v))
 	for i, x := range v {
 		binary.LittleEndian.PutUint64(b[8*i:], uint64(x))
-	}
-	return b
-}
-
-func f32s(v []float32) []byte {
-	b := make([]byte, 4*len(v))
-	for i, x := range v {
-		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(x))
 	}
 	return b
 }
@@ -95,8 +86,8 @@ func (r *Replayer) dump(it *engine.Iteration, line, layer int) (string, error) {
 	tensors := []safetensors.Tensor{
 		{Name: "latent", DType: "BF16", Shape: []int{T, numerics.HeadDim}, Data: latent},
 		{Name: "q_in", DType: "BF16", Shape: []int{T, heads, numerics.HeadDim}, Data: qIn},
-		{Name: "kv_weight", DType: "F32", Shape: []int{numerics.HeadDim}, Data: f32s(w)},
-		{Name: "rope", DType: "F32", Shape: []int{T, numerics.RopePairs, 2}, Data: f32s(rope)},
+		{Name: "kv_weight", DType: "F32", Shape: []int{numerics.HeadDim}, Data: numerics.F32Bytes(w)},
+		{Name: "rope", DType: "F32", Shape: []int{T, numerics.RopePairs, 2}, Data: numerics.F32Bytes(rope)},
 		{Name: "positions", DType: "I32", Shape: []int{T}, Data: i32s(positions)},
 		{Name: "slots", DType: "I64", Shape: []int{T}, Data: i64s(m.Slots()[:T])},
 		{Name: "seq_ids", DType: "I64", Shape: []int{B}, Data: i64s(m.Seqs)},
@@ -108,8 +99,8 @@ func (r *Replayer) dump(it *engine.Iteration, line, layer int) (string, error) {
 		{Name: "cu_q_rows", DType: "I32", Shape: []int{B + 1}, Data: i32s(m.CuQRows)},
 		{Name: "block_tables", DType: "I32", Shape: []int{B, m.MaxPages}, Data: i32s(m.BlockTables)},
 		{Name: "scheduler_tile_counter", DType: "I32", Shape: []int{1}, Data: i32s([]int32{int32(sched.TileCounter)})},
-		{Name: "scheduler_bmm1", DType: "F32", Shape: []int{2}, Data: f32s(sched.BMM1[:])},
-		{Name: "scheduler_bmm2", DType: "F32", Shape: []int{1}, Data: f32s([]float32{sched.BMM2})},
+		{Name: "scheduler_bmm1", DType: "F32", Shape: []int{2}, Data: numerics.F32Bytes(sched.BMM1[:])},
+		{Name: "scheduler_bmm2", DType: "F32", Shape: []int{1}, Data: numerics.F32Bytes([]float32{sched.BMM2})},
 		{Name: "q_out", DType: qType, Shape: []int{m.PaddedTokens, heads, numerics.HeadDim}, Data: qOut},
 		{Name: "cache_page_ids", DType: "I32", Shape: []int{len(pages)}, Data: i32s(pages)},
 		{Name: "cache_pages", DType: "U8", Shape: []int{len(pages), cfg.Cache.PageBytes()}, Data: pageBytes},

@@ -395,10 +395,31 @@ func (b *Backend) qGrid(p abi.Path, l mla.Launch, heads int) (driver.Dim3, drive
 }
 
 func (b *Backend) launch(fn *driver.Function, grid, block driver.Dim3, args ...any) error {
+	return b.launchShared(fn, grid, block, 0, args...)
+}
+
+// launchShared launches fn on the main stream with dynamic shared memory,
+// with programmatic dependent launch unless Options.NoPDL.
+func (b *Backend) launchShared(fn *driver.Function, grid, block driver.Dim3, shared int, args ...any) error {
 	if !b.opts.NoPDL {
-		return b.ctx.LaunchPDL(fn, grid, block, 0, b.stream, args...)
+		return b.ctx.LaunchPDL(fn, grid, block, uint32(shared), b.stream, args...)
 	}
-	return b.ctx.Launch(fn, grid, block, 0, b.stream, args...)
+	return b.ctx.Launch(fn, grid, block, uint32(shared), b.stream, args...)
+}
+
+// kvLaunch resolves one launch's KV kernel on its path, its grid and its
+// packed parameters (the main stream's launch and the side stream's share it).
+func (b *Backend) kvLaunch(l mla.Launch, a *mla.LayerArgs) (fn *driver.Function, grid, block driver.Dim3, p driver.Bytes, err error) {
+	path := b.path(l, a.Heads)
+	name, err := abi.KVKernel(a.CacheConfig.Format, path)
+	if err != nil {
+		return nil, grid, block, nil, err
+	}
+	if p, err = kvParams(l, a); err != nil {
+		return nil, grid, block, nil, err
+	}
+	grid, block = b.kvGrid(path, l)
+	return b.fns[name], grid, block, p, nil
 }
 
 func kvParams(l mla.Launch, a *mla.LayerArgs) (driver.Bytes, error) {
@@ -434,17 +455,11 @@ func (b *Backend) KVNormRopeStore(ctx context.Context, l mla.Launch, a *mla.Laye
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	path := b.path(l, a.Heads)
-	name, err := abi.KVKernel(a.CacheConfig.Format, path)
+	fn, grid, block, p, err := b.kvLaunch(l, a)
 	if err != nil {
 		return err
 	}
-	p, err := kvParams(l, a)
-	if err != nil {
-		return err
-	}
-	grid, block := b.kvGrid(path, l)
-	return b.launch(b.fns[name], grid, block, p)
+	return b.launch(fn, grid, block, p)
 }
 
 // QNormRopeQuant implements mla.Backend.

@@ -47,13 +47,6 @@ func (b *Backend) chainGrid(blocks int) uint32 {
 	return uint32(max(1, min(blocks, limit)))
 }
 
-func (b *Backend) launchShared(fn *driver.Function, grid, block driver.Dim3, shared int, args ...any) error {
-	if !b.opts.NoPDL {
-		return b.ctx.LaunchPDL(fn, grid, block, uint32(shared), b.stream, args...)
-	}
-	return b.ctx.Launch(fn, grid, block, uint32(shared), b.stream, args...)
-}
-
 // quantPointers resolves a validated call's device addresses.
 func quantPointers(x mla.Buffer, xOffset, xStride int, out *mla.FP8Activations) (xp, data, scale driver.DevicePtr, err error) {
 	rows, k := out.Rows, out.K

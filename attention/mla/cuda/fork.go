@@ -79,17 +79,11 @@ func (b *Backend) ForkKV(ctx context.Context, launches []mla.Launch, a *mla.Laye
 			return fmt.Errorf("cuda: fork: %w", err)
 		}
 		for _, l := range launches {
-			path := b.path(l, a.Heads)
-			name, err := abi.KVKernel(a.CacheConfig.Format, path)
+			fn, grid, block, p, err := b.kvLaunch(l, a)
 			if err != nil {
 				return err
 			}
-			p, err := kvParams(l, a)
-			if err != nil {
-				return err
-			}
-			grid, block := b.kvGrid(path, l)
-			if err := b.ctx.Launch(b.fns[name], grid, block, 0, s.stream, p); err != nil {
+			if err := b.ctx.Launch(fn, grid, block, 0, s.stream, p); err != nil {
 				return fmt.Errorf("cuda: side-stream KV %v launch: %w", l, err)
 			}
 		}

@@ -91,14 +91,6 @@ func RandomActivations(r *rand.Rand, rows, k, scaleStride int) *gemm.Activations
 	return x
 }
 
-func f32Bytes(v []float32) []byte {
-	out := make([]byte, 4*len(v))
-	for i, f := range v {
-		binary.LittleEndian.PutUint32(out[4*i:], math.Float32bits(f))
-	}
-	return out
-}
-
 func upload(b mla.Backend, data []byte) (mla.Buffer, error) {
 	buf, err := b.Alloc(len(data))
 	if err != nil {
@@ -113,7 +105,7 @@ func UploadFP8Weight(b mla.Backend, w *weights.FP8Matrix) (*mla.FP8Weight, error
 	if err != nil {
 		return nil, err
 	}
-	scale, err := upload(b, f32Bytes(w.Scale))
+	scale, err := upload(b, numerics.F32Bytes(w.Scale))
 	if err != nil {
 		return nil, err
 	}
@@ -126,7 +118,7 @@ func UploadActivations(b mla.Backend, x *gemm.Activations) (mla.FP8Activations, 
 	if err != nil {
 		return mla.FP8Activations{}, err
 	}
-	scale, err := upload(b, f32Bytes(x.Scale))
+	scale, err := upload(b, numerics.F32Bytes(x.Scale))
 	if err != nil {
 		return mla.FP8Activations{}, err
 	}
