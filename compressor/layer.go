@@ -252,3 +252,13 @@ func (l *Layer) FinishEntry(index int, pooled *[Dim]float32) (Entry, error) {
 	copy(e.Bytes[:], page[:EntryBytes])
 	return e, nil
 }
+
+// EntryFrom pools and finishes entry i (window [i*r, (i+1)*r)) from the
+// (K, G) rows src returns per position (the positions from (i-coff+1)*r,
+// those below 0 left out): what [State.Append] emits, for a backend that
+// keeps the rows elsewhere (a ring of states in its own memory).
+func (l *Layer) EntryFrom(i int, src func(pos int) (k, g []float32)) (Entry, error) {
+	var pooled [Dim]float32
+	l.pool(i, src, &pooled)
+	return l.FinishEntry(i, &pooled)
+}

@@ -183,3 +183,27 @@ func (s *State) Clone() *State {
 	c.g = append([]float32(nil), s.g...)
 	return &c
 }
+
+// StateFromRing returns the state of a sequence of length n whose rows are
+// ring, StateRows rows of Width K values then Width G values, position p at
+// row p % StateRows (a backend's ring slot, read back): the rows the state
+// needs at length n, [Window()), are taken from it. No rollback is
+// possible before the next Append.
+func (l *Layer) StateFromRing(n int, ring []float32) (*State, error) {
+	w, rows := l.Width(), l.StateRows()
+	if n < 0 {
+		return nil, fmt.Errorf("compressor: state length %d is negative", n)
+	}
+	if len(ring) != rows*2*w {
+		return nil, fmt.Errorf("compressor: ring of %d values, want %d rows of %d", len(ring), rows, 2*w)
+	}
+	s := l.NewState()
+	s.n, s.first, s.rollbackFloor = n, l.firstNeeded(n), n
+	for pos := s.first; pos < n; pos++ {
+		r := pos % rows * 2 * w
+		k, g := s.row(pos)
+		copy(k, ring[r:r+w])
+		copy(g, ring[r+w:r+2*w])
+	}
+	return s, nil
+}

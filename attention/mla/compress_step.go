@@ -347,3 +347,13 @@ func (p *CompressPlan) PlanEntries(seq, ratio, start, rows int, table []int32, p
 	}
 	return nil
 }
+
+// SideRunner is implemented by backends with a second stream (beside
+// KVForker, which it shares): Side issues fn's launches on it, after the
+// work issued so far, so they overlap what the main stream does next;
+// KVForker.JoinKV makes later main-stream work wait for them. The engine
+// runs the compressor's projection GEMM and step there, under the layer's
+// own GEMMs.
+type SideRunner interface {
+	Side(ctx context.Context, fn func() error) error
+}

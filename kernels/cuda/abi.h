@@ -48,6 +48,24 @@ enum {
     SCHED_BMM2         = 3, // float32
 };
 
+// Compressor step plan, int32 word indices (mla.CompressPlan*).
+enum {
+    CPLAN_HDR_SEQS   = 0, // header: the sequences
+    CPLAN_HDR_JOBS   = 1, // header: the entries to emit
+    CPLAN_HDR_WORDS  = 4,
+    CPLAN_SEQ_ROW    = 0, // first KG row
+    CPLAN_SEQ_ROWS   = 1,
+    CPLAN_SEQ_START  = 2, // position of the first row
+    CPLAN_SEQ_FROM   = 3, // ring slot read
+    CPLAN_SEQ_TO     = 4, // ring slot written
+    CPLAN_SEQ_WORDS  = 8,
+    CPLAN_JOB_INDEX  = 0, // entry index
+    CPLAN_JOB_SEQ    = 1, // plan sequence
+    CPLAN_JOB_PAGE   = 2,
+    CPLAN_JOB_OFFSET = 3,
+    CPLAN_JOB_WORDS  = 4,
+};
+
 // Row dimensions (numerics).
 enum {
     HEAD_DIM   = 512, // values per latent or per-head Q row

@@ -43,6 +43,48 @@ __device__ __forceinline__ const float* compress_row(const float* fresh, const f
     return code >= 0 ? fresh + (size_t)code * width : state + (size_t)(~code) * width;
 }
 
+// compress_finish: warp 0 of a block turns the 512 pooled values of entry
+// `index` into its entry exactly as the KV prologue turns a latent row into
+// a token: bf16(E), RMSNorm with the compressor's norm weight (the canonical
+// 32-partial sum of squares, lane j = partial j), RoPE of the tail at
+// position index*ratio, UE8M0 store at in-page offset `off` of pool page
+// `page`. Shared by compress_entries and compress_step.
+__device__ __forceinline__ void compress_finish(const float* pooled, int index, int ratio, const float* norm, float eps,
+                                                const float* rope, u8* pool, u64 page_bytes, int page_size, int page,
+                                                int off, int lane) {
+    float x[16];
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        const float4 t = *reinterpret_cast<const float4*>(pooled + lane * 16 + 4 * q);
+        x[4 * q] = t.x; x[4 * q + 1] = t.y; x[4 * q + 2] = t.z; x[4 * q + 3] = t.w;
+    }
+#pragma unroll
+    for (int k = 0; k < 8; k++) round2(x[2 * k], x[2 * k + 1]);
+    const float r = warp_rms_inv(x, eps);
+    float w[16];
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        const float4 t = ld_f4(norm + lane * 16 + 4 * q);
+        w[4 * q] = t.x; w[4 * q + 1] = t.y; w[4 * q + 2] = t.z; w[4 * q + 3] = t.w;
+    }
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        float a = __fmul_rn(__fmul_rn(x[2 * k], r), w[2 * k]);
+        float b = __fmul_rn(__fmul_rn(x[2 * k + 1], r), w[2 * k + 1]);
+        round2(a, b);
+        x[2 * k] = a;
+        x[2 * k + 1] = b;
+    }
+    if (lane >= 28) {
+        float cs[16];
+        load_rope(cs, rope, index * ratio, lane);
+        rope_pairs(x, cs);
+    }
+    u8* base = pool + (size_t)page * page_bytes;
+    ue8m0_store(base + (size_t)off * UE8M0_VALUE_BYTES,
+                base + (size_t)page_size * UE8M0_VALUE_BYTES + (size_t)off * UE8M0_SCALE_BYTES, x, lane);
+}
+
 extern "C" __global__ void __launch_bounds__(COMPRESS_THREADS)
     compress_entries(const float* new_k, const float* new_g, int new_rows, const float* state_k,
                      const float* state_g, int state_rows, const int* cands, int num_cands, const int4* jobs, int njobs,
@@ -91,40 +133,124 @@ extern "C" __global__ void __launch_bounds__(COMPRESS_THREADS)
         pooled[c] = acc;
         __syncthreads();
 
-        if (c < 32) {  // warp 0: the KV prologue on bf16(E) at position index*ratio
-            const int lane = c;
-            float x[16];
-#pragma unroll
-            for (int q = 0; q < 4; q++) {
-                const float4 t = *reinterpret_cast<const float4*>(pooled + lane * 16 + 4 * q);
-                x[4 * q] = t.x; x[4 * q + 1] = t.y; x[4 * q + 2] = t.z; x[4 * q + 3] = t.w;
-            }
-#pragma unroll
-            for (int k = 0; k < 8; k++) round2(x[2 * k], x[2 * k + 1]);
-            const float r = warp_rms_inv(x, eps);
-            float w[16];
-#pragma unroll
-            for (int q = 0; q < 4; q++) {
-                const float4 t = ld_f4(norm + lane * 16 + 4 * q);
-                w[4 * q] = t.x; w[4 * q + 1] = t.y; w[4 * q + 2] = t.z; w[4 * q + 3] = t.w;
-            }
-#pragma unroll
-            for (int k = 0; k < 8; k++) {
-                float a = __fmul_rn(__fmul_rn(x[2 * k], r), w[2 * k]);
-                float b = __fmul_rn(__fmul_rn(x[2 * k + 1], r), w[2 * k + 1]);
-                round2(a, b);
-                x[2 * k] = a;
-                x[2 * k + 1] = b;
-            }
-            if (lane >= 28) {
-                float cs[16];
-                load_rope(cs, rope, index * ratio, lane);
-                rope_pairs(x, cs);
-            }
-            u8* page = pool + (size_t)job.z * page_bytes;
-            ue8m0_store(page + (size_t)job.w * UE8M0_VALUE_BYTES,
-                        page + (size_t)page_size * UE8M0_VALUE_BYTES + (size_t)job.w * UE8M0_SCALE_BYTES, x, lane);
-        }
+        if (c < 32) compress_finish(pooled, index, ratio, norm, eps, rope, pool, page_bytes, page_size, job.z, job.w, c);
         __syncthreads();  // pooled is rewritten by the block's next job
+    }
+}
+
+// compress_step: one compressed layer's compressor step over an iteration
+// (mla.CompressStepArgs is the contract; attention/mla/cuda/compress_step.go
+// the host side). The plan (the iteration's sequences and the entries they
+// complete) is read from device memory, so a CUDA graph replays the launch
+// for any plan of the same capacity. Blocks [0, job_blocks) emit entries
+// (grid-stride over the jobs): thread c pools channel c over the entry's
+// candidates exactly as compress_entries does, reading position p of plan
+// sequence s from the projections (p >= start: KG row row+p-start, G plus
+// ape[p mod ratio] when ape is given) or from ring slot `from` (p < start).
+// The other blocks write the rows each sequence keeps into ring slot `to`
+// (grid-stride over (sequence, ring row) pairs). Jobs read slot `from` only
+// at positions below start; a sequence writes slot `from` (from == to) only
+// at positions >= start, and the host keeps such a step to at most
+// InPlaceRows rows, so no block overwrites a row another block reads. A job
+// or sequence with an index outside the buffers is skipped, as the CPU
+// backend skips it.
+
+__device__ __forceinline__ bool cplan_seq_ok(const int* q, int kg_rows, int slots) {
+    const int row = q[CPLAN_SEQ_ROW], rows = q[CPLAN_SEQ_ROWS];
+    return row >= 0 && rows >= 0 && row <= kg_rows - rows && q[CPLAN_SEQ_START] >= 0 && q[CPLAN_SEQ_FROM] >= 0 &&
+           q[CPLAN_SEQ_FROM] < slots && q[CPLAN_SEQ_TO] >= 0 && q[CPLAN_SEQ_TO] < slots;
+}
+
+extern "C" __global__ void __launch_bounds__(COMPRESS_THREADS)
+    compress_step(const float* kg, int kg_rows, const float* ape, float* ring, int ring_rows, int slots,
+                  const int* plan, int max_seqs, int max_jobs, int ratio, int width, const float* norm, float eps,
+                  const float* rope, int rope_positions, u8* pool, u64 page_bytes, int page_size, int num_pages,
+                  int job_blocks) {
+    __shared__ __align__(16) float pooled[HEAD_DIM];
+    const int c = threadIdx.x;
+    pdl_wait();
+    pdl_trigger();
+    const int nseqs = min(max(plan[CPLAN_HDR_SEQS], 0), max_seqs);
+    const int njobs = min(max(plan[CPLAN_HDR_JOBS], 0), max_jobs);
+    const int* seqs = plan + CPLAN_HDR_WORDS;
+    const int* jobs = seqs + (size_t)max_seqs * CPLAN_SEQ_WORDS;
+    const size_t row_vals = 2 * (size_t)width;  // K then G
+
+    if ((int)blockIdx.x < job_blocks) {
+        for (int jb = blockIdx.x; jb < njobs; jb += job_blocks) {
+            const int* job = jobs + (size_t)jb * CPLAN_JOB_WORDS;
+            const int index = job[CPLAN_JOB_INDEX], si = job[CPLAN_JOB_SEQ];
+            const int page = job[CPLAN_JOB_PAGE], off = job[CPLAN_JOB_OFFSET];
+            if (si < 0 || si >= nseqs) continue;
+            const int* q = seqs + (size_t)si * CPLAN_SEQ_WORDS;
+            if (!cplan_seq_ok(q, kg_rows, slots)) continue;
+            const int row = q[CPLAN_SEQ_ROW], start = q[CPLAN_SEQ_START], from = q[CPLAN_SEQ_FROM];
+            const long long end = (long long)start + q[CPLAN_SEQ_ROWS];
+            // Block-uniform checks: every thread reads the same values.
+            if (index < 0 || (long long)index * ratio >= rope_positions || ((long long)index + 1) * ratio > end ||
+                page < 0 || page >= num_pages || off < 0 || off >= page_size)
+                continue;
+            const int n = ratio == 4 ? (index > 0 ? 8 : 4) : ratio;
+            const int nlo = ratio == 4 ? n - 4 : n;  // candidates [0, nlo) read columns [0, 512), the rest [512, 1024)
+            const int first = (index + 1) * ratio - n;  // position of candidate 0
+
+            float m = __uint_as_float(0xff800000u);  // -Inf
+            for (int j = 0; j < n; j++) {
+                const int p = first + j, col = j < nlo ? c : HEAD_DIM + c;
+                const float* src = p >= start ? kg + (size_t)(row + p - start) * row_vals
+                                              : ring + ((size_t)from * ring_rows + p % ring_rows) * row_vals;
+                float g = src[width + col];
+                if (p >= start && ape != nullptr) g = __fadd_rn(g, ape[(size_t)(p % ratio) * width + col]);
+                m = g > m ? g : m;
+            }
+            float s = 0.f;
+            for (int j = 0; j < n; j++) {
+                const int p = first + j, col = j < nlo ? c : HEAD_DIM + c;
+                const float* src = p >= start ? kg + (size_t)(row + p - start) * row_vals
+                                              : ring + ((size_t)from * ring_rows + p % ring_rows) * row_vals;
+                float g = src[width + col];
+                if (p >= start && ape != nullptr) g = __fadd_rn(g, ape[(size_t)(p % ratio) * width + col]);
+                s = __fadd_rn(s, exp32(__fsub_rn(g, m)));
+            }
+            float acc = 0.f;
+            for (int j = 0; j < n; j++) {
+                const int p = first + j, col = j < nlo ? c : HEAD_DIM + c;
+                const float* src = p >= start ? kg + (size_t)(row + p - start) * row_vals
+                                              : ring + ((size_t)from * ring_rows + p % ring_rows) * row_vals;
+                float g = src[width + col];
+                if (p >= start && ape != nullptr) g = __fadd_rn(g, ape[(size_t)(p % ratio) * width + col]);
+                const float w = __fdiv_rn(exp32(__fsub_rn(g, m)), s);
+                acc = __fadd_rn(acc, __fmul_rn(w, src[col]));
+            }
+            pooled[c] = acc;
+            __syncthreads();
+            if (c < 32) compress_finish(pooled, index, ratio, norm, eps, rope, pool, page_bytes, page_size, page, off, c);
+            __syncthreads();  // pooled is rewritten by the block's next job
+        }
+        return;
+    }
+
+    const int sb = blockIdx.x - job_blocks, nsb = gridDim.x - job_blocks;
+    for (long long flat = sb; flat < (long long)nseqs * ring_rows; flat += nsb) {
+        const int si = (int)(flat / ring_rows), k = (int)(flat % ring_rows);
+        const int* q = seqs + (size_t)si * CPLAN_SEQ_WORDS;
+        if (!cplan_seq_ok(q, kg_rows, slots)) continue;
+        const int row = q[CPLAN_SEQ_ROW], start = q[CPLAN_SEQ_START], from = q[CPLAN_SEQ_FROM], to = q[CPLAN_SEQ_TO];
+        const long long end = (long long)start + q[CPLAN_SEQ_ROWS];
+        const long long lo = to != from ? max(0LL, end - ring_rows) : max((long long)start, end - ring_rows);
+        const long long p = lo + k;
+        if (p >= end) continue;
+        float* dst = ring + ((size_t)to * ring_rows + (size_t)(p % ring_rows)) * row_vals;
+        if (p >= start) {
+            const float* src = kg + (size_t)(row + (p - start)) * row_vals;
+            for (int v = c; v < 2 * width; v += blockDim.x) {
+                float x = src[v];
+                if (v >= width && ape != nullptr) x = __fadd_rn(x, ape[(size_t)(p % ratio) * width + (v - width)]);
+                dst[v] = x;
+            }
+        } else {
+            const float* src = ring + ((size_t)from * ring_rows + (size_t)(p % ring_rows)) * row_vals;
+            for (int v = c; v < 2 * width; v += blockDim.x) dst[v] = src[v];
+        }
     }
 }

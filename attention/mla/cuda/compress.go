@@ -32,7 +32,8 @@ const jobBytes = 16
 // lists.
 type compressState struct {
 	mod     *driver.Module
-	fn      *driver.Function
+	fn      *driver.Function // compress_entries
+	step    *driver.Function // compress_step
 	err     error      // a failed load, returned by every later call
 	scratch mla.Buffer // jobs then candidate codes of CompressEntries
 	// Compress's (compress_backend.go): the row uploads, and the device
@@ -251,7 +252,12 @@ func (b *Backend) LoadCompressor() error {
 		c.err = errors.Join(fmt.Errorf("cuda: compressor kernels: %w", err), mod.Unload())
 		return c.err
 	}
-	c.mod, c.fn = mod, fn
+	step, err := mod.Function("compress_step")
+	if err != nil {
+		c.err = errors.Join(fmt.Errorf("cuda: compressor kernels: %w", err), mod.Unload())
+		return c.err
+	}
+	c.mod, c.fn, c.step = mod, fn, step
 	return nil
 }
 
@@ -414,7 +420,7 @@ func (b *Backend) closeCompress() error {
 	b.comp.scratch, b.comp.uploads, b.comp.norms, b.comp.ropes = nil, [compressUploads]mla.Buffer{}, nil, nil
 	if b.comp.mod != nil {
 		errs = append(errs, b.comp.mod.Unload())
-		b.comp.mod, b.comp.fn = nil, nil
+		b.comp.mod, b.comp.fn, b.comp.step = nil, nil, nil
 	}
 	return errors.Join(errs...)
 }

@@ -1,0 +1,112 @@
+package cuda
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/dsv4mla/prologue/attention/mla"
+	"github.com/dsv4mla/prologue/kernels/cuda/driver"
+	"github.com/dsv4mla/prologue/kvcache"
+	"github.com/dsv4mla/prologue/numerics"
+)
+
+// compressStepStoreBlocks bounds the blocks of compress_step that write the
+// ring rows (a grid-stride loop over the (sequence, ring row) pairs).
+const compressStepStoreBlocks = 264
+
+// CompressStep implements mla.CompressStepper: compress_step of
+// kernels/cuda/compress.cu on the backend's current stream (the main
+// stream, or the side stream inside Side), with programmatic dependent
+// launch like the other kernels. The grid depends on the capacities
+// (MaxJobs, MaxSeqs, RingRows) only, so a CUDA graph captures it once for
+// every plan; the kernel reads the counts from the plan.
+func (b *Backend) CompressStep(ctx context.Context, a *mla.CompressStepArgs) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := a.Validate(); err != nil {
+		return err
+	}
+	if err := b.LoadCompressor(); err != nil {
+		return err
+	}
+	w := a.Width()
+	var kg, ape driver.DevicePtr
+	var err error
+	if a.KGRows > 0 {
+		if kg, err = span(a.KG, 0, a.KGRows*2*w*4); err != nil {
+			return fmt.Errorf("cuda: compress step: KG: %w", err)
+		}
+	}
+	if a.APE != nil {
+		if ape, err = span(a.APE, 0, a.Ratio*w*4); err != nil {
+			return fmt.Errorf("cuda: compress step: APE: %w", err)
+		}
+	}
+	ring, err := span(a.Ring, 0, a.Slots*a.RingRows*2*w*4)
+	if err != nil {
+		return fmt.Errorf("cuda: compress step: Ring: %w", err)
+	}
+	plan, err := span(a.Plan, a.PlanOffset, mla.CompressPlanBytes(a.MaxSeqs, a.MaxJobs))
+	if err != nil {
+		return fmt.Errorf("cuda: compress step: Plan: %w", err)
+	}
+	norm, err := span(a.NormWeight, 0, 4*numerics.HeadDim)
+	if err != nil {
+		return err
+	}
+	rope, err := span(a.Rope, 0, a.RopePositions*numerics.RopeDim*4)
+	if err != nil {
+		return err
+	}
+	pageBytes := kvcache.FormatFP8UE8M0.PageBytes(a.PageSize)
+	pool, err := span(a.Pool, 0, a.NumPages*pageBytes)
+	if err != nil {
+		return err
+	}
+	jobBlocks := int(b.chainGrid(a.MaxJobs))
+	storeBlocks := min(a.MaxSeqs*a.RingRows, compressStepStoreBlocks)
+	grid := driver.Dim3{uint32(jobBlocks + storeBlocks), 1, 1}
+	return b.launchShared(b.comp.step, grid, driver.Dim3{compressThreads, 1, 1}, 0,
+		kg, int32(a.KGRows), ape, ring, int32(a.RingRows), int32(a.Slots),
+		plan, int32(a.MaxSeqs), int32(a.MaxJobs), int32(a.Ratio), int32(w), norm, a.Eps,
+		rope, int32(a.RopePositions), pool, uint64(pageBytes), int32(a.PageSize), int32(a.NumPages),
+		int32(jobBlocks))
+}
+
+// Side implements mla.SideRunner: the launches fn issues go to the side
+// stream, after the work issued so far on the main stream; JoinKV makes
+// later main-stream work wait for them (and for the KV prologue ForkKV puts
+// after them on the same stream). Inside a CUDA graph capture this forks a
+// branch, as ForkKV does.
+func (b *Backend) Side(ctx context.Context, fn func() error) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s := &b.fork
+	if err := b.ctx.Do(func() error {
+		if err := s.forked.Record(b.stream); err != nil {
+			return fmt.Errorf("cuda: side stream: %w", err)
+		}
+		if err := s.stream.WaitEvent(s.forked); err != nil {
+			return fmt.Errorf("cuda: side stream: %w", err)
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	main := b.stream
+	b.stream = s.stream
+	err := fn()
+	b.stream = main
+	// Record the join even after a failure: a capture must end joined.
+	if jerr := b.ctx.Do(func() error { return s.joined.Record(s.stream) }); jerr != nil && err == nil {
+		err = fmt.Errorf("cuda: side stream: recording the join event: %w", jerr)
+	}
+	return err
+}
+
+var (
+	_ mla.CompressStepper = (*Backend)(nil)
+	_ mla.SideRunner      = (*Backend)(nil)
+)
