@@ -236,8 +236,13 @@ const (
 	// StageQGEMM writes the Q input rows: xq_norm . wq_b^T (the head range's rows).
 	StageQGEMM
 	// StagePrologue runs the KV and Q prologue on the fused rows' latent and
-	// the Q input rows; the layer counts as run.
+	// the Q input rows, then a compressed layer's compressor step on the
+	// projections of StageCompressorGEMM; the layer counts as run.
 	StagePrologue
+	// StageCompressorGEMM writes a compressed layer's compressor projections
+	// (TensorCompressorKG) from the hidden rows; nothing for other layers.
+	// RunLayer runs it on the side stream, under the other GEMMs.
+	StageCompressorGEMM
 )
 
 func (s Stage) String() string {
@@ -252,6 +257,8 @@ func (s Stage) String() string {
 		return "wq_b GEMM"
 	case StagePrologue:
 		return "prologue"
+	case StageCompressorGEMM:
+		return "compressor GEMM"
 	}
 	return fmt.Sprintf("Stage(%d)", uint8(s))
 }
@@ -305,6 +312,10 @@ func (e *Engine) runStage(ctx context.Context, s Stage, layer int, launches []ml
 		err = c.cb.GEMM(ctx, e.qGEMMArgs(layer, rows))
 	case StagePrologue:
 		err = mla.RunLayer(ctx, e.backend, launches, e.args[layer])
+	case StageCompressorGEMM:
+		if e.comp != nil {
+			err = e.compressProject(ctx, layer, rows)
+		}
 	default:
 		err = fmt.Errorf("unknown stage %v", s)
 	}
@@ -330,12 +341,24 @@ func (e *Engine) runChain(ctx context.Context, layer int, launches []mla.Launch)
 	if err := a.Validate(launchRows(launches)); err != nil {
 		return err
 	}
+	c := e.chain
+	// The compressor first, on the side stream: it reads only the hidden
+	// rows, so it runs under the layer's GEMMs.
+	compSide, err := e.compressLayer(ctx, layer, launchRows(launches))
+	if err != nil {
+		if compSide {
+			err = errors.Join(err, c.forker.JoinKV(ctx))
+		}
+		return err
+	}
 	for _, s := range []Stage{StageActQuant, StageFusedGEMM} {
 		if err := e.runStage(ctx, s, layer, launches); err != nil {
+			if compSide {
+				err = errors.Join(err, c.forker.JoinKV(ctx))
+			}
 			return err
 		}
 	}
-	c := e.chain
 	if c.forker == nil {
 		if err := mla.KVOnly(ctx, e.backend, launches, a); err != nil {
 			return err
@@ -343,7 +366,7 @@ func (e *Engine) runChain(ctx context.Context, layer int, launches []mla.Launch)
 	} else if err := c.forker.ForkKV(ctx, launches, a); err != nil {
 		return fmt.Errorf("forking the KV prologue: %w", err)
 	}
-	err := func() error {
+	err = func() error {
 		for _, s := range []Stage{StageQNorm, StageQGEMM} {
 			if err := e.runStage(ctx, s, layer, launches); err != nil {
 				return err
@@ -380,10 +403,22 @@ func (it *Iteration) RunStage(ctx context.Context, layer int, s Stage) error {
 		it.fail(err)
 		return fmt.Errorf("engine: RunStage(%d): %w", layer, err)
 	}
-	if s == StagePrologue {
-		if err := it.runCompressor(ctx, layer); err != nil {
-			it.fail(err)
-			return fmt.Errorf("engine: RunStage(%d): %w", layer, err)
+	switch s {
+	case StageCompressorGEMM:
+		if it.comp != nil {
+			it.comp.projected = layer
+		}
+	case StagePrologue:
+		if e.comp != nil && e.comp.layers[layer] != nil {
+			if it.comp.projected != layer {
+				err := fmt.Errorf("engine: RunStage(%d, %v): layer %d is a ratio-%d layer: run %v first", layer, s, layer, e.comp.layers[layer].ratio, StageCompressorGEMM)
+				it.fail(err)
+				return err
+			}
+			if err := e.compressStep(ctx, layer); err != nil {
+				it.fail(err)
+				return fmt.Errorf("engine: RunStage(%d): compressor step: %w", layer, err)
+			}
 		}
 		it.markRan(layer)
 	}
@@ -411,6 +446,9 @@ const (
 	// TensorQIn is the wq_b GEMM's output (the Q prologue's input),
 	// [Tokens][heads][512] bf16 for the engine's head range.
 	TensorQIn
+	// TensorCompressorKG is a compressed layer's projections (the compressor
+	// GEMM's output), [Tokens][2*Width] float32: K then G without ape.
+	TensorCompressorKG
 )
 
 func (t ChainTensor) String() string {
@@ -429,6 +467,8 @@ func (t ChainTensor) String() string {
 		return "q_norm_scale"
 	case TensorQIn:
 		return "q_in"
+	case TensorCompressorKG:
+		return "compressor_kg"
 	}
 	return fmt.Sprintf("ChainTensor(%d)", uint8(t))
 }
@@ -451,6 +491,11 @@ func (it *Iteration) ReadChain(t ChainTensor) ([]byte, error) {
 	}
 	c := e.chain
 	switch t {
+	case TensorCompressorKG:
+		if it.comp == nil || it.comp.projected < 0 {
+			return nil, fmt.Errorf("engine: ReadChain(%v): no compressor projection ran in this iteration (%v)", t, StageCompressorGEMM)
+		}
+		return it.read(t, e.comp.kg, 0, T*2*e.CompressorWidth(it.comp.projected)*4)
 	case TensorHidden:
 		return it.read(t, c.hidden, 0, T*e.cfg.Model.HiddenSize*2)
 	case TensorHiddenFP8:
@@ -503,8 +548,13 @@ func (it *Iteration) WriteChain(layer int, t ChainTensor, rows []byte) error {
 		buf, want = e.fusedA, it.meta.Tokens*e.cfg.fusedRowElems()*2
 	case TensorQIn:
 		buf, want = e.qIn, it.meta.Tokens*e.cfg.heads()*numerics.HeadDim*2
+	case TensorCompressorKG:
+		if e.CompressorWidth(layer) == 0 {
+			return fmt.Errorf("engine: WriteChain(layer %d, %v): the layer has no compressor", layer, t)
+		}
+		buf, want = e.comp.kg, it.meta.Tokens*2*e.CompressorWidth(layer)*4
 	default:
-		return fmt.Errorf("engine: WriteChain(%v): only %v and %v can be written", t, TensorFusedA, TensorQIn)
+		return fmt.Errorf("engine: WriteChain(%v): only %v, %v and %v can be written", t, TensorFusedA, TensorQIn, TensorCompressorKG)
 	}
 	if len(rows) != want {
 		return fmt.Errorf("engine: WriteChain(layer %d, %v): %d bytes, %d tokens need %d", layer, t, len(rows), it.meta.Tokens, want)

@@ -176,25 +176,43 @@ func (c Config) SequenceMemory(length int) (SequenceMemory, error) {
 	return m, nil
 }
 
-// compressState is what the compressor adds to an engine.
+// compressState is what the compressor adds to an engine. The states live
+// on the backend: each compressed layer has a ring of Compressor.MaxSequences
+// slots (mla.CompressStepArgs), and every live sequence holds one slot
+// index, the same in every layer. The host keeps only the slot of each
+// sequence; a sequence's length is the KV cache's.
 type compressState struct {
-	cfg    CompressorConfig
-	ratios []int
-	caches map[int]*kvcache.Cache // entry bookkeeping per ratio
-	layers []*compLayer           // per engine layer; nil for ratio 0
-	// states holds each live sequence's state per layer (nil entries for
-	// ratio-0 layers). Guarded by Engine.mu; an iteration's sequences are
+	cfg     CompressorConfig
+	ratios  []int
+	caches  map[int]*kvcache.Cache // entry bookkeeping per ratio
+	layers  []*compLayer           // per engine layer; nil for ratio 0
+	stepper mla.CompressStepper
+	gemm    mla.BF16GEMMBackend // Input = hidden: the projection GEMM
+	side    mla.SideRunner      // nil: the compressor runs in order on the main stream
+	// The ring slots. Guarded by Engine.mu; an iteration's sequences are
 	// only touched by the step loop.
-	states map[uint64][]*compressor.State
+	slots map[uint64]int32 // live sequence -> its slot
+	free  []int32          // slots no sequence holds (a stack)
+	// plan holds each ratio's plan of the open iteration at planOff[ratio],
+	// encoded for MaxSeqs sequences and maxJobs[ratio] entries.
+	plan    mla.Buffer
+	planOff map[int]int
+	maxJobs map[int]int
+	// kg holds the projections of the layer running: MaxTokens rows of
+	// 2*Width float32 (K then G) of that layer, sized for the widest.
+	kg mla.Buffer
 }
 
 // compLayer is one compressed layer's compressor.
 type compLayer struct {
-	ratio int
-	comp  *compressor.Layer
-	proj  *compressor.Projection // Input = hidden: the projections' weights; nil on the projected path
-	pool  mla.Buffer             // the compressed pool
-	norm  []float32              // the entry RMSNorm weight
+	ratio   int
+	comp    *compressor.Layer // the entry math's parameters (norm, eps, RoPE): reads the states back
+	norm    []float32         // the entry RMSNorm weight
+	normBuf mla.Buffer        // its backend copy
+	wkvg    mla.Buffer        // Input = hidden: [2*Width][hidden] bf16, wkv's rows then wgate's
+	ape     mla.Buffer        // Input = hidden: [ratio][Width] float32
+	ring    mla.Buffer        // the states: slots of RingRows rows of 2*Width float32
+	pool    mla.Buffer        // the compressed pool
 }
 
 // DefaultCompressorNorm is a compressed layer's entry RMSNorm weight on the
@@ -209,19 +227,48 @@ func DefaultCompressorNorm(seed uint64, layer int) []float32 {
 	return w
 }
 
-// newCompressor sets up the compressor: one pool per compressed layer,
-// the bookkeeping per ratio, and each layer's compressor (with its
-// projection weights on the hidden-state path, from proj).
+// newCompressor sets up the compressor: one pool and one ring of states per
+// compressed layer, the bookkeeping per ratio, the plan and projection
+// buffers, and each layer's compressor (with its projection weights on the
+// backend on the hidden-state path, from proj).
 func (e *Engine) newCompressor(alloc func(what string, n int, fill byte) (mla.Buffer, error), proj func(layer int) (*compressor.Projection, []float32, error)) error {
 	cfg := e.cfg
+	stepper, ok := e.backend.(mla.CompressStepper)
+	if !ok {
+		return fmt.Errorf("engine: Config.Compressor: backend %s does not run the compressor step (mla.CompressStepper)", e.backend.Name())
+	}
 	c := &compressState{cfg: cfg.Compressor, ratios: cfg.compressedRatios(), caches: map[int]*kvcache.Cache{},
-		layers: make([]*compLayer, cfg.Layers), states: map[uint64][]*compressor.State{}}
+		layers: make([]*compLayer, cfg.Layers), stepper: stepper, slots: map[uint64]int32{},
+		planOff: map[int]int{}, maxJobs: map[int]int{}}
+	if proj != nil {
+		if c.gemm, ok = e.backend.(mla.BF16GEMMBackend); !ok {
+			return fmt.Errorf("engine: Config.Compressor with Input = hidden: backend %s does not run the projection GEMM (mla.BF16GEMMBackend)", e.backend.Name())
+		}
+		if _, fork := e.backend.(mla.KVForker); fork {
+			c.side, _ = e.backend.(mla.SideRunner)
+		}
+	}
+	for n := c.cfg.MaxSequences - 1; n >= 0; n-- {
+		c.free = append(c.free, int32(n))
+	}
+	planBytes, width := 0, 0
 	for _, r := range c.ratios {
 		cache, err := kvcache.New(kvcache.Config{PageSize: CompressedPageSize, NumPages: c.cfg.pagesFor(r)})
 		if err != nil {
 			return &ConfigError{Field: pagesField(r), Err: err}
 		}
 		c.caches[r] = cache
+		c.maxJobs[r] = mla.MaxCompressJobs(r, cfg.MaxSeqs, cfg.MaxTokens)
+		c.planOff[r] = planBytes
+		planBytes += align16(mla.CompressPlanBytes(cfg.MaxSeqs, c.maxJobs[r]))
+		width = max(width, compressor.Overlap(r)*compressor.Dim)
+	}
+	var err error
+	if c.plan, err = alloc("compressor plans", planBytes, 0); err != nil {
+		return err
+	}
+	if c.kg, err = alloc("compressor projections", cfg.MaxTokens*2*width*4, 0); err != nil {
+		return err
 	}
 	for l := range cfg.Layers {
 		r, _ := cfg.Model.CompressRatio(l)
@@ -229,19 +276,34 @@ func (e *Engine) newCompressor(alloc func(what string, n int, fill byte) (mla.Bu
 			continue
 		}
 		cl := &compLayer{ratio: r, norm: DefaultCompressorNorm(cfg.WeightSeed, l)}
+		w := compressor.Overlap(r) * compressor.Dim
 		if proj != nil {
 			p, norm, err := proj(l)
 			if err != nil {
 				return err
 			}
-			cl.proj, cl.norm = p, norm
+			cl.norm = norm
+			raw := make([]byte, 0, 2*len(p.WKV)*2)
+			raw = appendU16s(appendU16s(raw, p.WKV), p.WGate)
+			if cl.wkvg, err = e.upload(alloc, fmt.Sprintf("layer %d compressor wkv and wgate", l), raw); err != nil {
+				return err
+			}
+			if cl.ape, err = e.upload(alloc, fmt.Sprintf("layer %d compressor ape", l), numerics.F32Bytes(p.APE)); err != nil {
+				return err
+			}
 		}
 		if err := cl.build(cfg, e.ropeHost[e.layerRope[l]]); err != nil {
 			return fmt.Errorf("engine: layer %d compressor: %w", l, err)
 		}
+		if cl.normBuf, err = e.upload(alloc, fmt.Sprintf("layer %d compressor norm weight", l), numerics.F32Bytes(cl.norm)); err != nil {
+			return err
+		}
 		pages := c.cfg.pagesFor(r)
-		var err error
 		if cl.pool, err = alloc(fmt.Sprintf("layer %d ratio-%d compressed pool", l, r), pages*kvcache.FormatFP8UE8M0.PageBytes(CompressedPageSize), 0); err != nil {
+			return err
+		}
+		ringRows := mla.RingRows(r, c.cfg.MaxDrafts)
+		if cl.ring, err = alloc(fmt.Sprintf("layer %d compressor states", l), c.cfg.MaxSequences*ringRows*2*w*4, 0); err != nil {
 			return err
 		}
 		c.layers[l] = cl
@@ -249,6 +311,27 @@ func (e *Engine) newCompressor(alloc func(what string, n int, fill byte) (mla.Bu
 	e.comp = c
 	return nil
 }
+
+// upload allocates a buffer for raw and writes it.
+func (e *Engine) upload(alloc func(what string, n int, fill byte) (mla.Buffer, error), what string, raw []byte) (mla.Buffer, error) {
+	buf, err := alloc(what, len(raw), 0)
+	if err != nil {
+		return nil, err
+	}
+	if err := e.backend.Write(buf, 0, raw); err != nil {
+		return nil, fmt.Errorf("engine: uploading the %s: %w", what, err)
+	}
+	return buf, nil
+}
+
+func appendU16s(dst []byte, v []uint16) []byte {
+	for _, x := range v {
+		dst = binary.LittleEndian.AppendUint16(dst, x)
+	}
+	return dst
+}
+
+func align16(n int) int { return (n + 15) &^ 15 }
 
 // build makes the layer's compressor from its norm weight.
 func (cl *compLayer) build(cfg Config, t *dsv4.RopeTable) error {
@@ -260,6 +343,9 @@ func (cl *compLayer) build(cfg Config, t *dsv4.RopeTable) error {
 	cl.comp = l
 	return nil
 }
+
+// width is the values of one K or G row.
+func (cl *compLayer) width() int { return cl.comp.Width() }
 
 // SetCompressorNorm replaces a compressed layer's entry RMSNorm weight
 // (compressor.norm.weight, 512 values). It must not run while an
@@ -287,6 +373,10 @@ func (e *Engine) SetCompressorNorm(layer int, w []float32) error {
 		cl.norm = old
 		return fmt.Errorf("engine: SetCompressorNorm(%d): %w", layer, err)
 	}
+	if err := e.backend.Write(cl.normBuf, 0, numerics.F32Bytes(cl.norm)); err != nil {
+		cl.norm = old
+		return errors.Join(fmt.Errorf("engine: SetCompressorNorm(%d): %w", layer, err), cl.build(e.cfg, e.ropeHost[e.layerRope[layer]]))
+	}
 	return nil
 }
 
@@ -312,7 +402,7 @@ func (e *Engine) CompressorWidth(layer int) int {
 	if e.comp == nil || layer < 0 || layer >= len(e.comp.layers) || e.comp.layers[layer] == nil {
 		return 0
 	}
-	return e.comp.layers[layer].comp.Width()
+	return e.comp.layers[layer].width()
 }
 
 // CompressRatio returns a layer's compress ratio when its compressor runs,
@@ -330,12 +420,28 @@ func (e *Engine) ReadCompressedPool(layer int) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := make([]byte, cl.pool.Len())
+	return e.readAll(cl.pool, fmt.Sprintf("layer %d compressed pool", layer))
+}
+
+// ReadCompressorStates returns a copy of a compressed layer's ring of
+// states: Compressor.MaxSequences slots of mla.RingRows rows of 2*Width
+// float32 (K then G, position p of a sequence at row p mod RingRows of its
+// slot). Two engines fed the same batches hold the same bytes.
+func (e *Engine) ReadCompressorStates(layer int) ([]byte, error) {
+	cl, err := e.compLayer(layer)
+	if err != nil {
+		return nil, err
+	}
+	return e.readAll(cl.ring, fmt.Sprintf("layer %d compressor states", layer))
+}
+
+func (e *Engine) readAll(buf mla.Buffer, what string) ([]byte, error) {
+	out := make([]byte, buf.Len())
 	if err := e.backend.Synchronize(context.Background()); err != nil {
 		return nil, err
 	}
-	if err := e.backend.Read(out, cl.pool, 0); err != nil {
-		return nil, fmt.Errorf("engine: reading layer %d compressed pool: %w", layer, err)
+	if err := e.backend.Read(out, buf, 0); err != nil {
+		return nil, fmt.Errorf("engine: reading the %s: %w", what, err)
 	}
 	return out, nil
 }
@@ -358,18 +464,32 @@ func (e *Engine) CompressedEntries(ratio int, seq uint64) (int, error) {
 	return e.comp.caches[ratio].Lookup(seq)
 }
 
-// CompressorState returns a copy of seq's compressor state in a layer.
+// CompressorState returns seq's compressor state in a layer (committed
+// iterations only), read back from the backend.
 func (e *Engine) CompressorState(layer int, seq uint64) (*compressor.State, error) {
-	if _, err := e.compLayer(layer); err != nil {
+	cl, err := e.compLayer(layer)
+	if err != nil {
 		return nil, err
 	}
 	e.mu.Lock()
-	defer e.mu.Unlock()
-	st, ok := e.comp.states[seq]
+	slot, ok := e.comp.slots[seq]
+	e.mu.Unlock()
 	if !ok {
 		return nil, fmt.Errorf("engine: CompressorState: %w %d", kvcache.ErrUnknownSequence, seq)
 	}
-	return st[layer].Clone(), nil
+	n, err := e.cache.Lookup(seq)
+	if err != nil {
+		return nil, fmt.Errorf("engine: CompressorState: %w", err)
+	}
+	rows := mla.RingRows(cl.ratio, e.comp.cfg.MaxDrafts)
+	raw := make([]byte, rows*2*cl.width()*4)
+	if err := e.backend.Synchronize(context.Background()); err != nil {
+		return nil, err
+	}
+	if err := e.backend.Read(raw, cl.ring, int(slot)*len(raw)); err != nil {
+		return nil, fmt.Errorf("engine: CompressorState: reading layer %d slot %d: %w", layer, slot, err)
+	}
+	return cl.comp.StateFromRing(n, numerics.F32sFromBytes(raw))
 }
 
 // PoolUsage is one pool's occupancy, for a server's scheduler.
@@ -404,21 +524,18 @@ func (e *Engine) Pools() []PoolUsage {
 
 // iterComp is an iteration's compressor bookkeeping.
 type iterComp struct {
-	res    map[int]*kvcache.Reservation // per ratio
-	tables map[int][][]int32            // per ratio, per batch index: the block table with the reservation
-	states [][]*compressor.State        // per batch index: the sequence's states (shared with compressState.states)
-	saved  [][]*compressor.State        // per batch index, per layer: a context sequence's state before this iteration
-	ran    []bool                       // layers whose compressor ran
-	inputs struct {                     // SetCompressorInputs
-		layer int // -1: none
-		k, g  [][]float32
-	}
+	res       map[int]*kvcache.Reservation // per ratio
+	tables    map[int][][]int32            // per ratio, per batch index: the block table with the reservation
+	from      []int32                      // per batch index: the slot the sequence's state is read from
+	to        []int32                      // per batch index: the slot it is written to (!= from: a fresh one)
+	taken     []int32                      // slots taken from the free list by this iteration
+	inputs    int                          // layer of the last SetCompressorInputs, -1 before any
+	projected int                          // layer of the last StageCompressorGEMM, -1 before any
 }
 
 // beginCompressor reserves the compressed entries of the batch, all
-// ratios or none, and gathers the states (fresh ones for created
-// sequences). Called with e.mu held, after the KV reservation; on an error
-// nothing of the compressor changed.
+// ratios or none. Called with e.mu held, after the KV reservation; on an
+// error nothing of the compressor changed.
 func (e *Engine) beginCompressor(reqs []metadata.Request, numSeqs int, needs []metadata.Need) (_ *iterComp, err error) {
 	c := e.comp
 	for _, r := range reqs {
@@ -427,18 +544,7 @@ func (e *Engine) beginCompressor(reqs []metadata.Request, numSeqs int, needs []m
 				ErrBatchTooLarge, r.Seq, r.MTP, c.cfg.MaxDrafts)
 		}
 	}
-	created := 0
-	for _, n := range needs {
-		if n.Create {
-			created++
-		}
-	}
-	if live := len(c.states); created > c.cfg.MaxSequences-live {
-		return nil, fmt.Errorf("engine: Begin: compressor state: %w: %d live sequences + %d new, more than Compressor.MaxSequences = %d",
-			kvcache.ErrCacheFull, live, created, c.cfg.MaxSequences)
-	}
-	ic := &iterComp{res: map[int]*kvcache.Reservation{}, tables: map[int][][]int32{}}
-	ic.inputs.layer = -1
+	ic := &iterComp{res: map[int]*kvcache.Reservation{}, tables: map[int][][]int32{}, inputs: -1, projected: -1}
 	defer func() {
 		if err != nil {
 			for _, res := range ic.res {
@@ -464,37 +570,83 @@ func (e *Engine) beginCompressor(reqs []metadata.Request, numSeqs int, needs []m
 		}
 		ic.tables[r] = tables
 	}
-	ic.states = make([][]*compressor.State, numSeqs)
-	ic.saved = make([][]*compressor.State, numSeqs)
-	ic.ran = make([]bool, e.cfg.Layers)
-	for b, n := range needs {
-		st, ok := c.states[n.Seq]
-		if !ok {
-			st = make([]*compressor.State, e.cfg.Layers)
-			for l, cl := range c.layers {
-				if cl != nil {
-					st[l] = cl.comp.NewState()
-				}
-			}
-			c.states[n.Seq] = st
-		}
-		ic.states[b] = st
-		ic.saved[b] = make([]*compressor.State, e.cfg.Layers)
-	}
 	return ic, nil
 }
 
-// undoBeginCompressor undoes beginCompressor when Begin fails after it.
-// Called with e.mu held.
-func (e *Engine) undoBeginCompressor(ic *iterComp, needs []metadata.Need) {
+// planCompressor gives each sequence of the built batch its slots (a new
+// sequence a fresh one; a chunk too long to add in place, after earlier
+// tokens, a fresh one too, so an aborted chunk leaves its old state whole)
+// and writes each ratio's plan to the backend. Called with e.mu held, after
+// beginCompressor; on an error undoBeginCompressor undoes both.
+func (e *Engine) planCompressor(ic *iterComp, m *metadata.Metadata) error {
+	c := e.comp
+	inPlace := mla.InPlaceRows(4, mla.RingRows(4, c.cfg.MaxDrafts)) // the same for every ratio: 1 + MaxDrafts
+	need := 0
+	for b := range m.NumSeqs {
+		_, live := c.slots[m.Seqs[b]]
+		if !live || (m.Cached[b] > 0 && int(m.QLen[b]) > inPlace) {
+			need++
+		}
+	}
+	if need > len(c.free) {
+		return fmt.Errorf("engine: Begin: compressor state: %w: the batch needs %d free state slots (new sequences, and chunks of more than %d tokens after earlier ones), %d of Compressor.MaxSequences = %d are free",
+			kvcache.ErrCacheFull, need, inPlace, len(c.free), c.cfg.MaxSequences)
+	}
+	ic.from, ic.to = make([]int32, m.NumSeqs), make([]int32, m.NumSeqs)
+	take := func() int32 {
+		s := c.free[len(c.free)-1]
+		c.free = c.free[:len(c.free)-1]
+		ic.taken = append(ic.taken, s)
+		return s
+	}
+	for b := range m.NumSeqs {
+		slot, live := c.slots[m.Seqs[b]]
+		switch {
+		case !live:
+			slot = take()
+			ic.from[b], ic.to[b] = slot, slot
+		case m.Cached[b] > 0 && int(m.QLen[b]) > inPlace:
+			ic.from[b], ic.to[b] = slot, take()
+		default:
+			ic.from[b], ic.to[b] = slot, slot
+		}
+	}
+	raw := make([]byte, c.plan.Len())
+	for _, r := range c.ratios {
+		p := &mla.CompressPlan{Seqs: make([]mla.CompressPlanSeq, m.NumSeqs)}
+		for b := range m.NumSeqs {
+			p.Seqs[b] = mla.CompressPlanSeq{Row: int(m.CuQ[b]), Rows: int(m.QLen[b]), Start: int(m.Cached[b]), From: int(ic.from[b]), To: int(ic.to[b])}
+			if err := p.PlanEntries(b, r, int(m.Cached[b]), int(m.QLen[b]), ic.tables[r][b], CompressedPageSize, c.cfg.pagesFor(r)); err != nil {
+				return fmt.Errorf("engine: Begin: %w", err)
+			}
+		}
+		enc, err := p.Encode(e.cfg.MaxSeqs, c.maxJobs[r])
+		if err != nil {
+			return fmt.Errorf("engine: Begin: %w", err)
+		}
+		copy(raw[c.planOff[r]:], enc)
+	}
+	if err := e.backend.Write(c.plan, 0, raw); err != nil {
+		return fmt.Errorf("engine: Begin: uploading the compressor plans: %w", err)
+	}
+	return nil
+}
+
+// undoBeginCompressor undoes beginCompressor and planCompressor when Begin
+// fails after them. Called with e.mu held.
+func (e *Engine) undoBeginCompressor(ic *iterComp) {
 	for _, res := range ic.res {
 		res.Rollback()
 	}
-	for _, n := range needs {
-		if n.Create {
-			delete(e.comp.states, n.Seq)
-		}
+	e.returnSlots(ic)
+}
+
+// returnSlots gives the iteration's fresh slots back.
+func (e *Engine) returnSlots(ic *iterComp) {
+	for i := len(ic.taken) - 1; i >= 0; i-- {
+		e.comp.free = append(e.comp.free, ic.taken[i])
 	}
+	ic.taken = nil
 }
 
 // compressorWeights returns a layer's compressor projection and entry norm
@@ -511,11 +663,43 @@ func (e *Engine) compressorWeights(layer int) (*compressor.Projection, []float32
 	return p, w.Norm, nil
 }
 
+// CompressorProjection returns host copies of a compressed layer's
+// projection weights as the backend holds them (Config.Input = hidden), for
+// a verifier that bounds another backend's projections (package gemm).
+func (e *Engine) CompressorProjection(layer int) (*compressor.Projection, error) {
+	cl, err := e.compLayer(layer)
+	if err != nil {
+		return nil, err
+	}
+	if cl.wkvg == nil {
+		return nil, fmt.Errorf("engine: CompressorProjection(%d): Config.Input is %v; the projection weights need Config.Input = hidden", layer, e.cfg.Input)
+	}
+	raw, err := e.readAll(cl.wkvg, fmt.Sprintf("layer %d compressor wkv and wgate", layer))
+	if err != nil {
+		return nil, err
+	}
+	ape, err := e.readAll(cl.ape, fmt.Sprintf("layer %d compressor ape", layer))
+	if err != nil {
+		return nil, err
+	}
+	half := len(raw) / 4
+	u16 := func(b []byte) []uint16 {
+		out := make([]uint16, len(b)/2)
+		for i := range out {
+			out[i] = binary.LittleEndian.Uint16(b[2*i:])
+		}
+		return out
+	}
+	return &compressor.Projection{Ratio: cl.ratio, Hidden: e.cfg.Model.HiddenSize, WKV: u16(raw[:2*half]), WGate: u16(raw[2*half:]),
+		APE: numerics.F32sFromBytes(ape)}, nil
+}
+
 // SetCompressorInputs gives a compressed layer's compressor projections on
 // the projected path (Config.Input = projected): k and g hold Tokens() rows
 // of CompressorWidth(layer) little-endian float32 values each, K[t] = x_t .
 // wkv^T and G[t] = x_t . wgate^T + ape[pos mod r] (DESIGN.md section 8).
-// RunLayer of that layer consumes them.
+// RunLayer of that layer consumes them. It first waits for the launches
+// already issued, which read the same buffer.
 func (it *Iteration) SetCompressorInputs(layer int, k, g []byte) error {
 	if err := it.check(layer); err != nil {
 		return err
@@ -528,117 +712,91 @@ func (it *Iteration) SetCompressorInputs(layer int, k, g []byte) error {
 	if e.chain != nil {
 		return fmt.Errorf("engine: SetCompressorInputs(layer %d): Config.Input is hidden: the engine projects the hidden states itself", layer)
 	}
-	want := it.meta.Tokens * cl.comp.Width() * 4
+	row := cl.width() * 4
+	want := it.meta.Tokens * row
 	if len(k) != want || len(g) != want {
 		return fmt.Errorf("engine: SetCompressorInputs(layer %d): k has %d bytes and g %d, %d tokens of %d float32 need %d each",
-			layer, len(k), len(g), it.meta.Tokens, cl.comp.Width(), want)
+			layer, len(k), len(g), it.meta.Tokens, cl.width(), want)
 	}
-	it.comp.inputs.layer = layer
-	it.comp.inputs.k = f32Rows(k, cl.comp.Width())
-	it.comp.inputs.g = f32Rows(g, cl.comp.Width())
+	raw := make([]byte, 0, 2*want)
+	for t := range it.meta.Tokens {
+		raw = append(append(raw, k[t*row:(t+1)*row]...), g[t*row:(t+1)*row]...)
+	}
+	if err := e.backend.Synchronize(context.Background()); err != nil {
+		return fmt.Errorf("engine: SetCompressorInputs(layer %d): waiting for earlier launches: %w", layer, err)
+	}
+	if err := e.backend.Write(e.comp.kg, 0, raw); err != nil {
+		return fmt.Errorf("engine: SetCompressorInputs(layer %d): %w", layer, err)
+	}
+	it.comp.inputs = layer
 	return nil
 }
 
-func f32Rows(b []byte, width int) [][]float32 {
-	rows := make([][]float32, len(b)/(4*width))
-	for t := range rows {
-		rows[t] = make([]float32, width)
-		for i := range rows[t] {
-			rows[t][i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*(t*width+i):]))
-		}
-	}
-	return rows
-}
-
-// projections returns the layer's K and G rows for this iteration: the
-// caller's (projected path) or the projection of the hidden rows.
-func (it *Iteration) projections(ctx context.Context, layer int, cl *compLayer) (K, G [][]float32, err error) {
+// compressorReady says why RunLayer of a compressed layer cannot run yet
+// (the projected path without SetCompressorInputs), or nil.
+func (it *Iteration) compressorReady(layer int) error {
 	e := it.e
-	m := it.meta
-	if e.chain == nil {
-		if it.comp.inputs.layer != layer {
-			return nil, nil, fmt.Errorf("layer %d is a ratio-%d layer: its compressor needs SetCompressorInputs(%d, ...) first", layer, cl.ratio, layer)
-		}
-		return it.comp.inputs.k, it.comp.inputs.g, nil
-	}
-	H := e.cfg.Model.HiddenSize
-	if err := e.backend.Synchronize(ctx); err != nil {
-		return nil, nil, err
-	}
-	raw := make([]byte, m.Tokens*H*2)
-	if err := e.backend.Read(raw, e.chain.hidden, 0); err != nil {
-		return nil, nil, fmt.Errorf("reading the hidden rows: %w", err)
-	}
-	x := make([]uint16, m.Tokens*H)
-	for i := range x {
-		x[i] = binary.LittleEndian.Uint16(raw[2*i:])
-	}
-	K, G = make([][]float32, 0, m.Tokens), make([][]float32, 0, m.Tokens)
-	for b := range m.NumSeqs {
-		lo, hi := int(m.CuQ[b]), int(m.CuQ[b+1])
-		k, g, err := cl.proj.Project(x[lo*H:hi*H], int(m.Cached[b]))
-		if err != nil {
-			return nil, nil, err
-		}
-		K, G = append(K, k...), append(G, g...)
-	}
-	return K, G, nil
-}
-
-// runCompressor runs a compressed layer's compressor over the iteration
-// (after its prologue): the states take the iteration's rows and the
-// entries they complete go into the layer's compressed pool.
-func (it *Iteration) runCompressor(ctx context.Context, layer int) error {
-	e := it.e
-	if e.comp == nil || e.comp.layers[layer] == nil {
+	if e.comp == nil || e.comp.layers[layer] == nil || e.chain != nil {
 		return nil
 	}
-	cl := e.comp.layers[layer]
-	K, G, err := it.projections(ctx, layer, cl)
-	if err != nil {
-		return fmt.Errorf("compressor: %w", err)
-	}
-	if it.comp.ran[layer] {
-		if err := it.rewindLayer(layer); err != nil {
-			return err
-		}
-	}
-	m := it.meta
-	a := &mla.CompressArgs{Layer: cl.comp, K: K, G: G, Pool: cl.pool, PageSize: CompressedPageSize, NumPages: e.comp.cfg.pagesFor(cl.ratio)}
-	for b := range m.NumSeqs {
-		st := it.comp.states[b][layer]
-		if b < m.NumCtx && it.comp.saved[b][layer] == nil {
-			it.comp.saved[b][layer] = st.Clone() // a chunk may be longer than Accept can undo
-		}
-		a.Seqs = append(a.Seqs, mla.CompressSeq{Row: int(m.CuQ[b]), Rows: int(m.QLen[b]), StartPos: int(m.Cached[b]),
-			State: st, Table: it.comp.tables[cl.ratio][b]})
-	}
-	it.comp.ran[layer] = true
-	if _, err := mla.Compress(ctx, e.backend, a); err != nil {
-		return fmt.Errorf("compressor: %w", err)
+	if it.comp.inputs != layer {
+		return fmt.Errorf("layer %d is a ratio-%d layer: its compressor needs SetCompressorInputs(%d, ...) first", layer, e.comp.layers[layer].ratio, layer)
 	}
 	return nil
 }
 
-// rewindLayer returns every state of the batch in a layer to its length
-// before the iteration.
-func (it *Iteration) rewindLayer(layer int) error {
-	m := it.meta
-	for b := range m.NumSeqs {
-		st := it.comp.states[b]
-		cached := int(m.Cached[b])
-		if st[layer].Len() == cached {
-			continue
-		}
-		if saved := it.comp.saved[b][layer]; saved != nil {
-			st[layer] = saved.Clone()
-			continue
-		}
-		if _, err := st[layer].Accept(cached); err != nil {
-			return fmt.Errorf("compressor: rolling sequence %d back to %d in layer %d: %w", m.Seqs[b], cached, layer, err)
-		}
+// compressProject issues a compressed layer's projection GEMM over rows
+// hidden rows (Input = hidden): [K | G without ape] into the projection
+// buffer. Other layers issue nothing.
+func (e *Engine) compressProject(ctx context.Context, layer, rows int) error {
+	cl := e.comp.layers[layer]
+	if cl == nil || e.chain == nil {
+		return nil
 	}
-	return nil
+	w := cl.width()
+	return e.comp.gemm.BF16GEMM(ctx, &mla.BF16GEMMArgs{Rows: rows, N: 2 * w, K: e.cfg.Model.HiddenSize,
+		X: e.chain.hidden, XStride: e.cfg.Model.HiddenSize, W: cl.wkvg, Y: e.comp.kg, YStride: 2 * w})
+}
+
+// compressStep issues a compressed layer's compressor step (the entries and
+// the kept rows) from the projection buffer, with the iteration's plan.
+func (e *Engine) compressStep(ctx context.Context, layer int) error {
+	c := e.comp
+	cl := c.layers[layer]
+	if cl == nil {
+		return nil
+	}
+	a := e.args[layer]
+	return c.stepper.CompressStep(ctx, &mla.CompressStepArgs{
+		Ratio: cl.ratio, KG: c.kg, KGRows: e.cfg.MaxTokens, APE: cl.ape,
+		Ring: cl.ring, RingRows: mla.RingRows(cl.ratio, c.cfg.MaxDrafts), Slots: c.cfg.MaxSequences,
+		Plan: c.plan, PlanOffset: c.planOff[cl.ratio], MaxSeqs: e.cfg.MaxSeqs, MaxJobs: c.maxJobs[cl.ratio],
+		NormWeight: cl.normBuf, Eps: float32(e.cfg.Model.RMSNormEps), Rope: a.Rope, RopePositions: a.RopePositions,
+		Pool: cl.pool, PageSize: CompressedPageSize, NumPages: c.cfg.pagesFor(cl.ratio),
+	})
+}
+
+// compressLayer issues a compressed layer's whole compressor: the
+// projection GEMM and the step, on the side stream when the backend has
+// one (the caller joins it with the KV prologue's join), else in order.
+func (e *Engine) compressLayer(ctx context.Context, layer, rows int) (onSide bool, err error) {
+	c := e.comp
+	if c == nil || c.layers[layer] == nil {
+		return false, nil
+	}
+	run := func() error {
+		if err := e.compressProject(ctx, layer, rows); err != nil {
+			return fmt.Errorf("compressor projection: %w", err)
+		}
+		if err := e.compressStep(ctx, layer); err != nil {
+			return fmt.Errorf("compressor step: %w", err)
+		}
+		return nil
+	}
+	if c.side != nil {
+		return true, c.side.Side(ctx, run)
+	}
+	return false, run()
 }
 
 // endCompressor commits (with the accepted lengths) or rolls back the
@@ -650,57 +808,48 @@ func (e *Engine) endCompressor(it *Iteration, commit bool) error {
 	}
 	m := it.meta
 	var errs []error
-	if commit {
+	if !commit {
 		for _, r := range c.ratios {
-			var lengths map[uint64]int
-			if it.lengths != nil {
-				lengths = make(map[uint64]int, len(it.lengths))
-				for seq, n := range it.lengths {
-					lengths[seq] = n / r
-				}
-			}
-			errs = append(errs, ic.res[r].CommitLengths(lengths))
+			errs = append(errs, ic.res[r].Rollback())
 		}
-		for b, seq := range m.Seqs {
-			n, ok := it.lengths[seq]
-			if !ok || n == int(m.KVLen[b]) {
-				continue
-			}
-			for l, st := range ic.states[b] {
-				if st == nil {
-					continue
-				}
-				if _, err := st.Accept(n); err != nil {
-					errs = append(errs, fmt.Errorf("engine: compressor: accepting %d tokens of sequence %d in layer %d: %w", n, seq, l, err))
-				}
-			}
-		}
+		e.returnSlots(ic)
 		return errors.Join(errs...)
 	}
 	for _, r := range c.ratios {
-		errs = append(errs, ic.res[r].Rollback())
+		var lengths map[uint64]int
+		if it.lengths != nil {
+			lengths = make(map[uint64]int, len(it.lengths))
+			for seq, n := range it.lengths {
+				lengths[seq] = n / r
+			}
+		}
+		errs = append(errs, ic.res[r].CommitLengths(lengths))
 	}
-	for b, seq := range m.Seqs {
-		if m.Cached[b] == 0 && it.created[seq] {
-			delete(c.states, seq)
+	// The states need nothing for Accept: the ring is keyed by position, and
+	// the next step of a sequence starts at its accepted length.
+	if ic.from != nil {
+		for b, seq := range m.Seqs {
+			if old, live := c.slots[seq]; live && old != ic.to[b] {
+				c.free = append(c.free, old)
+			}
+			c.slots[seq] = ic.to[b]
 		}
 	}
-	for l, ran := range ic.ran {
-		if ran {
-			errs = append(errs, it.rewindLayer(l))
-		}
-	}
+	ic.taken = nil
 	return errors.Join(errs...)
 }
 
-// finishCompressor drops a finished sequence's states and entries.
+// finishCompressor drops a finished sequence's state slot and entries.
 // Called with e.mu held.
 func (e *Engine) finishCompressor(seq uint64, retire bool) error {
 	c := e.comp
 	if c == nil {
 		return nil
 	}
-	delete(c.states, seq)
+	if slot, ok := c.slots[seq]; ok {
+		c.free = append(c.free, slot)
+		delete(c.slots, seq)
+	}
 	var errs []error
 	for _, r := range c.ratios {
 		if retire {
@@ -716,8 +865,8 @@ func (e *Engine) finishCompressor(seq uint64, retire bool) error {
 // each cache's own invariants (kvcache.Cache.CheckInvariants: with a
 // window, exactly the pages of the last Window positions held); with the
 // compressor, every live sequence has floor(len/r) entries in each ratio's
-// pool and a state at its length in every compressed layer, and no other
-// sequence holds entries or state (nothing leaks when sequences finish).
+// pool and a state slot of its own, every other slot is free, and no other
+// sequence holds entries or a slot (nothing leaks when sequences finish).
 func (e *Engine) CheckInvariants() error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -746,33 +895,41 @@ func (e *Engine) CheckInvariants() error {
 			}
 		}
 	}
-	if len(c.states) != len(lengths) {
-		return fmt.Errorf("engine invariant: compressor states for %d sequences, %d live", len(c.states), len(lengths))
+	if len(c.slots) != len(lengths) {
+		return fmt.Errorf("engine invariant: compressor state slots for %d sequences, %d live", len(c.slots), len(lengths))
 	}
-	for seq, n := range lengths {
-		st, ok := c.states[seq]
+	owner := make([]bool, c.cfg.MaxSequences)
+	for seq := range lengths {
+		slot, ok := c.slots[seq]
 		if !ok {
-			return fmt.Errorf("engine invariant: live sequence %d has no compressor state", seq)
+			return fmt.Errorf("engine invariant: live sequence %d has no compressor state slot", seq)
 		}
-		for l, s := range st {
-			if (s == nil) != (c.layers[l] == nil) {
-				return fmt.Errorf("engine invariant: sequence %d layer %d: state present %v, compressor present %v", seq, l, s != nil, c.layers[l] != nil)
-			}
-			if s != nil && s.Len() != n {
-				return fmt.Errorf("engine invariant: sequence %d layer %d: state at length %d, sequence at %d", seq, l, s.Len(), n)
-			}
+		if slot < 0 || int(slot) >= len(owner) || owner[slot] {
+			return fmt.Errorf("engine invariant: sequence %d holds state slot %d, outside [0, %d) or held twice", seq, slot, len(owner))
+		}
+		owner[slot] = true
+	}
+	for _, s := range c.free {
+		if s < 0 || int(s) >= len(owner) || owner[s] {
+			return fmt.Errorf("engine invariant: free state slot %d is outside [0, %d), held or listed twice", s, len(owner))
+		}
+		owner[s] = true
+	}
+	for s, ok := range owner {
+		if !ok {
+			return fmt.Errorf("engine invariant: state slot %d is neither held nor free (a leak)", s)
 		}
 	}
 	return nil
 }
 
-// CompressorSequences returns the sequences the compressor holds state
-// for (0 when it is off).
+// CompressorSequences returns the sequences the compressor holds a state
+// slot for (0 when it is off).
 func (e *Engine) CompressorSequences() int {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.comp == nil {
 		return 0
 	}
-	return len(e.comp.states)
+	return len(e.comp.slots)
 }

@@ -6,46 +6,14 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/dsv4mla/prologue/attention/mla"
-	"github.com/dsv4mla/prologue/attention/mla/cpu"
 	"github.com/dsv4mla/prologue/engine"
 	"github.com/dsv4mla/prologue/kvcache"
 	"github.com/dsv4mla/prologue/metadata"
 )
-
-// hostCompressBackend is the cpu backend seen through mla.Backend alone:
-// without mla.CompressorBackend, the engine runs the compressor on the
-// host and writes the entries with Backend.Write, as on CUDA today.
-type hostCompressBackend struct{ mla.Backend }
-
-// hostCompressorOpen makes the test backend available while a test opens
-// an engine on it, and never to "auto" otherwise.
-var hostCompressorOpen atomic.Bool
-
-func init() {
-	engine.RegisterBackend("cpu-host-compressor", func(o engine.Options) (mla.Backend, error) {
-		return hostCompressBackend{cpu.New(0)}, nil
-	}, func() error {
-		if !hostCompressorOpen.Load() {
-			return fmt.Errorf("a test backend, opened by name only")
-		}
-		return nil
-	})
-}
-
-// newHostEngine opens cfg on the host-path backend.
-func newHostEngine(t testing.TB, cfg engine.Config) *engine.Engine {
-	t.Helper()
-	hostCompressorOpen.Store(true)
-	defer hostCompressorOpen.Store(false)
-	cfg.Backend = "cpu-host-compressor"
-	return newEngine(t, cfg)
-}
 
 // compConfig is V4-Flash with 4 heads and layers 0..3 (ratios 0, 0, 4,
 // 128), windowed, with the compressor on.
@@ -191,11 +159,8 @@ func TestCompressorChunkInvariance(t *testing.T) {
 		requireSameLive(t, e, ref, seq, what)
 	}
 	for name, chunks := range splits {
-		for _, backend := range []string{engine.BackendCPU, "cpu-host-compressor"} {
+		for _, backend := range []string{engine.BackendCPU} {
 			e := newEngine(t, compConfig())
-			if backend != engine.BackendCPU {
-				e = newHostEngine(t, compConfig())
-			}
 			done := 0
 			for _, c := range chunks {
 				runComp(t, seed, e, nil, ctxReq(seq, c))

@@ -520,7 +520,7 @@ func (e *Engine) Begin(ctx context.Context, reqs []metadata.Request) (_ *Iterati
 		}
 		defer func() {
 			if err != nil {
-				e.undoBeginCompressor(ic, needs)
+				e.undoBeginCompressor(ic)
 			}
 		}()
 	}
@@ -535,6 +535,11 @@ func (e *Engine) Begin(ctx context.Context, reqs []metadata.Request) (_ *Iterati
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("engine: Begin: %w", err)
+	}
+	if ic != nil {
+		if err := e.planCompressor(ic, m); err != nil {
+			return nil, err
+		}
 	}
 	if err := e.meta.Upload(e.backend, m, e.cfg.Cache.NumPages); err != nil {
 		return nil, fmt.Errorf("engine: Begin: uploading metadata: %w", err)

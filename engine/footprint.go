@@ -37,8 +37,9 @@ type Footprint struct {
 	ChainWeight int64 // Input = hidden: every layer's [wq_a; wkv], wq_b (the head range's rows), their scales and q_norm
 	Bookkeeping int64 // the page free list
 	Compressed  int64 // Compressor: each compressed layer's pool of its ratio's pages
-	StateBound  int64 // Compressor: the states of Compressor.MaxSequences sequences (host memory, taken as sequences arrive)
-	CompWeights int64 // Compressor with Input = hidden: each compressed layer's wkv, wgate (bf16) and ape, on the host
+	StateBound  int64 // Compressor: each compressed layer's ring of states, Compressor.MaxSequences slots
+	CompWeights int64 // Compressor with Input = hidden: each compressed layer's wkv, wgate (bf16) and ape
+	CompBuffers int64 // Compressor: the projection rows (MaxTokens), the plans, the norm weights
 }
 
 // Total is the sum of every buffer, saturating at math.MaxInt64.
@@ -69,6 +70,7 @@ func (f Footprint) parts() []footprintPart {
 		{"compressed pools", "Compressor.Ratio4Pages", f.Compressed},
 		{"compressor states", "Compressor.MaxSequences", f.StateBound},
 		{"compressor weights", "Layers", f.CompWeights},
+		{"compressor buffers", "MaxTokens", f.CompBuffers},
 	}
 }
 
@@ -178,6 +180,12 @@ func (c Config) footprint() (Footprint, error) {
 	f.Weights = 2 * layers * numerics.HeadDim * 4
 	f.Bookkeeping = int64(c.Cache.NumPages) * 4
 	if c.Compressor.Enabled {
+		width := 0
+		for _, r := range c.compressedRatios() {
+			width = max(width, compressor.Overlap(r)*compressor.Dim)
+			f.CompBuffers = addSat(f.CompBuffers, int64(align16(mla.CompressPlanBytes(c.MaxSeqs, mla.MaxCompressJobs(r, c.MaxSeqs, c.MaxTokens)))))
+		}
+		f.CompBuffers = addSat(f.CompBuffers, tokens*2*int64(width)*4)
 		pageBytes := int64(kvcache.FormatFP8UE8M0.PageBytes(CompressedPageSize))
 		for l := range c.Layers {
 			r, _ := c.Model.CompressRatio(l)
@@ -186,6 +194,7 @@ func (c Config) footprint() (Footprint, error) {
 			}
 			f.Compressed = addSat(f.Compressed, mulSat(int64(c.Compressor.pagesFor(r)), pageBytes))
 			f.StateBound = addSat(f.StateBound, mulSat(int64(c.Compressor.MaxSequences), stateBytes(r, c.Compressor.MaxDrafts)))
+			f.CompBuffers = addSat(f.CompBuffers, numerics.HeadDim*4)
 			if c.Input == InputHidden {
 				out := int64(compressor.Overlap(r) * compressor.Dim)
 				f.CompWeights = addSat(f.CompWeights, 2*out*int64(c.Model.HiddenSize)*2+int64(r)*out*4)

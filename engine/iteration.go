@@ -116,6 +116,9 @@ func (it *Iteration) RunLayer(ctx context.Context, layer int) error {
 	if it.inputsFor >= 0 && it.inputsFor != layer {
 		return fmt.Errorf("engine: RunLayer(%d): the input buffers hold layer %d's inputs (SetInputs)", layer, it.inputsFor)
 	}
+	if err := it.compressorReady(layer); err != nil {
+		return fmt.Errorf("engine: RunLayer(%d): %w", layer, err)
+	}
 	if err := ctx.Err(); err != nil {
 		it.fail(err)
 		return fmt.Errorf("engine: RunLayer(%d): %w", layer, err)
@@ -128,10 +131,6 @@ func (it *Iteration) RunLayer(ctx context.Context, layer int) error {
 		run = func() error { return it.replay(ctx, layer) }
 	}
 	if err := run(); err != nil {
-		it.fail(err)
-		return fmt.Errorf("engine: RunLayer(%d): %w", layer, err)
-	}
-	if err := it.runCompressor(ctx, layer); err != nil {
 		it.fail(err)
 		return fmt.Errorf("engine: RunLayer(%d): %w", layer, err)
 	}
@@ -154,7 +153,15 @@ func (e *Engine) runLayer(ctx context.Context, layer int, launches []mla.Launch)
 	if e.chain != nil {
 		return e.runChain(ctx, layer, launches)
 	}
-	return mla.RunLayer(ctx, e.backend, launches, e.args[layer])
+	if err := mla.RunLayer(ctx, e.backend, launches, e.args[layer]); err != nil {
+		return err
+	}
+	if e.comp != nil {
+		if err := e.compressStep(ctx, layer); err != nil {
+			return fmt.Errorf("compressor step: %w", err)
+		}
+	}
+	return nil
 }
 
 // GraphPath reports whether the iteration's layers replay CUDA graphs.

@@ -34,8 +34,8 @@ type compressState struct {
 	mod     *driver.Module
 	fn      *driver.Function // compress_entries
 	step    *driver.Function // compress_step
-	err     error      // a failed load, returned by every later call
-	scratch mla.Buffer // jobs then candidate codes of CompressEntries
+	err     error            // a failed load, returned by every later call
+	scratch mla.Buffer       // jobs then candidate codes of CompressEntries
 	// Compress's (compress_backend.go): the row uploads, and the device
 	// copies of each layer's norm weight and each RoPE table.
 	uploads [compressUploads]mla.Buffer
