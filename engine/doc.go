@@ -35,12 +35,18 @@
 //   - Config.Compressor runs the KV compressor of the ratio-4 and ratio-128
 //     layers: a compressed pool per layer (584-byte entries, 64 a page,
 //     one block table per ratio by entry index), reserved with the SWA
-//     pages all or nothing, and one compressor.State per sequence and
-//     layer. Its projections are the caller's on the projected path
-//     (Iteration.SetCompressorInputs) or the engine's from the hidden rows.
-//     Backends with mla.CompressorBackend (cpu) run it in place; others
-//     (cuda today) run it on the host and write the entries with
-//     Backend.Write: exact but slow, until a device kernel follows.
+//     pages all or nothing, and the compressor states on the backend: a
+//     ring of Compressor.MaxSequences slots per compressed layer, one slot
+//     per live sequence (a chunk longer than 1+MaxDrafts tokens after
+//     earlier ones writes a fresh slot, so an aborted chunk leaves the old
+//     state whole). Its projections are the caller's on the projected path
+//     (Iteration.SetCompressorInputs) or the engine's projection GEMM of
+//     the hidden rows. Begin writes each ratio's plan (the sequences'
+//     rows, positions and slots, the entries to emit and where) once; each
+//     compressed layer then issues the projection GEMM and one step launch
+//     (mla.CompressStepper) inside the layer, on the side stream under the
+//     layer's GEMMs where the backend has one, and inside the layer's CUDA
+//     graph on the graph path.
 //     Engine.Pools and Config.SequenceMemory give a scheduler the figures;
 //     Engine.CheckInvariants checks that nothing leaks.
 //

@@ -11,22 +11,6 @@ import (
 	"github.com/dsv4mla/prologue/numerics"
 )
 
-// Compress runs a compressed layer's compressor work (package compressor)
-// and stores each entry in place in the pool's host memory.
-func (*Backend) Compress(ctx context.Context, a *mla.CompressArgs) (int, error) {
-	pageBytes := kvcache.FormatFP8UE8M0.PageBytes(a.PageSize)
-	hb, ok := a.Pool.(*Buffer)
-	if !ok {
-		return 0, fmt.Errorf("cpu: compress: pool of type %T is not a CPU buffer", a.Pool)
-	}
-	pool := hb.b
-	return a.Run(ctx, func(e *compressor.Entry, page int32, off int) error {
-		base := int(page) * pageBytes
-		e.Store(pool[base:base+pageBytes], a.PageSize, off)
-		return nil
-	})
-}
-
 // CompressStep implements mla.CompressStepper on the host: the entries of
 // the plan's jobs by package compressor (Layer.EntryFrom), stored in place
 // in the pool, then each sequence's ring rows. A job or sequence whose

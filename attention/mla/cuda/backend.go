@@ -44,10 +44,6 @@ type Options struct {
 	GEMMOwnMaxM int
 	// NoCuBLASLt runs every GEMM on the own kernel (cuBLASLt is not loaded).
 	NoCuBLASLt bool
-	// HostCompressor runs the KV compressor's entries on the host (package
-	// compressor, written with Write) instead of the compress_entries
-	// kernel (Compress).
-	HostCompressor bool
 }
 
 // Backend runs the prologue kernels on one device.

@@ -13,7 +13,6 @@ import (
 	kernels "github.com/dsv4mla/prologue/kernels/cuda"
 	"github.com/dsv4mla/prologue/kernels/cuda/driver"
 	"github.com/dsv4mla/prologue/kvcache"
-	"github.com/dsv4mla/prologue/model/dsv4"
 	"github.com/dsv4mla/prologue/numerics"
 )
 
@@ -36,11 +35,6 @@ type compressState struct {
 	step    *driver.Function // compress_step
 	err     error            // a failed load, returned by every later call
 	scratch mla.Buffer       // jobs then candidate codes of CompressEntries
-	// Compress's (compress_backend.go): the row uploads, and the device
-	// copies of each layer's norm weight and each RoPE table.
-	uploads [compressUploads]mla.Buffer
-	norms   map[*compressor.Layer]mla.Buffer
-	ropes   map[*dsv4.RopeTable]mla.Buffer
 }
 
 // StateRow returns the candidate code of row `row` of CompressLayer's state
@@ -405,19 +399,10 @@ func (b *Backend) closeCompress() error {
 			db.ptr, db.n = 0, 0
 		}
 	}
-	bufs := append([]mla.Buffer{b.comp.scratch}, b.comp.uploads[:]...)
-	for _, buf := range b.comp.norms {
-		bufs = append(bufs, buf)
+	if b.comp.scratch != nil {
+		free(b.comp.scratch)
 	}
-	for _, buf := range b.comp.ropes {
-		bufs = append(bufs, buf)
-	}
-	for _, buf := range bufs {
-		if buf != nil {
-			free(buf)
-		}
-	}
-	b.comp.scratch, b.comp.uploads, b.comp.norms, b.comp.ropes = nil, [compressUploads]mla.Buffer{}, nil, nil
+	b.comp.scratch = nil
 	if b.comp.mod != nil {
 		errs = append(errs, b.comp.mod.Unload())
 		b.comp.mod, b.comp.fn, b.comp.step = nil, nil, nil

@@ -28,12 +28,17 @@
 // uploaded, the RoPE table, the weight), and it reads the rows an earlier
 // kernel produces, and writes anything, only after the wait.
 //
-// The KV compressor's entries (DESIGN.md section 8) run in their own
-// module, kernels/cuda/compress.cu on prologue.cu's helpers and the
-// canonical exp32 (kernels/cuda/exp32.cuh), loaded at first use
-// (CompressEntries, LaunchCompress, LoadCompressor): one block per entry
-// pools its candidates' rows from two row spaces (the iteration's and a
-// state's), bit-identical to package compressor.
+// The KV compressor (DESIGN.md section 8) runs in its own module,
+// kernels/cuda/compress.cu on prologue.cu's helpers and the canonical exp32
+// (kernels/cuda/exp32.cuh), loaded at first use (LoadCompressor).
+// CompressStep (mla.CompressStepper) is the engine's: one launch per
+// compressed layer reads the iteration's plan from device memory, pools
+// each entry (one block, one thread per channel) from the projection rows
+// and the sequence's ring slot, and writes the rows the sequence keeps, so
+// a CUDA graph replays it for any batch. BF16GEMM writes the projections;
+// Side puts both on the second stream under the layer's GEMMs.
+// CompressEntries and LaunchCompress pool explicit candidate lists (the
+// kernel tests' entry point).
 //
 // Options hold what a user chooses (device, logger, PDL); the launch-shape
 // knobs the tests and cmd/bench vary live in internal/cudatune (NewTuned).

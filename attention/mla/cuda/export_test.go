@@ -42,13 +42,3 @@ func PackCompressJobs(jobs []CompressJob) []byte {
 	}
 	return packJobs(jobs, n)
 }
-
-// PlanCompress is Compress's plan of a: the jobs (new rows: a.K and a.G's),
-// and the state rows they read.
-func PlanCompress(a *mla.CompressArgs) (jobs []CompressJob, stateK, stateG []float32, stateRows int, err error) {
-	p, err := planCompress(a)
-	if err != nil {
-		return nil, nil, nil, 0, err
-	}
-	return p.jobs, p.stateK, p.stateG, p.stateRows, nil
-}
