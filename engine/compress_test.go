@@ -381,3 +381,54 @@ func TestCompressorHidden(t *testing.T) {
 	require.Len(t, compEntries(t, one, 3, 1), 1)
 	require.Len(t, compEntries(t, one, 2, 1), 32)
 }
+
+// TestCompressorStateSlots: the states live in Compressor.MaxSequences ring
+// slots on the backend. A new sequence takes a slot, and so does a chunk
+// longer than 1 + MaxDrafts tokens after earlier ones (it writes a fresh
+// slot, so an abort keeps the old state); a batch needing more slots than
+// are free is refused with ErrCacheFull naming the state, changing nothing,
+// and a finished sequence's slot serves the next. The moved sequence's
+// entries and state equal those of an engine with room to spare.
+func TestCompressorStateSlots(t *testing.T) {
+	seed := testSeed(t)
+	cfg := compConfig()
+	cfg.Compressor.MaxSequences = 2
+	e := newEngine(t, cfg)
+	roomy := compConfig()
+	ref := newEngine(t, roomy)
+	for _, x := range []*engine.Engine{e, ref} {
+		runComp(t, seed, x, nil, ctxReq(1, 20))
+		runComp(t, seed, x, nil, ctxReq(2, 30))
+	}
+	require.Equal(t, 2, e.CompressorSequences())
+	pools := e.Pools()
+	for _, reqs := range [][]metadata.Request{
+		{ctxReq(3, 5)},                 // a third sequence
+		{ctxReq(1, 9)},                 // a long chunk after earlier tokens: a fresh slot
+		{ctxReq(3, 2), genReq(1, 3)},   // a new sequence, and a step in place
+		{ctxReq(2, 100), genReq(1, 7)}, // a long chunk beside a step in place
+	} {
+		_, err := e.Begin(t.Context(), reqs)
+		require.ErrorIs(t, err, engine.ErrCacheFull, "%v", reqs)
+		require.ErrorContains(t, err, "compressor state")
+		require.Equal(t, pools, e.Pools())
+		require.NoError(t, e.CheckInvariants())
+	}
+	// Steps and short chunks stay in place: no slot needed.
+	for _, x := range []*engine.Engine{e, ref} {
+		runComp(t, seed, x, nil, genReq(1, 7), genReq(2, 7))
+		runComp(t, seed, x, nil, ctxReq(1, 8))
+	}
+	require.NoError(t, e.Finish(2))
+	require.NoError(t, ref.Finish(2))
+	for _, x := range []*engine.Engine{e, ref} {
+		runComp(t, seed, x, nil, ctxReq(1, 200)) // moves to the freed slot
+		runComp(t, seed, x, nil, genReq(1, 2))
+		require.NoError(t, x.CheckInvariants())
+	}
+	require.Equal(t, 1, e.CompressorSequences())
+	requireSameCompressed(t, e, ref, 1, "after moving slots")
+	requireSameLive(t, e, ref, 1, "after moving slots")
+	runComp(t, seed, e, nil, ctxReq(4, 3)) // the slot seq 1 left is free again
+	require.NoError(t, e.CheckInvariants())
+}

@@ -134,6 +134,9 @@ func (it *Iteration) RunLayer(ctx context.Context, layer int) error {
 		it.fail(err)
 		return fmt.Errorf("engine: RunLayer(%d): %w", layer, err)
 	}
+	if it.comp != nil && it.e.chain != nil && it.e.comp.layers[layer] != nil {
+		it.comp.projected = layer // its projections are in the buffer (ReadChain)
+	}
 	it.markRan(layer)
 	return nil
 }
