@@ -122,8 +122,9 @@ func CompressScenarios() []CompressScenario {
 	return out
 }
 
-// TestCompressStep runs every compressor-step scenario on b, which must
-// implement mla.CompressStepper (the test skips otherwise).
+// TestCompressStep runs every compressor-step scenario, then every step
+// series (CompressChunkings, under "chunks/"), on b, which must implement
+// mla.CompressStepper (the test skips otherwise).
 func TestCompressStep(t *testing.T, b mla.Backend) {
 	if _, ok := b.(mla.CompressStepper); !ok {
 		t.Skipf("backend %s does not implement mla.CompressStepper", b.Name())
@@ -133,6 +134,15 @@ func TestCompressStep(t *testing.T, b mla.Backend) {
 			seed := rand.Uint64()
 			t.Logf("seed %d", seed)
 			if err := CheckCompressStep(b, s, seed); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+	for _, c := range CompressChunkings() {
+		t.Run("chunks/"+c.Name, func(t *testing.T) {
+			seed := rand.Uint64()
+			t.Logf("seed %d", seed)
+			if err := CheckCompressChunking(b, c, seed); err != nil {
 				t.Fatal(err)
 			}
 		})
@@ -260,23 +270,7 @@ func NewCompressCase(s CompressScenario, seed uint64) (*CompressCase, error) {
 
 	// Projections: K values of a per-row magnitude, logits around 0 with
 	// some at +-80 (the max subtraction decides), never zero.
-	randomRow := func(dst []float32) {
-		scale := math.Ldexp(1, r.IntN(9)-4)
-		if s.SmallK {
-			scale = math.Ldexp(1, r.IntN(3)-11)
-		}
-		for c := 0; c < w; c++ {
-			dst[c] = nonZero(float32(r.NormFloat64() * scale))
-			switch g := r.IntN(200); {
-			case g == 0:
-				dst[w+c] = 80 + float32(r.Float64())
-			case g == 1:
-				dst[w+c] = -80 - float32(r.Float64())
-			default:
-				dst[w+c] = nonZero(float32(3 * r.NormFloat64()))
-			}
-		}
-	}
+	randomRow := func(dst []float32) { randomKGRow(r, dst, s.SmallK) }
 	h.kg = make([]float32, kgRows*2*w)
 	for i := 0; i < kgRows; i++ {
 		randomRow(h.kg[i*2*w : (i+1)*2*w])
@@ -355,6 +349,28 @@ func NewCompressCase(s CompressScenario, seed uint64) (*CompressCase, error) {
 	cs.ringBytes = numerics.F32Bytes(h.ring)
 	cs.ropeBytes = table
 	return cs, nil
+}
+
+// randomKGRow fills one row of 2*w values, K then G: K values of a per-row
+// magnitude (about 2^-10 when small), logits around 0 with some at +-80
+// (the max subtraction decides), never zero.
+func randomKGRow(r *rand.Rand, dst []float32, small bool) {
+	w := len(dst) / 2
+	scale := math.Ldexp(1, r.IntN(9)-4)
+	if small {
+		scale = math.Ldexp(1, r.IntN(3)-11)
+	}
+	for c := 0; c < w; c++ {
+		dst[c] = nonZero(float32(r.NormFloat64() * scale))
+		switch g := r.IntN(200); {
+		case g == 0:
+			dst[w+c] = 80 + float32(r.Float64())
+		case g == 1:
+			dst[w+c] = -80 - float32(r.Float64())
+		default:
+			dst[w+c] = nonZero(float32(3 * r.NormFloat64()))
+		}
+	}
 }
 
 // compressRopeTable is the YaRN table every compressed layer reads.
