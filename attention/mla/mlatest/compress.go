@@ -44,7 +44,10 @@ type CompressScenario struct {
 	// SmallK scales the K values down to about 2^-10, so that the pooled
 	// values' mean square is near eps and the eps decides the inverse RMS.
 	SmallK bool
-	Eps    float32
+	// InterleaveJobs mixes the sequences' jobs in the plan (each
+	// sequence's still ascending), as the plan's contract allows.
+	InterleaveJobs bool
+	Eps            float32
 }
 
 func (s CompressScenario) eps() float32 {
@@ -103,9 +106,9 @@ func CompressScenarios() []CompressScenario {
 			Seqs: []CompressSeqSpec{{8100, 300, false}, {8191, 1, false}}},
 		// Several sequences of every kind in one full plan (jobs up to the
 		// capacity), and the same plan with room to spare.
-		CompressScenario{Name: "r4/mixed-full", Ratio: 4, MaxDrafts: 3, PageSize: 8, APE: true, SmallK: true,
+		CompressScenario{Name: "r4/mixed-full", Ratio: 4, MaxDrafts: 3, PageSize: 8, APE: true, SmallK: true, InterleaveJobs: true,
 			Seqs: []CompressSeqSpec{{0, 57, false}, {17, 3, false}, {18, 20, false}, {99, 1, false}, {30, 4, true}, {0, 2, false}}},
-		CompressScenario{Name: "r128/mixed-spare", Ratio: 128, MaxDrafts: 3, PageSize: 2, SpareSeqs: 5, SpareJobs: 7, PlanOffset: 16,
+		CompressScenario{Name: "r128/mixed-spare", Ratio: 128, MaxDrafts: 3, PageSize: 2, SpareSeqs: 5, SpareJobs: 7, PlanOffset: 16, InterleaveJobs: true,
 			Seqs: []CompressSeqSpec{{0, 255, false}, {127, 2, false}, {131, 125, false}, {40, 3, false}}},
 		// A few NaN logits: the entries that pool them are NaN, the others
 		// not.
@@ -258,6 +261,25 @@ func NewCompressCase(s CompressScenario, seed uint64) (*CompressCase, error) {
 			maxRope = max(maxRope, idx*s.Ratio+1)
 		}
 	}
+	if s.InterleaveJobs {
+		// A random merge of the sequences' job lists.
+		perSeq := map[int][]mla.CompressPlanJob{}
+		for _, j := range plan.Jobs {
+			perSeq[j.Seq] = append(perSeq[j.Seq], j)
+		}
+		plan.Jobs = plan.Jobs[:0]
+		for len(perSeq) > 0 {
+			k := r.IntN(n)
+			if q, ok := perSeq[k]; ok {
+				plan.Jobs = append(plan.Jobs, q[0])
+				if len(q) == 1 {
+					delete(perSeq, k)
+				} else {
+					perSeq[k] = q[1:]
+				}
+			}
+		}
+	}
 	maxSeqs, maxJobs := n+s.SpareSeqs, max(1, len(plan.Jobs)+s.SpareJobs)
 	enc, err := plan.Encode(maxSeqs, maxJobs)
 	if err != nil {
@@ -268,8 +290,6 @@ func NewCompressCase(s CompressScenario, seed uint64) (*CompressCase, error) {
 		RingRows: ringRows, NumPages: numPages, RopePositions: maxRope + r.IntN(4)}
 	h := &compressHost{ratio: s.Ratio, ringRows: ringRows, plan: plan, eps: s.eps(), pageSize: s.PageSize}
 
-	// Projections: K values of a per-row magnitude, logits around 0 with
-	// some at +-80 (the max subtraction decides), never zero.
 	randomRow := func(dst []float32) { randomKGRow(r, dst, s.SmallK) }
 	h.kg = make([]float32, kgRows*2*w)
 	for i := 0; i < kgRows; i++ {
