@@ -17,3 +17,16 @@ func TestConformanceOneWorker(t *testing.T) {
 	}
 	mlatest.Test(t, cpu.New(1))
 }
+
+// TestCompressStep runs the compressor step's conformance suite (it skips
+// until the backend implements mla.CompressStepper).
+func TestCompressStep(t *testing.T) {
+	mlatest.TestCompressStep(t, cpu.New(0))
+}
+
+func TestCompressStepOneWorker(t *testing.T) {
+	if testing.Short() {
+		t.Skip("short mode: the parallel run covers the same scenarios")
+	}
+	mlatest.TestCompressStep(t, cpu.New(1))
+}

@@ -88,6 +88,12 @@ func TestCUDAConformanceVariants(t *testing.T) {
 	}
 }
 
+// TestCUDACompressStep runs the compressor step's conformance suite (it
+// skips until the backend implements mla.CompressStepper).
+func TestCUDACompressStep(t *testing.T) {
+	mlatest.TestCompressStep(t, backend(t))
+}
+
 func TestCUDAMixedEqualsParts(t *testing.T) {
 	mlatest.MixedEqualsParts(t, backend(t))
 }

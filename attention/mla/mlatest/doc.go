@@ -4,5 +4,9 @@
 // cache pool and the scheduler scalars compared with a slow scalar reference
 // written straight from docs/DESIGN.md. TestActQuant, TestNormQuant and
 // TestQuantRefusals do the same for the chain's bit-exact kernels
-// (docs/DESIGN.md section 7 steps 1 and 3) on any backend that has them.
+// (docs/DESIGN.md section 7 steps 1 and 3) on any backend that has them, and
+// TestCompressStep for the compressor step (docs/DESIGN.md section 8,
+// mla.CompressStepArgs): every byte of the ring of states and of the
+// compressed pool after one step, against a scalar reference that shares
+// nothing with package compressor.
 package mlatest
