@@ -33,7 +33,10 @@
 // canonical exp32 (kernels/cuda/exp32.cuh), loaded at first use
 // (CompressEntries, LaunchCompress, LoadCompressor): one block per entry
 // pools its candidates' rows from two row spaces (the iteration's and a
-// state's), bit-identical to package compressor.
+// state's), bit-identical to package compressor. Its projection GEMM
+// (mla.BF16GEMMBackend: bf16 operands, float32 output) runs on cuBLASLt,
+// or kernels/cuda/gemm_bf16.cu for the shapes cuBLASLt refuses or without
+// it, within gemm.BoundBF16 of the CPU backend (bf16gemm.go).
 //
 // Options hold what a user chooses (device, logger, PDL); the launch-shape
 // knobs the tests and cmd/bench vary live in internal/cudatune (NewTuned).
