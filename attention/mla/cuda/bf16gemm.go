@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"sync"
@@ -73,7 +74,9 @@ func (b *Backend) initBF16GEMM() error {
 // PrepareBF16GEMM readies a projection GEMM of rows x n outputs from k
 // inputs (strides in elements) for a graph capture: the kernel loaded and
 // cuBLASLt's answer for the shape planned and cached. It returns nil
-// whichever implementation will run; only a failure to set up is an error.
+// whichever implementation will run (cuBLASLt's refusal is an answer);
+// a failure to set up, or a shape cuBLASLt cannot even be asked about, is
+// an error.
 func (b *Backend) PrepareBF16GEMM(rows, n, k, xStride, yStride int) error {
 	if err := b.InitBF16GEMM(); err != nil {
 		return err
@@ -81,7 +84,10 @@ func (b *Backend) PrepareBF16GEMM(rows, n, k, xStride, yStride int) error {
 	if rows == 0 || b.gemm.lt == nil {
 		return nil
 	}
-	_ = b.gemm.lt.SupportedBF16(cublaslt.BF16Shape{M: rows, N: n, K: k, XStride: xStride, YStride: yStride})
+	err := b.gemm.lt.SupportedBF16(cublaslt.BF16Shape{M: rows, N: n, K: k, XStride: xStride, YStride: yStride})
+	if le := (*cublaslt.Error)(nil); err != nil && !errors.As(err, &le) {
+		return fmt.Errorf("cuda: preparing the bf16 GEMM: %w", err)
+	}
 	return nil
 }
 
