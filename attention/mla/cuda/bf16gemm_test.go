@@ -2,6 +2,7 @@ package cuda_test
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"testing"
 
@@ -230,5 +231,51 @@ func TestBF16GEMMRefusals(t *testing.T) {
 		"Y": mlatest.BF16GEMMArgs(c, dev, dev, host),
 	} {
 		require.ErrorContains(t, b.BF16GEMM(context.Background(), a), "not a CUDA buffer", name)
+	}
+}
+
+// BenchmarkBF16GEMM times the projection GEMM at V4-Flash's ratio-4 shape
+// ([wkv; wgate]: 2048 outputs from hidden 4096) on each implementation,
+// each call synchronized.
+func BenchmarkBF16GEMM(bm *testing.B) {
+	if err := cuda.Available(); err != nil {
+		bm.Skipf("CUDA backend unavailable: %v", err)
+	}
+	b, err := cuda.New(cuda.Options{})
+	require.NoError(bm, err)
+	defer b.Close()
+	require.NoError(bm, b.InitBF16GEMM())
+	ctx := context.Background()
+	for _, path := range bf16Paths {
+		if path == "cublaslt" && b.CuBLASLtError() != nil {
+			continue
+		}
+		b.SetBF16GEMMPath(path)
+		for _, m := range []int{1, 16, 128, 1024} {
+			c := mlatest.BF16GEMMCase{Rows: m, N: 2048, K: 4096}
+			if path == "cublaslt" && b.CuBLASLtSupportsBF16(m, c.N, c.K, c.K, c.N) != nil {
+				continue
+			}
+			o := mlatest.RandomBF16Operands(rand.New(rand.NewPCG(1, uint64(m))), c)
+			x, w, err := mlatest.UploadBF16Operands(b, o, 0)
+			require.NoError(bm, err)
+			y, err := b.Alloc(mlatest.BF16GEMMYBytes(c))
+			require.NoError(bm, err)
+			a := mlatest.BF16GEMMArgs(c, x, w, y)
+			bm.Run(fmt.Sprintf("%s/m%d", path, m), func(bm *testing.B) {
+				bm.SetBytes(int64(2 * c.N * c.K))
+				for bm.Loop() {
+					if err := b.BF16GEMM(ctx, a); err != nil {
+						bm.Fatal(err)
+					}
+					if err := b.Synchronize(ctx); err != nil {
+						bm.Fatal(err)
+					}
+				}
+			})
+			for _, buf := range []mla.Buffer{x, w, y} {
+				require.NoError(bm, b.Free(buf))
+			}
+		}
 	}
 }
