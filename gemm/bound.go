@@ -62,8 +62,9 @@ func ULPBF16(v float64) float64 {
 	return math.Ldexp(1, e-1-7)
 }
 
-// Comparison is the element-by-element comparison of two bf16 GEMM
-// outputs against the bound.
+// Comparison is the element-by-element comparison of two GEMM outputs
+// against the bound (Compare: bf16 outputs; CompareF32: float32 outputs of
+// the bf16 GEMM, whose bound has no ulp term).
 type Comparison struct {
 	K          int
 	Elements   int
@@ -75,8 +76,9 @@ type Comparison struct {
 	A, B     float32
 	Allowed  float64
 	S        float64 // sum_k |x_k||w_k| at the worst element
-	// AccumRel is the largest (|y_a - y_b| - ulp) / S seen: the accumulation
-	// difference in units of S, to compare with Bound(K).
+	// AccumRel is the largest (|y_a - y_b| - ulp) / S seen (no ulp for
+	// CompareF32): the accumulation difference in units of S, to compare
+	// with Bound(K) (= BoundBF16(K)).
 	AccumRel float64
 }
 

@@ -12,6 +12,13 @@
 //
 // per output element, with x and w the dequantized operands.
 //
+// The compressor's projections (DESIGN.md section 8) are a bf16 GEMM with
+// float32 output: ReferenceBF16 (ascending k, the CPU backend's order),
+// and its bound, without the ulp term (BoundBF16, CompareF32,
+// CheckBoundF32):
+//
+//	|y_a - y_b| <= BoundBF16(K) * sum_k |x_k||w_k|
+//
 // NaN: an e4m3 NaN byte (0x7F, 0xFF) or a NaN scale makes every output it
 // reaches NaN, written as the canonical bf16 NaN 0x7FFF. e4m3 has no
 // infinity; an infinite scale gives ±Inf or NaN (Inf x 0) as IEEE float32

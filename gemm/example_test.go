@@ -33,3 +33,28 @@ func ExampleReference() {
 	// 128 64 64
 	// <nil>
 }
+
+// Two tokens through a 2-output bf16 projection: the float32 results of
+// another accumulation order are within BoundBF16(K) * sum |x||w| of the
+// reference, while reading the wrong weight row is not.
+func ExampleCheckBoundF32() {
+	const k = 8
+	o := &gemm.BF16Operands{Rows: 2, N: 2, K: k, XStride: k, X: make([]uint16, 2*k), W: make([]uint16, 2*k)}
+	for i := range k {
+		o.X[i] = numerics.BF16FromF32(float32(i + 1))       // token 0: 1..8
+		o.X[k+i] = numerics.BF16FromF32(-0.5)               // token 1: -0.5
+		o.W[i] = numerics.BF16FromF32(0.25)                 // output 0
+		o.W[k+i] = numerics.BF16FromF32(float32(i%2) - 0.5) // output 1: -0.5, 0.5, ...
+	}
+	y, err := gemm.ReferenceBF16(o)
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println(y)
+	fmt.Println(gemm.CheckBoundF32(o, y, []float32{9, 2, -1, 0}))
+	fmt.Println(gemm.CheckBoundF32(o, y, []float32{2, 9, 0, -1}) != nil)
+	// Output:
+	// [9 2 -1 0]
+	// <nil>
+	// true
+}

@@ -8,3 +8,11 @@ var gemmSource string
 // GEMMSource returns the CUDA source of the FP8 block-scaled GEMM kernels
 // for small batches (weight streaming, split-K, the split-K reduction).
 func GEMMSource() string { return gemmSource }
+
+//go:embed gemm_bf16.cu
+var gemmBF16Source string
+
+// BF16GEMMSource returns the CUDA source of the bf16 GEMM with float32
+// output (the compressor's projections where cuBLASLt is absent or refuses
+// a shape): kernel gemm_bf16_f32.
+func BF16GEMMSource() string { return gemmBF16Source }

@@ -56,8 +56,9 @@ type Backend struct {
 	opts   Options
 	knobs  cudatune.Knobs
 	clog   string
-	fork   sideStream // the chain's second stream (fork.go)
-	gemm   gemmState  // gemm.go
+	fork   sideStream    // the chain's second stream (fork.go)
+	gemm   gemmState     // gemm.go
+	bf16   bf16GEMMState // bf16gemm.go
 
 	// chainMod holds the chain kernels (chain.go); its functions are in fns.
 	chainMod *driver.Module

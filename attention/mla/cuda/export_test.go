@@ -42,3 +42,19 @@ func PackCompressJobs(jobs []CompressJob) []byte {
 	}
 	return packJobs(jobs, n)
 }
+
+// SetBF16GEMMPath forces the projection GEMM's implementation: "own" (the
+// kernel for every shape), "cublaslt" (cuBLASLt only; a shape it refuses
+// is an error) or "auto" (the default). Not safe while GEMMs run.
+func (b *Backend) SetBF16GEMMPath(path string) {
+	switch path {
+	case "own":
+		b.bf16.path = bf16GEMMOwn
+	case "cublaslt":
+		b.bf16.path = bf16GEMMCuBLASLt
+	case "auto":
+		b.bf16.path = bf16GEMMAuto
+	default:
+		panic("SetBF16GEMMPath: unknown path " + path)
+	}
+}

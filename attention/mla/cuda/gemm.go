@@ -45,8 +45,9 @@ type gemmState struct {
 	mt64, mt128    *driver.Function
 	reduce         *driver.Function
 	part           driver.DevicePtr
-	lt             *cublaslt.Handle
-	ltErr          error // why cuBLASLt is not used (absent, or Options.NoCuBLASLt)
+	ltOnce         sync.Once
+	lt             *cublaslt.Handle // shared with the bf16 GEMM (bf16gemm.go)
+	ltErr          error            // why cuBLASLt is not used (absent, or Options.NoCuBLASLt)
 	own, cublasRun atomic.Int64
 }
 
@@ -84,14 +85,23 @@ func (b *Backend) initGEMM() error {
 	if g.part, err = b.ctx.Alloc(gemmPartBytes); err != nil {
 		return err
 	}
-	if b.opts.NoCuBLASLt {
-		g.ltErr = errors.New("cuda: Options.NoCuBLASLt is set")
-	} else if g.lt, g.ltErr = cublaslt.New(b.ctx); g.ltErr != nil {
-		b.log.Info().Err(g.ltErr).Msg("cuBLASLt unavailable: the GEMM kernel runs every batch")
-	} else {
-		b.log.Debug().Int("version", g.lt.Version()).Str("path", g.lt.Path()).Msg("cuBLASLt loaded")
-	}
+	b.openCuBLASLt()
 	return nil
+}
+
+// openCuBLASLt opens the cuBLASLt handle the FP8 and bf16 GEMMs share,
+// once (unless Options.NoCuBLASLt); g.ltErr says why there is none.
+func (b *Backend) openCuBLASLt() {
+	g := &b.gemm
+	g.ltOnce.Do(func() {
+		if b.opts.NoCuBLASLt {
+			g.ltErr = errors.New("cuda: Options.NoCuBLASLt is set")
+		} else if g.lt, g.ltErr = cublaslt.New(b.ctx); g.ltErr != nil {
+			b.log.Info().Err(g.ltErr).Msg("cuBLASLt unavailable: the own GEMM kernels run every batch")
+		} else {
+			b.log.Debug().Int("version", g.lt.Version()).Str("path", g.lt.Path()).Msg("cuBLASLt loaded")
+		}
+	})
 }
 
 // closeGEMM releases what InitGEMM made.
@@ -109,6 +119,10 @@ func (b *Backend) closeGEMM() error {
 	if g.mod != nil {
 		errs = append(errs, g.mod.Unload())
 		g.mod = nil
+	}
+	if m := b.bf16.mod; m != nil {
+		errs = append(errs, m.Unload())
+		b.bf16.mod = nil
 	}
 	return errors.Join(errs...)
 }

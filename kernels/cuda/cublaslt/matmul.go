@@ -23,7 +23,22 @@ type Handle struct {
 	workspace driver.DevicePtr
 
 	mu    sync.Mutex
-	plans map[Shape]*plan
+	plans map[planKey]*plan
+}
+
+// matmulKind is which matmul a plan is for.
+type matmulKind uint8
+
+const (
+	kindFP8  matmulKind = iota + 1 // FP8Matmul
+	kindBF16                       // BF16Matmul
+)
+
+// planKey is what a plan depends on: the kind and the shape (xStride is
+// the BF16 matmul's; the FP8 one's X has no stride).
+type planKey struct {
+	kind                      matmulKind
+	m, n, k, xStride, yStride int
 }
 
 // New loads cuBLASLt (once per process), creates a handle on ctx's owner
@@ -33,7 +48,7 @@ func New(ctx *driver.Context) (*Handle, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cuBLASLt unavailable: %w", err)
 	}
-	h := &Handle{ctx: ctx, api: a, plans: map[Shape]*plan{}}
+	h := &Handle{ctx: ctx, api: a, plans: map[planKey]*plan{}}
 	if err := ctx.Do(func() error { return a.check("cublasLtCreate", a.create(&h.h)) }); err != nil {
 		return nil, err
 	}
@@ -94,10 +109,22 @@ func (h *Handle) Supported(s Shape) error {
 	return err
 }
 
+func (s Shape) key() planKey {
+	return planKey{kind: kindFP8, m: s.M, n: s.N, k: s.K, yStride: s.YStride}
+}
+
 func (h *Handle) plan(s Shape) (*plan, error) {
 	if err := s.validate(); err != nil {
 		return nil, err
 	}
+	return h.cached(s.key(),
+		func(p *plan) error { return h.build(p, s) },
+		func() string { return fmt.Sprintf("cublaslt: M = %d, N = %d, K = %d", s.M, s.N, s.K) })
+}
+
+// cached finds the plan of key, or builds it on the owner thread and keeps
+// it (with the library's refusal, named by what()).
+func (h *Handle) cached(key planKey, build func(p *plan) error, what func() string) (*plan, error) {
 	// The lock is not held across ctx.Do: a caller already on the owner
 	// thread may be waiting for it.
 	h.mu.Lock()
@@ -105,19 +132,19 @@ func (h *Handle) plan(s Shape) (*plan, error) {
 		h.mu.Unlock()
 		return nil, errors.New("cublaslt: handle is closed")
 	}
-	p, ok := h.plans[s]
+	p, ok := h.plans[key]
 	h.mu.Unlock()
 	if ok {
 		return p, p.err
 	}
 	p = &plan{}
-	if err := h.ctx.Do(func() error { return h.build(p, s) }); err != nil {
+	if err := h.ctx.Do(func() error { return build(p) }); err != nil {
 		h.destroyPlan(p)
 		var le *Error
 		if !errors.As(err, &le) {
 			return nil, err // not the library's answer: do not cache it
 		}
-		p = &plan{err: fmt.Errorf("cublaslt: M = %d, N = %d, K = %d: %w", s.M, s.N, s.K, err)}
+		p = &plan{err: fmt.Errorf("%s: %w", what(), err)}
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -125,11 +152,11 @@ func (h *Handle) plan(s Shape) (*plan, error) {
 		h.destroyPlan(p)
 		return nil, errors.New("cublaslt: handle is closed")
 	}
-	if q, ok := h.plans[s]; ok { // built concurrently: keep the first
+	if q, ok := h.plans[key]; ok { // built concurrently: keep the first
 		h.destroyPlan(p)
 		return q, q.err
 	}
-	h.plans[s] = p
+	h.plans[key] = p
 	return p, p.err
 }
 

@@ -1,0 +1,24 @@
+package cuda_test
+
+import (
+	"bytes"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	kernels "github.com/dsv4mla/prologue/kernels/cuda"
+	"github.com/dsv4mla/prologue/kernels/cuda/driver"
+)
+
+// TestBF16GEMMSourceCompiles compiles the bf16 GEMM's module with NVRTC
+// for the H200's architecture where NVRTC is installed (no GPU needed), as
+// the backend does, without warnings.
+func TestBF16GEMMSourceCompiles(t *testing.T) {
+	if err := driver.NVRTCAvailable(); err != nil {
+		t.Skipf("no NVRTC: %v", err)
+	}
+	c, err := driver.CompileDetailed(kernels.BF16GEMMSource(), "gemm_bf16.cu", driver.CompileOptions{Arch: "sm_90", NoFMAD: true, NoCache: true})
+	require.NoError(t, err)
+	require.Empty(t, c.Log, "NVRTC log")
+	require.True(t, bytes.Contains(c.Cubin, []byte("gemm_bf16_f32")), "the cubin has no gemm_bf16_f32")
+}
