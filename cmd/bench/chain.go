@@ -22,10 +22,11 @@ import (
 type chainKV int
 
 const (
-	kvForked chainKV = iota // on the side stream under q_norm and wq_b (the engine's way)
-	kvNone                  // left out: the chain's time without the KV work
-	kvSerial                // in order on the main stream after the fused GEMM
-	kvAlone                 // only the KV prologue of every layer (what the fork hides)
+	kvForked    chainKV = iota // on the side stream under q_norm and wq_b (the engine's way)
+	kvNone                     // left out: the chain's time without the KV work
+	kvSerial                   // in order on the main stream after the fused GEMM
+	kvAlone                    // only the KV prologue of every layer (what the fork hides)
+	kvCompAlone                // only the KV compressor of every layer (its projection GEMM and step)
 )
 
 func (k chainKV) String() string {
@@ -38,6 +39,8 @@ func (k chainKV) String() string {
 		return "KV in order"
 	case kvAlone:
 		return "KV alone"
+	case kvCompAlone:
+		return "compressor alone"
 	}
 	return fmt.Sprintf("chainKV(%d)", int(k))
 }
@@ -229,7 +232,11 @@ func (d *device) gemmPath(run func() error) (string, error) {
 // chainLayer issues layer l of the layout (input set l mod sets, weights
 // w) with the KV prologue as kv says. With paths non-nil it records which
 // GEMM implementation ran each GEMM.
-func (d *device) chainLayer(ctx context.Context, md model, cl *chainLayout, w *chainLayerWeights, l int, kv chainKV, paths *[2]string) (err error) {
+//
+// With comp non-nil, the layer's compressor goes first on the side stream
+// (the engine's way; kv must be kvForked, whose join ends it), or alone
+// on the main stream with kvCompAlone.
+func (d *device) chainLayer(ctx context.Context, md model, cl *chainLayout, w *chainLayerWeights, l int, kv chainKV, paths *[2]string, comp *chainComp) (err error) {
 	cd := chainDimsOf(md)
 	set := l % len(cl.sets)
 	cs := &cl.sets[set]
@@ -240,6 +247,17 @@ func (d *device) chainLayer(ctx context.Context, md model, cl *chainLayout, w *c
 	}
 	if kv == kvAlone {
 		return mla.KVOnly(ctx, d.be, launches, &a)
+	}
+	if kv == kvCompAlone {
+		return d.compressLayer(ctx, md, cl, comp, l)
+	}
+	if comp != nil {
+		if kv != kvForked {
+			return fmt.Errorf("the compressor runs on the side stream: KV mode %v has no join", kv)
+		}
+		if err := d.be.Side(ctx, func() error { return d.compressLayer(ctx, md, cl, comp, l) }); err != nil {
+			return errors.Join(err, d.be.JoinKV(ctx))
+		}
 	}
 	gemm := func(i int, g *mla.GEMMArgs) error {
 		if paths == nil {
@@ -353,7 +371,7 @@ func chainShape(c *config, d *device, md model, w *chainWeights, s shape, copyGB
 	// One eager layer first: it runs each GEMM shape once (cuBLASLt plans
 	// its algorithm then; a capture may not), and records the GEMM paths.
 	var paths [2]string
-	if err := d.chainLayer(ctx, md, cl, &w.layers[0], 0, kvForked, &paths); err != nil {
+	if err := d.chainLayer(ctx, md, cl, &w.layers[0], 0, kvForked, &paths, nil); err != nil {
 		return r, fmt.Errorf("eager layer: %w", err)
 	}
 	if err := d.be.Synchronize(ctx); err != nil {
@@ -364,7 +382,7 @@ func chainShape(c *config, d *device, md model, w *chainWeights, s shape, copyGB
 	for _, kv := range []chainKV{kvForked, kvNone, kvSerial, kvAlone} {
 		g, err := d.be.Capture(func() error {
 			for l := range L {
-				if err := d.chainLayer(ctx, md, cl, &w.layers[l], l, kv, nil); err != nil {
+				if err := d.chainLayer(ctx, md, cl, &w.layers[l], l, kv, nil, nil); err != nil {
 					return fmt.Errorf("layer %d: %w", l, err)
 				}
 			}
@@ -385,6 +403,15 @@ func chainShape(c *config, d *device, md model, w *chainWeights, s shape, copyGB
 			r.TotalUs = total
 		}
 	}
+	if c.ChainCompress {
+		for _, ratio := range []int{4, 128} {
+			cr, err := chainCompress(c, d, md, cl, w, ratio, perLayer[kvForked])
+			if err != nil {
+				return r, fmt.Errorf("compressor ratio %d: %w", ratio, err)
+			}
+			r.Compressor = append(r.Compressor, cr)
+		}
+	}
 	r.UsPerLayer = perLayer[kvForked]
 	r.NoKVUsPerLayer = perLayer[kvNone]
 	r.SerialKVUsPerLayer = perLayer[kvSerial]
@@ -398,5 +425,54 @@ func chainShape(c *config, d *device, md model, w *chainWeights, s shape, copyGB
 		r.Model, r.Phase, r.Batch, r.MTP, r.Tokens, r.Rows, r.FusedGEMM, r.WqBGEMM, r.UsPerLayer, r.NoKVUsPerLayer,
 		r.SerialKVUsPerLayer, r.KVAloneUsPerLayer, r.KVExposedUs, float64(r.WeightBytes)/1e6, r.WeightGBps,
 		r.WeightFloorUs, r.PctWeightFloor, r.FloorUs)
+	return r, nil
+}
+
+// chainCompress times the chain with every layer's compressor of a ratio
+// forked (the engine's way) and the compressor alone, each in one graph
+// of every layer; base is the chain's time per layer without it.
+func chainCompress(c *config, d *device, md model, cl *chainLayout, w *chainWeights, ratio int, base float64) (ChainCompResult, error) {
+	ctx := context.Background()
+	L := len(w.layers)
+	comp, err := d.setupComp(md, cl, ratio, L)
+	if err != nil {
+		return ChainCompResult{}, err
+	}
+	defer d.freeComp(comp)
+	// One eager compressor first: the projection GEMM plans its algorithm.
+	if err := d.compressLayer(ctx, md, cl, comp, 0); err != nil {
+		return ChainCompResult{}, fmt.Errorf("eager compressor: %w", err)
+	}
+	if err := d.be.Synchronize(ctx); err != nil {
+		return ChainCompResult{}, err
+	}
+	per := map[chainKV]float64{}
+	for _, kv := range []chainKV{kvForked, kvCompAlone} {
+		g, err := d.be.Capture(func() error {
+			for l := range L {
+				if err := d.chainLayer(ctx, md, cl, &w.layers[l], l, kv, nil, comp); err != nil {
+					return fmt.Errorf("layer %d: %w", l, err)
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return ChainCompResult{}, fmt.Errorf("capture (%v): %w", kv, err)
+		}
+		total, err := d.timeLaunchN(c.GraphReps, g.Launch)
+		if cerr := g.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return ChainCompResult{}, fmt.Errorf("replay (%v): %w", kv, err)
+		}
+		per[kv] = total / float64(L)
+	}
+	r := ChainCompResult{Ratio: ratio, UsPerLayer: per[kvForked], AloneUsPerLayer: per[kvCompAlone],
+		WeightBytes: int64(2 * comp.width * chainDimsOf(md).hidden * 2)}
+	r.AddedUs = r.UsPerLayer - base
+	r.AddedPct = safeDiv(100*r.AddedUs, base)
+	fmt.Printf("chain %-5s compressor ratio %-3d: %8.2f us/layer with it (%+6.2f us, %+5.1f%%), alone %7.2f us (projection weights %4.1f MB)\n",
+		md.Name, ratio, r.UsPerLayer, r.AddedUs, r.AddedPct, r.AloneUsPerLayer, float64(r.WeightBytes)/1e6)
 	return r, nil
 }

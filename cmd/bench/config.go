@@ -57,6 +57,11 @@ type config struct {
 	ChainLayers    int
 	ChainBatches   []int
 	ChainCtxTokens []int
+	// ChainCompress also times each chain shape with the KV compressor of a
+	// ratio-4 and of a ratio-128 layer in every layer (the projection GEMM
+	// and the step on the side stream, as the engine runs them), and the
+	// compressor alone.
+	ChainCompress bool
 
 	HostCost bool // the engine's Begin/End host cost
 	HostReps int
@@ -106,6 +111,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.IntVar(&c.CtxGraphLayers, "ctx-graph-layers", 8, "layers in a context shape's graph")
 	fs.BoolVar(&c.Chain, "chain", true, "time the whole chain from hidden states (act_quant, GEMMs, q_norm, prologue) per layer in CUDA graphs")
 	fs.IntVar(&c.ChainLayers, "chain-layers", 8, "layers, each with its own weights, in a chain graph")
+	fs.BoolVar(&c.ChainCompress, "chain-compress", true, "also time the chain with the KV compressor (ratio 4, ratio 128) and the compressor alone")
 	chainBatches := fs.String("chain-batches", "", "generation batch sizes of the chain (default "+defaultChainBatches+"; --quick "+quickChainBatches+")")
 	chainCtx := fs.String("chain-ctx-tokens", "", "context batch sizes of the chain in tokens (default "+defaultChainCtxTokens+"; --quick "+quickChainCtxTokens+")")
 	only := fs.Bool("chain-only", false, "only the chain (and the copy ceiling): the same as --kernels=false --iteration=false --graph=false --host-cost=false")

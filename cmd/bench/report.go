@@ -65,6 +65,20 @@ type LayerGraph struct {
 	PctCopy        float64 `json:"pct_copy"`
 }
 
+// ChainCompResult is one chain shape with the KV compressor of a ratio in
+// every layer.
+type ChainCompResult struct {
+	Ratio int `json:"ratio"`
+	// UsPerLayer: the chain (KV forked) with the compressor on the side
+	// stream; AddedUs and AddedPct: what it adds to the chain without it.
+	// AloneUsPerLayer: the compressor alone (projection GEMM and step).
+	UsPerLayer      float64 `json:"us_per_layer"`
+	AddedUs         float64 `json:"added_us"`
+	AddedPct        float64 `json:"added_pct"`
+	AloneUsPerLayer float64 `json:"alone_us_per_layer"`
+	WeightBytes     int64   `json:"weight_bytes"` // the projection weights, [wkv; wgate] bf16
+}
+
 // ChainResult is one shape of the whole chain from hidden states (DESIGN.md
 // section 7): every layer with its own weights (and, memory allowing, its
 // own hidden states, activations, outputs and cache pool) in one CUDA
@@ -95,6 +109,9 @@ type ChainResult struct {
 	SerialKVUsPerLayer float64 `json:"serial_kv_us_per_layer"`
 	KVAloneUsPerLayer  float64 `json:"kv_alone_us_per_layer"`
 	KVExposedUs        float64 `json:"kv_exposed_us"`
+	// Compressor: the chain with every layer's KV compressor of a ratio
+	// (--chain-compress).
+	Compressor []ChainCompResult `json:"compressor,omitempty"`
 	// WeightBytes is a layer's GEMM weights with their scales and the q_norm
 	// weight; WeightGBps = WeightBytes / UsPerLayer. WeightFloorUs is the
 	// weights at the measured copy rate (the weight-streaming floor), and

@@ -161,12 +161,53 @@ func (r *Replayer) verifyChain(ctx context.Context, it, rit *engine.Iteration, l
 		func() error {
 			return bounded("wq_b", engine.TensorQNormFP8, engine.TensorQNormScale, engine.TensorQIn, &w[1])
 		},
+		func() error { return rit.RunStage(ctx, layer, engine.StageCompressorGEMM) },
+		func() error { return r.verifyCompressorGEMM(it, rit, layer, hidden) },
 		func() error { return rit.RunStage(ctx, layer, engine.StagePrologue) },
 	}
 	for _, s := range steps {
 		if err := s(); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// verifyCompressorGEMM checks a compressed layer's compressor projections
+// (K and G before ape, float32) within package gemm's bf16 bound of the
+// reference's, then makes the reference continue from the engine's.
+func (r *Replayer) verifyCompressorGEMM(it, rit *engine.Iteration, layer int, hidden []byte) error {
+	if r.ref.CompressorWidth(layer) == 0 {
+		return nil
+	}
+	got, err := it.ReadChain(engine.TensorCompressorKG)
+	if err != nil {
+		return err
+	}
+	want, err := rit.ReadChain(engine.TensorCompressorKG)
+	if err != nil {
+		return fmt.Errorf("reference engine: %w", err)
+	}
+	if !bytes.Equal(got, want) {
+		p, ok := r.projections[layer]
+		if !ok {
+			if p, err = r.ref.CompressorProjection(layer); err != nil {
+				return fmt.Errorf("reference engine: %w", err)
+			}
+			r.projections[layer] = p
+		}
+		o := &gemm.BF16Operands{Rows: it.Tokens(), N: 2 * p.Out(), K: p.Hidden, X: u16sFrom(hidden), XStride: p.Hidden,
+			W: append(append(make([]uint16, 0, 2*len(p.WKV)), p.WKV...), p.WGate...)}
+		c, err := gemm.CompareF32(o, numerics.F32sFromBytes(want), numerics.F32sFromBytes(got))
+		if err != nil {
+			return fmt.Errorf("verify: compressor GEMM: %w", err)
+		}
+		if c.Violations > 0 {
+			return &GEMMError{Iteration: it.Index(), Layer: layer, Backend: r.eng.Backend().Name(), GEMM: "compressor", Comparison: c}
+		}
+	}
+	if err := rit.WriteChain(layer, engine.TensorCompressorKG, got); err != nil {
+		return fmt.Errorf("reference engine: %w", err)
 	}
 	return nil
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/dsv4mla/prologue/attention/mla"
+	"github.com/dsv4mla/prologue/compressor"
 	"github.com/dsv4mla/prologue/engine"
 	"github.com/dsv4mla/prologue/engine/trace"
 	"github.com/dsv4mla/prologue/weights"
@@ -47,11 +48,15 @@ type Replayer struct {
 	// weights caches the reference engine's GEMM weights per layer (the
 	// chain's verify bounds the engine's GEMM outputs with them).
 	weights map[int]*[2]weights.FP8Matrix
+	// projections caches the reference engine's compressor projection
+	// weights per layer, read once.
+	projections map[int]*compressor.Projection
 }
 
 // New creates the engine (and the reference engine when verifying).
 func New(ctx context.Context, opts Options) (*Replayer, error) {
-	r := &Replayer{opts: opts, log: opts.Logger.With().Str("component", "replay").Logger(), weights: map[int]*[2]weights.FP8Matrix{}}
+	r := &Replayer{opts: opts, log: opts.Logger.With().Str("component", "replay").Logger(), weights: map[int]*[2]weights.FP8Matrix{},
+		projections: map[int]*compressor.Projection{}}
 	var err error
 	if r.eng, err = engine.New(ctx, opts.Engine); err != nil {
 		return nil, err

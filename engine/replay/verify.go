@@ -2,6 +2,7 @@ package replay
 
 import (
 	"fmt"
+	"github.com/dsv4mla/prologue/attention/mla"
 	"strings"
 
 	"github.com/dsv4mla/prologue/engine"
@@ -112,6 +113,20 @@ func (r *Replayer) compare(it, rit *engine.Iteration, layer int) error {
 			pb := cc.PageBytes()
 			return mk(fmt.Sprintf("ratio-%d compressed pool page %d", r.eng.CompressRatio(layer), off/pb), off, n, len(w),
 				"entry "+describePage(off%pb, cc), g, w)
+		}
+		// The states: both engines give the same sequences the same slots.
+		if g, err = r.eng.ReadCompressorStates(layer); err != nil {
+			return err
+		}
+		if w, err = r.ref.ReadCompressorStates(layer); err != nil {
+			return fmt.Errorf("reference engine: %w", err)
+		}
+		if off, n := compareBytes(g, w); off >= 0 {
+			rowBytes := 2 * r.eng.CompressorWidth(layer) * 4
+			rows := mla.RingRows(r.eng.CompressRatio(layer), cfg.Compressor.MaxDrafts)
+			row := off / rowBytes
+			return mk("compressor states", off, n, len(w), fmt.Sprintf("slot %d row %d value %d (%s)", row/rows, row%rows,
+				off%rowBytes/4, map[bool]string{true: "G", false: "K"}[off%rowBytes >= rowBytes/2]), g, w)
 		}
 	}
 	return nil

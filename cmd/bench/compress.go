@@ -1,0 +1,130 @@
+package main
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/dsv4mla/prologue/attention/mla"
+	"github.com/dsv4mla/prologue/compressor"
+	"github.com/dsv4mla/prologue/engine"
+	"github.com/dsv4mla/prologue/kvcache"
+	"github.com/dsv4mla/prologue/numerics"
+)
+
+// The KV compressor's cost in the chain (DESIGN.md section 8, issue 10):
+// each layer of a chain graph also issues its compressor the way the
+// engine does (engine/compress.go): the projection GEMM of the hidden rows
+// ([wkv; wgate], bf16, float32 out) and one compress_step launch, both on
+// the side stream before act_quant, so they run under the layer's own
+// GEMMs. Every layer has its own projection weights and its own ring of
+// states; the plan is the shape's (every sequence at its cached length,
+// the entries its rows complete).
+
+// benchMaxDrafts is the MTP drafts the rings are sized for (the engine's
+// default).
+const benchMaxDrafts = engine.DefaultMaxDrafts
+
+// chainComp is one shape's compressor of one ratio.
+type chainComp struct {
+	ratio, width     int
+	wkvg             []mla.Buffer // per layer: [2*width][hidden] bf16
+	rings            []mla.Buffer // per layer
+	ape, norm        mla.Buffer
+	kg, plan, pool   mla.Buffer
+	maxSeqs, maxJobs int
+	ringRows, pages  int
+	bufs             []mla.Buffer
+}
+
+func (d *device) freeComp(c *chainComp) { d.freeBufs(c.bufs) }
+
+// setupComp lays out the compressor of a ratio for cl's shape and layers
+// layers.
+func (d *device) setupComp(md model, cl *chainLayout, ratio, layers int) (_ *chainComp, err error) {
+	m := cl.ls.m
+	c := &chainComp{ratio: ratio, width: compressor.Overlap(ratio) * compressor.Dim, maxSeqs: m.NumSeqs,
+		ringRows: mla.RingRows(ratio, benchMaxDrafts)}
+	c.maxJobs = mla.MaxCompressJobs(ratio, m.NumSeqs, cl.rows)
+	defer func() {
+		if err != nil {
+			d.freeComp(c)
+		}
+	}()
+	keep := func(buf mla.Buffer, err error) (mla.Buffer, error) {
+		if err == nil {
+			c.bufs = append(c.bufs, buf)
+		}
+		return buf, err
+	}
+	hidden := chainDimsOf(md).hidden
+	for l := range layers {
+		w, err := keep(d.randBF16(2*c.width*hidden, hidden))
+		if err != nil {
+			return nil, fmt.Errorf("layer %d compressor weights: %w", l, err)
+		}
+		c.wkvg = append(c.wkvg, w)
+		ring, err := keep(d.randF32(m.NumSeqs*c.ringRows*2*c.width, -1, 1))
+		if err != nil {
+			return nil, fmt.Errorf("layer %d compressor states: %w", l, err)
+		}
+		c.rings = append(c.rings, ring)
+	}
+	if c.ape, err = keep(d.randF32(ratio*c.width, -0.02, 0.02)); err != nil {
+		return nil, err
+	}
+	if c.norm, err = keep(d.randF32(numerics.HeadDim, 0.5, 1.5)); err != nil {
+		return nil, err
+	}
+	if c.kg, err = keep(d.be.Alloc(cl.rows * 2 * c.width * 4)); err != nil {
+		return nil, err
+	}
+	// The plan: sequence b at its cached length in slot b, its entries at
+	// consecutive pages of one pool.
+	p := &mla.CompressPlan{}
+	for b := range m.NumSeqs {
+		start, rows := int(m.Cached[b]), int(m.QLen[b])
+		p.Seqs = append(p.Seqs, mla.CompressPlanSeq{Row: int(m.CuQ[b]), Rows: rows, Start: start, From: b, To: b})
+		entries := (start + rows) / ratio
+		table := make([]int32, (entries+engine.CompressedPageSize-1)/engine.CompressedPageSize+1)
+		for j := range table {
+			table[j] = int32(c.pages)
+			c.pages++
+		}
+		if err := p.PlanEntries(b, ratio, start, rows, table, engine.CompressedPageSize, c.pages); err != nil {
+			return nil, err
+		}
+	}
+	raw, err := p.Encode(c.maxSeqs, c.maxJobs)
+	if err != nil {
+		return nil, err
+	}
+	if c.plan, err = keep(d.be.Alloc(len(raw))); err != nil {
+		return nil, err
+	}
+	if err := d.be.Write(c.plan, 0, raw); err != nil {
+		return nil, err
+	}
+	if c.pool, err = keep(d.be.Alloc(c.pages * kvcache.FormatFP8UE8M0.PageBytes(engine.CompressedPageSize))); err != nil {
+		return nil, err
+	}
+	return c, d.be.Synchronize(context.Background())
+}
+
+// compressLayer issues layer l's compressor (the projection GEMM of the
+// hidden rows and the step) on the current stream.
+func (d *device) compressLayer(ctx context.Context, md model, cl *chainLayout, c *chainComp, l int) error {
+	set := l % len(cl.sets)
+	hidden := chainDimsOf(md).hidden
+	if err := d.be.BF16GEMM(ctx, &mla.BF16GEMMArgs{Rows: cl.rows, N: 2 * c.width, K: hidden, X: cl.sets[set].hidden,
+		XStride: hidden, W: c.wkvg[l], Y: c.kg, YStride: 2 * c.width}); err != nil {
+		return fmt.Errorf("compressor GEMM: %w", err)
+	}
+	a := cl.ls.args[set]
+	if err := d.be.CompressStep(ctx, &mla.CompressStepArgs{Ratio: c.ratio, KG: c.kg, KGRows: cl.rows, APE: c.ape,
+		Ring: c.rings[l], RingRows: c.ringRows, Slots: cl.ls.m.NumSeqs, Plan: c.plan, MaxSeqs: c.maxSeqs, MaxJobs: c.maxJobs,
+		NormWeight: c.norm, Eps: numerics.DefaultEps, Rope: a.Rope, RopePositions: a.RopePositions,
+		Pool: c.pool, PageSize: engine.CompressedPageSize, NumPages: c.pages}); err != nil {
+		return fmt.Errorf("compressor step: %w", err)
+	}
+	return nil
+}
