@@ -85,6 +85,7 @@ type Engine struct {
 	planner     metadata.Planner
 	planNeeds   []metadata.Need
 	needScratch []kvcache.Need
+	lookups     []kvcache.SequenceLookup // also the next batch's handle hints
 	lastMeta    *metadata.Metadata
 }
 
@@ -446,17 +447,39 @@ func (e *Engine) Finish(seq uint64) error {
 	return nil
 }
 
-// lookup adapts the cache to the metadata pass: an unknown sequence is not
-// an error there (a context request creates it), any other refusal is.
-func (e *Engine) lookup(seq uint64) (int, bool, error) {
-	n, err := e.cache.Lookup(seq)
-	if errors.Is(err, kvcache.ErrUnknownSequence) {
-		return 0, false, nil
+// lookupBatch looks the batch's sequences up in the cache at once, through
+// the handles of the last batch's sequences at the same index (a decode
+// batch repeats), and returns the metadata pass's lookup, which answers
+// from those results: an unknown sequence is not an error there (a context
+// request creates it), any other refusal is.
+func (e *Engine) lookupBatch(reqs []metadata.Request) metadata.LengthLookup {
+	ls := e.lookups
+	for i, r := range reqs {
+		if i >= len(ls) {
+			ls = append(ls, kvcache.SequenceLookup{})
+		} else if ls[i].ID != r.Seq {
+			ls[i].Handle = 0
+		}
+		ls[i].ID = r.Seq
 	}
-	if err != nil {
-		return 0, true, err
+	ls = ls[:len(reqs)]
+	e.lookups = ls
+	e.cache.LookupAll(ls)
+	next := 0 // the pass asks in batch order, once per request
+	return func(seq uint64) (int, bool, error) {
+		if next >= len(ls) || ls[next].ID != seq {
+			return 0, false, fmt.Errorf("engine: sequence %d looked up out of batch order", seq)
+		}
+		l := ls[next]
+		next++
+		if errors.Is(l.Err, kvcache.ErrUnknownSequence) {
+			return 0, false, nil
+		}
+		if l.Err != nil {
+			return 0, true, l.Err
+		}
+		return l.Length, true, nil
 	}
-	return n, true, nil
 }
 
 // Begin starts an iteration: it validates the batch (context requests
@@ -494,7 +517,7 @@ func (e *Engine) Begin(ctx context.Context, reqs []metadata.Request) (_ *Iterati
 	if graph {
 		params.PadTokensTo = e.cfg.graphBucket(tokens)
 	}
-	plan, err := e.planner.Plan(reqs, e.lookup, params)
+	plan, err := e.planner.Plan(reqs, e.lookupBatch(reqs), params)
 	if err != nil {
 		return nil, fmt.Errorf("engine: Begin: %w", err)
 	}
@@ -504,8 +527,8 @@ func (e *Engine) Begin(ctx context.Context, reqs []metadata.Request) (_ *Iterati
 	needs := plan.AppendNeeds(e.planNeeds[:0])
 	e.planNeeds = needs
 	kn := e.needScratch[:0]
-	for _, n := range needs {
-		kn = append(kn, kvcache.Need{ID: n.Seq, NewLength: n.Length, Create: n.Create})
+	for i, n := range needs { // the needs are the requests, in order
+		kn = append(kn, kvcache.Need{ID: n.Seq, NewLength: n.Length, Create: n.Create, Handle: e.lookups[i].Handle})
 	}
 	e.needScratch = kn
 	res, err := e.cache.Reserve(kn)

@@ -65,6 +65,10 @@ type Cache struct {
 	free     []int32 // stack; the next page handed out is the last element
 	seqs     map[uint64]*sequence
 	finished finishedSet // see MaxFinishedRuns
+	// dense holds the live sequences by Handle-1 (nil: a free handle, in
+	// freeHandles).
+	dense       []*sequence
+	freeHandles []Handle
 	// Reserve's scratch, reused under mu: its call number (the stamp of the
 	// live sequences it holds so far), the ids it creates by need index, and
 	// the sequences of its needs.
@@ -86,6 +90,48 @@ type sequence struct {
 	pending  *Reservation // non-nil while a reservation holds the sequence
 	mark     uint64       // the Reserve call (Cache.epoch) that last named it
 	markAt   int          // its index in that call's needs
+	id       uint64
+	handle   Handle
+}
+
+// Handle is a live sequence's index in the cache's dense table of
+// sequences. LookupAll returns it and Need.Handle passes it back, so that a
+// caller naming the same sequences step after step (a decode loop) skips
+// the id's map lookup. It is only a hint: a zero, stale or wrong handle
+// costs that lookup, never a wrong sequence.
+type Handle int32
+
+// handleLocked returns the live sequence id through its handle h when h
+// still names it, else through the map.
+func (c *Cache) handleLocked(h Handle, id uint64) (*sequence, bool) {
+	if h > 0 && int(h) <= len(c.dense) {
+		if s := c.dense[h-1]; s != nil && s.id == id {
+			return s, true
+		}
+	}
+	s, ok := c.seqs[id]
+	return s, ok
+}
+
+// addLocked makes s the live sequence id, with a handle.
+func (c *Cache) addLocked(id uint64, s *sequence) {
+	s.id = id
+	if n := len(c.freeHandles); n > 0 {
+		s.handle = c.freeHandles[n-1]
+		c.freeHandles = c.freeHandles[:n-1]
+		c.dense[s.handle-1] = s
+	} else {
+		c.dense = append(c.dense, s)
+		s.handle = Handle(len(c.dense))
+	}
+	c.seqs[id] = s
+}
+
+// removeLocked forgets the live sequence s.
+func (c *Cache) removeLocked(s *sequence) {
+	delete(c.seqs, s.id)
+	c.dense[s.handle-1] = nil
+	c.freeHandles = append(c.freeHandles, s.handle)
 }
 
 // Need asks Reserve to make sequence ID cover NewLength tokens in total
@@ -96,6 +142,9 @@ type Need struct {
 	// Create says the sequence is new: the id must be neither live nor
 	// finished, and the sequence starts empty. Otherwise it must be live.
 	Create bool
+	// Handle, when LookupAll returned one for ID, spares Reserve the id's
+	// map lookup; zero or stale, it is ignored.
+	Handle Handle
 }
 
 // Reservation is the pending result of a successful Reserve. Exactly one of
@@ -171,6 +220,32 @@ func (c *Cache) Lookup(id uint64) (length int, err error) {
 	return s.length, nil
 }
 
+// SequenceLookup is one entry of LookupAll: ID and, optionally, a Handle
+// from an earlier LookupAll for ID go in; Length, Handle and Err come out,
+// as Lookup returns them (Handle 0 when Err is set).
+type SequenceLookup struct {
+	ID     uint64
+	Handle Handle
+	Length int
+	Err    error
+}
+
+// LookupAll is Lookup for a whole batch under one lock, through the
+// handles where they are still valid.
+func (c *Cache) LookupAll(lookups []SequenceLookup) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i := range lookups {
+		l := &lookups[i]
+		if s, ok := c.handleLocked(l.Handle, l.ID); ok {
+			l.Length, l.Handle, l.Err = s.length, s.handle, nil
+			continue
+		}
+		_, l.Err = c.liveLocked(l.ID)
+		l.Length, l.Handle = 0, 0
+	}
+}
+
 // Reserve grows every sequence in needs so that its pages cover NewLength
 // tokens, all or nothing. Every need is checked first (unknown, finished,
 // existing, busy or duplicate ids, bad lengths; the first error in needs
@@ -190,7 +265,7 @@ func (c *Cache) Reserve(needs []Need) (*Reservation, error) {
 	defer func() { clear(held); c.heldScratch = held[:0] }()
 	total := 0
 	for i, n := range needs {
-		s, live := c.seqs[n.ID]
+		s, live := c.handleLocked(n.Handle, n.ID)
 		if live && s.mark == c.epoch {
 			return nil, fmt.Errorf("%w: sequence %d in needs[%d] and needs[%d]", ErrDuplicateNeed, n.ID, s.markAt, i)
 		}
@@ -247,7 +322,7 @@ func (c *Cache) Reserve(needs []Need) (*Reservation, error) {
 		s := held[i]
 		if n.Create {
 			s = &sequence{}
-			c.seqs[n.ID] = s
+			c.addLocked(n.ID, s)
 		}
 		r.entries[i] = reservedEntry{seq: s, id: n.ID, created: n.Create, oldPages: len(s.pages)}
 		// Pop the pages off the free stack, the top one first.
@@ -398,7 +473,7 @@ func (r *Reservation) Rollback() error {
 		e.seq.reserved = e.seq.length
 		e.seq.pending = nil
 		if e.created {
-			delete(c.seqs, e.id)
+			c.removeLocked(e.seq)
 		}
 	}
 	for i := len(r.taken) - 1; i >= 0; i-- {
@@ -473,7 +548,7 @@ func (c *Cache) Finish(id uint64) error {
 	for i := len(s.pages) - 1; i >= s.freed; i-- {
 		c.free = append(c.free, s.pages[i])
 	}
-	delete(c.seqs, id)
+	c.removeLocked(s)
 	c.finished.add(id)
 	c.afterMutation()
 	return nil
