@@ -353,11 +353,11 @@ func (r *Reservation) Holds(id uint64) bool {
 
 // AppendBlockTable appends to dst the pages of needs[i] of the Reserve call
 // that made r, as Cache.AppendBlockTable would for its id, without looking
-// the id up. The reservation must be pending.
+// the id up. The reservation must be pending, and the caller the goroutine
+// that commits or rolls it back: nothing else changes a pending
+// reservation's sequences, so it takes no lock (a metadata pass calls it
+// once per sequence).
 func (r *Reservation) AppendBlockTable(dst []int32, i int) ([]int32, error) {
-	c := r.cache
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	if r.done {
 		return dst, ErrReservationDone
 	}

@@ -348,14 +348,25 @@ func (p *Plan) BuildAppend(reuse *Metadata, appendTable func(dst []int32, b int,
 		if len(pages) == 0 || len(row) == 0 || &pages[0] != &row[0] {
 			copy(row, pages[:need]) // a table longer than the row was appended elsewhere
 		}
-		for j, pg := range row[:behind] {
-			if pg < -1 {
-				return nil, requestError(b, seq, "block table entry %d is page %d, must be >= 0 (or -1 for a page freed behind the cached positions, before entry %d)", j, pg, behind)
-			}
+		// One branch-free pass finds whether an entry may be bad (one below
+		// its bound makes the OR negative); only then the loops find which.
+		bad := int32(0)
+		for _, pg := range row[:behind] {
+			bad |= pg + 1
 		}
-		for j, pg := range row[behind:need] {
-			if pg < 0 {
-				return nil, requestError(b, seq, "block table entry %d is page %d, must be >= 0 (or -1 for a page freed behind the cached positions, before entry %d)", behind+j, pg, behind)
+		for _, pg := range row[behind:need] {
+			bad |= pg
+		}
+		if bad < 0 {
+			for j, pg := range row[:behind] {
+				if pg < -1 {
+					return nil, requestError(b, seq, "block table entry %d is page %d, must be >= 0 (or -1 for a page freed behind the cached positions, before entry %d)", j, pg, behind)
+				}
+			}
+			for j, pg := range row[behind:need] {
+				if pg < 0 {
+					return nil, requestError(b, seq, "block table entry %d is page %d, must be >= 0 (or -1 for a page freed behind the cached positions, before entry %d)", behind+j, pg, behind)
+				}
 			}
 		}
 		for j := need; j < len(row); j++ {
