@@ -80,8 +80,13 @@ type Engine struct {
 	census     mla.Census
 	iterations int // iterations begun
 
-	tableScratch []int32 // Begin's block-table reads, reused
-	pageScratch  []int32 // writtenPages' work, reused
+	// Begin's memory, reused by the next Begin: the planner, the needs, and
+	// the last iteration's metadata (Iteration.Metadata says so).
+	planner     metadata.Planner
+	planNeeds   []metadata.Need
+	needScratch []kvcache.Need
+	lookups     []kvcache.SequenceLookup // also the next batch's handle hints
+	lastMeta    *metadata.Metadata
 }
 
 // graphKey names a captured layer: its launches differ only by the padded
@@ -422,7 +427,7 @@ func (e *Engine) Finish(seq uint64) error {
 		return ErrClosed
 	}
 	if it := e.open; it != nil {
-		if _, held := it.holds[seq]; held {
+		if it.res.Holds(seq) {
 			for _, d := range e.deferred {
 				if d == seq {
 					return fmt.Errorf("engine: Finish(%d): already finishing once iteration %d ends: %w", seq, it.index, kvcache.ErrFinishedSequence)
@@ -442,17 +447,39 @@ func (e *Engine) Finish(seq uint64) error {
 	return nil
 }
 
-// lookup adapts the cache to the metadata pass: an unknown sequence is not
-// an error there (a context request creates it), any other refusal is.
-func (e *Engine) lookup(seq uint64) (int, bool, error) {
-	n, err := e.cache.Lookup(seq)
-	if errors.Is(err, kvcache.ErrUnknownSequence) {
-		return 0, false, nil
+// lookupBatch looks the batch's sequences up in the cache at once, through
+// the handles of the last batch's sequences at the same index (a decode
+// batch repeats), and returns the metadata pass's lookup, which answers
+// from those results: an unknown sequence is not an error there (a context
+// request creates it), any other refusal is.
+func (e *Engine) lookupBatch(reqs []metadata.Request) metadata.LengthLookup {
+	ls := e.lookups
+	for i, r := range reqs {
+		if i >= len(ls) {
+			ls = append(ls, kvcache.SequenceLookup{})
+		} else if ls[i].ID != r.Seq {
+			ls[i].Handle = 0
+		}
+		ls[i].ID = r.Seq
 	}
-	if err != nil {
-		return 0, true, err
+	ls = ls[:len(reqs)]
+	e.lookups = ls
+	e.cache.LookupAll(ls)
+	next := 0 // the pass asks in batch order, once per request
+	return func(seq uint64) (int, bool, error) {
+		if next >= len(ls) || ls[next].ID != seq {
+			return 0, false, fmt.Errorf("engine: sequence %d looked up out of batch order", seq)
+		}
+		l := ls[next]
+		next++
+		if errors.Is(l.Err, kvcache.ErrUnknownSequence) {
+			return 0, false, nil
+		}
+		if l.Err != nil {
+			return 0, true, l.Err
+		}
+		return l.Length, true, nil
 	}
-	return n, true, nil
 }
 
 // Begin starts an iteration: it validates the batch (context requests
@@ -490,18 +517,20 @@ func (e *Engine) Begin(ctx context.Context, reqs []metadata.Request) (_ *Iterati
 	if graph {
 		params.PadTokensTo = e.cfg.graphBucket(tokens)
 	}
-	plan, err := metadata.NewPlan(reqs, e.lookup, params)
+	plan, err := e.planner.Plan(reqs, e.lookupBatch(reqs), params)
 	if err != nil {
 		return nil, fmt.Errorf("engine: Begin: %w", err)
 	}
 	if tokens > e.cfg.MaxTokens {
 		return nil, fmt.Errorf("%w: Begin: batch of %d tokens, more than MaxTokens = %d", ErrBatchTooLarge, tokens, e.cfg.MaxTokens)
 	}
-	needs := plan.Needs()
-	kn := make([]kvcache.Need, len(needs))
-	for i, n := range needs {
-		kn[i] = kvcache.Need{ID: n.Seq, NewLength: n.Length, Create: n.Create}
+	needs := plan.AppendNeeds(e.planNeeds[:0])
+	e.planNeeds = needs
+	kn := e.needScratch[:0]
+	for i, n := range needs { // the needs are the requests, in order
+		kn = append(kn, kvcache.Need{ID: n.Seq, NewLength: n.Length, Create: n.Create, Handle: e.lookups[i].Handle})
 	}
+	e.needScratch = kn
 	res, err := e.cache.Reserve(kn)
 	if err != nil {
 		return nil, fmt.Errorf("engine: Begin: %w", err)
@@ -524,12 +553,11 @@ func (e *Engine) Begin(ctx context.Context, reqs []metadata.Request) (_ *Iterati
 			}
 		}()
 	}
-	m, err := plan.Build(func(seq uint64) ([]int32, error) {
-		// Build copies the pages at once: one buffer serves every sequence.
-		table, terr := e.cache.AppendBlockTable(e.tableScratch[:0], seq)
-		e.tableScratch = table
-		return table, terr
-	})
+	// The reservation's needs are the plan's, in batch order: the pages go
+	// straight from the reservation into the metadata's rows.
+	// The last iteration's metadata is spent (one iteration is open at a
+	// time): this one reuses its memory.
+	m, err := plan.BuildAppend(e.lastMeta, func(dst []int32, b int, _ uint64) ([]int32, error) { return res.AppendBlockTable(dst, b) })
 	if err != nil {
 		return nil, fmt.Errorf("engine: Begin: %w", err)
 	}
@@ -541,11 +569,10 @@ func (e *Engine) Begin(ctx context.Context, reqs []metadata.Request) (_ *Iterati
 			return nil, err
 		}
 	}
+	e.lastMeta = m
 	if err := e.meta.Upload(e.backend, m, e.cfg.Cache.NumPages); err != nil {
 		return nil, fmt.Errorf("engine: Begin: uploading metadata: %w", err)
 	}
-	var pages []int32
-	pages, e.pageScratch = writtenPages(m, e.pageScratch)
 	launches := mla.Plan(m)
 	if graph {
 		launches = mla.FromHeader(launches)
@@ -557,16 +584,15 @@ func (e *Engine) Begin(ctx context.Context, reqs []metadata.Request) (_ *Iterati
 		launches:  launches,
 		graph:     graph,
 		res:       res,
-		holds:     make(map[uint64]struct{}, len(needs)),
 		ran:       make([]bool, e.cfg.Layers),
 		inputsFor: -1,
-		pages:     pages,
 		comp:      ic,
-		created:   map[uint64]bool{},
 	}
 	for _, n := range needs {
-		it.holds[n.Seq] = struct{}{}
 		if n.Create {
+			if it.created == nil {
+				it.created = map[uint64]bool{}
+			}
 			it.created[n.Seq] = true
 		}
 	}
@@ -620,18 +646,17 @@ func (e *Engine) closeIterationLocked(it *Iteration, commit bool) error {
 
 // writtenPages lists, in ascending order, the pages holding a slot of the
 // iteration's real rows: for each sequence, the block-table entries of its
-// new positions [Cached, KVLen). scratch is reused for the work; the result
-// is a fresh slice.
-func writtenPages(m *metadata.Metadata, scratch []int32) (pages, work []int32) {
-	work = scratch[:0]
+// new positions [Cached, KVLen).
+func writtenPages(m *metadata.Metadata) []int32 {
+	var pages []int32
 	shift := bits.TrailingZeros(uint(m.PageSize))
 	for b := range m.NumSeqs {
 		if m.KVLen[b] == m.Cached[b] {
 			continue
 		}
 		first, last := int(m.Cached[b])>>shift, int(m.KVLen[b]-1)>>shift
-		work = append(work, m.BlockTables[b*m.MaxPages+first:b*m.MaxPages+last+1]...)
+		pages = append(pages, m.BlockTables[b*m.MaxPages+first:b*m.MaxPages+last+1]...)
 	}
-	slices.Sort(work)
-	return slices.Clone(slices.Compact(work)), work
+	slices.Sort(pages)
+	return slices.Compact(pages)
 }

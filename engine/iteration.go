@@ -23,15 +23,13 @@ type Iteration struct {
 	launches  []mla.Launch
 	graph     bool // layers replay captured graphs (Config.UseGraphs)
 	res       *kvcache.Reservation
-	holds     map[uint64]struct{} // sequences of the batch: Finish defers them
-	ran       []bool              // layers whose prologue ran
-	inputsFor int                 // layer of the last SetInputs, -1 before any
-	pages     []int32             // pages holding a slot of this iteration
+	ran       []bool // layers whose prologue ran
+	inputsFor int    // layer of the last SetInputs, -1 before any
 	census    mla.Census
 	err       error           // the first RunLayer failure
 	lengths   map[uint64]int  // Accept: the lengths End commits (cached + accepted), nil for all
 	comp      *iterComp       // the compressor's part; nil when it is off
-	created   map[uint64]bool // sequences this iteration creates
+	created   map[uint64]bool // sequences this iteration creates; nil when none
 	done      bool
 }
 
@@ -39,7 +37,8 @@ type Iteration struct {
 func (it *Iteration) Index() int { return it.index }
 
 // Metadata is the iteration's metadata, as uploaded. It is shared: do not
-// modify it.
+// modify it. The next Begin reuses its memory, so it is valid only until
+// then, as is WrittenPages.
 func (it *Iteration) Metadata() *metadata.Metadata { return it.meta }
 
 // Launches returns the launches each layer issues (one per phase present).
@@ -50,8 +49,10 @@ func (it *Iteration) Launches() []mla.Launch { return slices.Clone(it.launches) 
 func (it *Iteration) Census() mla.Census { return it.census }
 
 // WrittenPages returns, in ascending order, the pages this iteration writes:
-// those holding a slot of one of its tokens.
-func (it *Iteration) WrittenPages() []int32 { return slices.Clone(it.pages) }
+// those holding a slot of one of its tokens. It is computed on each call,
+// from the metadata, so Begin does not pay for it: call it before the next
+// Begin.
+func (it *Iteration) WrittenPages() []int32 { return writtenPages(it.meta) }
 
 // Tokens is the number of real token rows; Rows counts the padding too.
 func (it *Iteration) Tokens() int { return it.meta.Tokens }

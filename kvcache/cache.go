@@ -64,8 +64,22 @@ type Cache struct {
 	mu       sync.Mutex
 	free     []int32 // stack; the next page handed out is the last element
 	seqs     map[uint64]*sequence
-	finished finishedSet    // see MaxFinishedRuns
-	scratch  map[uint64]int // Reserve's duplicate check, reused under mu
+	finished finishedSet // see MaxFinishedRuns
+	// dense holds the live sequences by Handle-1 (nil: a free handle, in
+	// freeHandles).
+	dense       []*sequence
+	freeHandles []Handle
+	// Reserve's scratch, reused under mu: its call number (the stamp of the
+	// live sequences it holds so far), the ids it creates by need index, and
+	// the sequences of its needs.
+	epoch       uint64
+	creating    map[uint64]int
+	heldScratch []*sequence
+	// spare is the memory of the last spent reservation, for the next.
+	spare struct {
+		entries []reservedEntry
+		taken   []int32
+	}
 }
 
 type sequence struct {
@@ -74,6 +88,50 @@ type sequence struct {
 	length   int          // committed tokens
 	reserved int          // tokens the pages cover for: length, or the pending NewLength
 	pending  *Reservation // non-nil while a reservation holds the sequence
+	mark     uint64       // the Reserve call (Cache.epoch) that last named it
+	markAt   int          // its index in that call's needs
+	id       uint64
+	handle   Handle
+}
+
+// Handle is a live sequence's index in the cache's dense table of
+// sequences. LookupAll returns it and Need.Handle passes it back, so that a
+// caller naming the same sequences step after step (a decode loop) skips
+// the id's map lookup. It is only a hint: a zero, stale or wrong handle
+// costs that lookup, never a wrong sequence.
+type Handle int32
+
+// handleLocked returns the live sequence id through its handle h when h
+// still names it, else through the map.
+func (c *Cache) handleLocked(h Handle, id uint64) (*sequence, bool) {
+	if h > 0 && int(h) <= len(c.dense) {
+		if s := c.dense[h-1]; s != nil && s.id == id {
+			return s, true
+		}
+	}
+	s, ok := c.seqs[id]
+	return s, ok
+}
+
+// addLocked makes s the live sequence id, with a handle.
+func (c *Cache) addLocked(id uint64, s *sequence) {
+	s.id = id
+	if n := len(c.freeHandles); n > 0 {
+		s.handle = c.freeHandles[n-1]
+		c.freeHandles = c.freeHandles[:n-1]
+		c.dense[s.handle-1] = s
+	} else {
+		c.dense = append(c.dense, s)
+		s.handle = Handle(len(c.dense))
+	}
+	c.seqs[id] = s
+}
+
+// removeLocked forgets the live sequence s.
+func (c *Cache) removeLocked(s *sequence) {
+	delete(c.seqs, s.id)
+	c.dense[s.handle-1] = nil
+	c.freeHandles = append(c.freeHandles, s.handle)
 }
 
 // Need asks Reserve to make sequence ID cover NewLength tokens in total
@@ -84,6 +142,9 @@ type Need struct {
 	// Create says the sequence is new: the id must be neither live nor
 	// finished, and the sequence starts empty. Otherwise it must be live.
 	Create bool
+	// Handle, when LookupAll returned one for ID, spares Reserve the id's
+	// map lookup; zero or stale, it is ignored.
+	Handle Handle
 }
 
 // Reservation is the pending result of a successful Reserve. Exactly one of
@@ -111,11 +172,11 @@ func New(cfg Config) (*Cache, error) {
 		return nil, err
 	}
 	c := &Cache{
-		cfg:     cfg,
-		shift:   uint(bits.TrailingZeros(uint(cfg.PageSize))),
-		free:    make([]int32, cfg.NumPages),
-		seqs:    make(map[uint64]*sequence),
-		scratch: make(map[uint64]int),
+		cfg:      cfg,
+		shift:    uint(bits.TrailingZeros(uint(cfg.PageSize))),
+		free:     make([]int32, cfg.NumPages),
+		seqs:     make(map[uint64]*sequence),
+		creating: make(map[uint64]int),
 	}
 	for i := range c.free {
 		c.free[i] = int32(cfg.NumPages - 1 - i)
@@ -159,6 +220,32 @@ func (c *Cache) Lookup(id uint64) (length int, err error) {
 	return s.length, nil
 }
 
+// SequenceLookup is one entry of LookupAll: ID and, optionally, a Handle
+// from an earlier LookupAll for ID go in; Length, Handle and Err come out,
+// as Lookup returns them (Handle 0 when Err is set).
+type SequenceLookup struct {
+	ID     uint64
+	Handle Handle
+	Length int
+	Err    error
+}
+
+// LookupAll is Lookup for a whole batch under one lock, through the
+// handles where they are still valid.
+func (c *Cache) LookupAll(lookups []SequenceLookup) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i := range lookups {
+		l := &lookups[i]
+		if s, ok := c.handleLocked(l.Handle, l.ID); ok {
+			l.Length, l.Handle, l.Err = s.length, s.handle, nil
+			continue
+		}
+		_, l.Err = c.liveLocked(l.ID)
+		l.Length, l.Handle = 0, 0
+	}
+}
+
 // Reserve grows every sequence in needs so that its pages cover NewLength
 // tokens, all or nothing. Every need is checked first (unknown, finished,
 // existing, busy or duplicate ids, bad lengths; the first error in needs
@@ -169,13 +256,24 @@ func (c *Cache) Reserve(needs []Need) (*Reservation, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 
-	clear(c.scratch)
+	// One map lookup per need: a live sequence is stamped with this call's
+	// epoch to find duplicates, and kept for the allocation pass; only ids
+	// to create go through a map of their own.
+	c.epoch++
+	clear(c.creating)
+	held := c.heldScratch[:0]
+	defer func() { clear(held); c.heldScratch = held[:0] }()
 	total := 0
 	for i, n := range needs {
-		if j, dup := c.scratch[n.ID]; dup {
-			return nil, fmt.Errorf("%w: sequence %d in needs[%d] and needs[%d]", ErrDuplicateNeed, n.ID, j, i)
+		s, live := c.handleLocked(n.Handle, n.ID)
+		if live && s.mark == c.epoch {
+			return nil, fmt.Errorf("%w: sequence %d in needs[%d] and needs[%d]", ErrDuplicateNeed, n.ID, s.markAt, i)
 		}
-		c.scratch[n.ID] = i
+		if !live && len(c.creating) > 0 {
+			if j, dup := c.creating[n.ID]; dup {
+				return nil, fmt.Errorf("%w: sequence %d in needs[%d] and needs[%d]", ErrDuplicateNeed, n.ID, j, i)
+			}
+		}
 		if n.NewLength < 0 {
 			return nil, fmt.Errorf("%w: needs[%d] (sequence %d): NewLength %d is negative", ErrInvalidNeed, i, n.ID, n.NewLength)
 		}
@@ -184,12 +282,13 @@ func (c *Cache) Reserve(needs []Need) (*Reservation, error) {
 			if c.finished.contains(n.ID) {
 				return nil, fmt.Errorf("%w %d: needs[%d] cannot create it again", ErrFinishedSequence, n.ID, i)
 			}
-			if _, ok := c.seqs[n.ID]; ok {
+			if live {
 				return nil, fmt.Errorf("%w: needs[%d] creates sequence %d", ErrSequenceExists, i, n.ID)
 			}
+			c.creating[n.ID] = i
 		} else {
-			s, err := c.liveLocked(n.ID)
-			if err != nil {
+			if !live {
+				_, err := c.liveLocked(n.ID)
 				return nil, fmt.Errorf("needs[%d]: %w", i, err)
 			}
 			if s.pending != nil {
@@ -199,8 +298,10 @@ func (c *Cache) Reserve(needs []Need) (*Reservation, error) {
 				return nil, fmt.Errorf("%w: needs[%d] (sequence %d): NewLength %d is below the current length %d",
 					ErrInvalidNeed, i, n.ID, n.NewLength, s.length)
 			}
+			s.mark, s.markAt = c.epoch, i
 			have = len(s.pages)
 		}
+		held = append(held, s) // nil for a sequence to create
 		// Saturate rather than wrap: a sum of huge needs must stay huge.
 		if add := c.pagesFor(n.NewLength) - have; add > math.MaxInt-total {
 			total = math.MaxInt
@@ -215,25 +316,55 @@ func (c *Cache) Reserve(needs []Need) (*Reservation, error) {
 		return nil, fmt.Errorf("%w: need %d pages, %d free of %d", ErrCacheFull, total, len(c.free), c.cfg.NumPages)
 	}
 
-	r := &Reservation{cache: c, entries: make([]reservedEntry, len(needs)), taken: make([]int32, 0, total)}
+	r := &Reservation{cache: c, entries: resize(c.spare.entries, len(needs)), taken: c.spare.taken[:0]}
+	c.spare.entries, c.spare.taken = nil, nil
 	for i, n := range needs {
-		s := c.seqs[n.ID]
+		s := held[i]
 		if n.Create {
 			s = &sequence{}
-			c.seqs[n.ID] = s
+			c.addLocked(n.ID, s)
 		}
 		r.entries[i] = reservedEntry{seq: s, id: n.ID, created: n.Create, oldPages: len(s.pages)}
-		for len(s.pages) < c.pagesFor(n.NewLength) {
-			p := c.free[len(c.free)-1]
-			c.free = c.free[:len(c.free)-1]
-			s.pages = append(s.pages, p)
-			r.taken = append(r.taken, p)
+		// Pop the pages off the free stack, the top one first.
+		if add := c.pagesFor(n.NewLength) - len(s.pages); add > 0 {
+			top := len(c.free)
+			for k := 1; k <= add; k++ {
+				s.pages = append(s.pages, c.free[top-k])
+			}
+			r.taken = append(r.taken, s.pages[len(s.pages)-add:]...)
+			c.free = c.free[:top-add]
 		}
 		s.reserved = n.NewLength
 		s.pending = r
 	}
 	c.afterMutation()
 	return r, nil
+}
+
+// Holds reports whether sequence id belongs to the reservation and the
+// reservation is still pending.
+func (r *Reservation) Holds(id uint64) bool {
+	c := r.cache
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s, ok := c.seqs[id]
+	return ok && s.pending == r
+}
+
+// AppendBlockTable appends to dst the pages of needs[i] of the Reserve call
+// that made r, as Cache.AppendBlockTable would for its id, without looking
+// the id up. The reservation must be pending, and the caller the goroutine
+// that commits or rolls it back: nothing else changes a pending
+// reservation's sequences, so it takes no lock (a metadata pass calls it
+// once per sequence).
+func (r *Reservation) AppendBlockTable(dst []int32, i int) ([]int32, error) {
+	if r.done {
+		return dst, ErrReservationDone
+	}
+	if i < 0 || i >= len(r.entries) {
+		return dst, fmt.Errorf("kvcache: need %d out of range [0, %d) of the reservation", i, len(r.entries))
+	}
+	return append(dst, r.entries[i].seq.pages...), nil
 }
 
 // Commit makes the reserved lengths permanent and releases the sequences.
@@ -290,8 +421,26 @@ func (r *Reservation) CommitLengths(lengths map[uint64]int) error {
 		s.length, s.reserved, s.pending = n, n, nil
 		c.slideLocked(s)
 	}
+	r.recycleLocked()
 	c.afterMutation()
 	return nil
+}
+
+// recycleLocked hands the memory of a spent reservation to the next Reserve:
+// nothing reads it once done is set.
+func (r *Reservation) recycleLocked() {
+	clear(r.entries) // drop the sequence pointers
+	r.cache.spare.entries, r.cache.spare.taken = r.entries[:0], r.taken[:0]
+	r.entries, r.taken = nil, nil
+}
+
+// resize returns s with length n, reusing its memory when it is large
+// enough; the contents are left for the caller to overwrite.
+func resize[T any](s []T, n int) []T {
+	if cap(s) >= n {
+		return s[:n]
+	}
+	return make([]T, n)
 }
 
 // slideLocked gives back the pages of s that the window has left behind
@@ -324,12 +473,13 @@ func (r *Reservation) Rollback() error {
 		e.seq.reserved = e.seq.length
 		e.seq.pending = nil
 		if e.created {
-			delete(c.seqs, e.id)
+			c.removeLocked(e.seq)
 		}
 	}
 	for i := len(r.taken) - 1; i >= 0; i-- {
 		c.free = append(c.free, r.taken[i])
 	}
+	r.recycleLocked()
 	c.afterMutation()
 	return nil
 }
@@ -398,7 +548,7 @@ func (c *Cache) Finish(id uint64) error {
 	for i := len(s.pages) - 1; i >= s.freed; i-- {
 		c.free = append(c.free, s.pages[i])
 	}
-	delete(c.seqs, id)
+	c.removeLocked(s)
 	c.finished.add(id)
 	c.afterMutation()
 	return nil

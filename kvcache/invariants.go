@@ -79,6 +79,17 @@ func (c *Cache) checkLocked() error {
 		if c.finished.contains(id) {
 			return fmt.Errorf("kvcache invariant: %s is both live and finished", what)
 		}
+		if s.id != id || s.handle <= 0 || int(s.handle) > len(c.dense) || c.dense[s.handle-1] != s {
+			return fmt.Errorf("kvcache invariant: %s is not at its handle %d (id %d)", what, s.handle, s.id)
+		}
+	}
+	for _, h := range c.freeHandles {
+		if h <= 0 || int(h) > len(c.dense) || c.dense[h-1] != nil {
+			return fmt.Errorf("kvcache invariant: free handle %d is in use or out of range", h)
+		}
+	}
+	if len(c.seqs)+len(c.freeHandles) != len(c.dense) {
+		return fmt.Errorf("kvcache invariant: %d live sequences + %d free handles != %d handles", len(c.seqs), len(c.freeHandles), len(c.dense))
 	}
 	runs := c.finished.runs
 	if len(runs) > MaxFinishedRuns {

@@ -50,7 +50,8 @@ type Need struct {
 	Create bool // a context request on a sequence the cache does not hold yet
 }
 
-// Plan is a validated batch with every length computed. It is immutable;
+// Plan is a validated batch with every length computed. It is immutable
+// (one from a Planner until the planner's next call);
 // Build may be called more than once.
 type Plan struct {
 	params    Params
@@ -97,6 +98,19 @@ func requestError(i int, seq uint64, format string, args ...any) error {
 // once per request, in batch order, stops at the first refused request, and
 // touches no cache: a refused batch leaves nothing to undo.
 func NewPlan(reqs []Request, lookup LengthLookup, p Params) (*Plan, error) {
+	return new(Planner).Plan(reqs, lookup, p)
+}
+
+// Planner is NewPlan for a caller that plans one batch after another (a
+// server's step loop): it reuses its memory, so the Plan that a call
+// returns is valid only until the next call. The zero value is ready.
+type Planner struct {
+	plan Plan
+	seen seqIndex
+}
+
+// Plan is NewPlan, into the planner's memory.
+func (pr *Planner) Plan(reqs []Request, lookup LengthLookup, p Params) (*Plan, error) {
 	if err := p.validate(); err != nil {
 		return nil, err
 	}
@@ -107,18 +121,20 @@ func NewPlan(reqs []Request, lookup LengthLookup, p Params) (*Plan, error) {
 		return nil, errors.New("metadata: lookup is nil")
 	}
 	n := len(reqs)
-	pl := &Plan{
+	pl := &pr.plan
+	*pl = Plan{
 		params:    p,
 		pageShift: uint(bits.TrailingZeros(uint(p.PageSize))),
-		seqs:      make([]uint64, n),
-		qLen:      make([]int32, n),
-		kvLen:     make([]int32, n),
-		cached:    make([]int32, n),
-		create:    make([]bool, n),
+		seqs:      resize(pl.seqs, n),
+		qLen:      resize(pl.qLen, n),
+		kvLen:     resize(pl.kvLen, n),
+		cached:    resize(pl.cached, n),
+		create:    resize(pl.create, n),
 		scheduler: ComputeSchedulerScalars(p.Scheduler),
 	}
 	firstGen := -1
-	seen := make(map[uint64]int, n)
+	seen := &pr.seen
+	seen.reset(n)
 	var tokens, kvTotal int64
 	for i, r := range reqs {
 		qLen, err := queryLength(i, r)
@@ -139,10 +155,9 @@ func NewPlan(reqs []Request, lookup LengthLookup, p Params) (*Plan, error) {
 				return nil, requestError(i, r.Seq, "generation query length %d (MTP %d) differs from %d of the generation request at index %d; the generation part needs one uniform query length", qLen, r.MTP, pl.genSeqLen, firstGen)
 			}
 		}
-		if j, dup := seen[r.Seq]; dup {
+		if j, dup := seen.insert(r.Seq, i); dup {
 			return nil, requestError(i, r.Seq, "duplicate sequence: already at index %d", j)
 		}
-		seen[r.Seq] = i
 
 		cached, known, err := lookup(r.Seq)
 		if err != nil {
@@ -153,8 +168,8 @@ func NewPlan(reqs []Request, lookup LengthLookup, p Params) (*Plan, error) {
 				return nil, fmt.Errorf("metadata: request %d (seq %d): generation needs a cached sequence: %w", i, r.Seq, kvcache.ErrUnknownSequence)
 			}
 			cached = 0
-			pl.create[i] = true
 		}
+		pl.create[i] = !known
 		if cached < 0 {
 			return nil, requestError(i, r.Seq, "lookup reported cached = %d, so kv_len < q_len = %d", cached, qLen)
 		}
@@ -235,12 +250,23 @@ func queryLength(i int, r Request) (int, error) {
 
 // Needs returns, in batch order, the KV length each sequence must hold after
 // this iteration. The slice is fresh; the caller may keep it.
-func (p *Plan) Needs() []Need {
-	out := make([]Need, len(p.seqs))
+func (p *Plan) Needs() []Need { return p.AppendNeeds(nil) }
+
+// AppendNeeds is Needs appending to dst.
+func (p *Plan) AppendNeeds(dst []Need) []Need {
 	for i, s := range p.seqs {
-		out[i] = Need{Seq: s, Length: int(p.kvLen[i]), Create: p.create[i]}
+		dst = append(dst, Need{Seq: s, Length: int(p.kvLen[i]), Create: p.create[i]})
 	}
-	return out
+	return dst
+}
+
+// resize returns s with length n, reusing its memory when it is large
+// enough; the contents are left for the caller to overwrite.
+func resize[T any](s []T, n int) []T {
+	if cap(s) >= n {
+		return s[:n]
+	}
+	return make([]T, n)
 }
 
 // Build finishes the pass once the cache holds Needs(). blockTable returns a
@@ -254,8 +280,29 @@ func (p *Plan) Build(blockTable func(seq uint64) ([]int32, error)) (*Metadata, e
 	if blockTable == nil {
 		return nil, errors.New("metadata: blockTable is nil")
 	}
+	return p.BuildAppend(nil, func(dst []int32, _ int, seq uint64) ([]int32, error) {
+		pages, err := blockTable(seq)
+		return append(dst, pages...), err
+	})
+}
+
+// BuildAppend is Build for a source that appends a page list to a slice,
+// into reused memory. appendTable(dst, b, seq) returns dst with the pages of
+// seq, the sequence at batch index b, appended; it is called once per
+// sequence, in batch order, with dst the metadata's own block-table row
+// (empty), so the pages are copied once. A non-nil reuse is overwritten and
+// returned, its slices' memory reused (on an error its contents are
+// undefined); a nil one builds fresh Metadata.
+func (p *Plan) BuildAppend(reuse *Metadata, appendTable func(dst []int32, b int, seq uint64) ([]int32, error)) (*Metadata, error) {
+	if appendTable == nil {
+		return nil, errors.New("metadata: appendTable is nil")
+	}
 	n := len(p.seqs)
-	m := &Metadata{
+	m := reuse
+	if m == nil {
+		m = &Metadata{}
+	}
+	*m = Metadata{
 		NumSeqs:      n,
 		NumCtx:       p.numCtx,
 		NumGen:       n - p.numCtx,
@@ -266,17 +313,18 @@ func (p *Plan) Build(blockTable func(seq uint64) ([]int32, error)) (*Metadata, e
 		GenSeqLen:    p.genSeqLen,
 		Heads:        p.params.Heads,
 		PageSize:     p.params.PageSize,
-		Seqs:         append([]uint64(nil), p.seqs...),
-		QLen:         append([]int32(nil), p.qLen...),
-		KVLen:        append([]int32(nil), p.kvLen...),
-		Cached:       append([]int32(nil), p.cached...),
-		CuQ:          make([]int32, n+1),
-		CuKV:         make([]int32, n+1),
-		CuQRows:      make([]int32, n+1),
+		Seqs:         append(m.Seqs[:0], p.seqs...),
+		QLen:         append(m.QLen[:0], p.qLen...),
+		KVLen:        append(m.KVLen[:0], p.kvLen...),
+		Cached:       append(m.Cached[:0], p.cached...),
+		CuQ:          resize(m.CuQ, n+1),
+		CuKV:         resize(m.CuKV, n+1),
+		CuQRows:      resize(m.CuQRows, n+1),
 		MaxPages:     p.maxPages,
-		BlockTables:  make([]int32, n*p.maxPages),
+		BlockTables:  resize(m.BlockTables, n*p.maxPages),
 		Scheduler:    p.scheduler,
 	}
+	m.CuQ[0], m.CuKV[0], m.CuQRows[0] = 0, 0, 0
 	heads := int32(p.params.Heads)
 	for b := range n {
 		m.CuQ[b+1] = m.CuQ[b] + p.qLen[b]
@@ -284,7 +332,8 @@ func (p *Plan) Build(blockTable func(seq uint64) ([]int32, error)) (*Metadata, e
 		m.CuQRows[b+1] = m.CuQRows[b] + p.qLen[b]*heads
 	}
 	for b, seq := range p.seqs {
-		pages, err := blockTable(seq)
+		row := m.BlockTables[b*m.MaxPages : (b+1)*m.MaxPages : (b+1)*m.MaxPages]
+		pages, err := appendTable(row[:0], b, seq)
 		if err != nil {
 			return nil, fmt.Errorf("metadata: request %d (seq %d): block table: %w", b, seq, err)
 		}
@@ -292,20 +341,32 @@ func (p *Plan) Build(blockTable func(seq uint64) ([]int32, error)) (*Metadata, e
 		if len(pages) < need {
 			return nil, requestError(b, seq, "block table has %d pages, kv_len %d needs %d pages of %d", len(pages), p.kvLen[b], need, p.params.PageSize)
 		}
-		row := m.BlockTables[b*m.MaxPages : (b+1)*m.MaxPages]
 		// A sliding-window cache frees the pages no query reads any more:
 		// their entries are -1. Only pages wholly before the cached
 		// positions may be: every new token's page must be real.
 		behind := min(int(p.cached[b])>>p.pageShift, need)
-		copy(row, pages[:need])
-		for j, pg := range row[:behind] {
-			if pg < -1 {
-				return nil, requestError(b, seq, "block table entry %d is page %d, must be >= 0 (or -1 for a page freed behind the cached positions, before entry %d)", j, pg, behind)
-			}
+		if len(pages) == 0 || len(row) == 0 || &pages[0] != &row[0] {
+			copy(row, pages[:need]) // a table longer than the row was appended elsewhere
 		}
-		for j, pg := range row[behind:need] {
-			if pg < 0 {
-				return nil, requestError(b, seq, "block table entry %d is page %d, must be >= 0 (or -1 for a page freed behind the cached positions, before entry %d)", behind+j, pg, behind)
+		// One branch-free pass finds whether an entry may be bad (one below
+		// its bound makes the OR negative); only then the loops find which.
+		bad := int32(0)
+		for _, pg := range row[:behind] {
+			bad |= pg + 1
+		}
+		for _, pg := range row[behind:need] {
+			bad |= pg
+		}
+		if bad < 0 {
+			for j, pg := range row[:behind] {
+				if pg < -1 {
+					return nil, requestError(b, seq, "block table entry %d is page %d, must be >= 0 (or -1 for a page freed behind the cached positions, before entry %d)", j, pg, behind)
+				}
+			}
+			for j, pg := range row[behind:need] {
+				if pg < 0 {
+					return nil, requestError(b, seq, "block table entry %d is page %d, must be >= 0 (or -1 for a page freed behind the cached positions, before entry %d)", behind+j, pg, behind)
+				}
 			}
 		}
 		for j := need; j < len(row); j++ {
@@ -313,4 +374,38 @@ func (p *Plan) Build(blockTable func(seq uint64) ([]int32, error)) (*Metadata, e
 		}
 	}
 	return m, nil
+}
+
+// seqIndex finds duplicate sequence ids in a batch: an open-addressing
+// table (linear probing, at most half full) of request indices keyed by id,
+// cheaper than a map for the one pass NewPlan makes.
+type seqIndex struct {
+	ids   []uint64
+	at    []int // request index + 1; 0 marks an empty entry
+	shift uint  // 64 - log2(len(ids))
+}
+
+// reset empties the index and sizes it for n ids (keeping a larger table).
+func (x *seqIndex) reset(n int) {
+	size := 1 << bits.Len(uint(2*n-1)) // >= 2n, a power of two
+	if len(x.ids) >= size {
+		clear(x.at)
+		return
+	}
+	*x = seqIndex{ids: make([]uint64, size), at: make([]int, size), shift: uint(64 - bits.TrailingZeros(uint(size)))}
+}
+
+// insert records id at request index i, or returns the index that holds
+// it already.
+func (x *seqIndex) insert(id uint64, i int) (int, bool) {
+	mask := uint64(len(x.ids) - 1)
+	// Fibonacci hashing of a mixed id: consecutive and strided ids spread.
+	h := (id ^ id>>29) * 0x9E3779B97F4A7C15 >> x.shift
+	for ; x.at[h] != 0; h = (h + 1) & mask {
+		if x.ids[h] == id {
+			return x.at[h] - 1, true
+		}
+	}
+	x.ids[h], x.at[h] = id, i+1
+	return 0, false
 }

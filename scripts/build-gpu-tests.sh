@@ -8,6 +8,9 @@ export CGO_ENABLED=0
 go test -c -o .gpu/driver.test ./kernels/cuda/driver
 go test -c -o .gpu/cuda.test ./attention/mla/cuda
 go test -c -o .gpu/tests.test ./tests
+go test -c -o .gpu/cublaslt.test ./kernels/cuda/cublaslt
+# A trace with MTP steps whose drafts are partly rejected (accept lists).
+go run ./cmd/decode/gentrace --mtp 3 --accept -o .gpu/accept.jsonl
 for cmd in decode bench mkcheckpoint; do
 	if [ -d "cmd/$cmd" ]; then go build -o ".gpu/$cmd" "./cmd/$cmd"; fi
 done

@@ -22,8 +22,12 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noh
 step .gpu/driver.test -test.v
 step .gpu/cuda.test -test.v -test.run 'Conformance|Mixed|Available'
 step .gpu/cuda.test -test.v -test.run 'Exhaustive'
-# The KV compressor's entries (compress_entries) against package compressor.
+# The KV compressor: compress_entries against package compressor, and
+# compress_step (the engine's) against mlatest's scalar reference of
+# DESIGN.md section 8; its projection GEMM within gemm.BoundBF16.
 step .gpu/cuda.test -test.v -test.run 'Compress'
+step .gpu/cuda.test -test.v -test.run '^TestBF16GEMM'
+step .gpu/cublaslt.test -test.v
 # The chain's FP8 GEMMs: conformance within package gemm's bound, per implementation.
 step .gpu/cuda.test -test.v -test.run 'GEMM'
 step env -C tests ../.gpu/tests.test -test.v
@@ -48,10 +52,14 @@ step .gpu/decode --backend cuda --verify --summary-only --input hidden --checkpo
 step .gpu/mkcheckpoint --model pro --layers 0-1 --scale-format f32 --naming hf --out "$ck/pro"
 step .gpu/decode --backend cuda --verify --summary-only --input hidden --model pro --checkpoint "$ck/pro" --layers 2
 rm -rf "$ck"
+# MTP steps with rejected drafts (accept lists), the compressor's states and
+# entries rolled back on the device: hidden (graphs) and projected (eager).
+step .gpu/decode --backend cuda --verify --summary-only --input hidden --trace .gpu/accept.jsonl --layers 4
+step .gpu/decode --backend cuda --verify --summary-only --input projected --graph=false --trace .gpu/accept.jsonl --layers 4
 if command -v compute-sanitizer >/dev/null; then
 	for tool in memcheck racecheck; do
 		step compute-sanitizer --tool "$tool" --error-exitcode 9 .gpu/cuda.test -test.short -test.run 'TestCUDAConformance$|TestCUDAActQuant$|TestCUDANormQuant$|TestCUDAGEMMPaths$'
-		step compute-sanitizer --tool "$tool" --error-exitcode 9 .gpu/cuda.test -test.short -test.run 'TestCUDACompressEntries'
+		step compute-sanitizer --tool "$tool" --error-exitcode 9 .gpu/cuda.test -test.short -test.run 'TestCUDACompressEntries|TestCUDACompressStep'
 	done
 else
 	echo "compute-sanitizer not found" | tee -a "$log"

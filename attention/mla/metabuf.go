@@ -53,10 +53,11 @@ type metaMirror struct {
 	words    []int32 // [OffScheduler/4], the device's int32 words
 	buf      Buffer  // the buffer the words mirror; nil: nothing mirrored
 	backend  Backend
-	numPages int   // the pool bound every mirrored page passed
-	seqs     int   // sequences of the last upload: entries past them are 0
-	width    []int // per block-table row: entries at or past it are -1 (rows < seqs)
-	lo, hi   int   // the words this upload changed, [lo, hi)
+	numPages int    // the pool bound every mirrored page passed
+	seqs     int    // sequences of the last upload: entries past them are 0
+	width    []int  // per block-table row: entries at or past it are -1 (rows < seqs)
+	changed  []bool // per block-table row: check found its entries differ
+	lo, hi   int    // the words this upload changed, [lo, hi)
 }
 
 // Invalidate forgets what Upload last wrote, so the next Upload writes
@@ -223,6 +224,7 @@ func (mb *MetadataBuffers) remember(b Backend, m *metadata.Metadata, enc []byte,
 	if len(mm.words) != mb.OffScheduler/4 {
 		mm.words = make([]int32, mb.OffScheduler/4)
 		mm.width = make([]int, mb.MaxSeqs)
+		mm.changed = make([]bool, mb.MaxSeqs)
 	}
 	copy(wordBytes(mm.words), enc)
 	mm.buf, mm.backend, mm.numPages, mm.seqs = mb.Buf, b, numPages, m.NumSeqs
@@ -232,8 +234,9 @@ func (mb *MetadataBuffers) remember(b Backend, m *metadata.Metadata, enc []byte,
 }
 
 // check refuses what Encode refuses, except the page bound of block-table
-// entries, which update checks on the entries that change (the others
-// passed it on an earlier upload with the same pool).
+// entries, which it checks only on the rows that change (the others passed
+// it on an earlier upload with the same pool); it marks those rows for
+// update.
 func (mb *MetadataBuffers) check(m *metadata.Metadata, numPages int) error {
 	if m.NumSeqs > mb.MaxSeqs {
 		return fmt.Errorf("mla: batch of %d sequences exceeds the metadata capacity of %d", m.NumSeqs, mb.MaxSeqs)
@@ -251,7 +254,7 @@ func (mb *MetadataBuffers) check(m *metadata.Metadata, numPages int) error {
 	for r := range m.NumSeqs {
 		row := m.BlockTables[r*m.MaxPages : (r+1)*m.MaxPages]
 		old := mm.words[mb.OffBlockTables/4+r*mb.PageStride:][:m.MaxPages]
-		if r < mm.seqs && equalWords(row, old) {
+		if mm.changed[r] = r >= mm.seqs || !equalWords(row, old); !mm.changed[r] {
 			continue
 		}
 		for p, page := range row {
@@ -266,7 +269,8 @@ func (mb *MetadataBuffers) check(m *metadata.Metadata, numPages int) error {
 func equalWords(a, b []int32) bool { return string(wordBytes(a)) == string(wordBytes(b)) }
 
 // update writes m's encoding into the mirror, recording the span of words
-// that changed in [lo, hi).
+// that changed in [lo, hi). check has marked the block-table rows that
+// changed.
 func (mb *MetadataBuffers) update(m *metadata.Metadata) {
 	mm := &mb.mirror
 	mm.lo, mm.hi = len(mm.words), 0
@@ -324,7 +328,7 @@ func (mb *MetadataBuffers) update(m *metadata.Metadata) {
 			mm.width[r] = w
 			continue
 		}
-		if !equalWords(row, words[:w]) {
+		if mm.changed[r] {
 			for p, v := range row {
 				set(base+p, v)
 			}

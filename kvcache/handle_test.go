@@ -1,0 +1,132 @@
+package kvcache
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestReserveDuplicates: a second need for one id is refused naming both
+// indices, whether the id is live or to be created, before any other check
+// of that need, and nothing changes.
+func TestReserveDuplicates(t *testing.T) {
+	c, err := New(Config{PageSize: 4, NumPages: 16})
+	require.NoError(t, err)
+	r, err := c.Reserve([]Need{{ID: 1, NewLength: 3, Create: true}, {ID: 2, NewLength: 5, Create: true}})
+	require.NoError(t, err)
+	require.NoError(t, r.Commit())
+	tests := []struct {
+		name  string
+		needs []Need
+		want  string
+	}{
+		{"live twice", []Need{{ID: 1, NewLength: 4}, {ID: 1, NewLength: 4}}, "sequence 1 in needs[0] and needs[1]"},
+		{"live, then others", []Need{{ID: 1, NewLength: 4}, {ID: 2, NewLength: 6}, {ID: 1, NewLength: 4}}, "sequence 1 in needs[0] and needs[2]"},
+		{"live, then created", []Need{{ID: 2, NewLength: 6}, {ID: 2, NewLength: 1, Create: true}}, "sequence 2 in needs[0] and needs[1]"},
+		{"created twice", []Need{{ID: 9, NewLength: 1, Create: true}, {ID: 9, NewLength: 1, Create: true}}, "sequence 9 in needs[0] and needs[1]"},
+		{"duplicate before a bad length", []Need{{ID: 1, NewLength: 4}, {ID: 1, NewLength: -1}}, "sequence 1 in needs[0] and needs[1]"},
+		{"stale handle", []Need{{ID: 1, NewLength: 4, Handle: 2}, {ID: 1, NewLength: 4, Handle: 1}}, "sequence 1 in needs[0] and needs[1]"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := c.Reserve(tt.needs)
+			require.ErrorIs(t, err, ErrDuplicateNeed)
+			require.ErrorContains(t, err, tt.want)
+			require.Equal(t, 16-3, c.FreePages())
+			require.Equal(t, map[uint64]int{1: 3, 2: 5}, c.Lengths())
+			require.NoError(t, c.CheckInvariants())
+		})
+	}
+	// The stamps of a refused call do not leak into the next one.
+	r, err = c.Reserve([]Need{{ID: 1, NewLength: 4}, {ID: 2, NewLength: 6}})
+	require.NoError(t, err)
+	require.NoError(t, r.Commit())
+}
+
+// TestHandles: LookupAll hands out handles that spare the id lookup; a zero,
+// stale, reused, out-of-range or other sequence's handle still finds the
+// right sequence, in LookupAll and in Reserve.
+func TestHandles(t *testing.T) {
+	c, err := New(Config{PageSize: 4, NumPages: 32})
+	require.NoError(t, err)
+	create := func(id uint64, n int) {
+		r, err := c.Reserve([]Need{{ID: id, NewLength: n, Create: true}})
+		require.NoError(t, err)
+		require.NoError(t, r.Commit())
+	}
+	create(10, 3)
+	create(20, 6)
+	ls := []SequenceLookup{{ID: 10}, {ID: 20}, {ID: 30}}
+	c.LookupAll(ls)
+	require.Equal(t, 3, ls[0].Length)
+	require.Equal(t, 6, ls[1].Length)
+	require.NoError(t, ls[0].Err)
+	require.NotZero(t, ls[0].Handle)
+	require.NotEqual(t, ls[0].Handle, ls[1].Handle)
+	require.ErrorIs(t, ls[2].Err, ErrUnknownSequence)
+	require.Zero(t, ls[2].Handle)
+	h10, h20 := ls[0].Handle, ls[1].Handle
+
+	// 10 finishes and 40 takes its handle: 10's old handle now names 40.
+	require.NoError(t, c.Finish(10))
+	create(40, 9)
+	ls = []SequenceLookup{{ID: 10, Handle: h10}, {ID: 40, Handle: h20}, {ID: 20, Handle: 1000}, {ID: 20, Handle: -3}, {ID: 40}}
+	c.LookupAll(ls)
+	require.ErrorIs(t, ls[0].Err, ErrFinishedSequence)
+	require.Zero(t, ls[0].Handle)
+	require.Equal(t, 9, ls[1].Length)
+	require.Equal(t, h10, ls[1].Handle)
+	require.Equal(t, 6, ls[2].Length)
+	require.Equal(t, h20, ls[2].Handle)
+	require.Equal(t, 6, ls[3].Length)
+	require.Equal(t, 9, ls[4].Length)
+
+	// Reserve through a wrong handle grows the sequence the id names.
+	r, err := c.Reserve([]Need{{ID: 20, NewLength: 7, Handle: h10}, {ID: 40, NewLength: 10, Handle: h10}})
+	require.NoError(t, err)
+	require.NoError(t, r.Commit())
+	require.Equal(t, map[uint64]int{20: 7, 40: 10}, c.Lengths())
+	_, err = c.Reserve([]Need{{ID: 10, NewLength: 4, Handle: h10}})
+	require.ErrorIs(t, err, ErrFinishedSequence)
+	require.NoError(t, c.CheckInvariants())
+}
+
+// TestReservationTablesAndHolds: a pending reservation gives each need's
+// block table by index, as the cache gives it by id, and holds exactly its
+// sequences; once spent it refuses and holds nothing, and its memory serves
+// the next reservation without reaching the spent one.
+func TestReservationTablesAndHolds(t *testing.T) {
+	c, err := New(Config{PageSize: 4, NumPages: 32})
+	require.NoError(t, err)
+	r0, err := c.Reserve([]Need{{ID: 7, NewLength: 5, Create: true}})
+	require.NoError(t, err)
+	require.NoError(t, r0.Commit())
+	r, err := c.Reserve([]Need{{ID: 7, NewLength: 9}, {ID: 8, NewLength: 2, Create: true}})
+	require.NoError(t, err)
+	for i, id := range []uint64{7, 8} {
+		want, err := c.BlockTable(id)
+		require.NoError(t, err)
+		got, err := r.AppendBlockTable([]int32{-5}, i)
+		require.NoError(t, err)
+		require.Equal(t, append([]int32{-5}, want...), got)
+		require.True(t, r.Holds(id))
+	}
+	require.False(t, r.Holds(9))
+	require.False(t, r0.Holds(7))
+	_, err = r.AppendBlockTable(nil, 2)
+	require.ErrorContains(t, err, "need 2 out of range [0, 2)")
+	_, err = r.AppendBlockTable(nil, -1)
+	require.Error(t, err)
+	require.NoError(t, r.Commit())
+	require.False(t, r.Holds(7))
+	_, err = r.AppendBlockTable(nil, 0)
+	require.ErrorIs(t, err, ErrReservationDone)
+
+	r2, err := c.Reserve([]Need{{ID: 8, NewLength: 3}})
+	require.NoError(t, err)
+	require.ErrorIs(t, r.Rollback(), ErrReservationDone) // a late deferred Rollback
+	require.True(t, r2.Holds(8))
+	require.NoError(t, r2.Rollback())
+	require.Equal(t, map[uint64]int{7: 9, 8: 2}, c.Lengths())
+	require.NoError(t, c.CheckInvariants())
+}

@@ -1,0 +1,126 @@
+package metadata
+
+import (
+	"math/rand/v2"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+// TestPlannerMatchesNewPlan: one Planner and one reused Metadata, batch
+// after batch of growing and shrinking sizes, give exactly what NewPlan and
+// Build give fresh, whether the pages are appended into the row or, for a
+// table longer than the row, elsewhere.
+func TestPlannerMatchesNewPlan(t *testing.T) {
+	rng := rand.New(rand.NewPCG(testSeed(t), 0))
+	var pr Planner
+	var reuse *Metadata
+	for i := range 300 {
+		rb := genRandomBatch(rng)
+		lookup := func(s uint64) (int, bool, error) { c, ok := rb.cached[s]; return c, ok, nil }
+		want, err := NewPlan(rb.reqs, lookup, rb.params)
+		if err != nil {
+			t.Fatalf("batch %d: %v", i, err)
+		}
+		got, err := pr.Plan(rb.reqs, lookup, rb.params)
+		if err != nil {
+			t.Fatalf("batch %d: Planner: %v", i, err)
+		}
+		if !reflect.DeepEqual(got.Needs(), want.Needs()) {
+			t.Fatalf("batch %d: Planner needs %v, NewPlan %v", i, got.Needs(), want.Needs())
+		}
+		if n := got.AppendNeeds([]Need{{Seq: 1}}); len(n) != len(rb.reqs)+1 || !reflect.DeepEqual(n[1:], want.Needs()) {
+			t.Fatalf("batch %d: AppendNeeds %v", i, n)
+		}
+		wantM, err := want.Build(func(s uint64) ([]int32, error) { return rb.pages[s], nil })
+		if err != nil {
+			t.Fatalf("batch %d: %v", i, err)
+		}
+		calls := 0
+		gotM, err := got.BuildAppend(reuse, func(dst []int32, b int, s uint64) ([]int32, error) {
+			if b != calls || s != rb.reqs[b].Seq {
+				t.Fatalf("batch %d: call %d asked for index %d, seq %d", i, calls, b, s)
+			}
+			calls++
+			return append(dst, rb.pages[s]...), nil
+		})
+		if err != nil {
+			t.Fatalf("batch %d: BuildAppend: %v", i, err)
+		}
+		if reuse != nil && gotM != reuse {
+			t.Fatalf("batch %d: BuildAppend did not reuse the metadata", i)
+		}
+		if !reflect.DeepEqual(gotM, wantM) {
+			t.Fatalf("batch %d: reused metadata\n%+v\nfresh\n%+v", i, gotM, wantM)
+		}
+		reuse = gotM
+	}
+}
+
+// TestBuildAppendRefusesBadEntries: the fast check lets no bad entry
+// through, and flags no good one, next to a page bound (MaxInt32).
+func TestBuildAppendRefusesBadEntries(t *testing.T) {
+	p := defaultParams() // 4-token pages
+	lookup := func(uint64) (int, bool, error) { return 8, true, nil }
+	tests := []struct {
+		name  string
+		pages []int32 // kv_len 9: 3 pages, 2 behind the cached positions
+		bad   string
+	}{
+		{"real pages", []int32{0, 1, 2}, ""},
+		{"freed behind", []int32{-1, -1, 2}, ""},
+		{"largest page", []int32{2147483647, 2147483647, 2147483647}, ""},
+		{"below -1 behind", []int32{-2, 1, 2}, "block table entry 0 is page -2"},
+		{"freed new page", []int32{0, 1, -1}, "block table entry 2 is page -1"},
+		{"most negative", []int32{0, -2147483648, 2}, "block table entry 1 is page -2147483648"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			plan := mustPlan(t, []Request{{Seq: 3, Phase: Generation}}, lookup, p)
+			m, err := plan.BuildAppend(nil, func(dst []int32, _ int, _ uint64) ([]int32, error) { return append(dst, tt.pages...), nil })
+			if tt.bad == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !reflect.DeepEqual(m.BlockTables, tt.pages) {
+					t.Fatalf("block table %v, want %v", m.BlockTables, tt.pages)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tt.bad) {
+				t.Fatalf("error %v, want one saying %q", err, tt.bad)
+			}
+		})
+	}
+}
+
+// TestSeqIndex: the duplicate index agrees with a map on ids that are
+// consecutive, strided by powers of two (which a weak hash would pile into
+// one bucket) and random, reused across sizes.
+func TestSeqIndex(t *testing.T) {
+	rng := rand.New(rand.NewPCG(testSeed(t), 1))
+	var x seqIndex
+	gens := map[string]func(i int) uint64{
+		"consecutive": func(i int) uint64 { return uint64(i) },
+		"stride 2^32": func(i int) uint64 { return uint64(i) << 32 },
+		"stride 2^54": func(i int) uint64 { return uint64(i) << 54 },
+		"random":      func(int) uint64 { return rng.Uint64N(512) },
+	}
+	for name, gen := range gens {
+		for _, n := range []int{1, 2, 7, 256, 1000, 3} {
+			x.reset(n)
+			seen := map[uint64]int{}
+			for i := range n {
+				id := gen(i)
+				j, dup := x.insert(id, i)
+				wantJ, wantDup := seen[id]
+				if dup != wantDup || (dup && j != wantJ) {
+					t.Fatalf("%s n=%d: insert(%d, %d) = %d, %v; want %d, %v", name, n, id, i, j, dup, wantJ, wantDup)
+				}
+				if !dup {
+					seen[id] = i
+				}
+			}
+		}
+	}
+}
