@@ -201,6 +201,9 @@ type compressState struct {
 	// kg holds the projections of the layer running: MaxTokens rows of
 	// 2*Width float32 (K then G) of that layer, sized for the widest.
 	kg mla.Buffer
+	// scratch is the steps' working memory, for the most entries of any
+	// ratio (mla.CompressScratchBytes).
+	scratch mla.Buffer
 }
 
 // compLayer is one compressed layer's compressor.
@@ -268,6 +271,13 @@ func (e *Engine) newCompressor(alloc func(what string, n int, fill byte) (mla.Bu
 		return err
 	}
 	if c.kg, err = alloc("compressor projections", cfg.MaxTokens*2*width*4, 0); err != nil {
+		return err
+	}
+	mostJobs := 0
+	for _, r := range c.ratios {
+		mostJobs = max(mostJobs, c.maxJobs[r])
+	}
+	if c.scratch, err = alloc("compressor scratch", mla.CompressScratchBytes(mostJobs), 0); err != nil {
 		return err
 	}
 	for l := range cfg.Layers {
@@ -772,7 +782,7 @@ func (e *Engine) compressStep(ctx context.Context, layer int) error {
 		Ring: cl.ring, RingRows: mla.RingRows(cl.ratio, c.cfg.MaxDrafts), Slots: c.cfg.MaxSequences,
 		Plan: c.plan, PlanOffset: c.planOff[cl.ratio], MaxSeqs: e.cfg.MaxSeqs, MaxJobs: c.maxJobs[cl.ratio],
 		NormWeight: cl.normBuf, Eps: float32(e.cfg.Model.RMSNormEps), Rope: a.Rope, RopePositions: a.RopePositions,
-		Pool: cl.pool, PageSize: CompressedPageSize, NumPages: c.cfg.pagesFor(cl.ratio),
+		Pool: cl.pool, PageSize: CompressedPageSize, NumPages: c.cfg.pagesFor(cl.ratio), Scratch: c.scratch,
 	})
 }
 

@@ -180,11 +180,14 @@ func (c Config) footprint() (Footprint, error) {
 	f.Weights = 2 * layers * numerics.HeadDim * 4
 	f.Bookkeeping = int64(c.Cache.NumPages) * 4
 	if c.Compressor.Enabled {
-		width := 0
+		width, mostJobs := 0, 0
 		for _, r := range c.compressedRatios() {
 			width = max(width, compressor.Overlap(r)*compressor.Dim)
-			f.CompBuffers = addSat(f.CompBuffers, int64(align16(mla.CompressPlanBytes(c.MaxSeqs, mla.MaxCompressJobs(r, c.MaxSeqs, c.MaxTokens)))))
+			jobs := mla.MaxCompressJobs(r, c.MaxSeqs, c.MaxTokens)
+			f.CompBuffers = addSat(f.CompBuffers, int64(align16(mla.CompressPlanBytes(c.MaxSeqs, jobs))))
+			mostJobs = max(mostJobs, jobs)
 		}
+		f.CompBuffers = addSat(f.CompBuffers, int64(mla.CompressScratchBytes(mostJobs)))
 		f.CompBuffers = addSat(f.CompBuffers, tokens*2*int64(width)*4)
 		pageBytes := int64(kvcache.FormatFP8UE8M0.PageBytes(CompressedPageSize))
 		for l := range c.Layers {

@@ -11,6 +11,7 @@ go test -c -o .gpu/tests.test ./tests
 go test -c -o .gpu/cublaslt.test ./kernels/cuda/cublaslt
 # A trace with MTP steps whose drafts are partly rejected (accept lists).
 go run ./cmd/decode/gentrace --mtp 3 --accept -o .gpu/accept.jsonl
+go run ./cmd/decode/gentrace --chain --mtp 3 --accept --steps-min 10 --steps-max 30 --long 2 -o .gpu/accept-chain.jsonl
 for cmd in decode bench mkcheckpoint; do
 	if [ -d "cmd/$cmd" ]; then go build -o ".gpu/$cmd" "./cmd/$cmd"; fi
 done

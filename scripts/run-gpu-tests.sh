@@ -54,7 +54,7 @@ step .gpu/decode --backend cuda --verify --summary-only --input hidden --model p
 rm -rf "$ck"
 # MTP steps with rejected drafts (accept lists), the compressor's states and
 # entries rolled back on the device: hidden (graphs) and projected (eager).
-step .gpu/decode --backend cuda --verify --summary-only --input hidden --trace .gpu/accept.jsonl --layers 4
+step .gpu/decode --backend cuda --verify --summary-only --input hidden --trace .gpu/accept-chain.jsonl --layers 4
 step .gpu/decode --backend cuda --verify --summary-only --input projected --graph=false --trace .gpu/accept.jsonl --layers 4
 if command -v compute-sanitizer >/dev/null; then
 	for tool in memcheck racecheck; do

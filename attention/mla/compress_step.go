@@ -259,7 +259,16 @@ type CompressStepArgs struct {
 	Pool          Buffer
 	PageSize      int
 	NumPages      int
+	// Scratch is the step's working memory, CompressScratchBytes(MaxJobs)
+	// bytes (the pooled rows before the entry's norm: the CUDA backend
+	// spreads one entry over several blocks). Its contents before and after
+	// the step mean nothing.
+	Scratch Buffer
 }
+
+// CompressScratchBytes is CompressStepArgs.Scratch's size for maxJobs
+// entries: 512 float32 each.
+func CompressScratchBytes(maxJobs int) int { return maxJobs * numerics.HeadDim * 4 }
 
 // Width is the float32 values of one K or G row.
 func (a *CompressStepArgs) Width() int { return compressor.Overlap(a.Ratio) * numerics.HeadDim }
@@ -302,6 +311,7 @@ func (a *CompressStepArgs) Validate() error {
 		{"NormWeight", a.NormWeight, 4 * numerics.HeadDim},
 		{"Rope", a.Rope, int64(a.RopePositions) * numerics.RopeDim * 4},
 		{"Pool", a.Pool, int64(a.NumPages) * int64(kvcache.FormatFP8UE8M0.PageBytes(a.PageSize))},
+		{"Scratch", a.Scratch, int64(a.MaxJobs) * numerics.HeadDim * 4},
 	}
 	if a.KGRows > 0 {
 		need = append(need, sized{"KG", a.KG, int64(a.KGRows) * 2 * w * 4})

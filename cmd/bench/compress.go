@@ -31,6 +31,7 @@ type chainComp struct {
 	rings            []mla.Buffer // per layer
 	ape, norm        mla.Buffer
 	kg, plan, pool   mla.Buffer
+	scratch          mla.Buffer
 	maxSeqs, maxJobs int
 	ringRows, pages  int
 	bufs             []mla.Buffer
@@ -78,6 +79,9 @@ func (d *device) setupComp(md model, cl *chainLayout, ratio, layers int) (_ *cha
 	if c.kg, err = keep(d.be.Alloc(cl.rows * 2 * c.width * 4)); err != nil {
 		return nil, err
 	}
+	if c.scratch, err = keep(d.be.Alloc(mla.CompressScratchBytes(c.maxJobs))); err != nil {
+		return nil, err
+	}
 	// The plan: sequence b at its cached length in slot b, its entries at
 	// consecutive pages of one pool.
 	p := &mla.CompressPlan{}
@@ -123,7 +127,7 @@ func (d *device) compressLayer(ctx context.Context, md model, cl *chainLayout, c
 	if err := d.be.CompressStep(ctx, &mla.CompressStepArgs{Ratio: c.ratio, KG: c.kg, KGRows: cl.rows, APE: c.ape,
 		Ring: c.rings[l], RingRows: c.ringRows, Slots: cl.ls.m.NumSeqs, Plan: c.plan, MaxSeqs: c.maxSeqs, MaxJobs: c.maxJobs,
 		NormWeight: c.norm, Eps: numerics.DefaultEps, Rope: a.Rope, RopePositions: a.RopePositions,
-		Pool: c.pool, PageSize: engine.CompressedPageSize, NumPages: c.pages}); err != nil {
+		Pool: c.pool, PageSize: engine.CompressedPageSize, NumPages: c.pages, Scratch: c.scratch}); err != nil {
 		return fmt.Errorf("compressor step: %w", err)
 	}
 	return nil

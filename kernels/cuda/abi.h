@@ -66,6 +66,13 @@ enum {
     CPLAN_JOB_WORDS  = 4,
 };
 
+// Compressor step launch shapes (attention/mla/cuda: CompressStep).
+enum {
+    CSTEP_TILE   = 64, // channels of one compress_step block
+    CSTEP_GROUPS = 4,  // candidate groups of one compress_step block
+    CFIN_WARPS   = 8,  // warps of a compress_step_finish block, one entry each
+};
+
 // Row dimensions (numerics).
 enum {
     HEAD_DIM   = 512, // values per latent or per-head Q row

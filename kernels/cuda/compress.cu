@@ -138,22 +138,46 @@ extern "C" __global__ void __launch_bounds__(COMPRESS_THREADS)
     }
 }
 
-// compress_step: one compressed layer's compressor step over an iteration
-// (mla.CompressStepArgs is the contract; attention/mla/cuda/compress_step.go
-// the host side). The plan (the iteration's sequences and the entries they
-// complete) is read from device memory, so a CUDA graph replays the launch
-// for any plan of the same capacity. Blocks [0, job_blocks) emit entries
-// (grid-stride over the jobs): thread c pools channel c over the entry's
-// candidates exactly as compress_entries does, reading position p of plan
-// sequence s from the projections (p >= start: KG row row+p-start, G plus
-// ape[p mod ratio] when ape is given) or from ring slot `from` (p < start).
-// The other blocks write the rows each sequence keeps into ring slot `to`
-// (grid-stride over (sequence, ring row) pairs). Jobs read slot `from` only
-// at positions below start; a sequence writes slot `from` (from == to) only
-// at positions >= start, and the host keeps such a step to at most
-// InPlaceRows rows, so no block overwrites a row another block reads. A job
-// or sequence with an index outside the buffers is skipped, as the CPU
-// backend skips it.
+// compress_step and compress_step_finish: one compressed layer's compressor
+// step over an iteration (mla.CompressStepArgs is the contract;
+// attention/mla/cuda/compress_step.go the host side). The plan (the
+// iteration's sequences and the entries they complete) is read from device
+// memory, so a CUDA graph replays the launches for any plan of the same
+// capacity.
+//
+// compress_step, blocks [0, job_blocks): grid-stride over (entry, channel
+// tile) pairs, CSTEP_TILE channels a block, so one entry's pooling spreads
+// over HEAD_DIM / CSTEP_TILE blocks (a ratio-128 entry is 64K exp32 calls:
+// one block alone takes over 100 us). Thread (c, q) of the block reads
+// channel c of candidate group q (candidates [q*n/4, (q+1)*n/4), by
+// position) into shared memory; the ascending-order rules of PoolChannel
+// then hold exactly:
+//   m: each group's maximum in ascending order, then the groups' maxima in
+//      ascending group order (a strict > keeps the first of equal values
+//      either way; a NaN is skipped either way);
+//   e_j = exp32(fl(G_j - m)) by every thread for its group;
+//   s: one thread per channel sums e_j over all candidates, ascending;
+//   t_j = fl(fl(e_j / s) * K_j) by every thread for its group;
+//   E: one thread per channel sums t_j, ascending, into scratch[entry].
+// Position p of plan sequence s is read from the projections (p >= start:
+// KG row row+p-start, G plus ape[p mod ratio] when ape is given) or from
+// ring slot `from` (p < start).
+// compress_step, the other blocks: the rows each sequence keeps, into ring
+// slot `to` (grid-stride over (sequence, ring row) pairs). Entries read
+// slot `from` only at positions below start; a sequence writes slot `from`
+// (from == to) only at positions >= start, and the host keeps such a step
+// to at most InPlaceRows rows, so no block overwrites a row another reads.
+// compress_step_finish: one warp per entry turns scratch[entry] into the
+// entry (compress_finish). A job or sequence with an index outside the
+// buffers is skipped by both, as the CPU backend skips it.
+
+// Channels of one compress_step block and its candidate groups (CSTEP_TILE,
+// CSTEP_GROUPS) and the warps of a compress_step_finish block (CFIN_WARPS)
+// come from abi.h.
+#define CSTEP_THREADS (CSTEP_TILE * CSTEP_GROUPS)
+#define CSTEP_MAX_CANDIDATES 128
+static_assert(HEAD_DIM % CSTEP_TILE == 0, "whole channel tiles");
+static_assert(CSTEP_MAX_CANDIDATES % CSTEP_GROUPS == 0 && 4 % CSTEP_GROUPS == 0, "whole candidate groups");
 
 __device__ __forceinline__ bool cplan_seq_ok(const int* q, int kg_rows, int slots) {
     const int row = q[CPLAN_SEQ_ROW], rows = q[CPLAN_SEQ_ROWS];
@@ -161,13 +185,37 @@ __device__ __forceinline__ bool cplan_seq_ok(const int* q, int kg_rows, int slot
            q[CPLAN_SEQ_FROM] < slots && q[CPLAN_SEQ_TO] >= 0 && q[CPLAN_SEQ_TO] < slots;
 }
 
-extern "C" __global__ void __launch_bounds__(COMPRESS_THREADS)
+// CStepJob is one valid plan job with its sequence's fields.
+struct CStepJob {
+    int index, page, off, row, start, from;
+};
+
+// cstep_job reads job jb and says whether it is valid (both kernels skip
+// the same jobs).
+__device__ __forceinline__ bool cstep_job(const int* seqs, const int* jobs, int nseqs, int jb, int kg_rows, int slots,
+                                          int ratio, int rope_positions, int num_pages, int page_size, CStepJob& j) {
+    const int* job = jobs + (size_t)jb * CPLAN_JOB_WORDS;
+    const int si = job[CPLAN_JOB_SEQ];
+    j.index = job[CPLAN_JOB_INDEX];
+    j.page = job[CPLAN_JOB_PAGE];
+    j.off = job[CPLAN_JOB_OFFSET];
+    if (si < 0 || si >= nseqs) return false;
+    const int* q = seqs + (size_t)si * CPLAN_SEQ_WORDS;
+    if (!cplan_seq_ok(q, kg_rows, slots)) return false;
+    j.row = q[CPLAN_SEQ_ROW];
+    j.start = q[CPLAN_SEQ_START];
+    j.from = q[CPLAN_SEQ_FROM];
+    const long long end = (long long)j.start + q[CPLAN_SEQ_ROWS];
+    return j.index >= 0 && (long long)j.index * ratio < rope_positions && ((long long)j.index + 1) * ratio <= end &&
+           j.page >= 0 && j.page < num_pages && j.off >= 0 && j.off < page_size;
+}
+
+extern "C" __global__ void __launch_bounds__(CSTEP_THREADS)
     compress_step(const float* kg, int kg_rows, const float* ape, float* ring, int ring_rows, int slots,
-                  const int* plan, int max_seqs, int max_jobs, int ratio, int width, const float* norm, float eps,
-                  const float* rope, int rope_positions, u8* pool, u64 page_bytes, int page_size, int num_pages,
-                  int job_blocks) {
-    __shared__ __align__(16) float pooled[HEAD_DIM];
-    const int c = threadIdx.x;
+                  const int* plan, int max_seqs, int max_jobs, int ratio, int width, int rope_positions,
+                  int page_size, int num_pages, float* scratch, int job_blocks) {
+    __shared__ float cand[CSTEP_MAX_CANDIDATES][CSTEP_TILE];  // G, then e_j, then t_j
+    __shared__ float red[CSTEP_GROUPS][CSTEP_TILE];
     pdl_wait();
     pdl_trigger();
     const int nseqs = min(max(plan[CPLAN_HDR_SEQS], 0), max_seqs);
@@ -177,59 +225,66 @@ extern "C" __global__ void __launch_bounds__(COMPRESS_THREADS)
     const size_t row_vals = 2 * (size_t)width;  // K then G
 
     if ((int)blockIdx.x < job_blocks) {
-        for (int jb = blockIdx.x; jb < njobs; jb += job_blocks) {
-            const int* job = jobs + (size_t)jb * CPLAN_JOB_WORDS;
-            const int index = job[CPLAN_JOB_INDEX], si = job[CPLAN_JOB_SEQ];
-            const int page = job[CPLAN_JOB_PAGE], off = job[CPLAN_JOB_OFFSET];
-            if (si < 0 || si >= nseqs) continue;
-            const int* q = seqs + (size_t)si * CPLAN_SEQ_WORDS;
-            if (!cplan_seq_ok(q, kg_rows, slots)) continue;
-            const int row = q[CPLAN_SEQ_ROW], start = q[CPLAN_SEQ_START], from = q[CPLAN_SEQ_FROM];
-            const long long end = (long long)start + q[CPLAN_SEQ_ROWS];
-            // Block-uniform checks: every thread reads the same values.
-            if (index < 0 || (long long)index * ratio >= rope_positions || ((long long)index + 1) * ratio > end ||
-                page < 0 || page >= num_pages || off < 0 || off >= page_size)
-                continue;
-            const int n = ratio == 4 ? (index > 0 ? 8 : 4) : ratio;
-            const int nlo = ratio == 4 ? n - 4 : n;  // candidates [0, nlo) read columns [0, 512), the rest [512, 1024)
-            const int first = (index + 1) * ratio - n;  // position of candidate 0
+        const int cl = threadIdx.x % CSTEP_TILE, grp = threadIdx.x / CSTEP_TILE;
+        const int tiles = HEAD_DIM / CSTEP_TILE;
+        for (int item = blockIdx.x; item < njobs * tiles; item += job_blocks) {
+            const int jb = item / tiles, c = (item % tiles) * CSTEP_TILE + cl;
+            CStepJob J;
+            // Block-uniform: every thread reads the same job.
+            if (!cstep_job(seqs, jobs, nseqs, jb, kg_rows, slots, ratio, rope_positions, num_pages, page_size, J)) continue;
+            const int n = ratio == 4 ? (J.index > 0 ? 8 : 4) : ratio;
+            const int nlo = ratio == 4 ? n - 4 : n;      // candidates [0, nlo) read columns [0, 512), the rest [512, 1024)
+            const int first = (J.index + 1) * ratio - n;  // position of candidate 0
+            const int per = n / CSTEP_GROUPS, j0 = grp * per;
+            // src returns candidate j's row; ape_of its ape row (nullptr: none).
+            auto src = [&](int j) -> const float* {
+                const int p = first + j;
+                return p >= J.start ? kg + (size_t)(J.row + p - J.start) * row_vals
+                                    : ring + ((size_t)J.from * ring_rows + p % ring_rows) * row_vals;
+            };
+            auto col = [&](int j) { return j < nlo ? c : HEAD_DIM + c; };
 
-            float m = __uint_as_float(0xff800000u);  // -Inf
-            for (int j = 0; j < n; j++) {
-                const int p = first + j, col = j < nlo ? c : HEAD_DIM + c;
-                const float* src = p >= start ? kg + (size_t)(row + p - start) * row_vals
-                                              : ring + ((size_t)from * ring_rows + p % ring_rows) * row_vals;
-                float g = src[width + col];
-                if (p >= start && ape != nullptr) g = __fadd_rn(g, ape[(size_t)(p % ratio) * width + col]);
-                m = g > m ? g : m;
+            float mq = __uint_as_float(0xff800000u);  // -Inf
+#pragma unroll 8
+            for (int j = j0; j < j0 + per; j++) {
+                const int p = first + j;
+                float g = src(j)[width + col(j)];
+                if (p >= J.start && ape != nullptr) g = __fadd_rn(g, ape[(size_t)(p % ratio) * width + col(j)]);
+                cand[j][cl] = g;
+                mq = g > mq ? g : mq;
             }
-            float s = 0.f;
-            for (int j = 0; j < n; j++) {
-                const int p = first + j, col = j < nlo ? c : HEAD_DIM + c;
-                const float* src = p >= start ? kg + (size_t)(row + p - start) * row_vals
-                                              : ring + ((size_t)from * ring_rows + p % ring_rows) * row_vals;
-                float g = src[width + col];
-                if (p >= start && ape != nullptr) g = __fadd_rn(g, ape[(size_t)(p % ratio) * width + col]);
-                s = __fadd_rn(s, exp32(__fsub_rn(g, m)));
-            }
-            float acc = 0.f;
-            for (int j = 0; j < n; j++) {
-                const int p = first + j, col = j < nlo ? c : HEAD_DIM + c;
-                const float* src = p >= start ? kg + (size_t)(row + p - start) * row_vals
-                                              : ring + ((size_t)from * ring_rows + p % ring_rows) * row_vals;
-                float g = src[width + col];
-                if (p >= start && ape != nullptr) g = __fadd_rn(g, ape[(size_t)(p % ratio) * width + col]);
-                const float w = __fdiv_rn(exp32(__fsub_rn(g, m)), s);
-                acc = __fadd_rn(acc, __fmul_rn(w, src[col]));
-            }
-            pooled[c] = acc;
+            red[grp][cl] = mq;
             __syncthreads();
-            if (c < 32) compress_finish(pooled, index, ratio, norm, eps, rope, pool, page_bytes, page_size, page, off, c);
-            __syncthreads();  // pooled is rewritten by the block's next job
+            float m = __uint_as_float(0xff800000u);
+#pragma unroll
+            for (int q = 0; q < CSTEP_GROUPS; q++) {
+                const float v = red[q][cl];
+                m = v > m ? v : m;
+            }
+#pragma unroll 8
+            for (int j = j0; j < j0 + per; j++) cand[j][cl] = exp32(__fsub_rn(cand[j][cl], m));
+            __syncthreads();  // every e_j stored; red read by every thread
+            if (grp == 0) {
+                float s = 0.f;
+                for (int j = 0; j < n; j++) s = __fadd_rn(s, cand[j][cl]);
+                red[0][cl] = s;
+            }
+            __syncthreads();
+            const float s = red[0][cl];
+#pragma unroll 8
+            for (int j = j0; j < j0 + per; j++) cand[j][cl] = __fmul_rn(__fdiv_rn(cand[j][cl], s), src(j)[col(j)]);
+            __syncthreads();
+            if (grp == 0) {
+                float acc = 0.f;
+                for (int j = 0; j < n; j++) acc = __fadd_rn(acc, cand[j][cl]);
+                scratch[(size_t)jb * HEAD_DIM + c] = acc;
+            }
+            __syncthreads();  // cand and red are rewritten by the block's next item
         }
         return;
     }
 
+    const int c = threadIdx.x;
     const int sb = blockIdx.x - job_blocks, nsb = gridDim.x - job_blocks;
     for (long long flat = sb; flat < (long long)nseqs * ring_rows; flat += nsb) {
         const int si = (int)(flat / ring_rows), k = (int)(flat % ring_rows);
@@ -252,5 +307,26 @@ extern "C" __global__ void __launch_bounds__(COMPRESS_THREADS)
             const float* src = ring + ((size_t)from * ring_rows + (size_t)(p % ring_rows)) * row_vals;
             for (int v = c; v < 2 * width; v += blockDim.x) dst[v] = src[v];
         }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(32 * CFIN_WARPS)
+    compress_step_finish(const float* scratch, const int* plan, int max_seqs, int max_jobs, int kg_rows, int slots,
+                         int ratio, const float* norm, float eps, const float* rope, int rope_positions, u8* pool,
+                         u64 page_bytes, int page_size, int num_pages) {
+    pdl_wait();
+    pdl_trigger();
+    const int nseqs = min(max(plan[CPLAN_HDR_SEQS], 0), max_seqs);
+    const int njobs = min(max(plan[CPLAN_HDR_JOBS], 0), max_jobs);
+    const int* seqs = plan + CPLAN_HDR_WORDS;
+    const int* jobs = seqs + (size_t)max_seqs * CPLAN_SEQ_WORDS;
+    const int lane = threadIdx.x % 32;
+    const int warps = gridDim.x * CFIN_WARPS;
+    for (int jb = blockIdx.x * CFIN_WARPS + threadIdx.x / 32; jb < njobs; jb += warps) {
+        CStepJob J;
+        // Warp-uniform: every lane reads the same job.
+        if (!cstep_job(seqs, jobs, nseqs, jb, kg_rows, slots, ratio, rope_positions, num_pages, page_size, J)) continue;
+        compress_finish(scratch + (size_t)jb * HEAD_DIM, J.index, ratio, norm, eps, rope, pool, page_bytes, page_size,
+                        J.page, J.off, lane);
     }
 }

@@ -33,6 +33,7 @@ type compressState struct {
 	mod     *driver.Module
 	fn      *driver.Function // compress_entries
 	step    *driver.Function // compress_step
+	finish  *driver.Function // compress_step_finish
 	err     error            // a failed load, returned by every later call
 	scratch mla.Buffer       // jobs then candidate codes of CompressEntries
 }
@@ -251,7 +252,12 @@ func (b *Backend) LoadCompressor() error {
 		c.err = errors.Join(fmt.Errorf("cuda: compressor kernels: %w", err), mod.Unload())
 		return c.err
 	}
-	c.mod, c.fn, c.step = mod, fn, step
+	finish, err := mod.Function("compress_step_finish")
+	if err != nil {
+		c.err = errors.Join(fmt.Errorf("cuda: compressor kernels: %w", err), mod.Unload())
+		return c.err
+	}
+	c.mod, c.fn, c.step, c.finish = mod, fn, step, finish
 	return nil
 }
 
@@ -405,7 +411,7 @@ func (b *Backend) closeCompress() error {
 	b.comp.scratch = nil
 	if b.comp.mod != nil {
 		errs = append(errs, b.comp.mod.Unload())
-		b.comp.mod, b.comp.fn, b.comp.step = nil, nil, nil
+		b.comp.mod, b.comp.fn, b.comp.step, b.comp.finish = nil, nil, nil, nil
 	}
 	return errors.Join(errs...)
 }

@@ -5,21 +5,35 @@ import (
 	"fmt"
 
 	"github.com/dsv4mla/prologue/attention/mla"
+	"github.com/dsv4mla/prologue/kernels/cuda/abi"
 	"github.com/dsv4mla/prologue/kernels/cuda/driver"
 	"github.com/dsv4mla/prologue/kvcache"
 	"github.com/dsv4mla/prologue/numerics"
 )
 
-// compressStepStoreBlocks bounds the blocks of compress_step that write the
-// ring rows (a grid-stride loop over the (sequence, ring row) pairs).
-const compressStepStoreBlocks = 264
+// Launch shapes of compress_step and compress_step_finish (kernels/cuda/abi,
+// the one source the kernels read too).
+const (
+	// compressStepTiles is the channel tiles of an entry, each one block.
+	compressStepTiles = numerics.HeadDim / abi.CompressStepTile
+	// compressStepThreads is a compress_step block: a tile's channels x
+	// the candidate groups.
+	compressStepThreads = abi.CompressStepTile * abi.CompressStepGroups
+	// compressStepStoreBlocks bounds the blocks that write the ring rows (a
+	// grid-stride loop over the (sequence, ring row) pairs).
+	compressStepStoreBlocks = 264
+	// compressFinishWarps is the warps of a compress_step_finish block, one
+	// entry each.
+	compressFinishWarps = abi.CompressFinishWarps
+)
 
-// CompressStep implements mla.CompressStepper: compress_step of
-// kernels/cuda/compress.cu on the backend's current stream (the main
-// stream, or the side stream inside Side), with programmatic dependent
-// launch like the other kernels. The grid depends on the capacities
-// (MaxJobs, MaxSeqs, RingRows) only, so a CUDA graph captures it once for
-// every plan; the kernel reads the counts from the plan.
+// CompressStep implements mla.CompressStepper: compress_step then
+// compress_step_finish of kernels/cuda/compress.cu on the backend's current
+// stream (the main stream, or the side stream inside Side), with
+// programmatic dependent launch like the other kernels. The grids depend on
+// the capacities (MaxJobs, MaxSeqs, RingRows) only, so a CUDA graph
+// captures them once for every plan; the kernels read the counts from the
+// plan.
 func (b *Backend) CompressStep(ctx context.Context, a *mla.CompressStepArgs) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -64,14 +78,22 @@ func (b *Backend) CompressStep(ctx context.Context, a *mla.CompressStepArgs) err
 	if err != nil {
 		return err
 	}
-	jobBlocks := int(b.chainGrid(a.MaxJobs))
+	scratch, err := span(a.Scratch, 0, mla.CompressScratchBytes(a.MaxJobs))
+	if err != nil {
+		return fmt.Errorf("cuda: compress step: Scratch: %w", err)
+	}
+	jobBlocks := int(b.chainGrid(a.MaxJobs * compressStepTiles))
 	storeBlocks := min(a.MaxSeqs*a.RingRows, compressStepStoreBlocks)
-	grid := driver.Dim3{uint32(jobBlocks + storeBlocks), 1, 1}
-	return b.launchShared(b.comp.step, grid, driver.Dim3{compressThreads, 1, 1}, 0,
+	if err := b.launchShared(b.comp.step, driver.Dim3{uint32(jobBlocks + storeBlocks), 1, 1}, driver.Dim3{compressStepThreads, 1, 1}, 0,
 		kg, int32(a.KGRows), ape, ring, int32(a.RingRows), int32(a.Slots),
-		plan, int32(a.MaxSeqs), int32(a.MaxJobs), int32(a.Ratio), int32(w), norm, a.Eps,
-		rope, int32(a.RopePositions), pool, uint64(pageBytes), int32(a.PageSize), int32(a.NumPages),
-		int32(jobBlocks))
+		plan, int32(a.MaxSeqs), int32(a.MaxJobs), int32(a.Ratio), int32(w), int32(a.RopePositions),
+		int32(a.PageSize), int32(a.NumPages), scratch, int32(jobBlocks)); err != nil {
+		return err
+	}
+	finishBlocks := b.chainGrid((a.MaxJobs + compressFinishWarps - 1) / compressFinishWarps)
+	return b.launchShared(b.comp.finish, driver.Dim3{finishBlocks, 1, 1}, driver.Dim3{32 * compressFinishWarps, 1, 1}, 0,
+		scratch, plan, int32(a.MaxSeqs), int32(a.MaxJobs), int32(a.KGRows), int32(a.Slots), int32(a.Ratio),
+		norm, a.Eps, rope, int32(a.RopePositions), pool, uint64(pageBytes), int32(a.PageSize), int32(a.NumPages))
 }
 
 // Side implements mla.SideRunner: the launches fn issues go to the side

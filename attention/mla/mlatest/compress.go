@@ -443,6 +443,7 @@ func (cs *CompressCase) Run(b mla.Backend) (*CompressOutputs, error) {
 	}{
 		{&a.KG, cs.kgBytes}, {&a.APE, cs.apeBytes}, {&a.Ring, cs.ringBytes}, {&a.Plan, cs.planBuf},
 		{&a.NormWeight, h.normWeight}, {&a.Rope, cs.ropeBytes}, {&a.Pool, h.pool},
+		{&a.Scratch, make([]byte, mla.CompressScratchBytes(cs.MaxJobs))},
 	} {
 		if u.data == nil {
 			continue // APE nil

@@ -153,6 +153,7 @@ func CheckCompressChunking(b mla.Backend, c CompressChunking, seed uint64) error
 	}{
 		{&a.KG, make([]byte, a.KGRows*2*w*4)}, {&a.Ring, ring}, {&a.Plan, make([]byte, mla.CompressPlanBytes(1, maxJobs))},
 		{&a.NormWeight, numerics.F32Bytes(nw)}, {&a.Rope, rope}, {&a.Pool, pool},
+		{&a.Scratch, make([]byte, mla.CompressScratchBytes(maxJobs))},
 	} {
 		if *u.dst, err = upload(u.data); err != nil {
 			return err

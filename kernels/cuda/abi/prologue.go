@@ -97,6 +97,16 @@ func FormatConst(f kvcache.Format) string { return "FMT_" + strings.ToUpper(f.St
 // QFormatConst is the C name of a Q format's id: QFMT_FP8, QFMT_BF16.
 func QFormatConst(q mla.QFormat) string { return "QFMT_" + strings.ToUpper(q.String()) }
 
+// The compressor step's launch shapes: compress_step spreads an entry's 512
+// channels over tiles of CompressStepTile channels, each block split into
+// CompressStepGroups candidate groups; compress_step_finish runs
+// CompressFinishWarps entries a block.
+const (
+	CompressStepTile    = 64
+	CompressStepGroups  = 4
+	CompressFinishWarps = 8
+)
+
 // Constants are the integer constants of the prologue kernels, each taken
 // from the Go package that defines it.
 func Constants() []ConstGroup {
@@ -142,6 +152,11 @@ func Constants() []ConstGroup {
 			{"CPLAN_JOB_PAGE", mla.CompressPlanJobPage, ""},
 			{"CPLAN_JOB_OFFSET", mla.CompressPlanJobOffset, ""},
 			{"CPLAN_JOB_WORDS", mla.CompressPlanJobWords, ""},
+		}},
+		{"Compressor step launch shapes (attention/mla/cuda: CompressStep).", []Const{
+			{"CSTEP_TILE", CompressStepTile, "channels of one compress_step block"},
+			{"CSTEP_GROUPS", CompressStepGroups, "candidate groups of one compress_step block"},
+			{"CFIN_WARPS", CompressFinishWarps, "warps of a compress_step_finish block, one entry each"},
 		}},
 		{"Row dimensions (numerics).", []Const{
 			{"HEAD_DIM", numerics.HeadDim, "values per latent or per-head Q row"},
