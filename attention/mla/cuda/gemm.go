@@ -124,6 +124,14 @@ func (b *Backend) closeGEMM() error {
 		errs = append(errs, m.Unload())
 		b.bf16.mod = nil
 	}
+	if m := b.bf16.mmaMod; m != nil {
+		errs = append(errs, m.Unload())
+		b.bf16.mmaMod = nil
+	}
+	if b.bf16.part != 0 {
+		errs = append(errs, b.ctx.Free(b.bf16.part))
+		b.bf16.part = 0
+	}
 	return errors.Join(errs...)
 }
 
