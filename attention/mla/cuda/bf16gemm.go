@@ -101,7 +101,7 @@ func planBF16MMA(m, n, k, sms, partBytes int) bf16MMAPlan {
 	p.splits = (stages + per - 1) / per
 	tokens := (min(m, bf16MMATokens) + 7) &^ 7
 	most := (bf16MMASharedBytes/(2*tokens) - bf16MMAPad) / bf16MMAStage // stages of X the cap holds
-	pieces := (per + most - 1) / most                                     // X chunks a split, equal but for the last
+	pieces := (per + most - 1) / most                                   // X chunks a split, equal but for the last
 	p.kChunk = (per + pieces - 1) / pieces * bf16MMAStage
 	p.shared = 2 * tokens * (p.kChunk + bf16MMAPad)
 	return p
