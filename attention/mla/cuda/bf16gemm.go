@@ -41,14 +41,17 @@ const (
 // bf16GEMMState is the projection GEMM's kernels, loaded at first use, and
 // the tensor-core kernel's split-K workspace.
 type bf16GEMMState struct {
-	once                sync.Once
-	err                 error
-	mod                 *driver.Module
-	fn                  *driver.Function
-	mmaMod              *driver.Module // nil where the device has no bf16 MMA (mmaErr says so)
-	mmaFn, mmaReduce    *driver.Function
-	mmaErr              error
-	part                driver.DevicePtr // bf16MMAPartBytes of float32 partials
+	once             sync.Once
+	err              error
+	mod              *driver.Module
+	fn               *driver.Function
+	mmaMod           *driver.Module // nil where the device has no bf16 MMA (mmaErr says so)
+	mmaFn, mmaReduce *driver.Function
+	mmaErr           error
+	// parts are the split-K workspaces (bf16MMAPartBytes of float32
+	// partials each) of the main stream and the side stream (Side): a GEMM
+	// on each may be in flight at once.
+	parts               [2]driver.DevicePtr
 	path                bf16GEMMPath
 	own, mma, cublasRun atomic.Int64
 }
@@ -68,8 +71,10 @@ const (
 	// bf16MMASharedBytes caps the block's dynamic shared memory (its X
 	// chunk) at what a launch gets without opting in.
 	bf16MMASharedBytes = 48 << 10
-	// bf16MMAPartBytes is the split-K workspace, allocated with the
-	// kernels so that a graph capture never allocates.
+	// bf16MMAPartBytes is a split-K workspace, allocated with the kernels
+	// so that a graph capture never allocates. GEMMs on one stream take
+	// turns with it: the next kernel writes partials only after its
+	// programmatic-dependent-launch wait, when the reduction before is done.
 	bf16MMAPartBytes = 8 << 20
 	// bf16MMABlocksPerSM is the grid the split of K aims for: with four
 	// blocks resident a multiprocessor, two a multiprocessor keep every
@@ -161,8 +166,12 @@ func (b *Backend) initBF16MMA() error {
 	if g.mmaReduce, err = g.mmaMod.Function("gemm_bf16_mma_reduce"); err != nil {
 		return err
 	}
-	g.part, err = b.ctx.Alloc(bf16MMAPartBytes)
-	return err
+	for i := range g.parts {
+		if g.parts[i], err = b.ctx.Alloc(bf16MMAPartBytes); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // bf16MMASupports reports whether the tensor-core kernel runs a GEMM of
@@ -296,9 +305,13 @@ func (b *Backend) bf16MMA(x, w, y driver.DevicePtr, a *mla.BF16GEMMArgs) error {
 	g := &b.bf16
 	m, n, k := a.Rows, a.N, a.K
 	p := planBF16MMA(m, n, k, b.ctx.Props().SMCount, bf16MMAPartBytes)
+	part := g.parts[0]
+	if b.stream == b.fork.stream {
+		part = g.parts[1]
+	}
 	out, outStride := y, a.YStride
 	if p.splits > 1 {
-		out, outStride = g.part, n
+		out, outStride = part, n
 	}
 	grid := driver.Dim3{uint32(p.tiles), uint32(p.splits), uint32(p.chunks)}
 	return b.ctx.Do(func() error {
@@ -311,7 +324,7 @@ func (b *Backend) bf16MMA(x, w, y driver.DevicePtr, a *mla.BF16GEMMArgs) error {
 		}
 		threads := m * n / 4
 		return b.launch(g.mmaReduce, driver.Dim3{uint32((threads + 255) / 256), 1, 1}, driver.Dim3{256, 1, 1},
-			g.part, y, int32(m), int32(n), int32(a.YStride), int32(p.splits))
+			part, y, int32(m), int32(n), int32(a.YStride), int32(p.splits))
 	})
 }
 

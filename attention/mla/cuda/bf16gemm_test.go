@@ -33,7 +33,7 @@ func bf16Counts(b *cuda.Backend) [3]int64 {
 // halves of [wkv; wgate] at ratio 4), decode to prefill rows (the
 // tensor-core kernel's token tiles of 8 and 16-row MMA edges, its chunks
 // of 64 rows); every other case with X at an offset and padded stride and
-// a padded, offset Y.
+// a padded, offset Y; then a few odd shapes.
 func bf16Cases() []mlatest.BF16GEMMCase {
 	var cs []mlatest.BF16GEMMCase
 	i := 0
@@ -50,6 +50,13 @@ func bf16Cases() []mlatest.BF16GEMMCase {
 			}
 		}
 	}
+	// Odd shapes: N not a multiple of 64 (the tensor-core kernel's idle
+	// warps), one stage of K, rows past a 64-row chunk.
+	cs = append(cs,
+		mlatest.BF16GEMMCase{Rows: 9, N: 80, K: 192},
+		mlatest.BF16GEMMCase{Rows: 70, N: 16, K: 64, XOffset: 16, XStride: 72, YOffset: 16, YStride: 20},
+		mlatest.BF16GEMMCase{Rows: 5, N: 1040, K: 128},
+		mlatest.BF16GEMMCase{Rows: 129, N: 48, K: 320})
 	return cs
 }
 
@@ -275,6 +282,91 @@ func TestBF16GEMMGraph(t *testing.T) {
 			}
 			require.Equal(t, first, replayed, "the replay differs from the direct call")
 		})
+	}
+}
+
+// TestBF16MMASideStream runs tensor-core GEMMs with split K on the main
+// stream and, at the same time, on the side stream (Side, as the engine
+// issues the compressor under the layer's GEMMs), captured into one graph
+// and eagerly: each stream has its own workspace, so every result is
+// within the bound of the host reference and the replay writes what the
+// eager calls write, byte for byte.
+func TestBF16MMASideStream(t *testing.T) {
+	b := backend(t)
+	if !forcePath(t, b, "mma") {
+		t.Skip("tensor-core kernel unavailable")
+	}
+	seed := rand.Uint64()
+	t.Logf("seed %d", seed)
+	r := rand.New(rand.NewPCG(seed, 23))
+	ctx := context.Background()
+	cases := []mlatest.BF16GEMMCase{
+		{Rows: 7, N: 1024, K: 4096}, // main
+		{Rows: 33, N: 2048, K: 1024, XOffset: 32, XStride: 1032, YOffset: 48, YStride: 2052}, // side
+		{Rows: 64, N: 512, K: 7168}, // main, after the side one was issued
+	}
+	type run struct {
+		c    mlatest.BF16GEMMCase
+		o    *gemm.BF16Operands
+		args *mla.BF16GEMMArgs
+		y    mla.Buffer
+		size int
+	}
+	runs := make([]run, len(cases))
+	for i, c := range cases {
+		o := mlatest.RandomBF16Operands(r, c)
+		x, w, err := mlatest.UploadBF16Operands(b, o, c.XOffset)
+		require.NoError(t, err)
+		size := mlatest.BF16GEMMYBytes(c)
+		y, err := b.Alloc(size)
+		require.NoError(t, err)
+		for _, buf := range []mla.Buffer{x, w, y} {
+			defer b.Free(buf)
+		}
+		runs[i] = run{c: c, o: o, args: mlatest.BF16GEMMArgs(c, x, w, y), y: y, size: size}
+	}
+	issue := func() error {
+		if err := b.BF16GEMM(ctx, runs[0].args); err != nil {
+			return err
+		}
+		if err := b.Side(ctx, func() error { return b.BF16GEMM(ctx, runs[1].args) }); err != nil {
+			return err
+		}
+		if err := b.BF16GEMM(ctx, runs[2].args); err != nil {
+			return err
+		}
+		return b.JoinKV(ctx)
+	}
+	results := func() [][]byte {
+		require.NoError(t, b.Synchronize(ctx))
+		out := make([][]byte, len(runs))
+		for i, rn := range runs {
+			out[i] = make([]byte, rn.size)
+			require.NoError(t, b.Read(out[i], rn.y, 0))
+		}
+		return out
+	}
+	poison := func() {
+		for _, rn := range runs {
+			require.NoError(t, b.Fill(rn.y, 0, rn.size, 0xFF))
+		}
+	}
+	poison()
+	require.NoError(t, issue())
+	eager := results()
+	poison()
+	g, err := b.Capture(issue)
+	require.NoError(t, err)
+	defer g.Close()
+	require.NoError(t, g.Launch())
+	replayed := results()
+	for i, rn := range runs {
+		got, err := mlatest.ReadBF16GEMMY(rn.c, replayed[i])
+		require.NoError(t, err)
+		want, err := gemm.ReferenceBF16(rn.o)
+		require.NoError(t, err)
+		require.NoError(t, gemm.CheckBoundF32(rn.o, want, got), "%v", rn.c)
+		require.Equal(t, eager[i], replayed[i], "%v: the replay differs from the eager calls", rn.c)
 	}
 }
 

@@ -128,9 +128,11 @@ func (b *Backend) closeGEMM() error {
 		errs = append(errs, m.Unload())
 		b.bf16.mmaMod = nil
 	}
-	if b.bf16.part != 0 {
-		errs = append(errs, b.ctx.Free(b.bf16.part))
-		b.bf16.part = 0
+	for i, p := range b.bf16.parts {
+		if p != 0 {
+			errs = append(errs, b.ctx.Free(p))
+			b.bf16.parts[i] = 0
+		}
 	}
 	return errors.Join(errs...)
 }
