@@ -18,6 +18,13 @@ const DefaultDirectMaxRows = 32768
 // heads 5.1 us direct, 4.9 us streaming; 128 tokens 6.2 against 7.4).
 const DefaultDirectMinRows = 6144
 
+// DefaultBF16MMAMaxRows is the largest projection GEMM (the KV
+// compressor's bf16 GEMM), in X rows, that the tensor-core weight-streaming
+// kernel runs by default; cuBLASLt runs larger ones. At decode the GEMM is
+// the time to read its weights once, which cuBLASLt's large tiles leave
+// most SMs idle for.
+const DefaultBF16MMAMaxRows = 64
+
 // Knobs are passed to cuda.NewTuned; zero fields take the defaults.
 type Knobs struct {
 	// Warps is the number of warps per block (0: 8); each warp streams a
@@ -49,6 +56,10 @@ type Knobs struct {
 	// blocks a multiprocessor (0: 1, the registers left to the compiler);
 	// a larger value caps the registers a thread to raise occupancy.
 	DirectMinBlocks int
+	// BF16MMAMaxRows: a projection GEMM of at most this many rows runs the
+	// tensor-core kernel (kernels/cuda/gemm_bf16_mma.cu) where its shape
+	// allows (0: DefaultBF16MMAMaxRows; negative: never).
+	BF16MMAMaxRows int
 	// SeparateLaunches makes RunLayer issue the KV and Q kernels as two
 	// launches instead of one fused layer launch.
 	SeparateLaunches bool
@@ -73,6 +84,12 @@ func (k Knobs) Defaults() Knobs {
 	def(&k.DirectQRows, 2)
 	def(&k.DirectMinBlocks, 1)
 	def(&k.DirectMinRows, DefaultDirectMinRows)
+	switch {
+	case k.BF16MMAMaxRows == 0:
+		k.BF16MMAMaxRows = DefaultBF16MMAMaxRows
+	case k.BF16MMAMaxRows < 0:
+		k.BF16MMAMaxRows = -1
+	}
 	switch {
 	case k.DirectMaxRows == 0:
 		k.DirectMaxRows = DefaultDirectMaxRows

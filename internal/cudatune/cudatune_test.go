@@ -8,12 +8,14 @@ import (
 
 func TestDefaults(t *testing.T) {
 	require.Equal(t, Knobs{Warps: 8, KVDepth: 4, QDepth: 4, BlocksPerSM: 4,
-		DirectMaxRows: DefaultDirectMaxRows, DirectMinRows: DefaultDirectMinRows, DirectWarps: 4, DirectQRows: 2, DirectMinBlocks: 1}, Knobs{}.Defaults())
+		DirectMaxRows: DefaultDirectMaxRows, DirectMinRows: DefaultDirectMinRows, DirectWarps: 4, DirectQRows: 2, DirectMinBlocks: 1,
+		BF16MMAMaxRows: DefaultBF16MMAMaxRows}, Knobs{}.Defaults())
 	set := Knobs{Warps: 3, KVDepth: 1, QDepth: 5, BlocksPerSM: 2, MaxBlocks: 1, DirectMaxRows: 7, DirectMinRows: 2, DirectWarps: 2,
-		DirectQRows: 3, DirectMinBlocks: 6, SeparateLaunches: true, Verbose: true}
+		DirectQRows: 3, DirectMinBlocks: 6, BF16MMAMaxRows: 9, SeparateLaunches: true, Verbose: true}
 	require.Equal(t, set, set.Defaults(), "set fields stay")
 	require.Equal(t, 8, Knobs{Warps: -1}.Defaults().Warps)
 	require.Equal(t, -1, Knobs{DirectMaxRows: -5}.Defaults().DirectMaxRows, "negative: never direct")
+	require.Equal(t, -1, Knobs{BF16MMAMaxRows: -3}.Defaults().BF16MMAMaxRows, "negative: never the tensor-core kernel")
 }
 
 func TestDirect(t *testing.T) {

@@ -16,3 +16,12 @@ var gemmBF16Source string
 // output (the compressor's projections where cuBLASLt is absent or refuses
 // a shape): kernel gemm_bf16_f32.
 func BF16GEMMSource() string { return gemmBF16Source }
+
+//go:embed gemm_bf16_mma.cu
+var gemmBF16MMASource string
+
+// BF16MMAGEMMSource returns the CUDA source of the tensor-core bf16 GEMM
+// with float32 output for small batches (the compressor's projection at
+// decode; sm_80+): kernels gemm_bf16_mma (weight streaming, split-K) and
+// gemm_bf16_mma_reduce (the split-K reduction, in split order).
+func BF16MMAGEMMSource() string { return gemmBF16MMASource }

@@ -15,37 +15,106 @@ import (
 )
 
 // The compressor's projection GEMM (mla.BF16GEMMBackend): bf16 operands,
-// float32 output. cuBLASLt (the handle the FP8 GEMM uses) runs every shape
-// it has an algorithm for; the simple kernel of kernels/cuda/gemm_bf16.cu
-// runs the rest, and everything when cuBLASLt is absent. Both enqueue on
-// the backend's stream, so the GEMM is captured into graphs and ordered
-// with the side stream's fork like the chain's GEMMs.
+// float32 output. Three implementations, all enqueued on the backend's
+// stream, so the GEMM is captured into graphs and ordered with the side
+// stream's fork like the chain's GEMMs:
+//   - the tensor-core weight-streaming kernel of kernels/cuda/gemm_bf16_mma.cu
+//     (sm_80+) up to cudatune.Knobs.BF16MMAMaxRows rows (decode: the GEMM
+//     is the time to read its weights once, and cuBLASLt's large tiles
+//     leave most SMs idle), where N % 16 == 0 and K % 64 == 0;
+//   - cuBLASLt (the handle the FP8 GEMM uses) for every other shape it has
+//     an algorithm for;
+//   - the simple kernel of kernels/cuda/gemm_bf16.cu for the rest, and
+//     everything when neither of the others can run.
 
 // bf16GEMMPath chooses the implementation (tests force one through
 // export_test.go; production always uses bf16GEMMAuto).
 type bf16GEMMPath int
 
 const (
-	bf16GEMMAuto     bf16GEMMPath = iota // cuBLASLt where it has an algorithm, else the kernel
-	bf16GEMMOwn                          // the kernel for every shape
+	bf16GEMMAuto     bf16GEMMPath = iota // the tensor-core kernel at small M, cuBLASLt where it has an algorithm, else the simple kernel
+	bf16GEMMOwn                          // the simple kernel for every shape
 	bf16GEMMCuBLASLt                     // cuBLASLt only: a shape it refuses is an error
+	bf16GEMMMMA                          // the tensor-core kernel only: a shape it cannot run is an error
 )
 
-// bf16GEMMState is the projection GEMM's kernel, loaded at first use.
+// bf16GEMMState is the projection GEMM's kernels, loaded at first use, and
+// the tensor-core kernel's split-K workspace.
 type bf16GEMMState struct {
-	once           sync.Once
-	err            error
-	mod            *driver.Module
-	fn             *driver.Function
-	path           bf16GEMMPath
-	own, cublasRun atomic.Int64
+	once             sync.Once
+	err              error
+	mod              *driver.Module
+	fn               *driver.Function
+	mmaMod           *driver.Module // nil where the device has no bf16 MMA (mmaErr says so)
+	mmaFn, mmaReduce *driver.Function
+	mmaErr           error
+	// parts are the split-K workspaces (bf16MMAPartBytes of float32
+	// partials each) of the main stream and the side stream (Side): a GEMM
+	// on each may be in flight at once.
+	parts               [2]driver.DevicePtr
+	path                bf16GEMMPath
+	own, mma, cublasRun atomic.Int64
 }
 
 // bf16GEMMWarps is BF16_GEMM_WARPS of gemm_bf16.cu: warps a block.
 const bf16GEMMWarps = 8
 
-// InitBF16GEMM compiles the projection GEMM's kernel and opens cuBLASLt
-// (unless Options.NoCuBLASLt); BF16GEMM calls it on first use. Call it, or
+// The tensor-core kernel's shape (gemm_bf16_mma.cu's BF16_MMA_* macros)
+// and the backend's choices for it.
+const (
+	bf16MMAThreads = 128 // BF16_MMA_WARPS * 32
+	bf16MMARows    = 64  // BF16_MMA_ROWS: outputs (W rows) a block owns
+	bf16MMATokens  = 64  // BF16_MMA_TOKENS: X rows a block owns
+	bf16MMAStage   = 64  // BF16_MMA_STAGE: k a pipeline stage; K must be a multiple
+	bf16MMAPad     = 32  // BF16_MMA_PAD: bf16 past each shared X row
+
+	// bf16MMASharedBytes caps the block's dynamic shared memory (its X
+	// chunk) at what a launch gets without opting in.
+	bf16MMASharedBytes = 48 << 10
+	// bf16MMAPartBytes is a split-K workspace, allocated with the kernels
+	// so that a graph capture never allocates. GEMMs on one stream take
+	// turns with it: the next kernel writes partials only after its
+	// programmatic-dependent-launch wait, when the reduction before is done.
+	bf16MMAPartBytes = 8 << 20
+	// bf16MMABlocksPerSM is the grid the split of K aims for: with four
+	// blocks resident a multiprocessor, two a multiprocessor keep every
+	// SM streaming without a second wave.
+	bf16MMABlocksPerSM = 2
+)
+
+// bf16MMAPlan is the tensor-core kernel's launch shape for one GEMM.
+type bf16MMAPlan struct {
+	tiles, chunks  int // grid x (blocks of 64 outputs) and z (chunks of 64 tokens)
+	splits, kSplit int // grid y: splits of K, kSplit each (the last may be shorter)
+	kChunk, shared int // k of X staged in shared memory at a time, and its bytes
+}
+
+// planBF16MMA splits K until the grid has about bf16MMABlocksPerSM blocks
+// a multiprocessor, as long as every split keeps a stage, the partials fit
+// the workspace and stay within half the weight's bytes; a split's X is
+// staged in as few equal chunks as the shared memory cap allows.
+func planBF16MMA(m, n, k, sms, partBytes int) bf16MMAPlan {
+	p := bf16MMAPlan{tiles: (n + bf16MMARows - 1) / bf16MMARows, chunks: (m + bf16MMATokens - 1) / bf16MMATokens}
+	stages := k / bf16MMAStage
+	splits := 1
+	if blocks, want := p.tiles*p.chunks, bf16MMABlocksPerSM*sms; blocks < want {
+		splits = (want + blocks - 1) / blocks
+	}
+	splits = max(1, min(splits, stages, partBytes/4/m/n, k/(4*m)))
+	per := (stages + splits - 1) / splits
+	p.kSplit = per * bf16MMAStage
+	p.splits = (stages + per - 1) / per
+	tokens := (min(m, bf16MMATokens) + 7) &^ 7
+	most := (bf16MMASharedBytes/(2*tokens) - bf16MMAPad) / bf16MMAStage // stages of X the cap holds
+	pieces := (per + most - 1) / most                                   // X chunks a split, equal but for the last
+	p.kChunk = (per + pieces - 1) / pieces * bf16MMAStage
+	p.shared = 2 * tokens * (p.kChunk + bf16MMAPad)
+	return p
+}
+
+// InitBF16GEMM compiles the projection GEMM's kernels, allocates the
+// tensor-core kernel's split-K workspace and opens cuBLASLt (unless
+// Options.NoCuBLASLt); BF16GEMM calls it on first use. Call it, or
 // PrepareBF16GEMM for each shape, before capturing a CUDA graph that
 // contains the GEMM: a capture may not load modules or allocate.
 func (b *Backend) InitBF16GEMM() error {
@@ -67,7 +136,57 @@ func (b *Backend) initBF16GEMM() error {
 	if g.fn, err = g.mod.Function("gemm_bf16_f32"); err != nil {
 		return err
 	}
+	if err := b.initBF16MMA(); err != nil {
+		return err
+	}
 	b.openCuBLASLt()
+	return nil
+}
+
+// initBF16MMA compiles the tensor-core kernel and allocates its workspace
+// where the device has bf16 MMA (sm_80+); elsewhere it records why not.
+func (b *Backend) initBF16MMA() error {
+	g := &b.bf16
+	p := b.ctx.Props()
+	if p.Major < 8 {
+		g.mmaErr = fmt.Errorf("cuda: the tensor-core bf16 GEMM needs compute capability 8.0 or newer, the device is %d.%d", p.Major, p.Minor)
+		return nil
+	}
+	compiled, err := driver.CompileDetailed(kernels.BF16MMAGEMMSource(), "gemm_bf16_mma.cu",
+		driver.CompileOptions{Arch: p.Arch(), NoFMAD: true})
+	if err != nil {
+		return fmt.Errorf("cuda: tensor-core bf16 GEMM kernel: %w", err)
+	}
+	if g.mmaMod, err = b.ctx.LoadModule(compiled.Cubin); err != nil {
+		return err
+	}
+	if g.mmaFn, err = g.mmaMod.Function("gemm_bf16_mma"); err != nil {
+		return err
+	}
+	if g.mmaReduce, err = g.mmaMod.Function("gemm_bf16_mma_reduce"); err != nil {
+		return err
+	}
+	for i := range g.parts {
+		if g.parts[i], err = b.ctx.Alloc(bf16MMAPartBytes); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// bf16MMASupports reports whether the tensor-core kernel runs a GEMM of
+// rows x n outputs from k inputs: nil, or why not.
+func (g *bf16GEMMState) bf16MMASupports(rows, n, k int) error {
+	switch {
+	case g.mmaFn == nil:
+		return g.mmaErr
+	case n%16 != 0:
+		return fmt.Errorf("cuda: the tensor-core bf16 GEMM needs N a multiple of 16, N = %d", n)
+	case k%bf16MMAStage != 0:
+		return fmt.Errorf("cuda: the tensor-core bf16 GEMM needs K a multiple of %d, K = %d", bf16MMAStage, k)
+	case (rows+bf16MMATokens-1)/bf16MMATokens > 65535:
+		return fmt.Errorf("cuda: the tensor-core bf16 GEMM runs at most %d rows, Rows = %d", 65535*bf16MMATokens, rows)
+	}
 	return nil
 }
 
@@ -104,9 +223,14 @@ func (b *Backend) CuBLASLtSupportsBF16(rows, n, k, xStride, yStride int) error {
 	return b.gemm.lt.SupportedBF16(cublaslt.BF16Shape{M: rows, N: n, K: k, XStride: xStride, YStride: yStride})
 }
 
-// BF16GEMMCounts reports how many projection GEMMs each implementation ran.
-func (b *Backend) BF16GEMMCounts() (own, cublasLt int64) {
-	return b.bf16.own.Load(), b.bf16.cublasRun.Load()
+// BF16MMAError is why the tensor-core bf16 GEMM kernel is not in use (nil
+// when it is), after InitBF16GEMM.
+func (b *Backend) BF16MMAError() error { return b.bf16.mmaErr }
+
+// BF16GEMMCounts reports how many projection GEMMs each implementation ran:
+// the simple kernel, the tensor-core kernel and cuBLASLt.
+func (b *Backend) BF16GEMMCounts() (own, mma, cublasLt int64) {
+	return b.bf16.own.Load(), b.bf16.mma.Load(), b.bf16.cublasRun.Load()
 }
 
 // BF16GEMM implements mla.BF16GEMMBackend: Y = X . W^T on the backend's
@@ -138,10 +262,11 @@ func (b *Backend) BF16GEMM(ctx context.Context, a *mla.BF16GEMMArgs) error {
 	}
 	g := &b.bf16
 	shape := cublaslt.BF16Shape{M: a.Rows, N: a.N, K: a.K, XStride: a.XStride, YStride: a.YStride}
-	useLt := false
+	useLt, useMMA := false, false
 	switch g.path {
 	case bf16GEMMAuto:
-		useLt = b.gemm.lt != nil && b.gemm.lt.SupportedBF16(shape) == nil
+		useMMA = a.Rows <= b.knobs.BF16MMAMaxRows && g.bf16MMASupports(a.Rows, a.N, a.K) == nil
+		useLt = !useMMA && b.gemm.lt != nil && b.gemm.lt.SupportedBF16(shape) == nil
 	case bf16GEMMCuBLASLt:
 		if b.gemm.lt == nil {
 			return fmt.Errorf("cuda: bf16 GEMM forced to cuBLASLt: %w", b.gemm.ltErr)
@@ -150,6 +275,15 @@ func (b *Backend) BF16GEMM(ctx context.Context, a *mla.BF16GEMMArgs) error {
 			return err
 		}
 		useLt = true
+	case bf16GEMMMMA:
+		if err := g.bf16MMASupports(a.Rows, a.N, a.K); err != nil {
+			return fmt.Errorf("cuda: bf16 GEMM forced to the tensor-core kernel: %w", err)
+		}
+		useMMA = true
+	}
+	if useMMA {
+		g.mma.Add(1)
+		return b.bf16MMA(x, w, y, a)
 	}
 	if useLt {
 		g.cublasRun.Add(1)
@@ -163,6 +297,35 @@ func (b *Backend) BF16GEMM(ctx context.Context, a *mla.BF16GEMMArgs) error {
 	g.own.Add(1)
 	return b.launch(g.fn, driver.Dim3{uint32(blocks), 1, 1}, driver.Dim3{32 * bf16GEMMWarps, 1, 1},
 		w, x, y, int32(a.Rows), int32(a.N), int32(a.K), int32(a.XStride), int32(a.YStride))
+}
+
+// bf16MMA enqueues the tensor-core kernel and, with several splits of K,
+// the reduction of their partials into Y.
+func (b *Backend) bf16MMA(x, w, y driver.DevicePtr, a *mla.BF16GEMMArgs) error {
+	g := &b.bf16
+	m, n, k := a.Rows, a.N, a.K
+	p := planBF16MMA(m, n, k, b.ctx.Props().SMCount, bf16MMAPartBytes)
+	part := g.parts[0]
+	if b.stream == b.fork.stream {
+		part = g.parts[1]
+	}
+	out, outStride := y, a.YStride
+	if p.splits > 1 {
+		out, outStride = part, n
+	}
+	grid := driver.Dim3{uint32(p.tiles), uint32(p.splits), uint32(p.chunks)}
+	return b.ctx.Do(func() error {
+		if err := b.launchShared(g.mmaFn, grid, driver.Dim3{bf16MMAThreads, 1, 1}, p.shared, w, x, out,
+			int32(m), int32(n), int32(k), int32(a.XStride), int32(outStride), int32(p.kSplit), int32(p.kChunk)); err != nil {
+			return err
+		}
+		if p.splits == 1 {
+			return nil
+		}
+		threads := m * n / 4
+		return b.launch(g.mmaReduce, driver.Dim3{uint32((threads + 255) / 256), 1, 1}, driver.Dim3{256, 1, 1},
+			part, y, int32(m), int32(n), int32(a.YStride), int32(p.splits))
+	})
 }
 
 var _ mla.BF16GEMMBackend = (*Backend)(nil)

@@ -1,9 +1,12 @@
 package cuda_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -15,19 +18,28 @@ import (
 	"github.com/dsv4mla/prologue/gemm"
 )
 
-// bf16Paths are the projection GEMM's implementations the tests force.
-var bf16Paths = []string{"own", "cublaslt"}
+// bf16Paths are the projection GEMM's implementations the tests force, in
+// the order BF16GEMMCounts reports them.
+var bf16Paths = []string{"own", "mma", "cublaslt"}
+
+// bf16Counts is BF16GEMMCounts as an array indexed like bf16Paths.
+func bf16Counts(b *cuda.Backend) [3]int64 {
+	own, mma, lt := b.BF16GEMMCounts()
+	return [3]int64{own, mma, lt}
+}
 
 // bf16Case is the shape grid of the GPU tests: V4's hidden sizes (K) and
 // the projections' widths (N: ratio 128's 512, ratio 4's 1024, both
-// halves of [wkv; wgate] at ratio 4), decode to prefill rows; every other
-// case with X at an offset and padded stride and a padded, offset Y.
+// halves of [wkv; wgate] at ratio 4), decode to prefill rows (the
+// tensor-core kernel's token tiles of 8 and 16-row MMA edges, its chunks
+// of 64 rows); every other case with X at an offset and padded stride and
+// a padded, offset Y; then a few odd shapes.
 func bf16Cases() []mlatest.BF16GEMMCase {
 	var cs []mlatest.BF16GEMMCase
 	i := 0
 	for _, k := range []int{1024, 4096, 7168} {
 		for _, n := range []int{512, 1024, 2048} {
-			for _, m := range []int{1, 2, 3, 16, 128, 1000} {
+			for _, m := range []int{1, 2, 3, 15, 16, 17, 32, 33, 64, 128, 1000} {
 				c := mlatest.BF16GEMMCase{Rows: m, N: n, K: k}
 				if i%2 == 1 {
 					c.XOffset, c.XStride = 48, k+24
@@ -38,17 +50,28 @@ func bf16Cases() []mlatest.BF16GEMMCase {
 			}
 		}
 	}
+	// Odd shapes: N not a multiple of 64 (the tensor-core kernel's idle
+	// warps), one stage of K, rows past a 64-row chunk.
+	cs = append(cs,
+		mlatest.BF16GEMMCase{Rows: 9, N: 80, K: 192},
+		mlatest.BF16GEMMCase{Rows: 70, N: 16, K: 64, XOffset: 16, XStride: 72, YOffset: 16, YStride: 20},
+		mlatest.BF16GEMMCase{Rows: 5, N: 1040, K: 128},
+		mlatest.BF16GEMMCase{Rows: 129, N: 48, K: 320})
 	return cs
 }
 
 // forcePath sets the backend's projection GEMM path for the test and
 // restores the default after it; it reports false (and logs why) when
-// cuBLASLt is forced but absent.
+// cuBLASLt or the tensor-core kernel is forced but absent.
 func forcePath(t *testing.T, b *cuda.Backend, path string) bool {
 	t.Helper()
 	require.NoError(t, b.InitBF16GEMM())
 	if path == "cublaslt" && b.CuBLASLtError() != nil {
 		t.Logf("cuBLASLt unavailable: %v", b.CuBLASLtError())
+		return false
+	}
+	if path == "mma" && b.BF16MMAError() != nil {
+		t.Logf("tensor-core kernel unavailable: %v", b.BF16MMAError())
 		return false
 	}
 	b.SetBF16GEMMPath(path)
@@ -59,7 +82,9 @@ func forcePath(t *testing.T, b *cuda.Backend, path string) bool {
 // TestBF16GEMM compares the device's projection GEMM, on each
 // implementation, with the CPU backend's within gemm.BoundBF16, every
 // element, over the shape grid with random operands (seed logged); Y
-// poisoned with NaN first, X's gaps and the bytes around X NaN.
+// poisoned with NaN first, X's gaps and the bytes around X NaN. Each
+// implementation runs twice and must write the same bits both times (the
+// engine verifies graph replays byte for byte).
 func TestBF16GEMM(t *testing.T) {
 	b := backend(t)
 	host := cpu.New(0)
@@ -81,22 +106,22 @@ func TestBF16GEMM(t *testing.T) {
 			for _, path := range bf16Paths {
 				t.Run(path, func(t *testing.T) {
 					if !forcePath(t, b, path) {
-						t.Skip("cuBLASLt unavailable")
+						t.Skip(path + " unavailable")
 					}
 					if path == "cublaslt" {
 						if err := b.CuBLASLtSupportsBF16(c.Rows, c.N, c.K, max(c.XStride, c.K), max(c.YStride, c.N)); err != nil {
 							t.Skipf("cuBLASLt refuses the shape (the kernel runs it): %v", err)
 						}
 					}
-					own0, lt0 := b.BF16GEMMCounts()
+					before := bf16Counts(b)
 					got, err := mlatest.RunBF16GEMM(ctx, b, c, x, w)
 					require.NoError(t, err)
-					own1, lt1 := b.BF16GEMMCounts()
-					if path == "own" {
-						require.Equal(t, [2]int64{own0 + 1, lt0}, [2]int64{own1, lt1}, "the kernel did not run")
-					} else {
-						require.Equal(t, [2]int64{own0, lt0 + 1}, [2]int64{own1, lt1}, "cuBLASLt did not run")
-					}
+					wantCounts := before
+					wantCounts[slices.Index(bf16Paths, path)]++
+					require.Equal(t, wantCounts, bf16Counts(b), "%s did not run", path)
+					again, err := mlatest.RunBF16GEMM(ctx, b, c, x, w)
+					require.NoError(t, err)
+					require.Equal(t, f32Bits(got), f32Bits(again), "two runs differ")
 					cmp, err := gemm.CompareF32(o, want, got)
 					require.NoError(t, err)
 					require.Zero(t, cmp.Violations, "%v", cmp)
@@ -107,34 +132,88 @@ func TestBF16GEMM(t *testing.T) {
 	}
 }
 
-// TestBF16GEMMAuto: by default cuBLASLt runs every shape it accepts and
-// the kernel the others.
+// TestBF16GEMMAuto: by default the tensor-core kernel runs every shape
+// it can up to 64 rows, cuBLASLt every other shape it accepts, and the
+// simple kernel the rest.
 func TestBF16GEMMAuto(t *testing.T) {
 	b := backend(t)
 	require.NoError(t, b.InitBF16GEMM())
+	mmaErr := b.BF16MMAError()
+	if mmaErr != nil {
+		t.Logf("tensor-core kernel unavailable: %v", mmaErr)
+	}
 	ctx := context.Background()
 	r := rand.New(rand.NewPCG(3, 4))
-	for _, c := range []mlatest.BF16GEMMCase{{Rows: 1, N: 512, K: 4096}, {Rows: 2, N: 1024, K: 1024}, {Rows: 64, N: 2048, K: 4096}} {
+	for _, c := range []mlatest.BF16GEMMCase{
+		{Rows: 1, N: 512, K: 4096}, {Rows: 2, N: 1024, K: 1024}, {Rows: 64, N: 2048, K: 4096}, // tensor cores
+		{Rows: 65, N: 2048, K: 4096}, {Rows: 128, N: 1024, K: 1024}, // above its rows
+		{Rows: 3, N: 24, K: 64}, {Rows: 3, N: 32, K: 96}, // N or K it cannot run
+	} {
 		o := mlatest.RandomBF16Operands(r, c)
 		x, w, err := mlatest.UploadBF16Operands(b, o, 0)
 		require.NoError(t, err)
-		supported := b.CuBLASLtSupportsBF16(c.Rows, c.N, c.K, c.K, c.N)
-		own0, lt0 := b.BF16GEMMCounts()
+		want := 2 // cuBLASLt
+		switch {
+		case mmaErr == nil && c.Rows <= 64 && c.N%16 == 0 && c.K%64 == 0:
+			want = 1
+		case b.CuBLASLtSupportsBF16(c.Rows, c.N, c.K, c.K, c.N) != nil:
+			want = 0
+		}
+		before := bf16Counts(b)
 		got, err := mlatest.RunBF16GEMM(ctx, b, c, x, w)
 		require.NoError(t, err)
-		own1, lt1 := b.BF16GEMMCounts()
-		if supported == nil {
-			require.Equal(t, [2]int64{own0, lt0 + 1}, [2]int64{own1, lt1}, "%v: cuBLASLt accepts the shape but did not run it", c)
-		} else {
-			t.Logf("%v: cuBLASLt: %v", c, supported)
-			require.Equal(t, [2]int64{own0 + 1, lt0}, [2]int64{own1, lt1}, "%v: the kernel did not run", c)
-		}
-		want, err := gemm.ReferenceBF16(o)
+		before[want]++
+		require.Equal(t, before, bf16Counts(b), "%v: %s did not run", c, bf16Paths[want])
+		ref, err := gemm.ReferenceBF16(o)
 		require.NoError(t, err)
-		require.NoError(t, gemm.CheckBoundF32(o, want, got))
+		require.NoError(t, gemm.CheckBoundF32(o, ref, got))
 		require.NoError(t, b.Free(x))
 		require.NoError(t, b.Free(w))
 	}
+}
+
+// TestBF16MMARefusesShapes: forced to the tensor-core kernel, a shape it
+// cannot run (N not a multiple of 16, K not of 64) is an error naming the
+// dimension, before anything is enqueued.
+func TestBF16MMARefusesShapes(t *testing.T) {
+	b := backend(t)
+	if !forcePath(t, b, "mma") {
+		t.Skip("tensor-core kernel unavailable")
+	}
+	r := rand.New(rand.NewPCG(7, 8))
+	for _, tc := range []struct {
+		c    mlatest.BF16GEMMCase
+		want string
+	}{
+		{mlatest.BF16GEMMCase{Rows: 2, N: 24, K: 64}, "N = 24"},
+		{mlatest.BF16GEMMCase{Rows: 2, N: 32, K: 96}, "K = 96"},
+	} {
+		o := mlatest.RandomBF16Operands(r, tc.c)
+		x, w, err := mlatest.UploadBF16Operands(b, o, 0)
+		require.NoError(t, err)
+		size := mlatest.BF16GEMMYBytes(tc.c)
+		y, err := b.Alloc(size)
+		require.NoError(t, err)
+		require.NoError(t, b.Fill(y, 0, size, 0x5A))
+		before := bf16Counts(b)
+		require.ErrorContains(t, b.BF16GEMM(context.Background(), mlatest.BF16GEMMArgs(tc.c, x, w, y)), tc.want)
+		require.Equal(t, before, bf16Counts(b))
+		host := make([]byte, size)
+		require.NoError(t, b.Read(host, y, 0))
+		require.Equal(t, bytes.Repeat([]byte{0x5A}, size), host, "the refused call wrote Y")
+		for _, buf := range []mla.Buffer{x, w, y} {
+			require.NoError(t, b.Free(buf))
+		}
+	}
+}
+
+// f32Bits is v's bit patterns, for byte-for-byte comparisons.
+func f32Bits(v []float32) []uint32 {
+	out := make([]uint32, len(v))
+	for i, f := range v {
+		out[i] = math.Float32bits(f)
+	}
+	return out
 }
 
 // TestBF16GEMMGraph captures the projection GEMM on each implementation
@@ -153,7 +232,7 @@ func TestBF16GEMMGraph(t *testing.T) {
 	for i, path := range bf16Paths {
 		t.Run(path, func(t *testing.T) {
 			if !forcePath(t, b, path) {
-				t.Skip("cuBLASLt unavailable")
+				t.Skip(path + " unavailable")
 			}
 			// A shape of its own per path, so that the kernel's capture is
 			// the shape's first call.
@@ -206,6 +285,91 @@ func TestBF16GEMMGraph(t *testing.T) {
 	}
 }
 
+// TestBF16MMASideStream runs tensor-core GEMMs with split K on the main
+// stream and, at the same time, on the side stream (Side, as the engine
+// issues the compressor under the layer's GEMMs), captured into one graph
+// and eagerly: each stream has its own workspace, so every result is
+// within the bound of the host reference and the replay writes what the
+// eager calls write, byte for byte.
+func TestBF16MMASideStream(t *testing.T) {
+	b := backend(t)
+	if !forcePath(t, b, "mma") {
+		t.Skip("tensor-core kernel unavailable")
+	}
+	seed := rand.Uint64()
+	t.Logf("seed %d", seed)
+	r := rand.New(rand.NewPCG(seed, 23))
+	ctx := context.Background()
+	cases := []mlatest.BF16GEMMCase{
+		{Rows: 7, N: 1024, K: 4096}, // main
+		{Rows: 33, N: 2048, K: 1024, XOffset: 32, XStride: 1032, YOffset: 48, YStride: 2052}, // side
+		{Rows: 64, N: 512, K: 7168}, // main, after the side one was issued
+	}
+	type run struct {
+		c    mlatest.BF16GEMMCase
+		o    *gemm.BF16Operands
+		args *mla.BF16GEMMArgs
+		y    mla.Buffer
+		size int
+	}
+	runs := make([]run, len(cases))
+	for i, c := range cases {
+		o := mlatest.RandomBF16Operands(r, c)
+		x, w, err := mlatest.UploadBF16Operands(b, o, c.XOffset)
+		require.NoError(t, err)
+		size := mlatest.BF16GEMMYBytes(c)
+		y, err := b.Alloc(size)
+		require.NoError(t, err)
+		for _, buf := range []mla.Buffer{x, w, y} {
+			defer b.Free(buf)
+		}
+		runs[i] = run{c: c, o: o, args: mlatest.BF16GEMMArgs(c, x, w, y), y: y, size: size}
+	}
+	issue := func() error {
+		if err := b.BF16GEMM(ctx, runs[0].args); err != nil {
+			return err
+		}
+		if err := b.Side(ctx, func() error { return b.BF16GEMM(ctx, runs[1].args) }); err != nil {
+			return err
+		}
+		if err := b.BF16GEMM(ctx, runs[2].args); err != nil {
+			return err
+		}
+		return b.JoinKV(ctx)
+	}
+	results := func() [][]byte {
+		require.NoError(t, b.Synchronize(ctx))
+		out := make([][]byte, len(runs))
+		for i, rn := range runs {
+			out[i] = make([]byte, rn.size)
+			require.NoError(t, b.Read(out[i], rn.y, 0))
+		}
+		return out
+	}
+	poison := func() {
+		for _, rn := range runs {
+			require.NoError(t, b.Fill(rn.y, 0, rn.size, 0xFF))
+		}
+	}
+	poison()
+	require.NoError(t, issue())
+	eager := results()
+	poison()
+	g, err := b.Capture(issue)
+	require.NoError(t, err)
+	defer g.Close()
+	require.NoError(t, g.Launch())
+	replayed := results()
+	for i, rn := range runs {
+		got, err := mlatest.ReadBF16GEMMY(rn.c, replayed[i])
+		require.NoError(t, err)
+		want, err := gemm.ReferenceBF16(rn.o)
+		require.NoError(t, err)
+		require.NoError(t, gemm.CheckBoundF32(rn.o, want, got), "%v", rn.c)
+		require.Equal(t, eager[i], replayed[i], "%v: the replay differs from the eager calls", rn.c)
+	}
+}
+
 // TestBF16GEMMRefusals: bad arguments are refused before anything is
 // enqueued, on each implementation.
 func TestBF16GEMMRefusals(t *testing.T) {
@@ -213,7 +377,7 @@ func TestBF16GEMMRefusals(t *testing.T) {
 	for _, path := range bf16Paths {
 		t.Run(path, func(t *testing.T) {
 			if !forcePath(t, b, path) {
-				t.Skip("cuBLASLt unavailable")
+				t.Skip(path + " unavailable")
 			}
 			mlatest.TestBF16GEMMRefusals(t, b)
 		})
@@ -235,8 +399,9 @@ func TestBF16GEMMRefusals(t *testing.T) {
 }
 
 // BenchmarkBF16GEMM times the projection GEMM at V4-Flash's ratio-4 shape
-// ([wkv; wgate]: 2048 outputs from hidden 4096) on each implementation,
-// each call synchronized.
+// ([wkv; wgate]: 2048 outputs from hidden 4096), ratio 128's (1024) and
+// V4-Pro's (hidden 7168) on each implementation, each call synchronized
+// (so the launch overhead is in the time; the bytes are the weight's).
 func BenchmarkBF16GEMM(bm *testing.B) {
 	if err := cuda.Available(); err != nil {
 		bm.Skipf("CUDA backend unavailable: %v", err)
@@ -247,13 +412,17 @@ func BenchmarkBF16GEMM(bm *testing.B) {
 	require.NoError(bm, b.InitBF16GEMM())
 	ctx := context.Background()
 	for _, path := range bf16Paths {
-		if path == "cublaslt" && b.CuBLASLtError() != nil {
+		if path == "cublaslt" && b.CuBLASLtError() != nil || path == "mma" && b.BF16MMAError() != nil {
 			continue
 		}
 		b.SetBF16GEMMPath(path)
-		for _, m := range []int{1, 16, 128, 1024} {
-			c := mlatest.BF16GEMMCase{Rows: m, N: 2048, K: 4096}
-			if path == "cublaslt" && b.CuBLASLtSupportsBF16(m, c.N, c.K, c.K, c.N) != nil {
+		for _, sh := range []struct{ m, n, k int }{
+			{1, 2048, 4096}, {16, 2048, 4096}, {32, 2048, 4096}, {64, 2048, 4096}, {128, 2048, 4096}, {1024, 2048, 4096},
+			{32, 1024, 4096}, {64, 1024, 4096}, {32, 2048, 7168}, {64, 2048, 7168},
+		} {
+			m := sh.m
+			c := mlatest.BF16GEMMCase{Rows: m, N: sh.n, K: sh.k}
+			if path == "mma" && m > 128 || path == "cublaslt" && b.CuBLASLtSupportsBF16(m, c.N, c.K, c.K, c.N) != nil {
 				continue
 			}
 			o := mlatest.RandomBF16Operands(rand.New(rand.NewPCG(1, uint64(m))), c)
@@ -262,7 +431,7 @@ func BenchmarkBF16GEMM(bm *testing.B) {
 			y, err := b.Alloc(mlatest.BF16GEMMYBytes(c))
 			require.NoError(bm, err)
 			a := mlatest.BF16GEMMArgs(c, x, w, y)
-			bm.Run(fmt.Sprintf("%s/m%d", path, m), func(bm *testing.B) {
+			bm.Run(fmt.Sprintf("%s/n%d/k%d/m%d", path, c.N, c.K, m), func(bm *testing.B) {
 				bm.SetBytes(int64(2 * c.N * c.K))
 				for bm.Loop() {
 					if err := b.BF16GEMM(ctx, a); err != nil {

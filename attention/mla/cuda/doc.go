@@ -36,10 +36,11 @@
 // each entry (one block, one thread per channel) from the projection rows
 // and the sequence's ring slot, and writes the rows the sequence keeps, so
 // a CUDA graph replays it for any batch. BF16GEMM (mla.BF16GEMMBackend:
-// bf16 operands, float32 output) writes the projections on cuBLASLt, or
-// kernels/cuda/gemm_bf16.cu for the shapes cuBLASLt refuses or without it,
-// within gemm.BoundBF16 of the CPU backend; Side puts both on the second
-// stream under the layer's GEMMs.
+// bf16 operands, float32 output) writes the projections with the
+// tensor-core weight-streaming kernel of kernels/cuda/gemm_bf16_mma.cu up
+// to 64 rows (decode), cuBLASLt above, or kernels/cuda/gemm_bf16.cu for
+// the shapes neither runs, within gemm.BoundBF16 of the CPU backend; Side
+// puts both on the second stream under the layer's GEMMs.
 // CompressEntries and LaunchCompress pool explicit candidate lists (the
 // kernel tests' entry point).
 //

@@ -44,12 +44,15 @@ func PackCompressJobs(jobs []CompressJob) []byte {
 }
 
 // SetBF16GEMMPath forces the projection GEMM's implementation: "own" (the
-// kernel for every shape), "cublaslt" (cuBLASLt only; a shape it refuses
-// is an error) or "auto" (the default). Not safe while GEMMs run.
+// simple kernel for every shape), "mma" (the tensor-core kernel only; a
+// shape it cannot run is an error), "cublaslt" (cuBLASLt only; a shape it
+// refuses is an error) or "auto" (the default). Not safe while GEMMs run.
 func (b *Backend) SetBF16GEMMPath(path string) {
 	switch path {
 	case "own":
 		b.bf16.path = bf16GEMMOwn
+	case "mma":
+		b.bf16.path = bf16GEMMMMA
 	case "cublaslt":
 		b.bf16.path = bf16GEMMCuBLASLt
 	case "auto":

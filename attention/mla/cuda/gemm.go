@@ -124,6 +124,16 @@ func (b *Backend) closeGEMM() error {
 		errs = append(errs, m.Unload())
 		b.bf16.mod = nil
 	}
+	if m := b.bf16.mmaMod; m != nil {
+		errs = append(errs, m.Unload())
+		b.bf16.mmaMod = nil
+	}
+	for i, p := range b.bf16.parts {
+		if p != 0 {
+			errs = append(errs, b.ctx.Free(p))
+			b.bf16.parts[i] = 0
+		}
+	}
 	return errors.Join(errs...)
 }
 

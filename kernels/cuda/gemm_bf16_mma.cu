@@ -1,0 +1,215 @@
+// bf16 GEMM with float32 output on tensor cores, for the KV compressor's
+// projection at decode and small prefills (DESIGN.md section 8,
+// mla.BF16GEMMArgs): Y[m][n] = sum_k x[m][k] * w[n][k], bf16 products
+// (exact in float32) accumulated in float32 by mma.sync m16n8k16, Y not
+// rounded. Needs sm_80+. Compiled by NVRTC at first use
+// (attention/mla/cuda/bf16gemm.go), as a module of its own so that older
+// devices still get gemm_bf16.cu.
+//
+// Weight streaming with split-K: at tens of rows the GEMM is the time to
+// read W once (2 * N * K bytes), so the grid is (N / 64 output blocks) x
+// (splits of K) x (chunks of 64 tokens) and each block reads its 64 x
+// k_split piece of W exactly once, with 16-byte loads that bypass L1,
+// issued two pipeline stages (of 64 k) ahead, the first two before the
+// programmatic-dependent-launch wait (W does not depend on the kernel
+// before). The block's tokens come from L2 into shared memory one k chunk
+// at a time (zero rows past m), where its 4 warps read them. Each warp
+// owns 16 W rows. With one split the block writes Y; with several it
+// writes float32 partials part[split][m][n] and gemm_bf16_mma_reduce adds
+// them in split order: every output has one fixed sequence of operations,
+// so the result is the same bits on every run and in every graph replay.
+//
+// The MMA (PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point
+// type"), lane = 4 * g + t (groupID g = lane / 4, threadID_in_group t):
+//   A, 16 x 16 row-major, here 16 W rows x 16 k:
+//     a0 = A[g][2t, 2t+1]     a1 = A[g+8][2t, 2t+1]
+//     a2 = A[g][2t+8, 2t+9]   a3 = A[g+8][2t+8, 2t+9]
+//   B, 16 x 8 "col" (each column's k contiguous), here 16 k x 8 tokens:
+//     b0 = B[2t, 2t+1][g]     b1 = B[2t+8, 2t+9][g]
+//   D = A B + C, 16 x 8 float32, here 16 W rows x 8 tokens:
+//     d0 = D[g][2t]  d1 = D[g][2t+1]  d2 = D[g+8][2t]  d3 = D[g+8][2t+1]
+//   (each 32-bit register holds two bf16, the lower k in the low half).
+// Lane (g, t) thus supplies the k slots {2t, 2t+1, 2t+8, 2t+9} of A rows g
+// and g+8 and of B column g, and only those: any assignment of real k to a
+// lane's slots that depends on t alone and is the same for A and B gives
+// the same dot products. Lane t loads the 8 bf16 at k = s + 8t of its rows
+// (one uint4 {x, y, z, w} of two bf16 each) and feeds .x (k = s+8t, s+8t+1)
+// to slots 2t, 2t+1 and .y (s+8t+2, s+8t+3) to 2t+8, 2t+9 of one MMA, .z
+// and .w to the next: the four lanes t cover k = s .. s+31 with two MMAs,
+// every k once, and all loads are whole 16-byte vectors straight into the
+// fragment registers (W never goes through shared memory).
+//
+// A stage is 64 k: per lane, W rows g and g+8 at s + 8t and s + 32 + 8t
+// (four uint4), the token tile's X row g at the same offsets (two uint4
+// from shared memory), four MMAs per token tile of 8.
+//
+// Alignment (mla.BF16GEMMArgs.Validate and the backend's routing): X rows
+// start at 16-byte multiples (XOffset % 16, XStride % 8), K % 64 == 0 (W
+// rows and every stage at 128-byte multiples), N % 16 == 0 (a warp's 16
+// rows whole; warps past N idle), Y rows at 16-byte multiples for the
+// reduction's float4 stores (YOffset % 16, YStride % 4).
+
+typedef unsigned short u16;
+typedef unsigned int u32;
+
+#define BF16_MMA_WARPS 4                    // warps a block
+#define BF16_MMA_ROWS (16 * BF16_MMA_WARPS)  // W rows (outputs) a block owns
+#define BF16_MMA_TOKENS 64                  // X rows (tokens) a block owns
+#define BF16_MMA_STAGE 64                   // k a pipeline stage
+#define BF16_MMA_PAD 32                     // bf16 past each shared X row
+
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;"); }
+
+// Weights are read once: no L1 allocation, prefetch the next 256 bytes to L2.
+__device__ __forceinline__ uint4 ld_stream(const u16* p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ void mma_bf16(float d[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// One lane's W of a stage: row g (r0, r1) and row g + 8 (h0, h1) at
+// k = s + 8t (r0, h0) and s + 32 + 8t (r1, h1).
+struct BF16Stage {
+    uint4 r0, r1, h0, h1;
+};
+
+// row_g and row_h point at this lane's rows g and g + 8 plus 8t; s is the
+// stage's first k.
+__device__ __forceinline__ BF16Stage load_stage(const u16* row_g, const u16* row_h, int s) {
+    BF16Stage w;
+    w.r0 = ld_stream(row_g + s);
+    w.r1 = ld_stream(row_g + s + 32);
+    w.h0 = ld_stream(row_h + s);
+    w.h1 = ld_stream(row_h + s + 32);
+    return w;
+}
+
+// d += the stage's 16 W rows . 8 tokens: xa is the token's X at s + 8t,
+// xb at s + 32 + 8t (see the layout above: A = W, B = X^T).
+__device__ __forceinline__ void stage_mma(float d[4], const BF16Stage& w, uint4 xa, uint4 xb) {
+    mma_bf16(d, w.r0.x, w.h0.x, w.r0.y, w.h0.y, xa.x, xa.y);
+    mma_bf16(d, w.r0.z, w.h0.z, w.r0.w, w.h0.w, xa.z, xa.w);
+    mma_bf16(d, w.r1.x, w.h1.x, w.r1.y, w.h1.y, xb.x, xb.y);
+    mma_bf16(d, w.r1.z, w.h1.z, w.r1.w, w.h1.w, xb.z, xb.w);
+}
+
+// w: [n][k] bf16; x: token r at x + r * x_stride. Grid: x = block of
+// BF16_MMA_ROWS outputs, y = split of K (k_split a multiple of
+// BF16_MMA_STAGE; the last split may be shorter), z = chunk of
+// BF16_MMA_TOKENS tokens. out: row r of split z at out + (z * m + r) *
+// out_stride (Y itself with one split, else the partials with out_stride
+// = n). Dynamic shared memory: min(64, m rounded up to 8) rows of
+// k_chunk + BF16_MMA_PAD bf16 (k_chunk a multiple of BF16_MMA_STAGE); the
+// padding puts the two rows a quarter-warp reads in different banks.
+extern "C" __global__ void __launch_bounds__(BF16_MMA_WARPS * 32, 4)
+    gemm_bf16_mma(const u16* __restrict__ w, const u16* __restrict__ x, float* __restrict__ out, int m, int n, int k,
+                  int x_stride, int out_stride, int k_split, int k_chunk) {
+    extern __shared__ __align__(16) u16 xs[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int m0 = blockIdx.z * BF16_MMA_TOKENS;
+    const int rows = min(BF16_MMA_TOKENS, m - m0);  // the block's real tokens
+    const int tiles = (rows + 7) >> 3;              // token tiles of 8
+    const int k0 = blockIdx.y * k_split;
+    const int k1 = min(k, k0 + k_split);
+    const int n0 = blockIdx.x * BF16_MMA_ROWS + warp * 16;  // the warp's first W row
+    const bool active = n0 < n;                             // the same for the whole warp
+    const int pitch = k_chunk + BF16_MMA_PAD;
+
+    const u16* row_g = w + (size_t)(active ? n0 + g : 0) * k + 8 * t;
+    const u16* row_h = row_g + (size_t)8 * k;
+
+    BF16Stage cur = {}, nxt = {};
+    if (active) {
+        cur = load_stage(row_g, row_h, k0);
+        if (k0 + BF16_MMA_STAGE < k1) nxt = load_stage(row_g, row_h, k0 + BF16_MMA_STAGE);
+    }
+    pdl_wait();  // X is written by an earlier kernel
+
+    float acc[BF16_MMA_TOKENS / 8][4];
+#pragma unroll
+    for (int j = 0; j < BF16_MMA_TOKENS / 8; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+
+    for (int c0 = k0; c0 < k1; c0 += k_chunk) {
+        const int c1 = min(k1, c0 + k_chunk);
+        const int vecs = (c1 - c0) >> 3;  // 16-byte vectors of a token's chunk
+        if (c0 != k0) __syncthreads();    // every warp is done with the previous chunk
+        for (int i = threadIdx.x; i < tiles * 8 * vecs; i += BF16_MMA_WARPS * 32) {
+            const int r = i / vecs, v = i - r * vecs;
+            uint4 val = make_uint4(0, 0, 0, 0);
+            if (r < rows) val = __ldg(reinterpret_cast<const uint4*>(x + (size_t)(m0 + r) * x_stride + c0 + 8 * v));
+            *reinterpret_cast<uint4*>(xs + r * pitch + 8 * v) = val;
+        }
+        __syncthreads();
+        for (int s = c0; s < c1; s += BF16_MMA_STAGE) {
+            BF16Stage after = nxt;
+            if (active && s + 2 * BF16_MMA_STAGE < k1) after = load_stage(row_g, row_h, s + 2 * BF16_MMA_STAGE);
+            if (active) {
+                const u16* xg = xs + g * pitch + (s - c0) + 8 * t;  // token g of tile 0
+#pragma unroll
+                for (int j = 0; j < BF16_MMA_TOKENS / 8; j++) {
+                    if (j < tiles) {
+                        const u16* xj = xg + j * 8 * pitch;
+                        const uint4 xa = *reinterpret_cast<const uint4*>(xj);
+                        const uint4 xb = *reinterpret_cast<const uint4*>(xj + 32);
+                        stage_mma(acc[j], cur, xa, xb);
+                    }
+                }
+            }
+            cur = nxt;
+            nxt = after;
+        }
+    }
+    pdl_trigger();
+
+    if (active) {
+        // d0: (W row n0+g, token 2t), d1: (n0+g, 2t+1), d2: (n0+g+8, 2t), d3: (n0+g+8, 2t+1).
+        float* o = out + (size_t)blockIdx.y * m * out_stride;
+        const int c = n0 + g;
+#pragma unroll
+        for (int j = 0; j < BF16_MMA_TOKENS / 8; j++) {
+            const int r = m0 + j * 8 + 2 * t;
+            if (r < m) {
+                o[(size_t)r * out_stride + c] = acc[j][0];
+                o[(size_t)r * out_stride + c + 8] = acc[j][2];
+            }
+            if (r + 1 < m) {
+                o[(size_t)(r + 1) * out_stride + c] = acc[j][1];
+                o[(size_t)(r + 1) * out_stride + c + 8] = acc[j][3];
+            }
+        }
+    }
+}
+
+// Split-K finish: Y[r][c..c+3] = part[0][r][c..] + part[1][r][c..] + ...,
+// the splits added in order. One thread per 4 outputs (n % 4 == 0).
+extern "C" __global__ void gemm_bf16_mma_reduce(const float* __restrict__ part, float* __restrict__ y, int m, int n,
+                                                int y_stride, int splits) {
+    pdl_wait();
+    const int per_row = n >> 2;
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < (long long)m * per_row) {
+        const int r = (int)(i / per_row), c = (int)(i - (long long)r * per_row) * 4;
+        float4 s = __ldg(reinterpret_cast<const float4*>(part + (size_t)r * n + c));
+        for (int z = 1; z < splits; z++) {
+            const float4 v = __ldg(reinterpret_cast<const float4*>(part + ((size_t)z * m + r) * n + c));
+            s.x = __fadd_rn(s.x, v.x);
+            s.y = __fadd_rn(s.y, v.y);
+            s.z = __fadd_rn(s.z, v.z);
+            s.w = __fadd_rn(s.w, v.w);
+        }
+        *reinterpret_cast<float4*>(y + (size_t)r * y_stride + c) = s;
+    }
+    pdl_trigger();
+}
