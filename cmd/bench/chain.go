@@ -27,6 +27,7 @@ const (
 	kvSerial                   // in order on the main stream after the fused GEMM
 	kvAlone                    // only the KV prologue of every layer (what the fork hides)
 	kvCompAlone                // only the KV compressor of every layer (its projection GEMM and step)
+	kvCompGEMM                 // only the compressor's projection GEMM of every layer
 )
 
 func (k chainKV) String() string {
@@ -41,6 +42,8 @@ func (k chainKV) String() string {
 		return "KV alone"
 	case kvCompAlone:
 		return "compressor alone"
+	case kvCompGEMM:
+		return "compressor GEMM alone"
 	}
 	return fmt.Sprintf("chainKV(%d)", int(k))
 }
@@ -248,14 +251,14 @@ func (d *device) chainLayer(ctx context.Context, md model, cl *chainLayout, w *c
 	if kv == kvAlone {
 		return mla.KVOnly(ctx, d.be, launches, &a)
 	}
-	if kv == kvCompAlone {
-		return d.compressLayer(ctx, md, cl, comp, l)
+	if kv == kvCompAlone || kv == kvCompGEMM {
+		return d.compressLayer(ctx, md, cl, comp, l, kv == kvCompGEMM)
 	}
 	if comp != nil {
 		if kv != kvForked {
 			return fmt.Errorf("the compressor runs on the side stream: KV mode %v has no join", kv)
 		}
-		if err := d.be.Side(ctx, func() error { return d.compressLayer(ctx, md, cl, comp, l) }); err != nil {
+		if err := d.be.Side(ctx, func() error { return d.compressLayer(ctx, md, cl, comp, l, false) }); err != nil {
 			return errors.Join(err, d.be.JoinKV(ctx))
 		}
 	}
@@ -440,14 +443,14 @@ func chainCompress(c *config, d *device, md model, cl *chainLayout, w *chainWeig
 	}
 	defer d.freeComp(comp)
 	// One eager compressor first: the projection GEMM plans its algorithm.
-	if err := d.compressLayer(ctx, md, cl, comp, 0); err != nil {
+	if err := d.compressLayer(ctx, md, cl, comp, 0, false); err != nil {
 		return ChainCompResult{}, fmt.Errorf("eager compressor: %w", err)
 	}
 	if err := d.be.Synchronize(ctx); err != nil {
 		return ChainCompResult{}, err
 	}
 	per := map[chainKV]float64{}
-	for _, kv := range []chainKV{kvForked, kvCompAlone} {
+	for _, kv := range []chainKV{kvForked, kvCompAlone, kvCompGEMM} {
 		g, err := d.be.Capture(func() error {
 			for l := range L {
 				if err := d.chainLayer(ctx, md, cl, &w.layers[l], l, kv, nil, comp); err != nil {
@@ -468,11 +471,11 @@ func chainCompress(c *config, d *device, md model, cl *chainLayout, w *chainWeig
 		}
 		per[kv] = total / float64(L)
 	}
-	r := ChainCompResult{Ratio: ratio, UsPerLayer: per[kvForked], AloneUsPerLayer: per[kvCompAlone],
+	r := ChainCompResult{Ratio: ratio, UsPerLayer: per[kvForked], AloneUsPerLayer: per[kvCompAlone], GEMMUsPerLayer: per[kvCompGEMM],
 		WeightBytes: int64(2 * comp.width * chainDimsOf(md).hidden * 2)}
 	r.AddedUs = r.UsPerLayer - base
 	r.AddedPct = safeDiv(100*r.AddedUs, base)
-	fmt.Printf("chain %-5s compressor ratio %-3d: %8.2f us/layer with it (%+6.2f us, %+5.1f%%), alone %7.2f us (projection weights %4.1f MB)\n",
-		md.Name, ratio, r.UsPerLayer, r.AddedUs, r.AddedPct, r.AloneUsPerLayer, float64(r.WeightBytes)/1e6)
+	fmt.Printf("chain %-5s compressor ratio %-3d: %8.2f us/layer with it (%+6.2f us, %+5.1f%%), alone %7.2f us (its GEMM %7.2f us, projection weights %4.1f MB)\n",
+		md.Name, ratio, r.UsPerLayer, r.AddedUs, r.AddedPct, r.AloneUsPerLayer, r.GEMMUsPerLayer, float64(r.WeightBytes)/1e6)
 	return r, nil
 }

@@ -115,13 +115,16 @@ func (d *device) setupComp(md model, cl *chainLayout, ratio, layers int) (_ *cha
 }
 
 // compressLayer issues layer l's compressor (the projection GEMM of the
-// hidden rows and the step) on the current stream.
-func (d *device) compressLayer(ctx context.Context, md model, cl *chainLayout, c *chainComp, l int) error {
+// hidden rows and, unless gemmOnly, the step) on the current stream.
+func (d *device) compressLayer(ctx context.Context, md model, cl *chainLayout, c *chainComp, l int, gemmOnly bool) error {
 	set := l % len(cl.sets)
 	hidden := chainDimsOf(md).hidden
 	if err := d.be.BF16GEMM(ctx, &mla.BF16GEMMArgs{Rows: cl.rows, N: 2 * c.width, K: hidden, X: cl.sets[set].hidden,
 		XStride: hidden, W: c.wkvg[l], Y: c.kg, YStride: 2 * c.width}); err != nil {
 		return fmt.Errorf("compressor GEMM: %w", err)
+	}
+	if gemmOnly {
+		return nil
 	}
 	a := cl.ls.args[set]
 	if err := d.be.CompressStep(ctx, &mla.CompressStepArgs{Ratio: c.ratio, KG: c.kg, KGRows: cl.rows, APE: c.ape,

@@ -76,7 +76,8 @@ type ChainCompResult struct {
 	AddedUs         float64 `json:"added_us"`
 	AddedPct        float64 `json:"added_pct"`
 	AloneUsPerLayer float64 `json:"alone_us_per_layer"`
-	WeightBytes     int64   `json:"weight_bytes"` // the projection weights, [wkv; wgate] bf16
+	GEMMUsPerLayer  float64 `json:"gemm_us_per_layer"` // the projection GEMM alone
+	WeightBytes     int64   `json:"weight_bytes"`      // the projection weights, [wkv; wgate] bf16
 }
 
 // ChainResult is one shape of the whole chain from hidden states (DESIGN.md
