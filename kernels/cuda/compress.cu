@@ -177,6 +177,8 @@ extern "C" __global__ void __launch_bounds__(COMPRESS_THREADS)
 #define CSTEP_THREADS (CSTEP_TILE * CSTEP_GROUPS)
 #define CSTEP_MAX_CANDIDATES 128
 static_assert(HEAD_DIM % CSTEP_TILE == 0, "whole channel tiles");
+// ratio is 4 or 128 (a power of two: p mod ratio = p & (ratio - 1)), and
+// the host keeps RingRows above the candidates (mla.InPlaceRowsMin).
 static_assert(CSTEP_MAX_CANDIDATES % CSTEP_GROUPS == 0 && 4 % CSTEP_GROUPS == 0, "whole candidate groups");
 
 __device__ __forceinline__ bool cplan_seq_ok(const int* q, int kg_rows, int slots) {
@@ -236,11 +238,15 @@ extern "C" __global__ void __launch_bounds__(CSTEP_THREADS)
             const int nlo = ratio == 4 ? n - 4 : n;      // candidates [0, nlo) read columns [0, 512), the rest [512, 1024)
             const int first = (J.index + 1) * ratio - n;  // position of candidate 0
             const int per = n / CSTEP_GROUPS, j0 = grp * per;
-            // src returns candidate j's row; ape_of its ape row (nullptr: none).
+            // src returns candidate j's row. The candidates are n < ring_rows
+            // consecutive positions: ring row (first + j) mod ring_rows is
+            // first's row plus j, wrapped once at most.
+            const int ring0 = first % ring_rows;
             auto src = [&](int j) -> const float* {
                 const int p = first + j;
+                const int rr = ring0 + j >= ring_rows ? ring0 + j - ring_rows : ring0 + j;
                 return p >= J.start ? kg + (size_t)(J.row + p - J.start) * row_vals
-                                    : ring + ((size_t)J.from * ring_rows + p % ring_rows) * row_vals;
+                                    : ring + ((size_t)J.from * ring_rows + rr) * row_vals;
             };
             auto col = [&](int j) { return j < nlo ? c : HEAD_DIM + c; };
 
@@ -249,7 +255,7 @@ extern "C" __global__ void __launch_bounds__(CSTEP_THREADS)
             for (int j = j0; j < j0 + per; j++) {
                 const int p = first + j;
                 float g = src(j)[width + col(j)];
-                if (p >= J.start && ape != nullptr) g = __fadd_rn(g, ape[(size_t)(p % ratio) * width + col(j)]);
+                if (p >= J.start && ape != nullptr) g = __fadd_rn(g, ape[(size_t)(p & (ratio - 1)) * width + col(j)]);
                 cand[j][cl] = g;
                 mq = g > mq ? g : mq;
             }
@@ -266,6 +272,7 @@ extern "C" __global__ void __launch_bounds__(CSTEP_THREADS)
             __syncthreads();  // every e_j stored; red read by every thread
             if (grp == 0) {
                 float s = 0.f;
+#pragma unroll 8
                 for (int j = 0; j < n; j++) s = __fadd_rn(s, cand[j][cl]);
                 red[0][cl] = s;
             }
@@ -276,6 +283,7 @@ extern "C" __global__ void __launch_bounds__(CSTEP_THREADS)
             __syncthreads();
             if (grp == 0) {
                 float acc = 0.f;
+#pragma unroll 8
                 for (int j = 0; j < n; j++) acc = __fadd_rn(acc, cand[j][cl]);
                 scratch[(size_t)jb * HEAD_DIM + c] = acc;
             }
