@@ -176,6 +176,8 @@ extern "C" __global__ void __launch_bounds__(COMPRESS_THREADS)
 // come from abi.h.
 #define CSTEP_THREADS (CSTEP_TILE * CSTEP_GROUPS)
 #define CSTEP_MAX_CANDIDATES 128
+// Candidates a compress_step thread loads into registers at a time.
+#define CSTEP_BATCH 8
 static_assert(HEAD_DIM % CSTEP_TILE == 0, "whole channel tiles");
 // ratio is 4 or 128 (a power of two: p mod ratio = p & (ratio - 1)), and
 // the host keeps RingRows above the candidates (mla.InPlaceRowsMin).
@@ -250,14 +252,31 @@ extern "C" __global__ void __launch_bounds__(CSTEP_THREADS)
             };
             auto col = [&](int j) { return j < nlo ? c : HEAD_DIM + c; };
 
+            // Loads go to registers a batch at a time before anything is
+            // stored: cand is shared memory, and a generic pointer might
+            // alias it, so a load after a store would wait for it (one DRAM
+            // round trip a candidate).
+            const int jend = j0 + per;
             float mq = __uint_as_float(0xff800000u);  // -Inf
-#pragma unroll 8
-            for (int j = j0; j < j0 + per; j++) {
-                const int p = first + j;
-                float g = src(j)[width + col(j)];
-                if (p >= J.start && ape != nullptr) g = __fadd_rn(g, ape[(size_t)(p & (ratio - 1)) * width + col(j)]);
-                cand[j][cl] = g;
-                mq = g > mq ? g : mq;
+            for (int jb0 = j0; jb0 < jend; jb0 += CSTEP_BATCH) {
+                float gv[CSTEP_BATCH];
+#pragma unroll
+                for (int u = 0; u < CSTEP_BATCH; u++) {
+                    const int j = jb0 + u, p = first + j;
+                    gv[u] = 0.f;
+                    if (j < jend) {
+                        gv[u] = src(j)[width + col(j)];
+                        if (p >= J.start && ape != nullptr)
+                            gv[u] = __fadd_rn(gv[u], ape[(size_t)(p & (ratio - 1)) * width + col(j)]);
+                    }
+                }
+#pragma unroll
+                for (int u = 0; u < CSTEP_BATCH; u++) {
+                    if (jb0 + u < jend) {
+                        cand[jb0 + u][cl] = gv[u];
+                        mq = gv[u] > mq ? gv[u] : mq;
+                    }
+                }
             }
             red[grp][cl] = mq;
             __syncthreads();
@@ -268,7 +287,7 @@ extern "C" __global__ void __launch_bounds__(CSTEP_THREADS)
                 m = v > m ? v : m;
             }
 #pragma unroll 8
-            for (int j = j0; j < j0 + per; j++) cand[j][cl] = exp32(__fsub_rn(cand[j][cl], m));
+            for (int j = j0; j < jend; j++) cand[j][cl] = exp32(__fsub_rn(cand[j][cl], m));
             __syncthreads();  // every e_j stored; red read by every thread
             if (grp == 0) {
                 float s = 0.f;
@@ -278,8 +297,14 @@ extern "C" __global__ void __launch_bounds__(CSTEP_THREADS)
             }
             __syncthreads();
             const float s = red[0][cl];
-#pragma unroll 8
-            for (int j = j0; j < j0 + per; j++) cand[j][cl] = __fmul_rn(__fdiv_rn(cand[j][cl], s), src(j)[col(j)]);
+            for (int jb0 = j0; jb0 < jend; jb0 += CSTEP_BATCH) {
+                float kv[CSTEP_BATCH];
+#pragma unroll
+                for (int u = 0; u < CSTEP_BATCH; u++) kv[u] = jb0 + u < jend ? src(jb0 + u)[col(jb0 + u)] : 0.f;
+#pragma unroll
+                for (int u = 0; u < CSTEP_BATCH; u++)
+                    if (jb0 + u < jend) cand[jb0 + u][cl] = __fmul_rn(__fdiv_rn(cand[jb0 + u][cl], s), kv[u]);
+            }
             __syncthreads();
             if (grp == 0) {
                 float acc = 0.f;
