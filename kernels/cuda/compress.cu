@@ -236,6 +236,7 @@ extern "C" __global__ void __launch_bounds__(CSTEP_THREADS)
             CStepJob J;
             // Block-uniform: every thread reads the same job.
             if (!cstep_job(seqs, jobs, nseqs, jb, kg_rows, slots, ratio, rope_positions, num_pages, page_size, J)) continue;
+            const int jstart = J.start, jrow = J.row, jfrom = J.from;  // registers, not the struct
             const int n = ratio == 4 ? (J.index > 0 ? 8 : 4) : ratio;
             const int nlo = ratio == 4 ? n - 4 : n;      // candidates [0, nlo) read columns [0, 512), the rest [512, 1024)
             const int first = (J.index + 1) * ratio - n;  // position of candidate 0
@@ -244,13 +245,14 @@ extern "C" __global__ void __launch_bounds__(CSTEP_THREADS)
             // consecutive positions: ring row (first + j) mod ring_rows is
             // first's row plus j, wrapped once at most.
             const int ring0 = first % ring_rows;
-            auto src = [&](int j) -> const float* {
+            const float* ring_s = ring + (size_t)jfrom * ring_rows * row_vals;
+            const float* kg_s = kg + (size_t)jrow * row_vals;
+            auto src = [=](int j) -> const float* {
                 const int p = first + j;
                 const int rr = ring0 + j >= ring_rows ? ring0 + j - ring_rows : ring0 + j;
-                return p >= J.start ? kg + (size_t)(J.row + p - J.start) * row_vals
-                                    : ring + ((size_t)J.from * ring_rows + rr) * row_vals;
+                return p >= jstart ? kg_s + (size_t)(p - jstart) * row_vals : ring_s + (size_t)rr * row_vals;
             };
-            auto col = [&](int j) { return j < nlo ? c : HEAD_DIM + c; };
+            auto col = [=](int j) { return j < nlo ? c : HEAD_DIM + c; };
 
             // Loads go to registers a batch at a time before anything is
             // stored: cand is shared memory, and a generic pointer might
@@ -266,7 +268,7 @@ extern "C" __global__ void __launch_bounds__(CSTEP_THREADS)
                     gv[u] = 0.f;
                     if (j < jend) {
                         gv[u] = src(j)[width + col(j)];
-                        if (p >= J.start && ape != nullptr)
+                        if (p >= jstart && ape != nullptr)
                             gv[u] = __fadd_rn(gv[u], ape[(size_t)(p & (ratio - 1)) * width + col(j)]);
                     }
                 }
@@ -317,28 +319,28 @@ extern "C" __global__ void __launch_bounds__(CSTEP_THREADS)
         return;
     }
 
-    const int c = threadIdx.x;
+    // One block per sequence (grid-stride): its fields read once, then
+    // every value of its kept rows spread over the threads, all loads
+    // independent.
     const int sb = blockIdx.x - job_blocks, nsb = gridDim.x - job_blocks;
-    for (long long flat = sb; flat < (long long)nseqs * ring_rows; flat += nsb) {
-        const int si = (int)(flat / ring_rows), k = (int)(flat % ring_rows);
+    for (int si = sb; si < nseqs; si += nsb) {
         const int* q = seqs + (size_t)si * CPLAN_SEQ_WORDS;
         if (!cplan_seq_ok(q, kg_rows, slots)) continue;
         const int row = q[CPLAN_SEQ_ROW], start = q[CPLAN_SEQ_START], from = q[CPLAN_SEQ_FROM], to = q[CPLAN_SEQ_TO];
         const long long end = (long long)start + q[CPLAN_SEQ_ROWS];
         const long long lo = to != from ? max(0LL, end - ring_rows) : max((long long)start, end - ring_rows);
-        const long long p = lo + k;
-        if (p >= end) continue;
-        float* dst = ring + ((size_t)to * ring_rows + (size_t)(p % ring_rows)) * row_vals;
-        if (p >= start) {
-            const float* src = kg + (size_t)(row + (p - start)) * row_vals;
-            for (int v = c; v < 2 * width; v += blockDim.x) {
-                float x = src[v];
-                if (v >= width && ape != nullptr) x = __fadd_rn(x, ape[(size_t)(p % ratio) * width + (v - width)]);
-                dst[v] = x;
+        const int rv = (int)row_vals, vals = (int)(end - lo) * rv;  // at most ring_rows rows
+        for (int i = threadIdx.x; i < vals; i += blockDim.x) {
+            const long long p = lo + i / rv;
+            const int v = i % rv;
+            float x;
+            if (p >= start) {
+                x = kg[(size_t)(row + (p - start)) * row_vals + v];
+                if (v >= width && ape != nullptr) x = __fadd_rn(x, ape[(size_t)(p & (ratio - 1)) * width + (v - width)]);
+            } else {
+                x = ring[((size_t)from * ring_rows + (size_t)(p % ring_rows)) * row_vals + v];
             }
-        } else {
-            const float* src = ring + ((size_t)from * ring_rows + (size_t)(p % ring_rows)) * row_vals;
-            for (int v = c; v < 2 * width; v += blockDim.x) dst[v] = src[v];
+            ring[((size_t)to * ring_rows + (size_t)(p % ring_rows)) * row_vals + v] = x;
         }
     }
 }
