@@ -68,9 +68,10 @@ enum {
 
 // Compressor step launch shapes (attention/mla/cuda: CompressStep).
 enum {
-    CSTEP_TILE   = 64, // channels of one compress_step block
-    CSTEP_GROUPS = 4,  // candidate groups of one compress_step block
-    CFIN_WARPS   = 8,  // warps of a compress_step_finish block, one entry each
+    CSTEP_TILE       = 64, // channels of one compress_step block
+    CSTEP_GROUPS     = 4,  // candidate groups of one compress_step block
+    CFIN_WARPS       = 8,  // warps of a compress_step_finish block, one entry each
+    CSTEP_STORE_ROWS = 8,  // kept rows a compress_step store block writes at a time
 };
 
 // Row dimensions (numerics).

@@ -319,17 +319,22 @@ extern "C" __global__ void __launch_bounds__(CSTEP_THREADS)
         return;
     }
 
-    // One block per sequence (grid-stride): its fields read once, then
-    // every value of its kept rows spread over the threads, all loads
-    // independent.
+    // Grid-stride over (sequence, chunk of CSTEP_STORE_ROWS kept rows): a
+    // block reads the sequence's fields once, then every value of the
+    // chunk's rows is spread over its threads, all loads independent; a
+    // long chunk's rows spread over many blocks.
     const int sb = blockIdx.x - job_blocks, nsb = gridDim.x - job_blocks;
-    for (int si = sb; si < nseqs; si += nsb) {
+    const int chunks = (ring_rows + CSTEP_STORE_ROWS - 1) / CSTEP_STORE_ROWS;
+    for (int item = sb; item < nseqs * chunks; item += nsb) {
+        const int si = item / chunks, ch = item % chunks;
         const int* q = seqs + (size_t)si * CPLAN_SEQ_WORDS;
         if (!cplan_seq_ok(q, kg_rows, slots)) continue;
         const int row = q[CPLAN_SEQ_ROW], start = q[CPLAN_SEQ_START], from = q[CPLAN_SEQ_FROM], to = q[CPLAN_SEQ_TO];
         const long long end = (long long)start + q[CPLAN_SEQ_ROWS];
-        const long long lo = to != from ? max(0LL, end - ring_rows) : max((long long)start, end - ring_rows);
-        const int rv = (int)row_vals, vals = (int)(end - lo) * rv;  // at most ring_rows rows
+        const long long lo0 = to != from ? max(0LL, end - ring_rows) : max((long long)start, end - ring_rows);
+        const long long lo = lo0 + (long long)ch * CSTEP_STORE_ROWS;
+        if (lo >= end) continue;
+        const int rv = (int)row_vals, vals = (int)min((long long)CSTEP_STORE_ROWS, end - lo) * rv;
         for (int i = threadIdx.x; i < vals; i += blockDim.x) {
             const long long p = lo + i / rv;
             const int v = i % rv;

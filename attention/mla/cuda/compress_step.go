@@ -19,12 +19,15 @@ const (
 	// compressStepThreads is a compress_step block: a tile's channels x
 	// the candidate groups.
 	compressStepThreads = abi.CompressStepTile * abi.CompressStepGroups
-	// compressStepStoreBlocks bounds the blocks that write the ring rows,
-	// one sequence a block (a grid-stride loop over the sequences).
+	// compressStepStoreBlocks bounds the blocks that write the ring rows, a
+	// chunk of compressStoreRows rows of one sequence at a time (a
+	// grid-stride loop over the chunks).
 	compressStepStoreBlocks = 264
 	// compressFinishWarps is the warps of a compress_step_finish block, one
 	// entry each.
 	compressFinishWarps = abi.CompressFinishWarps
+	// compressStoreRows is the kept rows of one store item (CSTEP_STORE_ROWS).
+	compressStoreRows = abi.CompressStoreRows
 )
 
 // CompressStep implements mla.CompressStepper: compress_step then
@@ -83,7 +86,7 @@ func (b *Backend) CompressStep(ctx context.Context, a *mla.CompressStepArgs) err
 		return fmt.Errorf("cuda: compress step: Scratch: %w", err)
 	}
 	jobBlocks := int(b.chainGrid(a.MaxJobs * compressStepTiles))
-	storeBlocks := min(a.MaxSeqs, compressStepStoreBlocks)
+	storeBlocks := min(a.MaxSeqs*((a.RingRows+compressStoreRows-1)/compressStoreRows), compressStepStoreBlocks)
 	if err := b.launchShared(b.comp.step, driver.Dim3{uint32(jobBlocks + storeBlocks), 1, 1}, driver.Dim3{compressStepThreads, 1, 1}, 0,
 		kg, int32(a.KGRows), ape, ring, int32(a.RingRows), int32(a.Slots),
 		plan, int32(a.MaxSeqs), int32(a.MaxJobs), int32(a.Ratio), int32(w), int32(a.RopePositions),

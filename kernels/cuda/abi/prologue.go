@@ -105,6 +105,7 @@ const (
 	CompressStepTile    = 64
 	CompressStepGroups  = 4
 	CompressFinishWarps = 8
+	CompressStoreRows   = 8
 )
 
 // Constants are the integer constants of the prologue kernels, each taken
@@ -157,6 +158,7 @@ func Constants() []ConstGroup {
 			{"CSTEP_TILE", CompressStepTile, "channels of one compress_step block"},
 			{"CSTEP_GROUPS", CompressStepGroups, "candidate groups of one compress_step block"},
 			{"CFIN_WARPS", CompressFinishWarps, "warps of a compress_step_finish block, one entry each"},
+			{"CSTEP_STORE_ROWS", CompressStoreRows, "kept rows a compress_step store block writes at a time"},
 		}},
 		{"Row dimensions (numerics).", []Const{
 			{"HEAD_DIM", numerics.HeadDim, "values per latent or per-head Q row"},
