@@ -261,22 +261,23 @@ extern "C" __global__ void __launch_bounds__(CSTEP_THREADS)
             const int jend = j0 + per;
             float mq = __uint_as_float(0xff800000u);  // -Inf
             for (int jb0 = j0; jb0 < jend; jb0 += CSTEP_BATCH) {
-                float gv[CSTEP_BATCH];
+                // Every load of the batch first (G and its ape term), then
+                // the uses: an add right after its load, even predicated
+                // off, would wait for that load before the next one issues.
+                float gv[CSTEP_BATCH], av[CSTEP_BATCH];
 #pragma unroll
                 for (int u = 0; u < CSTEP_BATCH; u++) {
                     const int j = jb0 + u, p = first + j;
-                    gv[u] = 0.f;
-                    if (j < jend) {
-                        gv[u] = src(j)[width + col(j)];
-                        if (p >= jstart && ape != nullptr)
-                            gv[u] = __fadd_rn(gv[u], ape[(size_t)(p & (ratio - 1)) * width + col(j)]);
-                    }
+                    gv[u] = j < jend ? src(j)[width + col(j)] : 0.f;
+                    av[u] = j < jend && p >= jstart && ape != nullptr ? ape[(size_t)(p & (ratio - 1)) * width + col(j)] : 0.f;
                 }
 #pragma unroll
                 for (int u = 0; u < CSTEP_BATCH; u++) {
-                    if (jb0 + u < jend) {
-                        cand[jb0 + u][cl] = gv[u];
-                        mq = gv[u] > mq ? gv[u] : mq;
+                    const int j = jb0 + u;
+                    if (j < jend) {
+                        const float g = first + j >= jstart && ape != nullptr ? __fadd_rn(gv[u], av[u]) : gv[u];
+                        cand[j][cl] = g;
+                        mq = g > mq ? g : mq;
                     }
                 }
             }
