@@ -68,10 +68,11 @@ enum {
 
 // Compressor step launch shapes (attention/mla/cuda: CompressStep).
 enum {
-    CSTEP_TILE       = 64, // channels of one compress_step block
-    CSTEP_GROUPS     = 4,  // candidate groups of one compress_step block
-    CFIN_WARPS       = 8,  // warps of a compress_step_finish block, one entry each
-    CSTEP_STORE_ROWS = 8,  // kept rows a compress_step store block writes at a time
+    CSTEP_THREADS     = 256, // threads of one compress_step block
+    CSTEP_GROUPS_R4   = 4,   // candidate groups of a ratio-4 entry's block
+    CSTEP_GROUPS_R128 = 16,  // candidate groups of a ratio-128 entry's block
+    CFIN_WARPS        = 8,   // warps of a compress_step_finish block, one entry each
+    CSTEP_STORE_ROWS  = 8,   // kept rows a compress_step store block writes at a time
 };
 
 // Row dimensions (numerics).

@@ -146,12 +146,13 @@ extern "C" __global__ void __launch_bounds__(COMPRESS_THREADS)
 // capacity.
 //
 // compress_step, blocks [0, job_blocks): grid-stride over (entry, channel
-// tile) pairs, CSTEP_TILE channels a block, so one entry's pooling spreads
-// over HEAD_DIM / CSTEP_TILE blocks (a ratio-128 entry is 64K exp32 calls:
-// one block alone takes over 100 us). Thread (c, q) of the block reads
-// channel c of candidate group q (candidates [q*n/4, (q+1)*n/4), by
-// position) into shared memory; the ascending-order rules of PoolChannel
-// then hold exactly:
+// tile) pairs. A block of CSTEP_THREADS threads is G candidate groups of
+// CSTEP_THREADS/G channels (G = 4 for ratio 4, 16 for ratio 128), so one
+// entry spreads over 8 blocks (ratio 4) or 32 (ratio 128: 64K exp32 calls
+// an entry, latency-bound per thread) and each thread walks n/G of the
+// entry's n candidates. Thread (c, q) reads channel c of candidate group q
+// (candidates [q*n/G, (q+1)*n/G), by position) into shared memory; the
+// ascending-order rules of PoolChannel then hold exactly:
 //   m: each group's maximum in ascending order, then the groups' maxima in
 //      ascending group order (a strict > keeps the first of equal values
 //      either way; a NaN is skipped either way);
@@ -163,7 +164,7 @@ extern "C" __global__ void __launch_bounds__(COMPRESS_THREADS)
 // KG row row+p-start, G plus ape[p mod ratio] when ape is given) or from
 // ring slot `from` (p < start).
 // compress_step, the other blocks: the rows each sequence keeps, into ring
-// slot `to` (grid-stride over (sequence, ring row) pairs). Entries read
+// slot `to` (grid-stride over (sequence, chunk of kept rows) pairs). Entries read
 // slot `from` only at positions below start; a sequence writes slot `from`
 // (from == to) only at positions >= start, and the host keeps such a step
 // to at most InPlaceRows rows, so no block overwrites a row another reads.
@@ -171,17 +172,20 @@ extern "C" __global__ void __launch_bounds__(COMPRESS_THREADS)
 // entry (compress_finish). A job or sequence with an index outside the
 // buffers is skipped by both, as the CPU backend skips it.
 
-// Channels of one compress_step block and its candidate groups (CSTEP_TILE,
-// CSTEP_GROUPS) and the warps of a compress_step_finish block (CFIN_WARPS)
-// come from abi.h.
-#define CSTEP_THREADS (CSTEP_TILE * CSTEP_GROUPS)
+// The threads of a compress_step block (CSTEP_THREADS), its candidate
+// groups per ratio (CSTEP_GROUPS_R4, CSTEP_GROUPS_R128) and the warps of a
+// compress_step_finish block (CFIN_WARPS) come from abi.h.
 #define CSTEP_MAX_CANDIDATES 128
+// Shared values of one block: an entry's candidates x the block's channels.
+#define CSTEP_CAND_SLOTS (CSTEP_MAX_CANDIDATES * CSTEP_THREADS / CSTEP_GROUPS_R128)
 // Candidates a compress_step thread loads into registers at a time.
 #define CSTEP_BATCH 8
-static_assert(HEAD_DIM % CSTEP_TILE == 0, "whole channel tiles");
+static_assert(HEAD_DIM % (CSTEP_THREADS / CSTEP_GROUPS_R4) == 0 && HEAD_DIM % (CSTEP_THREADS / CSTEP_GROUPS_R128) == 0,
+              "whole channel tiles");
+static_assert(8 * CSTEP_THREADS / CSTEP_GROUPS_R4 <= CSTEP_CAND_SLOTS, "a ratio-4 entry's candidates fit");
 // ratio is 4 or 128 (a power of two: p mod ratio = p & (ratio - 1)), and
 // the host keeps RingRows above the candidates (mla.InPlaceRowsMin).
-static_assert(CSTEP_MAX_CANDIDATES % CSTEP_GROUPS == 0 && 4 % CSTEP_GROUPS == 0, "whole candidate groups");
+static_assert(CSTEP_MAX_CANDIDATES % CSTEP_GROUPS_R128 == 0 && 4 % CSTEP_GROUPS_R4 == 0, "whole candidate groups");
 
 __device__ __forceinline__ bool cplan_seq_ok(const int* q, int kg_rows, int slots) {
     const int row = q[CPLAN_SEQ_ROW], rows = q[CPLAN_SEQ_ROWS];
@@ -218,8 +222,8 @@ extern "C" __global__ void __launch_bounds__(CSTEP_THREADS)
     compress_step(const float* kg, int kg_rows, const float* ape, float* ring, int ring_rows, int slots,
                   const int* plan, int max_seqs, int max_jobs, int ratio, int width, int rope_positions,
                   int page_size, int num_pages, float* scratch, int job_blocks) {
-    __shared__ float cand[CSTEP_MAX_CANDIDATES][CSTEP_TILE];  // G, then e_j, then t_j
-    __shared__ float red[CSTEP_GROUPS][CSTEP_TILE];
+    __shared__ float cand[CSTEP_CAND_SLOTS];  // [candidate][channel of the tile]: G, then e_j, then t_j
+    __shared__ float red[CSTEP_THREADS];      // [group][channel of the tile]
     pdl_wait();
     pdl_trigger();
     const int nseqs = min(max(plan[CPLAN_HDR_SEQS], 0), max_seqs);
@@ -229,10 +233,12 @@ extern "C" __global__ void __launch_bounds__(CSTEP_THREADS)
     const size_t row_vals = 2 * (size_t)width;  // K then G
 
     if ((int)blockIdx.x < job_blocks) {
-        const int cl = threadIdx.x % CSTEP_TILE, grp = threadIdx.x / CSTEP_TILE;
-        const int tiles = HEAD_DIM / CSTEP_TILE;
+        const int groups = ratio == 4 ? CSTEP_GROUPS_R4 : CSTEP_GROUPS_R128;
+        const int tile = CSTEP_THREADS / groups;
+        const int cl = threadIdx.x % tile, grp = threadIdx.x / tile;
+        const int tiles = HEAD_DIM / tile;
         for (int item = blockIdx.x; item < njobs * tiles; item += job_blocks) {
-            const int jb = item / tiles, c = (item % tiles) * CSTEP_TILE + cl;
+            const int jb = item / tiles, c = (item % tiles) * tile + cl;
             CStepJob J;
             // Block-uniform: every thread reads the same job.
             if (!cstep_job(seqs, jobs, nseqs, jb, kg_rows, slots, ratio, rope_positions, num_pages, page_size, J)) continue;
@@ -240,7 +246,7 @@ extern "C" __global__ void __launch_bounds__(CSTEP_THREADS)
             const int n = ratio == 4 ? (J.index > 0 ? 8 : 4) : ratio;
             const int nlo = ratio == 4 ? n - 4 : n;      // candidates [0, nlo) read columns [0, 512), the rest [512, 1024)
             const int first = (J.index + 1) * ratio - n;  // position of candidate 0
-            const int per = n / CSTEP_GROUPS, j0 = grp * per;
+            const int per = n / groups, j0 = grp * per;
             // src returns candidate j's row. The candidates are n < ring_rows
             // consecutive positions: ring row (first + j) mod ring_rows is
             // first's row plus j, wrapped once at most.
@@ -276,43 +282,42 @@ extern "C" __global__ void __launch_bounds__(CSTEP_THREADS)
                     const int j = jb0 + u;
                     if (j < jend) {
                         const float g = first + j >= jstart && ape != nullptr ? __fadd_rn(gv[u], av[u]) : gv[u];
-                        cand[j][cl] = g;
+                        cand[j * tile + cl] = g;
                         mq = g > mq ? g : mq;
                     }
                 }
             }
-            red[grp][cl] = mq;
+            red[grp * tile + cl] = mq;
             __syncthreads();
             float m = __uint_as_float(0xff800000u);
-#pragma unroll
-            for (int q = 0; q < CSTEP_GROUPS; q++) {
-                const float v = red[q][cl];
+            for (int q = 0; q < groups; q++) {
+                const float v = red[q * tile + cl];
                 m = v > m ? v : m;
             }
 #pragma unroll 8
-            for (int j = j0; j < jend; j++) cand[j][cl] = exp32(__fsub_rn(cand[j][cl], m));
+            for (int j = j0; j < jend; j++) cand[j * tile + cl] = exp32(__fsub_rn(cand[j * tile + cl], m));
             __syncthreads();  // every e_j stored; red read by every thread
             if (grp == 0) {
                 float s = 0.f;
 #pragma unroll 8
-                for (int j = 0; j < n; j++) s = __fadd_rn(s, cand[j][cl]);
-                red[0][cl] = s;
+                for (int j = 0; j < n; j++) s = __fadd_rn(s, cand[j * tile + cl]);
+                red[cl] = s;
             }
             __syncthreads();
-            const float s = red[0][cl];
+            const float s = red[cl];
             for (int jb0 = j0; jb0 < jend; jb0 += CSTEP_BATCH) {
                 float kv[CSTEP_BATCH];
 #pragma unroll
                 for (int u = 0; u < CSTEP_BATCH; u++) kv[u] = jb0 + u < jend ? src(jb0 + u)[col(jb0 + u)] : 0.f;
 #pragma unroll
                 for (int u = 0; u < CSTEP_BATCH; u++)
-                    if (jb0 + u < jend) cand[jb0 + u][cl] = __fmul_rn(__fdiv_rn(cand[jb0 + u][cl], s), kv[u]);
+                    if (jb0 + u < jend) cand[(jb0 + u) * tile + cl] = __fmul_rn(__fdiv_rn(cand[(jb0 + u) * tile + cl], s), kv[u]);
             }
             __syncthreads();
             if (grp == 0) {
                 float acc = 0.f;
 #pragma unroll 8
-                for (int j = 0; j < n; j++) acc = __fadd_rn(acc, cand[j][cl]);
+                for (int j = 0; j < n; j++) acc = __fadd_rn(acc, cand[j * tile + cl]);
                 scratch[(size_t)jb * HEAD_DIM + c] = acc;
             }
             __syncthreads();  // cand and red are rewritten by the block's next item

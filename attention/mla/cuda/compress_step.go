@@ -14,11 +14,8 @@ import (
 // Launch shapes of compress_step and compress_step_finish (kernels/cuda/abi,
 // the one source the kernels read too).
 const (
-	// compressStepTiles is the channel tiles of an entry, each one block.
-	compressStepTiles = numerics.HeadDim / abi.CompressStepTile
-	// compressStepThreads is a compress_step block: a tile's channels x
-	// the candidate groups.
-	compressStepThreads = abi.CompressStepTile * abi.CompressStepGroups
+	// compressStepThreads is a compress_step block.
+	compressStepThreads = abi.CompressStepThreads
 	// compressStepStoreBlocks bounds the blocks that write the ring rows, a
 	// chunk of compressStoreRows rows of one sequence at a time (a
 	// grid-stride loop over the chunks).
@@ -85,7 +82,7 @@ func (b *Backend) CompressStep(ctx context.Context, a *mla.CompressStepArgs) err
 	if err != nil {
 		return fmt.Errorf("cuda: compress step: Scratch: %w", err)
 	}
-	jobBlocks := int(b.chainGrid(a.MaxJobs * compressStepTiles))
+	jobBlocks := int(b.chainGrid(a.MaxJobs * abi.CompressStepTiles(a.Ratio)))
 	storeBlocks := min(a.MaxSeqs*((a.RingRows+compressStoreRows-1)/compressStoreRows), compressStepStoreBlocks)
 	if err := b.launchShared(b.comp.step, driver.Dim3{uint32(jobBlocks + storeBlocks), 1, 1}, driver.Dim3{compressStepThreads, 1, 1}, 0,
 		kg, int32(a.KGRows), ape, ring, int32(a.RingRows), int32(a.Slots),

@@ -97,16 +97,29 @@ func FormatConst(f kvcache.Format) string { return "FMT_" + strings.ToUpper(f.St
 // QFormatConst is the C name of a Q format's id: QFMT_FP8, QFMT_BF16.
 func QFormatConst(q mla.QFormat) string { return "QFMT_" + strings.ToUpper(q.String()) }
 
-// The compressor step's launch shapes: compress_step spreads an entry's 512
-// channels over tiles of CompressStepTile channels, each block split into
-// CompressStepGroups candidate groups; compress_step_finish runs
-// CompressFinishWarps entries a block.
+// The compressor step's launch shapes: a compress_step block has
+// CompressStepThreads threads, split into candidate groups (4 for a ratio-4
+// entry's 4 or 8 candidates, 16 for a ratio-128 entry's 128) of
+// CompressStepThreads / groups channels each, so an entry's 512 channels
+// spread over 8 blocks (ratio 4) or 32 (ratio 128); compress_step_finish
+// runs CompressFinishWarps entries a block; a store block writes
+// CompressStoreRows kept rows at a time.
 const (
-	CompressStepTile    = 64
-	CompressStepGroups  = 4
-	CompressFinishWarps = 8
-	CompressStoreRows   = 8
+	CompressStepThreads   = 256
+	CompressStepGroups4   = 4
+	CompressStepGroups128 = 16
+	CompressFinishWarps   = 8
+	CompressStoreRows     = 8
 )
+
+// CompressStepTiles is the blocks (channel tiles) of one entry of a ratio.
+func CompressStepTiles(ratio int) int {
+	groups := CompressStepGroups4
+	if ratio != 4 {
+		groups = CompressStepGroups128
+	}
+	return 512 / (CompressStepThreads / groups)
+}
 
 // Constants are the integer constants of the prologue kernels, each taken
 // from the Go package that defines it.
@@ -155,8 +168,9 @@ func Constants() []ConstGroup {
 			{"CPLAN_JOB_WORDS", mla.CompressPlanJobWords, ""},
 		}},
 		{"Compressor step launch shapes (attention/mla/cuda: CompressStep).", []Const{
-			{"CSTEP_TILE", CompressStepTile, "channels of one compress_step block"},
-			{"CSTEP_GROUPS", CompressStepGroups, "candidate groups of one compress_step block"},
+			{"CSTEP_THREADS", CompressStepThreads, "threads of one compress_step block"},
+			{"CSTEP_GROUPS_R4", CompressStepGroups4, "candidate groups of a ratio-4 entry's block"},
+			{"CSTEP_GROUPS_R128", CompressStepGroups128, "candidate groups of a ratio-128 entry's block"},
 			{"CFIN_WARPS", CompressFinishWarps, "warps of a compress_step_finish block, one entry each"},
 			{"CSTEP_STORE_ROWS", CompressStoreRows, "kept rows a compress_step store block writes at a time"},
 		}},
