@@ -230,15 +230,21 @@ func (l *Layer) FinishEntry(index int, pooled *[Dim]float32) (Entry, error) {
 	if err := l.rope.CheckPosition(pos); err != nil {
 		return Entry{}, fmt.Errorf("compressor: entry %d: %w", index, err)
 	}
+	return FinishPooled(index, pooled, &l.norm, l.eps, l.rope.Row(pos))
+}
+
+// FinishPooled is FinishEntry with the layer's parameters given: norm, eps
+// and the RoPE row of position index*r (32 {cos, sin} pairs), for a backend
+// that reads them from its own memory.
+func FinishPooled(index int, pooled, norm *[Dim]float32, eps float32, cs []float32) (Entry, error) {
 	var x, y [Dim]float32
 	for c, v := range pooled {
 		x[c] = numerics.RoundBF16(v)
 	}
-	r := numerics.RMSInv(numerics.SumSquares(x[:]), l.eps)
+	r := numerics.RMSInv(numerics.SumSquares(x[:]), eps)
 	for c := range y {
-		y[c] = numerics.RoundBF16(float32(float32(x[c]*r) * l.norm[c]))
+		y[c] = numerics.RoundBF16(float32(float32(x[c]*r) * norm[c]))
 	}
-	cs := l.rope.Row(pos)
 	for k := range numerics.RopePairs {
 		i := numerics.NopeDim + 2*k
 		y[i], y[i+1] = numerics.Rope(y[i], y[i+1], cs[2*k], cs[2*k+1])
@@ -251,6 +257,19 @@ func (l *Layer) FinishEntry(index int, pooled *[Dim]float32) (Entry, error) {
 	e := Entry{Index: index}
 	copy(e.Bytes[:], page[:EntryBytes])
 	return e, nil
+}
+
+// PoolEntry writes E_i, the pooled 512 values of entry i of a ratio, to
+// out, reading each candidate position's (K, G) rows from src: what
+// [Layer.EntryFrom] pools, without a Layer.
+func PoolEntry(ratio, i int, src func(pos int) (k, g []float32), out *[Dim]float32) error {
+	coff := Overlap(ratio)
+	if coff == 0 {
+		return fmt.Errorf("compressor: ratio %d has no compressor (want 4 or 128)", ratio)
+	}
+	l := Layer{ratio: ratio, coff: coff}
+	l.pool(i, src, out)
+	return nil
 }
 
 // EntryFrom pools and finishes entry i (window [i*r, (i+1)*r)) from the

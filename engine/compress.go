@@ -445,6 +445,31 @@ func (e *Engine) ReadCompressorStates(layer int) ([]byte, error) {
 	return e.readAll(cl.ring, fmt.Sprintf("layer %d compressor states", layer))
 }
 
+// ReadCompressorSlot returns the ring slot of a compressed layer that the
+// iteration writes for seq (a sequence of its batch): mla.RingRows rows of
+// 2*Width float32, K then G, position p at row p mod RingRows. After the
+// layer ran it holds the rows the sequence keeps.
+func (it *Iteration) ReadCompressorSlot(layer int, seq uint64) ([]byte, error) {
+	e := it.e
+	cl, err := e.compLayer(layer)
+	if err != nil {
+		return nil, err
+	}
+	b := slices.Index(it.meta.Seqs, seq)
+	if b < 0 || it.comp == nil || it.comp.to == nil {
+		return nil, fmt.Errorf("engine: ReadCompressorSlot: sequence %d is not in iteration %d", seq, it.index)
+	}
+	n := mla.RingRows(cl.ratio, e.comp.cfg.MaxDrafts) * 2 * cl.width() * 4
+	out := make([]byte, n)
+	if err := e.backend.Synchronize(context.Background()); err != nil {
+		return nil, err
+	}
+	if err := e.backend.Read(out, cl.ring, int(it.comp.to[b])*n); err != nil {
+		return nil, fmt.Errorf("engine: reading layer %d state slot %d: %w", layer, it.comp.to[b], err)
+	}
+	return out, nil
+}
+
 func (e *Engine) readAll(buf mla.Buffer, what string) ([]byte, error) {
 	out := make([]byte, buf.Len())
 	if err := e.backend.Synchronize(context.Background()); err != nil {

@@ -1,8 +1,8 @@
 package replay
 
 import (
+	"bytes"
 	"fmt"
-	"github.com/dsv4mla/prologue/attention/mla"
 	"strings"
 
 	"github.com/dsv4mla/prologue/engine"
@@ -35,6 +35,9 @@ func compareBytes(got, want []byte) (first, differ int) {
 	first = -1
 	if len(got) != len(want) {
 		return min(len(got), len(want)), max(len(got), len(want)) - min(len(got), len(want))
+	}
+	if bytes.Equal(got, want) { // the usual case, without a loop per byte
+		return -1, 0
 	}
 	for i := range got {
 		if got[i] != want[i] {
@@ -114,19 +117,22 @@ func (r *Replayer) compare(it, rit *engine.Iteration, layer int) error {
 			return mk(fmt.Sprintf("ratio-%d compressed pool page %d", r.eng.CompressRatio(layer), off/pb), off, n, len(w),
 				"entry "+describePage(off%pb, cc), g, w)
 		}
-		// The states: both engines give the same sequences the same slots.
-		if g, err = r.eng.ReadCompressorStates(layer); err != nil {
-			return err
-		}
-		if w, err = r.ref.ReadCompressorStates(layer); err != nil {
-			return fmt.Errorf("reference engine: %w", err)
-		}
-		if off, n := compareBytes(g, w); off >= 0 {
-			rowBytes := 2 * r.eng.CompressorWidth(layer) * 4
-			rows := mla.RingRows(r.eng.CompressRatio(layer), cfg.Compressor.MaxDrafts)
-			row := off / rowBytes
-			return mk("compressor states", off, n, len(w), fmt.Sprintf("slot %d row %d value %d (%s)", row/rows, row%rows,
-				off%rowBytes/4, map[bool]string{true: "G", false: "K"}[off%rowBytes >= rowBytes/2]), g, w)
+		// The state slots the iteration wrote, sequence by sequence.
+		for _, seq := range it.Metadata().Seqs {
+			g, err := it.ReadCompressorSlot(layer, seq)
+			if err != nil {
+				return err
+			}
+			w, err := rit.ReadCompressorSlot(layer, seq)
+			if err != nil {
+				return fmt.Errorf("reference engine: %w", err)
+			}
+			if off, n := compareBytes(g, w); off >= 0 {
+				rowBytes := 2 * r.eng.CompressorWidth(layer) * 4
+				row := off / rowBytes
+				return mk(fmt.Sprintf("compressor state of sequence %d", seq), off, n, len(w), fmt.Sprintf("ring row %d value %d (%s)", row,
+					off%rowBytes/4, map[bool]string{true: "G", false: "K"}[off%rowBytes >= rowBytes/2]), g, w)
+			}
 		}
 	}
 	return nil

@@ -7,7 +7,6 @@ import (
 	"github.com/dsv4mla/prologue/attention/mla"
 	"github.com/dsv4mla/prologue/compressor"
 	"github.com/dsv4mla/prologue/kvcache"
-	"github.com/dsv4mla/prologue/model/dsv4"
 	"github.com/dsv4mla/prologue/numerics"
 )
 
@@ -38,48 +37,47 @@ func (*Backend) CompressStep(ctx context.Context, a *mla.CompressStepArgs) error
 	if err != nil {
 		return err
 	}
-	layer, err := compressor.NewLayer(compressor.Params{Ratio: a.Ratio, NormWeight: numerics.F32sFromBytes(Bytes(a.NormWeight)[:4*numerics.HeadDim]),
-		Eps: a.Eps, Rope: &dsv4.RopeTable{Kind: dsv4.RopeYaRN, Positions: a.RopePositions,
-			CosSin: numerics.F32sFromBytes(Bytes(a.Rope)[:a.RopePositions*numerics.RopeDim*4])}})
-	if err != nil {
-		return fmt.Errorf("cpu: compress step: %w", err)
-	}
+	var norm [compressor.Dim]float32
+	copy(norm[:], numerics.F32sFromBytes(Bytes(a.NormWeight)[:4*numerics.HeadDim]))
 	w := a.Width()
-	var kg, ape []float32
+	rowBytes := 2 * w * 4
+	var kg, ape []byte
 	if a.KGRows > 0 {
-		kg = numerics.F32sFromBytes(Bytes(a.KG)[:a.KGRows*2*w*4])
+		kg = Bytes(a.KG)
 	}
 	if a.APE != nil {
-		ape = numerics.F32sFromBytes(Bytes(a.APE)[:a.Ratio*w*4])
+		ape = Bytes(a.APE)
 	}
 	ring := Bytes(a.Ring)
 	ringRow := func(slot, pos int) []byte {
-		o := ((slot*a.RingRows + pos%a.RingRows) * 2 * w) * 4
-		return ring[o : o+2*w*4]
+		o := (slot*a.RingRows + pos%a.RingRows) * rowBytes
+		return ring[o : o+rowBytes]
 	}
-	// value returns position p's K and G rows of sequence s.
+	// value returns position p's K and G rows of sequence s, decoded from
+	// the bytes of that row only.
 	value := func(s *mla.CompressPlanSeq, p int) (k, g []float32) {
-		if p >= s.Start {
-			r := (s.Row + p - s.Start) * 2 * w
-			k, g = kg[r:r+w], kg[r+w:r+2*w]
-			if ape != nil {
-				ga := make([]float32, w)
-				for c := range ga {
-					ga[c] = float32(g[c] + ape[p%a.Ratio*w+c])
-				}
-				g = ga
-			}
-			return k, g
+		if p < s.Start {
+			row := numerics.F32sFromBytes(ringRow(s.From, p))
+			return row[:w], row[w:]
 		}
-		row := numerics.F32sFromBytes(ringRow(s.From, p))
-		return row[:w], row[w:]
+		o := (s.Row + p - s.Start) * rowBytes
+		row := numerics.F32sFromBytes(kg[o : o+rowBytes])
+		k, g = row[:w], row[w:]
+		if ape != nil {
+			ap := numerics.F32sFromBytes(ape[p%a.Ratio*w*4 : (p%a.Ratio+1)*w*4])
+			for c := range g {
+				g[c] = float32(g[c] + ap[c])
+			}
+		}
+		return k, g
 	}
 	seqOK := func(s *mla.CompressPlanSeq) bool {
 		return s.Row >= 0 && s.Rows >= 0 && s.Row+s.Rows <= a.KGRows && s.Start >= 0 &&
 			s.From >= 0 && s.From < a.Slots && s.To >= 0 && s.To < a.Slots
 	}
 	pageBytes := kvcache.FormatFP8UE8M0.PageBytes(a.PageSize)
-	pool := Bytes(a.Pool)
+	pool, rope := Bytes(a.Pool), Bytes(a.Rope)
+	var pooled [compressor.Dim]float32
 	for _, j := range plan.Jobs {
 		if j.Seq < 0 || j.Seq >= len(plan.Seqs) {
 			continue
@@ -89,7 +87,12 @@ func (*Backend) CompressStep(ctx context.Context, a *mla.CompressStepArgs) error
 			(j.Index+1)*a.Ratio > s.Start+s.Rows || j.Page < 0 || j.Page >= a.NumPages || j.Offset < 0 || j.Offset >= a.PageSize {
 			continue
 		}
-		e, err := layer.EntryFrom(j.Index, func(p int) ([]float32, []float32) { return value(s, p) })
+		if err := compressor.PoolEntry(a.Ratio, j.Index, func(p int) ([]float32, []float32) { return value(s, p) }, &pooled); err != nil {
+			return fmt.Errorf("cpu: compress step: %w", err)
+		}
+		pos := j.Index * a.Ratio
+		cs := numerics.F32sFromBytes(rope[pos*numerics.RopeDim*4 : (pos+1)*numerics.RopeDim*4])
+		e, err := compressor.FinishPooled(j.Index, &pooled, &norm, a.Eps, cs)
 		if err != nil {
 			return fmt.Errorf("cpu: compress step: %w", err)
 		}
@@ -107,9 +110,14 @@ func (*Backend) CompressStep(ctx context.Context, a *mla.CompressStepArgs) error
 			lo = max(0, end-a.RingRows)
 		}
 		for p := lo; p < end; p++ {
-			k, g := value(s, p)
 			dst := ringRow(s.To, p)
-			copy(dst, numerics.F32Bytes(append(append(make([]float32, 0, 2*w), k...), g...)))
+			if p < s.Start {
+				copy(dst, ringRow(s.From, p))
+				continue
+			}
+			k, g := value(s, p)
+			copy(dst[:w*4], numerics.F32Bytes(k))
+			copy(dst[w*4:], numerics.F32Bytes(g))
 		}
 	}
 	return nil
