@@ -5,9 +5,6 @@ import (
 	"fmt"
 	"math"
 
-	"gonum.org/v1/gonum/blas"
-	"gonum.org/v1/gonum/blas/blas32"
-
 	"github.com/dsv4mla/prologue/numerics"
 )
 
@@ -117,19 +114,7 @@ func AbsSumsBF16(o *BF16Operands) ([]float64, error) {
 	for i, b := range o.W[:o.N*o.K] {
 		aw[i] = math.Float32frombits(uint32(b&0x7FFF) << 16)
 	}
-	c := make([]float32, o.Rows*o.N)
-	if o.Rows > 0 {
-		blas32.Gemm(blas.NoTrans, blas.Trans, 1,
-			blas32.General{Rows: o.Rows, Cols: o.K, Stride: o.K, Data: ax},
-			blas32.General{Rows: o.N, Cols: o.K, Stride: o.K, Data: aw},
-			0, blas32.General{Rows: o.Rows, Cols: o.N, Stride: o.N, Data: c})
-	}
-	inflate := 1 + 2*gamma(o.K+4)
-	s := make([]float64, len(c))
-	for i, v := range c {
-		s[i] = float64(v) * inflate
-	}
-	return s, nil
+	return absSums(o.Rows, o.N, o.K, ax, aw), nil
 }
 
 // CompareF32 checks yA against yB (dense [Rows][N] float32, outputs of the
@@ -144,43 +129,7 @@ func CompareF32(o *BF16Operands, yA, yB []float32) (Comparison, error) {
 	if len(yA) != len(s) || len(yB) != len(s) {
 		return Comparison{}, fmt.Errorf("gemm: outputs have %d and %d values, [Rows=%d][N=%d] is %d", len(yA), len(yB), o.Rows, o.N, len(s))
 	}
-	eps := BoundBF16(o.K)
-	c := Comparison{K: o.K, Elements: len(s), Row: -1, Col: -1}
-	for i := range s {
-		a, b := yA[i], yB[i]
-		fa, fb := float64(a), float64(b)
-		var ratio, allowed float64
-		switch {
-		case math.IsNaN(fa) || math.IsNaN(fb):
-			if !(math.IsNaN(fa) && math.IsNaN(fb)) {
-				ratio = math.Inf(1)
-			}
-		case math.IsInf(fa, 0) || math.IsInf(fb, 0):
-			if fa != fb {
-				ratio = math.Inf(1)
-			}
-		default:
-			diff := math.Abs(fa - fb)
-			allowed = eps * s[i]
-			switch {
-			case diff == 0:
-			case allowed == 0:
-				ratio = math.Inf(1)
-			default:
-				ratio = diff / allowed
-			}
-			if s[i] > 0 {
-				c.AccumRel = math.Max(c.AccumRel, diff/s[i])
-			}
-		}
-		if ratio > 1 {
-			c.Violations++
-		}
-		if ratio > c.Worst || c.Row < 0 {
-			c.Worst, c.Row, c.Col, c.A, c.B, c.Allowed, c.S = ratio, i/o.N, i%o.N, a, b, allowed, s[i]
-		}
-	}
-	return c, nil
+	return compare(o.K, o.N, s, BoundBF16(o.K), func(i int) (a, b float32, ulp float64) { return yA[i], yB[i], 0 }), nil
 }
 
 // CheckBoundF32 compares a reference output of the bf16 GEMM with another

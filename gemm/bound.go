@@ -109,19 +109,26 @@ func AbsSums(x *Activations, w *weights.FP8Matrix) ([]float64, error) {
 	for i, v := range d.values {
 		aw[i] = float32(math.Abs(float64(v)))
 	}
-	c := make([]float32, x.Rows*w.N)
-	if x.Rows > 0 {
+	return absSums(x.Rows, w.N, x.K, ax, aw), nil
+}
+
+// absSums is S = |X| . |W|^T for rows x k absolute values ax and n x k aw,
+// summed in float32 (gonum's BLAS) and inflated by the sums' own worst
+// relative error, so an upper bound.
+func absSums(rows, n, k int, ax, aw []float32) []float64 {
+	c := make([]float32, rows*n)
+	if rows > 0 {
 		blas32.Gemm(blas.NoTrans, blas.Trans, 1,
-			blas32.General{Rows: x.Rows, Cols: x.K, Stride: x.K, Data: ax},
-			blas32.General{Rows: w.N, Cols: w.K, Stride: w.K, Data: aw},
-			0, blas32.General{Rows: x.Rows, Cols: w.N, Stride: w.N, Data: c})
+			blas32.General{Rows: rows, Cols: k, Stride: k, Data: ax},
+			blas32.General{Rows: n, Cols: k, Stride: k, Data: aw},
+			0, blas32.General{Rows: rows, Cols: n, Stride: n, Data: c})
 	}
-	inflate := 1 + 2*gamma(x.K+4)
+	inflate := 1 + 2*gamma(k+4)
 	s := make([]float64, len(c))
 	for i, v := range c {
 		s[i] = float64(v) * inflate
 	}
-	return s, nil
+	return s
 }
 
 // Compare checks yA against yB (dense [x.Rows][w.N] bf16) element by element.
@@ -135,10 +142,20 @@ func Compare(x *Activations, w *weights.FP8Matrix, yA, yB []uint16) (Comparison,
 	if len(yA) != len(s) || len(yB) != len(s) {
 		return Comparison{}, fmt.Errorf("gemm: outputs have %d and %d values, [Rows=%d][N=%d] is %d", len(yA), len(yB), x.Rows, w.N, len(s))
 	}
-	eps := Bound(x.K)
-	c := Comparison{K: x.K, Elements: len(s), Row: -1, Col: -1}
+	return compare(x.K, w.N, s, Bound(x.K), func(i int) (a, b float32, ulp float64) {
+		a, b = numerics.F32FromBF16(yA[i]), numerics.F32FromBF16(yB[i])
+		return a, b, ULPBF16(math.Max(math.Abs(float64(a)), math.Abs(float64(b))))
+	}), nil
+}
+
+// compare checks each element i of two outputs with n columns, whose
+// values and rounding allowance (one output ulp; 0 for float32 outputs)
+// at returns, against eps*s[i] + ulp. A NaN must meet a NaN, an infinity
+// the same infinity.
+func compare(k, n int, s []float64, eps float64, at func(i int) (a, b float32, ulp float64)) Comparison {
+	c := Comparison{K: k, Elements: len(s), Row: -1, Col: -1}
 	for i := range s {
-		a, b := numerics.F32FromBF16(yA[i]), numerics.F32FromBF16(yB[i])
+		a, b, ulp := at(i)
 		fa, fb := float64(a), float64(b)
 		var ratio, allowed float64
 		switch {
@@ -152,9 +169,14 @@ func Compare(x *Activations, w *weights.FP8Matrix, yA, yB []uint16) (Comparison,
 			}
 		default:
 			diff := math.Abs(fa - fb)
-			ulp := ULPBF16(math.Max(math.Abs(fa), math.Abs(fb)))
 			allowed = eps*s[i] + ulp
-			ratio = diff / allowed
+			switch {
+			case diff == 0:
+			case allowed == 0:
+				ratio = math.Inf(1)
+			default:
+				ratio = diff / allowed
+			}
 			if s[i] > 0 {
 				c.AccumRel = math.Max(c.AccumRel, (diff-ulp)/s[i])
 			}
@@ -163,10 +185,10 @@ func Compare(x *Activations, w *weights.FP8Matrix, yA, yB []uint16) (Comparison,
 			c.Violations++
 		}
 		if ratio > c.Worst || c.Row < 0 {
-			c.Worst, c.Row, c.Col, c.A, c.B, c.Allowed, c.S = ratio, i/w.N, i%w.N, a, b, allowed, s[i]
+			c.Worst, c.Row, c.Col, c.A, c.B, c.Allowed, c.S = ratio, i/n, i%n, a, b, allowed, s[i]
 		}
 	}
-	return c, nil
+	return c
 }
 
 // CheckBound compares a reference output with another implementation's
