@@ -2,10 +2,10 @@ package compressor
 
 import (
 	"fmt"
-	"math"
 	"runtime"
 	"sync"
 
+	"github.com/dsv4mla/prologue/gemm"
 	"github.com/dsv4mla/prologue/numerics"
 )
 
@@ -102,22 +102,13 @@ func (p *Projection) Project(x []uint16, startPos int) (K, G [][]float32, err er
 						}
 						lastT = t
 					}
-					K[t][n] = dotBF16(xs, p.WKV[n*p.Hidden:(n+1)*p.Hidden])
+					K[t][n] = gemm.DotBF16(xs, p.WKV[n*p.Hidden:(n+1)*p.Hidden])
 					ape := p.APE[(startPos+t)%p.Ratio*out+n]
-					G[t][n] = float32(dotBF16(xs, p.WGate[n*p.Hidden:(n+1)*p.Hidden]) + ape)
+					G[t][n] = float32(gemm.DotBF16(xs, p.WGate[n*p.Hidden:(n+1)*p.Hidden]) + ape)
 				}
 			}
 		})
 	}
 	wg.Wait()
 	return K, G, nil
-}
-
-// dotBF16 is sum fl(x_h * w_h) over ascending h, accumulated in float32.
-func dotBF16(x []float32, w []uint16) float32 {
-	var acc float32
-	for h, b := range w {
-		acc = float32(acc + float32(x[h]*math.Float32frombits(uint32(b)<<16)))
-	}
-	return acc
 }
