@@ -27,24 +27,6 @@ func positionInputs(seed uint64, e *engine.Engine, it *engine.Iteration, layer i
 	return fusedA, q
 }
 
-// runAccept runs one iteration with position-keyed inputs, reports the
-// accepted counts (nil: all) and ends it.
-func runAccept(t testing.TB, seed uint64, e *engine.Engine, accepted map[uint64]int, reqs ...metadata.Request) {
-	t.Helper()
-	ctx := context.Background()
-	it, err := e.Begin(ctx, reqs)
-	require.NoError(t, err)
-	for l := range e.Layers() {
-		f, q := positionInputs(seed, e, it, l)
-		require.NoError(t, it.SetInputs(l, f, q))
-		require.NoError(t, it.RunLayer(ctx, l))
-	}
-	if accepted != nil {
-		require.NoError(t, it.Accept(accepted))
-	}
-	require.NoError(t, it.End(ctx))
-}
-
 // requireSameLive checks that two engines hold the same bytes for every
 // position of seq a query can still read, the same length and as many
 // pages.
@@ -95,8 +77,8 @@ func TestAcceptEqualsNeverSpeculated(t *testing.T) {
 	seqs := []uint64{3, 4, 5}
 	prompts := map[uint64]int{3: 1, 4: 30, 5: 47}
 	for _, s := range seqs {
-		runAccept(t, seed, spec, nil, ctxReq(s, prompts[s]))
-		runAccept(t, seed, plain, nil, ctxReq(s, prompts[s]))
+		runComp(t, seed, spec, nil, ctxReq(s, prompts[s]))
+		runComp(t, seed, plain, nil, ctxReq(s, prompts[s]))
 	}
 	for stepNo := range 60 {
 		d := 1 + rng.IntN(7) // drafts 1..7
@@ -113,11 +95,11 @@ func TestAcceptEqualsNeverSpeculated(t *testing.T) {
 				accepted[s] = 1 + rng.IntN(1+d)
 			}
 		}
-		runAccept(t, seed, spec, accepted, reqs...)
+		runComp(t, seed, spec, accepted, reqs...)
 		// The plain engine runs exactly the accepted tokens, sequence by
 		// sequence, as generation steps of that depth.
 		for _, s := range seqs {
-			runAccept(t, seed, plain, nil, genReq(s, accepted[s]-1))
+			runComp(t, seed, plain, nil, genReq(s, accepted[s]-1))
 		}
 		require.Equal(t, plain.FreePages(), spec.FreePages(), "step %d", stepNo)
 		for _, s := range seqs {
@@ -136,7 +118,7 @@ func TestAcceptEqualsNeverSpeculated(t *testing.T) {
 func TestAcceptRefusals(t *testing.T) {
 	seed := testSeed(t)
 	e := newEngine(t, smallConfig())
-	runAccept(t, seed, e, nil, ctxReq(1, 5), ctxReq(2, 5))
+	runComp(t, seed, e, nil, ctxReq(1, 5), ctxReq(2, 5))
 	ctx := context.Background()
 	it, err := e.Begin(ctx, []metadata.Request{ctxReq(3, 4), genReq(1, 2)})
 	require.NoError(t, err)
