@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
-	"math"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -144,31 +143,11 @@ func RunBF16GEMM(ctx context.Context, b BF16GEMMBackend, c BF16GEMMCase, x, w ml
 // ReadBF16GEMMY extracts the case's Y rows from the bytes of its Y buffer,
 // dense [Rows][N], checking that every other byte holds the poison.
 func ReadBF16GEMMY(c BF16GEMMCase, host []byte) ([]float32, error) {
-	out := make([]float32, c.Rows*c.N)
-	pos := 0
-	for r := 0; r < c.Rows; r++ {
-		start := c.YOffset + 4*r*c.yStride()
-		if err := checkBF16Poison(host[pos:start], pos); err != nil {
-			return nil, fmt.Errorf("before Y row %d: %w", r, err)
-		}
-		for i := 0; i < c.N; i++ {
-			out[r*c.N+i] = math.Float32frombits(binary.LittleEndian.Uint32(host[start+4*i:]))
-		}
-		pos = start + 4*c.N
+	dense, err := outputRows(host, bf16GEMMPoison, c.Rows, c.YOffset, 4*c.yStride(), 4*c.N)
+	if err != nil {
+		return nil, fmt.Errorf("Y: %w", err)
 	}
-	if err := checkBF16Poison(host[pos:], pos); err != nil {
-		return nil, fmt.Errorf("after the last Y row: %w", err)
-	}
-	return out, nil
-}
-
-func checkBF16Poison(p []byte, off int) error {
-	for j, c := range p {
-		if c != bf16GEMMPoison {
-			return fmt.Errorf("byte %d outside the output was overwritten: %#02x", off+j, c)
-		}
-	}
-	return nil
+	return numerics.F32sFromBytes(dense), nil
 }
 
 // BF16GEMMCases are small projection GEMMs for a host reference: odd row

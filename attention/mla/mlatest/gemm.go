@@ -164,27 +164,40 @@ func RunGEMM(b GEMMBackend, x mla.FP8Activations, w *mla.FP8Weight, yOffset, ySt
 	if err := b.Read(host, y, 0); err != nil {
 		return nil, err
 	}
+	dense, err := outputRows(host, gemmPoison, x.Rows, yOffset, 2*yStride, 2*w.N)
+	if err != nil {
+		return nil, err
+	}
 	out := make([]uint16, x.Rows*w.N)
+	for i := range out {
+		out[i] = binary.LittleEndian.Uint16(dense[2*i:])
+	}
+	return out, nil
+}
+
+// outputRows returns the rows (rowBytes each, the first at offset, then
+// every stride bytes) of an output buffer's bytes, dense, checking that
+// every other byte still holds poison.
+func outputRows(host []byte, poison byte, rows, offset, stride, rowBytes int) ([]byte, error) {
+	out := make([]byte, 0, rows*rowBytes)
 	pos := 0
-	for r := 0; r < x.Rows; r++ {
-		start := yOffset + 2*r*yStride
-		if err := checkPoison(host[pos:start], pos); err != nil {
+	for r := 0; r < rows; r++ {
+		start := offset + r*stride
+		if err := checkPoison(host[pos:start], pos, poison); err != nil {
 			return nil, fmt.Errorf("before row %d: %w", r, err)
 		}
-		for i := 0; i < w.N; i++ {
-			out[r*w.N+i] = binary.LittleEndian.Uint16(host[start+2*i:])
-		}
-		pos = start + 2*w.N
+		out = append(out, host[start:start+rowBytes]...)
+		pos = start + rowBytes
 	}
-	if err := checkPoison(host[pos:], pos); err != nil {
+	if err := checkPoison(host[pos:], pos, poison); err != nil {
 		return nil, fmt.Errorf("after the last row: %w", err)
 	}
 	return out, nil
 }
 
-func checkPoison(p []byte, off int) error {
+func checkPoison(p []byte, off int, poison byte) error {
 	for j, c := range p {
-		if c != gemmPoison {
+		if c != poison {
 			return fmt.Errorf("byte %d outside the output was overwritten: %#02x", off+j, c)
 		}
 	}
@@ -367,7 +380,7 @@ func testGEMMRefusals(t *testing.T, b GEMMBackend) {
 		if err := b.Read(host, y, 0); err != nil {
 			t.Fatal(err)
 		}
-		if err := checkPoison(host, 0); err != nil {
+		if err := checkPoison(host, 0, gemmPoison); err != nil {
 			t.Errorf("%s: refused GEMM wrote Y: %v", name, err)
 		}
 	}
