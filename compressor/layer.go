@@ -261,7 +261,7 @@ func FinishPooled(index int, pooled, norm *[Dim]float32, eps float32, cs []float
 
 // PoolEntry writes E_i, the pooled 512 values of entry i of a ratio, to
 // out, reading each candidate position's (K, G) rows from src: what
-// [Layer.EntryFrom] pools, without a Layer.
+// [State.Append] pools, without a Layer.
 func PoolEntry(ratio, i int, src func(pos int) (k, g []float32), out *[Dim]float32) error {
 	coff := Overlap(ratio)
 	if coff == 0 {
@@ -270,14 +270,4 @@ func PoolEntry(ratio, i int, src func(pos int) (k, g []float32), out *[Dim]float
 	l := Layer{ratio: ratio, coff: coff}
 	l.pool(i, src, out)
 	return nil
-}
-
-// EntryFrom pools and finishes entry i (window [i*r, (i+1)*r)) from the
-// (K, G) rows src returns per position (the positions from (i-coff+1)*r,
-// those below 0 left out): what [State.Append] emits, for a backend that
-// keeps the rows elsewhere (a ring of states in its own memory).
-func (l *Layer) EntryFrom(i int, src func(pos int) (k, g []float32)) (Entry, error) {
-	var pooled [Dim]float32
-	l.pool(i, src, &pooled)
-	return l.FinishEntry(i, &pooled)
 }

@@ -198,6 +198,9 @@ type compressState struct {
 	plan    mla.Buffer
 	planOff map[int]int
 	maxJobs map[int]int
+	// planRaw and planScratch are Begin's reused host memory for the plans.
+	planRaw     []byte
+	planScratch mla.CompressPlan
 	// kg holds the projections of the layer running: MaxTokens rows of
 	// 2*Width float32 (K then G) of that layer, sized for the widest.
 	kg mla.Buffer
@@ -433,18 +436,6 @@ func (e *Engine) ReadCompressedPool(layer int) ([]byte, error) {
 	return e.readAll(cl.pool, fmt.Sprintf("layer %d compressed pool", layer))
 }
 
-// ReadCompressorStates returns a copy of a compressed layer's ring of
-// states: Compressor.MaxSequences slots of mla.RingRows rows of 2*Width
-// float32 (K then G, position p of a sequence at row p mod RingRows of its
-// slot). Two engines fed the same batches hold the same bytes.
-func (e *Engine) ReadCompressorStates(layer int) ([]byte, error) {
-	cl, err := e.compLayer(layer)
-	if err != nil {
-		return nil, err
-	}
-	return e.readAll(cl.ring, fmt.Sprintf("layer %d compressor states", layer))
-}
-
 // ReadCompressorSlot returns the ring slot of a compressed layer that the
 // iteration writes for seq (a sequence of its batch): mla.RingRows rows of
 // 2*Width float32, K then G, position p at row p mod RingRows. After the
@@ -646,22 +637,26 @@ func (e *Engine) planCompressor(ic *iterComp, m *metadata.Metadata) error {
 			ic.from[b], ic.to[b] = slot, slot
 		}
 	}
-	raw := make([]byte, c.plan.Len())
+	// The plan and its bytes reuse the last iteration's memory (Begin is
+	// on every step's path).
+	if c.planRaw == nil {
+		c.planRaw = make([]byte, c.plan.Len())
+	}
+	p := &c.planScratch
 	for _, r := range c.ratios {
-		p := &mla.CompressPlan{Seqs: make([]mla.CompressPlanSeq, m.NumSeqs)}
+		p.Seqs, p.Jobs = p.Seqs[:0], p.Jobs[:0]
 		for b := range m.NumSeqs {
-			p.Seqs[b] = mla.CompressPlanSeq{Row: int(m.CuQ[b]), Rows: int(m.QLen[b]), Start: int(m.Cached[b]), From: int(ic.from[b]), To: int(ic.to[b])}
+			p.Seqs = append(p.Seqs, mla.CompressPlanSeq{Row: int(m.CuQ[b]), Rows: int(m.QLen[b]), Start: int(m.Cached[b]), From: int(ic.from[b]), To: int(ic.to[b])})
 			if err := p.PlanEntries(b, r, int(m.Cached[b]), int(m.QLen[b]), ic.tables[r][b], CompressedPageSize, c.cfg.pagesFor(r)); err != nil {
 				return fmt.Errorf("engine: Begin: %w", err)
 			}
 		}
-		enc, err := p.Encode(e.cfg.MaxSeqs, c.maxJobs[r])
-		if err != nil {
+		off := c.planOff[r]
+		if err := p.EncodeTo(c.planRaw[off:off+mla.CompressPlanBytes(e.cfg.MaxSeqs, c.maxJobs[r])], e.cfg.MaxSeqs, c.maxJobs[r]); err != nil {
 			return fmt.Errorf("engine: Begin: %w", err)
 		}
-		copy(raw[c.planOff[r]:], enc)
 	}
-	if err := e.backend.Write(c.plan, 0, raw); err != nil {
+	if err := e.backend.Write(c.plan, 0, c.planRaw); err != nil {
 		return fmt.Errorf("engine: Begin: uploading the compressor plans: %w", err)
 	}
 	return nil

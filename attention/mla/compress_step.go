@@ -152,10 +152,25 @@ func MaxCompressJobs(ratio, maxSeqs, maxTokens int) int { return maxTokens/ratio
 // Encode lays the plan out for capacities maxSeqs and maxJobs (words past
 // its sequences and jobs are 0). It refuses a plan over the capacity.
 func (p *CompressPlan) Encode(maxSeqs, maxJobs int) ([]byte, error) {
-	if len(p.Seqs) > maxSeqs || len(p.Jobs) > maxJobs {
-		return nil, fmt.Errorf("mla: compress plan of %d sequences and %d entries exceeds its capacity of %d and %d", len(p.Seqs), len(p.Jobs), maxSeqs, maxJobs)
-	}
 	out := make([]byte, CompressPlanBytes(maxSeqs, maxJobs))
+	if err := p.EncodeTo(out, maxSeqs, maxJobs); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// EncodeTo is Encode into dst, CompressPlanBytes(maxSeqs, maxJobs) bytes
+// (a caller's reused buffer; every byte is written). A refused plan writes
+// nothing.
+func (p *CompressPlan) EncodeTo(dst []byte, maxSeqs, maxJobs int) error {
+	if len(p.Seqs) > maxSeqs || len(p.Jobs) > maxJobs {
+		return fmt.Errorf("mla: compress plan of %d sequences and %d entries exceeds its capacity of %d and %d", len(p.Seqs), len(p.Jobs), maxSeqs, maxJobs)
+	}
+	if n := CompressPlanBytes(maxSeqs, maxJobs); len(dst) != n {
+		return fmt.Errorf("mla: compress plan buffer of %d bytes, capacity %d sequences and %d entries needs %d", len(dst), maxSeqs, maxJobs, n)
+	}
+	out := dst
+	clear(out)
 	put := func(word int, v int) { binary.LittleEndian.PutUint32(out[4*word:], uint32(int32(v))) }
 	put(CompressPlanHdrSeqs, len(p.Seqs))
 	put(CompressPlanHdrJobs, len(p.Jobs))
@@ -174,7 +189,7 @@ func (p *CompressPlan) Encode(maxSeqs, maxJobs int) ([]byte, error) {
 		put(w+CompressPlanJobPage, j.Page)
 		put(w+CompressPlanJobOffset, j.Offset)
 	}
-	return out, nil
+	return nil
 }
 
 // DecodeCompressPlan is Encode's inverse (for backends that run the step

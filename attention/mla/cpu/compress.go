@@ -11,7 +11,7 @@ import (
 )
 
 // CompressStep implements mla.CompressStepper on the host: the entries of
-// the plan's jobs by package compressor (Layer.EntryFrom), stored in place
+// the plan's jobs by package compressor (PoolEntry, FinishPooled), stored in place
 // in the pool, then each sequence's ring rows. A job or sequence whose
 // indices fall outside the buffers is skipped, as on the device.
 func (*Backend) CompressStep(ctx context.Context, a *mla.CompressStepArgs) error {

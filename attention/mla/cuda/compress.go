@@ -84,9 +84,9 @@ func (l *CompressLayer) Width() int { return compressor.Overlap(l.Ratio) * numer
 // pooled from Candidates (CompressCandidates(r, Index) codes, by ascending
 // position: for ratio 4 the previous window's tokens first; a code >= 0 is
 // a row of NewK/NewG, StateRow(row) a row of StateK/StateG), stored at
-// in-page offset Offset of pool page Page. The engine fills these from its
-// state: positions still in its device-side ring are state rows, positions
-// of the iteration's tokens are new rows.
+// in-page offset Offset of pool page Page. (The engine does not use these:
+// its steps read a plan on the device, CompressStep; explicit candidate
+// lists are the kernel tests' way to reach compress_entries.)
 type CompressJob struct {
 	Index        int
 	Candidates   []int32
