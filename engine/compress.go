@@ -119,12 +119,10 @@ func (c Config) resolveCompressor() (Config, error) {
 	return c, nil
 }
 
-// stateBytes is compressor.Layer.StateBytes of a layer of the ratio whose
-// states keep maxDrafts+1 extra rows (one more than the drafts, so a whole
-// step can roll back), without building the layer.
+// stateBytes is one sequence's ring slot in a compressed layer of the
+// ratio: mla.RingRows rows of K and G.
 func stateBytes(ratio, maxDrafts int) int64 {
-	rows := compressor.Overlap(ratio)*ratio + maxDrafts + 1
-	return int64(rows) * int64(compressor.Overlap(ratio)*compressor.Dim) * 2 * 4
+	return int64(mla.RingRows(ratio, maxDrafts)) * int64(compressor.Overlap(ratio)*compressor.Dim) * 2 * 4
 }
 
 // SequenceMemory is what one sequence of a given length holds between
