@@ -7,7 +7,7 @@ import (
 )
 
 func TestDefaults(t *testing.T) {
-	require.Equal(t, Knobs{Warps: 8, KVDepth: 4, QDepth: 4, BlocksPerSM: 4,
+	require.Equal(t, Knobs{Warps: 8, KVDepth: 4, QDepth: 4, BlocksPerSM: DefaultBlocksPerSM,
 		DirectMaxRows: DefaultDirectMaxRows, DirectMinRows: DefaultDirectMinRows, DirectWarps: 4, DirectQRows: 2, DirectMinBlocks: 1,
 		BF16MMAMaxRows: DefaultBF16MMAMaxRows}, Knobs{}.Defaults())
 	set := Knobs{Warps: 3, KVDepth: 1, QDepth: 5, BlocksPerSM: 2, MaxBlocks: 1, DirectMaxRows: 7, DirectMinRows: 2, DirectWarps: 2,
