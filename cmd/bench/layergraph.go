@@ -87,5 +87,58 @@ func layerGraphShape(c *config, d *device, md model, s shape, rep *Report) error
 			lg.Model, lg.Phase, lg.Batch, lg.MTP, lg.Tokens, lg.Rows, lg.QFormat, lg.Layers, lg.Sets, lg.TotalUs, lg.UsPerLayer,
 			lg.ColdLayerUs, lg.CopyUsPerLayer, lg.PctCopy)
 	}
+	return kernelGraphs(c, d, md, s, ls, nLayers, spec.cacheFormat, rep)
+}
+
+// kernelGraphs times the KV kernel alone and the Q kernel alone (each Q
+// format) of every layer in one graph, as layerGraphShape does the layer.
+func kernelGraphs(c *config, d *device, md model, s shape, ls *layers, nLayers int, cf kvcache.Format, rep *Report) error {
+	ctx := context.Background()
+	type kernelRun struct {
+		kernel, format string
+		q              mla.QFormat
+		bytes          int64
+		run            func(l mla.Launch, a *mla.LayerArgs) error
+	}
+	runs := []kernelRun{{kernel: "kv", format: cf.String(), q: mla.QFP8, bytes: kvBytes(s.Tokens, cf),
+		run: func(l mla.Launch, a *mla.LayerArgs) error { return d.be.KVNormRopeStore(ctx, l, a) }}}
+	for _, q := range []mla.QFormat{mla.QFP8, mla.QBF16} {
+		runs = append(runs, kernelRun{kernel: "q", format: q.String(), q: q, bytes: qBytes(s.Tokens, md.Heads, q.ElemBytes()),
+			run: func(l mla.Launch, a *mla.LayerArgs) error { return d.be.QNormRopeQuant(ctx, l, a) }})
+	}
+	for _, kr := range runs {
+		args := make([]mla.LayerArgs, nLayers)
+		for l := range args {
+			args[l] = ls.withFormats(l, cf, kr.q)
+		}
+		g, err := d.be.Capture(func() error {
+			for l := range args {
+				for _, launch := range ls.launches {
+					if err := kr.run(launch, &args[l]); err != nil {
+						return err
+					}
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("capture %s: %w", kr.kernel, err)
+		}
+		total, err := d.timeLaunchN(c.GraphReps, g.Launch)
+		if cerr := g.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return err
+		}
+		kg := KernelGraph{Kernel: kr.kernel, Model: md.Name, Phase: s.Phase, Batch: s.Batch, MTP: s.MTP, Tokens: s.Tokens,
+			Rows: ls.m.PaddedTokens, Format: kr.format, Layers: nLayers, TotalUs: total, UsPerLayer: total / float64(nLayers),
+			Bytes: kr.bytes}
+		kg.CopyUs = safeDiv(float64(kg.Bytes), rep.CopyGBps*1e3)
+		kg.PctCopy = safeDiv(100*kg.CopyUs, kg.UsPerLayer)
+		rep.KernelGraphs = append(rep.KernelGraphs, kg)
+		fmt.Printf("kgraph %-2s %-5s %-10s b=%-4d mtp=%d tokens=%-6d %-14s %2d layers: %9.1f us, %8.2f us/layer (copy %7.2f us, %5.1f%% of copy)\n",
+			kg.Kernel, kg.Model, kg.Phase, kg.Batch, kg.MTP, kg.Tokens, kg.Format, kg.Layers, kg.TotalUs, kg.UsPerLayer, kg.CopyUs, kg.PctCopy)
+	}
 	return nil
 }

@@ -172,8 +172,9 @@ func chainSeries(rep *Report, peers *peerReport, model string) []series {
 }
 
 // kernelSeries is the per-kernel view of a model: ours launched alone and
-// cold (generation at MTP 3 and context), each kernel's copy line, and the
-// quoted kernel figures.
+// cold and in a many-layer graph (generation at MTP 3 and context), each
+// kernel's copy line, and the quoted kernel figures (taken in the graph
+// setting).
 func kernelSeries(rep *Report, model string) []series {
 	var g, copies groupSeries
 	for _, r := range rep.Results {
@@ -188,6 +189,12 @@ func kernelSeries(rep *Report, model string) []series {
 		if rep.CopyGBps > 0 && r.Format != "bf16" {
 			copies.add(fmt.Sprintf("copy of the %s bytes (%s)", name, r.Format), ceiling, r.Tokens, float64(r.Bytes)/rep.CopyGBps/1e3)
 		}
+	}
+	for _, kg := range rep.KernelGraphs {
+		if kg.Model != model || (kg.Phase == "generation" && kg.MTP != 3) {
+			continue
+		}
+		g.add(fmt.Sprintf("ours %s, %s, many-layer graph", strings.ToUpper(kg.Kernel), kg.Format), measured, kg.Tokens, kg.UsPerLayer)
 	}
 	for _, q := range quotedFigures() {
 		if q.What != "layer" && q.Model == model {

@@ -65,6 +65,28 @@ type LayerGraph struct {
 	PctCopy        float64 `json:"pct_copy"`
 }
 
+// KernelGraph is one prologue kernel alone (the KV or the Q kernel of
+// every layer, nothing else) in the many-layer graph of LayerGraph: the
+// setting of the engines' per-kernel figures that issue 11 quotes.
+type KernelGraph struct {
+	Kernel string `json:"kernel"` // "kv" or "q"
+	Model  string `json:"model"`
+	Phase  string `json:"phase"`
+	Batch  int    `json:"batch"`
+	MTP    int    `json:"mtp"`
+	Tokens int    `json:"tokens"`
+	Rows   int    `json:"rows"`
+	Format string `json:"format"` // the cache format (kv) or the Q format (q)
+	Layers int    `json:"layers"`
+	// TotalUs is the median replay; UsPerLayer = TotalUs / Layers.
+	TotalUs    float64 `json:"total_us"`
+	UsPerLayer float64 `json:"us_per_layer"`
+	Bytes      int64   `json:"bytes"` // one launch's bytes read and written
+	// CopyUs is Bytes at the measured copy rate; PctCopy = 100 * CopyUs / UsPerLayer.
+	CopyUs  float64 `json:"copy_us"`
+	PctCopy float64 `json:"pct_copy"`
+}
+
 // ChainCompResult is one chain shape with the KV compressor of a ratio in
 // every layer.
 type ChainCompResult struct {
@@ -165,6 +187,7 @@ type Report struct {
 	// IterationVariants are the decode iteration under the --variants.
 	IterationVariants []Iteration   `json:"iteration_variants,omitempty"`
 	LayerGraphs       []LayerGraph  `json:"layer_graph,omitempty"`
+	KernelGraphs      []KernelGraph `json:"kernel_graph,omitempty"`
 	HostCost          []HostCost    `json:"host_cost,omitempty"`
 	Chain             []ChainResult `json:"chain,omitempty"`
 	// ChainGEMM says whether cuBLASLt is in use for the chain's GEMMs.
