@@ -24,6 +24,7 @@ type device struct {
 	fillE4M3 *driver.Function
 	copy16   *driver.Function
 	copyRows *driver.Function
+	chainRow *driver.Function
 	flush    mla.Buffer // written before each timed launch to evict the L2
 	copySrc  mla.Buffer
 	copyDst  mla.Buffer
@@ -50,7 +51,7 @@ func newDevice(opts cuda.Options, knobs cudatune.Knobs, reps int, contiguousLate
 	for _, f := range []struct {
 		fn   **driver.Function
 		name string
-	}{{&d.fillBF16, "fill_bf16"}, {&d.fillF32, "fill_f32"}, {&d.fillE4M3, "fill_e4m3"}, {&d.copy16, "copy16"}, {&d.copyRows, "copy_rows"}} {
+	}{{&d.fillBF16, "fill_bf16"}, {&d.fillF32, "fill_f32"}, {&d.fillE4M3, "fill_e4m3"}, {&d.copy16, "copy16"}, {&d.copyRows, "copy_rows"}, {&d.chainRow, "chain_rows"}} {
 		if *f.fn, err = mod.Function(f.name); err != nil {
 			return nil, err
 		}

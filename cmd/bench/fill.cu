@@ -69,3 +69,26 @@ extern "C" __global__ void copy_rows(uint4* dst, const unsigned char* src, u64 r
         asm volatile("st.global.cs.v4.u32 [%0], {%1,%2,%3,%4};" ::"l"(dst + i), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
     }
 }
+
+// One layer of the dependent-chain floor (chainfloor.go): the least a
+// prologue layer in a many-layer graph can do. Every warp waits for the
+// previous grid (programmatic dependent launch), then reads its 1 KiB row
+// (32 bytes a lane, cached in L2 only) and writes out_bytes of it (1024, or
+// 512 as the FP8 Q row: the two halves' XOR), nothing computed.
+extern "C" __global__ void chain_rows(const unsigned char* src, unsigned char* dst, int rows, int out_bytes) {
+    asm volatile("griddepcontrol.launch_dependents;");
+    const int lane = threadIdx.x & 31;
+    const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    if (row >= rows) return;
+    const unsigned char* s = src + (u64)row * 1024 + lane * 32;
+    const uint4 a = __ldcg(reinterpret_cast<const uint4*>(s));
+    const uint4 b = __ldcg(reinterpret_cast<const uint4*>(s + 16));
+    if (out_bytes == 1024) {
+        uint4* d = reinterpret_cast<uint4*>(dst + (u64)row * 1024 + lane * 32);
+        d[0] = a;
+        d[1] = b;
+    } else {
+        *reinterpret_cast<uint4*>(dst + (u64)row * 512 + lane * 16) = make_uint4(a.x ^ b.x, a.y ^ b.y, a.z ^ b.z, a.w ^ b.w);
+    }
+}

@@ -163,6 +163,7 @@ func run(c *config, command string) error {
 	}
 	if c.Graph {
 		for _, md := range c.Models {
+			part("chain floor "+md.Name, func() error { return chainFloors(c, main, md, &rep) })
 			part("layer graphs "+md.Name, func() error { return layerGraphs(c, main, md, &rep) })
 		}
 	}

@@ -188,6 +188,7 @@ type Report struct {
 	IterationVariants []Iteration   `json:"iteration_variants,omitempty"`
 	LayerGraphs       []LayerGraph  `json:"layer_graph,omitempty"`
 	KernelGraphs      []KernelGraph `json:"kernel_graph,omitempty"`
+	ChainFloors       []ChainFloor  `json:"chain_floor,omitempty"`
 	HostCost          []HostCost    `json:"host_cost,omitempty"`
 	Chain             []ChainResult `json:"chain,omitempty"`
 	// ChainGEMM says whether cuBLASLt is in use for the chain's GEMMs.

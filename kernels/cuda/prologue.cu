@@ -107,9 +107,13 @@ __device__ __forceinline__ float warp_rms_inv(const float x[16], float eps) {
     for (int i = 0; i < 16; i++) s = __fadd_rn(s, __fmul_rn(x[i], x[i]));
 #pragma unroll
     for (int d = 16; d >= 1; d >>= 1) s = __fadd_rn(s, __shfl_xor_sync(FULL, s, d));
-    float mean = __fdiv_rn(s, (float)HEAD_DIM);
+    // s / 512 and 1 / root, as multiplication by the exact 2^-9 and the
+    // correctly rounded reciprocal: each equals the correctly rounded
+    // quotient bit for bit, in fewer instructions.
+    static_assert((HEAD_DIM & (HEAD_DIM - 1)) == 0, "the mean's divisor must be a power of two");
+    float mean = __fmul_rn(s, 1.f / (float)HEAD_DIM);
     float root = __fsqrt_rn(__fadd_rn(mean, eps));
-    return __fdiv_rn(1.f, root);
+    return __frcp_rn(root);
 }
 
 // The last sequence b in [seq_begin, seq_begin+num_seqs) with cu_q[b] <= t,
@@ -666,6 +670,39 @@ __device__ __forceinline__ void kv_direct(const Params& p0, int blk) {
     kv_store<FMT>(p, p.out + (size_t)page * p.page_bytes, off, x, lane);
 }
 
+// One Q row on the direct path, its RoPE tail spread over the warp: lane j
+// also owns rope pair j (values NOPE_DIM+2j and NOPE_DIM+2j+1, the 4-byte
+// word tail, with its (cos, sin) in cs as load_rope_pair left them), so
+// the rotation takes no shuffles and each lane rotates one pair where
+// lanes 28..31 rotated eight each: the arithmetic is q_norm's and
+// rope_pair's on the same values, so the bytes are the same. Lanes 28..31
+// still give their 16 values' squares to the norm but store nothing of
+// their own; every lane stores its pair. dst is the row's first byte.
+template <int QFMT>
+__device__ __forceinline__ void q_row_spread(const Params& p, u8* dst, uint4 va, uint4 vb, u32 tail, float2 cs, int lane) {
+    float x[16];
+    unpack16(va, vb, x);
+    const float r = warp_rms_inv(x, p.eps);
+    if (lane < NOPE_DIM / 16) {
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            float a = __fmul_rn(x[2 * k], r), c = __fmul_rn(x[2 * k + 1], r);
+            round2(a, c);
+            x[2 * k] = a;
+            x[2 * k + 1] = c;
+        }
+        q_store<QFMT>(p, dst + lane * 16 * (QFMT == QFMT_BF16 ? 2 : 1), x);
+    }
+    float a = __fmul_rn(bf16_to_f32(tail & 0xffffu), r), c = __fmul_rn(bf16_to_f32(tail >> 16), r);
+    round2(a, c);
+    rope_pair(a, c, cs.x, cs.y);
+    if (QFMT == QFMT_BF16) {
+        reinterpret_cast<u32*>(dst + 2 * NOPE_DIM)[lane] = pack2(a, c);
+    } else {
+        reinterpret_cast<u16*>(dst + NOPE_DIM)[lane] = (u16)e4m3x2(__fmul_rn(c, p.scale), __fmul_rn(a, p.scale));
+    }
+}
+
 // Q: warp w of the part owns (token, head) rows [w*R, w*R+R) of the launch,
 // R = DIRECT_QROWS: their loads go out together after the wait, so a grid
 // of 1/R the warps (resident at once, its metadata resolved before the
@@ -706,20 +743,22 @@ __device__ __forceinline__ void q_direct(const Params& p0, int blk) {
     const size_t r0 = (size_t)p.row_begin * p.heads + i0;
     pdl_wait();
     uint4 va[R], vb[R];
+    u32 tail[R];
 #pragma unroll
     for (int k = 0; k < R; k++)
-        if (live[k]) ld_row32(p.in + (r0 + k) * 1024 + lane * 32, va[k], vb[k]);
+        if (live[k]) {
+            const u8* row = p.in + (r0 + k) * 1024;
+            ld_row32(row + lane * 32, va[k], vb[k]);
+            tail[k] = __ldcg(reinterpret_cast<const u32*>(row + 2 * NOPE_DIM) + lane);
+        }
 #pragma unroll
     for (int k = 0; k < R; k++) {
         if (i0 + k >= n) break;
-        u8* dst = p.out + (r0 + k) * 512 * es + lane * 16 * es;
+        u8* row = p.out + (r0 + k) * 512 * es;
         if (!live[k]) {
-            q_zero<QFMT>(dst);
+            q_zero<QFMT>(row + lane * 16 * es);
         } else {
-            float x[16];
-            q_norm(p, va[k], vb[k], x);
-            rope_pairs_spread(x, cs[k], lane);
-            q_store<QFMT>(p, dst, x);
+            q_row_spread<QFMT>(p, row, va[k], vb[k], tail[k], cs[k], lane);
         }
     }
 }
