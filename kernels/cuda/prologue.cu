@@ -266,10 +266,10 @@ __device__ __forceinline__ void rope_pairs_spread(float y[16], float2 cs, int la
 // ---- One row: the arithmetic both paths share ------------------------------
 // The streaming pipeline and the direct path differ only in how a row
 // reaches the registers (va, vb: the lane's 32 bytes of the row), where the
-// metadata comes from and how the RoPE row is held (the pipeline: 16 values
-// in each of lanes 28..31; the direct path: one pair a lane, shuffled to
-// them); the arithmetic (rope_pair and the functions below) and the stores
-// are shared, so the two paths cannot produce different bytes.
+// metadata comes from and how a KV row's RoPE row is held (the pipeline: 16
+// values in each of lanes 28..31; the direct path: one pair a lane,
+// shuffled to them); the arithmetic (rope_pair and the functions below) and
+// the stores are shared, so the two paths cannot produce different bytes.
 
 // The KV row's RMSNorm with the weight w (the lane's 16 values): x (the
 // lane's 32 bytes of the row) becomes bf16(fl(fl(x*r)*w)).
@@ -280,19 +280,6 @@ __device__ __forceinline__ void kv_norm(const Params& p, uint4 va, uint4 vb, con
     for (int k = 0; k < 8; k++) {
         float a = __fmul_rn(__fmul_rn(x[2 * k], r), w[2 * k]);
         float c = __fmul_rn(__fmul_rn(x[2 * k + 1], r), w[2 * k + 1]);
-        round2(a, c);
-        x[2 * k] = a;
-        x[2 * k + 1] = c;
-    }
-}
-
-// The Q row's RMSNorm without weight: x becomes bf16(fl(x*r)).
-__device__ __forceinline__ void q_norm(const Params& p, uint4 va, uint4 vb, float x[16]) {
-    unpack16(va, vb, x);
-    const float r = warp_rms_inv(x, p.eps);
-#pragma unroll
-    for (int k = 0; k < 8; k++) {
-        float a = __fmul_rn(x[2 * k], r), c = __fmul_rn(x[2 * k + 1], r);
         round2(a, c);
         x[2 * k] = a;
         x[2 * k + 1] = c;
@@ -313,6 +300,41 @@ template <int QFMT>
 __device__ __forceinline__ void q_zero(u8* dst) {
     st_u4(dst, make_uint4(0, 0, 0, 0));
     if (QFMT == QFMT_BF16) st_u4(dst + 16, make_uint4(0, 0, 0, 0));
+}
+
+// One Q row, its RoPE tail spread over the warp (both paths): lane j
+// also owns rope pair j (values NOPE_DIM+2j and NOPE_DIM+2j+1, the 4-byte
+// word tail, with its (cos, sin) in cs as load_rope_pair left them), so
+// the rotation takes no shuffles and each lane rotates one pair instead of
+// lanes 28..31 rotating eight each (a third fewer instructions a row,
+// which a decode layer's burst of rows is bound by). The arithmetic is
+// the same on the same values: bf16(fl(x*r)) (the Q norm has no weight),
+// then rope_pair. Lanes 28..31 still give their 16 values' squares to the
+// norm but store nothing of their own; every lane stores its pair. dst is
+// the row's first byte.
+template <int QFMT>
+__device__ __forceinline__ void q_row_spread(const Params& p, u8* dst, uint4 va, uint4 vb, u32 tail, float2 cs, int lane) {
+    float x[16];
+    unpack16(va, vb, x);
+    const float r = warp_rms_inv(x, p.eps);
+    if (lane < NOPE_DIM / 16) {
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            float a = __fmul_rn(x[2 * k], r), c = __fmul_rn(x[2 * k + 1], r);
+            round2(a, c);
+            x[2 * k] = a;
+            x[2 * k + 1] = c;
+        }
+        q_store<QFMT>(p, dst + lane * 16 * (QFMT == QFMT_BF16 ? 2 : 1), x);
+    }
+    float a = __fmul_rn(bf16_to_f32(tail & 0xffffu), r), c = __fmul_rn(bf16_to_f32(tail >> 16), r);
+    round2(a, c);
+    rope_pair(a, c, cs.x, cs.y);
+    if (QFMT == QFMT_BF16) {
+        reinterpret_cast<u32*>(dst + 2 * NOPE_DIM)[lane] = pack2(a, c);
+    } else {
+        reinterpret_cast<u16*>(dst + NOPE_DIM)[lane] = (u16)e4m3x2(__fmul_rn(c, p.scale), __fmul_rn(a, p.scale));
+    }
 }
 
 // The kv_a_layernorm weight of the lane's 16 values.
@@ -535,7 +557,7 @@ __device__ __forceinline__ void q_pipeline(const Params& p0, u8* ring, int blk, 
     pdl_trigger();
     int tok = -1;
     bool live = false;
-    float cs[16];
+    float2 cs = make_float2(0.f, 0.f);
     int h = 0, t = 0;
     if (begin < end) { t = begin / p.heads; h = begin - t * p.heads; }
     for (int row = begin; row < end; row += Q_DEPTH) {
@@ -547,19 +569,18 @@ __device__ __forceinline__ void q_pipeline(const Params& p0, u8* ring, int blk, 
                     tok = t;
                     int b, pos;
                     live = resolve(p, t, b, pos);
-                    if (live && lane >= 28) load_rope(cs, p.rope, pos, lane);
+                    if (live) cs = load_rope_pair(p.rope, pos, lane);
                 }
                 cp_wait<Q_DEPTH - 1>();
-                u8* dst = p.out + (row0 + i) * 512 * es + lane * 16 * es;
+                u8* dst = p.out + (row0 + i) * 512 * es;
                 if (!live) {
-                    q_zero<QFMT>(dst);
+                    q_zero<QFMT>(dst + lane * 16 * es);
                 } else {
                     uint4 va, vb;
                     lds32(base + d * 1024 + lane * 32, va, vb);
-                    float x[16];
-                    q_norm(p, va, vb, x);
-                    if (lane >= 28) rope_pairs(x, cs);
-                    q_store<QFMT>(p, dst, x);
+                    u32 tail;
+                    asm volatile("ld.shared.u32 %0, [%1];" : "=r"(tail) : "r"(base + d * 1024 + 2 * NOPE_DIM + 4 * lane));
+                    q_row_spread<QFMT>(p, dst, va, vb, tail, cs, lane);
                 }
                 issue(i + Q_DEPTH, d);
                 if (++h == p.heads) { h = 0; t++; }
@@ -668,39 +689,6 @@ __device__ __forceinline__ void kv_direct(const Params& p0, int blk) {
     kv_norm(p, va, vb, w, x);
     rope_pairs_spread(x, cs, lane);
     kv_store<FMT>(p, p.out + (size_t)page * p.page_bytes, off, x, lane);
-}
-
-// One Q row on the direct path, its RoPE tail spread over the warp: lane j
-// also owns rope pair j (values NOPE_DIM+2j and NOPE_DIM+2j+1, the 4-byte
-// word tail, with its (cos, sin) in cs as load_rope_pair left them), so
-// the rotation takes no shuffles and each lane rotates one pair where
-// lanes 28..31 rotated eight each: the arithmetic is q_norm's and
-// rope_pair's on the same values, so the bytes are the same. Lanes 28..31
-// still give their 16 values' squares to the norm but store nothing of
-// their own; every lane stores its pair. dst is the row's first byte.
-template <int QFMT>
-__device__ __forceinline__ void q_row_spread(const Params& p, u8* dst, uint4 va, uint4 vb, u32 tail, float2 cs, int lane) {
-    float x[16];
-    unpack16(va, vb, x);
-    const float r = warp_rms_inv(x, p.eps);
-    if (lane < NOPE_DIM / 16) {
-#pragma unroll
-        for (int k = 0; k < 8; k++) {
-            float a = __fmul_rn(x[2 * k], r), c = __fmul_rn(x[2 * k + 1], r);
-            round2(a, c);
-            x[2 * k] = a;
-            x[2 * k + 1] = c;
-        }
-        q_store<QFMT>(p, dst + lane * 16 * (QFMT == QFMT_BF16 ? 2 : 1), x);
-    }
-    float a = __fmul_rn(bf16_to_f32(tail & 0xffffu), r), c = __fmul_rn(bf16_to_f32(tail >> 16), r);
-    round2(a, c);
-    rope_pair(a, c, cs.x, cs.y);
-    if (QFMT == QFMT_BF16) {
-        reinterpret_cast<u32*>(dst + 2 * NOPE_DIM)[lane] = pack2(a, c);
-    } else {
-        reinterpret_cast<u16*>(dst + NOPE_DIM)[lane] = (u16)e4m3x2(__fmul_rn(c, p.scale), __fmul_rn(a, p.scale));
-    }
 }
 
 // Q: warp w of the part owns (token, head) rows [w*R, w*R+R) of the launch,
