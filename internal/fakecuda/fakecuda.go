@@ -18,6 +18,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"sync"
 	"testing"
 )
@@ -117,3 +119,26 @@ func RunChild(t *testing.T, pattern string, extraEnv ...string) string {
 	}
 	return string(out)
 }
+
+// LayerSinkKernel is the fake's kernel with the signature of the prologue's
+// fused layer kernels (two Params structs and an int); it runs nothing, so
+// launching it times the host path alone.
+const LayerSinkKernel = "prologue_layer_sink"
+
+// LayerSinkParamsBytes is the size of one Params struct as the fake copies
+// it (its PARAMS_BYTES), to check against the kernels' ABI.
+func LayerSinkParamsBytes() int {
+	m := regexp.MustCompile(`#define PARAMS_BYTES (\d+)`).FindStringSubmatch(Source)
+	if m == nil {
+		panic("fakecuda: testdata/fakecuda.c defines no PARAMS_BYTES")
+	}
+	n, err := strconv.Atoi(m[1])
+	if err != nil {
+		panic(err)
+	}
+	return n
+}
+
+// ModuleImage is an image the fake's cuModuleLoadData accepts (it checks
+// the ELF magic only); its module holds every fake kernel.
+func ModuleImage() []byte { return []byte("\x7fELF fake module") }

@@ -134,18 +134,20 @@ func (a *driverAPI) bindings() []binding {
 }
 
 // launchKernel calls cuLaunchKernel; params points outside the Go heap
-// (launchArea), so nothing needs pinning.
-func (a *driverAPI) launchKernel(f handle, grid, block Dim3, shared uint32, s handle, params unsafe.Pointer) Result {
-	r, _, _ := purego.SyscallN(a.cuLaunchKernel, f,
-		uintptr(grid[0]), uintptr(grid[1]), uintptr(grid[2]), uintptr(block[0]), uintptr(block[1]), uintptr(block[2]),
-		uintptr(shared), s, uintptr(params), 0)
+// (launchArea), so nothing needs pinning. The call's arguments go through
+// the owner's call slice: a variadic list would be allocated each call.
+func (a *driverAPI) launchKernel(call *[11]uintptr, f handle, grid, block Dim3, shared uint32, s handle, params unsafe.Pointer) Result {
+	*call = [11]uintptr{f, uintptr(grid[0]), uintptr(grid[1]), uintptr(grid[2]), uintptr(block[0]), uintptr(block[1]), uintptr(block[2]),
+		uintptr(shared), s, uintptr(params), 0}
+	r, _, _ := purego.SyscallN(a.cuLaunchKernel, call[:]...)
 	return Result(int32(r)) // CUresult is a C int: the upper half of the register is not defined
 }
 
 // launchKernelEx calls cuLaunchKernelEx (the caller checks that it exists);
 // cfg and params point outside the Go heap (launchArea).
-func (a *driverAPI) launchKernelEx(cfg unsafe.Pointer, f handle, params unsafe.Pointer) Result {
-	r, _, _ := purego.SyscallN(a.cuLaunchKernelEx, uintptr(cfg), f, uintptr(params), 0)
+func (a *driverAPI) launchKernelEx(call *[11]uintptr, cfg unsafe.Pointer, f handle, params unsafe.Pointer) Result {
+	*call = [11]uintptr{uintptr(cfg), f, uintptr(params), 0}
+	r, _, _ := purego.SyscallN(a.cuLaunchKernelEx, call[:4]...)
 	return Result(int32(r))
 }
 

@@ -25,9 +25,10 @@ type Dim3 = [3]uint32
 // heap it needs no pinning, and a launch allocates nothing. Only the owner
 // goroutine touches it.
 type launchArea struct {
-	mem []byte
-	n   int // arguments laid out so far
-	off int // where the next value goes
+	mem  []byte
+	n    int         // arguments laid out so far
+	off  int         // where the next value goes
+	call [11]uintptr // the launch call's arguments (driverAPI.launchKernel)
 }
 
 const (
@@ -346,7 +347,7 @@ func (c *Context) issue(fn *Function, grid, block Dim3, sharedBytes uint32, s *S
 			blockDimX: block[0], blockDimY: block[1], blockDimZ: block[2],
 			sharedMemBytes: sharedBytes, hStream: s.raw(), attrs: uintptr(unsafe.Pointer(attr)), numAttrs: 1,
 		}
-		return c.api.check("cuLaunchKernelEx", c.api.launchKernelEx(unsafe.Pointer(cfg), fn.h, a.params()))
+		return c.api.check("cuLaunchKernelEx", c.api.launchKernelEx(&a.call, unsafe.Pointer(cfg), fn.h, a.params()))
 	}
-	return c.api.check("cuLaunchKernel", c.api.launchKernel(fn.h, grid, block, sharedBytes, s.raw(), a.params()))
+	return c.api.check("cuLaunchKernel", c.api.launchKernel(&a.call, fn.h, grid, block, sharedBytes, s.raw(), a.params()))
 }
