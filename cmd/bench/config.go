@@ -47,7 +47,7 @@ type config struct {
 	// CPUProfile is a file for a CPU profile (runtime/pprof) of the
 	// measurements, empty for none.
 	CPUProfile string
-	Graph     bool // the many-layer graph sweep
+	Graph      bool // the many-layer graph sweep
 	// GraphMemBytes bounds the device memory of one many-layer graph's
 	// inputs; past it, layers cycle over fewer input sets.
 	GraphMemBytes int64
