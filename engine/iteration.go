@@ -31,6 +31,13 @@ type Iteration struct {
 	comp      *iterComp       // the compressor's part; nil when it is off
 	created   map[uint64]bool // sequences this iteration creates; nil when none
 	done      bool
+
+	// The layer RunLayer hands to the backend's owner thread (mla.Batch):
+	// batched is runBatched, bound on first use, so that the hand-over of
+	// each layer allocates nothing.
+	batched    func() error
+	batchCtx   context.Context
+	batchLayer int
 }
 
 // Index is the iteration's number, counting every Begin that succeeded.
@@ -124,14 +131,19 @@ func (it *Iteration) RunLayer(ctx context.Context, layer int) error {
 		it.fail(err)
 		return fmt.Errorf("engine: RunLayer(%d): %w", layer, err)
 	}
-	// One hand-over to the driver thread for all of the layer's launches.
-	run := func() error {
-		return mla.Batch(it.e.backend, func() error { return it.e.runLayer(ctx, layer, it.launches) })
-	}
+	var err error
 	if it.graph {
-		run = func() error { return it.replay(ctx, layer) }
+		err = it.replay(ctx, layer)
+	} else {
+		// One hand-over to the driver thread for all of the layer's launches.
+		if it.batched == nil {
+			it.batched = it.runBatched
+		}
+		it.batchCtx, it.batchLayer = ctx, layer
+		err = mla.Batch(it.e.backend, it.batched)
+		it.batchCtx = nil
 	}
-	if err := run(); err != nil {
+	if err != nil {
 		it.fail(err)
 		return fmt.Errorf("engine: RunLayer(%d): %w", layer, err)
 	}
@@ -140,6 +152,11 @@ func (it *Iteration) RunLayer(ctx context.Context, layer int) error {
 	}
 	it.markRan(layer)
 	return nil
+}
+
+// runBatched issues the layer RunLayer set up (batchCtx, batchLayer).
+func (it *Iteration) runBatched() error {
+	return it.e.runLayer(it.batchCtx, it.batchLayer, it.launches)
 }
 
 // markRan records that a layer's prologue ran and counts its launches.

@@ -41,7 +41,13 @@ type config struct {
 
 	Kernels   bool // the cold single launches
 	Iteration bool // the eager and graph decode iteration at b=32 MTP 3
-	Graph     bool // the many-layer graph sweep
+	// IterationReps is the timed repetitions of each decode iteration
+	// (median); many, with CPUProfile, give the profile enough samples.
+	IterationReps int
+	// CPUProfile is a file for a CPU profile (runtime/pprof) of the
+	// measurements, empty for none.
+	CPUProfile string
+	Graph      bool // the many-layer graph sweep
 	// GraphMemBytes bounds the device memory of one many-layer graph's
 	// inputs; past it, layers cycle over fewer input sets.
 	GraphMemBytes int64
@@ -106,6 +112,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.BoolVar(&c.ContiguousLatent, "contiguous-latent", false, "diagnostic: read the latent from a contiguous [T][512] buffer instead of the fused A rows")
 	fs.BoolVar(&c.Kernels, "kernels", true, "time every kernel as a cold single launch (L2 flushed)")
 	fs.BoolVar(&c.Iteration, "iteration", true, "time the b=32 MTP 3 decode iteration eagerly and as a graph")
+	fs.IntVar(&c.IterationReps, "iteration-reps", 20, "timed repetitions of each decode iteration (median); raise it with --cpuprofile")
+	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "write a CPU profile (runtime/pprof) of the measurements to this file, e.g. with --iteration-reps 5000 and only --iteration")
 	fs.BoolVar(&c.Graph, "graph", true, "time every shape as a CUDA graph of many layers with distinct inputs")
 	graphMem := fs.Float64("graph-mem-gb", 48, "device memory for one graph's per-layer inputs, GB")
 	fs.IntVar(&c.CtxGraphLayers, "ctx-graph-layers", 8, "layers in a context shape's graph")
@@ -186,7 +194,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		name string
 		v    int
 	}{{"reps", c.Reps}, {"graph-reps", c.GraphReps}, {"ctx-graph-layers", c.CtxGraphLayers}, {"host-reps", c.HostReps}, {"host-prefill", c.HostPrefill},
-		{"chain-layers", c.ChainLayers}}
+		{"chain-layers", c.ChainLayers}, {"iteration-reps", c.IterationReps}}
 	for _, p := range positive {
 		if p.v <= 0 || p.v > 100000 {
 			return c, fmt.Errorf("--%s = %d, must be in [1, 100000]", p.name, p.v)

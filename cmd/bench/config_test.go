@@ -2,6 +2,8 @@ package main
 
 import (
 	"io"
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -33,6 +35,27 @@ func TestParseFlagsDefaults(t *testing.T) {
 	assert.Equal(t, []int{1, 8, 32, 128, 256}, c.ChainBatches)
 	assert.Equal(t, []int{1024, 4096, 16384}, c.ChainCtxTokens)
 	assert.Len(t, c.chainShapes(), 5*2+3)
+	assert.Equal(t, 20, c.IterationReps)
+	assert.Empty(t, c.CPUProfile)
+}
+
+func TestParseFlagsProfile(t *testing.T) {
+	c, err := parseFlags([]string{"--iteration-reps", "5000", "--cpuprofile", "eager.prof"}, io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, 5000, c.IterationReps)
+	assert.Equal(t, "eager.prof", c.CPUProfile)
+	_, err = parseFlags([]string{"--iteration-reps", "0"}, io.Discard)
+	require.EqualError(t, err, "--iteration-reps = 0, must be in [1, 100000]")
+
+	path := filepath.Join(t.TempDir(), "cpu.prof")
+	stop, err := startCPUProfile(path)
+	require.NoError(t, err)
+	require.NoError(t, stop())
+	fi, err := os.Stat(path)
+	require.NoError(t, err)
+	assert.Positive(t, fi.Size(), "the profile was written")
+	_, err = startCPUProfile(filepath.Join(t.TempDir(), "missing", "cpu.prof"))
+	require.ErrorContains(t, err, "--cpuprofile: ")
 }
 
 func TestParseFlagsChainOnly(t *testing.T) {

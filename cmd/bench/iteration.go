@@ -11,7 +11,7 @@ import (
 // iteration times a whole decode step: every layer's KV and Q launch, with
 // per-layer inputs, eagerly from Go (one hand-over to the driver thread per
 // layer, as a server calls the engine per layer) and as a CUDA graph.
-func iteration(d *device, md model, nb, mtp int) (Iteration, error) {
+func iteration(d *device, md model, nb, mtp, reps int) (Iteration, error) {
 	s := generationShape(nb, mtp)
 	ls, err := d.setupLayers(md, s, layerSpec{sets: md.Layers, cacheFormat: kvcache.FormatFP8UE8M0})
 	if err != nil {
@@ -27,16 +27,24 @@ func iteration(d *device, md model, nb, mtp int) (Iteration, error) {
 		}
 		return nil
 	}
-	var eager, host []float64
-	for i := range 23 {
+	var issued time.Duration
+	timedStep := func() error {
 		t0 := time.Now()
-		t, err := d.be.Time(ctx, step)
+		err := step()
+		issued = time.Since(t0)
+		return err
+	}
+	var eager, host, issue []float64 // device, host wall and issue times, us
+	for i := range reps + 3 {
+		t0 := time.Now()
+		t, err := d.be.Time(ctx, timedStep)
 		if err != nil {
 			return Iteration{}, err
 		}
 		if i >= 3 {
 			eager = append(eager, float64(t.Nanoseconds())/1e3)
 			host = append(host, float64(time.Since(t0).Nanoseconds())/1e3)
+			issue = append(issue, float64(issued.Nanoseconds())/1e3)
 		}
 	}
 	g, err := d.be.Capture(step)
@@ -45,7 +53,7 @@ func iteration(d *device, md model, nb, mtp int) (Iteration, error) {
 	}
 	defer g.Close()
 	var graph []float64
-	for i := range 23 {
+	for i := range reps + 3 {
 		t, err := d.be.Time(ctx, g.Launch)
 		if err != nil {
 			return Iteration{}, err
@@ -54,7 +62,8 @@ func iteration(d *device, md model, nb, mtp int) (Iteration, error) {
 			graph = append(graph, float64(t.Nanoseconds())/1e3)
 		}
 	}
-	it := Iteration{Model: md.Name, Batch: nb, MTP: mtp, Layers: len(ls.args), EagerUs: median(eager), GraphUs: median(graph), HostUs: median(host)}
+	it := Iteration{Model: md.Name, Batch: nb, MTP: mtp, Layers: len(ls.args), EagerUs: median(eager), GraphUs: median(graph), HostUs: median(host),
+		IssueUs: median(issue)}
 	it.Speedup = safeDiv(it.EagerUs, it.GraphUs)
 	return it, nil
 }

@@ -29,6 +29,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime/pprof"
 	"strings"
 	"time"
 
@@ -65,9 +66,16 @@ func main() {
 }
 
 // run is the measurements of one configuration on the device.
-func run(c *config, command string) error {
+func run(c *config, command string) (err error) {
 	if err := cuda.Available(); err != nil {
 		return err
+	}
+	if c.CPUProfile != "" {
+		stop, err := startCPUProfile(c.CPUProfile)
+		if err != nil {
+			return err
+		}
+		defer func() { err = errors.Join(err, stop()) }()
 	}
 	mainOpts, mainKnobs := c.Main.options(c.Verbose)
 	main, err := newDevice(mainOpts, mainKnobs, c.Reps, c.ContiguousLatent)
@@ -144,7 +152,7 @@ func run(c *config, command string) error {
 		for _, md := range c.Models {
 			for vi, v := range variants {
 				part("iteration "+md.Name+" "+v.name, func() error {
-					it, err := iteration(v.dev, md, 32, 3)
+					it, err := iteration(v.dev, md, 32, 3, c.IterationReps)
 					if err != nil {
 						return err
 					}
@@ -154,8 +162,9 @@ func run(c *config, command string) error {
 					} else {
 						rep.IterationVariants = append(rep.IterationVariants, it)
 					}
-					fmt.Printf("iteration %s b=%d mtp=%d layers=%d: eager %.1f us (host %.1f us), graph %.1f us, %.2fx %s\n",
-						it.Model, it.Batch, it.MTP, it.Layers, it.EagerUs, it.HostUs, it.GraphUs, it.Speedup, it.Variant)
+					fmt.Printf("iteration %s b=%d mtp=%d layers=%d: eager %.1f us (host %.1f us; issued in %.1f us, %.2f us a layer against %.2f us of device time), graph %.1f us, %.2fx %s\n",
+						it.Model, it.Batch, it.MTP, it.Layers, it.EagerUs, it.HostUs, it.IssueUs, it.IssueUs/float64(it.Layers),
+						it.EagerUs/float64(it.Layers), it.GraphUs, it.Speedup, it.Variant)
 					return nil
 				})
 			}
@@ -176,6 +185,21 @@ func run(c *config, command string) error {
 		return fmt.Errorf("%d parts failed (listed in %s): %s", len(rep.Errors), c.Out, strings.Join(rep.Errors, "; "))
 	}
 	return nil
+}
+
+// startCPUProfile profiles the process into path until stop.
+func startCPUProfile(path string) (stop func() error, err error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("--cpuprofile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		return nil, errors.Join(fmt.Errorf("--cpuprofile: %w", err), f.Close())
+	}
+	return func() error {
+		pprof.StopCPUProfile()
+		return f.Close()
+	}, nil
 }
 
 // hostMain is the host subcommand: the engine's Begin/End host cost on a

@@ -35,7 +35,13 @@ type Iteration struct {
 	EagerUs float64 `json:"eager_us"`
 	GraphUs float64 `json:"graph_us"`
 	Speedup float64 `json:"graph_speedup"`
-	HostUs  float64 `json:"eager_host_us"`
+	// HostUs is the eager iteration's wall time on the host: the events,
+	// the launches and the wait for the device, so never below EagerUs.
+	HostUs float64 `json:"eager_host_us"`
+	// IssueUs is the host time of issuing the eager iteration's launches
+	// alone (every layer's mla.RunLayer), the host cost per layer that
+	// decides whether the device waits for the host.
+	IssueUs float64 `json:"eager_issue_us"`
 	Variant string  `json:"variant,omitempty"`
 }
 

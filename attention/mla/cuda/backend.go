@@ -2,10 +2,12 @@ package cuda
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math/bits"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -15,6 +17,7 @@ import (
 	kernels "github.com/dsv4mla/prologue/kernels/cuda"
 	"github.com/dsv4mla/prologue/kernels/cuda/abi"
 	"github.com/dsv4mla/prologue/kernels/cuda/driver"
+	"github.com/dsv4mla/prologue/kvcache"
 )
 
 // Source returns the CUDA source of the prologue kernels as NVRTC compiles
@@ -52,13 +55,18 @@ type Backend struct {
 	stream *driver.Stream
 	mod    *driver.Module
 	fns    map[string]*driver.Function
-	log    zerolog.Logger
-	opts   Options
-	knobs  cudatune.Knobs
-	clog   string
-	fork   sideStream    // the chain's second stream (fork.go)
-	gemm   gemmState     // gemm.go
-	bf16   bf16GEMMState // bf16gemm.go
+	// kernels finds the prologue's kernels by kind, format and path without
+	// building their names (indexKernels).
+	kernels map[kernelKey]*driver.Function
+	// layerCalls pools RunLayer's hand-overs (layerCall).
+	layerCalls sync.Pool
+	log        zerolog.Logger
+	opts       Options
+	knobs      cudatune.Knobs
+	clog       string
+	fork       sideStream    // the chain's second stream (fork.go)
+	gemm       gemmState     // gemm.go
+	bf16       bf16GEMMState // bf16gemm.go
 
 	// chainMod holds the chain kernels (chain.go); its functions are in fns.
 	chainMod *driver.Module
@@ -105,6 +113,7 @@ func NewTuned(opts Options, k cudatune.Knobs) (*Backend, error) {
 		return nil, err
 	}
 	b := &Backend{ctx: c, log: opts.Logger, opts: opts, knobs: k, fns: map[string]*driver.Function{}}
+	b.layerCalls.New = b.newLayerCall
 	if err := b.init(); err != nil {
 		_ = c.Close()
 		return nil, err
@@ -149,6 +158,7 @@ func (b *Backend) init() error {
 			return fmt.Errorf("cuda: kernel %s: %w", k.Name, err)
 		}
 	}
+	b.indexKernels()
 	if err := b.loadChain(); err != nil {
 		return fmt.Errorf("cuda: chain kernels: %w", err)
 	}
@@ -280,9 +290,10 @@ func (b *Backend) Close() error {
 	return errors.Join(errs...)
 }
 
-// launchParams packs the Params (kernels/cuda/abi) of one launch: in, out
-// and weight are the KV or Q part's buffers, scale its per-tensor scale.
-func launchParams(l mla.Launch, a *mla.LayerArgs, in, out, weight driver.DevicePtr, inStride uint64, scale float32) (driver.Bytes, error) {
+// launchParams packs the Params (kernels/cuda/abi) of one launch into dst
+// (abi.Params.Size() bytes) and returns them: in, out and weight are the
+// KV or Q part's buffers, scale its per-tensor scale.
+func launchParams(dst []byte, l mla.Launch, a *mla.LayerArgs, in, out, weight driver.DevicePtr, inStride uint64, scale float32) ([]byte, error) {
 	meta, err := dev(a.Meta.Buf)
 	if err != nil {
 		return nil, err
@@ -303,7 +314,7 @@ func launchParams(l mla.Launch, a *mla.LayerArgs, in, out, weight driver.DeviceP
 	}
 	cfg := a.CacheConfig
 	s := a.Scheduler
-	p := abi.Params.Pack()
+	p := abi.Params.PackInto(dst)
 	p.Ptr(abi.ParamIn, uint64(in))
 	p.Ptr(abi.ParamOut, uint64(out))
 	p.Ptr(abi.ParamWeight, uint64(weight))
@@ -404,22 +415,68 @@ func (b *Backend) launchShared(fn *driver.Function, grid, block driver.Dim3, sha
 	return b.ctx.Launch(fn, grid, block, uint32(shared), b.stream, args...)
 }
 
+// kernelKey names a prologue kernel without its string (abi.Kernel's
+// fields).
+type kernelKey struct {
+	kind    abi.KernelKind
+	format  kvcache.Format // KindKV, KindLayer
+	qFormat mla.QFormat    // KindQ, KindLayer
+	path    abi.Path
+}
+
+// indexKernels fills Backend.kernels from fns (every kernel of
+// abi.Kernels, loaded).
+func (b *Backend) indexKernels() {
+	b.kernels = map[kernelKey]*driver.Function{}
+	for _, k := range abi.Kernels() {
+		key := kernelKey{kind: k.Kind, path: k.Path}
+		if k.Kind != abi.KindQ {
+			key.format = k.Format
+		}
+		if k.Kind != abi.KindKV {
+			key.qFormat = k.QFormat
+		}
+		b.kernels[key] = b.fns[k.Name]
+	}
+}
+
+// kernel returns a loaded prologue kernel; a combination without one is
+// refused with abi's error that names it.
+func (b *Backend) kernel(key kernelKey) (*driver.Function, error) {
+	if fn := b.kernels[key]; fn != nil {
+		return fn, nil
+	}
+	var err error
+	switch key.kind {
+	case abi.KindKV:
+		_, err = abi.KVKernel(key.format, key.path)
+	case abi.KindQ:
+		_, err = abi.QKernel(key.qFormat, key.path)
+	default:
+		_, err = abi.LayerKernel(key.format, key.qFormat, key.path)
+	}
+	if err == nil {
+		err = fmt.Errorf("cuda: no %v kernel for cache format %v, Q format %v on the %v path", key.kind, key.format, key.qFormat, key.path)
+	}
+	return nil, err
+}
+
 // kvLaunch resolves one launch's KV kernel on its path, its grid and its
 // packed parameters (the main stream's launch and the side stream's share it).
 func (b *Backend) kvLaunch(l mla.Launch, a *mla.LayerArgs) (fn *driver.Function, grid, block driver.Dim3, p driver.Bytes, err error) {
 	path := b.path(l, a.Heads)
-	name, err := abi.KVKernel(a.CacheConfig.Format, path)
-	if err != nil {
+	if fn, err = b.kernel(kernelKey{kind: abi.KindKV, format: a.CacheConfig.Format, path: path}); err != nil {
 		return nil, grid, block, nil, err
 	}
-	if p, err = kvParams(l, a); err != nil {
+	if p, err = kvParams(make([]byte, abi.Params.Size()), l, a); err != nil {
 		return nil, grid, block, nil, err
 	}
 	grid, block = b.kvGrid(path, l)
-	return b.fns[name], grid, block, p, nil
+	return fn, grid, block, p, nil
 }
 
-func kvParams(l mla.Launch, a *mla.LayerArgs) (driver.Bytes, error) {
+// kvParams and qParams pack a launch's KV and Q Params into dst.
+func kvParams(dst []byte, l mla.Launch, a *mla.LayerArgs) ([]byte, error) {
 	lat, err := dev(a.Latent)
 	if err != nil {
 		return nil, err
@@ -432,10 +489,10 @@ func kvParams(l mla.Launch, a *mla.LayerArgs) (driver.Bytes, error) {
 	if err != nil {
 		return nil, err
 	}
-	return launchParams(l, a, lat.ptr+driver.DevicePtr(a.LatentOffset), cache.ptr, w.ptr, uint64(a.LatentStride)*2, a.CacheConfig.KVScale)
+	return launchParams(dst, l, a, lat.ptr+driver.DevicePtr(a.LatentOffset), cache.ptr, w.ptr, uint64(a.LatentStride)*2, a.CacheConfig.KVScale)
 }
 
-func qParams(l mla.Launch, a *mla.LayerArgs) (driver.Bytes, error) {
+func qParams(dst []byte, l mla.Launch, a *mla.LayerArgs) ([]byte, error) {
 	qin, err := dev(a.QIn)
 	if err != nil {
 		return nil, err
@@ -444,7 +501,7 @@ func qParams(l mla.Launch, a *mla.LayerArgs) (driver.Bytes, error) {
 	if err != nil {
 		return nil, err
 	}
-	return launchParams(l, a, qin.ptr, qout.ptr, 0, 1024, a.QScale)
+	return launchParams(dst, l, a, qin.ptr, qout.ptr, 0, 1024, a.QScale)
 }
 
 // KVNormRopeStore implements mla.Backend.
@@ -465,42 +522,75 @@ func (b *Backend) QNormRopeQuant(ctx context.Context, l mla.Launch, a *mla.Layer
 		return err
 	}
 	path := b.path(l, a.Heads)
-	name, err := abi.QKernel(a.QFormat, path)
+	fn, err := b.kernel(kernelKey{kind: abi.KindQ, qFormat: a.QFormat, path: path})
 	if err != nil {
 		return err
 	}
-	p, err := qParams(l, a)
+	p, err := qParams(make([]byte, abi.Params.Size()), l, a)
 	if err != nil {
 		return err
 	}
 	grid, block := b.qGrid(path, l, a.Heads)
-	return b.launch(b.fns[name], grid, block, p)
+	return b.launch(fn, grid, block, p)
+}
+
+// layerCall is one RunLayer's hand-over to the driver thread, with the
+// memory its launches are packed in: pooled (Backend.layerCalls), its
+// function bound once, so an eager layer allocates nothing.
+type layerCall struct {
+	b        *Backend
+	ctx      context.Context
+	launches []mla.Launch
+	a        *mla.LayerArgs
+	issue    func() error // issueLayer, bound once
+	kv, q    []byte       // abi.Params.Size() bytes each
+	kvBlocks [4]byte      // the fused kernel's int: where its Q part's blocks begin
+}
+
+func (b *Backend) newLayerCall() any {
+	n := abi.Params.Size()
+	buf := make([]byte, 2*n)
+	c := &layerCall{b: b, kv: buf[:n:n], q: buf[n:]}
+	c.issue = c.issueLayer
+	return c
+}
+
+// issueLayer runs on the driver thread: each launch's KV and Q work as one
+// fused grid.
+func (c *layerCall) issueLayer() error {
+	for _, l := range c.launches {
+		if err := c.ctx.Err(); err != nil {
+			return err
+		}
+		if err := c.b.layerLaunch(c, l); err != nil {
+			return fmt.Errorf("cuda: fused %v launch: %w", l, err)
+		}
+	}
+	return nil
 }
 
 // layerLaunch issues a launch's KV and Q work as one grid (the layer_*
 // kernels): the KV part's blocks first, then the Q part's.
-func (b *Backend) layerLaunch(l mla.Launch, a *mla.LayerArgs) error {
+func (b *Backend) layerLaunch(c *layerCall, l mla.Launch) error {
+	a := c.a
 	path := b.path(l, a.Heads)
-	name, err := abi.LayerKernel(a.CacheConfig.Format, a.QFormat, path)
+	fn, err := b.kernel(kernelKey{kind: abi.KindLayer, format: a.CacheConfig.Format, qFormat: a.QFormat, path: path})
 	if err != nil {
 		return err
 	}
-	fn, ok := b.fns[name]
-	if !ok {
-		return fmt.Errorf("cuda: no fused layer kernel %q", name)
-	}
-	pkv, err := kvParams(l, a)
+	pkv, err := kvParams(c.kv, l, a)
 	if err != nil {
 		return err
 	}
-	pq, err := qParams(l, a)
+	pq, err := qParams(c.q, l, a)
 	if err != nil {
 		return err
 	}
 	kvGrid, block := b.kvGrid(path, l)
 	qGrid, _ := b.qGrid(path, l, a.Heads)
 	grid := driver.Dim3{kvGrid[0] + qGrid[0], 1, 1}
-	return b.launch(fn, grid, block, pkv, pq, int32(kvGrid[0]))
+	binary.LittleEndian.PutUint32(c.kvBlocks[:], kvGrid[0]) // int32 on the device
+	return b.ctx.LaunchValues(fn, grid, block, 0, b.stream, !b.opts.NoPDL, pkv, pq, c.kvBlocks[:])
 }
 
 // Time measures the device time of the work f issues on the stream, with
@@ -545,17 +635,12 @@ func (b *Backend) RunLayer(ctx context.Context, launches []mla.Launch, a *mla.La
 	if b.knobs.SeparateLaunches {
 		return b.ctx.Do(func() error { return mla.RunLaunches(ctx, b, launches, a) })
 	}
-	return b.ctx.Do(func() error {
-		for _, l := range launches {
-			if err := ctx.Err(); err != nil {
-				return err
-			}
-			if err := b.layerLaunch(l, a); err != nil {
-				return fmt.Errorf("cuda: fused %v launch: %w", l, err)
-			}
-		}
-		return nil
-	})
+	c := b.layerCalls.Get().(*layerCall)
+	c.ctx, c.launches, c.a = ctx, launches, a
+	err := b.ctx.Do(c.issue)
+	c.ctx, c.launches, c.a = nil, nil, nil
+	b.layerCalls.Put(c)
+	return err
 }
 
 // Graph is a captured, instantiated CUDA graph of launches on the backend's

@@ -36,9 +36,9 @@ func TestLaunchParamsPacking(t *testing.T) {
 		{Phase: metadata.Generation, RowBegin: 9, Rows: 16, ValidRows: 12, SeqBegin: 2, NumSeqs: 3, SeqLen: 4},
 		{Phase: metadata.Generation, Rows: 16, ValidRows: 9, NumSeqs: 3, SeqLen: 3, FromHeader: true},
 	} {
-		kv, err := kvParams(l, a)
+		kv, err := kvParams(make([]byte, abi.Params.Size()), l, a)
 		require.NoError(t, err)
-		q, err := qParams(l, a)
+		q, err := qParams(make([]byte, abi.Params.Size()), l, a)
 		require.NoError(t, err)
 		require.Len(t, kv, abi.Params.Size())
 		require.Len(t, q, abi.Params.Size())

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"strings"
+	"sync"
 )
 
 // Kind is the type of one field of a struct passed to a kernel by value.
@@ -74,6 +75,10 @@ type Struct struct {
 	Name   string
 	Doc    string
 	Fields []Field
+
+	once sync.Once // the layout, computed at first use (Fields must not change after)
+	offs []int
+	size int
 }
 
 // FieldID indexes Struct.Fields.
@@ -91,7 +96,18 @@ func (s *Struct) Size() int {
 	return n
 }
 
+// maxFields bounds a Struct's fields: a Packer tracks them in one word.
+const maxFields = 64
+
 func (s *Struct) layout() ([]int, int) {
+	s.once.Do(func() { s.offs, s.size = s.computeLayout() })
+	return s.offs, s.size
+}
+
+func (s *Struct) computeLayout() ([]int, int) {
+	if len(s.Fields) > maxFields {
+		panic(fmt.Sprintf("abi: %s has %d fields, more than %d", s.Name, len(s.Fields), maxFields))
+	}
 	offs := make([]int, len(s.Fields))
 	off, maxAlign := 0, 1
 	for i, f := range s.Fields {
@@ -110,13 +126,26 @@ type Packer struct {
 	s    *Struct
 	offs []int
 	b    []byte
-	set  []bool
+	set  uint64 // bit f: field f was set
 }
 
-// Pack starts a value of s.
+// Pack starts a value of s in new memory.
 func (s *Struct) Pack() *Packer {
+	p := s.PackInto(make([]byte, s.Size()))
+	return &p
+}
+
+// PackInto starts a value of s in dst (at least Size() bytes; the value
+// is its first Size() bytes, zeroed first so that padding is zero): a
+// caller that reuses dst packs without allocating.
+func (s *Struct) PackInto(dst []byte) Packer {
 	offs, n := s.layout()
-	return &Packer{s: s, offs: offs, b: make([]byte, n), set: make([]bool, len(s.Fields))}
+	if len(dst) < n {
+		panic(fmt.Sprintf("abi: packing %s (%d bytes) into %d bytes", s.Name, n, len(dst)))
+	}
+	dst = dst[:n:n]
+	clear(dst)
+	return Packer{s: s, offs: offs, b: dst}
 }
 
 // put writes v at field f, which must be of kind k: a mismatch is a
@@ -130,10 +159,10 @@ func (p *Packer) put(f FieldID, k Kind, v uint64) {
 	if fd.Kind != k {
 		panic(fmt.Sprintf("abi: %s.%s is a %v, set as a %v", p.s.Name, fd.Name, fd.Kind, k))
 	}
-	if p.set[f] {
+	if p.set&(1<<f) != 0 {
 		panic(fmt.Sprintf("abi: %s.%s set twice", p.s.Name, fd.Name))
 	}
-	p.set[f] = true
+	p.set |= 1 << f
 	o := p.offs[f]
 	for i := range k.size() {
 		p.b[o+i] = byte(v >> (8 * i)) // little-endian, as every CUDA device
@@ -163,10 +192,13 @@ func (p *Packer) Bool(f FieldID, v bool) {
 
 // Bytes returns the packed value, or an error naming every field left unset.
 func (p *Packer) Bytes() ([]byte, error) {
+	if p.set == 1<<len(p.s.Fields)-1 {
+		return p.b, nil
+	}
 	var missing []string
-	for i, ok := range p.set {
-		if !ok {
-			missing = append(missing, p.s.Fields[i].Name)
+	for i, f := range p.s.Fields {
+		if p.set&(1<<i) == 0 {
+			missing = append(missing, f.Name)
 		}
 	}
 	if len(missing) > 0 {

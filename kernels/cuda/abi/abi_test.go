@@ -75,6 +75,40 @@ func TestPacker(t *testing.T) {
 	require.PanicsWithValue(t, "abi: S.n set twice", func() { q := s.Pack(); q.I32(1, 1); q.I32(1, 2) })
 }
 
+// TestPackIntoReusesMemory: a value packed into a reused, dirty buffer is
+// byte for byte the value Pack builds (padding zeroed), and packing it
+// allocates nothing.
+func TestPackIntoReusesMemory(t *testing.T) {
+	s := &abi.Struct{Name: "S", Fields: []abi.Field{{"a", abi.I32, "", ""}, {"p", abi.Ptr, "u8*", ""}, {"b", abi.F32, "", ""}}}
+	fill := func(p *abi.Packer) []byte {
+		p.I32(0, -7)
+		p.Ptr(1, 0xdeadbeef00)
+		p.F32(2, 0.25)
+		b, err := p.Bytes()
+		require.NoError(t, err)
+		return b
+	}
+	want := fill(s.Pack())
+	buf := make([]byte, 40)
+	for i := range buf {
+		buf[i] = 0xa5
+	}
+	p := s.PackInto(buf)
+	require.Equal(t, want, fill(&p))
+	require.Equal(t, byte(0xa5), buf[24], "bytes past the value are left alone")
+	allocs := testing.AllocsPerRun(100, func() {
+		p := s.PackInto(buf)
+		p.I32(0, 1)
+		p.Ptr(1, 2)
+		p.F32(2, 3)
+		if _, err := p.Bytes(); err != nil {
+			panic(err)
+		}
+	})
+	require.Zero(t, allocs)
+	require.PanicsWithValue(t, "abi: packing S (24 bytes) into 23 bytes", func() { s.PackInto(buf[:23]) })
+}
+
 func TestKernelNames(t *testing.T) {
 	n, err := abi.LayerKernel(kvcache.FormatFP8UE8M0, mla.QBF16, abi.Streaming)
 	require.NoError(t, err)

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"sync"
 	"unsafe"
+
+	"github.com/ebitengine/purego"
 )
 
 // Handles are the driver's opaque pointers (CUcontext, CUstream, ...). They
@@ -57,11 +59,14 @@ type driverAPI struct {
 	cuModuleGetFunc    func(f *handle, m handle, name *byte) Result            // cuModuleGetFunction(CUfunction*, CUmodule, const char*)
 	cuFuncGetAttr      func(v *int32, attr int32, f handle) Result             // cuFuncGetAttribute(int*, CUfunction_attribute, CUfunction)
 	cuFuncSetAttr      func(f handle, attr int32, v int32) Result              // cuFuncSetAttribute(CUfunction, CUfunction_attribute, int)
+	// The launches are raw symbols called through purego.SyscallN
+	// (launchKernel, launchKernelEx): RegisterFunc's reflection costs more
+	// than the rest of an eager launch's host path.
 	// cuLaunchKernel(CUfunction f, unsigned gridX, gridY, gridZ, blockX, blockY, blockZ,
 	//                unsigned sharedMemBytes, CUstream, void** kernelParams, void** extra)
-	cuLaunchKernel func(f handle, gx, gy, gz, bx, by, bz, shared uint32, s handle, params, extra unsafe.Pointer) Result
+	cuLaunchKernel uintptr
 	// cuLaunchKernelEx(const CUlaunchConfig*, CUfunction, void** kernelParams, void** extra); optional.
-	cuLaunchKernelEx   func(cfg unsafe.Pointer, f handle, params, extra unsafe.Pointer) Result
+	cuLaunchKernelEx   uintptr
 	cuBeginCapture     func(s handle, mode int32) Result              // cuStreamBeginCapture_v2(CUstream, CUstreamCaptureMode)
 	cuEndCapture       func(s handle, g *handle) Result               // cuStreamEndCapture(CUstream, CUgraph*)
 	cuGraphInstantiate func(e *handle, g handle, flags uint64) Result // cuGraphInstantiateWithFlags(CUgraphExec*, CUgraph, unsigned long long)
@@ -116,8 +121,8 @@ func (a *driverAPI) bindings() []binding {
 		req(&a.cuModuleGetFunc, "cuModuleGetFunction"),
 		req(&a.cuFuncGetAttr, "cuFuncGetAttribute"),
 		req(&a.cuFuncSetAttr, "cuFuncSetAttribute"),
-		req(&a.cuLaunchKernel, "cuLaunchKernel"),
-		{fptr: &a.cuLaunchKernelEx, names: []string{"cuLaunchKernelEx"}, optional: true},
+		{sym: &a.cuLaunchKernel, names: []string{"cuLaunchKernel"}},
+		{sym: &a.cuLaunchKernelEx, names: []string{"cuLaunchKernelEx"}, optional: true},
 		req(&a.cuBeginCapture, "cuStreamBeginCapture_v2"),
 		req(&a.cuEndCapture, "cuStreamEndCapture"),
 		// cuGraphInstantiate is a macro for cuGraphInstantiateWithFlags since CUDA 12.0.
@@ -126,6 +131,24 @@ func (a *driverAPI) bindings() []binding {
 		req(&a.cuGraphExecDestroy, "cuGraphExecDestroy"),
 		req(&a.cuGraphDestroy, "cuGraphDestroy"),
 	}
+}
+
+// launchKernel calls cuLaunchKernel; params points outside the Go heap
+// (launchArea), so nothing needs pinning. The call's arguments go through
+// the owner's call slice: a variadic list would be allocated each call.
+func (a *driverAPI) launchKernel(call *[11]uintptr, f handle, grid, block Dim3, shared uint32, s handle, params unsafe.Pointer) Result {
+	*call = [11]uintptr{f, uintptr(grid[0]), uintptr(grid[1]), uintptr(grid[2]), uintptr(block[0]), uintptr(block[1]), uintptr(block[2]),
+		uintptr(shared), s, uintptr(params), 0}
+	r, _, _ := purego.SyscallN(a.cuLaunchKernel, call[:]...)
+	return Result(int32(r)) // CUresult is a C int: the upper half of the register is not defined
+}
+
+// launchKernelEx calls cuLaunchKernelEx (the caller checks that it exists);
+// cfg and params point outside the Go heap (launchArea).
+func (a *driverAPI) launchKernelEx(call *[11]uintptr, cfg unsafe.Pointer, f handle, params unsafe.Pointer) Result {
+	*call = [11]uintptr{uintptr(cfg), f, uintptr(params), 0}
+	r, _, _ := purego.SyscallN(a.cuLaunchKernelEx, call[:4]...)
+	return Result(int32(r))
 }
 
 // describe asks the driver to name a code; see describeFunc.

@@ -6,7 +6,6 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 )
 
@@ -48,28 +47,71 @@ func (p DeviceProps) Arch() string { return fmt.Sprintf("sm_%d%d", p.Major, p.Mi
 // Context may be called from any goroutine (they hand the work over and wait)
 // and also from inside Do (they then run directly). See the package doc.
 type Context struct {
-	api     *driverAPI
-	device  int32
-	ctx     handle
-	props   DeviceProps
-	ownerID int // OS thread id of the owner goroutine
+	api    *driverAPI
+	device int32
+	ctx    handle
+	props  DeviceProps
+	owner  uintptr // currentGoroutine() of the owner goroutine
 
-	requests chan request
+	area     *launchArea // the owner's launch layout (launch.go)
+	spin     atomic.Bool // GOMAXPROCS >= 2: hand-overs poll before parking (see handoffSpin)
+	requests chan *call
 	done     chan struct{}
 	mu       sync.RWMutex // guards sending on requests against Close
 	closed   atomic.Bool
 	closeErr error
 }
 
-type request struct {
-	f     func() error
-	reply chan reply
-}
-
-type reply struct {
+// call is one hand-over to the owner: the function, its outcome, and the
+// state through which the caller learns that it ran. Calls are pooled, so
+// a hand-over allocates nothing.
+type call struct {
+	f        func() error
 	err      error
 	panicked bool
 	panicVal any
+	state    atomic.Uint32 // callPending, then callDone (set by the owner) or callParked (by the caller)
+	wake     chan struct{} // buffered: the owner's signal to a caller that parked
+}
+
+const (
+	callPending = iota
+	callDone
+	callParked
+)
+
+var callPool = sync.Pool{New: func() any { return &call{wake: make(chan struct{}, 1)} }}
+
+// finish publishes the outcome (owner side): a caller that has not parked
+// sees the state change; one that parked is woken. The owner does not
+// touch the call afterwards.
+func (r *call) finish() {
+	if !r.state.CompareAndSwap(callPending, callDone) {
+		r.wake <- struct{}{}
+	}
+}
+
+// await waits for the owner to finish the call (caller side), polling for
+// up to handoffSpin before parking.
+func (r *call) await(spin bool) {
+	if spin {
+		var deadline time.Time
+		for i := 1; ; i++ {
+			if r.state.Load() == callDone {
+				return
+			}
+			if i%64 == 0 {
+				if deadline.IsZero() {
+					deadline = time.Now().Add(handoffSpin) // a short call is over before the clock is read
+				} else if time.Now().After(deadline) {
+					break
+				}
+			}
+		}
+	}
+	if r.state.CompareAndSwap(callPending, callParked) {
+		<-r.wake
+	}
 }
 
 // Open retains the primary context of device ordinal on a new owner
@@ -86,11 +128,17 @@ func Open(ordinal int) (*Context, error) {
 	if ordinal < 0 || ordinal >= int(count) {
 		return nil, fmt.Errorf("device ordinal %d out of range: the driver sees %d device(s)", ordinal, count)
 	}
-	c := &Context{api: a, requests: make(chan request, 64), done: make(chan struct{})}
+	area, err := newLaunchArea()
+	if err != nil {
+		return nil, err
+	}
+	c := &Context{api: a, area: area, requests: make(chan *call, 64), done: make(chan struct{})}
+	c.spin.Store(spinning())
 	started := make(chan error, 1)
 	go c.own(ordinal, started)
 	if err := <-started; err != nil {
-		return nil, err
+		<-c.done
+		return nil, errors.Join(err, area.free())
 	}
 	return c, nil
 }
@@ -102,7 +150,7 @@ func Open(ordinal int) (*Context, error) {
 func (c *Context) own(ordinal int, started chan<- error) {
 	runtime.LockOSThread()
 	defer close(c.done)
-	c.ownerID = syscall.Gettid()
+	c.owner = currentGoroutine()
 	if err := c.start(ordinal); err != nil {
 		started <- err
 		return
@@ -113,7 +161,8 @@ func (c *Context) own(ordinal int, started chan<- error) {
 		if !ok {
 			break
 		}
-		r.reply <- c.serve(r.f)
+		c.serve(r)
+		r.finish()
 	}
 	c.closeErr = errors.Join(
 		c.api.check("cuCtxSynchronize", c.api.cuCtxSynchronize()),
@@ -143,7 +192,7 @@ func (c *Context) start(ordinal int) error {
 
 func (c *Context) queryProps(ordinal int) (DeviceProps, error) {
 	a := c.api
-	p := DeviceProps{Ordinal: ordinal, DriverLibrary: a.path, ProgrammaticLaunches: a.cuLaunchKernelEx != nil}
+	p := DeviceProps{Ordinal: ordinal, DriverLibrary: a.path, ProgrammaticLaunches: a.cuLaunchKernelEx != 0}
 	name := make([]byte, 256)
 	if err := a.check("cuDeviceGetName", a.cuDeviceGetName(&name[0], int32(len(name)), c.device)); err != nil {
 		return p, err
@@ -188,54 +237,49 @@ const handoffSpin = 300 * time.Microsecond
 func spinning() bool { return runtime.GOMAXPROCS(0) >= 2 }
 
 // nextRequest receives the next request, polling for handoffSpin first.
-func (c *Context) nextRequest() (request, bool) {
-	if spinning() {
-		deadline := time.Now().Add(handoffSpin)
-		for time.Now().Before(deadline) {
+// GOMAXPROCS is read (it takes the scheduler's lock) only when the owner
+// is about to park, not on every hand-over.
+func (c *Context) nextRequest() (*call, bool) {
+	if c.spin.Load() {
+		var deadline time.Time
+		for i := 1; ; i++ {
 			select {
 			case r, ok := <-c.requests:
 				return r, ok
 			default:
 			}
+			if i%64 == 0 {
+				if deadline.IsZero() {
+					deadline = time.Now().Add(handoffSpin)
+				} else if time.Now().After(deadline) {
+					break
+				}
+			}
 		}
 	}
+	c.spin.Store(spinning())
 	r, ok := <-c.requests
 	return r, ok
 }
 
-// awaitReply receives a request's reply, polling for handoffSpin first so a
-// short call does not park the caller.
-func awaitReply(ch <-chan reply) reply {
-	if spinning() {
-		deadline := time.Now().Add(handoffSpin)
-		for time.Now().Before(deadline) {
-			select {
-			case rep := <-ch:
-				return rep
-			default:
-			}
-		}
-	}
-	return <-ch
-}
-
-// serve runs f on the owner goroutine, turning a panic into a reply so the
-// caller's goroutine re-panics with it instead of the owner dying.
-func (c *Context) serve(f func() error) (rep reply) {
+// serve runs the call's function on the owner goroutine, turning a panic
+// into its outcome so the caller's goroutine re-panics with it instead of
+// the owner dying.
+func (c *Context) serve(r *call) {
 	defer func() {
 		if v := recover(); v != nil {
-			rep = reply{panicked: true, panicVal: v}
+			r.panicked, r.panicVal = true, v
 		}
 	}()
-	return reply{err: f()}
+	r.err = r.f()
 }
 
-// onOwner reports whether the calling goroutine is the owner goroutine: the
-// owner is locked to its thread and no other goroutine runs there, so the
-// thread id identifies it. The thread id is read before the closed flag so a
-// recycled id (after the owner exited) is always seen together with closed.
+// onOwner reports whether the calling goroutine is the owner goroutine
+// (currentGoroutine). The identity is read before the closed flag, so a
+// reused identity (after the owner exited) is always seen together with
+// closed.
 func (c *Context) onOwner() bool {
-	return syscall.Gettid() == c.ownerID
+	return currentGoroutine() == c.owner
 }
 
 // Do runs f on the owner goroutine, where the context is current, and returns
@@ -254,14 +298,19 @@ func (c *Context) Do(f func() error) error {
 		c.mu.RUnlock()
 		return ErrClosed
 	}
-	r := request{f: f, reply: make(chan reply, 1)}
+	r := callPool.Get().(*call)
+	r.f = f
 	c.requests <- r
 	c.mu.RUnlock()
-	rep := awaitReply(r.reply)
-	if rep.panicked {
-		panic(rep.panicVal)
+	r.await(c.spin.Load())
+	err, panicked, panicVal := r.err, r.panicked, r.panicVal
+	r.f, r.err, r.panicked, r.panicVal = nil, nil, false, nil
+	r.state.Store(callPending)
+	callPool.Put(r)
+	if panicked {
+		panic(panicVal)
 	}
-	return rep.err
+	return err
 }
 
 // Close synchronizes the device, releases the primary context and stops the
@@ -282,7 +331,7 @@ func (c *Context) Close() error {
 	close(c.requests)
 	c.mu.Unlock()
 	<-c.done
-	return c.closeErr
+	return errors.Join(c.closeErr, c.area.free())
 }
 
 // Props returns the device properties read at Open.

@@ -23,14 +23,16 @@
 //	})
 //
 // Calls made from inside Do (or from any code already running on the owner)
-// are recognized by the owner's thread id and run directly, so nesting never
-// deadlocks. Close must be called from outside Do. A panic inside Do is
-// re-raised in the goroutine that called Do.
+// are recognized by the owner goroutine's identity and run directly, so
+// nesting never deadlocks. Close must be called from outside Do. A panic
+// inside Do is re-raised in the goroutine that called Do.
 //
-// Waking a goroutine locked to a thread costs futex round trips (about 30
-// microseconds per call on a busy VM), so both sides poll briefly (50
-// microseconds) before parking: a burst of calls costs about a microsecond
-// per hand-over, at the price of that much spinning after each burst.
+// Waking a goroutine locked to a thread costs futex round trips (about 100
+// microseconds per call on the H200 machine's VM), so both sides poll
+// briefly (handoffSpin) before parking: a burst of calls costs about a
+// microsecond per hand-over, at the price of that much spinning after each
+// burst. A hand-over allocates nothing (its record is pooled), and a launch
+// issued on the owner (LaunchValues inside Do) allocates nothing either.
 // For the lowest launch overhead, capture a sequence into a CUDA graph
 // (Capture, Instantiate, GraphLaunch) and replay it.
 //
@@ -47,13 +49,14 @@
 //
 // Every Go pointer handed to the driver or to NVRTC is pinned with
 // runtime.Pinner for the duration of the call: host buffers of copies, module
-// images, NUL-terminated names and option strings, and for launches both the
-// argument value buffer and the kernelParams pointer array that points into
-// it (a Go pointer to pinned Go memory, as the cgo rules require). The
-// driver copies kernel arguments before cuLaunchKernel returns, and an
-// asynchronous copy from or to pageable Go memory completes its host side
-// before returning, so no Go memory is referenced after a call. Memory that
-// must outlive a call, e.g. the host side of a truly asynchronous or
+// images, NUL-terminated names and option strings. A launch's argument
+// values, its kernelParams pointer array and its CUlaunchConfig are laid out
+// by the owner in a mapping outside the Go heap (the launch area), which
+// needs no pinning; the driver copies kernel arguments before the launch
+// call returns, so the area serves the next launch. An asynchronous copy
+// from or to pageable Go memory completes its host side before returning,
+// so no Go memory is referenced after a call. Memory that must outlive a
+// call, e.g. the host side of a truly asynchronous or
 // graph-captured copy, is a HostBuffer (page-locked memory outside the Go
 // heap).
 //

@@ -16,7 +16,7 @@ import (
 // The TestGPU tests need a CUDA device (and most need NVRTC); without one
 // they skip and say why. PROLOGUE_REQUIRE_GPU=1 turns the skips into
 // failures. TestGPUSuiteAgainstFakeDriver also runs them, on any machine with
-// a C compiler, against testdata/fakecuda.c.
+// a C compiler, against internal/fakecuda.
 
 // loadTestModule compiles testdata/kernels.cu, or under the fake driver
 // (which runs host versions of those kernels) loads a stand-in image.
@@ -560,30 +560,4 @@ func TestGPUClosedContext(t *testing.T) {
 	_, err = c.Alloc(16)
 	require.ErrorIs(t, err, ErrClosed)
 	require.ErrorIs(t, c.Do(func() error { return nil }), ErrClosed)
-}
-
-func BenchmarkDoRoundTrip(b *testing.B) {
-	c := openTestContext(b)
-	for b.Loop() {
-		if err := c.Do(func() error { return nil }); err != nil {
-			b.Fatal(err)
-		}
-	}
-}
-
-// BenchmarkLaunch measures host-side launch cost of a small kernel, the
-// overhead a layer without graphs pays per kernel.
-func BenchmarkLaunch(b *testing.B) {
-	c := openTestContext(b)
-	addOne := mustFunction(b, loadTestModule(b, c), "add_one")
-	p := allocT(b, c, 4*1024)
-	s, err := c.NewStream()
-	require.NoError(b, err)
-	defer s.Destroy()
-	for b.Loop() {
-		if err := c.Launch(addOne, Dim3{4, 1, 1}, Dim3{256, 1, 1}, 0, s, p, uint32(1024)); err != nil {
-			b.Fatal(err)
-		}
-	}
-	require.NoError(b, s.Synchronize())
 }

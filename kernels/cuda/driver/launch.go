@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"runtime"
+	"syscall"
 	"unsafe"
 )
 
@@ -17,97 +17,158 @@ type Bytes []byte
 // Dim3 is a grid or block shape (x, y, z); every component must be at least 1.
 type Dim3 = [3]uint32
 
-// kernelArgs holds launch arguments in the form cuLaunchKernel's
-// kernelParams wants: an array of pointers, one per parameter, each pointing
-// at that parameter's value. Values live in one 8-byte aligned Go buffer; both
-// it and the pointer array are pinned for the duration of the launch call
-// (the driver copies the values before cuLaunchKernel returns).
-type kernelArgs struct {
-	values []uint64         // backing store, 8-byte aligned
-	ptrs   []unsafe.Pointer // ptrs[i] points into values
-	sizes  []int
+// launchArea is memory outside the Go heap (an anonymous mapping) in which
+// the owner goroutine lays out one launch at a time for the driver: the
+// CUlaunchConfig, its PDL attribute, the kernelParams pointer array and the
+// argument values it points at. The driver copies all of it before the
+// launch call returns, so each launch reuses the area; being outside the Go
+// heap it needs no pinning, and a launch allocates nothing. Only the owner
+// goroutine touches it.
+type launchArea struct {
+	mem  []byte
+	n    int         // arguments laid out so far
+	off  int         // where the next value goes
+	call [11]uintptr // the launch call's arguments (driverAPI.launchKernel)
 }
 
-// argBytes encodes launch argument i as the bytes of the C parameter.
-func argBytes(i int, a any) ([]byte, error) {
-	le := binary.LittleEndian
-	switch v := a.(type) {
-	case DevicePtr:
-		return le.AppendUint64(nil, uint64(v)), nil
-	case uint64:
-		return le.AppendUint64(nil, v), nil
-	case int64:
-		return le.AppendUint64(nil, uint64(v)), nil
-	case uint32:
-		return le.AppendUint32(nil, v), nil
-	case int32:
-		return le.AppendUint32(nil, uint32(v)), nil
-	case uint16:
-		return le.AppendUint16(nil, v), nil
-	case int16:
-		return le.AppendUint16(nil, uint16(v)), nil
-	case uint8:
-		return []byte{v}, nil
-	case int8:
-		return []byte{byte(v)}, nil
-	case bool:
-		if v {
-			return []byte{1}, nil
-		}
-		return []byte{0}, nil
-	case float32:
-		return le.AppendUint32(nil, math.Float32bits(v)), nil
-	case float64:
-		return le.AppendUint64(nil, math.Float64bits(v)), nil
-	case Bytes:
-		if len(v) == 0 {
-			return nil, fmt.Errorf("kernel argument %d: Bytes value is empty", i)
-		}
-		return v, nil
-	case int, uint, uintptr:
-		return nil, fmt.Errorf("kernel argument %d has type %T, which has no fixed C width: use int32/uint32, int64/uint64 or DevicePtr", i, a)
-	default:
-		return nil, fmt.Errorf("kernel argument %d has unsupported type %T: use DevicePtr, a fixed-width integer, float32, float64, bool or Bytes", i, a)
+const (
+	launchAreaBytes  = 64 << 10
+	areaConfig       = 0    // launchConfig, 56 bytes
+	areaAttr         = 64   // launchAttribute, 72 bytes
+	areaParams       = 256  // kernelParams: one pointer per argument
+	areaValues       = 1024 // the argument values, each 8-byte aligned
+	maxKernelArgs    = (areaValues - areaParams) / 8
+	maxArgValueBytes = launchAreaBytes - areaValues
+)
+
+func newLaunchArea() (*launchArea, error) {
+	mem, err := syscall.Mmap(-1, 0, launchAreaBytes, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANON)
+	if err != nil {
+		return nil, fmt.Errorf("mapping the launch area: %w", err)
 	}
+	return &launchArea{mem: mem}, nil
 }
 
-// packArgs lays out args for kernelParams. Each value starts on an 8-byte
-// boundary, so every pointer is aligned for any scalar the driver reads.
-func packArgs(args []any) (*kernelArgs, error) {
-	encoded := make([][]byte, len(args))
-	words := 0
-	for i, a := range args {
-		b, err := argBytes(i, a)
-		if err != nil {
-			return nil, err
-		}
-		encoded[i] = b
-		words += (len(b) + 7) / 8
+func (a *launchArea) free() error { return syscall.Munmap(a.mem) }
+
+func (a *launchArea) at(off int) unsafe.Pointer { return unsafe.Pointer(&a.mem[off]) }
+
+// reset starts a new launch's arguments.
+func (a *launchArea) reset() { a.n, a.off = 0, areaValues }
+
+// value reserves the next argument's n bytes and points the next
+// kernelParams entry at them.
+func (a *launchArea) value(n int) ([]byte, error) {
+	if a.n == maxKernelArgs {
+		return nil, fmt.Errorf("more than %d kernel arguments", maxKernelArgs)
 	}
-	k := &kernelArgs{values: make([]uint64, words), ptrs: make([]unsafe.Pointer, len(args)), sizes: make([]int, len(args))}
-	if words == 0 {
-		return k, nil
+	if a.off+n > len(a.mem) {
+		return nil, fmt.Errorf("kernel arguments exceed %d bytes", maxArgValueBytes)
 	}
-	buf := unsafe.Slice((*byte)(unsafe.Pointer(&k.values[0])), words*8)
-	off := 0
-	for i, b := range encoded {
-		copy(buf[off:], b)
-		k.ptrs[i] = unsafe.Pointer(&buf[off])
-		k.sizes[i] = len(b)
-		off += (len(b) + 7) / 8 * 8
-	}
-	return k, nil
+	v := a.mem[a.off : a.off+n : a.off+n]
+	*(*uintptr)(a.at(areaParams + 8*a.n)) = uintptr(unsafe.Pointer(&v[0]))
+	a.n++
+	a.off += (n + 7) &^ 7
+	return v, nil
 }
 
-// pin pins the value buffer and the pointer array and returns what to pass
-// as kernelParams (nil for a kernel without parameters).
-func (k *kernelArgs) pin(p *runtime.Pinner) unsafe.Pointer {
-	if len(k.ptrs) == 0 {
+// put lays out the next argument from its bytes.
+func (a *launchArea) put(b []byte) error {
+	v, err := a.value(len(b))
+	if err == nil {
+		copy(v, b)
+	}
+	return err
+}
+
+// params is what to pass as kernelParams: the pointer array, or nil for a
+// kernel without parameters.
+func (a *launchArea) params() unsafe.Pointer {
+	if a.n == 0 {
 		return nil
 	}
-	p.Pin(&k.values[0])
-	p.Pin(&k.ptrs[0])
-	return unsafe.Pointer(&k.ptrs[0])
+	return a.at(areaParams)
+}
+
+// argSize is the width of launch argument i as a C parameter, or an error
+// for a Go type without a fixed C width.
+func argSize(i int, x any) (int, error) {
+	switch v := x.(type) {
+	case DevicePtr, uint64, int64, float64:
+		return 8, nil
+	case uint32, int32, float32:
+		return 4, nil
+	case uint16, int16:
+		return 2, nil
+	case uint8, int8, bool:
+		return 1, nil
+	case Bytes:
+		if len(v) == 0 {
+			return 0, fmt.Errorf("kernel argument %d: Bytes value is empty", i)
+		}
+		return len(v), nil
+	case int, uint, uintptr:
+		return 0, fmt.Errorf("kernel argument %d has type %T, which has no fixed C width: use int32/uint32, int64/uint64 or DevicePtr", i, x)
+	default:
+		return 0, fmt.Errorf("kernel argument %d has unsupported type %T: use DevicePtr, a fixed-width integer, float32, float64, bool or Bytes", i, x)
+	}
+}
+
+// checkArgs refuses arguments without a fixed C width, before any
+// hand-over.
+func checkArgs(args []any) error {
+	for i, x := range args {
+		if _, err := argSize(i, x); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// putAny lays out argument i as the bytes of its C parameter
+// (little-endian).
+func (a *launchArea) putAny(i int, x any) error {
+	n, err := argSize(i, x)
+	if err != nil {
+		return err
+	}
+	v, err := a.value(n)
+	if err != nil {
+		return err
+	}
+	le := binary.LittleEndian
+	switch x := x.(type) {
+	case DevicePtr:
+		le.PutUint64(v, uint64(x))
+	case uint64:
+		le.PutUint64(v, x)
+	case int64:
+		le.PutUint64(v, uint64(x))
+	case float64:
+		le.PutUint64(v, math.Float64bits(x))
+	case uint32:
+		le.PutUint32(v, x)
+	case int32:
+		le.PutUint32(v, uint32(x))
+	case float32:
+		le.PutUint32(v, math.Float32bits(x))
+	case uint16:
+		le.PutUint16(v, x)
+	case int16:
+		le.PutUint16(v, uint16(x))
+	case uint8:
+		v[0] = x
+	case int8:
+		v[0] = byte(x)
+	case bool:
+		v[0] = 0
+		if x {
+			v[0] = 1
+		}
+	case Bytes:
+		copy(v, x)
+	}
+	return nil
 }
 
 // launchConfig mirrors CUlaunchConfig from cuda.h (CUDA 12.0 through 13.0,
@@ -129,7 +190,7 @@ type launchConfig struct {
 	sharedMemBytes                  uint32
 	_                               uint32
 	hStream                         handle
-	attrs                           *launchAttribute
+	attrs                           uintptr // *CUlaunchAttribute, in the launchArea
 	numAttrs                        uint32
 	_                               uint32
 }
@@ -181,6 +242,78 @@ func (c *Context) LaunchPDL(fn *Function, grid, block Dim3, sharedBytes uint32, 
 }
 
 func (c *Context) launch(fn *Function, grid, block Dim3, sharedBytes uint32, s *Stream, pdl bool, args []any) error {
+	if err := validateLaunch(fn, grid, block); err != nil {
+		return err
+	}
+	if err := checkArgs(args); err != nil {
+		return fmt.Errorf("launch %s: %w", fn.Name, err)
+	}
+	issue := func() error {
+		c.area.reset()
+		for i, x := range args {
+			if err := c.area.putAny(i, x); err != nil {
+				return err
+			}
+		}
+		return c.issue(fn, grid, block, sharedBytes, s, pdl)
+	}
+	return c.wrapLaunch(fn, grid, block, sharedBytes, c.Do(issue))
+}
+
+// LaunchValues is Launch (or, with pdl, LaunchPDL) with each argument
+// given as the bytes of its C parameter, laid out as the kernel reads it
+// (little-endian; a struct with its padding). Called on the owner thread
+// (inside Do, where a batch of launches belongs) it allocates nothing: the
+// values are copied into memory outside the Go heap that the driver reads.
+func (c *Context) LaunchValues(fn *Function, grid, block Dim3, sharedBytes uint32, s *Stream, pdl bool, args ...[]byte) error {
+	if err := validateLaunch(fn, grid, block); err != nil {
+		return err
+	}
+	for i, b := range args {
+		if len(b) == 0 {
+			return fmt.Errorf("launch %s: kernel argument %d is empty", fn.Name, i)
+		}
+	}
+	if c.onOwner() {
+		if c.closed.Load() {
+			return ErrClosed
+		}
+		return c.wrapLaunch(fn, grid, block, sharedBytes, c.issueValues(fn, grid, block, sharedBytes, s, pdl, args))
+	}
+	// From another goroutine: the values travel in one buffer of their
+	// own, so the caller's slices stay theirs.
+	n := 0
+	for _, b := range args {
+		n += len(b)
+	}
+	buf, sizes := make([]byte, 0, n), make([]int, len(args))
+	for i, b := range args {
+		buf, sizes[i] = append(buf, b...), len(b)
+	}
+	err := c.Do(func() error {
+		c.area.reset()
+		for _, n := range sizes {
+			if err := c.area.put(buf[:n]); err != nil {
+				return err
+			}
+			buf = buf[n:]
+		}
+		return c.issue(fn, grid, block, sharedBytes, s, pdl)
+	})
+	return c.wrapLaunch(fn, grid, block, sharedBytes, err)
+}
+
+func (c *Context) issueValues(fn *Function, grid, block Dim3, sharedBytes uint32, s *Stream, pdl bool, args [][]byte) error {
+	c.area.reset()
+	for _, b := range args {
+		if err := c.area.put(b); err != nil {
+			return err
+		}
+	}
+	return c.issue(fn, grid, block, sharedBytes, s, pdl)
+}
+
+func validateLaunch(fn *Function, grid, block Dim3) error {
 	if fn == nil {
 		return errors.New("Launch: function is nil")
 	}
@@ -190,31 +323,31 @@ func (c *Context) launch(fn *Function, grid, block Dim3, sharedBytes uint32, s *
 	if err := validateDims("block", block); err != nil {
 		return fmt.Errorf("launch %s: %w", fn.Name, err)
 	}
-	k, err := packArgs(args)
-	if err != nil {
-		return fmt.Errorf("launch %s: %w", fn.Name, err)
-	}
-	err = c.Do(func() error {
-		var pin runtime.Pinner
-		defer pin.Unpin()
-		params := k.pin(&pin)
-		if pdl && c.api.cuLaunchKernelEx != nil {
-			attr := &launchAttribute{id: launchAttributeProgrammaticStreamSerialization}
-			attr.value[0] = 1 // programmaticStreamSerializationAllowed = 1
-			cfg := &launchConfig{
-				gridDimX: grid[0], gridDimY: grid[1], gridDimZ: grid[2],
-				blockDimX: block[0], blockDimY: block[1], blockDimZ: block[2],
-				sharedMemBytes: sharedBytes, hStream: s.raw(), attrs: attr, numAttrs: 1,
-			}
-			pin.Pin(attr)
-			pin.Pin(cfg)
-			return c.api.check("cuLaunchKernelEx", c.api.cuLaunchKernelEx(unsafe.Pointer(cfg), fn.h, params, nil))
-		}
-		return c.api.check("cuLaunchKernel", c.api.cuLaunchKernel(fn.h,
-			grid[0], grid[1], grid[2], block[0], block[1], block[2], sharedBytes, s.raw(), params, nil))
-	})
+	return nil
+}
+
+func (c *Context) wrapLaunch(fn *Function, grid, block Dim3, sharedBytes uint32, err error) error {
 	if err != nil {
 		return fmt.Errorf("launch %s grid %v block %v shared %d: %w", fn.Name, grid, block, sharedBytes, err)
 	}
 	return nil
+}
+
+// issue calls the driver with the arguments laid out in the launch area,
+// on the owner goroutine.
+func (c *Context) issue(fn *Function, grid, block Dim3, sharedBytes uint32, s *Stream, pdl bool) error {
+	a := c.area
+	if pdl && c.api.cuLaunchKernelEx != 0 {
+		attr := (*launchAttribute)(a.at(areaAttr))
+		*attr = launchAttribute{id: launchAttributeProgrammaticStreamSerialization}
+		attr.value[0] = 1 // programmaticStreamSerializationAllowed = 1
+		cfg := (*launchConfig)(a.at(areaConfig))
+		*cfg = launchConfig{
+			gridDimX: grid[0], gridDimY: grid[1], gridDimZ: grid[2],
+			blockDimX: block[0], blockDimY: block[1], blockDimZ: block[2],
+			sharedMemBytes: sharedBytes, hStream: s.raw(), attrs: uintptr(unsafe.Pointer(attr)), numAttrs: 1,
+		}
+		return c.api.check("cuLaunchKernelEx", c.api.launchKernelEx(&a.call, unsafe.Pointer(cfg), fn.h, a.params()))
+	}
+	return c.api.check("cuLaunchKernel", c.api.launchKernel(&a.call, fn.h, grid, block, sharedBytes, s.raw(), a.params()))
 }

@@ -3,7 +3,6 @@ package driver
 import (
 	"encoding/binary"
 	"math"
-	"runtime"
 	"testing"
 	"unsafe"
 
@@ -33,41 +32,54 @@ func TestPackArgs(t *testing.T) {
 		{"float64", math.Pi, le.AppendUint64(nil, math.Float64bits(math.Pi))},
 		{"struct by value", Bytes{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, []byte{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}},
 	}
-	// One call with every argument checks offsets between mixed sizes too.
-	args := make([]any, len(tests))
+	// One launch with every argument checks offsets between mixed sizes too.
+	a := newTestArea(t)
 	for i, tc := range tests {
-		args[i] = tc.arg
+		require.NoError(t, a.putAny(i, tc.arg))
 	}
-	k, err := packArgs(args)
-	require.NoError(t, err)
-	require.Len(t, k.ptrs, len(tests))
+	require.Equal(t, len(tests), a.n)
+	ptrs := unsafe.Slice((*uintptr)(a.params()), a.n)
 	for i, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			require.Equal(t, len(tc.want), k.sizes[i])
-			require.Zero(t, uintptr(k.ptrs[i])%8, "each value starts 8-byte aligned")
-			got := unsafe.Slice((*byte)(k.ptrs[i]), k.sizes[i])
+			require.Zero(t, ptrs[i]%8, "each value starts 8-byte aligned")
+			got := unsafe.Slice((*byte)(unsafe.Add(a.at(0), ptrs[i]-uintptr(a.at(0)))), len(tc.want))
 			require.Equal(t, tc.want, got)
 		})
 	}
-	for i := 1; i < len(k.ptrs); i++ {
-		require.Greater(t, uintptr(k.ptrs[i]), uintptr(k.ptrs[i-1])+uintptr(k.sizes[i-1])-1, "values do not overlap")
+	for i := 1; i < len(ptrs); i++ {
+		require.Greater(t, ptrs[i], ptrs[i-1]+uintptr(len(tests[i-1].want))-1, "values do not overlap")
 	}
 }
 
-func TestPackArgsPinnedArray(t *testing.T) {
-	k, err := packArgs([]any{DevicePtr(16), uint32(3)})
+// newTestArea maps a launch area that the test unmaps.
+func newTestArea(t *testing.T) *launchArea {
+	t.Helper()
+	a, err := newLaunchArea()
 	require.NoError(t, err)
-	var pin runtime.Pinner
-	params := k.pin(&pin)
-	defer pin.Unpin()
-	require.Equal(t, unsafe.Pointer(&k.ptrs[0]), params, "kernelParams is the pointer array")
-	array := unsafe.Slice((*unsafe.Pointer)(params), 2)
+	t.Cleanup(func() { require.NoError(t, a.free()) })
+	a.reset()
+	return a
+}
+
+func TestLaunchAreaParams(t *testing.T) {
+	a := newTestArea(t)
+	require.Nil(t, a.params(), "a kernel without parameters gets NULL kernelParams")
+	require.NoError(t, a.putAny(0, DevicePtr(16)))
+	require.NoError(t, a.put([]byte{3, 0, 0, 0}))
+	require.Equal(t, a.at(areaParams), a.params(), "kernelParams is the pointer array")
+	array := unsafe.Slice((*unsafe.Pointer)(a.params()), 2)
 	require.Equal(t, uint64(16), *(*uint64)(array[0]))
 	require.Equal(t, uint32(3), *(*uint32)(array[1]))
 
-	empty, err := packArgs(nil)
-	require.NoError(t, err)
-	require.Nil(t, empty.pin(&pin), "a kernel without parameters gets NULL kernelParams")
+	a.reset()
+	require.Nil(t, a.params(), "reset starts the next launch")
+	for i := range maxKernelArgs {
+		require.NoError(t, a.putAny(i, uint32(i)))
+	}
+	require.ErrorContains(t, a.putAny(maxKernelArgs, uint32(0)), "more than 96 kernel arguments")
+	a.reset()
+	require.ErrorContains(t, a.put(make([]byte, maxArgValueBytes+1)), "kernel arguments exceed 64512 bytes")
+	require.NoError(t, a.put(make([]byte, maxArgValueBytes)), "the whole value space is usable")
 }
 
 func TestPackArgsRejects(t *testing.T) {
@@ -85,7 +97,14 @@ func TestPackArgsRejects(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := packArgs(tc.args)
+			require.ErrorContains(t, checkArgs(tc.args), tc.want)
+			a := newTestArea(t)
+			var err error
+			for i, x := range tc.args {
+				if err = a.putAny(i, x); err != nil {
+					break
+				}
+			}
 			require.ErrorContains(t, err, tc.want)
 		})
 	}
@@ -145,10 +164,18 @@ func TestAsBytes(t *testing.T) {
 
 func BenchmarkPackArgs(b *testing.B) {
 	args := []any{DevicePtr(1 << 40), DevicePtr(2 << 40), DevicePtr(3 << 40), uint32(512), int32(7), float32(1e-6), Bytes(make([]byte, 24))}
+	a, err := newLaunchArea()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer a.free()
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, err := packArgs(args); err != nil {
-			b.Fatal(err)
+		a.reset()
+		for i, x := range args {
+			if err := a.putAny(i, x); err != nil {
+				b.Fatal(err)
+			}
 		}
 	}
 }

@@ -12,6 +12,7 @@ import (
 // library found among names.
 type binding struct {
 	fptr     any      // pointer to a func variable, as purego.RegisterFunc takes
+	sym      *uintptr // or the raw symbol address, for calls through purego.SyscallN
 	names    []string // exported symbols to try, preferred first
 	optional bool     // a missing optional symbol leaves the variable nil
 	bound    *string  // if non-nil, receives the symbol that was found
@@ -25,7 +26,11 @@ func bindAll(handle uintptr, library string, bindings []binding) error {
 		for _, name := range b.names {
 			sym, err := purego.Dlsym(handle, name)
 			if err == nil && sym != 0 {
-				purego.RegisterFunc(b.fptr, sym)
+				if b.sym != nil {
+					*b.sym = sym
+				} else {
+					purego.RegisterFunc(b.fptr, sym)
+				}
 				found = name
 				break
 			}
