@@ -636,9 +636,25 @@ func (e *Engine) planCompressor(ic *iterComp, m *metadata.Metadata) error {
 		}
 	}
 	// The plan and its bytes reuse the last iteration's memory (Begin is
-	// on every step's path).
+	// on every step's path). On an mla.AsyncWriter backend the bytes are
+	// its staging memory, copied without a wait: the last iteration's copy
+	// may still read them until WaitWrites returns (free when End or
+	// Abort waited for the device since).
+	aw, async := e.backend.(mla.AsyncWriter)
 	if c.planRaw == nil {
-		c.planRaw = make([]byte, c.plan.Len())
+		if async {
+			raw, err := aw.AllocStaging(c.plan.Len())
+			if err != nil {
+				return fmt.Errorf("engine: Begin: staging memory for the compressor plans: %w", err)
+			}
+			c.planRaw = raw
+		} else {
+			c.planRaw = make([]byte, c.plan.Len())
+		}
+	} else if async {
+		if err := aw.WaitWrites(c.planRaw); err != nil {
+			return fmt.Errorf("engine: Begin: waiting for the last compressor plans' copy: %w", err)
+		}
 	}
 	p := &c.planScratch
 	for _, r := range c.ratios {
@@ -654,7 +670,11 @@ func (e *Engine) planCompressor(ic *iterComp, m *metadata.Metadata) error {
 			return fmt.Errorf("engine: Begin: %w", err)
 		}
 	}
-	if err := e.backend.Write(c.plan, 0, c.planRaw); err != nil {
+	write := e.backend.Write
+	if async {
+		write = aw.WriteAsync
+	}
+	if err := write(c.plan, 0, c.planRaw); err != nil {
 		return fmt.Errorf("engine: Begin: uploading the compressor plans: %w", err)
 	}
 	return nil

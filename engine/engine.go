@@ -564,14 +564,32 @@ func (e *Engine) Begin(ctx context.Context, reqs []metadata.Request) (_ *Iterati
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("engine: Begin: %w", err)
 	}
-	if ic != nil {
-		if err := e.planCompressor(ic, m); err != nil {
-			return nil, err
+	// The uploads: on an mla.AsyncWriter backend (CUDA) they are enqueued
+	// on the stream without a wait, and this iteration's launches, issued
+	// after them, read the new bytes; End (or Abort) waits for the stream
+	// before the next Begin rewrites the staging memory, and where it does
+	// not (End of an iteration a layer of which did not run, a Begin
+	// refused after the plans' copy) the rewriter waits first (see
+	// mla.AsyncWriter).
+	upload := func() error {
+		if ic != nil {
+			if err := e.planCompressor(ic, m); err != nil {
+				return err
+			}
 		}
+		if err := e.meta.Upload(e.backend, m, e.cfg.Cache.NumPages); err != nil {
+			return fmt.Errorf("engine: Begin: uploading metadata: %w", err)
+		}
+		return nil
 	}
 	e.lastMeta = m
-	if err := e.meta.Upload(e.backend, m, e.cfg.Cache.NumPages); err != nil {
-		return nil, fmt.Errorf("engine: Begin: uploading metadata: %w", err)
+	if ic != nil {
+		err = mla.Batch(e.backend, upload) // both copies in one hand-over to the driver thread
+	} else {
+		err = upload()
+	}
+	if err != nil {
+		return nil, err
 	}
 	launches := mla.Plan(m)
 	if graph {

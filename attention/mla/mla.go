@@ -330,3 +330,37 @@ func Batch(b Backend, f func() error) error {
 	}
 	return f()
 }
+
+// AsyncWriter is an optional interface of backends that can copy host
+// memory into a buffer without waiting for the copy (the CUDA backend:
+// page-locked staging memory, cuMemcpyHtoDAsync on the stream its launches
+// run on). Backend.Write returns only once src may be reused, which on a
+// device costs a round trip per call; a per-iteration upload (the metadata,
+// the compressor plans) uses this instead where a backend offers it.
+//
+// The contract that keeps it safe: staging bytes handed to WriteAsync are
+// read by the device some time after WriteAsync returns, so they must not
+// change until WaitWrites has returned for their staging slice. The writer
+// of the staging memory calls WaitWrites before each rewrite; it costs
+// nothing when the backend has waited for its work since that slice's last
+// copy (Synchronize, Write, Read), which the end of every iteration does,
+// nor for copies from other staging slices issued since.
+type AsyncWriter interface {
+	// AllocStaging returns n bytes of zeroed host memory for WriteAsync to
+	// copy from (page-locked on CUDA, outside the Go heap). It is the
+	// backend's, freed when the backend closes: it must not be used after
+	// Close.
+	AllocStaging(n int) ([]byte, error)
+	// WriteAsync enqueues a copy of src, which must lie inside one slice
+	// AllocStaging returned, to dst at byte offset off. The copy is ordered
+	// after the work issued before it and before the work issued after it
+	// (launches, graph replays, and work other streams fork from the
+	// backend's main stream after it). It returns without waiting: src must
+	// not change until WaitWrites returns.
+	WriteAsync(dst Buffer, off int, src []byte) error
+	// WaitWrites returns once every copy WriteAsync enqueued from the
+	// AllocStaging slice that holds staging (any range of it) has read
+	// its source, so that slice may be rewritten. After Close it returns
+	// an error.
+	WaitWrites(staging []byte) error
+}

@@ -49,7 +49,8 @@ type Options struct {
 // Backend runs the prologue kernels on one device.
 type Backend struct {
 	ctx    *driver.Context
-	stream *driver.Stream
+	stream *driver.Stream // where launches go: main, or the side stream inside Side
+	main   *driver.Stream // the main stream, never swapped
 	mod    *driver.Module
 	fns    map[string]*driver.Function
 	log    zerolog.Logger
@@ -63,6 +64,7 @@ type Backend struct {
 	// chainMod holds the chain kernels (chain.go); its functions are in fns.
 	chainMod *driver.Module
 	comp     compressState // the compressor's kernels (compress.go), loaded at first use
+	staging  stagingState  // WriteAsync's page-locked memory (staging.go)
 }
 
 // Buffer is device memory.
@@ -155,6 +157,7 @@ func (b *Backend) init() error {
 	if b.stream, err = b.ctx.NewStream(); err != nil {
 		return err
 	}
+	b.main = b.stream
 	return b.fork.init(b.ctx)
 }
 
@@ -232,7 +235,7 @@ func (b *Backend) Write(dst mla.Buffer, off int, src []byte) error {
 	if err := b.ctx.HtoDAsync(p, src, b.stream); err != nil {
 		return err
 	}
-	return b.stream.Synchronize() // src may be reused as soon as we return
+	return b.syncStream(b.stream) // src may be reused as soon as we return
 }
 
 // Read copies device bytes to the host after earlier launches complete.
@@ -244,7 +247,7 @@ func (b *Backend) Read(dst []byte, src mla.Buffer, off int) error {
 	if err := b.ctx.DtoHAsync(dst, p, b.stream); err != nil {
 		return err
 	}
-	return b.stream.Synchronize()
+	return b.syncStream(b.stream)
 }
 
 // Fill sets device bytes, ordered on the stream.
@@ -270,6 +273,8 @@ func (b *Backend) Close() error {
 	if b.stream != nil {
 		errs = append(errs, b.stream.Synchronize(), b.closeGEMM(), b.closeCompress(), b.stream.Destroy())
 	}
+	// After the wait above no copy reads staging memory any more.
+	errs = append(errs, b.staging.close())
 	if b.mod != nil {
 		errs = append(errs, b.mod.Unload())
 	}

@@ -55,7 +55,7 @@ func (b *Backend) syncAll() error {
 			return err
 		}
 	}
-	return b.stream.Synchronize()
+	return b.syncStream(b.main)
 }
 
 // ForkKV implements mla.KVForker: the side stream waits for the work issued
