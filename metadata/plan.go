@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/bits"
+	"unsafe"
 
 	"github.com/dsv4mla/prologue/kvcache"
 )
@@ -348,25 +349,12 @@ func (p *Plan) BuildAppend(reuse *Metadata, appendTable func(dst []int32, b int,
 		if len(pages) == 0 || len(row) == 0 || &pages[0] != &row[0] {
 			copy(row, pages[:need]) // a table longer than the row was appended elsewhere
 		}
-		// One branch-free pass finds whether an entry may be bad (one below
-		// its bound makes the OR negative); only then the loops find which.
-		bad := int32(0)
-		for _, pg := range row[:behind] {
-			bad |= pg + 1
-		}
-		for _, pg := range row[behind:need] {
-			bad |= pg
-		}
-		if bad < 0 {
-			for j, pg := range row[:behind] {
-				if pg < -1 {
-					return nil, requestError(b, seq, "block table entry %d is page %d, must be >= 0 (or -1 for a page freed behind the cached positions, before entry %d)", j, pg, behind)
-				}
-			}
-			for j, pg := range row[behind:need] {
-				if pg < 0 {
-					return nil, requestError(b, seq, "block table entry %d is page %d, must be >= 0 (or -1 for a page freed behind the cached positions, before entry %d)", behind+j, pg, behind)
-				}
+		// One pass finds whether any entry is negative (none is, except
+		// where a window freed pages); only then a second one checks the
+		// bounds exactly.
+		if anyNegative(row[:need]) {
+			if j := firstBadEntry(row[:need], behind); j >= 0 {
+				return nil, requestError(b, seq, "block table entry %d is page %d, must be >= 0 (or -1 for a page freed behind the cached positions, before entry %d)", j, row[j], behind)
 			}
 		}
 		for j := need; j < len(row); j++ {
@@ -408,4 +396,45 @@ func (x *seqIndex) insert(id uint64, i int) (int, bool) {
 	}
 	x.ids[h], x.at[h] = id, i+1
 	return 0, false
+}
+
+// firstBadEntry returns the index of the first entry of row below its
+// bound (-1 before behind, 0 from there), or -1.
+func firstBadEntry(row []int32, behind int) int {
+	for j, pg := range row {
+		if pg < -1 || (pg < 0 && j >= behind) {
+			return j
+		}
+	}
+	return -1
+}
+
+// anyNegative reports whether some entry of v is negative: it ORs the
+// entries two at a time as 64-bit words into four accumulators and tests
+// the sign bits once (a block-table pass over every page of the batch is
+// on every iteration's path).
+func anyNegative(v []int32) bool {
+	const signs = 0x8000_0000_8000_0000
+	var acc [4]uint64
+	if len(v) > 0 && uintptr(unsafe.Pointer(unsafe.SliceData(v)))%8 != 0 {
+		acc[0] = uint64(uint32(v[0])) // the words must be 8-byte aligned
+		v = v[1:]
+	}
+	if n := len(v) / 2; n > 0 {
+		w := unsafe.Slice((*uint64)(unsafe.Pointer(unsafe.SliceData(v))), n)
+		i := 0
+		for ; i+4 <= n; i += 4 {
+			acc[0] |= w[i]
+			acc[1] |= w[i+1]
+			acc[2] |= w[i+2]
+			acc[3] |= w[i+3]
+		}
+		for ; i < n; i++ {
+			acc[0] |= w[i]
+		}
+	}
+	if len(v)%2 != 0 {
+		acc[0] |= uint64(uint32(v[len(v)-1]))
+	}
+	return (acc[0]|acc[1]|acc[2]|acc[3])&signs != 0
 }
