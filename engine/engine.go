@@ -470,15 +470,15 @@ func (e *Engine) lookupBatch(reqs []metadata.Request) metadata.LengthLookup {
 		if next >= len(ls) || ls[next].ID != seq {
 			return 0, false, fmt.Errorf("engine: sequence %d looked up out of batch order", seq)
 		}
-		l := ls[next]
+		l := &ls[next]
 		next++
-		if errors.Is(l.Err, kvcache.ErrUnknownSequence) {
+		switch {
+		case l.Err == nil:
+			return l.Length, true, nil
+		case errors.Is(l.Err, kvcache.ErrUnknownSequence):
 			return 0, false, nil
 		}
-		if l.Err != nil {
-			return 0, true, l.Err
-		}
-		return l.Length, true, nil
+		return 0, true, l.Err
 	}
 }
 
@@ -524,10 +524,9 @@ func (e *Engine) Begin(ctx context.Context, reqs []metadata.Request) (_ *Iterati
 	if tokens > e.cfg.MaxTokens {
 		return nil, fmt.Errorf("%w: Begin: batch of %d tokens, more than MaxTokens = %d", ErrBatchTooLarge, tokens, e.cfg.MaxTokens)
 	}
-	needs := plan.AppendNeeds(e.planNeeds[:0])
-	e.planNeeds = needs
 	kn := e.needScratch[:0]
-	for i, n := range needs { // the needs are the requests, in order
+	for i := range plan.Len() { // the needs are the requests, in order
+		n := plan.Need(i)
 		kn = append(kn, kvcache.Need{ID: n.Seq, NewLength: n.Length, Create: n.Create, Handle: e.lookups[i].Handle})
 	}
 	e.needScratch = kn
@@ -544,7 +543,8 @@ func (e *Engine) Begin(ctx context.Context, reqs []metadata.Request) (_ *Iterati
 	}()
 	var ic *iterComp
 	if e.comp != nil {
-		if ic, err = e.beginCompressor(reqs, len(needs), needs); err != nil {
+		e.planNeeds = plan.AppendNeeds(e.planNeeds[:0])
+		if ic, err = e.beginCompressor(reqs, len(kn), e.planNeeds); err != nil {
 			return nil, err
 		}
 		defer func() {
@@ -606,12 +606,12 @@ func (e *Engine) Begin(ctx context.Context, reqs []metadata.Request) (_ *Iterati
 		inputsFor: -1,
 		comp:      ic,
 	}
-	for _, n := range needs {
+	for _, n := range kn {
 		if n.Create {
 			if it.created == nil {
 				it.created = map[uint64]bool{}
 			}
-			it.created[n.Seq] = true
+			it.created[n.ID] = true
 		}
 	}
 	e.iterations++

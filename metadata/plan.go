@@ -253,6 +253,14 @@ func queryLength(i int, r Request) (int, error) {
 // this iteration. The slice is fresh; the caller may keep it.
 func (p *Plan) Needs() []Need { return p.AppendNeeds(nil) }
 
+// Len is the number of requests of the batch.
+func (p *Plan) Len() int { return len(p.seqs) }
+
+// Need is Needs()[i] without the slice.
+func (p *Plan) Need(i int) Need {
+	return Need{Seq: p.seqs[i], Length: int(p.kvLen[i]), Create: p.create[i]}
+}
+
 // AppendNeeds is Needs appending to dst.
 func (p *Plan) AppendNeeds(dst []Need) []Need {
 	for i, s := range p.seqs {
@@ -327,10 +335,15 @@ func (p *Plan) BuildAppend(reuse *Metadata, appendTable func(dst []int32, b int,
 	}
 	m.CuQ[0], m.CuKV[0], m.CuQRows[0] = 0, 0, 0
 	heads := int32(p.params.Heads)
-	for b := range n {
-		m.CuQ[b+1] = m.CuQ[b] + p.qLen[b]
-		m.CuKV[b+1] = m.CuKV[b] + p.kvLen[b]
-		m.CuQRows[b+1] = m.CuQRows[b] + p.qLen[b]*heads
+	// Sliced to one length so that the loop runs without bounds checks.
+	cuQ := m.CuQ[1:]
+	cuKV, cuQRows, qLen, kvLen := m.CuKV[1:len(cuQ)+1], m.CuQRows[1:len(cuQ)+1], p.qLen[:len(cuQ)], p.kvLen[:len(cuQ)]
+	var q, kv, rows int32
+	for b := range cuQ {
+		q += qLen[b]
+		kv += kvLen[b]
+		rows += qLen[b] * heads
+		cuQ[b], cuKV[b], cuQRows[b] = q, kv, rows
 	}
 	for b, seq := range p.seqs {
 		row := m.BlockTables[b*m.MaxPages : (b+1)*m.MaxPages : (b+1)*m.MaxPages]
@@ -415,26 +428,26 @@ func firstBadEntry(row []int32, behind int) int {
 // on every iteration's path).
 func anyNegative(v []int32) bool {
 	const signs = 0x8000_0000_8000_0000
-	var acc [4]uint64
+	var a0, a1, a2, a3 uint64
 	if len(v) > 0 && uintptr(unsafe.Pointer(unsafe.SliceData(v)))%8 != 0 {
-		acc[0] = uint64(uint32(v[0])) // the words must be 8-byte aligned
+		a0 = uint64(uint32(v[0])) // the words must be 8-byte aligned
 		v = v[1:]
+	}
+	if len(v)%2 != 0 {
+		a1 = uint64(uint32(v[len(v)-1]))
 	}
 	if n := len(v) / 2; n > 0 {
 		w := unsafe.Slice((*uint64)(unsafe.Pointer(unsafe.SliceData(v))), n)
-		i := 0
-		for ; i+4 <= n; i += 4 {
-			acc[0] |= w[i]
-			acc[1] |= w[i+1]
-			acc[2] |= w[i+2]
-			acc[3] |= w[i+3]
+		for len(w) >= 4 {
+			a0 |= w[0]
+			a1 |= w[1]
+			a2 |= w[2]
+			a3 |= w[3]
+			w = w[4:]
 		}
-		for ; i < n; i++ {
-			acc[0] |= w[i]
+		for _, x := range w {
+			a0 |= x
 		}
 	}
-	if len(v)%2 != 0 {
-		acc[0] |= uint64(uint32(v[len(v)-1]))
-	}
-	return (acc[0]|acc[1]|acc[2]|acc[3])&signs != 0
+	return (a0|a1|a2|a3)&signs != 0
 }

@@ -345,72 +345,91 @@ func equalWords(a, b []int32) bool { return string(wordBytes(a)) == string(wordB
 func (mb *MetadataBuffers) update(m *metadata.Metadata) {
 	mm := &mb.mirror
 	mm.lo, mm.hi = len(mm.words), 0
-	set := func(i int, v int32) {
-		if mm.words[i] != v {
-			mm.words[i] = v
-			mm.lo, mm.hi = min(mm.lo, i), max(mm.hi, i+1)
-		}
-	}
-	hdr := [NumHdrFields]int{m.NumSeqs, m.NumCtx, m.NumGen, m.CtxTokens, m.GenTokens, m.Tokens, m.PaddedTokens, m.GenSeqLen, m.MaxPages}
-	for i, v := range hdr {
-		set(mb.OffHeader/4+i, int32(v))
-	}
+	hdr := [NumHdrFields]int32{int32(m.NumSeqs), int32(m.NumCtx), int32(m.NumGen), int32(m.CtxTokens), int32(m.GenTokens),
+		int32(m.Tokens), int32(m.PaddedTokens), int32(m.GenSeqLen), int32(m.MaxPages)} // check bounded them
+	mm.put(mb.OffHeader/4, hdr[:])
 	// Entries past the batch are 0, as Encode leaves them: clear those the
 	// last upload used.
-	n := max(m.NumSeqs, mm.seqs)
-	for i := 0; i <= n; i++ {
-		var q, kv, rows int32
-		if i <= m.NumSeqs {
-			q, kv, rows = m.CuQ[i], m.CuKV[i], m.CuQRows[i]
-		}
-		set(mb.OffCuQ/4+i, q)
-		set(mb.OffCuKV/4+i, kv)
-		set(mb.OffCuQRows/4+i, rows)
+	n, old := m.NumSeqs, mm.seqs
+	for _, a := range [...]struct {
+		off  int
+		vals []int32
+	}{{mb.OffCuQ, m.CuQ[:n+1]}, {mb.OffCuKV, m.CuKV[:n+1]}, {mb.OffCuQRows, m.CuQRows[:n+1]}} {
+		mm.put(a.off/4, a.vals)
+		mm.fill(a.off/4+n+1, old-n, 0)
 	}
-	for r := range n {
-		var q, kv, c int32
-		if r < m.NumSeqs {
-			q, kv, c = m.QLen[r], m.KVLen[r], m.Cached[r]
-		}
-		set(mb.OffQLen/4+r, q)
-		set(mb.OffKVLen/4+r, kv)
-		set(mb.OffCached/4+r, c)
+	for _, a := range [...]struct {
+		off  int
+		vals []int32
+	}{{mb.OffQLen, m.QLen[:n]}, {mb.OffKVLen, m.KVLen[:n]}, {mb.OffCached, m.Cached[:n]}} {
+		mm.put(a.off/4, a.vals)
+		mm.fill(a.off/4+n, old-n, 0)
 	}
+	w := m.MaxPages
 	for r := range n {
 		base := mb.OffBlockTables/4 + r*mb.PageStride
-		words := mm.words[base : base+mb.PageStride]
-		if r >= m.NumSeqs {
-			for p := range words {
-				set(base+p, 0)
-			}
-			continue
-		}
-		w := m.MaxPages
 		row := m.BlockTables[r*w : (r+1)*w]
-		if r >= mm.seqs {
+		if r >= old {
 			// A row that was all zeros: every entry changes.
-			for p := range words {
-				v := int32(-1)
-				if p < w {
-					v = row[p]
-				}
-				set(base+p, v)
+			mm.put(base, row)
+			mm.fill(base+w, mb.PageStride-w, -1)
+		} else {
+			if mm.changed[r] {
+				mm.put(base, row)
 			}
-			mm.width[r] = w
-			continue
-		}
-		if mm.changed[r] {
-			for p, v := range row {
-				set(base+p, v)
-			}
-		}
-		// Entries past both widths are -1 already.
-		for p := w; p < mm.width[r]; p++ {
-			set(base+p, -1)
+			// Entries past both widths are -1 already.
+			mm.fill(base+w, mm.width[r]-w, -1)
 		}
 		mm.width[r] = w
 	}
-	mm.seqs = m.NumSeqs
+	for r := n; r < old; r++ {
+		mm.fill(mb.OffBlockTables/4+r*mb.PageStride, mb.PageStride, 0)
+	}
+	mm.seqs = n
+}
+
+// put sets the words from off on to vals, widening [lo, hi) to cover the
+// ones that changed: the first and the last that differ, and the copy
+// between them.
+func (mm *metaMirror) put(off int, vals []int32) {
+	dst := mm.words[off : off+len(vals)]
+	i := 0
+	for i < len(vals) && dst[i] == vals[i] {
+		i++
+	}
+	if i == len(vals) {
+		return
+	}
+	j := len(vals)
+	for dst[j-1] == vals[j-1] {
+		j--
+	}
+	copy(dst[i:j], vals[i:j])
+	mm.lo, mm.hi = min(mm.lo, off+i), max(mm.hi, off+j)
+}
+
+// fill sets n words from off on to v (nothing for n <= 0), widening [lo,
+// hi) as put does.
+func (mm *metaMirror) fill(off, n int, v int32) {
+	if n <= 0 {
+		return
+	}
+	dst := mm.words[off : off+n]
+	i := 0
+	for i < n && dst[i] == v {
+		i++
+	}
+	if i == n {
+		return
+	}
+	j := n
+	for dst[j-1] == v {
+		j--
+	}
+	for k := i; k < j; k++ {
+		dst[k] = v
+	}
+	mm.lo, mm.hi = min(mm.lo, off+i), max(mm.hi, off+j)
 }
 
 // DecodeScheduler reads the scheduler region's bytes.
