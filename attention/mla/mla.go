@@ -85,12 +85,24 @@ type Launch struct {
 // their counts from the device header (see Launch.FromHeader); other
 // batches are returned unchanged.
 func FromHeader(ls []Launch) []Launch {
-	if len(ls) != 1 || ls[0].Phase != metadata.Generation || ls[0].RowBegin != 0 || ls[0].SeqBegin != 0 {
+	if !headerBatch(ls) {
 		return ls
 	}
-	out := []Launch{ls[0]}
-	out[0].FromHeader = true
-	return out
+	return MarkFromHeader([]Launch{ls[0]})
+}
+
+// MarkFromHeader is FromHeader in place, for a caller that owns ls: it
+// marks the launch of a generation-only batch and returns ls.
+func MarkFromHeader(ls []Launch) []Launch {
+	if headerBatch(ls) {
+		ls[0].FromHeader = true
+	}
+	return ls
+}
+
+// headerBatch reports whether ls is a generation-only batch's one launch.
+func headerBatch(ls []Launch) bool {
+	return len(ls) == 1 && ls[0].Phase == metadata.Generation && ls[0].RowBegin == 0 && ls[0].SeqBegin == 0
 }
 
 func (l Launch) String() string {
@@ -218,8 +230,12 @@ type Backend interface {
 // Plan turns one iteration's metadata into launches: one per phase present,
 // over disjoint row ranges; padding rows belong to the last launch. The first
 // launch writes the scheduler scalars.
-func Plan(m *metadata.Metadata) []Launch {
-	var ls []Launch
+func Plan(m *metadata.Metadata) []Launch { return AppendPlan(nil, m) }
+
+// AppendPlan is Plan appending the launches to ls (at most two: a caller
+// that reuses their memory allocates nothing).
+func AppendPlan(ls []Launch, m *metadata.Metadata) []Launch {
+	first := len(ls)
 	if m.NumCtx > 0 {
 		ls = append(ls, Launch{
 			Phase: metadata.Context, RowBegin: 0, Rows: m.CtxTokens, ValidRows: m.CtxTokens,
@@ -232,10 +248,10 @@ func Plan(m *metadata.Metadata) []Launch {
 			SeqBegin: m.NumCtx, NumSeqs: m.NumGen, SeqLen: m.GenSeqLen,
 		})
 	}
-	if len(ls) > 0 {
+	if len(ls) > first {
 		last := &ls[len(ls)-1]
 		last.Rows += m.PaddedTokens - m.Tokens
-		ls[0].WriteScheduler = true
+		ls[first].WriteScheduler = true
 	}
 	return ls
 }
