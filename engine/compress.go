@@ -199,6 +199,13 @@ type compressState struct {
 	// planRaw and planScratch are Begin's reused host memory for the plans.
 	planRaw     []byte
 	planScratch mla.CompressPlan
+	// Begin's reused memory for the reservations: the needs of one ratio,
+	// and per ratio (index in ratios) the block tables of the batch, rows
+	// of tableBuf ending at rowEnds.
+	needScratch []kvcache.Need
+	tables      [][][]int32
+	tableBuf    [][]int32
+	rowEnds     []int
 	// kg holds the projections of the layer running: MaxTokens rows of
 	// 2*Width float32 (K then G) of that layer, sized for the widest.
 	kg mla.Buffer
@@ -548,13 +555,12 @@ func (e *Engine) Pools() []PoolUsage {
 
 // iterComp is an iteration's compressor bookkeeping.
 type iterComp struct {
-	res       map[int]*kvcache.Reservation // per ratio
-	tables    map[int][][]int32            // per ratio, per batch index: the block table with the reservation
-	from      []int32                      // per batch index: the slot the sequence's state is read from
-	to        []int32                      // per batch index: the slot it is written to (!= from: a fresh one)
-	taken     []int32                      // slots taken from the free list by this iteration
-	inputs    int                          // layer of the last SetCompressorInputs, -1 before any
-	projected int                          // layer of the last StageCompressorGEMM, -1 before any
+	res       []*kvcache.Reservation // per ratio, by index in compressState.ratios
+	from      []int32                // per batch index: the slot the sequence's state is read from
+	to        []int32                // per batch index: the slot it is written to (!= from: a fresh one)
+	taken     []int32                // slots taken from the free list by this iteration
+	inputs    int                    // layer of the last SetCompressorInputs, -1 before any
+	projected int                    // layer of the last StageCompressorGEMM, -1 before any
 }
 
 // beginCompressor reserves the compressed entries of the batch, all
@@ -568,7 +574,7 @@ func (e *Engine) beginCompressor(reqs []metadata.Request, numSeqs int, needs []m
 				ErrBatchTooLarge, r.Seq, r.MTP, c.cfg.MaxDrafts)
 		}
 	}
-	ic := &iterComp{res: map[int]*kvcache.Reservation{}, tables: map[int][][]int32{}, inputs: -1, projected: -1}
+	ic := &iterComp{res: make([]*kvcache.Reservation, 0, len(c.ratios)), inputs: -1, projected: -1}
 	defer func() {
 		if err != nil {
 			for _, res := range ic.res {
@@ -576,23 +582,37 @@ func (e *Engine) beginCompressor(reqs []metadata.Request, numSeqs int, needs []m
 			}
 		}
 	}()
-	for _, r := range c.ratios {
-		kn := make([]kvcache.Need, len(needs))
-		for i, n := range needs {
-			kn[i] = kvcache.Need{ID: n.Seq, NewLength: n.Length / r, Create: n.Create}
+	if len(c.tables) != len(c.ratios) {
+		c.tables, c.tableBuf = make([][][]int32, len(c.ratios)), make([][]int32, len(c.ratios))
+	}
+	for ri, r := range c.ratios {
+		kn := c.needScratch[:0]
+		for _, n := range needs {
+			kn = append(kn, kvcache.Need{ID: n.Seq, NewLength: n.Length / r, Create: n.Create})
 		}
+		c.needScratch = kn
 		res, err := c.caches[r].Reserve(kn)
 		if err != nil {
 			return nil, fmt.Errorf("engine: Begin: ratio-%d compressed pool: %w", r, err)
 		}
-		ic.res[r] = res
-		tables := make([][]int32, len(needs))
-		for i, n := range needs {
-			if tables[i], err = c.caches[r].BlockTable(n.Seq); err != nil {
+		ic.res = append(ic.res, res)
+		// The block tables with the reservation, appended one after the
+		// other into reused memory, then cut into rows (an append may move
+		// the memory, so the rows are cut once it is complete).
+		buf, tables := c.tableBuf[ri][:0], c.tables[ri][:0]
+		ends := c.rowEnds[:0]
+		for i := range needs {
+			if buf, err = res.AppendBlockTable(buf, i); err != nil {
 				return nil, fmt.Errorf("engine: Begin: ratio-%d compressed pool: %w", r, err)
 			}
+			ends = append(ends, len(buf))
 		}
-		ic.tables[r] = tables
+		start := 0
+		for _, end := range ends {
+			tables = append(tables, buf[start:end:end])
+			start = end
+		}
+		c.tableBuf[ri], c.tables[ri], c.rowEnds = buf, tables, ends
 	}
 	return ic, nil
 }
@@ -636,16 +656,33 @@ func (e *Engine) planCompressor(ic *iterComp, m *metadata.Metadata) error {
 		}
 	}
 	// The plan and its bytes reuse the last iteration's memory (Begin is
-	// on every step's path).
+	// on every step's path). On an mla.AsyncWriter backend the bytes are
+	// its staging memory, copied without a wait: the last iteration's copy
+	// may still read them until WaitWrites returns (free when End or
+	// Abort waited for the device since).
+	aw, async := e.backend.(mla.AsyncWriter)
 	if c.planRaw == nil {
-		c.planRaw = make([]byte, c.plan.Len())
+		if async {
+			raw, err := aw.AllocStaging(c.plan.Len())
+			if err != nil {
+				return fmt.Errorf("engine: Begin: staging memory for the compressor plans: %w", err)
+			}
+			c.planRaw = raw
+		} else {
+			c.planRaw = make([]byte, c.plan.Len())
+		}
+	} else if async {
+		if err := aw.WaitWrites(c.planRaw); err != nil {
+			return fmt.Errorf("engine: Begin: waiting for the last compressor plans' copy: %w", err)
+		}
 	}
 	p := &c.planScratch
-	for _, r := range c.ratios {
+	for ri, r := range c.ratios {
 		p.Seqs, p.Jobs = p.Seqs[:0], p.Jobs[:0]
+		tables := c.tables[ri]
 		for b := range m.NumSeqs {
 			p.Seqs = append(p.Seqs, mla.CompressPlanSeq{Row: int(m.CuQ[b]), Rows: int(m.QLen[b]), Start: int(m.Cached[b]), From: int(ic.from[b]), To: int(ic.to[b])})
-			if err := p.PlanEntries(b, r, int(m.Cached[b]), int(m.QLen[b]), ic.tables[r][b], CompressedPageSize, c.cfg.pagesFor(r)); err != nil {
+			if err := p.PlanEntries(b, r, int(m.Cached[b]), int(m.QLen[b]), tables[b], CompressedPageSize, c.cfg.pagesFor(r)); err != nil {
 				return fmt.Errorf("engine: Begin: %w", err)
 			}
 		}
@@ -654,7 +691,11 @@ func (e *Engine) planCompressor(ic *iterComp, m *metadata.Metadata) error {
 			return fmt.Errorf("engine: Begin: %w", err)
 		}
 	}
-	if err := e.backend.Write(c.plan, 0, c.planRaw); err != nil {
+	write := e.backend.Write
+	if async {
+		write = aw.WriteAsync
+	}
+	if err := write(c.plan, 0, c.planRaw); err != nil {
 		return fmt.Errorf("engine: Begin: uploading the compressor plans: %w", err)
 	}
 	return nil
@@ -837,13 +878,13 @@ func (e *Engine) endCompressor(it *Iteration, commit bool) error {
 	m := it.meta
 	var errs []error
 	if !commit {
-		for _, r := range c.ratios {
-			errs = append(errs, ic.res[r].Rollback())
+		for _, res := range ic.res {
+			errs = append(errs, res.Rollback())
 		}
 		e.returnSlots(ic)
 		return errors.Join(errs...)
 	}
-	for _, r := range c.ratios {
+	for ri, r := range c.ratios {
 		var lengths map[uint64]int
 		if it.lengths != nil {
 			lengths = make(map[uint64]int, len(it.lengths))
@@ -851,7 +892,7 @@ func (e *Engine) endCompressor(it *Iteration, commit bool) error {
 				lengths[seq] = n / r
 			}
 		}
-		errs = append(errs, ic.res[r].CommitLengths(lengths))
+		errs = append(errs, ic.res[ri].CommitLengths(lengths))
 	}
 	// The states need nothing for Accept: the ring is keyed by position, and
 	// the next step of a sequence starts at its accepted length.

@@ -449,10 +449,9 @@ func (e *Engine) Finish(seq uint64) error {
 
 // lookupBatch looks the batch's sequences up in the cache at once, through
 // the handles of the last batch's sequences at the same index (a decode
-// batch repeats), and returns the metadata pass's lookup, which answers
-// from those results: an unknown sequence is not an error there (a context
-// request creates it), any other refusal is.
-func (e *Engine) lookupBatch(reqs []metadata.Request) metadata.LengthLookup {
+// batch repeats), into e.lookups, which Begin's lookup for the metadata
+// pass answers from.
+func (e *Engine) lookupBatch(reqs []metadata.Request) {
 	ls := e.lookups
 	for i, r := range reqs {
 		if i >= len(ls) {
@@ -465,21 +464,6 @@ func (e *Engine) lookupBatch(reqs []metadata.Request) metadata.LengthLookup {
 	ls = ls[:len(reqs)]
 	e.lookups = ls
 	e.cache.LookupAll(ls)
-	next := 0 // the pass asks in batch order, once per request
-	return func(seq uint64) (int, bool, error) {
-		if next >= len(ls) || ls[next].ID != seq {
-			return 0, false, fmt.Errorf("engine: sequence %d looked up out of batch order", seq)
-		}
-		l := ls[next]
-		next++
-		if errors.Is(l.Err, kvcache.ErrUnknownSequence) {
-			return 0, false, nil
-		}
-		if l.Err != nil {
-			return 0, true, l.Err
-		}
-		return l.Length, true, nil
-	}
 }
 
 // Begin starts an iteration: it validates the batch (context requests
@@ -517,17 +501,37 @@ func (e *Engine) Begin(ctx context.Context, reqs []metadata.Request) (_ *Iterati
 	if graph {
 		params.PadTokensTo = e.cfg.graphBucket(tokens)
 	}
-	plan, err := e.planner.Plan(reqs, e.lookupBatch(reqs), params)
+	// The metadata pass's lookup answers from lookupBatch's results: an
+	// unknown sequence is not an error there (a context request creates
+	// it), any other refusal is. The pass asks in batch order, once per
+	// request. (Defined here, not returned by lookupBatch, so that it
+	// stays off the heap.)
+	e.lookupBatch(reqs)
+	ls, next := e.lookups, 0
+	lookup := func(seq uint64) (int, bool, error) {
+		if next >= len(ls) || ls[next].ID != seq {
+			return 0, false, fmt.Errorf("engine: sequence %d looked up out of batch order", seq)
+		}
+		l := &ls[next]
+		next++
+		switch {
+		case l.Err == nil:
+			return l.Length, true, nil
+		case errors.Is(l.Err, kvcache.ErrUnknownSequence):
+			return 0, false, nil
+		}
+		return 0, true, l.Err
+	}
+	plan, err := e.planner.Plan(reqs, lookup, params)
 	if err != nil {
 		return nil, fmt.Errorf("engine: Begin: %w", err)
 	}
 	if tokens > e.cfg.MaxTokens {
 		return nil, fmt.Errorf("%w: Begin: batch of %d tokens, more than MaxTokens = %d", ErrBatchTooLarge, tokens, e.cfg.MaxTokens)
 	}
-	needs := plan.AppendNeeds(e.planNeeds[:0])
-	e.planNeeds = needs
 	kn := e.needScratch[:0]
-	for i, n := range needs { // the needs are the requests, in order
+	for i := range plan.Len() { // the needs are the requests, in order
+		n := plan.Need(i)
 		kn = append(kn, kvcache.Need{ID: n.Seq, NewLength: n.Length, Create: n.Create, Handle: e.lookups[i].Handle})
 	}
 	e.needScratch = kn
@@ -544,7 +548,8 @@ func (e *Engine) Begin(ctx context.Context, reqs []metadata.Request) (_ *Iterati
 	}()
 	var ic *iterComp
 	if e.comp != nil {
-		if ic, err = e.beginCompressor(reqs, len(needs), needs); err != nil {
+		e.planNeeds = plan.AppendNeeds(e.planNeeds[:0])
+		if ic, err = e.beginCompressor(reqs, len(kn), e.planNeeds); err != nil {
 			return nil, err
 		}
 		defer func() {
@@ -564,36 +569,46 @@ func (e *Engine) Begin(ctx context.Context, reqs []metadata.Request) (_ *Iterati
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("engine: Begin: %w", err)
 	}
-	if ic != nil {
-		if err := e.planCompressor(ic, m); err != nil {
-			return nil, err
-		}
-	}
+	// The uploads: on an mla.AsyncWriter backend (CUDA) they are enqueued
+	// on the stream without a wait, and this iteration's launches, issued
+	// after them, read the new bytes; End (or Abort) waits for the stream
+	// before the next Begin rewrites the staging memory, and where it does
+	// not (End of an iteration a layer of which did not run, a Begin
+	// refused after the plans' copy) the rewriter waits first (see
+	// mla.AsyncWriter).
 	e.lastMeta = m
-	if err := e.meta.Upload(e.backend, m, e.cfg.Cache.NumPages); err != nil {
-		return nil, fmt.Errorf("engine: Begin: uploading metadata: %w", err)
+	if ic != nil {
+		err = mla.Batch(e.backend, func() error { return e.uploadIteration(ic, m) }) // both copies in one hand-over to the driver thread
+	} else {
+		err = e.uploadIteration(nil, m)
 	}
-	launches := mla.Plan(m)
-	if graph {
-		launches = mla.FromHeader(launches)
+	if err != nil {
+		return nil, err
 	}
 	it := &Iteration{
 		e:         e,
 		index:     e.iterations,
 		meta:      m,
-		launches:  launches,
 		graph:     graph,
 		res:       res,
-		ran:       make([]bool, e.cfg.Layers),
 		inputsFor: -1,
 		comp:      ic,
 	}
-	for _, n := range needs {
+	it.launches = mla.AppendPlan(it.launchMem[:0], m)
+	if graph {
+		it.launches = mla.MarkFromHeader(it.launches)
+	}
+	if e.cfg.Layers <= len(it.ranMem) {
+		it.ran = it.ranMem[:e.cfg.Layers]
+	} else {
+		it.ran = make([]bool, e.cfg.Layers)
+	}
+	for _, n := range kn {
 		if n.Create {
 			if it.created == nil {
 				it.created = map[uint64]bool{}
 			}
-			it.created[n.Seq] = true
+			it.created[n.ID] = true
 		}
 	}
 	e.iterations++
@@ -601,6 +616,20 @@ func (e *Engine) Begin(ctx context.Context, reqs []metadata.Request) (_ *Iterati
 	e.log.Debug().Int("iteration", it.index).Int("ctx_tokens", m.CtxTokens).Int("gen_tokens", m.GenTokens).
 		Int("seqs", m.NumSeqs).Int("free_pages", e.cache.FreePages()).Msg("iteration begun")
 	return it, nil
+}
+
+// uploadIteration writes the compressor plans (when ic is not nil) and
+// the metadata of the iteration Begin builds.
+func (e *Engine) uploadIteration(ic *iterComp, m *metadata.Metadata) error {
+	if ic != nil {
+		if err := e.planCompressor(ic, m); err != nil {
+			return err
+		}
+	}
+	if err := e.meta.Upload(e.backend, m, e.cfg.Cache.NumPages); err != nil {
+		return fmt.Errorf("engine: Begin: uploading metadata: %w", err)
+	}
+	return nil
 }
 
 // closeIterationLocked commits or rolls back the open iteration, then runs

@@ -56,7 +56,9 @@ func init() {
 // BenchmarkBegin is the engine's host cost of one generation iteration
 // (Begin, the layer's no-op launches or graph replay, End) at decode sizes,
 // every sequence holding about 2048 tokens, graphs on as the CUDA backend
-// runs them.
+// runs them. The refills (fresh sequences, with the timer stopped) take
+// most of a CPU profile's samples: leave them out with
+// go tool pprof -ignore refillDecodeBatch.
 func BenchmarkBegin(b *testing.B) {
 	const prefill, pageSize = 2048, 64
 	for _, mtp := range []int{0, 3} {
@@ -80,47 +82,53 @@ func BenchmarkBegin(b *testing.B) {
 				hostOnlyOpening = true
 				e := newEngine(b, cfg)
 				hostOnlyOpening = false
-				ctx := context.Background()
-				run := func(reqs []metadata.Request) {
-					it, err := e.Begin(ctx, reqs)
-					if err != nil {
-						b.Fatal(err)
-					}
-					if err := it.RunLayer(ctx, 0); err != nil {
-						b.Fatal(err)
-					}
-					if err := it.End(ctx); err != nil {
-						b.Fatal(err)
-					}
-				}
 				decode := make([]metadata.Request, nb)
 				next := uint64(1)
-				fresh := func() {
-					for _, r := range decode {
-						if r.Seq != 0 {
-							if err := e.Finish(r.Seq); err != nil {
-								b.Fatal(err)
-							}
-						}
-					}
-					for s := range decode {
-						run([]metadata.Request{ctxReq(next, prefill)})
-						decode[s] = genReq(next, mtp)
-						next++
-					}
-				}
-				fresh()
-				run(decode) // captures the bucket's graph
+				refillDecodeBatch(b, e, decode, &next, prefill, mtp)
+				runIteration(b, e, decode) // captures the bucket's graph
 				steps := 0
 				for b.Loop() {
 					if steps++; steps%refill == 0 {
 						b.StopTimer()
-						fresh()
+						refillDecodeBatch(b, e, decode, &next, prefill, mtp)
 						b.StartTimer()
 					}
-					run(decode)
+					runIteration(b, e, decode)
 				}
 			})
 		}
+	}
+}
+
+// runIteration is one Begin, RunLayer(0), End.
+func runIteration(b *testing.B, e *engine.Engine, reqs []metadata.Request) {
+	ctx := context.Background()
+	it, err := e.Begin(ctx, reqs)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := it.RunLayer(ctx, 0); err != nil {
+		b.Fatal(err)
+	}
+	if err := it.End(ctx); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// refillDecodeBatch finishes decode's sequences and replaces them with
+// fresh ones (ids from *next on) of prefill tokens, as generation requests
+// of mtp drafts.
+func refillDecodeBatch(b *testing.B, e *engine.Engine, decode []metadata.Request, next *uint64, prefill, mtp int) {
+	for _, r := range decode {
+		if r.Seq != 0 {
+			if err := e.Finish(r.Seq); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	for s := range decode {
+		runIteration(b, e, []metadata.Request{ctxReq(*next, prefill)})
+		decode[s] = genReq(*next, mtp)
+		*next++
 	}
 }

@@ -17,14 +17,18 @@ import (
 // buffers, then RunLayer runs that layer's prologue. Its methods are called
 // from the goroutine that called Begin.
 type Iteration struct {
-	e         *Engine
-	index     int
-	meta      *metadata.Metadata
-	launches  []mla.Launch
-	graph     bool // layers replay captured graphs (Config.UseGraphs)
-	res       *kvcache.Reservation
-	ran       []bool // layers whose prologue ran
-	inputsFor int    // layer of the last SetInputs, -1 before any
+	e        *Engine
+	index    int
+	meta     *metadata.Metadata
+	launches []mla.Launch
+	graph    bool // layers replay captured graphs (Config.UseGraphs)
+	res      *kvcache.Reservation
+	ran      []bool // layers whose prologue ran
+	// The memory of launches and, up to 64 layers, of ran: part of the
+	// Iteration's own allocation (Begin allocates nothing else for them).
+	launchMem [2]mla.Launch
+	ranMem    [64]bool
+	inputsFor int // layer of the last SetInputs, -1 before any
 	census    mla.Census
 	err       error           // the first RunLayer failure
 	lengths   map[uint64]int  // Accept: the lengths End commits (cached + accepted), nil for all

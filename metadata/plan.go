@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/bits"
+	"unsafe"
 
 	"github.com/dsv4mla/prologue/kvcache"
 )
@@ -252,6 +253,14 @@ func queryLength(i int, r Request) (int, error) {
 // this iteration. The slice is fresh; the caller may keep it.
 func (p *Plan) Needs() []Need { return p.AppendNeeds(nil) }
 
+// Len is the number of requests of the batch.
+func (p *Plan) Len() int { return len(p.seqs) }
+
+// Need is Needs()[i] without the slice.
+func (p *Plan) Need(i int) Need {
+	return Need{Seq: p.seqs[i], Length: int(p.kvLen[i]), Create: p.create[i]}
+}
+
 // AppendNeeds is Needs appending to dst.
 func (p *Plan) AppendNeeds(dst []Need) []Need {
 	for i, s := range p.seqs {
@@ -326,10 +335,15 @@ func (p *Plan) BuildAppend(reuse *Metadata, appendTable func(dst []int32, b int,
 	}
 	m.CuQ[0], m.CuKV[0], m.CuQRows[0] = 0, 0, 0
 	heads := int32(p.params.Heads)
-	for b := range n {
-		m.CuQ[b+1] = m.CuQ[b] + p.qLen[b]
-		m.CuKV[b+1] = m.CuKV[b] + p.kvLen[b]
-		m.CuQRows[b+1] = m.CuQRows[b] + p.qLen[b]*heads
+	// Sliced to one length so that the loop runs without bounds checks.
+	cuQ := m.CuQ[1:]
+	cuKV, cuQRows, qLen, kvLen := m.CuKV[1:len(cuQ)+1], m.CuQRows[1:len(cuQ)+1], p.qLen[:len(cuQ)], p.kvLen[:len(cuQ)]
+	var q, kv, rows int32
+	for b := range cuQ {
+		q += qLen[b]
+		kv += kvLen[b]
+		rows += qLen[b] * heads
+		cuQ[b], cuKV[b], cuQRows[b] = q, kv, rows
 	}
 	for b, seq := range p.seqs {
 		row := m.BlockTables[b*m.MaxPages : (b+1)*m.MaxPages : (b+1)*m.MaxPages]
@@ -348,25 +362,12 @@ func (p *Plan) BuildAppend(reuse *Metadata, appendTable func(dst []int32, b int,
 		if len(pages) == 0 || len(row) == 0 || &pages[0] != &row[0] {
 			copy(row, pages[:need]) // a table longer than the row was appended elsewhere
 		}
-		// One branch-free pass finds whether an entry may be bad (one below
-		// its bound makes the OR negative); only then the loops find which.
-		bad := int32(0)
-		for _, pg := range row[:behind] {
-			bad |= pg + 1
-		}
-		for _, pg := range row[behind:need] {
-			bad |= pg
-		}
-		if bad < 0 {
-			for j, pg := range row[:behind] {
-				if pg < -1 {
-					return nil, requestError(b, seq, "block table entry %d is page %d, must be >= 0 (or -1 for a page freed behind the cached positions, before entry %d)", j, pg, behind)
-				}
-			}
-			for j, pg := range row[behind:need] {
-				if pg < 0 {
-					return nil, requestError(b, seq, "block table entry %d is page %d, must be >= 0 (or -1 for a page freed behind the cached positions, before entry %d)", behind+j, pg, behind)
-				}
+		// One pass finds whether any entry is negative (none is, except
+		// where a window freed pages); only then a second one checks the
+		// bounds exactly.
+		if anyNegative(row[:need]) {
+			if j := firstBadEntry(row[:need], behind); j >= 0 {
+				return nil, requestError(b, seq, "block table entry %d is page %d, must be >= 0 (or -1 for a page freed behind the cached positions, before entry %d)", j, row[j], behind)
 			}
 		}
 		for j := need; j < len(row); j++ {
@@ -408,4 +409,45 @@ func (x *seqIndex) insert(id uint64, i int) (int, bool) {
 	}
 	x.ids[h], x.at[h] = id, i+1
 	return 0, false
+}
+
+// firstBadEntry returns the index of the first entry of row below its
+// bound (-1 before behind, 0 from there), or -1.
+func firstBadEntry(row []int32, behind int) int {
+	for j, pg := range row {
+		if pg < -1 || (pg < 0 && j >= behind) {
+			return j
+		}
+	}
+	return -1
+}
+
+// anyNegative reports whether some entry of v is negative: it ORs the
+// entries two at a time as 64-bit words into four accumulators and tests
+// the sign bits once (a block-table pass over every page of the batch is
+// on every iteration's path).
+func anyNegative(v []int32) bool {
+	const signs = 0x8000_0000_8000_0000
+	var a0, a1, a2, a3 uint64
+	if len(v) > 0 && uintptr(unsafe.Pointer(unsafe.SliceData(v)))%8 != 0 {
+		a0 = uint64(uint32(v[0])) // the words must be 8-byte aligned
+		v = v[1:]
+	}
+	if len(v)%2 != 0 {
+		a1 = uint64(uint32(v[len(v)-1]))
+	}
+	if n := len(v) / 2; n > 0 {
+		w := unsafe.Slice((*uint64)(unsafe.Pointer(unsafe.SliceData(v))), n)
+		for len(w) >= 4 {
+			a0 |= w[0]
+			a1 |= w[1]
+			a2 |= w[2]
+			a3 |= w[3]
+			w = w[4:]
+		}
+		for _, x := range w {
+			a0 |= x
+		}
+	}
+	return (a0|a1|a2|a3)&signs != 0
 }

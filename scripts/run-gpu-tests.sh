@@ -20,7 +20,7 @@ step() {
 }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee -a "$log"
 step .gpu/driver.test -test.v
-step .gpu/cuda.test -test.v -test.run 'Conformance|Mixed|Available'
+step .gpu/cuda.test -test.v -test.run 'Conformance|Mixed|Available|AsyncWrite'
 step .gpu/cuda.test -test.v -test.run 'Exhaustive'
 # The KV compressor: compress_entries against package compressor, and
 # compress_step (the engine's) against mlatest's scalar reference of

@@ -49,8 +49,15 @@ type MetadataBuffers struct {
 // instead of encoding and copying every block-table row at its full
 // stride. Between decode iterations only the lengths, prefix sums and the
 // few rows that gained a page change.
+//
+// On a backend that is an AsyncWriter the words are its staging memory and
+// the span is copied straight from them without waiting for the copy: the
+// words must then not change until the copy has read them, so Upload calls
+// WaitWrites before it touches them (free when the iteration's end has
+// waited for the device since, as the engine's End and Abort do).
 type metaMirror struct {
 	words    []int32 // [OffScheduler/4], the device's int32 words
+	wordsOf  Backend // the AsyncWriter whose staging memory words is; nil: Go memory
 	buf      Buffer  // the buffer the words mirror; nil: nothing mirrored
 	backend  Backend
 	numPages int    // the pool bound every mirrored page passed
@@ -179,21 +186,25 @@ func (mb *MetadataBuffers) Encode(m *metadata.Metadata, numPages int) ([]byte, e
 // its last upload left in the same buffer (the device bytes end up the
 // same either way); nothing is copied when nothing changed. A refused m
 // (see Encode) writes nothing and leaves the mirror as it was.
+//
+// On an AsyncWriter backend the copy is enqueued without waiting for it:
+// the launches issued after Upload read the new bytes (they are ordered
+// after the copy on the device), and Upload itself waits, before it
+// rewrites its staging words, for the copy of the previous Upload when
+// nothing has waited for it since.
 func (mb *MetadataBuffers) Upload(b Backend, m *metadata.Metadata, numPages int) error {
 	mm := &mb.mirror
+	aw, async := b.(AsyncWriter)
+	if async && mm.wordsOf == b {
+		// The words may still feed the last upload's copy. This also
+		// refuses a closed backend, whose staging memory is gone, before
+		// check reads the words.
+		if err := aw.WaitWrites(wordBytes(mm.words)); err != nil {
+			return err
+		}
+	}
 	if !nativeLittleEndian || mm.buf == nil || mm.buf != mb.Buf || mm.backend != b || mm.numPages != numPages {
-		enc, err := mb.Encode(m, numPages)
-		if err != nil {
-			return err
-		}
-		mm.buf = nil
-		if err := b.Write(mb.Buf, 0, enc); err != nil {
-			return err
-		}
-		if nativeLittleEndian {
-			mb.remember(b, m, enc, numPages)
-		}
-		return nil
+		return mb.uploadAll(b, m, numPages)
 	}
 	if err := mb.check(m, numPages); err != nil {
 		return err
@@ -202,11 +213,76 @@ func (mb *MetadataBuffers) Upload(b Backend, m *metadata.Metadata, numPages int)
 	if mm.lo >= mm.hi {
 		return nil
 	}
-	lo, hi := mm.lo, mm.hi
-	if err := b.Write(mb.Buf, 4*lo, wordBytes(mm.words[lo:hi])); err != nil {
+	src := wordBytes(mm.words[mm.lo:mm.hi])
+	var err error
+	if async {
+		err = aw.WriteAsync(mb.Buf, 4*mm.lo, src)
+	} else {
+		err = b.Write(mb.Buf, 4*mm.lo, src)
+	}
+	if err != nil {
 		mm.buf = nil // the device holds an unknown mix: write it all next time
 		return err
 	}
+	return nil
+}
+
+// uploadAll is Upload's full copy: the whole encoding, which the mirror
+// then holds.
+func (mb *MetadataBuffers) uploadAll(b Backend, m *metadata.Metadata, numPages int) error {
+	enc, err := mb.Encode(m, numPages)
+	if err != nil {
+		return err
+	}
+	mm := &mb.mirror
+	mm.buf = nil
+	if !nativeLittleEndian {
+		return b.Write(mb.Buf, 0, enc)
+	}
+	if err := mb.allocWords(b); err != nil {
+		return err
+	}
+	copy(wordBytes(mm.words), enc)
+	if aw, ok := mm.wordsOf.(AsyncWriter); ok {
+		err = aw.WriteAsync(mb.Buf, 0, wordBytes(mm.words))
+	} else {
+		err = b.Write(mb.Buf, 0, enc)
+	}
+	if err != nil {
+		return err
+	}
+	mb.remember(b, m, numPages)
+	return nil
+}
+
+// allocWords gives the mirror its words and row state for b: b's staging
+// memory when b is an AsyncWriter, else Go memory. Words b already owns
+// are kept (Upload waited for their last copy).
+func (mb *MetadataBuffers) allocWords(b Backend) error {
+	mm := &mb.mirror
+	n := mb.OffScheduler / 4
+	if len(mm.width) != mb.MaxSeqs {
+		mm.width = make([]int, mb.MaxSeqs)
+		mm.changed = make([]bool, mb.MaxSeqs)
+	}
+	aw, async := b.(AsyncWriter)
+	if len(mm.words) == n && ((async && mm.wordsOf == b) || (!async && mm.wordsOf == nil)) {
+		return nil
+	}
+	mm.words, mm.wordsOf = nil, nil
+	if !async {
+		mm.words = make([]int32, n)
+		return nil
+	}
+	raw, err := aw.AllocStaging(4 * n)
+	if err != nil {
+		return fmt.Errorf("mla: metadata staging memory of %d bytes: %w", 4*n, err)
+	}
+	if len(raw) != 4*n || uintptr(unsafe.Pointer(unsafe.SliceData(raw)))%4 != 0 {
+		return fmt.Errorf("mla: %s staging memory: got %d bytes, want %d 4-byte aligned", b.Name(), len(raw), 4*n)
+	}
+	mm.words = unsafe.Slice((*int32)(unsafe.Pointer(unsafe.SliceData(raw))), n)
+	mm.wordsOf = b
 	return nil
 }
 
@@ -218,15 +294,10 @@ func wordBytes(w []int32) []byte {
 	return unsafe.Slice((*byte)(unsafe.Pointer(&w[0])), 4*len(w))
 }
 
-// remember takes enc, the full encoding just uploaded for m, as the mirror.
-func (mb *MetadataBuffers) remember(b Backend, m *metadata.Metadata, enc []byte, numPages int) {
+// remember records that the mirror's words, just uploaded in full, are m's
+// encoding.
+func (mb *MetadataBuffers) remember(b Backend, m *metadata.Metadata, numPages int) {
 	mm := &mb.mirror
-	if len(mm.words) != mb.OffScheduler/4 {
-		mm.words = make([]int32, mb.OffScheduler/4)
-		mm.width = make([]int, mb.MaxSeqs)
-		mm.changed = make([]bool, mb.MaxSeqs)
-	}
-	copy(wordBytes(mm.words), enc)
 	mm.buf, mm.backend, mm.numPages, mm.seqs = mb.Buf, b, numPages, m.NumSeqs
 	for r := range m.NumSeqs {
 		mm.width[r] = m.MaxPages
@@ -274,72 +345,91 @@ func equalWords(a, b []int32) bool { return string(wordBytes(a)) == string(wordB
 func (mb *MetadataBuffers) update(m *metadata.Metadata) {
 	mm := &mb.mirror
 	mm.lo, mm.hi = len(mm.words), 0
-	set := func(i int, v int32) {
-		if mm.words[i] != v {
-			mm.words[i] = v
-			mm.lo, mm.hi = min(mm.lo, i), max(mm.hi, i+1)
-		}
-	}
-	hdr := [NumHdrFields]int{m.NumSeqs, m.NumCtx, m.NumGen, m.CtxTokens, m.GenTokens, m.Tokens, m.PaddedTokens, m.GenSeqLen, m.MaxPages}
-	for i, v := range hdr {
-		set(mb.OffHeader/4+i, int32(v))
-	}
+	hdr := [NumHdrFields]int32{int32(m.NumSeqs), int32(m.NumCtx), int32(m.NumGen), int32(m.CtxTokens), int32(m.GenTokens),
+		int32(m.Tokens), int32(m.PaddedTokens), int32(m.GenSeqLen), int32(m.MaxPages)} // check bounded them
+	mm.put(mb.OffHeader/4, hdr[:])
 	// Entries past the batch are 0, as Encode leaves them: clear those the
 	// last upload used.
-	n := max(m.NumSeqs, mm.seqs)
-	for i := 0; i <= n; i++ {
-		var q, kv, rows int32
-		if i <= m.NumSeqs {
-			q, kv, rows = m.CuQ[i], m.CuKV[i], m.CuQRows[i]
-		}
-		set(mb.OffCuQ/4+i, q)
-		set(mb.OffCuKV/4+i, kv)
-		set(mb.OffCuQRows/4+i, rows)
+	n, old := m.NumSeqs, mm.seqs
+	for _, a := range [...]struct {
+		off  int
+		vals []int32
+	}{{mb.OffCuQ, m.CuQ[:n+1]}, {mb.OffCuKV, m.CuKV[:n+1]}, {mb.OffCuQRows, m.CuQRows[:n+1]}} {
+		mm.put(a.off/4, a.vals)
+		mm.fill(a.off/4+n+1, old-n, 0)
 	}
-	for r := range n {
-		var q, kv, c int32
-		if r < m.NumSeqs {
-			q, kv, c = m.QLen[r], m.KVLen[r], m.Cached[r]
-		}
-		set(mb.OffQLen/4+r, q)
-		set(mb.OffKVLen/4+r, kv)
-		set(mb.OffCached/4+r, c)
+	for _, a := range [...]struct {
+		off  int
+		vals []int32
+	}{{mb.OffQLen, m.QLen[:n]}, {mb.OffKVLen, m.KVLen[:n]}, {mb.OffCached, m.Cached[:n]}} {
+		mm.put(a.off/4, a.vals)
+		mm.fill(a.off/4+n, old-n, 0)
 	}
+	w := m.MaxPages
 	for r := range n {
 		base := mb.OffBlockTables/4 + r*mb.PageStride
-		words := mm.words[base : base+mb.PageStride]
-		if r >= m.NumSeqs {
-			for p := range words {
-				set(base+p, 0)
-			}
-			continue
-		}
-		w := m.MaxPages
 		row := m.BlockTables[r*w : (r+1)*w]
-		if r >= mm.seqs {
+		if r >= old {
 			// A row that was all zeros: every entry changes.
-			for p := range words {
-				v := int32(-1)
-				if p < w {
-					v = row[p]
-				}
-				set(base+p, v)
+			mm.put(base, row)
+			mm.fill(base+w, mb.PageStride-w, -1)
+		} else {
+			if mm.changed[r] {
+				mm.put(base, row)
 			}
-			mm.width[r] = w
-			continue
-		}
-		if mm.changed[r] {
-			for p, v := range row {
-				set(base+p, v)
-			}
-		}
-		// Entries past both widths are -1 already.
-		for p := w; p < mm.width[r]; p++ {
-			set(base+p, -1)
+			// Entries past both widths are -1 already.
+			mm.fill(base+w, mm.width[r]-w, -1)
 		}
 		mm.width[r] = w
 	}
-	mm.seqs = m.NumSeqs
+	for r := n; r < old; r++ {
+		mm.fill(mb.OffBlockTables/4+r*mb.PageStride, mb.PageStride, 0)
+	}
+	mm.seqs = n
+}
+
+// put sets the words from off on to vals, widening [lo, hi) to cover the
+// ones that changed: the first and the last that differ, and the copy
+// between them.
+func (mm *metaMirror) put(off int, vals []int32) {
+	dst := mm.words[off : off+len(vals)]
+	i := 0
+	for i < len(vals) && dst[i] == vals[i] {
+		i++
+	}
+	if i == len(vals) {
+		return
+	}
+	j := len(vals)
+	for dst[j-1] == vals[j-1] {
+		j--
+	}
+	copy(dst[i:j], vals[i:j])
+	mm.lo, mm.hi = min(mm.lo, off+i), max(mm.hi, off+j)
+}
+
+// fill sets n words from off on to v (nothing for n <= 0), widening [lo,
+// hi) as put does.
+func (mm *metaMirror) fill(off, n int, v int32) {
+	if n <= 0 {
+		return
+	}
+	dst := mm.words[off : off+n]
+	i := 0
+	for i < n && dst[i] == v {
+		i++
+	}
+	if i == n {
+		return
+	}
+	j := n
+	for dst[j-1] == v {
+		j--
+	}
+	for k := i; k < j; k++ {
+		dst[k] = v
+	}
+	mm.lo, mm.hi = min(mm.lo, off+i), max(mm.hi, off+j)
 }
 
 // DecodeScheduler reads the scheduler region's bytes.

@@ -1,6 +1,7 @@
 package mla_test
 
 import (
+	"context"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/dsv4mla/prologue/attention/mla"
 	"github.com/dsv4mla/prologue/attention/mla/cpu"
+	"github.com/dsv4mla/prologue/attention/mla/mlatest"
 	"github.com/dsv4mla/prologue/metadata"
 )
 
@@ -94,18 +96,36 @@ func randomMetadata(t *testing.T, rng *rand.Rand, maxSeqs, maxPages, numPages in
 // TestUploadMatchesEncode: after every upload of a random series of
 // batches (growing and shrinking in sequences and width, rows changing in
 // a few entries or not at all, a refused batch between them), the device
-// holds exactly Encode's bytes, with the scheduler region untouched.
+// holds exactly Encode's bytes, with the scheduler region untouched. On a
+// backend whose copies land late (mlatest.Async), the copy is still queued
+// when Upload returns, and Upload never rewrites its staging words while
+// one is, whether or not the device was waited for between uploads.
 func TestUploadMatchesEncode(t *testing.T) {
-	seed := uint64(time.Now().UnixNano())
-	t.Logf("seed %d", seed)
-	rng := rand.New(rand.NewPCG(seed, 7))
+	for _, async := range []bool{false, true} {
+		t.Run(map[bool]string{false: "cpu", true: "async"}[async], func(t *testing.T) {
+			seed := uint64(time.Now().UnixNano())
+			t.Logf("seed %d", seed)
+			testUploadMatchesEncode(t, rand.New(rand.NewPCG(seed, 7)), async)
+		})
+	}
+}
+
+func testUploadMatchesEncode(t *testing.T, rng *rand.Rand, async bool) {
 	const maxSeqs, stride, numPages = 9, 12, 40
-	b := cpu.New(1)
+	host := cpu.New(1)
+	var b mla.Backend = host
+	var ab *mlatest.Async
+	if async {
+		ab = mlatest.NewAsync(host)
+		b = ab
+	}
 	defer b.Close()
+	ctx := context.Background()
 	mb, err := mla.NewMetadataBuffers(b, maxSeqs, stride)
 	require.NoError(t, err)
 	device := cpu.Bytes(mb.Buf)
 	var prev *metadata.Metadata
+	queued := 0 // uploads whose copy was still queued when Upload returned
 	for step := range 400 {
 		m := randomMetadata(t, rng, maxSeqs, stride, numPages)
 		if prev != nil && rng.IntN(2) == 0 {
@@ -120,8 +140,10 @@ func TestUploadMatchesEncode(t *testing.T) {
 			bad := *m
 			bad.BlockTables = append([]int32(nil), m.BlockTables...)
 			bad.BlockTables[rng.IntN(len(bad.BlockTables))] = numPages
+			require.NoError(t, b.Synchronize(ctx))
 			before := append([]byte(nil), device...)
 			require.ErrorContains(t, mb.Upload(b, &bad, numPages), "outside the pool", "step %d", step)
+			require.NoError(t, b.Synchronize(ctx))
 			require.Equal(t, before, device, "step %d: a refused upload wrote", step)
 		}
 		if rng.IntN(40) == 0 {
@@ -131,6 +153,16 @@ func TestUploadMatchesEncode(t *testing.T) {
 		want, err := mb.Encode(m, numPages)
 		require.NoError(t, err)
 		require.NoError(t, mb.Upload(b, m, numPages), "step %d", step)
+		if async && ab.Pending() > 0 {
+			queued++
+		}
+		// Most steps wait for the device, as an iteration's end does; the
+		// others leave the copy queued for the next Upload to wait for.
+		if async && rng.IntN(3) == 0 {
+			prev = m
+			continue
+		}
+		require.NoError(t, b.Synchronize(ctx))
 		if i := firstDiff(want, device[:mb.OffScheduler]); i >= 0 {
 			t.Fatalf("step %d: device byte %d = %#x, Encode says %#x", step, i, device[i], want[i])
 		}
@@ -138,6 +170,12 @@ func TestUploadMatchesEncode(t *testing.T) {
 			require.Equal(t, byte(0xFF), v, "step %d: scheduler byte %d", step, i)
 		}
 		prev = m
+	}
+	if async {
+		require.Empty(t, ab.Violations(), "staging words rewritten while a copy was queued")
+		require.Greater(t, queued, 100, "uploads went out as queued copies")
+		require.Greater(t, ab.Waits(), 10, "uploads found an earlier copy queued and waited for it")
+		t.Logf("%d copies, %d queued at Upload's return, %d waits", ab.Copies(), queued, ab.Waits())
 	}
 }
 

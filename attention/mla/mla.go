@@ -85,12 +85,24 @@ type Launch struct {
 // their counts from the device header (see Launch.FromHeader); other
 // batches are returned unchanged.
 func FromHeader(ls []Launch) []Launch {
-	if len(ls) != 1 || ls[0].Phase != metadata.Generation || ls[0].RowBegin != 0 || ls[0].SeqBegin != 0 {
+	if !headerBatch(ls) {
 		return ls
 	}
-	out := []Launch{ls[0]}
-	out[0].FromHeader = true
-	return out
+	return MarkFromHeader([]Launch{ls[0]})
+}
+
+// MarkFromHeader is FromHeader in place, for a caller that owns ls: it
+// marks the launch of a generation-only batch and returns ls.
+func MarkFromHeader(ls []Launch) []Launch {
+	if headerBatch(ls) {
+		ls[0].FromHeader = true
+	}
+	return ls
+}
+
+// headerBatch reports whether ls is a generation-only batch's one launch.
+func headerBatch(ls []Launch) bool {
+	return len(ls) == 1 && ls[0].Phase == metadata.Generation && ls[0].RowBegin == 0 && ls[0].SeqBegin == 0
 }
 
 func (l Launch) String() string {
@@ -218,8 +230,12 @@ type Backend interface {
 // Plan turns one iteration's metadata into launches: one per phase present,
 // over disjoint row ranges; padding rows belong to the last launch. The first
 // launch writes the scheduler scalars.
-func Plan(m *metadata.Metadata) []Launch {
-	var ls []Launch
+func Plan(m *metadata.Metadata) []Launch { return AppendPlan(nil, m) }
+
+// AppendPlan is Plan appending the launches to ls (at most two: a caller
+// that reuses their memory allocates nothing).
+func AppendPlan(ls []Launch, m *metadata.Metadata) []Launch {
+	first := len(ls)
 	if m.NumCtx > 0 {
 		ls = append(ls, Launch{
 			Phase: metadata.Context, RowBegin: 0, Rows: m.CtxTokens, ValidRows: m.CtxTokens,
@@ -232,10 +248,10 @@ func Plan(m *metadata.Metadata) []Launch {
 			SeqBegin: m.NumCtx, NumSeqs: m.NumGen, SeqLen: m.GenSeqLen,
 		})
 	}
-	if len(ls) > 0 {
+	if len(ls) > first {
 		last := &ls[len(ls)-1]
 		last.Rows += m.PaddedTokens - m.Tokens
-		ls[0].WriteScheduler = true
+		ls[first].WriteScheduler = true
 	}
 	return ls
 }
@@ -329,4 +345,38 @@ func Batch(b Backend, f func() error) error {
 		return bb.Batch(f)
 	}
 	return f()
+}
+
+// AsyncWriter is an optional interface of backends that can copy host
+// memory into a buffer without waiting for the copy (the CUDA backend:
+// page-locked staging memory, cuMemcpyHtoDAsync on the stream its launches
+// run on). Backend.Write returns only once src may be reused, which on a
+// device costs a round trip per call; a per-iteration upload (the metadata,
+// the compressor plans) uses this instead where a backend offers it.
+//
+// The contract that keeps it safe: staging bytes handed to WriteAsync are
+// read by the device some time after WriteAsync returns, so they must not
+// change until WaitWrites has returned for their staging slice. The writer
+// of the staging memory calls WaitWrites before each rewrite; it costs
+// nothing when the backend has waited for its work since that slice's last
+// copy (Synchronize, Write, Read), which the end of every iteration does,
+// nor for copies from other staging slices issued since.
+type AsyncWriter interface {
+	// AllocStaging returns n bytes of zeroed host memory for WriteAsync to
+	// copy from (page-locked on CUDA, outside the Go heap). It is the
+	// backend's, freed when the backend closes: it must not be used after
+	// Close.
+	AllocStaging(n int) ([]byte, error)
+	// WriteAsync enqueues a copy of src, which must lie inside one slice
+	// AllocStaging returned, to dst at byte offset off. The copy is ordered
+	// after the work issued before it and before the work issued after it
+	// (launches, graph replays, and work other streams fork from the
+	// backend's main stream after it). It returns without waiting: src must
+	// not change until WaitWrites returns.
+	WriteAsync(dst Buffer, off int, src []byte) error
+	// WaitWrites returns once every copy WriteAsync enqueued from the
+	// AllocStaging slice that holds staging (any range of it) has read
+	// its source, so that slice may be rewritten. After Close it returns
+	// an error.
+	WaitWrites(staging []byte) error
 }

@@ -52,7 +52,8 @@ type Options struct {
 // Backend runs the prologue kernels on one device.
 type Backend struct {
 	ctx    *driver.Context
-	stream *driver.Stream
+	stream *driver.Stream // where launches go: main, or the side stream inside Side
+	main   *driver.Stream // the main stream, never swapped
 	mod    *driver.Module
 	fns    map[string]*driver.Function
 	// kernels finds the prologue's kernels by kind, format and path without
@@ -71,6 +72,7 @@ type Backend struct {
 	// chainMod holds the chain kernels (chain.go); its functions are in fns.
 	chainMod *driver.Module
 	comp     compressState // the compressor's kernels (compress.go), loaded at first use
+	staging  stagingState  // WriteAsync's page-locked memory (staging.go)
 }
 
 // Buffer is device memory.
@@ -165,6 +167,7 @@ func (b *Backend) init() error {
 	if b.stream, err = b.ctx.NewStream(); err != nil {
 		return err
 	}
+	b.main = b.stream
 	return b.fork.init(b.ctx)
 }
 
@@ -242,7 +245,7 @@ func (b *Backend) Write(dst mla.Buffer, off int, src []byte) error {
 	if err := b.ctx.HtoDAsync(p, src, b.stream); err != nil {
 		return err
 	}
-	return b.stream.Synchronize() // src may be reused as soon as we return
+	return b.syncStream(b.stream) // src may be reused as soon as we return
 }
 
 // Read copies device bytes to the host after earlier launches complete.
@@ -254,7 +257,7 @@ func (b *Backend) Read(dst []byte, src mla.Buffer, off int) error {
 	if err := b.ctx.DtoHAsync(dst, p, b.stream); err != nil {
 		return err
 	}
-	return b.stream.Synchronize()
+	return b.syncStream(b.stream)
 }
 
 // Fill sets device bytes, ordered on the stream.
@@ -280,6 +283,8 @@ func (b *Backend) Close() error {
 	if b.stream != nil {
 		errs = append(errs, b.stream.Synchronize(), b.closeGEMM(), b.closeCompress(), b.stream.Destroy())
 	}
+	// After the wait above no copy reads staging memory any more.
+	errs = append(errs, b.staging.close())
 	if b.mod != nil {
 		errs = append(errs, b.mod.Unload())
 	}

@@ -48,14 +48,17 @@ func (s *sideStream) close() error {
 	return errors.Join(errs...)
 }
 
-// syncAll waits for the work of both streams.
+// syncAll waits for the work of both streams, in one hand-over to the
+// driver thread (End waits here on every iteration).
 func (b *Backend) syncAll() error {
-	if b.fork.stream != nil {
-		if err := b.fork.stream.Synchronize(); err != nil {
-			return err
+	return b.ctx.Do(func() error {
+		if b.fork.stream != nil {
+			if err := b.fork.stream.Synchronize(); err != nil {
+				return err
+			}
 		}
-	}
-	return b.stream.Synchronize()
+		return b.syncStream(b.main)
+	})
 }
 
 // ForkKV implements mla.KVForker: the side stream waits for the work issued
