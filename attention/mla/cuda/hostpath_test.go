@@ -54,6 +54,7 @@ func hostPathBackend(tb testing.TB) *Backend {
 	b.indexKernels()
 	b.stream, err = c.NewStream()
 	require.NoError(tb, err)
+	b.main = b.stream
 	tb.Cleanup(func() { require.NoError(tb, b.stream.Destroy()) })
 	return b
 }
