@@ -125,6 +125,10 @@ func RunChild(t *testing.T, pattern string, extraEnv ...string) string {
 // launching it times the host path alone.
 const LayerSinkKernel = "prologue_layer_sink"
 
+// ParamsSinkKernel is the fake's kernel with the signature of the
+// prologue's KV and Q kernels (one Params struct); it runs nothing.
+const ParamsSinkKernel = "prologue_params_sink"
+
 // LayerSinkParamsBytes is the size of one Params struct as the fake copies
 // it (its PARAMS_BYTES), to check against the kernels' ABI.
 func LayerSinkParamsBytes() int {

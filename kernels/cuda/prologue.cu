@@ -350,9 +350,10 @@ __device__ __forceinline__ void load_weight(float w[16], const float* weight, in
 // ---- The streaming pipeline -------------------------------------------------
 // Each warp owns a contiguous range of rows and keeps DEPTH of them in flight:
 // cp.async copies row i+DEPTH into shared memory while row i is computed, so
-// the loads never wait for the arithmetic. Each lane copies, and later reads,
-// only its own 32 bytes of a row, so the copies need no barrier, only the
-// lane's own cp.async.wait_group. Slot indices are compile-time constants
+// the loads never wait for the arithmetic. Each lane copies its own 32 bytes
+// of a row and waits for them with its own cp.async.wait_group; a KV lane
+// reads only those, a Q lane also the RoPE tail word lanes 28..31 copied,
+// after a __syncwarp. Slot indices are compile-time constants
 // (the loop over a ring is unrolled), so per-row metadata stays in registers.
 
 #ifndef PIPE_WARPS
@@ -572,17 +573,24 @@ __device__ __forceinline__ void q_pipeline(const Params& p0, u8* ring, int blk, 
                     if (live) cs = load_rope_pair(p.rope, pos, lane);
                 }
                 cp_wait<Q_DEPTH - 1>();
-                u8* dst = p.out + (row0 + i) * 512 * es;
-                if (!live) {
-                    q_zero<QFMT>(dst + lane * 16 * es);
-                } else {
-                    uint4 va, vb;
+                // The tail word a lane reads was copied by lanes 28..31, and
+                // their next copy into the slot must wait until every lane
+                // has read it: each lane's wait covers only its own copies,
+                // so the warp meets before the reads and after them.
+                __syncwarp();
+                uint4 va, vb;
+                u32 tail = 0;
+                if (live) {
                     lds32(base + d * 1024 + lane * 32, va, vb);
-                    u32 tail;
-                    asm volatile("ld.shared.u32 %0, [%1];" : "=r"(tail) : "r"(base + d * 1024 + 2 * NOPE_DIM + 4 * lane));
-                    q_row_spread<QFMT>(p, dst, va, vb, tail, cs, lane);
+                    tail = *reinterpret_cast<const u32*>(ring + (wib * Q_DEPTH + d) * 1024 + 2 * NOPE_DIM + 4 * lane);
                 }
+                __syncwarp();
                 issue(i + Q_DEPTH, d);
+                u8* dst = p.out + (row0 + i) * 512 * es;
+                if (!live)
+                    q_zero<QFMT>(dst + lane * 16 * es);
+                else
+                    q_row_spread<QFMT>(p, dst, va, vb, tail, cs, lane);
                 if (++h == p.heads) { h = 0; t++; }
             }
         }

@@ -536,7 +536,7 @@ func (b *Backend) QNormRopeQuant(ctx context.Context, l mla.Launch, a *mla.Layer
 		return err
 	}
 	grid, block := b.qGrid(path, l, a.Heads)
-	return b.launch(fn, grid, block, p)
+	return b.launch(fn, grid, block, driver.Bytes(p))
 }
 
 // layerCall is one RunLayer's hand-over to the driver thread, with the

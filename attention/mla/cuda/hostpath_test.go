@@ -148,3 +148,34 @@ func TestEagerLayerAllocatesNothing(t *testing.T) {
 	})
 	require.LessOrEqual(t, allocs, 1.0, "allocations per batched eager layer (the test's own closure)")
 }
+
+// TestSeparateLaunchesOnTheFake issues every launch form of a layer on the
+// fake driver: the fused layer (RunLayer), the KV and the Q launch alone
+// (as SeparateLaunches and the single-kernel callers do), so a parameter
+// the driver's packing refuses fails here rather than on the GPU.
+func TestSeparateLaunchesOnTheFake(t *testing.T) {
+	if !fakecuda.Active() {
+		fakecuda.RunChild(t, "^TestSeparateLaunchesOnTheFake$")
+		return
+	}
+	be := hostPathBackend(t)
+	mod, err := be.ctx.LoadModule(fakecuda.ModuleImage())
+	require.NoError(t, err)
+	sink, err := mod.Function(fakecuda.ParamsSinkKernel)
+	require.NoError(t, err)
+	for _, k := range abi.Kernels() {
+		if k.Kind != abi.KindLayer {
+			be.fns[k.Name] = sink
+		}
+	}
+	be.indexKernels()
+	args, launches := hostPathLayers(t, be, dsv4.Flash())
+	ctx := context.Background()
+	for _, l := range launches {
+		require.NoError(t, be.KVNormRopeStore(ctx, l, &args[0]), "KV launch alone")
+		require.NoError(t, be.QNormRopeQuant(ctx, l, &args[0]), "Q launch alone")
+	}
+	require.NoError(t, mla.RunLayer(ctx, be, launches, &args[0]), "fused layer")
+	be.knobs.SeparateLaunches = true
+	require.NoError(t, mla.RunLayer(ctx, be, launches, &args[0]), "separate launches")
+}

@@ -286,8 +286,9 @@ static void echo_args(char* const* args, unsigned threads) {
     out[8] = a; memcpy(&fb, &b, 4); out[9] = fb; out[10] = c;
 }
 
-// The signature of the prologue's fused layer kernels (attention/mla/cuda's
-// host-path benchmarks launch it in their place); it runs nothing.
+// The signature of the prologue's fused layer kernels, and of its KV and Q
+// kernels (one Params struct): attention/mla/cuda's host-path tests launch
+// them in their place; they run nothing.
 static void layer_sink(char* const* args, unsigned threads) { (void)args; (void)threads; }
 
 static kernel_t kernels[] = {
@@ -296,6 +297,7 @@ static kernel_t kernels[] = {
     {"lcg_rounds", 3, {8, 4, 4}, lcg_rounds, 49152},
     {"echo_args", 10, {8, 1, 2, 4, 4, 8, 4, 8, 1, 16}, echo_args, 49152},
     {"prologue_layer_sink", 3, {PARAMS_BYTES, PARAMS_BYTES, 4}, layer_sink, 0},
+    {"prologue_params_sink", 1, {PARAMS_BYTES}, layer_sink, 0},
 };
 
 static int image_magic_ok(const void* image) { return image && memcmp(image, "\x7f" "ELF", 4) == 0; }
