@@ -108,8 +108,9 @@ func dedupeTokens(s series) series {
 }
 
 // layerSeries is the per-layer view of a model: ours from the many-layer
-// graphs (and one layer alone, cold), the copy line, the PyTorch peer's
-// graph, and the serving engines' quoted figures.
+// graphs (and one layer alone, cold), the copy line, the dependent-chain
+// floor (ChainFloor), the PyTorch peer's graph, and the serving engines'
+// quoted figures.
 func layerSeries(rep *Report, peers *peerReport, model string) []series {
 	var g groupSeries
 	var copyLine groupSeries
@@ -133,6 +134,13 @@ func layerSeries(rep *Report, peers *peerReport, model string) []series {
 	for _, q := range quotedFigures() {
 		if q.What == "layer" && q.Model == model {
 			g.add(q.Peer+" (quoted)", quoted, q.Tokens, q.Us)
+		}
+	}
+	if md, err := modelNamed(model); err == nil {
+		for _, f := range rep.ChainFloors {
+			if f.Model == model {
+				copyLine.add("a copy kernel of the Q rows in the same graph (dependent-chain floor)", ceiling, f.Rows/md.Heads, f.UsPerLayer)
+			}
 		}
 	}
 	out := g.list()
