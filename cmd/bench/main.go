@@ -10,7 +10,10 @@
 // V4-Pro dims and each cache and Q format, against a device-to-device copy
 // measured in the same run; every shape the way a server sees it, a CUDA
 // graph of all layers of an iteration with distinct inputs (time per
-// layer); a whole decode iteration launched eagerly from Go and as a graph;
+// layer), each prologue kernel alone in such a graph, and beside them the
+// dependent-chain floor (a kernel that only copies the layer's Q rows, in the
+// same graph); a whole decode iteration launched eagerly from Go (the device
+// time and the host time to issue it) and as a graph;
 // and the engine's own host cost per iteration (Begin, End). The JSON feeds
 // bench/report.py, which joins it with the PyTorch peers (bench/peers.py).
 // The chain: the whole layer from hidden states (act_quant, the two FP8
