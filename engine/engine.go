@@ -87,6 +87,12 @@ type Engine struct {
 	needScratch []kvcache.Need
 	lookups     []kvcache.SequenceLookup // also the next batch's handle hints
 	lastMeta    *metadata.Metadata
+	// rows keeps lastMeta's block-table rows whose page lists did not
+	// change from one Begin to the next (metadata.RowKeeper).
+	rows metadata.RowKeeper
+	// verifyKeptRows (tests: VerifyKeptRows) checks after every upload that
+	// the kept rows and the uploaded bytes are what a full build gives.
+	verifyKeptRows bool
 }
 
 // graphKey names a captured layer: its launches differ only by the padded
@@ -562,7 +568,18 @@ func (e *Engine) Begin(ctx context.Context, reqs []metadata.Request) (_ *Iterati
 	// straight from the reservation into the metadata's rows.
 	// The last iteration's metadata is spent (one iteration is open at a
 	// time): this one reuses its memory.
-	m, err := plan.BuildAppend(e.lastMeta, func(dst []int32, b int, _ uint64) ([]int32, error) { return res.AppendBlockTable(dst, b) })
+	// Rows whose page list kept its state (kvcache.Reservation.TableState)
+	// keep their contents from the last build: a decode step changes only
+	// the rows of sequences that gained or lost a page.
+	m, err := plan.BuildKeeping(e.lastMeta, &e.rows,
+		func(dst []int32, b int, _ uint64) ([]int32, error) { return res.AppendBlockTable(dst, b) },
+		func(b int) uint64 {
+			st, err := res.TableState(b)
+			if err != nil {
+				return 0 // unknown: rebuilt (and AppendBlockTable reports the error)
+			}
+			return st
+		})
 	if err != nil {
 		return nil, fmt.Errorf("engine: Begin: %w", err)
 	}
@@ -581,6 +598,9 @@ func (e *Engine) Begin(ctx context.Context, reqs []metadata.Request) (_ *Iterati
 		err = mla.Batch(e.backend, func() error { return e.uploadIteration(ic, m) }) // both copies in one hand-over to the driver thread
 	} else {
 		err = e.uploadIteration(nil, m)
+	}
+	if err == nil && e.verifyKeptRows {
+		err = e.checkUpload(m, res)
 	}
 	if err != nil {
 		return nil, err
@@ -626,10 +646,60 @@ func (e *Engine) uploadIteration(ic *iterComp, m *metadata.Metadata) error {
 			return err
 		}
 	}
-	if err := e.meta.Upload(e.backend, m, e.cfg.Cache.NumPages); err != nil {
+	if err := e.meta.UploadKeeping(e.backend, m, e.cfg.Cache.NumPages, &e.rows); err != nil {
 		return fmt.Errorf("engine: Begin: uploading metadata: %w", err)
 	}
 	return nil
+}
+
+// checkUpload (tests) compares the metadata on the device with the full
+// encoding of m, and m's block-table rows with the page lists they were
+// built from: kept rows and skipped uploads must change nothing.
+func (e *Engine) checkUpload(m *metadata.Metadata, res *kvcache.Reservation) error {
+	for b := range m.NumSeqs {
+		pages, err := res.AppendBlockTable(nil, b)
+		if err != nil {
+			return err
+		}
+		need := (int(m.KVLen[b]) + m.PageSize - 1) / m.PageSize
+		row := m.BlockTables[b*m.MaxPages : (b+1)*m.MaxPages]
+		for j, got := range row {
+			want := int32(-1)
+			if j < need {
+				want = pages[j]
+			}
+			if got != want {
+				return fmt.Errorf("engine: block-table row %d (seq %d) entry %d is %d, its page list says %d", b, m.Seqs[b], j, got, want)
+			}
+		}
+	}
+	want, err := e.meta.Encode(m, e.cfg.Cache.NumPages)
+	if err != nil {
+		return err
+	}
+	if err := e.backend.Synchronize(context.Background()); err != nil {
+		return err
+	}
+	got := make([]byte, len(want))
+	if err := e.backend.Read(got, e.meta.Buf, 0); err != nil {
+		return err
+	}
+	if i := firstDiff(got, want); i >= 0 {
+		return fmt.Errorf("engine: uploaded metadata byte %d is %#x, the full encoding has %#x", i, got[i], want[i])
+	}
+	return nil
+}
+
+func firstDiff(a, b []byte) int {
+	for i := range min(len(a), len(b)) {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	if len(a) != len(b) {
+		return min(len(a), len(b))
+	}
+	return -1
 }
 
 // closeIterationLocked commits or rolls back the open iteration, then runs

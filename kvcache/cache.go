@@ -75,6 +75,9 @@ type Cache struct {
 	epoch       uint64
 	creating    map[uint64]int
 	heldScratch []*sequence
+	// tables numbers the states of block tables: every change of a
+	// sequence's pages gives it the next number (sequence.table).
+	tables uint64
 	// spare is the memory of the last spent reservation, for the next.
 	spare struct {
 		entries []reservedEntry
@@ -90,6 +93,7 @@ type sequence struct {
 	pending  *Reservation // non-nil while a reservation holds the sequence
 	mark     uint64       // the Reserve call (Cache.epoch) that last named it
 	markAt   int          // its index in that call's needs
+	table    uint64       // the state of pages: Cache.tables when they last changed
 	id       uint64
 	handle   Handle
 }
@@ -100,6 +104,14 @@ type sequence struct {
 // the id's map lookup. It is only a hint: a zero, stale or wrong handle
 // costs that lookup, never a wrong sequence.
 type Handle int32
+
+// tableChangedLocked gives s's pages a new state number: called on every
+// change of s.pages (entries or length), so that equal numbers mean equal
+// tables (Reservation.TableState).
+func (c *Cache) tableChangedLocked(s *sequence) {
+	c.tables++
+	s.table = c.tables
+}
 
 // handleLocked returns the live sequence id through its handle h when h
 // still names it, else through the map.
@@ -323,6 +335,7 @@ func (c *Cache) Reserve(needs []Need) (*Reservation, error) {
 		if n.Create {
 			s = &sequence{}
 			c.addLocked(n.ID, s)
+			c.tableChangedLocked(s)
 		}
 		r.entries[i] = reservedEntry{seq: s, id: n.ID, created: n.Create, oldPages: len(s.pages)}
 		// Pop the pages off the free stack, the top one first.
@@ -331,6 +344,7 @@ func (c *Cache) Reserve(needs []Need) (*Reservation, error) {
 			for k := 1; k <= add; k++ {
 				s.pages = append(s.pages, c.free[top-k])
 			}
+			c.tableChangedLocked(s)
 			r.taken = append(r.taken, s.pages[len(s.pages)-add:]...)
 			c.free = c.free[:top-add]
 		}
@@ -365,6 +379,24 @@ func (r *Reservation) AppendBlockTable(dst []int32, i int) ([]int32, error) {
 		return dst, fmt.Errorf("kvcache: need %d out of range [0, %d) of the reservation", i, len(r.entries))
 	}
 	return append(dst, r.entries[i].seq.pages...), nil
+}
+
+// TableState returns the state number of needs[i]'s block table as
+// AppendBlockTable appends it: equal numbers (from one Cache) mean the same
+// sequence with the same pages, so a caller that keeps a copy of a table
+// may skip copying it again while the number stays the same. Every change
+// of a sequence's pages (Reserve adding pages, a commit or rollback
+// dropping them, the window freeing them, a new sequence) takes a new
+// number. Same contract as AppendBlockTable: r pending, the caller the
+// goroutine that ends it.
+func (r *Reservation) TableState(i int) (uint64, error) {
+	if r.done {
+		return 0, ErrReservationDone
+	}
+	if i < 0 || i >= len(r.entries) {
+		return 0, fmt.Errorf("kvcache: need %d out of range [0, %d) of the reservation", i, len(r.entries))
+	}
+	return r.entries[i].seq.table, nil
 }
 
 // Commit makes the reserved lengths permanent and releases the sequences.
@@ -414,10 +446,13 @@ func (r *Reservation) CommitLengths(lengths map[uint64]int) error {
 		// were taken by this reservation (the old pages cover the old
 		// length), so they go back in reverse pop order.
 		keep := c.pagesFor(n)
-		for i := len(s.pages) - 1; i >= keep; i-- {
-			c.free = append(c.free, s.pages[i])
+		if keep < len(s.pages) {
+			for i := len(s.pages) - 1; i >= keep; i-- {
+				c.free = append(c.free, s.pages[i])
+			}
+			s.pages = s.pages[:keep]
+			c.tableChangedLocked(s)
 		}
-		s.pages = s.pages[:keep]
 		s.length, s.reserved, s.pending = n, n, nil
 		c.slideLocked(s)
 	}
@@ -448,11 +483,15 @@ func resize[T any](s []T, n int) []T {
 // reuse them lowest first).
 func (c *Cache) slideLocked(s *sequence) {
 	dead := c.cfg.DeadPages(s.length)
+	if dead <= s.freed {
+		return
+	}
 	for i := dead - 1; i >= s.freed; i-- {
 		c.free = append(c.free, s.pages[i])
 		s.pages[i] = -1
 	}
-	s.freed = max(s.freed, dead)
+	s.freed = dead
+	c.tableChangedLocked(s)
 }
 
 // Rollback undoes the reservation: reserved pages go back to the free list
@@ -469,7 +508,10 @@ func (r *Reservation) Rollback() error {
 	r.done = true
 	for i := len(r.entries) - 1; i >= 0; i-- {
 		e := r.entries[i]
-		e.seq.pages = e.seq.pages[:e.oldPages]
+		if len(e.seq.pages) != e.oldPages {
+			e.seq.pages = e.seq.pages[:e.oldPages]
+			c.tableChangedLocked(e.seq)
+		}
 		e.seq.reserved = e.seq.length
 		e.seq.pending = nil
 		if e.created {

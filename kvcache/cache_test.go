@@ -416,3 +416,58 @@ func BenchmarkReserveCommit(b *testing.B) {
 		}
 	}
 }
+
+// TestTableState: a sequence's table state number stays while its pages
+// stay, and changes with every change of them (pages added, dropped by a
+// commit or a rollback, freed by the window), never returning to a number
+// it had.
+func TestTableState(t *testing.T) {
+	c, err := New(Config{Format: FormatFP8UE8M0, PageSize: 4, NumPages: 64, Window: 8})
+	require.NoError(t, err)
+	seen := map[uint64]bool{}
+	state := func(needs ...Need) (uint64, *Reservation) {
+		r, err := c.Reserve(needs)
+		require.NoError(t, err)
+		st, err := r.TableState(0)
+		require.NoError(t, err)
+		return st, r
+	}
+	fresh := func(st uint64) {
+		t.Helper()
+		require.False(t, seen[st], "state %d came back", st)
+		seen[st] = true
+	}
+	s0, r := state(Need{ID: 1, NewLength: 3, Create: true}) // one page
+	fresh(s0)
+	require.NoError(t, r.Commit())
+	s1, r := state(Need{ID: 1, NewLength: 4}) // the same page
+	require.Equal(t, s0, s1)
+	require.NoError(t, r.Commit())
+	s2, r := state(Need{ID: 1, NewLength: 6}) // a second page
+	fresh(s2)
+	require.NoError(t, r.Rollback()) // dropped again
+	s3, r := state(Need{ID: 1, NewLength: 4})
+	fresh(s3)
+	require.NoError(t, r.Commit())
+	s4, r := state(Need{ID: 1, NewLength: 12}) // two more pages
+	fresh(s4)
+	require.NoError(t, r.CommitLengths(map[uint64]int{1: 5})) // the last one dropped at commit
+	s5, r := state(Need{ID: 1, NewLength: 5})
+	fresh(s5)
+	require.NoError(t, r.Commit())
+	s6, r := state(Need{ID: 1, NewLength: 16}) // pages for 16 tokens; the window frees page 0 at commit
+	fresh(s6)
+	require.NoError(t, r.Commit())
+	s7, r := state(Need{ID: 1, NewLength: 16})
+	fresh(s7)
+	tbl, err := r.AppendBlockTable(nil, 0)
+	require.NoError(t, err)
+	require.Equal(t, int32(-1), tbl[0], "the window freed the first page")
+	require.NoError(t, r.Commit())
+	// Another sequence never shares a number.
+	s8, r := state(Need{ID: 2, NewLength: 1, Create: true})
+	fresh(s8)
+	require.NoError(t, r.Commit())
+	_, err = r.TableState(0)
+	require.ErrorIs(t, err, ErrReservationDone)
+}

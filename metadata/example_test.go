@@ -96,3 +96,42 @@ func ExampleParsePhase() {
 	// generation <nil>
 	// metadata: unknown phase "decode" (want "context" or "generation")
 }
+
+// Decode steps over one reused Metadata: a row is copied again only when
+// its page list changed (a new state number, as kvcache's
+// Reservation.TableState gives it).
+func ExamplePlan_BuildKeeping() {
+	cached := map[uint64]int{1: 14, 2: 40}
+	pages := map[uint64][]int32{1: {7}, 2: {3, 4, 5}}
+	state := map[uint64]uint64{1: 1, 2: 2}
+	params := metadata.Params{Heads: 1, PageSize: 16, MaxPositions: 1024, Scheduler: metadata.DefaultSchedulerParams()}
+	var keeper metadata.RowKeeper
+	m := &metadata.Metadata{}
+	for step := range 3 {
+		reqs := []metadata.Request{{Seq: 1, Phase: metadata.Generation}, {Seq: 2, Phase: metadata.Generation}}
+		plan, err := metadata.NewPlan(reqs, func(s uint64) (int, bool, error) { return cached[s], true, nil }, params)
+		if err != nil {
+			fmt.Println(err)
+			return
+		}
+		if step == 2 { // sequence 1 reaches position 16: a second page
+			pages[1], state[1] = []int32{7, 9}, 3
+		}
+		m, err = plan.BuildKeeping(m, &keeper,
+			func(dst []int32, b int, seq uint64) ([]int32, error) { return append(dst, pages[seq]...), nil },
+			func(b int) uint64 { return state[reqs[b].Seq] })
+		if err != nil {
+			fmt.Println(err)
+			return
+		}
+		_, _, kept := keeper.Kept()
+		fmt.Println("step", step, "block tables:", m.BlockTables, "kept:", kept)
+		for s := range cached {
+			cached[s]++
+		}
+	}
+	// Output:
+	// step 0 block tables: [7 -1 -1 3 4 5] kept: [false false]
+	// step 1 block tables: [7 -1 -1 3 4 5] kept: [true true]
+	// step 2 block tables: [7 9 -1 3 4 5] kept: [false true]
+}

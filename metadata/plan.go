@@ -303,6 +303,21 @@ func (p *Plan) Build(blockTable func(seq uint64) ([]int32, error)) (*Metadata, e
 // returned, its slices' memory reused (on an error its contents are
 // undefined); a nil one builds fresh Metadata.
 func (p *Plan) BuildAppend(reuse *Metadata, appendTable func(dst []int32, b int, seq uint64) ([]int32, error)) (*Metadata, error) {
+	return p.BuildKeeping(reuse, nil, appendTable, nil)
+}
+
+// BuildKeeping is BuildAppend that keeps, in reuse, the block-table rows
+// whose source did not change since k's last build into it: state(b) names
+// the state of request b's page list (equal numbers: the same pages, as
+// kvcache.Reservation.TableState gives them; 0: unknown, always rebuilt).
+// A row is kept when it is the same row of the same memory and width as in
+// k's last successful build, for the same sequence, page-list state, pages
+// needed and pages behind the cached positions: it then holds exactly what
+// building it again would write, and passed the same checks. k records
+// which rows it kept (RowKeeper.Kept), for an uploader that holds the last
+// build's rows. A nil k or state keeps nothing. On an error k forgets
+// everything (reuse's contents are undefined).
+func (p *Plan) BuildKeeping(reuse *Metadata, k *RowKeeper, appendTable func(dst []int32, b int, seq uint64) ([]int32, error), state func(b int) uint64) (_ *Metadata, err error) {
 	if appendTable == nil {
 		return nil, errors.New("metadata: appendTable is nil")
 	}
@@ -310,6 +325,15 @@ func (p *Plan) BuildAppend(reuse *Metadata, appendTable func(dst []int32, b int,
 	m := reuse
 	if m == nil {
 		m = &Metadata{}
+	}
+	if k == nil || state == nil || reuse == nil {
+		k, state = nil, nil
+	} else {
+		defer func() {
+			if err != nil {
+				k.forget()
+			}
+		}()
 	}
 	*m = Metadata{
 		NumSeqs:      n,
@@ -345,20 +369,32 @@ func (p *Plan) BuildAppend(reuse *Metadata, appendTable func(dst []int32, b int,
 		rows += qLen[b] * heads
 		cuQ[b], cuKV[b], cuQRows[b] = q, kv, rows
 	}
+	keeping := k != nil && k.canKeep(m.BlockTables, m.MaxPages)
+	var keys []rowKey
+	if k != nil {
+		keys = k.begin(n)
+	}
 	for b, seq := range p.seqs {
 		row := m.BlockTables[b*m.MaxPages : (b+1)*m.MaxPages : (b+1)*m.MaxPages]
-		pages, err := appendTable(row[:0], b, seq)
-		if err != nil {
-			return nil, fmt.Errorf("metadata: request %d (seq %d): block table: %w", b, seq, err)
-		}
 		need := (int(p.kvLen[b]) + p.params.PageSize - 1) >> p.pageShift
-		if len(pages) < need {
-			return nil, requestError(b, seq, "block table has %d pages, kv_len %d needs %d pages of %d", len(pages), p.kvLen[b], need, p.params.PageSize)
-		}
 		// A sliding-window cache frees the pages no query reads any more:
 		// their entries are -1. Only pages wholly before the cached
 		// positions may be: every new token's page must be real.
 		behind := min(int(p.cached[b])>>p.pageShift, need)
+		if k != nil {
+			keys[b] = rowKey{state: state(b), seq: seq, need: need, behind: behind}
+			if keeping && keys[b].state != 0 && b < len(k.keys) && k.keys[b] == keys[b] {
+				k.kept[b] = true
+				continue
+			}
+		}
+		pages, err := appendTable(row[:0], b, seq)
+		if err != nil {
+			return nil, fmt.Errorf("metadata: request %d (seq %d): block table: %w", b, seq, err)
+		}
+		if len(pages) < need {
+			return nil, requestError(b, seq, "block table has %d pages, kv_len %d needs %d pages of %d", len(pages), p.kvLen[b], need, p.params.PageSize)
+		}
 		if len(pages) == 0 || len(row) == 0 || &pages[0] != &row[0] {
 			copy(row, pages[:need]) // a table longer than the row was appended elsewhere
 		}
@@ -373,6 +409,9 @@ func (p *Plan) BuildAppend(reuse *Metadata, appendTable func(dst []int32, b int,
 		for j := need; j < len(row); j++ {
 			row[j] = -1
 		}
+	}
+	if k != nil {
+		k.done(m.BlockTables, m.MaxPages)
 	}
 	return m, nil
 }

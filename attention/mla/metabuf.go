@@ -65,6 +65,10 @@ type metaMirror struct {
 	width    []int  // per block-table row: entries at or past it are -1 (rows < seqs)
 	changed  []bool // per block-table row: check found its entries differ
 	lo, hi   int    // the words this upload changed, [lo, hi)
+	// build is the metadata.RowKeeper build whose block-table rows the
+	// words hold (0: none known): UploadKeeping skips the rows a later
+	// build kept from it.
+	build uint64
 }
 
 // Invalidate forgets what Upload last wrote, so the next Upload writes
@@ -193,6 +197,23 @@ func (mb *MetadataBuffers) Encode(m *metadata.Metadata, numPages int) ([]byte, e
 // rewrites its staging words, for the copy of the previous Upload when
 // nothing has waited for it since.
 func (mb *MetadataBuffers) Upload(b Backend, m *metadata.Metadata, numPages int) error {
+	return mb.UploadKeeping(b, m, numPages, nil)
+}
+
+// UploadKeeping is Upload for m built by metadata.Plan.BuildKeeping with k:
+// when the mirror holds the rows of the build k's last one kept rows from,
+// it neither compares nor copies the kept rows (they are the same words).
+// The device bytes are the same as Upload's.
+func (mb *MetadataBuffers) UploadKeeping(b Backend, m *metadata.Metadata, numPages int, k *metadata.RowKeeper) error {
+	var build uint64
+	var kept []bool
+	if k != nil {
+		var from uint64
+		build, from, kept = k.Kept()
+		if from == 0 || from != mb.mirror.build || len(kept) != m.NumSeqs {
+			kept = nil
+		}
+	}
 	mm := &mb.mirror
 	aw, async := b.(AsyncWriter)
 	if async && mm.wordsOf == b {
@@ -204,12 +225,17 @@ func (mb *MetadataBuffers) Upload(b Backend, m *metadata.Metadata, numPages int)
 		}
 	}
 	if !nativeLittleEndian || mm.buf == nil || mm.buf != mb.Buf || mm.backend != b || mm.numPages != numPages {
-		return mb.uploadAll(b, m, numPages)
+		if err := mb.uploadAll(b, m, numPages); err != nil {
+			return err
+		}
+		mm.build = build
+		return nil
 	}
-	if err := mb.check(m, numPages); err != nil {
+	if err := mb.check(m, numPages, kept); err != nil {
 		return err
 	}
 	mb.update(m)
+	mm.build = build
 	if mm.lo >= mm.hi {
 		return nil
 	}
@@ -221,7 +247,7 @@ func (mb *MetadataBuffers) Upload(b Backend, m *metadata.Metadata, numPages int)
 		err = b.Write(mb.Buf, 4*mm.lo, src)
 	}
 	if err != nil {
-		mm.buf = nil // the device holds an unknown mix: write it all next time
+		mm.buf, mm.build = nil, 0 // the device holds an unknown mix: write it all next time
 		return err
 	}
 	return nil
@@ -235,7 +261,7 @@ func (mb *MetadataBuffers) uploadAll(b Backend, m *metadata.Metadata, numPages i
 		return err
 	}
 	mm := &mb.mirror
-	mm.buf = nil
+	mm.buf, mm.build = nil, 0
 	if !nativeLittleEndian {
 		return b.Write(mb.Buf, 0, enc)
 	}
@@ -307,8 +333,9 @@ func (mb *MetadataBuffers) remember(b Backend, m *metadata.Metadata, numPages in
 // check refuses what Encode refuses, except the page bound of block-table
 // entries, which it checks only on the rows that change (the others passed
 // it on an earlier upload with the same pool); it marks those rows for
-// update.
-func (mb *MetadataBuffers) check(m *metadata.Metadata, numPages int) error {
+// update. kept (nil or one per row) marks rows known to equal the mirror's
+// (UploadKeeping): they are not compared.
+func (mb *MetadataBuffers) check(m *metadata.Metadata, numPages int, kept []bool) error {
 	if m.NumSeqs > mb.MaxSeqs {
 		return fmt.Errorf("mla: batch of %d sequences exceeds the metadata capacity of %d", m.NumSeqs, mb.MaxSeqs)
 	}
@@ -323,6 +350,10 @@ func (mb *MetadataBuffers) check(m *metadata.Metadata, numPages int) error {
 	}
 	mm := &mb.mirror
 	for r := range m.NumSeqs {
+		if kept != nil && kept[r] && r < mm.seqs && mm.width[r] == m.MaxPages {
+			mm.changed[r] = false
+			continue
+		}
 		row := m.BlockTables[r*m.MaxPages : (r+1)*m.MaxPages]
 		old := mm.words[mb.OffBlockTables/4+r*mb.PageStride:][:m.MaxPages]
 		if mm.changed[r] = r >= mm.seqs || !equalWords(row, old); !mm.changed[r] {

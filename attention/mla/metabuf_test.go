@@ -2,6 +2,7 @@ package mla_test
 
 import (
 	"context"
+	"errors"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -189,4 +190,116 @@ func firstDiff(a, b []byte) int {
 		return min(len(a), len(b))
 	}
 	return -1
+}
+
+// TestUploadKeepingMatchesEncode: a decode loop's builds that keep the
+// rows whose page list did not change (metadata.Plan.BuildKeeping) and
+// uploads that skip them (UploadKeeping) leave the device holding exactly
+// Encode's bytes after every upload, and the kept Metadata equal to a full
+// build, through page lists changing, batches reordered, builds that fail
+// half way, uploads refused after a successful build, and an invalidated
+// mirror.
+func TestUploadKeepingMatchesEncode(t *testing.T) {
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewPCG(seed, 11))
+	const maxSeqs, stride, numPages, pageSize = 6, 16, 64, 4
+	b := cpu.New(1)
+	defer b.Close()
+	mb, err := mla.NewMetadataBuffers(b, maxSeqs, stride)
+	require.NoError(t, err)
+	device := cpu.Bytes(mb.Buf)
+	params := metadata.Params{Heads: 2, PageSize: pageSize, MaxPositions: pageSize * stride, Scheduler: metadata.DefaultSchedulerParams()}
+	// Each sequence's page list and its state number (a new number at
+	// every change, as kvcache numbers them).
+	pages := map[uint64][]int32{}
+	state := map[uint64]uint64{}
+	cached := map[uint64]int{}
+	next := uint64(0)
+	change := func(s uint64) {
+		next++
+		state[s] = next
+		p := make([]int32, stride)
+		for j := range p {
+			p[j] = int32(rng.IntN(numPages))
+		}
+		pages[s] = p
+	}
+	seqs := []uint64{1, 2, 3, 4, 5, 6}
+	for _, s := range seqs {
+		change(s)
+		cached[s] = rng.IntN(pageSize * 8)
+	}
+	var keeper metadata.RowKeeper
+	reuse := &metadata.Metadata{}
+	kept := 0
+	for step := range 300 {
+		n := 1 + rng.IntN(maxSeqs)
+		if rng.IntN(8) == 0 {
+			rng.Shuffle(len(seqs), func(i, j int) { seqs[i], seqs[j] = seqs[j], seqs[i] })
+		}
+		for _, s := range seqs[:n] {
+			if rng.IntN(4) == 0 {
+				change(s)
+			}
+			if rng.IntN(3) == 0 && cached[s] < pageSize*(stride-2) {
+				cached[s]++
+			}
+		}
+		reqs := make([]metadata.Request, n)
+		for i, s := range seqs[:n] {
+			reqs[i] = metadata.Request{Seq: s, Phase: metadata.Generation}
+		}
+		plan, err := metadata.NewPlan(reqs, func(s uint64) (int, bool, error) { return cached[s], true, nil }, params)
+		require.NoError(t, err)
+		appendTable := func(dst []int32, b int, s uint64) ([]int32, error) { return append(dst, pages[s]...), nil }
+		stateOf := func(b int) uint64 { return state[reqs[b].Seq] }
+		if rng.IntN(15) == 0 { // a build that fails half way
+			fail := rng.IntN(n)
+			_, err := plan.BuildKeeping(reuse, &keeper, func(dst []int32, b int, s uint64) ([]int32, error) {
+				if b == fail {
+					return dst, errors.New("no table")
+				}
+				return appendTable(dst, b, s)
+			}, func(b int) uint64 {
+				if b == fail {
+					return 0 // unknown: rebuilt, so the failing append runs
+				}
+				return stateOf(b)
+			})
+			require.Error(t, err)
+		}
+		m, err := plan.BuildKeeping(reuse, &keeper, appendTable, stateOf)
+		require.NoError(t, err, "step %d", step)
+		full, err := plan.BuildAppend(nil, appendTable)
+		require.NoError(t, err)
+		require.Equal(t, full, m, "step %d: the kept build differs from a full one", step)
+		_, _, rows := keeper.Kept()
+		for _, k := range rows {
+			if k {
+				kept++
+			}
+		}
+		if rng.IntN(12) == 0 { // an upload refused after the build
+			require.Error(t, mb.UploadKeeping(b, m, 1, &keeper), "step %d", step)
+			// The next build keeps rows from this one, which the device never got.
+			for _, s := range seqs[:n] {
+				if rng.IntN(2) == 0 {
+					change(s)
+				}
+			}
+			continue
+		}
+		if rng.IntN(40) == 0 {
+			mb.Invalidate()
+		}
+		want, err := mb.Encode(m, numPages)
+		require.NoError(t, err)
+		require.NoError(t, mb.UploadKeeping(b, m, numPages, &keeper), "step %d", step)
+		if i := firstDiff(want, device[:mb.OffScheduler]); i >= 0 {
+			t.Fatalf("step %d: device byte %d = %#x, Encode says %#x", step, i, device[i], want[i])
+		}
+	}
+	require.Greater(t, kept, 100, "rows kept over the steps")
+	t.Logf("%d rows kept", kept)
 }

@@ -1,0 +1,20 @@
+package engine
+
+// VerifyKeptRows makes every Begin of e compare the metadata it uploaded
+// with the full encoding, and its block-table rows with their page lists
+// (the rows a build kept, and the ones an upload skipped, must change
+// nothing).
+func VerifyKeptRows(e *Engine) { e.verifyKeptRows = true }
+
+// KeptRows is how many block-table rows e's last Begin kept from the build
+// before it.
+func KeptRows(e *Engine) int {
+	_, _, rows := e.rows.Kept()
+	n := 0
+	for _, k := range rows {
+		if k {
+			n++
+		}
+	}
+	return n
+}
