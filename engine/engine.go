@@ -690,6 +690,8 @@ func (e *Engine) checkUpload(m *metadata.Metadata, res *kvcache.Reservation) err
 	return nil
 }
 
+// firstDiff is the first index where a and b differ (the shorter one's
+// length when one is a prefix of the other), or -1.
 func firstDiff(a, b []byte) int {
 	for i := range min(len(a), len(b)) {
 		if a[i] != b[i] {

@@ -18,3 +18,6 @@ func KeptRows(e *Engine) int {
 	}
 	return n
 }
+
+// FirstDiff is the first index where two byte slices differ, or -1.
+var FirstDiff = firstDiff

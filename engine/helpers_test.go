@@ -150,14 +150,5 @@ func requireSameSnapshot(t testing.TB, want, got snapshot) {
 	}
 }
 
-func firstDiff(a, b []byte) int {
-	if len(a) != len(b) {
-		return min(len(a), len(b))
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return i
-		}
-	}
-	return -1
-}
+// firstDiff is the engine's own (engine.FirstDiff).
+var firstDiff = engine.FirstDiff

@@ -56,23 +56,14 @@ func (a *BF16GEMMArgs) Validate() error {
 	case a.YStride < a.N || a.YStride%4 != 0:
 		return fmt.Errorf("mla: BF16GEMMArgs.YStride = %d elements, must be >= N = %d and a multiple of 4", a.YStride, a.N)
 	}
+	x, w, y := a.Extents()
 	need := []struct {
 		name string
 		buf  Buffer
 		n    int64
-	}{{"W", a.W, 2 * int64(a.N) * int64(a.K)}}
-	if a.Rows > 0 {
-		need = append(need,
-			struct {
-				name string
-				buf  Buffer
-				n    int64
-			}{"X", a.X, int64(a.XOffset) + 2*(int64(a.Rows-1)*int64(a.XStride)+int64(a.K))},
-			struct {
-				name string
-				buf  Buffer
-				n    int64
-			}{"Y", a.Y, int64(a.YOffset) + 4*(int64(a.Rows-1)*int64(a.YStride)+int64(a.N))})
+	}{{"W", a.W, w}, {"X", a.X, int64(a.XOffset) + x}, {"Y", a.Y, int64(a.YOffset) + y}}
+	if a.Rows == 0 {
+		need = need[:1] // no X or Y is read or written
 	}
 	for _, n := range need {
 		if n.buf == nil {
@@ -83,6 +74,18 @@ func (a *BF16GEMMArgs) Validate() error {
 		}
 	}
 	return nil
+}
+
+// Extents are the bytes the GEMM reads of X (from XOffset) and W and
+// writes of Y (from YOffset); X's and Y's are 0 when Rows is 0. The shapes
+// must have passed Validate's range checks.
+func (a *BF16GEMMArgs) Extents() (x, w, y int64) {
+	w = 2 * int64(a.N) * int64(a.K)
+	if a.Rows > 0 {
+		x = 2 * (int64(a.Rows-1)*int64(a.XStride) + int64(a.K))
+		y = 4 * (int64(a.Rows-1)*int64(a.YStride) + int64(a.N))
+	}
+	return x, w, y
 }
 
 // BF16GEMMBackend runs the compressor's projection GEMM (bf16 weights,

@@ -383,7 +383,7 @@ func chainShape(c *config, d *device, md model, w *chainWeights, s shape, copyGB
 	r.FusedGEMM, r.WqBGEMM = paths[0], paths[1]
 	perLayer := map[chainKV]float64{}
 	for _, kv := range []chainKV{kvForked, kvNone, kvSerial, kvAlone} {
-		g, err := d.be.Capture(func() error {
+		total, err := d.timeGraph(c.GraphReps, func() error {
 			for l := range L {
 				if err := d.chainLayer(ctx, md, cl, &w.layers[l], l, kv, nil, nil); err != nil {
 					return fmt.Errorf("layer %d: %w", l, err)
@@ -392,14 +392,7 @@ func chainShape(c *config, d *device, md model, w *chainWeights, s shape, copyGB
 			return nil
 		})
 		if err != nil {
-			return r, fmt.Errorf("capture (%v): %w", kv, err)
-		}
-		total, err := d.timeLaunchN(c.GraphReps, g.Launch)
-		if cerr := g.Close(); err == nil {
-			err = cerr
-		}
-		if err != nil {
-			return r, fmt.Errorf("replay (%v): %w", kv, err)
+			return r, fmt.Errorf("graph (%v): %w", kv, err)
 		}
 		perLayer[kv] = total / float64(L)
 		if kv == kvForked {
@@ -451,7 +444,7 @@ func chainCompress(c *config, d *device, md model, cl *chainLayout, w *chainWeig
 	}
 	per := map[chainKV]float64{}
 	for _, kv := range []chainKV{kvForked, kvCompAlone, kvCompGEMM} {
-		g, err := d.be.Capture(func() error {
+		total, err := d.timeGraph(c.GraphReps, func() error {
 			for l := range L {
 				if err := d.chainLayer(ctx, md, cl, &w.layers[l], l, kv, nil, comp); err != nil {
 					return fmt.Errorf("layer %d: %w", l, err)
@@ -460,14 +453,7 @@ func chainCompress(c *config, d *device, md model, cl *chainLayout, w *chainWeig
 			return nil
 		})
 		if err != nil {
-			return ChainCompResult{}, fmt.Errorf("capture (%v): %w", kv, err)
-		}
-		total, err := d.timeLaunchN(c.GraphReps, g.Launch)
-		if cerr := g.Close(); err == nil {
-			err = cerr
-		}
-		if err != nil {
-			return ChainCompResult{}, fmt.Errorf("replay (%v): %w", kv, err)
+			return ChainCompResult{}, fmt.Errorf("graph (%v): %w", kv, err)
 		}
 		per[kv] = total / float64(L)
 	}

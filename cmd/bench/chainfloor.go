@@ -1,7 +1,6 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 
 	"github.com/dsv4mla/prologue/attention/mla"
@@ -24,58 +23,57 @@ type ChainFloor struct {
 	Bytes      int64   `json:"bytes"` // a layer's bytes read and written
 }
 
-// chainFloors times chain_rows for a one-token batch's rows and for b=32
-// MTP 3's (128 tokens x heads), every layer of md in one graph.
+// chainFloors times chain_rows for a one-token batch's rows, b=32's and
+// b=32 MTP 3's (128 tokens x heads), every layer of md in one graph.
 func chainFloors(c *config, d *device, md model, rep *Report) error {
 	for _, tokens := range []int{1, 32, 128} {
-		rows := tokens * md.Heads
-		bufs := make([]mla.Buffer, 0, 2*md.Layers)
-		free := func() {
-			for _, b := range bufs {
-				_ = d.be.Free(b)
-			}
+		if err := chainFloor(c, d, md, tokens, rep); err != nil {
+			return fmt.Errorf("chain floor, %d tokens: %w", tokens, err)
 		}
-		for range md.Layers {
-			src, err := d.randBF16(rows*512, 512)
-			if err != nil {
-				free()
-				return err
-			}
-			bufs = append(bufs, src)
-			dst, err := d.be.Alloc(rows * 512)
-			if err != nil {
-				free()
-				return err
-			}
-			bufs = append(bufs, dst)
+	}
+	return nil
+}
+
+// chainFloor is chainFloors at one batch of tokens.
+func chainFloor(c *config, d *device, md model, tokens int, rep *Report) error {
+	rows := tokens * md.Heads
+	bufs := make([]mla.Buffer, 0, 2*md.Layers)
+	defer func() {
+		for _, b := range bufs {
+			_ = d.be.Free(b)
 		}
-		const warps = 4
-		grid := driver.Dim3{uint32((rows + warps - 1) / warps), 1, 1}
-		g, err := d.be.Capture(func() error {
-			for l := range md.Layers {
-				src, dst := bufs[2*l].(*cuda.Buffer), bufs[2*l+1].(*cuda.Buffer)
-				if err := d.ctx.LaunchPDL(d.chainRow, grid, driver.Dim3{32 * warps, 1, 1}, 0, d.be.Stream(),
-					src.Ptr(), dst.Ptr(), int32(rows), int32(512)); err != nil {
-					return err
-				}
-			}
-			return nil
-		})
-		if err != nil {
-			free()
-			return fmt.Errorf("chain floor capture: %w", err)
-		}
-		total, err := d.timeLaunchN(c.GraphReps, g.Launch)
-		err = errors.Join(err, g.Close())
-		free()
+	}()
+	for range md.Layers {
+		src, err := d.randBF16(rows*512, 512)
 		if err != nil {
 			return err
 		}
-		f := ChainFloor{Model: md.Name, Rows: rows, Layers: md.Layers, TotalUs: total,
-			UsPerLayer: total / float64(md.Layers), Bytes: int64(rows) * 1536}
-		rep.ChainFloors = append(rep.ChainFloors, f)
-		fmt.Printf("floor %-5s %6d rows (%3d tokens) %2d layers: %8.1f us, %6.2f us/layer (copy kernel in the graph, PDL; %5.1f%% of the copy rate)\n",
-			f.Model, f.Rows, tokens, f.Layers, f.TotalUs, f.UsPerLayer, 100*safeDiv(float64(f.Bytes)/rep.CopyGBps/1e3, f.UsPerLayer))
+		bufs = append(bufs, src)
+		dst, err := d.be.Alloc(rows * 512)
+		if err != nil {
+			return err
+		}
+		bufs = append(bufs, dst)
 	}
+	const warps = 4
+	grid := driver.Dim3{uint32((rows + warps - 1) / warps), 1, 1}
+	total, err := d.timeGraph(c.GraphReps, func() error {
+		for l := range md.Layers {
+			src, dst := bufs[2*l].(*cuda.Buffer), bufs[2*l+1].(*cuda.Buffer)
+			if err := d.ctx.LaunchPDL(d.chainRow, grid, driver.Dim3{32 * warps, 1, 1}, 0, d.be.Stream(),
+				src.Ptr(), dst.Ptr(), int32(rows), int32(512)); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	f := ChainFloor{Model: md.Name, Rows: rows, Layers: md.Layers, TotalUs: total,
+		UsPerLayer: total / float64(md.Layers), Bytes: int64(rows) * 1536}
+	rep.ChainFloors = append(rep.ChainFloors, f)
+	fmt.Printf("floor %-5s %6d rows (%3d tokens) %2d layers: %8.1f us, %6.2f us/layer (copy kernel in the graph, PDL; %5.1f%% of the copy rate)\n",
+		f.Model, f.Rows, tokens, f.Layers, f.TotalUs, f.UsPerLayer, 100*safeDiv(float64(f.Bytes)/rep.CopyGBps/1e3, f.UsPerLayer))
 	return nil
 }

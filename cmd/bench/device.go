@@ -2,6 +2,8 @@ package main
 
 import (
 	_ "embed"
+	"errors"
+	"fmt"
 	"github.com/dsv4mla/prologue/internal/cudatune"
 	"math"
 	"slices"
@@ -113,6 +115,17 @@ func median(v []float64) float64 {
 		return math.NaN()
 	}
 	return s[len(s)/2]
+}
+
+// timeGraph captures capture's launches in one CUDA graph and returns the
+// median replay over reps (timeLaunchN), the graph closed after.
+func (d *device) timeGraph(reps int, capture func() error) (float64, error) {
+	g, err := d.be.Capture(capture)
+	if err != nil {
+		return 0, fmt.Errorf("capture: %w", err)
+	}
+	us, err := d.timeLaunchN(reps, g.Launch)
+	return us, errors.Join(err, g.Close())
 }
 
 // timeLaunch returns the median device time in microseconds of launch

@@ -52,7 +52,7 @@ func layerGraphShape(c *config, d *device, md model, s shape, rep *Report) error
 		for l := range args {
 			args[l] = ls.withFormats(l, spec.cacheFormat, q)
 		}
-		g, err := d.be.Capture(func() error {
+		total, err := d.timeGraph(c.GraphReps, func() error {
 			for l := range args {
 				if err := mla.RunLayer(ctx, d.be, ls.launches, &args[l]); err != nil {
 					return err
@@ -60,13 +60,6 @@ func layerGraphShape(c *config, d *device, md model, s shape, rep *Report) error
 			}
 			return nil
 		})
-		if err != nil {
-			return fmt.Errorf("capture: %w", err)
-		}
-		total, err := d.timeLaunchN(c.GraphReps, g.Launch)
-		if cerr := g.Close(); err == nil {
-			err = cerr
-		}
 		if err != nil {
 			return err
 		}
@@ -111,7 +104,7 @@ func kernelGraphs(c *config, d *device, md model, s shape, ls *layers, nLayers i
 		for l := range args {
 			args[l] = ls.withFormats(l, cf, kr.q)
 		}
-		g, err := d.be.Capture(func() error {
+		total, err := d.timeGraph(c.GraphReps, func() error {
 			for l := range args {
 				for _, launch := range ls.launches {
 					if err := kr.run(launch, &args[l]); err != nil {
@@ -122,14 +115,7 @@ func kernelGraphs(c *config, d *device, md model, s shape, ls *layers, nLayers i
 			return nil
 		})
 		if err != nil {
-			return fmt.Errorf("capture %s: %w", kr.kernel, err)
-		}
-		total, err := d.timeLaunchN(c.GraphReps, g.Launch)
-		if cerr := g.Close(); err == nil {
-			err = cerr
-		}
-		if err != nil {
-			return err
+			return fmt.Errorf("%s kernel graph: %w", kr.kernel, err)
 		}
 		kg := KernelGraph{Kernel: kr.kernel, Model: md.Name, Phase: s.Phase, Batch: s.Batch, MTP: s.MTP, Tokens: s.Tokens,
 			Rows: ls.m.PaddedTokens, Format: kr.format, Layers: nLayers, TotalUs: total, UsPerLayer: total / float64(nLayers),

@@ -25,15 +25,16 @@ func (b *Backend) BF16GEMM(ctx context.Context, a *mla.BF16GEMMArgs) error {
 	if a.Rows == 0 {
 		return nil
 	}
-	xb, err := span(a.X, a.XOffset, 2*((a.Rows-1)*a.XStride+a.K))
+	xn, wn, yn := a.Extents() // Validate bounded them
+	xb, err := span(a.X, a.XOffset, int(xn))
 	if err != nil {
 		return err
 	}
-	w, err := span(a.W, 0, 2*a.N*a.K)
+	w, err := span(a.W, 0, int(wn))
 	if err != nil {
 		return err
 	}
-	y, err := span(a.Y, a.YOffset, 4*((a.Rows-1)*a.YStride+a.N))
+	y, err := span(a.Y, a.YOffset, int(yn))
 	if err != nil {
 		return err
 	}

@@ -139,20 +139,28 @@ func (b *Backend) compileOptions() driver.CompileOptions {
 			"DIRECT_MIN_BLOCKS": strconv.Itoa(b.knobs.DirectMinBlocks),
 		},
 	}
-	if b.knobs.Verbose {
-		opts.Extra = []string{"--ptxas-options=-v"}
-		opts.NoCache = true
-	}
 	return opts
 }
 
-func (b *Backend) init() error {
-	compiled, err := driver.CompileDetailed(kernels.PrologueSource(), "prologue.cu", b.compileOptions())
-	if err != nil {
-		return err
+// loadModule compiles (or fetches from the cache) and loads one of the
+// backend's sources, adding ptxas's resource report to CompileLog when
+// Knobs.Verbose (compiling without the cache then).
+func (b *Backend) loadModule(src, program string, opts driver.CompileOptions) (*driver.Module, error) {
+	if b.knobs.Verbose {
+		opts.Extra = append(opts.Extra, "--ptxas-options=-v")
+		opts.NoCache = true
 	}
-	b.clog = compiled.Log
-	if b.mod, err = b.ctx.LoadModule(compiled.Cubin); err != nil {
+	compiled, err := driver.CompileDetailed(src, program, opts)
+	if err != nil {
+		return nil, err
+	}
+	b.clog += compiled.Log
+	return b.ctx.LoadModule(compiled.Cubin)
+}
+
+func (b *Backend) init() error {
+	var err error
+	if b.mod, err = b.loadModule(kernels.PrologueSource(), "prologue.cu", b.compileOptions()); err != nil {
 		return err
 	}
 	for _, k := range abi.Kernels() {

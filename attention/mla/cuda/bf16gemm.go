@@ -125,13 +125,9 @@ func (b *Backend) InitBF16GEMM() error {
 
 func (b *Backend) initBF16GEMM() error {
 	g := &b.bf16
-	compiled, err := driver.CompileDetailed(kernels.BF16GEMMSource(), "gemm_bf16.cu",
-		driver.CompileOptions{Arch: b.ctx.Props().Arch(), NoFMAD: true})
-	if err != nil {
+	var err error
+	if g.mod, err = b.ctx.CompileModule(kernels.BF16GEMMSource(), "gemm_bf16.cu", driver.CompileOptions{NoFMAD: true}); err != nil {
 		return fmt.Errorf("cuda: bf16 GEMM kernel: %w", err)
-	}
-	if g.mod, err = b.ctx.LoadModule(compiled.Cubin); err != nil {
-		return err
 	}
 	if g.fn, err = g.mod.Function("gemm_bf16_f32"); err != nil {
 		return err
@@ -152,13 +148,9 @@ func (b *Backend) initBF16MMA() error {
 		g.mmaErr = fmt.Errorf("cuda: the tensor-core bf16 GEMM needs compute capability 8.0 or newer, the device is %d.%d", p.Major, p.Minor)
 		return nil
 	}
-	compiled, err := driver.CompileDetailed(kernels.BF16MMAGEMMSource(), "gemm_bf16_mma.cu",
-		driver.CompileOptions{Arch: p.Arch(), NoFMAD: true})
-	if err != nil {
+	var err error
+	if g.mmaMod, err = b.ctx.CompileModule(kernels.BF16MMAGEMMSource(), "gemm_bf16_mma.cu", driver.CompileOptions{NoFMAD: true}); err != nil {
 		return fmt.Errorf("cuda: tensor-core bf16 GEMM kernel: %w", err)
-	}
-	if g.mmaMod, err = b.ctx.LoadModule(compiled.Cubin); err != nil {
-		return err
 	}
 	if g.mmaFn, err = g.mmaMod.Function("gemm_bf16_mma"); err != nil {
 		return err
@@ -245,15 +237,16 @@ func (b *Backend) BF16GEMM(ctx context.Context, a *mla.BF16GEMMArgs) error {
 	if a.Rows == 0 {
 		return nil
 	}
-	x, err := span(a.X, a.XOffset, 2*((a.Rows-1)*a.XStride+a.K))
+	xn, wn, yn := a.Extents() // Validate bounded them
+	x, err := span(a.X, a.XOffset, int(xn))
 	if err != nil {
 		return err
 	}
-	w, err := span(a.W, 0, 2*a.N*a.K)
+	w, err := span(a.W, 0, int(wn))
 	if err != nil {
 		return err
 	}
-	y, err := span(a.Y, a.YOffset, 4*((a.Rows-1)*a.YStride+a.N))
+	y, err := span(a.Y, a.YOffset, int(yn))
 	if err != nil {
 		return err
 	}

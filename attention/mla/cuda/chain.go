@@ -16,17 +16,8 @@ var chainKernelNames = []string{"act_quant", "norm_quant"}
 // loadChain compiles (or loads from the cache) the chain module and looks
 // up its kernels.
 func (b *Backend) loadChain() error {
-	opts := driver.CompileOptions{Arch: b.ctx.Props().Arch()}
-	if b.knobs.Verbose {
-		opts.Extra = []string{"--ptxas-options=-v"}
-		opts.NoCache = true
-	}
-	compiled, err := driver.CompileDetailed(kernels.ChainSource(), "chain.cu", opts)
-	if err != nil {
-		return err
-	}
-	b.clog += compiled.Log
-	if b.chainMod, err = b.ctx.LoadModule(compiled.Cubin); err != nil {
+	var err error
+	if b.chainMod, err = b.loadModule(kernels.ChainSource(), "chain.cu", driver.CompileOptions{Arch: b.ctx.Props().Arch()}); err != nil {
 		return err
 	}
 	for _, n := range chainKernelNames {

@@ -226,18 +226,7 @@ func (b *Backend) LoadCompressor() error {
 	if c.fn != nil || c.err != nil {
 		return c.err
 	}
-	opts := b.compressCompileOptions()
-	if b.knobs.Verbose {
-		opts.Extra = []string{"--ptxas-options=-v"}
-		opts.NoCache = true
-	}
-	compiled, err := driver.CompileDetailed(kernels.CompressSource(), "compress.cu", opts)
-	if err != nil {
-		c.err = fmt.Errorf("cuda: compressor kernels: %w", err)
-		return c.err
-	}
-	b.clog += compiled.Log
-	mod, err := b.ctx.LoadModule(compiled.Cubin)
+	mod, err := b.loadModule(kernels.CompressSource(), "compress.cu", b.compressCompileOptions())
 	if err != nil {
 		c.err = fmt.Errorf("cuda: compressor kernels: %w", err)
 		return c.err

@@ -67,11 +67,8 @@ func (b *Backend) initGEMM() error {
 	if p.Major*10+p.Minor < 89 {
 		return fmt.Errorf("cuda: the FP8 GEMM kernel needs compute capability 8.9 or newer (e4m3 MMA), the device is %d.%d", p.Major, p.Minor)
 	}
-	compiled, err := driver.CompileDetailed(kernels.GEMMSource(), "gemm_fp8.cu", driver.CompileOptions{Arch: p.Arch()})
-	if err != nil {
-		return err
-	}
-	if g.mod, err = b.ctx.LoadModule(compiled.Cubin); err != nil {
+	var err error
+	if g.mod, err = b.ctx.CompileModule(kernels.GEMMSource(), "gemm_fp8.cu", driver.CompileOptions{}); err != nil {
 		return err
 	}
 	for _, f := range []struct {

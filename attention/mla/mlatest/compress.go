@@ -416,20 +416,9 @@ func (cs *CompressCase) Run(b mla.Backend) (*CompressOutputs, error) {
 	if !ok {
 		return nil, fmt.Errorf("backend %s does not implement mla.CompressStepper", b.Name())
 	}
-	var bufs []mla.Buffer
-	defer func() {
-		for _, buf := range bufs {
-			_ = b.Free(buf)
-		}
-	}()
-	upload := func(data []byte) (mla.Buffer, error) {
-		buf, err := b.Alloc(len(data))
-		if err != nil {
-			return nil, err
-		}
-		bufs = append(bufs, buf)
-		return buf, b.Write(buf, 0, data)
-	}
+	dev := &deviceBuffers{b: b}
+	defer dev.free()
+	upload := dev.upload
 	h := cs.h
 	a := &mla.CompressStepArgs{
 		Ratio: cs.S.Ratio, KGRows: cs.KGRows, RingRows: cs.RingRows, Slots: cs.Slots,

@@ -128,20 +128,9 @@ func CheckCompressChunking(b mla.Backend, c CompressChunking, seed uint64) error
 	}
 
 	// The device's buffers, kept across the steps.
-	var bufs []mla.Buffer
-	defer func() {
-		for _, buf := range bufs {
-			_ = b.Free(buf)
-		}
-	}()
-	upload := func(data []byte) (mla.Buffer, error) {
-		buf, err := b.Alloc(len(data))
-		if err != nil {
-			return nil, err
-		}
-		bufs = append(bufs, buf)
-		return buf, b.Write(buf, 0, data)
-	}
+	dev := &deviceBuffers{b: b}
+	defer dev.free()
+	upload := dev.upload
 	maxJobs := maxRows/c.Ratio + 1
 	a := &mla.CompressStepArgs{
 		Ratio: c.Ratio, KGRows: maxRows + 1, RingRows: ringRows, Slots: slots, MaxSeqs: 1, MaxJobs: maxJobs,

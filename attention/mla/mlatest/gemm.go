@@ -99,6 +99,37 @@ func upload(b mla.Backend, data []byte) (mla.Buffer, error) {
 	return buf, b.Write(buf, 0, data)
 }
 
+// deviceBuffers are one run's buffers on a backend, freed together (also
+// one whose write failed).
+type deviceBuffers struct {
+	b    mla.Backend
+	bufs []mla.Buffer
+}
+
+// alloc allocates n bytes on the backend, data written to them when not nil.
+func (d *deviceBuffers) alloc(n int, data []byte) (mla.Buffer, error) {
+	buf, err := d.b.Alloc(n)
+	if err != nil {
+		return nil, err
+	}
+	d.bufs = append(d.bufs, buf)
+	if data != nil {
+		return buf, d.b.Write(buf, 0, data)
+	}
+	return buf, nil
+}
+
+// upload is alloc of data's size with data written.
+func (d *deviceBuffers) upload(data []byte) (mla.Buffer, error) { return d.alloc(len(data), data) }
+
+// free releases every buffer.
+func (d *deviceBuffers) free() {
+	for _, buf := range d.bufs {
+		_ = d.b.Free(buf)
+	}
+	d.bufs = nil
+}
+
 // UploadFP8Weight copies a host weight into b's memory.
 func UploadFP8Weight(b mla.Backend, w *weights.FP8Matrix) (*mla.FP8Weight, error) {
 	data, err := upload(b, w.Data)

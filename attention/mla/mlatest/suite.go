@@ -326,23 +326,9 @@ func (cs *Case) Run(b mla.Backend, launches []mla.Launch) (*Outputs, error) {
 		launches = mla.Plan(m)
 	}
 	ctx := context.Background()
-	var bufs []mla.Buffer
-	alloc := func(n int, data []byte) (mla.Buffer, error) {
-		buf, err := b.Alloc(n)
-		if err != nil {
-			return nil, err
-		}
-		bufs = append(bufs, buf)
-		if data != nil {
-			return buf, b.Write(buf, 0, data)
-		}
-		return buf, nil
-	}
-	defer func() {
-		for _, buf := range bufs {
-			_ = b.Free(buf)
-		}
-	}()
+	dev := &deviceBuffers{b: b}
+	defer dev.free()
+	alloc := dev.alloc
 	a := &mla.LayerArgs{
 		Heads: in.heads, LatentOffset: in.latentOffset, LatentStride: in.latentStride,
 		RopePositions: in.ropePositions, CacheConfig: cs.cfg, QScale: cs.qScale,
@@ -376,7 +362,7 @@ func (cs *Case) Run(b mla.Backend, launches []mla.Launch) (*Outputs, error) {
 	if a.Meta, err = mla.NewMetadataBuffers(b, m.NumSeqs, m.MaxPages+1); err != nil {
 		return nil, err
 	}
-	bufs = append(bufs, a.Meta.Buf)
+	dev.bufs = append(dev.bufs, a.Meta.Buf)
 	if err := a.Meta.Upload(b, m, cs.cfg.NumPages); err != nil {
 		return nil, err
 	}

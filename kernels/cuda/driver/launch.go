@@ -286,20 +286,12 @@ func (c *Context) LaunchValues(fn *Function, grid, block Dim3, sharedBytes uint3
 	for _, b := range args {
 		n += len(b)
 	}
-	buf, sizes := make([]byte, 0, n), make([]int, len(args))
+	buf, copied := make([]byte, 0, n), make([][]byte, len(args))
 	for i, b := range args {
-		buf, sizes[i] = append(buf, b...), len(b)
+		buf = append(buf, b...)
+		copied[i] = buf[len(buf)-len(b):]
 	}
-	err := c.Do(func() error {
-		c.area.reset()
-		for _, n := range sizes {
-			if err := c.area.put(buf[:n]); err != nil {
-				return err
-			}
-			buf = buf[n:]
-		}
-		return c.issue(fn, grid, block, sharedBytes, s, pdl)
-	})
+	err := c.Do(func() error { return c.issueValues(fn, grid, block, sharedBytes, s, pdl, copied) })
 	return c.wrapLaunch(fn, grid, block, sharedBytes, err)
 }
 
