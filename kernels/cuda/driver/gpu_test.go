@@ -561,3 +561,31 @@ func TestGPUClosedContext(t *testing.T) {
 	require.ErrorIs(t, err, ErrClosed)
 	require.ErrorIs(t, c.Do(func() error { return nil }), ErrClosed)
 }
+
+// TestGPULaunchValues: arguments given as their bytes launch the same as
+// typed ones, from the owner goroutine (inside Do) and from another one
+// (the values copied before the hand-over), with and without PDL.
+func TestGPULaunchValues(t *testing.T) {
+	c := openTestContext(t)
+	rng := newRand(t)
+	addOne := mustFunction(t, loadTestModule(t, c), "add_one")
+	n := 1000 + rng.IntN(1000)
+	host := make([]uint32, n)
+	for i := range host {
+		host[i] = rng.Uint32()
+	}
+	p := allocT(t, c, 4*n)
+	require.NoError(t, c.HtoD(p, AsBytes(host)))
+	ptr := binary.LittleEndian.AppendUint64(nil, uint64(p))
+	count := binary.LittleEndian.AppendUint32(nil, uint32(n))
+	grid, block := Dim3{blocksFor(n, 256), 1, 1}, Dim3{256, 1, 1}
+	require.NoError(t, c.LaunchValues(addOne, grid, block, 0, nil, false, ptr, count))
+	require.NoError(t, c.Do(func() error { return c.LaunchValues(addOne, grid, block, 0, nil, true, ptr, count) }))
+	require.NoError(t, c.Synchronize())
+	want := make([]uint32, n)
+	for i, v := range host {
+		want[i] = v + 2
+	}
+	requireAllEqual(t, want, readUint32s(t, c, p, n))
+	require.ErrorContains(t, c.LaunchValues(addOne, grid, block, 0, nil, false, ptr, nil), "kernel argument 1 is empty")
+}
