@@ -14,8 +14,11 @@ import (
 // own buffers, launched with programmatic dependent launch like the
 // prologue and timed like LayerGraph. No prologue layer of that many rows
 // in that setting can be faster than its floor by more than the noise.
+// Prefetch: each warp first asks L2 for its row ahead of the wait, as the
+// prologue's direct path does (the floor of that path).
 type ChainFloor struct {
 	Model      string  `json:"model"`
+	Prefetch   bool    `json:"prefetch,omitempty"`
 	Rows       int     `json:"rows"` // 1 KiB rows a layer copies
 	Layers     int     `json:"layers"`
 	TotalUs    float64 `json:"total_us"`
@@ -27,15 +30,18 @@ type ChainFloor struct {
 // b=32 MTP 3's (128 tokens x heads), every layer of md in one graph.
 func chainFloors(c *config, d *device, md model, rep *Report) error {
 	for _, tokens := range []int{1, 32, 128} {
-		if err := chainFloor(c, d, md, tokens, rep); err != nil {
-			return fmt.Errorf("chain floor, %d tokens: %w", tokens, err)
+		for _, prefetch := range []bool{false, true} {
+			if err := chainFloor(c, d, md, tokens, prefetch, rep); err != nil {
+				return fmt.Errorf("chain floor, %d tokens (prefetch %v): %w", tokens, prefetch, err)
+			}
 		}
 	}
 	return nil
 }
 
-// chainFloor is chainFloors at one batch of tokens.
-func chainFloor(c *config, d *device, md model, tokens int, rep *Report) error {
+// chainFloor is chainFloors at one batch of tokens, with or without the L2
+// prefetch ahead of the wait.
+func chainFloor(c *config, d *device, md model, tokens int, prefetch bool, rep *Report) error {
 	rows := tokens * md.Heads
 	bufs := make([]mla.Buffer, 0, 2*md.Layers)
 	defer func() {
@@ -61,7 +67,7 @@ func chainFloor(c *config, d *device, md model, tokens int, rep *Report) error {
 		for l := range md.Layers {
 			src, dst := bufs[2*l].(*cuda.Buffer), bufs[2*l+1].(*cuda.Buffer)
 			if err := d.ctx.LaunchPDL(d.chainRow, grid, driver.Dim3{32 * warps, 1, 1}, 0, d.be.Stream(),
-				src.Ptr(), dst.Ptr(), int32(rows), int32(512)); err != nil {
+				src.Ptr(), dst.Ptr(), int32(rows), int32(512), boolInt32(prefetch)); err != nil {
 				return err
 			}
 		}
@@ -70,10 +76,21 @@ func chainFloor(c *config, d *device, md model, tokens int, rep *Report) error {
 	if err != nil {
 		return err
 	}
-	f := ChainFloor{Model: md.Name, Rows: rows, Layers: md.Layers, TotalUs: total,
+	f := ChainFloor{Model: md.Name, Prefetch: prefetch, Rows: rows, Layers: md.Layers, TotalUs: total,
 		UsPerLayer: total / float64(md.Layers), Bytes: int64(rows) * 1536}
 	rep.ChainFloors = append(rep.ChainFloors, f)
-	fmt.Printf("floor %-5s %6d rows (%3d tokens) %2d layers: %8.1f us, %6.2f us/layer (copy kernel in the graph, PDL; %5.1f%% of the copy rate)\n",
-		f.Model, f.Rows, tokens, f.Layers, f.TotalUs, f.UsPerLayer, 100*safeDiv(float64(f.Bytes)/rep.CopyGBps/1e3, f.UsPerLayer))
+	how := "PDL"
+	if prefetch {
+		how = "PDL, L2 prefetch"
+	}
+	fmt.Printf("floor %-5s %6d rows (%3d tokens) %2d layers: %8.1f us, %6.2f us/layer (copy kernel in the graph, %s; %5.1f%% of the copy rate)\n",
+		f.Model, f.Rows, tokens, f.Layers, f.TotalUs, f.UsPerLayer, how, 100*safeDiv(float64(f.Bytes)/rep.CopyGBps/1e3, f.UsPerLayer))
 	return nil
+}
+
+func boolInt32(b bool) int32 {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -74,11 +74,15 @@ extern "C" __global__ void copy_rows(uint4* dst, const unsigned char* src, u64 r
 // prologue layer in a many-layer graph can do. Every warp waits for the
 // previous grid (programmatic dependent launch), then reads its 1 KiB row
 // (32 bytes a lane, cached in L2 only) and writes out_bytes of it (1024, or
-// 512 as the FP8 Q row: the two halves' XOR), nothing computed.
-extern "C" __global__ void chain_rows(const unsigned char* src, unsigned char* dst, int rows, int out_bytes) {
+// 512 as the FP8 Q row: the two halves' XOR), nothing computed. With
+// prefetch set, lane 0 first asks L2 to fetch the row, as the prologue's
+// direct path does before its wait (prologue.cu prefetch_l2).
+extern "C" __global__ void chain_rows(const unsigned char* src, unsigned char* dst, int rows, int out_bytes, int prefetch) {
     asm volatile("griddepcontrol.launch_dependents;");
     const int lane = threadIdx.x & 31;
     const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (prefetch && lane == 0 && row < rows)
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], 1024;" ::"l"(src + (u64)row * 1024) : "memory");
     asm volatile("griddepcontrol.wait;" ::: "memory");
     if (row >= rows) return;
     const unsigned char* s = src + (u64)row * 1024 + lane * 32;

@@ -139,7 +139,11 @@ func layerSeries(rep *Report, peers *peerReport, model string) []series {
 	if md, err := modelNamed(model); err == nil {
 		for _, f := range rep.ChainFloors {
 			if f.Model == model {
-				copyLine.add("a copy kernel of the Q rows in the same graph (dependent-chain floor)", ceiling, f.Rows/md.Heads, f.UsPerLayer)
+				name := "a copy kernel of the Q rows in the same graph (dependent-chain floor)"
+				if f.Prefetch {
+					name = "the same copy with the rows prefetched to L2 ahead of the wait"
+				}
+				copyLine.add(name, ceiling, f.Rows/md.Heads, f.UsPerLayer)
 			}
 		}
 	}

@@ -70,14 +70,22 @@ __device__ __forceinline__ float4 ld_f4(const float* p) { return __ldg(reinterpr
 
 __device__ __forceinline__ void st_u4(void* p, uint4 v) { *reinterpret_cast<uint4*>(p) = v; }
 
+// fl(y * scale), or y itself when the caller knows the scale is 1: fl(y * 1)
+// is y for every value the kernels scale (any NaN among them is the
+// canonical positive one bf16x2_rn leaves, and e4m3 has one NaN a sign), so
+// the unit-scale kernels (UNIT) give the same bytes without the multiplies.
+template <bool UNIT>
+__device__ __forceinline__ float scaled(float y, float scale) { return UNIT ? y : __fmul_rn(y, scale); }
+
 // The one e4m3 packing of every FP8 output: e4m3(fl(y[i] * scale)) for the
 // lane's 16 values, value i in byte i, as one 16-byte store.
+template <bool UNIT = false>
 __device__ __forceinline__ void st_e4m3x16(u8* dst, const float y[16], float scale) {
     u32 w[4];
 #pragma unroll
     for (int i = 0; i < 4; i++) {
-        u32 lo = e4m3x2(__fmul_rn(y[4 * i + 1], scale), __fmul_rn(y[4 * i], scale));
-        u32 hi = e4m3x2(__fmul_rn(y[4 * i + 3], scale), __fmul_rn(y[4 * i + 2], scale));
+        u32 lo = e4m3x2(scaled<UNIT>(y[4 * i + 1], scale), scaled<UNIT>(y[4 * i], scale));
+        u32 hi = e4m3x2(scaled<UNIT>(y[4 * i + 3], scale), scaled<UNIT>(y[4 * i + 2], scale));
         w[i] = lo | (hi << 16);
     }
     st_u4(dst, make_uint4(w[0], w[1], w[2], w[3]));
@@ -102,9 +110,11 @@ __device__ __forceinline__ void unpack16(uint4 a, uint4 b, float x[16]) {
 // The canonical inverse RMS of the warp's row; eps is the config's
 // rms_norm_eps (Params.eps).
 __device__ __forceinline__ float warp_rms_inv(const float x[16], float eps) {
-    float s = 0.f;
+    // The canonical sum starts at 0, and 0 + x0*x0 is x0*x0 bit for bit (a
+    // square is never -0), so the first addition is left out.
+    float s = __fmul_rn(x[0], x[0]);
 #pragma unroll
-    for (int i = 0; i < 16; i++) s = __fadd_rn(s, __fmul_rn(x[i], x[i]));
+    for (int i = 1; i < 16; i++) s = __fadd_rn(s, __fmul_rn(x[i], x[i]));
 #pragma unroll
     for (int d = 16; d >= 1; d >>= 1) s = __fadd_rn(s, __shfl_xor_sync(FULL, s, d));
     // s / 512 and 1 / root, as multiplication by the exact 2^-9 and the
@@ -176,16 +186,23 @@ __device__ __forceinline__ void st_bf16x16(u8* dst, const float y[16]) {
     st_u4(dst + 16, make_uint4(w[4], w[5], w[6], w[7]));
 }
 
-// The fp8_ue8m0 store of one 512-value row held by a warp (lane j: values
-// [16j, 16j+16)): the 448 nope values as e4m3 with one UE8M0 exponent per
-// 64-value group at vals, the 64 rope values as bf16 at vals +
-// UE8M0_ROPE_OFFSET, and group g's exponent byte at scales[g] (7 bytes; the
-// padding byte is not written). All 32 lanes must call it. The KV kernels
-// and the compressor's entries (compress.cu) share it.
-__device__ __forceinline__ void ue8m0_store(u8* vals, u8* scales, const float y[16], int lane) {
-    float a = 0.f;
+// The nope part of the fp8_ue8m0 store of one 512-value row held by a warp
+// (lane j: values [16j, 16j+16)): the 448 nope values as e4m3 with one
+// UE8M0 exponent per 64-value group at vals, and group g's exponent byte at
+// scales[g] (7 bytes; the padding byte is not written). Lanes 28..31 store
+// nothing. All 32 lanes must call it.
+__device__ __forceinline__ void ue8m0_store_nope(u8* vals, u8* scales, const float y[16], int lane) {
+    // max(0, |y[0]|, ..., |y[15]|) as a tree: the maximum is the same in any
+    // order (fmaxf returns the other operand of a NaN, and 0 is in every
+    // order's set), and the tree's depth is 5 instead of 16.
+    float m[8];
 #pragma unroll
-    for (int i = 0; i < 16; i++) a = fmaxf(a, fabsf(y[i]));
+    for (int i = 0; i < 8; i++) m[i] = fmaxf(fabsf(y[2 * i]), fabsf(y[2 * i + 1]));
+#pragma unroll
+    for (int w = 4; w >= 1; w >>= 1)
+#pragma unroll
+        for (int i = 0; i < w; i++) m[i] = fmaxf(m[i], m[i + w]);
+    float a = fmaxf(m[0], 0.f);
     a = fmaxf(a, __shfl_xor_sync(FULL, a, 1));
     a = fmaxf(a, __shfl_xor_sync(FULL, a, 2));
     if (lane < 28) {
@@ -197,9 +214,15 @@ __device__ __forceinline__ void ue8m0_store(u8* vals, u8* scales, const float y[
         float inv = pow2i(127 - e);
         st_e4m3x16(vals + lane * 16, y, inv);
         if ((lane & 3) == 0) scales[lane >> 2] = (u8)e;
-    } else {
-        st_bf16x16(vals + UE8M0_ROPE_OFFSET + (lane - 28) * 32, y);
     }
+}
+
+// The whole fp8_ue8m0 store of the row: ue8m0_store_nope, and the 64 rope
+// values as bf16 at vals + UE8M0_ROPE_OFFSET from lanes 28..31. The
+// streaming KV kernels and the compressor's entries (compress.cu) share it.
+__device__ __forceinline__ void ue8m0_store(u8* vals, u8* scales, const float y[16], int lane) {
+    ue8m0_store_nope(vals, scales, y, lane);
+    if (lane >= 28) st_bf16x16(vals + UE8M0_ROPE_OFFSET + (lane - 28) * 32, y);
 }
 
 template <int FMT>
@@ -250,49 +273,40 @@ __device__ __forceinline__ float2 load_rope_pair(const float* rope, int pos, int
     return __ldg(reinterpret_cast<const float2*>(rope + (size_t)pos * 64 + 2 * lane));
 }
 
-// rope_pairs with the row spread by load_rope_pair: lane 28+m's pairs
-// 8m..8m+7 come from lanes 8m..8m+7 by shuffles, which move the bits
-// exactly. Every lane of the warp must call it.
-__device__ __forceinline__ void rope_pairs_spread(float y[16], float2 cs, int lane) {
-    const int src = (lane & 3) << 3;
-#pragma unroll
-    for (int k = 0; k < 8; k++) {
-        const float c = __shfl_sync(FULL, cs.x, src + k);
-        const float s = __shfl_sync(FULL, cs.y, src + k);
-        if (lane >= 28) rope_pair(y[2 * k], y[2 * k + 1], c, s);
-    }
-}
-
 // ---- One row: the arithmetic both paths share ------------------------------
 // The streaming pipeline and the direct path differ only in how a row
 // reaches the registers (va, vb: the lane's 32 bytes of the row), where the
-// metadata comes from and how a KV row's RoPE row is held (the pipeline: 16
-// values in each of lanes 28..31; the direct path: one pair a lane,
-// shuffled to them); the arithmetic (rope_pair and the functions below) and
-// the stores are shared, so the two paths cannot produce different bytes.
+// metadata comes from and which lane rotates a RoPE pair (the KV pipeline:
+// lanes 28..31, eight pairs each, as compress.cu; the direct path and every
+// Q row: lane j rotates pair j); the arithmetic (warp_rms_inv, kv_norm_pair,
+// rope_pair, the e4m3 and UE8M0 packing) is shared, so the paths cannot
+// produce different bytes, and the conformance suite runs both.
+
+// One pair of the KV row's RMSNorm with the weight: bf16(fl(fl(x*r)*w)).
+__device__ __forceinline__ void kv_norm_pair(float& a, float& c, float r, float wa, float wc) {
+    a = __fmul_rn(__fmul_rn(a, r), wa);
+    c = __fmul_rn(__fmul_rn(c, r), wc);
+    round2(a, c);
+}
 
 // The KV row's RMSNorm with the weight w (the lane's 16 values): x (the
-// lane's 32 bytes of the row) becomes bf16(fl(fl(x*r)*w)).
-__device__ __forceinline__ void kv_norm(const Params& p, uint4 va, uint4 vb, const float w[16], float x[16]) {
+// lane's 32 bytes of the row) becomes bf16(fl(fl(x*r)*w)); r is returned.
+__device__ __forceinline__ float kv_norm(const Params& p, uint4 va, uint4 vb, const float w[16], float x[16]) {
     unpack16(va, vb, x);
     const float r = warp_rms_inv(x, p.eps);
 #pragma unroll
-    for (int k = 0; k < 8; k++) {
-        float a = __fmul_rn(__fmul_rn(x[2 * k], r), w[2 * k]);
-        float c = __fmul_rn(__fmul_rn(x[2 * k + 1], r), w[2 * k + 1]);
-        round2(a, c);
-        x[2 * k] = a;
-        x[2 * k + 1] = c;
-    }
+    for (int k = 0; k < 8; k++) kv_norm_pair(x[2 * k], x[2 * k + 1], r, w[2 * k], w[2 * k + 1]);
+    return r;
 }
 
-// The lane's 16 finished Q values stored at dst in the Q format.
-template <int QFMT>
+// The lane's 16 finished Q values stored at dst in the Q format (UNIT:
+// q_scale is 1).
+template <int QFMT, bool UNIT>
 __device__ __forceinline__ void q_store(const Params& p, u8* dst, const float x[16]) {
     if (QFMT == QFMT_BF16)
         st_bf16x16(dst, x);
     else
-        st_e4m3x16(dst, x, p.scale);
+        st_e4m3x16<UNIT>(dst, x, p.scale);
 }
 
 // A padding (or unresolvable) Q row is written as zeros: the lane's 16 values.
@@ -311,8 +325,8 @@ __device__ __forceinline__ void q_zero(u8* dst) {
 // the same on the same values: bf16(fl(x*r)) (the Q norm has no weight),
 // then rope_pair. Lanes 28..31 still give their 16 values' squares to the
 // norm but store nothing of their own; every lane stores its pair. dst is
-// the row's first byte.
-template <int QFMT>
+// the row's first byte; UNIT: q_scale is 1 (see scaled).
+template <int QFMT, bool UNIT>
 __device__ __forceinline__ void q_row_spread(const Params& p, u8* dst, uint4 va, uint4 vb, u32 tail, float2 cs, int lane) {
     float x[16];
     unpack16(va, vb, x);
@@ -325,7 +339,7 @@ __device__ __forceinline__ void q_row_spread(const Params& p, u8* dst, uint4 va,
             x[2 * k] = a;
             x[2 * k + 1] = c;
         }
-        q_store<QFMT>(p, dst + lane * 16 * (QFMT == QFMT_BF16 ? 2 : 1), x);
+        q_store<QFMT, UNIT>(p, dst + lane * 16 * (QFMT == QFMT_BF16 ? 2 : 1), x);
     }
     float a = __fmul_rn(bf16_to_f32(tail & 0xffffu), r), c = __fmul_rn(bf16_to_f32(tail >> 16), r);
     round2(a, c);
@@ -333,7 +347,7 @@ __device__ __forceinline__ void q_row_spread(const Params& p, u8* dst, uint4 va,
     if (QFMT == QFMT_BF16) {
         reinterpret_cast<u32*>(dst + 2 * NOPE_DIM)[lane] = pack2(a, c);
     } else {
-        reinterpret_cast<u16*>(dst + NOPE_DIM)[lane] = (u16)e4m3x2(__fmul_rn(c, p.scale), __fmul_rn(a, p.scale));
+        reinterpret_cast<u16*>(dst + NOPE_DIM)[lane] = (u16)e4m3x2(scaled<UNIT>(c, p.scale), scaled<UNIT>(a, p.scale));
     }
 }
 
@@ -520,7 +534,7 @@ __device__ __forceinline__ void kv_pipeline(const Params& p0, u8* ring, int blk,
 }
 
 #define KV_KERNEL(NAME, FMT)                                                                   \
-    extern "C" __global__ void __launch_bounds__(PIPE_WARPS * 32) NAME(const Params p) {      \
+    extern "C" __global__ void __launch_bounds__(PIPE_WARPS * 32) NAME(const Params p) {       \
         __shared__ __align__(16) u8 ring[KV_RING_BYTES];                                       \
         kv_pipeline<FMT>(p, ring, blockIdx.x, gridDim.x);                                      \
     }
@@ -532,7 +546,7 @@ KV_KERNEL(kv_fp8_pertensor, FMT_FP8_PERTENSOR)
 
 // Q: the work rows are (token, head) pairs of the launch; a token's position
 // and RoPE row are resolved once when the warp reaches its first head.
-template <int QFMT>
+template <int QFMT, bool UNIT>
 __device__ __forceinline__ void q_pipeline(const Params& p0, u8* ring, int blk, int nblk) {
     constexpr bool BF16OUT = QFMT == QFMT_BF16;
     const int lane = threadIdx.x & 31;
@@ -590,7 +604,7 @@ __device__ __forceinline__ void q_pipeline(const Params& p0, u8* ring, int blk, 
                 if (!live)
                     q_zero<QFMT>(dst + lane * 16 * es);
                 else
-                    q_row_spread<QFMT>(p, dst, va, vb, tail, cs, lane);
+                    q_row_spread<QFMT, UNIT>(p, dst, va, vb, tail, cs, lane);
                 if (++h == p.heads) { h = 0; t++; }
             }
         }
@@ -598,10 +612,20 @@ __device__ __forceinline__ void q_pipeline(const Params& p0, u8* ring, int blk, 
     cp_wait<0>();
 }
 
+// FP8 Q at q_scale 1 (the default) runs the UNIT instantiation: the same
+// bytes without a multiplication a value (see scaled).
+template <int QFMT>
+__device__ __forceinline__ void run_q_pipeline(const Params& p, u8* ring, int blk, int nblk) {
+    if (QFMT == QFMT_FP8 && p.scale == 1.f)
+        q_pipeline<QFMT, true>(p, ring, blk, nblk);
+    else
+        q_pipeline<QFMT, false>(p, ring, blk, nblk);
+}
+
 #define Q_KERNEL(NAME, QFMT)                                                                   \
-    extern "C" __global__ void __launch_bounds__(PIPE_WARPS * 32) NAME(const Params p) {      \
+    extern "C" __global__ void __launch_bounds__(PIPE_WARPS * 32) NAME(const Params p) {       \
         __shared__ __align__(16) u8 ring[Q_RING_BYTES];                                        \
-        q_pipeline<QFMT>(p, ring, blockIdx.x, gridDim.x);                                      \
+        run_q_pipeline<QFMT>(p, ring, blockIdx.x, gridDim.x);                                  \
     }
 #ifndef PROLOGUE_HELPERS_ONLY  // compress.cu reuses the helpers without these kernels
 Q_KERNEL(q_fp8, QFMT_FP8)
@@ -613,14 +637,14 @@ Q_KERNEL(q_bf16, QFMT_BF16)
 // (token, head) rows. The two parts touch disjoint memory, so they run side
 // by side and the KV part's fixed latency hides under the Q part's stream.
 #define RING_BYTES (KV_RING_BYTES > Q_RING_BYTES ? KV_RING_BYTES : Q_RING_BYTES)
-#define LAYER_KERNEL(NAME, FMT, QFMT)                                                         \
-    extern "C" __global__ void __launch_bounds__(PIPE_WARPS * 32)                             \
-        NAME(const Params kv, const Params q, const int kv_blocks) {                          \
+#define LAYER_KERNEL(NAME, FMT, QFMT)                                                          \
+    extern "C" __global__ void __launch_bounds__(PIPE_WARPS * 32)                              \
+        NAME(const Params kv, const Params q, const int kv_blocks) {                           \
         __shared__ __align__(16) u8 ring[RING_BYTES];                                          \
         if ((int)blockIdx.x < kv_blocks)                                                       \
             kv_pipeline<FMT>(kv, ring, blockIdx.x, kv_blocks);                                 \
         else                                                                                   \
-            q_pipeline<QFMT>(q, ring, blockIdx.x - kv_blocks, gridDim.x - kv_blocks);          \
+            run_q_pipeline<QFMT>(q, ring, blockIdx.x - kv_blocks, gridDim.x - kv_blocks);      \
     }
 #ifndef PROLOGUE_HELPERS_ONLY  // compress.cu reuses the helpers without these kernels
 LAYER_KERNEL(layer_fp8_ue8m0_qfp8, FMT_FP8_UE8M0, QFMT_FP8)
@@ -639,7 +663,8 @@ LAYER_KERNEL(layer_fp8_pertensor_qbf16, FMT_FP8_PERTENSOR, QFMT_BF16)
 // time. One warp per latent row, one per DIRECT_QROWS (token, head) rows,
 // and the grid covers every row, so a warp's only global round trip after
 // the wait is its own rows (two 16-byte loads a lane each, straight into
-// registers: lane j holds the canonical partial j). No shared memory, so
+// registers: lane j holds the canonical partial j; and the 4-byte word of
+// rope pair j, which lane j rotates). No shared memory, so
 // the next grid's blocks can become resident beside this one's.
 //
 // Ordering under programmatic dependent launch: the next grid may launch as
@@ -648,9 +673,10 @@ LAYER_KERNEL(layer_fp8_pertensor_qbf16, FMT_FP8_PERTENSOR, QFMT_BF16)
 // no grid in flight writes: the launch parameters, the metadata (header,
 // kv_len, cu_q, cached, block tables: uploaded by the host before the
 // iteration's first kernel, read-only on the device), the RoPE table and
-// the kv_a_layernorm weight. The rows the previous kernel may produce (the
-// latent, QIn) are read, and every byte (cache, QOut, scheduler region) is
-// written, only after the wait. Every thread waits before it exits, even one
+// the kv_a_layernorm weight; and it asks L2 to fetch its own rows
+// (prefetch_l2, a hint that reads nothing). The rows the previous kernel
+// may produce (the latent, QIn) are read, and every byte (cache, QOut,
+// scheduler region) is written, only after the wait. Every thread waits before it exits, even one
 // without a row, so this grid never completes ahead of the grids it follows.
 
 #ifndef DIRECT_WARPS
@@ -666,11 +692,50 @@ LAYER_KERNEL(layer_fp8_pertensor_qbf16, FMT_FP8_PERTENSOR, QFMT_BF16)
 #define DIRECT_MIN_BLOCKS 1
 #endif
 
+// Ask L2 to fetch bytes [p, p+n) (n a multiple of 16, p 16-byte aligned)
+// ahead of the wait: a hint without semantics, so the grid in flight may
+// still write them. L2 is where its writes land and where the loads after
+// the wait (ld_row32: L2 only) read, so they see every byte it wrote and
+// find the rest already out of DRAM instead of starting a round trip.
+__device__ __forceinline__ void prefetch_l2(const void* p, u32 n) {
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(n) : "memory");
+}
+
 // The lane's 32 bytes of a row written by an earlier grid: two 16-byte loads
 // cached in L2 only (the point of coherence with the grid that wrote them).
 __device__ __forceinline__ void ld_row32(const u8* src, uint4& a, uint4& b) {
     a = __ldcg(reinterpret_cast<const uint4*>(src));
     b = __ldcg(reinterpret_cast<const uint4*>(src + 16));
+}
+
+// One KV row on the direct path, its RoPE tail spread over the warp as
+// q_row_spread's: lane j also owns rope pair j (the row's 4-byte word tail,
+// kv_a_layernorm's weight pair wt, the (cos, sin) in cs), so the rotation
+// takes no shuffles and lanes 28..31 do not rotate eight pairs each while
+// the rest wait. The arithmetic is kv_norm's, bf16(fl(fl(x*r)*w)), then
+// rope_pair, on the same values; lanes 28..31 give their 16 values' squares
+// to the norm but store nothing of their own, every lane stores its pair.
+template <int FMT>
+__device__ __forceinline__ void kv_row_spread(const Params& p, u8* page, int off, uint4 va, uint4 vb, const float w[16],
+                                              u32 tail, float2 wt, float2 cs, int lane) {
+    float x[16];
+    const float r = kv_norm(p, va, vb, w, x);
+    float a = bf16_to_f32(tail & 0xffffu), c = bf16_to_f32(tail >> 16);
+    kv_norm_pair(a, c, r, wt.x, wt.y);
+    rope_pair(a, c, cs.x, cs.y);
+    if (FMT == FMT_BF16) {
+        u8* row = page + (size_t)off * BF16_TOKEN_BYTES;
+        if (lane < NOPE_DIM / 16) st_bf16x16(row + lane * 32, x);
+        reinterpret_cast<u32*>(row + 2 * NOPE_DIM)[lane] = pack2(a, c);
+    } else if (FMT == FMT_FP8_PERTENSOR) {
+        u8* row = page + (size_t)off * FP8_PERTENSOR_TOKEN_BYTES;
+        if (lane < NOPE_DIM / 16) st_e4m3x16(row + lane * 16, x, p.scale);
+        reinterpret_cast<u16*>(row + NOPE_DIM)[lane] = (u16)e4m3x2(__fmul_rn(c, p.scale), __fmul_rn(a, p.scale));
+    } else {  // FP8_UE8M0
+        u8* vals = page + (size_t)off * UE8M0_VALUE_BYTES;
+        ue8m0_store_nope(vals, page + UE8M0_VALUE_BYTES * (1 << p.page_size_log2) + off * UE8M0_SCALE_BYTES, x, lane);
+        reinterpret_cast<u32*>(vals + UE8M0_ROPE_OFFSET)[lane] = pack2(a, c);
+    }
 }
 
 // KV: warp i of the part owns latent row i of the launch.
@@ -682,21 +747,24 @@ __device__ __forceinline__ void kv_direct(const Params& p0, int blk) {
     const Params p = with_header(p0);
     float w[16];
     load_weight(w, p.weight, lane);
+    const float2 wt = __ldg(reinterpret_cast<const float2*>(p.weight + NOPE_DIM) + lane);
     KVState st;
     st.b = -1;
     int page = -1, off = 0, pos = 0;
     const bool live = i < p.rows && kv_resolve(p, st, i, page, off, pos);
     float2 cs = make_float2(0.f, 0.f);
-    if (live) cs = load_rope_pair(p.rope, pos, lane);
+    const u8* row = p.in + (size_t)(p.row_begin + i) * p.in_stride;
+    if (live) {
+        cs = load_rope_pair(p.rope, pos, lane);
+        if (lane == 0) prefetch_l2(row, 2 * HEAD_DIM);
+    }
     pdl_wait();
     if (p.write_sched && blk == 0 && threadIdx.x == 0) write_scheduler(p);
     if (!live) return;  // padding, a slot outside the pool: no byte changes
     uint4 va, vb;
-    ld_row32(p.in + (size_t)(p.row_begin + i) * p.in_stride + lane * 32, va, vb);
-    float x[16];
-    kv_norm(p, va, vb, w, x);
-    rope_pairs_spread(x, cs, lane);
-    kv_store<FMT>(p, p.out + (size_t)page * p.page_bytes, off, x, lane);
+    ld_row32(row + lane * 32, va, vb);
+    const u32 tail = __ldcg(reinterpret_cast<const u32*>(row + 2 * NOPE_DIM) + lane);
+    kv_row_spread<FMT>(p, p.out + (size_t)page * p.page_bytes, off, va, vb, w, tail, wt, cs, lane);
 }
 
 // Q: warp w of the part owns (token, head) rows [w*R, w*R+R) of the launch,
@@ -704,7 +772,7 @@ __device__ __forceinline__ void kv_direct(const Params& p0, int blk) {
 // of 1/R the warps (resident at once, its metadata resolved before the
 // wait) keeps as many bytes in flight. A token's metadata and RoPE row are
 // resolved once for its consecutive rows.
-template <int QFMT>
+template <int QFMT, bool UNIT>
 __device__ __forceinline__ void q_direct(const Params& p0, int blk) {
     constexpr int R = DIRECT_QROWS;
     pdl_trigger();
@@ -716,6 +784,17 @@ __device__ __forceinline__ void q_direct(const Params& p0, int blk) {
     bool live[R];
     float2 cs[R];
     {
+        // Row i0's token and head: a shift for the models' power-of-two head
+        // counts, else one division; the next rows step the head.
+        int t, h;
+        if ((p.heads & (p.heads - 1)) == 0) {
+            const int sh = __ffs(p.heads) - 1;
+            t = i0 >> sh;
+            h = i0 & (p.heads - 1);
+        } else {
+            t = i0 / p.heads;
+            h = i0 - t * p.heads;
+        }
         int tok = -1;
         bool tlive = false;
         float2 tcs = make_float2(0.f, 0.f);
@@ -724,7 +803,6 @@ __device__ __forceinline__ void q_direct(const Params& p0, int blk) {
             live[k] = false;
             cs[k] = tcs;
             if (i0 + k < n) {
-                const int t = (i0 + k) / p.heads;
                 if (t != tok) {
                     tok = t;
                     int b, pos;
@@ -734,9 +812,13 @@ __device__ __forceinline__ void q_direct(const Params& p0, int blk) {
                 live[k] = tlive;
                 cs[k] = tcs;
             }
+            if (++h == p.heads) { h = 0; t++; }
         }
     }
     const size_t r0 = (size_t)p.row_begin * p.heads + i0;
+#pragma unroll
+    for (int k = 0; k < R; k++)
+        if (lane == k && live[k]) prefetch_l2(p.in + (r0 + k) * 1024, 1024);
     pdl_wait();
     uint4 va[R], vb[R];
     u32 tail[R];
@@ -754,9 +836,18 @@ __device__ __forceinline__ void q_direct(const Params& p0, int blk) {
         if (!live[k]) {
             q_zero<QFMT>(row + lane * 16 * es);
         } else {
-            q_row_spread<QFMT>(p, row, va[k], vb[k], tail[k], cs[k], lane);
+            q_row_spread<QFMT, UNIT>(p, row, va[k], vb[k], tail[k], cs[k], lane);
         }
     }
+}
+
+// q_direct's UNIT instantiation at q_scale 1, as run_q_pipeline.
+template <int QFMT>
+__device__ __forceinline__ void run_q_direct(const Params& p, int blk) {
+    if (QFMT == QFMT_FP8 && p.scale == 1.f)
+        q_direct<QFMT, true>(p, blk);
+    else
+        q_direct<QFMT, false>(p, blk);
 }
 
 #define KV_DIRECT_KERNEL(NAME, FMT)                                                            \
@@ -771,7 +862,7 @@ KV_DIRECT_KERNEL(kv_fp8_pertensor_direct, FMT_FP8_PERTENSOR)
 #define Q_DIRECT_KERNEL(NAME, QFMT)                                                            \
     extern "C" __global__ void __launch_bounds__(DIRECT_WARPS * 32, DIRECT_MIN_BLOCKS)         \
         NAME(const Params p) {                                                                 \
-        q_direct<QFMT>(p, blockIdx.x);                                                         \
+        run_q_direct<QFMT>(p, blockIdx.x);                                                     \
     }
 Q_DIRECT_KERNEL(q_fp8_direct, QFMT_FP8)
 Q_DIRECT_KERNEL(q_bf16_direct, QFMT_BF16)
@@ -785,7 +876,7 @@ Q_DIRECT_KERNEL(q_bf16_direct, QFMT_BF16)
         if ((int)blockIdx.x < kv_blocks)                                                       \
             kv_direct<FMT>(kv, blockIdx.x);                                                    \
         else                                                                                   \
-            q_direct<QFMT>(q, blockIdx.x - kv_blocks);                                         \
+            run_q_direct<QFMT>(q, blockIdx.x - kv_blocks);                                     \
     }
 LAYER_DIRECT_KERNEL(layer_fp8_ue8m0_qfp8_direct, FMT_FP8_UE8M0, QFMT_FP8)
 LAYER_DIRECT_KERNEL(layer_fp8_ue8m0_qbf16_direct, FMT_FP8_UE8M0, QFMT_BF16)
