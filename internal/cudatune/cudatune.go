@@ -13,10 +13,14 @@ package cudatune
 const DefaultDirectMaxRows = 32768
 
 // DefaultDirectMinRows is the smallest launch, in Q rows, that takes the
-// direct path by default: below it the streaming pipeline was faster on the
-// H200 (a many-layer CUDA graph, time per layer: V4-Flash 64 tokens x 64
-// heads 5.1 us direct, 4.9 us streaming; 128 tokens 6.2 against 7.4).
-const DefaultDirectMinRows = 6144
+// direct path by default: every one. Since its warps ask L2 for their rows
+// ahead of the programmatic-launch wait, the direct path beats the
+// streaming pipeline at every decode size measured on the H200 (many-layer
+// CUDA graph, time per layer, 2026-12-01: V4-Flash b=1 2.40 against 1.45
+// us, b=16 MTP 3 4.10 against 2.98 us; V4-Pro b=1 2.77 against 1.61 us,
+// b=8 MTP 3 3.66 against 3.14 us); without the prefetch the pipeline was
+// faster below 6144 rows.
+const DefaultDirectMinRows = 1
 
 // DefaultBlocksPerSM caps a streaming grid at two blocks of 8 warps a
 // multiprocessor: the KV and fused layer kernels take 110 registers a

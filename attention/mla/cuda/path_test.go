@@ -41,8 +41,9 @@ func TestPathFor(t *testing.T) {
 		{"at the threshold", cudatune.Knobs{DirectMaxRows: 45, DirectMinRows: 1}, mla.Launch{Rows: 15}, 3, abi.Direct},
 		{"past the threshold", cudatune.Knobs{DirectMaxRows: 45, DirectMinRows: 1}, mla.Launch{Rows: 23}, 2, abi.Streaming},
 		{"off", cudatune.Knobs{DirectMaxRows: -1}, mla.Launch{Rows: 1}, 1, abi.Streaming},
-		{"below the default minimum", cudatune.Knobs{}, mla.Launch{Rows: cudatune.DefaultDirectMinRows/64 - 1}, 64, abi.Streaming},
-		{"at the default minimum", cudatune.Knobs{}, mla.Launch{Rows: cudatune.DefaultDirectMinRows / 64}, 64, abi.Direct},
+		{"one token, defaults", cudatune.Knobs{}, mla.Launch{Rows: 1}, 64, abi.Direct},
+		{"below a minimum", cudatune.Knobs{DirectMinRows: 128}, mla.Launch{Rows: 1}, 64, abi.Streaming},
+		{"at a minimum", cudatune.Knobs{DirectMinRows: 128}, mla.Launch{Rows: 2}, 64, abi.Direct},
 		// A graph's launch is sized by its padded rows, not by the header's
 		// counts (the host's copies are meaningless).
 		{"from header: padded rows", cudatune.Knobs{DirectMaxRows: 100, DirectMinRows: 1}, mla.Launch{Rows: 51, FromHeader: true}, 2, abi.Streaming},
