@@ -67,8 +67,8 @@ func (v *variant) field(key string) (*int, *bool) {
 }
 
 // parseVariant reads one option set. Every word must be a known key, a
-// number key needs "=N" with 0 <= N <= 1<<20, a switch takes no value, and
-// no key may repeat.
+// number key needs "=N" with 0 <= N <= 1<<24 (direct=N reaches 64K tokens
+// x 128 heads), a switch takes no value, and no key may repeat.
 func parseVariant(text string) (variant, error) {
 	v := variant{Name: strings.TrimSpace(text)}
 	seen := map[string]bool{}
@@ -87,8 +87,8 @@ func parseVariant(text string) (variant, error) {
 			if err != nil {
 				return variant{}, fmt.Errorf("variant %q: option %s=%q is not a whole number", text, key, val)
 			}
-			if n < 0 || n > 1<<20 {
-				return variant{}, fmt.Errorf("variant %q: option %s=%d is outside [0, %d]", text, key, n, 1<<20)
+			if n < 0 || n > 1<<24 {
+				return variant{}, fmt.Errorf("variant %q: option %s=%d is outside [0, %d]", text, key, n, 1<<24)
 			}
 			*num = n
 			continue
