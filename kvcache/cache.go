@@ -176,6 +176,7 @@ type reservedEntry struct {
 	id       uint64
 	created  bool
 	oldPages int
+	table    uint64 // seq.table once reserved: nothing changes it until the end
 }
 
 // New returns an empty cache for cfg, with every page free.
@@ -350,6 +351,7 @@ func (c *Cache) Reserve(needs []Need) (*Reservation, error) {
 		}
 		s.reserved = n.NewLength
 		s.pending = r
+		r.entries[i].table = s.table
 	}
 	c.afterMutation()
 	return r, nil
@@ -396,7 +398,7 @@ func (r *Reservation) TableState(i int) (uint64, error) {
 	if i < 0 || i >= len(r.entries) {
 		return 0, fmt.Errorf("kvcache: need %d out of range [0, %d) of the reservation", i, len(r.entries))
 	}
-	return r.entries[i].seq.table, nil
+	return r.entries[i].table, nil
 }
 
 // Commit makes the reserved lengths permanent and releases the sequences.
@@ -439,8 +441,10 @@ func (r *Reservation) CommitLengths(lengths map[uint64]int) error {
 	for _, e := range r.entries {
 		s := e.seq
 		n := s.reserved
-		if v, ok := lengths[e.id]; ok {
-			n = v
+		if lengths != nil {
+			if v, ok := lengths[e.id]; ok {
+				n = v
+			}
 		}
 		// Pages past the kept length hold only rejected positions; they
 		// were taken by this reservation (the old pages cover the old
@@ -454,7 +458,9 @@ func (r *Reservation) CommitLengths(lengths map[uint64]int) error {
 			c.tableChangedLocked(s)
 		}
 		s.length, s.reserved, s.pending = n, n, nil
-		c.slideLocked(s)
+		if c.cfg.Window != 0 {
+			c.slideLocked(s)
+		}
 	}
 	r.recycleLocked()
 	c.afterMutation()

@@ -108,6 +108,10 @@ func NewPlan(reqs []Request, lookup LengthLookup, p Params) (*Plan, error) {
 type Planner struct {
 	plan Plan
 	seen seqIndex
+	// planned: plan.seqs are the ids of the last call, which succeeded (so
+	// they are distinct). A batch that repeats a prefix of them needs no
+	// duplicate search over that prefix: a decode loop's does.
+	planned bool
 }
 
 // Plan is NewPlan, into the planner's memory.
@@ -123,6 +127,11 @@ func (pr *Planner) Plan(reqs []Request, lookup LengthLookup, p Params) (*Plan, e
 	}
 	n := len(reqs)
 	pl := &pr.plan
+	var last []uint64 // distinct ids the batch may repeat, in order
+	if pr.planned {
+		last = pl.seqs
+	}
+	pr.planned = false
 	*pl = Plan{
 		params:    p,
 		pageShift: uint(bits.TrailingZeros(uint(p.PageSize))),
@@ -135,12 +144,17 @@ func (pr *Planner) Plan(reqs []Request, lookup LengthLookup, p Params) (*Plan, e
 	}
 	firstGen := -1
 	seen := &pr.seen
-	seen.reset(n)
+	repeats := 0 // reqs[:repeats] repeat last; the ids after them go through seen
 	var tokens, kvTotal int64
 	for i, r := range reqs {
-		qLen, err := queryLength(i, r)
-		if err != nil {
-			return nil, err
+		var qLen int
+		if r.Phase == Generation && r.MTP >= 0 && r.MTP < math.MaxInt32 && (r.NewTokens == 0 || r.NewTokens == 1+r.MTP) {
+			qLen = 1 + r.MTP // queryLength's answer, without the call
+		} else {
+			var err error
+			if qLen, err = queryLength(i, r); err != nil {
+				return nil, err
+			}
 		}
 		switch r.Phase {
 		case Context:
@@ -156,8 +170,21 @@ func (pr *Planner) Plan(reqs []Request, lookup LengthLookup, p Params) (*Plan, e
 				return nil, requestError(i, r.Seq, "generation query length %d (MTP %d) differs from %d of the generation request at index %d; the generation part needs one uniform query length", qLen, r.MTP, pl.genSeqLen, firstGen)
 			}
 		}
-		if j, dup := seen.insert(r.Seq, i); dup {
-			return nil, requestError(i, r.Seq, "duplicate sequence: already at index %d", j)
+		if repeats == i && i < len(last) && last[i] == r.Seq {
+			repeats++ // pl.seqs[i] is written below, after this read of last[i]
+		} else {
+			if repeats == i {
+				// The first id off the repeated prefix: index the prefix,
+				// whose ids are distinct.
+				seen.reset(n)
+				for j, id := range pl.seqs[:repeats] {
+					seen.insert(id, j)
+				}
+				repeats = -1
+			}
+			if j, dup := seen.insert(r.Seq, i); dup {
+				return nil, requestError(i, r.Seq, "duplicate sequence: already at index %d", j)
+			}
 		}
 
 		cached, known, err := lookup(r.Seq)
@@ -219,6 +246,7 @@ func (pr *Planner) Plan(reqs []Request, lookup LengthLookup, p Params) (*Plan, e
 		}
 		pl.maxPages = p.MaxPages
 	}
+	pr.planned = true
 	return pl, nil
 }
 

@@ -124,3 +124,60 @@ func TestSeqIndex(t *testing.T) {
 		}
 	}
 }
+
+// TestPlannerRepeatedBatches: a Planner skips the duplicate search over
+// the prefix a batch repeats of its last successful one; batches that
+// repeat, extend, cut, or reuse an id of the last one (also after a
+// refused batch) are refused or planned exactly as NewPlan does.
+func TestPlannerRepeatedBatches(t *testing.T) {
+	rng := rand.New(rand.NewPCG(testSeed(t), 2))
+	lookup := func(s uint64) (int, bool, error) { return int(s % 7), true, nil }
+	p := defaultParams()
+	gen := func(ids ...uint64) []Request {
+		reqs := make([]Request, len(ids))
+		for i, id := range ids {
+			reqs[i] = Request{Seq: id, Phase: Generation, MTP: 1}
+		}
+		return reqs
+	}
+	fixed := [][]uint64{
+		{1, 2, 3, 4}, {1, 2, 3, 4}, {1, 2, 3, 1}, {1, 2, 3, 4}, {1, 2, 3, 4, 2},
+		{1, 2, 3, 4, 5}, {1, 2}, {1, 2, 1}, {2, 2}, {1, 2, 3, 4, 5, 6, 5}, {1, 2, 3},
+		{3, 2, 3}, {1, 2, 3},
+	}
+	var pr Planner
+	last := []uint64{1}
+	for i := range 400 {
+		var ids []uint64
+		if i < len(fixed) {
+			ids = fixed[i]
+		} else {
+			ids = append([]uint64(nil), last...)
+			switch rng.IntN(4) {
+			case 0: // an id of the batch again, somewhere
+				ids[rng.IntN(len(ids))] = ids[rng.IntN(len(ids))]
+			case 1: // grown by a fresh or an existing id
+				if rng.IntN(2) == 0 {
+					ids = append(ids, 1000+uint64(i))
+				} else {
+					ids = append(ids, ids[rng.IntN(len(ids))])
+				}
+			case 2: // cut
+				ids = ids[:1+rng.IntN(len(ids))]
+			}
+		}
+		reqs := gen(ids...)
+		want, wantErr := NewPlan(reqs, lookup, p)
+		got, err := pr.Plan(reqs, lookup, p)
+		if (err == nil) != (wantErr == nil) || (err != nil && err.Error() != wantErr.Error()) {
+			t.Fatalf("batch %d %v: Planner error %v, NewPlan %v", i, ids, err, wantErr)
+		}
+		if err != nil {
+			continue
+		}
+		if !reflect.DeepEqual(got.Needs(), want.Needs()) {
+			t.Fatalf("batch %d %v: Planner needs %v, NewPlan %v", i, ids, got.Needs(), want.Needs())
+		}
+		last = ids
+	}
+}

@@ -60,11 +60,11 @@ type metaMirror struct {
 	wordsOf  Backend // the AsyncWriter whose staging memory words is; nil: Go memory
 	buf      Buffer  // the buffer the words mirror; nil: nothing mirrored
 	backend  Backend
-	numPages int    // the pool bound every mirrored page passed
-	seqs     int    // sequences of the last upload: entries past them are 0
-	width    []int  // per block-table row: entries at or past it are -1 (rows < seqs)
-	changed  []bool // per block-table row: check found its entries differ
-	lo, hi   int    // the words this upload changed, [lo, hi)
+	numPages int     // the pool bound every mirrored page passed
+	seqs     int     // sequences of the last upload: entries past them are 0
+	width    int     // the block-table rows' width: entries at or past it are -1 (rows < seqs)
+	changed  []int32 // the rows below seqs that check found to differ, ascending
+	lo, hi   int     // the words this upload changed, [lo, hi)
 	// build is the metadata.RowKeeper build whose block-table rows the
 	// words hold (0: none known): UploadKeeping skips the rows a later
 	// build kept from it.
@@ -287,9 +287,8 @@ func (mb *MetadataBuffers) uploadAll(b Backend, m *metadata.Metadata, numPages i
 func (mb *MetadataBuffers) allocWords(b Backend) error {
 	mm := &mb.mirror
 	n := mb.OffScheduler / 4
-	if len(mm.width) != mb.MaxSeqs {
-		mm.width = make([]int, mb.MaxSeqs)
-		mm.changed = make([]bool, mb.MaxSeqs)
+	if cap(mm.changed) < mb.MaxSeqs {
+		mm.changed = make([]int32, 0, mb.MaxSeqs)
 	}
 	aw, async := b.(AsyncWriter)
 	if len(mm.words) == n && ((async && mm.wordsOf == b) || (!async && mm.wordsOf == nil)) {
@@ -324,15 +323,12 @@ func wordBytes(w []int32) []byte {
 // encoding.
 func (mb *MetadataBuffers) remember(b Backend, m *metadata.Metadata, numPages int) {
 	mm := &mb.mirror
-	mm.buf, mm.backend, mm.numPages, mm.seqs = mb.Buf, b, numPages, m.NumSeqs
-	for r := range m.NumSeqs {
-		mm.width[r] = m.MaxPages
-	}
+	mm.buf, mm.backend, mm.numPages, mm.seqs, mm.width = mb.Buf, b, numPages, m.NumSeqs, m.MaxPages
 }
 
 // check refuses what Encode refuses, except the page bound of block-table
 // entries, which it checks only on the rows that change (the others passed
-// it on an earlier upload with the same pool); it marks those rows for
+// it on an earlier upload with the same pool); it lists those rows for
 // update. kept (nil or one per row) marks rows known to equal the mirror's
 // (UploadKeeping): they are not compared.
 func (mb *MetadataBuffers) check(m *metadata.Metadata, numPages int, kept []bool) error {
@@ -349,20 +345,38 @@ func (mb *MetadataBuffers) check(m *metadata.Metadata, numPages int, kept []bool
 		}
 	}
 	mm := &mb.mirror
-	for r := range m.NumSeqs {
-		if kept != nil && kept[r] && r < mm.seqs && mm.width[r] == m.MaxPages {
-			mm.changed[r] = false
+	mm.changed = mm.changed[:0]
+	if kept != nil && mm.width != m.MaxPages {
+		kept = nil // the kept rows' entries past the narrower width change
+	}
+	// Rows from mm.seqs on were all zeros: update writes them whole.
+	for r := range min(m.NumSeqs, mm.seqs) {
+		if kept != nil && kept[r] {
 			continue
 		}
 		row := m.BlockTables[r*m.MaxPages : (r+1)*m.MaxPages]
-		old := mm.words[mb.OffBlockTables/4+r*mb.PageStride:][:m.MaxPages]
-		if mm.changed[r] = r >= mm.seqs || !equalWords(row, old); !mm.changed[r] {
+		if equalWords(row, mm.words[mb.OffBlockTables/4+r*mb.PageStride:][:m.MaxPages]) {
 			continue
 		}
-		for p, page := range row {
-			if int(page) >= numPages {
-				return fmt.Errorf("mla: sequence %d block table entry %d = page %d, outside the pool of %d pages", m.Seqs[r], p, page, numPages)
-			}
+		if err := checkPages(m, r, row, numPages); err != nil {
+			return err
+		}
+		mm.changed = append(mm.changed, int32(r))
+	}
+	for r := mm.seqs; r < m.NumSeqs; r++ {
+		if err := checkPages(m, r, m.BlockTables[r*m.MaxPages:(r+1)*m.MaxPages], numPages); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// checkPages refuses a block-table row (row r of m) with a page outside the
+// pool.
+func checkPages(m *metadata.Metadata, r int, row []int32, numPages int) error {
+	for p, page := range row {
+		if int(page) >= numPages {
+			return fmt.Errorf("mla: sequence %d block table entry %d = page %d, outside the pool of %d pages", m.Seqs[r], p, page, numPages)
 		}
 	}
 	return nil
@@ -371,7 +385,7 @@ func (mb *MetadataBuffers) check(m *metadata.Metadata, numPages int, kept []bool
 func equalWords(a, b []int32) bool { return string(wordBytes(a)) == string(wordBytes(b)) }
 
 // update writes m's encoding into the mirror, recording the span of words
-// that changed in [lo, hi). check has marked the block-table rows that
+// that changed in [lo, hi). check has listed the block-table rows that
 // changed.
 func (mb *MetadataBuffers) update(m *metadata.Metadata) {
 	mm := &mb.mirror
@@ -397,26 +411,30 @@ func (mb *MetadataBuffers) update(m *metadata.Metadata) {
 		mm.fill(a.off/4+n, old-n, 0)
 	}
 	w := m.MaxPages
-	for r := range n {
-		base := mb.OffBlockTables/4 + r*mb.PageStride
-		row := m.BlockTables[r*w : (r+1)*w]
-		if r >= old {
-			// A row that was all zeros: every entry changes.
-			mm.put(base, row)
-			mm.fill(base+w, mb.PageStride-w, -1)
-		} else {
-			if mm.changed[r] {
-				mm.put(base, row)
-			}
-			// Entries past both widths are -1 already.
-			mm.fill(base+w, mm.width[r]-w, -1)
+	row := func(r int) (base int, vals []int32) {
+		return mb.OffBlockTables/4 + r*mb.PageStride, m.BlockTables[r*w : (r+1)*w]
+	}
+	for _, r := range mm.changed {
+		base, vals := row(int(r))
+		mm.put(base, vals)
+	}
+	if mm.width > w {
+		// Entries past both widths are -1 already.
+		for r := range min(n, old) {
+			base, _ := row(r)
+			mm.fill(base+w, mm.width-w, -1)
 		}
-		mm.width[r] = w
+	}
+	for r := old; r < n; r++ {
+		// A row that was all zeros: every entry changes.
+		base, vals := row(r)
+		mm.put(base, vals)
+		mm.fill(base+w, mb.PageStride-w, -1)
 	}
 	for r := n; r < old; r++ {
 		mm.fill(mb.OffBlockTables/4+r*mb.PageStride, mb.PageStride, 0)
 	}
-	mm.seqs = n
+	mm.seqs, mm.width = n, w
 }
 
 // put sets the words from off on to vals, widening [lo, hi) to cover the
