@@ -70,11 +70,9 @@ type Cache struct {
 	dense       []*sequence
 	freeHandles []Handle
 	// Reserve's scratch, reused under mu: its call number (the stamp of the
-	// live sequences it holds so far), the ids it creates by need index, and
-	// the sequences of its needs.
-	epoch       uint64
-	creating    map[uint64]int
-	heldScratch []*sequence
+	// live sequences it holds so far) and the ids it creates by need index.
+	epoch    uint64
+	creating map[uint64]int
 	// tables numbers the states of block tables: every change of a
 	// sequence's pages gives it the next number (sequence.table).
 	tables uint64
@@ -269,13 +267,20 @@ func (c *Cache) Reserve(needs []Need) (*Reservation, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 
-	// One map lookup per need: a live sequence is stamped with this call's
-	// epoch to find duplicates, and kept for the allocation pass; only ids
-	// to create go through a map of their own.
+	// One lookup per need: a live sequence is stamped with this call's
+	// epoch to find duplicates, and kept, in the entries of the
+	// reservation to be, for the allocation pass; only ids to create go
+	// through a map of their own.
 	c.epoch++
 	clear(c.creating)
-	held := c.heldScratch[:0]
-	defer func() { clear(held); c.heldScratch = held[:0] }()
+	entries := resize(c.spare.entries, len(needs))
+	ok := false
+	defer func() {
+		if !ok {
+			clear(entries) // drop the sequence pointers
+			c.spare.entries = entries[:0]
+		}
+	}()
 	total := 0
 	for i, n := range needs {
 		s, live := c.handleLocked(n.Handle, n.ID)
@@ -299,6 +304,7 @@ func (c *Cache) Reserve(needs []Need) (*Reservation, error) {
 				return nil, fmt.Errorf("%w: needs[%d] creates sequence %d", ErrSequenceExists, i, n.ID)
 			}
 			c.creating[n.ID] = i
+			s = nil // created by the allocation pass
 		} else {
 			if !live {
 				_, err := c.liveLocked(n.ID)
@@ -314,7 +320,7 @@ func (c *Cache) Reserve(needs []Need) (*Reservation, error) {
 			s.mark, s.markAt = c.epoch, i
 			have = len(s.pages)
 		}
-		held = append(held, s) // nil for a sequence to create
+		entries[i] = reservedEntry{seq: s, id: n.ID, created: n.Create, oldPages: have}
 		// Saturate rather than wrap: a sum of huge needs must stay huge.
 		if add := c.pagesFor(n.NewLength) - have; add > math.MaxInt-total {
 			total = math.MaxInt
@@ -329,18 +335,20 @@ func (c *Cache) Reserve(needs []Need) (*Reservation, error) {
 		return nil, fmt.Errorf("%w: need %d pages, %d free of %d", ErrCacheFull, total, len(c.free), c.cfg.NumPages)
 	}
 
-	r := &Reservation{cache: c, entries: resize(c.spare.entries, len(needs)), taken: c.spare.taken[:0]}
+	ok = true
+	r := &Reservation{cache: c, entries: entries, taken: c.spare.taken[:0]}
 	c.spare.entries, c.spare.taken = nil, nil
 	for i, n := range needs {
-		s := held[i]
+		e := &entries[i]
+		s := e.seq
 		if n.Create {
 			s = &sequence{}
 			c.addLocked(n.ID, s)
 			c.tableChangedLocked(s)
+			e.seq = s
 		}
-		r.entries[i] = reservedEntry{seq: s, id: n.ID, created: n.Create, oldPages: len(s.pages)}
 		// Pop the pages off the free stack, the top one first.
-		if add := c.pagesFor(n.NewLength) - len(s.pages); add > 0 {
+		if add := c.pagesFor(n.NewLength) - e.oldPages; add > 0 {
 			top := len(c.free)
 			for k := 1; k <= add; k++ {
 				s.pages = append(s.pages, c.free[top-k])
@@ -351,7 +359,7 @@ func (c *Cache) Reserve(needs []Need) (*Reservation, error) {
 		}
 		s.reserved = n.NewLength
 		s.pending = r
-		r.entries[i].table = s.table
+		e.table = s.table
 	}
 	c.afterMutation()
 	return r, nil
@@ -399,6 +407,18 @@ func (r *Reservation) TableState(i int) (uint64, error) {
 		return 0, fmt.Errorf("kvcache: need %d out of range [0, %d) of the reservation", i, len(r.entries))
 	}
 	return r.entries[i].table, nil
+}
+
+// AppendTableStates appends to dst the TableState of every need, in needs
+// order. Same contract as TableState.
+func (r *Reservation) AppendTableStates(dst []uint64) ([]uint64, error) {
+	if r.done {
+		return dst, ErrReservationDone
+	}
+	for i := range r.entries {
+		dst = append(dst, r.entries[i].table)
+	}
+	return dst, nil
 }
 
 // Commit makes the reserved lengths permanent and releases the sequences.

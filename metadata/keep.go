@@ -9,12 +9,12 @@ import "sync/atomic"
 // changes few rows a step: most sequences gain a page only every PageSize
 // tokens. The zero RowKeeper has built nothing. Not safe for concurrent use.
 type RowKeeper struct {
-	keys, next []rowKey // the last successful build's rows; the one in progress
-	kept       []bool   // by row of the last build: kept from build from
-	mem        *int32   // the rows' memory (&BlockTables[0]) of the last build
-	maxPages   int      // their width
-	build      uint64   // the last successful build's number; 0: none
-	from       uint64   // the build before it, whose rows it kept
+	keys     []rowKey // by row: the last successful build's, rewritten in place by the next
+	kept     []bool   // by row of the last build: kept from build from
+	mem      *int32   // the rows' memory (&BlockTables[0]) of the last build
+	maxPages int      // their width
+	build    uint64   // the last successful build's number; 0: none
+	from     uint64   // the build before it, whose rows it kept
 }
 
 // rowKey is what a block-table row's contents follow from.
@@ -33,22 +33,27 @@ func (k *RowKeeper) canKeep(tables []int32, maxPages int) bool {
 	return k.build != 0 && maxPages == k.maxPages && len(tables) > 0 && &tables[0] == k.mem
 }
 
-// begin starts a build of n rows: the keys to fill and no row kept yet.
-func (k *RowKeeper) begin(n int) []rowKey {
-	if cap(k.next) < n {
-		k.next = make([]rowKey, n)
+// begin starts a build of n rows: the keys, those of the last build's rows
+// below n and zero (unknown) ones after them, and no row kept yet.
+func (k *RowKeeper) begin(n int) (keys []rowKey, kept []bool) {
+	if old := len(k.keys); cap(k.keys) < n {
+		k.keys = append(make([]rowKey, 0, n), k.keys...)[:n]
+	} else {
+		k.keys = k.keys[:n]
+		if old < n {
+			clear(k.keys[old:])
+		}
 	}
 	if cap(k.kept) < n {
 		k.kept = make([]bool, n)
 	}
-	k.next, k.kept = k.next[:n], k.kept[:n]
+	k.kept = k.kept[:n]
 	clear(k.kept)
-	return k.next
+	return k.keys, k.kept
 }
 
 // done records a successful build into tables.
 func (k *RowKeeper) done(tables []int32, maxPages int) {
-	k.keys, k.next = k.next, k.keys
 	k.mem, k.maxPages = nil, maxPages
 	if len(tables) > 0 {
 		k.mem = &tables[0]

@@ -116,14 +116,31 @@ type Planner struct {
 
 // Plan is NewPlan, into the planner's memory.
 func (pr *Planner) Plan(reqs []Request, lookup LengthLookup, p Params) (*Plan, error) {
+	if lookup == nil {
+		return nil, errors.New("metadata: lookup is nil")
+	}
+	return pr.planBatch(reqs, lookup, nil, p)
+}
+
+// PlanLookedUp is Plan with the lengths looked up already, as
+// kvcache.Cache.LookupAll returns them: lookups[i] answers reqs[i] (same
+// ID); an Err wrapping kvcache.ErrUnknownSequence means the sequence does
+// not exist yet, any other Err refuses the request, as an error of
+// Plan's lookup does.
+func (pr *Planner) PlanLookedUp(reqs []Request, lookups []kvcache.SequenceLookup, p Params) (*Plan, error) {
+	if len(lookups) != len(reqs) {
+		return nil, fmt.Errorf("metadata: %d lookups for a batch of %d requests", len(lookups), len(reqs))
+	}
+	return pr.planBatch(reqs, nil, lookups, p)
+}
+
+// planBatch is Plan through lookup, or PlanLookedUp when lookup is nil.
+func (pr *Planner) planBatch(reqs []Request, lookup LengthLookup, lookups []kvcache.SequenceLookup, p Params) (*Plan, error) {
 	if err := p.validate(); err != nil {
 		return nil, err
 	}
 	if len(reqs) == 0 {
 		return nil, errors.New("metadata: empty batch: at least one request is needed")
-	}
-	if lookup == nil {
-		return nil, errors.New("metadata: lookup is nil")
 	}
 	n := len(reqs)
 	pl := &pr.plan
@@ -187,7 +204,21 @@ func (pr *Planner) Plan(reqs []Request, lookup LengthLookup, p Params) (*Plan, e
 			}
 		}
 
-		cached, known, err := lookup(r.Seq)
+		var cached int
+		var known bool
+		var err error
+		if lookup != nil {
+			cached, known, err = lookup(r.Seq)
+		} else {
+			switch l := &lookups[i]; {
+			case l.ID != r.Seq:
+				return nil, requestError(i, r.Seq, "lookups[%d] is for seq %d", i, l.ID)
+			case l.Err == nil:
+				cached, known = l.Length, true
+			case !errors.Is(l.Err, kvcache.ErrUnknownSequence):
+				err = l.Err
+			}
+		}
 		if err != nil {
 			return nil, fmt.Errorf("metadata: request %d (seq %d): lookup: %w", i, r.Seq, err)
 		}
@@ -335,17 +366,18 @@ func (p *Plan) BuildAppend(reuse *Metadata, appendTable func(dst []int32, b int,
 }
 
 // BuildKeeping is BuildAppend that keeps, in reuse, the block-table rows
-// whose source did not change since k's last build into it: state(b) names
-// the state of request b's page list (equal numbers: the same pages, as
-// kvcache.Reservation.TableState gives them; 0: unknown, always rebuilt).
-// A row is kept when it is the same row of the same memory and width as in
-// k's last successful build, for the same sequence, page-list state, pages
-// needed and pages behind the cached positions: it then holds exactly what
-// building it again would write, and passed the same checks. k records
-// which rows it kept (RowKeeper.Kept), for an uploader that holds the last
-// build's rows. A nil k or state keeps nothing. On an error k forgets
-// everything (reuse's contents are undefined).
-func (p *Plan) BuildKeeping(reuse *Metadata, k *RowKeeper, appendTable func(dst []int32, b int, seq uint64) ([]int32, error), state func(b int) uint64) (_ *Metadata, err error) {
+// whose source did not change since k's last build into it: states[b]
+// names the state of request b's page list (equal numbers: the same pages,
+// as kvcache.Reservation.AppendTableStates gives them; 0: unknown, always
+// rebuilt). A row is kept when it is the same row of the same memory and
+// width as in k's last successful build, for the same sequence, page-list
+// state, pages needed and pages behind the cached positions: it then holds
+// exactly what building it again would write, and passed the same checks.
+// k records which rows it kept (RowKeeper.Kept), for an uploader that
+// holds the last build's rows. A nil k or states keeps nothing; otherwise
+// states has one entry per request. On an error k forgets everything
+// (reuse's contents are undefined).
+func (p *Plan) BuildKeeping(reuse *Metadata, k *RowKeeper, appendTable func(dst []int32, b int, seq uint64) ([]int32, error), states []uint64) (_ *Metadata, err error) {
 	if appendTable == nil {
 		return nil, errors.New("metadata: appendTable is nil")
 	}
@@ -354,9 +386,13 @@ func (p *Plan) BuildKeeping(reuse *Metadata, k *RowKeeper, appendTable func(dst 
 	if m == nil {
 		m = &Metadata{}
 	}
-	if k == nil || state == nil || reuse == nil {
-		k, state = nil, nil
+	if k == nil || states == nil || reuse == nil {
+		k, states = nil, nil
 	} else {
+		if len(states) != n {
+			k.forget()
+			return nil, fmt.Errorf("metadata: %d page-list states for a batch of %d requests", len(states), n)
+		}
 		defer func() {
 			if err != nil {
 				k.forget()
@@ -387,7 +423,7 @@ func (p *Plan) BuildKeeping(reuse *Metadata, k *RowKeeper, appendTable func(dst 
 	}
 	m.CuQ[0], m.CuKV[0], m.CuQRows[0] = 0, 0, 0
 	heads := int32(p.params.Heads)
-	// Sliced to one length so that the loop runs without bounds checks.
+	// Sliced to one length so that the loops run without bounds checks.
 	cuQ := m.CuQ[1:]
 	cuKV, cuQRows, qLen, kvLen := m.CuKV[1:len(cuQ)+1], m.CuQRows[1:len(cuQ)+1], p.qLen[:len(cuQ)], p.kvLen[:len(cuQ)]
 	var q, kv, rows int32
@@ -399,23 +435,28 @@ func (p *Plan) BuildKeeping(reuse *Metadata, k *RowKeeper, appendTable func(dst 
 	}
 	keeping := k != nil && k.canKeep(m.BlockTables, m.MaxPages)
 	var keys []rowKey
+	var kept []bool
 	if k != nil {
-		keys = k.begin(n)
+		keys, kept = k.begin(n)
+		keys, kept, states = keys[:len(cuQ)], kept[:len(cuQ)], states[:len(cuQ)]
 	}
-	for b, seq := range p.seqs {
-		row := m.BlockTables[b*m.MaxPages : (b+1)*m.MaxPages : (b+1)*m.MaxPages]
-		need := (int(p.kvLen[b]) + p.params.PageSize - 1) >> p.pageShift
+	seqs, cached := p.seqs[:len(cuQ)], p.cached[:len(cuQ)]
+	shift := p.pageShift & 63
+	for b, seq := range seqs {
+		need := (int(kvLen[b]) + p.params.PageSize - 1) >> shift
 		// A sliding-window cache frees the pages no query reads any more:
 		// their entries are -1. Only pages wholly before the cached
 		// positions may be: every new token's page must be real.
-		behind := min(int(p.cached[b])>>p.pageShift, need)
+		behind := min(int(cached[b])>>shift, need)
 		if k != nil {
-			keys[b] = rowKey{state: state(b), seq: seq, need: need, behind: behind}
-			if keeping && keys[b].state != 0 && b < len(k.keys) && k.keys[b] == keys[b] {
-				k.kept[b] = true
+			key := rowKey{state: states[b], seq: seq, need: need, behind: behind}
+			if keeping && key.state != 0 && keys[b] == key {
+				kept[b] = true
 				continue
 			}
+			keys[b] = key
 		}
+		row := m.BlockTables[b*m.MaxPages : (b+1)*m.MaxPages : (b+1)*m.MaxPages]
 		pages, err := appendTable(row[:0], b, seq)
 		if err != nil {
 			return nil, fmt.Errorf("metadata: request %d (seq %d): block table: %w", b, seq, err)

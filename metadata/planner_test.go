@@ -181,3 +181,28 @@ func TestPlannerRepeatedBatches(t *testing.T) {
 		last = ids
 	}
 }
+
+// TestBuildKeepingStatesLength: states of another length than the batch
+// are refused, and the keeper then forgets its rows: the next build keeps
+// none.
+func TestBuildKeepingStatesLength(t *testing.T) {
+	lookup := func(uint64) (int, bool, error) { return 5, true, nil }
+	plan := mustPlan(t, []Request{{Seq: 1, Phase: Generation}, {Seq: 2, Phase: Generation}}, lookup, defaultParams())
+	appendTable := func(dst []int32, b int, _ uint64) ([]int32, error) { return append(dst, int32(2*b), int32(2*b+1)), nil }
+	var k RowKeeper
+	m, err := plan.BuildKeeping(&Metadata{}, &k, appendTable, []uint64{7, 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, states := range [][]uint64{{7}, {7, 8, 9}, {}} {
+		if _, err := plan.BuildKeeping(m, &k, appendTable, states); err == nil || !strings.Contains(err.Error(), "page-list states for a batch of 2") {
+			t.Fatalf("states %v: error %v, want one about their count", states, err)
+		}
+	}
+	if _, err := plan.BuildKeeping(m, &k, appendTable, []uint64{7, 8}); err != nil {
+		t.Fatal(err)
+	}
+	if _, from, kept := k.Kept(); from != 0 || !reflect.DeepEqual(kept, []bool{false, false}) {
+		t.Fatalf("after a refused build: from %d, kept %v; want 0, none", from, kept)
+	}
+}

@@ -442,19 +442,43 @@ func (mb *MetadataBuffers) update(m *metadata.Metadata) {
 // between them.
 func (mm *metaMirror) put(off int, vals []int32) {
 	dst := mm.words[off : off+len(vals)]
-	i := 0
-	for i < len(vals) && dst[i] == vals[i] {
-		i++
-	}
+	i := leadingEqual(dst, vals)
 	if i == len(vals) {
 		return
 	}
-	j := len(vals)
-	for dst[j-1] == vals[j-1] {
-		j--
-	}
+	j := len(vals) - trailingEqual(dst[i:], vals[i:]) // > i: word i differs
 	copy(dst[i:j], vals[i:j])
 	mm.lo, mm.hi = min(mm.lo, off+i), max(mm.hi, off+j)
+}
+
+// wordRun is the number of words leadingEqual and trailingEqual compare at
+// once (as strings: the runtime's vectorized compare).
+const wordRun = 16
+
+// leadingEqual is the length of the longest common prefix of a and b
+// (len(a) == len(b)).
+func leadingEqual(a, b []int32) int {
+	i := 0
+	for i+wordRun <= len(a) && equalWords(a[i:i+wordRun], b[i:i+wordRun]) {
+		i += wordRun
+	}
+	for i < len(a) && a[i] == b[i] {
+		i++
+	}
+	return i
+}
+
+// trailingEqual is the length of the longest common suffix of a and b
+// (len(a) == len(b)).
+func trailingEqual(a, b []int32) int {
+	j := len(a)
+	for j >= wordRun && equalWords(a[j-wordRun:j], b[j-wordRun:j]) {
+		j -= wordRun
+	}
+	for j > 0 && a[j-1] == b[j-1] {
+		j--
+	}
+	return len(a) - j
 }
 
 // fill sets n words from off on to v (nothing for n <= 0), widening [lo,
