@@ -58,8 +58,9 @@ var (
 //
 // All methods are safe for concurrent use.
 type Cache struct {
-	cfg   Config
-	shift uint // log2(PageSize)
+	cfg      Config
+	shift    uint // log2(PageSize)
+	pageMask int  // PageSize - 1
 
 	mu       sync.Mutex
 	free     []int32 // stack; the next page handed out is the last element
@@ -114,8 +115,8 @@ func (c *Cache) tableChangedLocked(s *sequence) {
 // handleLocked returns the live sequence id through its handle h when h
 // still names it, else through the map.
 func (c *Cache) handleLocked(h Handle, id uint64) (*sequence, bool) {
-	if h > 0 && int(h) <= len(c.dense) {
-		if s := c.dense[h-1]; s != nil && s.id == id {
+	if i := uint(h) - 1; i < uint(len(c.dense)) { // h in [1, len]
+		if s := c.dense[i]; s != nil && s.id == id {
 			return s, true
 		}
 	}
@@ -185,6 +186,7 @@ func New(cfg Config) (*Cache, error) {
 	c := &Cache{
 		cfg:      cfg,
 		shift:    uint(bits.TrailingZeros(uint(cfg.PageSize))),
+		pageMask: cfg.PageSize - 1,
 		free:     make([]int32, cfg.NumPages),
 		seqs:     make(map[uint64]*sequence),
 		creating: make(map[uint64]int),
@@ -201,7 +203,7 @@ func (c *Cache) Config() Config { return c.cfg }
 // pagesFor returns ceil(n/P) without overflowing for huge n.
 func (c *Cache) pagesFor(n int) int {
 	p := n >> c.shift
-	if n&(c.cfg.PageSize-1) != 0 {
+	if n&c.pageMask != 0 {
 		p++
 	}
 	return p
@@ -249,7 +251,10 @@ func (c *Cache) LookupAll(lookups []SequenceLookup) {
 	for i := range lookups {
 		l := &lookups[i]
 		if s, ok := c.handleLocked(l.Handle, l.ID); ok {
-			l.Length, l.Handle, l.Err = s.length, s.handle, nil
+			l.Length, l.Handle = s.length, s.handle
+			if l.Err != nil {
+				l.Err = nil
+			}
 			continue
 		}
 		_, l.Err = c.liveLocked(l.ID)
@@ -282,7 +287,9 @@ func (c *Cache) Reserve(needs []Need) (*Reservation, error) {
 		}
 	}()
 	total := 0
-	for i, n := range needs {
+	entries = entries[:len(needs)]
+	for i := range needs {
+		n := &needs[i]
 		s, live := c.handleLocked(n.Handle, n.ID)
 		if live && s.mark == c.epoch {
 			return nil, fmt.Errorf("%w: sequence %d in needs[%d] and needs[%d]", ErrDuplicateNeed, n.ID, s.markAt, i)
@@ -338,8 +345,8 @@ func (c *Cache) Reserve(needs []Need) (*Reservation, error) {
 	ok = true
 	r := &Reservation{cache: c, entries: entries, taken: c.spare.taken[:0]}
 	c.spare.entries, c.spare.taken = nil, nil
-	for i, n := range needs {
-		e := &entries[i]
+	for i := range entries {
+		e, n := &entries[i], &needs[i]
 		s := e.seq
 		if n.Create {
 			s = &sequence{}
@@ -458,7 +465,8 @@ func (r *Reservation) CommitLengths(lengths map[uint64]int) error {
 		}
 	}
 	r.done = true
-	for _, e := range r.entries {
+	for i := range r.entries {
+		e := &r.entries[i]
 		s := e.seq
 		n := s.reserved
 		if lengths != nil {

@@ -162,39 +162,44 @@ func (pr *Planner) planBatch(reqs []Request, lookup LengthLookup, lookups []kvca
 	firstGen := -1
 	seen := &pr.seen
 	repeats := 0 // reqs[:repeats] repeat last; the ids after them go through seen
-	var tokens, kvTotal int64
-	for i, r := range reqs {
+	// Local slices and sums, of the batch's length, so that the loop runs
+	// without bounds checks or stores through pl.
+	seqs, qLens, kvLens, cacheds, creates := pl.seqs[:n], pl.qLen[:n], pl.kvLen[:n], pl.cached[:n], pl.create[:n]
+	if lookups != nil {
+		lookups = lookups[:n]
+	}
+	var numCtx, ctxTokens, genTokens, genSeqLen, maxKV int
+	var kvTotal int64
+	for i := range reqs {
+		r := &reqs[i]
 		var qLen int
 		if r.Phase == Generation && r.MTP >= 0 && r.MTP < math.MaxInt32 && (r.NewTokens == 0 || r.NewTokens == 1+r.MTP) {
 			qLen = 1 + r.MTP // queryLength's answer, without the call
 		} else {
 			var err error
-			if qLen, err = queryLength(i, r); err != nil {
+			if qLen, err = queryLength(i, *r); err != nil {
 				return nil, err
 			}
 		}
-		switch r.Phase {
-		case Context:
+		if r.Phase == Context {
 			if firstGen >= 0 {
 				return nil, fmt.Errorf("metadata: context request at index %d (seq %d) follows generation request at index %d; context requests must come first", i, r.Seq, firstGen)
 			}
-			pl.numCtx++
-		case Generation:
-			if firstGen < 0 {
-				firstGen = i
-				pl.genSeqLen = qLen
-			} else if qLen != pl.genSeqLen {
-				return nil, requestError(i, r.Seq, "generation query length %d (MTP %d) differs from %d of the generation request at index %d; the generation part needs one uniform query length", qLen, r.MTP, pl.genSeqLen, firstGen)
-			}
+			numCtx++
+		} else if firstGen < 0 {
+			firstGen = i
+			genSeqLen = qLen
+		} else if qLen != genSeqLen {
+			return nil, requestError(i, r.Seq, "generation query length %d (MTP %d) differs from %d of the generation request at index %d; the generation part needs one uniform query length", qLen, r.MTP, genSeqLen, firstGen)
 		}
 		if repeats == i && i < len(last) && last[i] == r.Seq {
-			repeats++ // pl.seqs[i] is written below, after this read of last[i]
+			repeats++ // seqs[i] is written below, after this read of last[i]
 		} else {
 			if repeats == i {
 				// The first id off the repeated prefix: index the prefix,
 				// whose ids are distinct.
 				seen.reset(n)
-				for j, id := range pl.seqs[:repeats] {
+				for j, id := range seqs[:repeats] {
 					seen.insert(id, j)
 				}
 				repeats = -1
@@ -207,9 +212,7 @@ func (pr *Planner) planBatch(reqs []Request, lookup LengthLookup, lookups []kvca
 		var cached int
 		var known bool
 		var err error
-		if lookup != nil {
-			cached, known, err = lookup(r.Seq)
-		} else {
+		if lookups != nil {
 			switch l := &lookups[i]; {
 			case l.ID != r.Seq:
 				return nil, requestError(i, r.Seq, "lookups[%d] is for seq %d", i, l.ID)
@@ -218,6 +221,8 @@ func (pr *Planner) planBatch(reqs []Request, lookup LengthLookup, lookups []kvca
 			case !errors.Is(l.Err, kvcache.ErrUnknownSequence):
 				err = l.Err
 			}
+		} else {
+			cached, known, err = lookup(r.Seq)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("metadata: request %d (seq %d): lookup: %w", i, r.Seq, err)
@@ -228,29 +233,25 @@ func (pr *Planner) planBatch(reqs []Request, lookup LengthLookup, lookups []kvca
 			}
 			cached = 0
 		}
-		pl.create[i] = !known
 		if cached < 0 {
 			return nil, requestError(i, r.Seq, "lookup reported cached = %d, so kv_len < q_len = %d", cached, qLen)
 		}
 		if cached > p.MaxPositions-qLen {
 			return nil, fmt.Errorf("metadata: request %d (seq %d): kv_len = %d (cached %d + q_len %d) exceeds MaxPositions = %d (the RoPE table): %w", i, r.Seq, uint64(cached)+uint64(qLen), cached, qLen, p.MaxPositions, kvcache.ErrPositionOutOfRange)
 		}
-		kv := cached + qLen
-		pl.seqs[i] = r.Seq
-		pl.qLen[i] = int32(qLen)
-		pl.kvLen[i] = int32(kv)
-		pl.cached[i] = int32(cached)
-		if r.Phase == Context {
-			pl.ctxTokens += qLen
+		if r.Phase == Context { // q_len <= MaxPositions now: the sums stay far from overflowing
+			ctxTokens += qLen
 		} else {
-			pl.genTokens += qLen
+			genTokens += qLen
 		}
-		tokens += int64(qLen)
+		kv := cached + qLen
+		seqs[i], qLens[i], kvLens[i], cacheds[i], creates[i] = r.Seq, int32(qLen), int32(kv), int32(cached), !known
 		kvTotal += int64(kv)
-		if pages := (kv + p.PageSize - 1) >> pl.pageShift; pages > pl.maxPages {
-			pl.maxPages = pages
-		}
+		maxKV = max(maxKV, kv)
 	}
+	pl.numCtx, pl.ctxTokens, pl.genTokens, pl.genSeqLen = numCtx, ctxTokens, genTokens, genSeqLen
+	pl.maxPages = (maxKV + p.PageSize - 1) >> pl.pageShift // the widest row's pages
+	tokens := int64(ctxTokens) + int64(genTokens)
 	if tokens > math.MaxInt32 {
 		return nil, fmt.Errorf("metadata: batch has %d tokens, cu_q_seqlens overflows int32", tokens)
 	}
