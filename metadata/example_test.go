@@ -124,14 +124,14 @@ func ExamplePlan_BuildKeeping() {
 			fmt.Println(err)
 			return
 		}
-		_, _, kept := keeper.Kept()
-		fmt.Println("step", step, "block tables:", m.BlockTables, "kept:", kept)
+		_, _, _, rebuilt := keeper.Kept()
+		fmt.Println("step", step, "block tables:", m.BlockTables, "rebuilt rows:", rebuilt)
 		for s := range cached {
 			cached[s]++
 		}
 	}
 	// Output:
-	// step 0 block tables: [7 -1 -1 3 4 5] kept: [false false]
-	// step 1 block tables: [7 -1 -1 3 4 5] kept: [true true]
-	// step 2 block tables: [7 9 -1 3 4 5] kept: [false true]
+	// step 0 block tables: [7 -1 -1 3 4 5] rebuilt rows: [0 1]
+	// step 1 block tables: [7 -1 -1 3 4 5] rebuilt rows: []
+	// step 2 block tables: [7 9 -1 3 4 5] rebuilt rows: [0]
 }

@@ -10,7 +10,7 @@ import "sync/atomic"
 // tokens. The zero RowKeeper has built nothing. Not safe for concurrent use.
 type RowKeeper struct {
 	keys     []rowKey // by row: the last successful build's, rewritten in place by the next
-	kept     []bool   // by row of the last build: kept from build from
+	rebuilt  []int32  // the rows of the last build not kept from build from, ascending
 	mem      *int32   // the rows' memory (&BlockTables[0]) of the last build
 	maxPages int      // their width
 	build    uint64   // the last successful build's number; 0: none
@@ -34,8 +34,8 @@ func (k *RowKeeper) canKeep(tables []int32, maxPages int) bool {
 }
 
 // begin starts a build of n rows: the keys, those of the last build's rows
-// below n and zero (unknown) ones after them, and no row kept yet.
-func (k *RowKeeper) begin(n int) (keys []rowKey, kept []bool) {
+// below n and zero (unknown) ones after them, and no row rebuilt yet.
+func (k *RowKeeper) begin(n int) []rowKey {
 	if old := len(k.keys); cap(k.keys) < n {
 		k.keys = append(make([]rowKey, 0, n), k.keys...)[:n]
 	} else {
@@ -44,12 +44,8 @@ func (k *RowKeeper) begin(n int) (keys []rowKey, kept []bool) {
 			clear(k.keys[old:])
 		}
 	}
-	if cap(k.kept) < n {
-		k.kept = make([]bool, n)
-	}
-	k.kept = k.kept[:n]
-	clear(k.kept)
-	return k.keys, k.kept
+	k.rebuilt = k.rebuilt[:0]
+	return k.keys
 }
 
 // done records a successful build into tables.
@@ -63,15 +59,14 @@ func (k *RowKeeper) done(tables []int32, maxPages int) {
 
 // forget drops what k knew: the rows' memory holds an unfinished build.
 func (k *RowKeeper) forget() {
-	k.keys, k.build, k.from, k.mem = k.keys[:0], 0, 0, nil
-	clear(k.kept)
+	k.keys, k.rebuilt, k.build, k.from, k.mem = k.keys[:0], k.rebuilt[:0], 0, 0, nil
 }
 
 // Kept reports the last build: its number, the number of the build before
-// it (0: none), and which of its rows it kept unchanged from that one
-// (rows[b] true: row b holds what it held after build from). An uploader
-// whose copy is exactly build from's may skip those rows; any other must
-// compare or copy them.
-func (k *RowKeeper) Kept() (build, from uint64, rows []bool) {
-	return k.build, k.from, k.kept
+// it (0: none), its number of rows, and the rows it rebuilt, ascending:
+// every other row holds what it held after build from (all of them when
+// from is 0). An uploader whose copy is exactly build from's may skip the
+// rows not rebuilt; any other must compare or copy them.
+func (k *RowKeeper) Kept() (build, from uint64, rows int, rebuilt []int32) {
+	return k.build, k.from, len(k.keys), k.rebuilt
 }

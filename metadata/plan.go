@@ -436,10 +436,8 @@ func (p *Plan) BuildKeeping(reuse *Metadata, k *RowKeeper, appendTable func(dst 
 	}
 	keeping := k != nil && k.canKeep(m.BlockTables, m.MaxPages)
 	var keys []rowKey
-	var kept []bool
 	if k != nil {
-		keys, kept = k.begin(n)
-		keys, kept, states = keys[:len(cuQ)], kept[:len(cuQ)], states[:len(cuQ)]
+		keys, states = k.begin(n)[:len(cuQ)], states[:len(cuQ)]
 	}
 	seqs, cached := p.seqs[:len(cuQ)], p.cached[:len(cuQ)]
 	shift := p.pageShift & 63
@@ -452,10 +450,10 @@ func (p *Plan) BuildKeeping(reuse *Metadata, k *RowKeeper, appendTable func(dst 
 		if k != nil {
 			key := rowKey{state: states[b], seq: seq, need: need, behind: behind}
 			if keeping && key.state != 0 && keys[b] == key {
-				kept[b] = true
 				continue
 			}
 			keys[b] = key
+			k.rebuilt = append(k.rebuilt, int32(b))
 		}
 		row := m.BlockTables[b*m.MaxPages : (b+1)*m.MaxPages : (b+1)*m.MaxPages]
 		pages, err := appendTable(row[:0], b, seq)

@@ -202,7 +202,7 @@ func TestBuildKeepingStatesLength(t *testing.T) {
 	if _, err := plan.BuildKeeping(m, &k, appendTable, []uint64{7, 8}); err != nil {
 		t.Fatal(err)
 	}
-	if _, from, kept := k.Kept(); from != 0 || !reflect.DeepEqual(kept, []bool{false, false}) {
-		t.Fatalf("after a refused build: from %d, kept %v; want 0, none", from, kept)
+	if _, from, rows, rebuilt := k.Kept(); from != 0 || rows != 2 || !reflect.DeepEqual(rebuilt, []int32{0, 1}) {
+		t.Fatalf("after a refused build: from %d, %d rows, rebuilt %v; want 0, 2, all", from, rows, rebuilt)
 	}
 }

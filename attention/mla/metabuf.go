@@ -206,12 +206,15 @@ func (mb *MetadataBuffers) Upload(b Backend, m *metadata.Metadata, numPages int)
 // The device bytes are the same as Upload's.
 func (mb *MetadataBuffers) UploadKeeping(b Backend, m *metadata.Metadata, numPages int, k *metadata.RowKeeper) error {
 	var build uint64
-	var kept []bool
+	var rebuilt []int32 // nil: compare every row
 	if k != nil {
 		var from uint64
-		build, from, kept = k.Kept()
-		if from == 0 || from != mb.mirror.build || len(kept) != m.NumSeqs {
-			kept = nil
+		var rows int
+		build, from, rows, rebuilt = k.Kept()
+		if from == 0 || from != mb.mirror.build || rows != m.NumSeqs {
+			rebuilt = nil
+		} else if rebuilt == nil {
+			rebuilt = []int32{} // every row kept
 		}
 	}
 	mm := &mb.mirror
@@ -231,7 +234,7 @@ func (mb *MetadataBuffers) UploadKeeping(b Backend, m *metadata.Metadata, numPag
 		mm.build = build
 		return nil
 	}
-	if err := mb.check(m, numPages, kept); err != nil {
+	if err := mb.check(m, numPages, rebuilt); err != nil {
 		return err
 	}
 	mb.update(m)
@@ -329,9 +332,9 @@ func (mb *MetadataBuffers) remember(b Backend, m *metadata.Metadata, numPages in
 // check refuses what Encode refuses, except the page bound of block-table
 // entries, which it checks only on the rows that change (the others passed
 // it on an earlier upload with the same pool); it lists those rows for
-// update. kept (nil or one per row) marks rows known to equal the mirror's
-// (UploadKeeping): they are not compared.
-func (mb *MetadataBuffers) check(m *metadata.Metadata, numPages int, kept []bool) error {
+// update. A non-nil rebuilt (UploadKeeping) lists, ascending, the only
+// rows that may differ from the mirror's: the others are not compared.
+func (mb *MetadataBuffers) check(m *metadata.Metadata, numPages int, rebuilt []int32) error {
 	if m.NumSeqs > mb.MaxSeqs {
 		return fmt.Errorf("mla: batch of %d sequences exceeds the metadata capacity of %d", m.NumSeqs, mb.MaxSeqs)
 	}
@@ -346,22 +349,37 @@ func (mb *MetadataBuffers) check(m *metadata.Metadata, numPages int, kept []bool
 	}
 	mm := &mb.mirror
 	mm.changed = mm.changed[:0]
-	if kept != nil && mm.width != m.MaxPages {
-		kept = nil // the kept rows' entries past the narrower width change
+	if mm.width != m.MaxPages {
+		rebuilt = nil // the kept rows' entries past the narrower width change
 	}
 	// Rows from mm.seqs on were all zeros: update writes them whole.
-	for r := range min(m.NumSeqs, mm.seqs) {
-		if kept != nil && kept[r] {
-			continue
-		}
+	mirrored := min(m.NumSeqs, mm.seqs)
+	compare := func(r int) error {
 		row := m.BlockTables[r*m.MaxPages : (r+1)*m.MaxPages]
 		if equalWords(row, mm.words[mb.OffBlockTables/4+r*mb.PageStride:][:m.MaxPages]) {
-			continue
+			return nil
 		}
 		if err := checkPages(m, r, row, numPages); err != nil {
 			return err
 		}
 		mm.changed = append(mm.changed, int32(r))
+		return nil
+	}
+	if rebuilt != nil {
+		for _, r := range rebuilt {
+			if int(r) >= mirrored {
+				break
+			}
+			if err := compare(int(r)); err != nil {
+				return err
+			}
+		}
+	} else {
+		for r := range mirrored {
+			if err := compare(r); err != nil {
+				return err
+			}
+		}
 	}
 	for r := mm.seqs; r < m.NumSeqs; r++ {
 		if err := checkPages(m, r, m.BlockTables[r*m.MaxPages:(r+1)*m.MaxPages], numPages); err != nil {
