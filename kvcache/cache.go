@@ -272,12 +272,6 @@ func (c *Cache) Reserve(needs []Need) (*Reservation, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 
-	// One lookup per need: a live sequence is stamped with this call's
-	// epoch to find duplicates, and kept, in the entries of the
-	// reservation to be, for the allocation pass; only ids to create go
-	// through a map of their own.
-	c.epoch++
-	clear(c.creating)
 	entries := resize(c.spare.entries, len(needs))
 	ok := false
 	defer func() {
@@ -286,53 +280,13 @@ func (c *Cache) Reserve(needs []Need) (*Reservation, error) {
 			c.spare.entries = entries[:0]
 		}
 	}()
-	total := 0
-	entries = entries[:len(needs)]
-	for i := range needs {
-		n := &needs[i]
-		s, live := c.handleLocked(n.Handle, n.ID)
-		if live && s.mark == c.epoch {
-			return nil, fmt.Errorf("%w: sequence %d in needs[%d] and needs[%d]", ErrDuplicateNeed, n.ID, s.markAt, i)
-		}
-		if !live && len(c.creating) > 0 {
-			if j, dup := c.creating[n.ID]; dup {
-				return nil, fmt.Errorf("%w: sequence %d in needs[%d] and needs[%d]", ErrDuplicateNeed, n.ID, j, i)
-			}
-		}
-		if n.NewLength < 0 {
-			return nil, fmt.Errorf("%w: needs[%d] (sequence %d): NewLength %d is negative", ErrInvalidNeed, i, n.ID, n.NewLength)
-		}
-		have := 0
-		if n.Create {
-			if c.finished.contains(n.ID) {
-				return nil, fmt.Errorf("%w %d: needs[%d] cannot create it again", ErrFinishedSequence, n.ID, i)
-			}
-			if live {
-				return nil, fmt.Errorf("%w: needs[%d] creates sequence %d", ErrSequenceExists, i, n.ID)
-			}
-			c.creating[n.ID] = i
-			s = nil // created by the allocation pass
-		} else {
-			if !live {
-				_, err := c.liveLocked(n.ID)
-				return nil, fmt.Errorf("needs[%d]: %w", i, err)
-			}
-			if s.pending != nil {
-				return nil, fmt.Errorf("%w: needs[%d] (sequence %d)", ErrSequenceBusy, i, n.ID)
-			}
-			if n.NewLength < s.length {
-				return nil, fmt.Errorf("%w: needs[%d] (sequence %d): NewLength %d is below the current length %d",
-					ErrInvalidNeed, i, n.ID, n.NewLength, s.length)
-			}
-			s.mark, s.markAt = c.epoch, i
-			have = len(s.pages)
-		}
-		entries[i] = reservedEntry{seq: s, id: n.ID, created: n.Create, oldPages: have}
-		// Saturate rather than wrap: a sum of huge needs must stay huge.
-		if add := c.pagesFor(n.NewLength) - have; add > math.MaxInt-total {
-			total = math.MaxInt
-		} else {
-			total += add
+	c.epoch++
+	total, growing := c.checkGrowth(needs, entries)
+	if !growing {
+		c.epoch++ // a fresh stamp: the marks checkGrowth left are stale
+		var err error
+		if total, err = c.checkNeeds(needs, entries); err != nil {
+			return nil, err
 		}
 	}
 	if total == math.MaxInt {
@@ -370,6 +324,97 @@ func (c *Cache) Reserve(needs []Need) (*Reservation, error) {
 	}
 	c.afterMutation()
 	return r, nil
+}
+
+// checkGrowth is Reserve's check pass for the needs of a decode step:
+// live sequences, each named through its current handle, that keep or
+// grow their length and belong to no reservation, none twice. It fills
+// entries and returns the pages to add, or growing false as soon as a need
+// is otherwise, having refused nothing (the sequences it stamped carry a
+// stale mark once Reserve moves to the next epoch): checkNeeds then checks
+// every need.
+func (c *Cache) checkGrowth(needs []Need, entries []reservedEntry) (total int, growing bool) {
+	dense, epoch := c.dense, c.epoch
+	entries = entries[:len(needs)]
+	for i := range needs {
+		n := &needs[i]
+		h := uint(n.Handle) - 1
+		if h >= uint(len(dense)) {
+			return 0, false
+		}
+		s := dense[h]
+		if s == nil || s.id != n.ID || n.Create || s.mark == epoch || s.pending != nil || n.NewLength < s.length {
+			return 0, false
+		}
+		s.mark, s.markAt = epoch, i
+		have := len(s.pages)
+		entries[i] = reservedEntry{seq: s, id: n.ID, oldPages: have}
+		add := c.pagesFor(n.NewLength) - have
+		if add > math.MaxInt-total {
+			return 0, false
+		}
+		total += add
+	}
+	return total, true
+}
+
+// checkNeeds is Reserve's check pass for any needs: it refuses the first
+// bad one, and otherwise fills entries (nil sequences for those to create)
+// and returns the pages to add, saturated at math.MaxInt. A live sequence
+// is stamped with the epoch to find duplicates; only ids to create go
+// through a map of their own.
+func (c *Cache) checkNeeds(needs []Need, entries []reservedEntry) (int, error) {
+	clear(c.creating)
+	total := 0
+	entries = entries[:len(needs)]
+	for i := range needs {
+		n := &needs[i]
+		s, live := c.handleLocked(n.Handle, n.ID)
+		if live && s.mark == c.epoch {
+			return 0, fmt.Errorf("%w: sequence %d in needs[%d] and needs[%d]", ErrDuplicateNeed, n.ID, s.markAt, i)
+		}
+		if !live && len(c.creating) > 0 {
+			if j, dup := c.creating[n.ID]; dup {
+				return 0, fmt.Errorf("%w: sequence %d in needs[%d] and needs[%d]", ErrDuplicateNeed, n.ID, j, i)
+			}
+		}
+		if n.NewLength < 0 {
+			return 0, fmt.Errorf("%w: needs[%d] (sequence %d): NewLength %d is negative", ErrInvalidNeed, i, n.ID, n.NewLength)
+		}
+		have := 0
+		if n.Create {
+			if c.finished.contains(n.ID) {
+				return 0, fmt.Errorf("%w %d: needs[%d] cannot create it again", ErrFinishedSequence, n.ID, i)
+			}
+			if live {
+				return 0, fmt.Errorf("%w: needs[%d] creates sequence %d", ErrSequenceExists, i, n.ID)
+			}
+			c.creating[n.ID] = i
+			s = nil // created by the allocation pass
+		} else {
+			if !live {
+				_, err := c.liveLocked(n.ID)
+				return 0, fmt.Errorf("needs[%d]: %w", i, err)
+			}
+			if s.pending != nil {
+				return 0, fmt.Errorf("%w: needs[%d] (sequence %d)", ErrSequenceBusy, i, n.ID)
+			}
+			if n.NewLength < s.length {
+				return 0, fmt.Errorf("%w: needs[%d] (sequence %d): NewLength %d is below the current length %d",
+					ErrInvalidNeed, i, n.ID, n.NewLength, s.length)
+			}
+			s.mark, s.markAt = c.epoch, i
+			have = len(s.pages)
+		}
+		entries[i] = reservedEntry{seq: s, id: n.ID, created: n.Create, oldPages: have}
+		// Saturate rather than wrap: a sum of huge needs must stay huge.
+		if add := c.pagesFor(n.NewLength) - have; add > math.MaxInt-total {
+			total = math.MaxInt
+		} else {
+			total += add
+		}
+	}
+	return total, nil
 }
 
 // Holds reports whether sequence id belongs to the reservation and the

@@ -170,6 +170,13 @@ func (pr *Planner) planBatch(reqs []Request, lookup LengthLookup, lookups []kvca
 	}
 	var numCtx, ctxTokens, genTokens, genSeqLen, maxKV int
 	var kvTotal int64
+	if lookups != nil && len(last) == n { // last is seqs' memory: it holds the ids already
+		var ok bool
+		if genSeqLen, maxKV, kvTotal, ok = repeatedDecode(reqs, lookups, last, p.MaxPositions, qLens, kvLens, cacheds, creates); ok {
+			genTokens = n * genSeqLen
+			reqs = nil // planned: the general loop below has nothing to do
+		}
+	}
 	for i := range reqs {
 		r := &reqs[i]
 		var qLen int
@@ -280,6 +287,35 @@ func (pr *Planner) planBatch(reqs []Request, lookup LengthLookup, lookups []kvca
 	}
 	pr.planned = true
 	return pl, nil
+}
+
+// repeatedDecode is planBatch's pass for the batch a decode loop repeats:
+// the last plan's sequences (last) again, in order, every request a valid
+// generation request of one query length, every lookup a known sequence
+// whose new kv_len fits MaxPositions. It sets the lengths and returns
+// their sums, or ok false as soon as a request is otherwise, having
+// refused nothing: planBatch's general pass then plans the batch.
+func repeatedDecode(reqs []Request, lookups []kvcache.SequenceLookup, last []uint64, maxPositions int, qLens, kvLens, cacheds []int32, creates []bool) (genSeqLen, maxKV int, kvTotal int64, ok bool) {
+	mtp := reqs[0].MTP
+	if mtp < 0 || mtp >= math.MaxInt32 {
+		return 0, 0, 0, false
+	}
+	qLen := 1 + mtp
+	maxCached := maxPositions - qLen
+	n := len(reqs)
+	lookups, last, qLens, kvLens, cacheds, creates = lookups[:n], last[:n], qLens[:n], kvLens[:n], cacheds[:n], creates[:n]
+	for i := range reqs {
+		r, l := &reqs[i], &lookups[i]
+		if r.Phase != Generation || r.MTP != mtp || (r.NewTokens != 0 && r.NewTokens != qLen) ||
+			r.Seq != last[i] || l.ID != r.Seq || l.Err != nil || l.Length < 0 || l.Length > maxCached {
+			return 0, 0, 0, false
+		}
+		kv := l.Length + qLen
+		qLens[i], kvLens[i], cacheds[i], creates[i] = int32(qLen), int32(kv), int32(l.Length), false
+		kvTotal += int64(kv)
+		maxKV = max(maxKV, kv)
+	}
+	return qLen, maxKV, kvTotal, true
 }
 
 // queryLength checks the per-request fields and returns q_len.
