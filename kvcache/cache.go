@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/bits"
+	"slices"
 	"sync"
 )
 
@@ -175,6 +176,8 @@ type reservedEntry struct {
 	id       uint64
 	created  bool
 	oldPages int
+	pages    int    // the pages that cover reserved
+	reserved int    // the need's NewLength
 	table    uint64 // seq.table once reserved: nothing changes it until the end
 }
 
@@ -202,7 +205,7 @@ func (c *Cache) Config() Config { return c.cfg }
 
 // pagesFor returns ceil(n/P) without overflowing for huge n.
 func (c *Cache) pagesFor(n int) int {
-	p := n >> c.shift
+	p := n >> (c.shift & 63) // the mask spares the shift's check for counts past 63
 	if n&c.pageMask != 0 {
 		p++
 	}
@@ -300,16 +303,16 @@ func (c *Cache) Reserve(needs []Need) (*Reservation, error) {
 	r := &Reservation{cache: c, entries: entries, taken: c.spare.taken[:0]}
 	c.spare.entries, c.spare.taken = nil, nil
 	for i := range entries {
-		e, n := &entries[i], &needs[i]
+		e := &entries[i]
 		s := e.seq
-		if n.Create {
+		if e.created {
 			s = &sequence{}
-			c.addLocked(n.ID, s)
+			c.addLocked(e.id, s)
 			c.tableChangedLocked(s)
 			e.seq = s
 		}
 		// Pop the pages off the free stack, the top one first.
-		if add := c.pagesFor(n.NewLength) - e.oldPages; add > 0 {
+		if add := e.pages - e.oldPages; add > 0 {
 			top := len(c.free)
 			for k := 1; k <= add; k++ {
 				s.pages = append(s.pages, c.free[top-k])
@@ -318,7 +321,7 @@ func (c *Cache) Reserve(needs []Need) (*Reservation, error) {
 			r.taken = append(r.taken, s.pages[len(s.pages)-add:]...)
 			c.free = c.free[:top-add]
 		}
-		s.reserved = n.NewLength
+		s.reserved = e.reserved
 		s.pending = r
 		e.table = s.table
 	}
@@ -347,9 +350,9 @@ func (c *Cache) checkGrowth(needs []Need, entries []reservedEntry) (total int, g
 			return 0, false
 		}
 		s.mark, s.markAt = epoch, i
-		have := len(s.pages)
-		entries[i] = reservedEntry{seq: s, id: n.ID, oldPages: have}
-		add := c.pagesFor(n.NewLength) - have
+		have, pages := len(s.pages), c.pagesFor(n.NewLength)
+		entries[i] = reservedEntry{seq: s, id: n.ID, oldPages: have, pages: pages, reserved: n.NewLength}
+		add := pages - have
 		if add > math.MaxInt-total {
 			return 0, false
 		}
@@ -406,9 +409,10 @@ func (c *Cache) checkNeeds(needs []Need, entries []reservedEntry) (int, error) {
 			s.mark, s.markAt = c.epoch, i
 			have = len(s.pages)
 		}
-		entries[i] = reservedEntry{seq: s, id: n.ID, created: n.Create, oldPages: have}
+		pages := c.pagesFor(n.NewLength)
+		entries[i] = reservedEntry{seq: s, id: n.ID, created: n.Create, oldPages: have, pages: pages, reserved: n.NewLength}
 		// Saturate rather than wrap: a sum of huge needs must stay huge.
-		if add := c.pagesFor(n.NewLength) - have; add > math.MaxInt-total {
+		if add := pages - have; add > math.MaxInt-total {
 			total = math.MaxInt
 		} else {
 			total += add
@@ -467,10 +471,12 @@ func (r *Reservation) AppendTableStates(dst []uint64) ([]uint64, error) {
 	if r.done {
 		return dst, ErrReservationDone
 	}
-	for i := range r.entries {
-		dst = append(dst, r.entries[i].table)
+	out := slices.Grow(dst, len(r.entries))[:len(dst)+len(r.entries)]
+	states, entries := out[len(dst):], r.entries
+	for i := range states {
+		states[i] = entries[i].table
 	}
-	return dst, nil
+	return out, nil
 }
 
 // Commit makes the reserved lengths permanent and releases the sequences.
@@ -513,16 +519,15 @@ func (r *Reservation) CommitLengths(lengths map[uint64]int) error {
 	for i := range r.entries {
 		e := &r.entries[i]
 		s := e.seq
-		n := s.reserved
+		n, keep := e.reserved, e.pages
 		if lengths != nil {
 			if v, ok := lengths[e.id]; ok {
-				n = v
+				n, keep = v, c.pagesFor(v)
 			}
 		}
 		// Pages past the kept length hold only rejected positions; they
 		// were taken by this reservation (the old pages cover the old
 		// length), so they go back in reverse pop order.
-		keep := c.pagesFor(n)
 		if keep < len(s.pages) {
 			for i := len(s.pages) - 1; i >= keep; i-- {
 				c.free = append(c.free, s.pages[i])

@@ -460,10 +460,10 @@ func (mb *MetadataBuffers) update(m *metadata.Metadata) {
 // between them.
 func (mm *metaMirror) put(off int, vals []int32) {
 	dst := mm.words[off : off+len(vals)]
-	i := leadingEqual(dst, vals)
-	if i == len(vals) {
+	if equalWords(dst, vals) {
 		return
 	}
+	i := leadingEqual(dst, vals)
 	j := len(vals) - trailingEqual(dst[i:], vals[i:]) // > i: word i differs
 	copy(dst[i:j], vals[i:j])
 	mm.lo, mm.hi = min(mm.lo, off+i), max(mm.hi, off+j)
@@ -471,7 +471,7 @@ func (mm *metaMirror) put(off int, vals []int32) {
 
 // wordRun is the number of words leadingEqual and trailingEqual compare at
 // once (as strings: the runtime's vectorized compare).
-const wordRun = 16
+const wordRun = 32
 
 // leadingEqual is the length of the longest common prefix of a and b
 // (len(a) == len(b)).
