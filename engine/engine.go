@@ -520,11 +520,12 @@ func (e *Engine) Begin(ctx context.Context, reqs []metadata.Request) (_ *Iterati
 	if tokens > e.cfg.MaxTokens {
 		return nil, fmt.Errorf("%w: Begin: batch of %d tokens, more than MaxTokens = %d", ErrBatchTooLarge, tokens, e.cfg.MaxTokens)
 	}
-	kn := e.needScratch[:0]
+	kn := slices.Grow(e.needScratch[:0], plan.Len())[:plan.Len()]
+	ls := e.lookups[:len(kn)]
 	creates := false
-	for i := range plan.Len() { // the needs are the requests, in order
+	for i := range kn { // the needs are the requests, in order
 		n := plan.Need(i)
-		kn = append(kn, kvcache.Need{ID: n.Seq, NewLength: n.Length, Create: n.Create, Handle: e.lookups[i].Handle})
+		kn[i] = kvcache.Need{ID: n.Seq, NewLength: n.Length, Create: n.Create, Handle: ls[i].Handle}
 		creates = creates || n.Create
 	}
 	e.needScratch = kn

@@ -306,7 +306,9 @@ func (c *Cache) Reserve(needs []Need) (*Reservation, error) {
 		e := &entries[i]
 		s := e.seq
 		if e.created {
-			s = &sequence{}
+			// Room to grow by as many pages again (at least 4), so that
+			// a decode loop's reservations seldom reallocate the list.
+			s = &sequence{pages: make([]int32, 0, e.pages+max(e.pages, 4))}
 			c.addLocked(e.id, s)
 			c.tableChangedLocked(s)
 			e.seq = s
@@ -351,7 +353,8 @@ func (c *Cache) checkGrowth(needs []Need, entries []reservedEntry) (total int, g
 		}
 		s.mark, s.markAt = epoch, i
 		have, pages := len(s.pages), c.pagesFor(n.NewLength)
-		entries[i] = reservedEntry{seq: s, id: n.ID, oldPages: have, pages: pages, reserved: n.NewLength}
+		e := &entries[i] // field by field: cheaper than a whole-struct store
+		e.seq, e.id, e.created, e.oldPages, e.pages, e.reserved = s, n.ID, false, have, pages, n.NewLength
 		add := pages - have
 		if add > math.MaxInt-total {
 			return 0, false

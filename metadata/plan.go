@@ -470,54 +470,71 @@ func (p *Plan) BuildKeeping(reuse *Metadata, k *RowKeeper, appendTable func(dst 
 		rows += qLen[b] * heads
 		cuQ[b], cuKV[b], cuQRows[b] = q, kv, rows
 	}
-	keeping := k != nil && k.canKeep(m.BlockTables, m.MaxPages)
-	var keys []rowKey
-	if k != nil {
-		keys, states = k.begin(n)[:len(cuQ)], states[:len(cuQ)]
+	if k == nil {
+		for b := range n {
+			if err := p.buildRow(m, b, appendTable); err != nil {
+				return nil, err
+			}
+		}
+		return m, nil
 	}
-	seqs, cached := p.seqs[:len(cuQ)], p.cached[:len(cuQ)]
-	shift := p.pageShift & 63
+	// The rows to rebuild first, in one pass over the keys; then those
+	// rows, in batch order.
+	keeping := k.canKeep(m.BlockTables, m.MaxPages)
+	keys, rebuilt := k.begin(n)[:len(cuQ)], k.rebuilt[:0]
+	seqs, cached, states := p.seqs[:len(cuQ)], p.cached[:len(cuQ)], states[:len(cuQ)]
+	shift, pageSize := p.pageShift&63, p.params.PageSize
 	for b, seq := range seqs {
-		need := (int(kvLen[b]) + p.params.PageSize - 1) >> shift
-		// A sliding-window cache frees the pages no query reads any more:
-		// their entries are -1. Only pages wholly before the cached
-		// positions may be: every new token's page must be real.
-		behind := min(int(cached[b])>>shift, need)
-		if k != nil {
-			key := rowKey{state: states[b], seq: seq, need: need, behind: behind}
-			if keeping && key.state != 0 && keys[b] == key {
-				continue
-			}
-			keys[b] = key
-			k.rebuilt = append(k.rebuilt, int32(b))
+		need := (int(kvLen[b]) + pageSize - 1) >> shift
+		key := rowKey{state: states[b], seq: seq, need: need, behind: min(int(cached[b])>>shift, need)}
+		if keeping && key.state != 0 && keys[b] == key {
+			continue
 		}
-		row := m.BlockTables[b*m.MaxPages : (b+1)*m.MaxPages : (b+1)*m.MaxPages]
-		pages, err := appendTable(row[:0], b, seq)
-		if err != nil {
-			return nil, fmt.Errorf("metadata: request %d (seq %d): block table: %w", b, seq, err)
-		}
-		if len(pages) < need {
-			return nil, requestError(b, seq, "block table has %d pages, kv_len %d needs %d pages of %d", len(pages), p.kvLen[b], need, p.params.PageSize)
-		}
-		if len(pages) == 0 || len(row) == 0 || &pages[0] != &row[0] {
-			copy(row, pages[:need]) // a table longer than the row was appended elsewhere
-		}
-		// One pass finds whether any entry is negative (none is, except
-		// where a window freed pages); only then a second one checks the
-		// bounds exactly.
-		if anyNegative(row[:need]) {
-			if j := firstBadEntry(row[:need], behind); j >= 0 {
-				return nil, requestError(b, seq, "block table entry %d is page %d, must be >= 0 (or -1 for a page freed behind the cached positions, before entry %d)", j, row[j], behind)
-			}
-		}
-		for j := need; j < len(row); j++ {
-			row[j] = -1
+		keys[b] = key
+		rebuilt = append(rebuilt, int32(b))
+	}
+	k.rebuilt = rebuilt
+	for _, b := range rebuilt {
+		if err := p.buildRow(m, int(b), appendTable); err != nil {
+			return nil, err
 		}
 	}
-	if k != nil {
-		k.done(m.BlockTables, m.MaxPages)
-	}
+	k.done(m.BlockTables, m.MaxPages)
 	return m, nil
+}
+
+// buildRow writes row b of m's block tables: the pages appendTable gives
+// for the pages the sequence needs, -1 past them.
+func (p *Plan) buildRow(m *Metadata, b int, appendTable func(dst []int32, b int, seq uint64) ([]int32, error)) error {
+	seq := p.seqs[b]
+	row := m.BlockTables[b*m.MaxPages : (b+1)*m.MaxPages : (b+1)*m.MaxPages]
+	need := (int(p.kvLen[b]) + p.params.PageSize - 1) >> p.pageShift
+	// A sliding-window cache frees the pages no query reads any more:
+	// their entries are -1. Only pages wholly before the cached
+	// positions may be: every new token's page must be real.
+	behind := min(int(p.cached[b])>>p.pageShift, need)
+	pages, err := appendTable(row[:0], b, seq)
+	if err != nil {
+		return fmt.Errorf("metadata: request %d (seq %d): block table: %w", b, seq, err)
+	}
+	if len(pages) < need {
+		return requestError(b, seq, "block table has %d pages, kv_len %d needs %d pages of %d", len(pages), p.kvLen[b], need, p.params.PageSize)
+	}
+	if len(pages) == 0 || len(row) == 0 || &pages[0] != &row[0] {
+		copy(row, pages[:need]) // a table longer than the row was appended elsewhere
+	}
+	// One pass finds whether any entry is negative (none is, except
+	// where a window freed pages); only then a second one checks the
+	// bounds exactly.
+	if anyNegative(row[:need]) {
+		if j := firstBadEntry(row[:need], behind); j >= 0 {
+			return requestError(b, seq, "block table entry %d is page %d, must be >= 0 (or -1 for a page freed behind the cached positions, before entry %d)", j, row[j], behind)
+		}
+	}
+	for j := need; j < len(row); j++ {
+		row[j] = -1
+	}
+	return nil
 }
 
 // seqIndex finds duplicate sequence ids in a batch: an open-addressing
