@@ -618,8 +618,10 @@ func (e *Engine) Begin(ctx context.Context, reqs []metadata.Request) (_ *Iterati
 	}
 	e.iterations++
 	e.open = it
-	e.log.Debug().Int("iteration", it.index).Int("ctx_tokens", m.CtxTokens).Int("gen_tokens", m.GenTokens).
-		Int("seqs", m.NumSeqs).Int("free_pages", e.cache.FreePages()).Msg("iteration begun")
+	if ev := e.log.Debug(); ev.Enabled() { // the free pages cost a lock: only when logged
+		ev.Int("iteration", it.index).Int("ctx_tokens", m.CtxTokens).Int("gen_tokens", m.GenTokens).
+			Int("seqs", m.NumSeqs).Int("free_pages", e.cache.FreePages()).Msg("iteration begun")
+	}
 	return it, nil
 }
 
