@@ -116,9 +116,6 @@ type Planner struct {
 
 // Plan is NewPlan, into the planner's memory.
 func (pr *Planner) Plan(reqs []Request, lookup LengthLookup, p Params) (*Plan, error) {
-	if lookup == nil {
-		return nil, errors.New("metadata: lookup is nil")
-	}
 	return pr.planBatch(reqs, lookup, nil, p)
 }
 
@@ -134,13 +131,17 @@ func (pr *Planner) PlanLookedUp(reqs []Request, lookups []kvcache.SequenceLookup
 	return pr.planBatch(reqs, nil, lookups, p)
 }
 
-// planBatch is Plan through lookup, or PlanLookedUp when lookup is nil.
+// planBatch is Plan through lookup, or PlanLookedUp when lookups is not
+// nil.
 func (pr *Planner) planBatch(reqs []Request, lookup LengthLookup, lookups []kvcache.SequenceLookup, p Params) (*Plan, error) {
 	if err := p.validate(); err != nil {
 		return nil, err
 	}
 	if len(reqs) == 0 {
 		return nil, errors.New("metadata: empty batch: at least one request is needed")
+	}
+	if lookup == nil && lookups == nil {
+		return nil, errors.New("metadata: lookup is nil")
 	}
 	n := len(reqs)
 	pl := &pr.plan
