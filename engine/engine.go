@@ -88,8 +88,10 @@ type Engine struct {
 	lookups     []kvcache.SequenceLookup // also the next batch's handle hints
 	lastMeta    *metadata.Metadata
 	// rows keeps lastMeta's block-table rows whose page lists did not
-	// change from one Begin to the next (metadata.RowKeeper).
-	rows metadata.RowKeeper
+	// change from one Begin to the next (metadata.RowKeeper), by their
+	// states (kvcache.Reservation.AppendTableStates).
+	rows        metadata.RowKeeper
+	tableStates []uint64
 	// verifyKeptRows (tests: VerifyKeptRows) checks after every upload that
 	// the kept rows and the uploaded bytes are what a full build gives.
 	verifyKeptRows bool
@@ -455,11 +457,19 @@ func (e *Engine) Finish(seq uint64) error {
 
 // lookupBatch looks the batch's sequences up in the cache at once, through
 // the handles of the last batch's sequences at the same index (a decode
-// batch repeats), into e.lookups, which Begin's lookup for the metadata
-// pass answers from.
-func (e *Engine) lookupBatch(reqs []metadata.Request) {
+// batch repeats), into e.lookups, which Begin plans the batch with. It
+// also counts the batch's tokens, and whether it has
+// generation requests only.
+func (e *Engine) lookupBatch(reqs []metadata.Request) (tokens int, generationOnly bool) {
 	ls := e.lookups
+	generationOnly = len(reqs) > 0
 	for i, r := range reqs {
+		if r.Phase == metadata.Generation {
+			tokens += 1 + r.MTP
+		} else {
+			tokens += r.NewTokens
+			generationOnly = false
+		}
 		if i >= len(ls) {
 			ls = append(ls, kvcache.SequenceLookup{})
 		} else if ls[i].ID != r.Seq {
@@ -470,6 +480,7 @@ func (e *Engine) lookupBatch(reqs []metadata.Request) {
 	ls = ls[:len(reqs)]
 	e.lookups = ls
 	e.cache.LookupAll(ls)
+	return tokens, generationOnly
 }
 
 // Begin starts an iteration: it validates the batch (context requests
@@ -493,52 +504,29 @@ func (e *Engine) Begin(ctx context.Context, reqs []metadata.Request) (_ *Iterati
 	case len(reqs) > e.cfg.MaxSeqs:
 		return nil, fmt.Errorf("%w: Begin: batch of %d sequences, more than MaxSeqs = %d", ErrBatchTooLarge, len(reqs), e.cfg.MaxSeqs)
 	}
-	tokens, generationOnly := 0, len(reqs) > 0
-	for _, r := range reqs {
-		if r.Phase == metadata.Generation {
-			tokens += 1 + r.MTP
-		} else {
-			tokens += r.NewTokens
-			generationOnly = false
-		}
-	}
+	tokens, generationOnly := e.lookupBatch(reqs)
 	params := e.params
 	graph := e.capturer != nil && generationOnly && tokens <= e.cfg.MaxTokens
 	if graph {
 		params.PadTokensTo = e.cfg.graphBucket(tokens)
 	}
-	// The metadata pass's lookup answers from lookupBatch's results: an
-	// unknown sequence is not an error there (a context request creates
-	// it), any other refusal is. The pass asks in batch order, once per
-	// request. (Defined here, not returned by lookupBatch, so that it
-	// stays off the heap.)
-	e.lookupBatch(reqs)
-	ls, next := e.lookups, 0
-	lookup := func(seq uint64) (int, bool, error) {
-		if next >= len(ls) || ls[next].ID != seq {
-			return 0, false, fmt.Errorf("engine: sequence %d looked up out of batch order", seq)
-		}
-		l := &ls[next]
-		next++
-		switch {
-		case l.Err == nil:
-			return l.Length, true, nil
-		case errors.Is(l.Err, kvcache.ErrUnknownSequence):
-			return 0, false, nil
-		}
-		return 0, true, l.Err
-	}
-	plan, err := e.planner.Plan(reqs, lookup, params)
+	// The metadata pass takes lookupBatch's results: an unknown sequence is
+	// not an error there (a context request creates it), any other
+	// refusal is.
+	plan, err := e.planner.PlanLookedUp(reqs, e.lookups, params)
 	if err != nil {
 		return nil, fmt.Errorf("engine: Begin: %w", err)
 	}
 	if tokens > e.cfg.MaxTokens {
 		return nil, fmt.Errorf("%w: Begin: batch of %d tokens, more than MaxTokens = %d", ErrBatchTooLarge, tokens, e.cfg.MaxTokens)
 	}
-	kn := e.needScratch[:0]
-	for i := range plan.Len() { // the needs are the requests, in order
+	kn := slices.Grow(e.needScratch[:0], plan.Len())[:plan.Len()]
+	ls := e.lookups[:len(kn)]
+	creates := false
+	for i := range kn { // the needs are the requests, in order
 		n := plan.Need(i)
-		kn = append(kn, kvcache.Need{ID: n.Seq, NewLength: n.Length, Create: n.Create, Handle: e.lookups[i].Handle})
+		kn[i] = kvcache.Need{ID: n.Seq, NewLength: n.Length, Create: n.Create, Handle: ls[i].Handle}
+		creates = creates || n.Create
 	}
 	e.needScratch = kn
 	res, err := e.cache.Reserve(kn)
@@ -571,15 +559,12 @@ func (e *Engine) Begin(ctx context.Context, reqs []metadata.Request) (_ *Iterati
 	// Rows whose page list kept its state (kvcache.Reservation.TableState)
 	// keep their contents from the last build: a decode step changes only
 	// the rows of sequences that gained or lost a page.
+	if e.tableStates, err = res.AppendTableStates(e.tableStates[:0]); err != nil {
+		return nil, fmt.Errorf("engine: Begin: %w", err)
+	}
 	m, err := plan.BuildKeeping(e.lastMeta, &e.rows,
 		func(dst []int32, b int, _ uint64) ([]int32, error) { return res.AppendBlockTable(dst, b) },
-		func(b int) uint64 {
-			st, err := res.TableState(b)
-			if err != nil {
-				return 0 // unknown: rebuilt (and AppendBlockTable reports the error)
-			}
-			return st
-		})
+		e.tableStates)
 	if err != nil {
 		return nil, fmt.Errorf("engine: Begin: %w", err)
 	}
@@ -623,18 +608,20 @@ func (e *Engine) Begin(ctx context.Context, reqs []metadata.Request) (_ *Iterati
 	} else {
 		it.ran = make([]bool, e.cfg.Layers)
 	}
-	for _, n := range kn {
-		if n.Create {
-			if it.created == nil {
-				it.created = map[uint64]bool{}
+	if creates {
+		it.created = map[uint64]bool{}
+		for _, n := range kn {
+			if n.Create {
+				it.created[n.ID] = true
 			}
-			it.created[n.ID] = true
 		}
 	}
 	e.iterations++
 	e.open = it
-	e.log.Debug().Int("iteration", it.index).Int("ctx_tokens", m.CtxTokens).Int("gen_tokens", m.GenTokens).
-		Int("seqs", m.NumSeqs).Int("free_pages", e.cache.FreePages()).Msg("iteration begun")
+	if ev := e.log.Debug(); ev.Enabled() { // the free pages cost a lock: only when logged
+		ev.Int("iteration", it.index).Int("ctx_tokens", m.CtxTokens).Int("gen_tokens", m.GenTokens).
+			Int("seqs", m.NumSeqs).Int("free_pages", e.cache.FreePages()).Msg("iteration begun")
+	}
 	return it, nil
 }
 

@@ -9,14 +9,11 @@ func VerifyKeptRows(e *Engine) { e.verifyKeptRows = true }
 // KeptRows is how many block-table rows e's last Begin kept from the build
 // before it.
 func KeptRows(e *Engine) int {
-	_, _, rows := e.rows.Kept()
-	n := 0
-	for _, k := range rows {
-		if k {
-			n++
-		}
+	_, from, rows, rebuilt := e.rows.Kept()
+	if from == 0 {
+		return 0
 	}
-	return n
+	return rows - len(rebuilt)
 }
 
 // FirstDiff is the first index where two byte slices differ, or -1.

@@ -311,7 +311,9 @@ func (it *Iteration) End(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("engine: End: iteration %d: %w", it.index, err)
 	}
-	e.log.Debug().Int("iteration", it.index).Int("free_pages", e.cache.FreePages()).Msg("iteration committed")
+	if ev := e.log.Debug(); ev.Enabled() { // the free pages cost a lock: only when logged
+		ev.Int("iteration", it.index).Int("free_pages", e.cache.FreePages()).Msg("iteration committed")
+	}
 	return nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/bits"
+	"slices"
 	"sync"
 )
 
@@ -58,8 +59,9 @@ var (
 //
 // All methods are safe for concurrent use.
 type Cache struct {
-	cfg   Config
-	shift uint // log2(PageSize)
+	cfg      Config
+	shift    uint // log2(PageSize)
+	pageMask int  // PageSize - 1
 
 	mu       sync.Mutex
 	free     []int32 // stack; the next page handed out is the last element
@@ -70,11 +72,9 @@ type Cache struct {
 	dense       []*sequence
 	freeHandles []Handle
 	// Reserve's scratch, reused under mu: its call number (the stamp of the
-	// live sequences it holds so far), the ids it creates by need index, and
-	// the sequences of its needs.
-	epoch       uint64
-	creating    map[uint64]int
-	heldScratch []*sequence
+	// live sequences it holds so far) and the ids it creates by need index.
+	epoch    uint64
+	creating map[uint64]int
 	// tables numbers the states of block tables: every change of a
 	// sequence's pages gives it the next number (sequence.table).
 	tables uint64
@@ -116,8 +116,8 @@ func (c *Cache) tableChangedLocked(s *sequence) {
 // handleLocked returns the live sequence id through its handle h when h
 // still names it, else through the map.
 func (c *Cache) handleLocked(h Handle, id uint64) (*sequence, bool) {
-	if h > 0 && int(h) <= len(c.dense) {
-		if s := c.dense[h-1]; s != nil && s.id == id {
+	if i := uint(h) - 1; i < uint(len(c.dense)) { // h in [1, len]
+		if s := c.dense[i]; s != nil && s.id == id {
 			return s, true
 		}
 	}
@@ -176,6 +176,9 @@ type reservedEntry struct {
 	id       uint64
 	created  bool
 	oldPages int
+	pages    int    // the pages that cover reserved
+	reserved int    // the need's NewLength
+	table    uint64 // seq.table once reserved: nothing changes it until the end
 }
 
 // New returns an empty cache for cfg, with every page free.
@@ -186,6 +189,7 @@ func New(cfg Config) (*Cache, error) {
 	c := &Cache{
 		cfg:      cfg,
 		shift:    uint(bits.TrailingZeros(uint(cfg.PageSize))),
+		pageMask: cfg.PageSize - 1,
 		free:     make([]int32, cfg.NumPages),
 		seqs:     make(map[uint64]*sequence),
 		creating: make(map[uint64]int),
@@ -201,8 +205,8 @@ func (c *Cache) Config() Config { return c.cfg }
 
 // pagesFor returns ceil(n/P) without overflowing for huge n.
 func (c *Cache) pagesFor(n int) int {
-	p := n >> c.shift
-	if n&(c.cfg.PageSize-1) != 0 {
+	p := n >> (c.shift & 63) // the mask spares the shift's check for counts past 63
+	if n&c.pageMask != 0 {
 		p++
 	}
 	return p
@@ -250,7 +254,10 @@ func (c *Cache) LookupAll(lookups []SequenceLookup) {
 	for i := range lookups {
 		l := &lookups[i]
 		if s, ok := c.handleLocked(l.Handle, l.ID); ok {
-			l.Length, l.Handle, l.Err = s.length, s.handle, nil
+			l.Length, l.Handle = s.length, s.handle
+			if l.Err != nil {
+				l.Err = nil
+			}
 			continue
 		}
 		_, l.Err = c.liveLocked(l.ID)
@@ -268,57 +275,21 @@ func (c *Cache) Reserve(needs []Need) (*Reservation, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 
-	// One map lookup per need: a live sequence is stamped with this call's
-	// epoch to find duplicates, and kept for the allocation pass; only ids
-	// to create go through a map of their own.
+	entries := resize(c.spare.entries, len(needs))
+	ok := false
+	defer func() {
+		if !ok {
+			clear(entries) // drop the sequence pointers
+			c.spare.entries = entries[:0]
+		}
+	}()
 	c.epoch++
-	clear(c.creating)
-	held := c.heldScratch[:0]
-	defer func() { clear(held); c.heldScratch = held[:0] }()
-	total := 0
-	for i, n := range needs {
-		s, live := c.handleLocked(n.Handle, n.ID)
-		if live && s.mark == c.epoch {
-			return nil, fmt.Errorf("%w: sequence %d in needs[%d] and needs[%d]", ErrDuplicateNeed, n.ID, s.markAt, i)
-		}
-		if !live && len(c.creating) > 0 {
-			if j, dup := c.creating[n.ID]; dup {
-				return nil, fmt.Errorf("%w: sequence %d in needs[%d] and needs[%d]", ErrDuplicateNeed, n.ID, j, i)
-			}
-		}
-		if n.NewLength < 0 {
-			return nil, fmt.Errorf("%w: needs[%d] (sequence %d): NewLength %d is negative", ErrInvalidNeed, i, n.ID, n.NewLength)
-		}
-		have := 0
-		if n.Create {
-			if c.finished.contains(n.ID) {
-				return nil, fmt.Errorf("%w %d: needs[%d] cannot create it again", ErrFinishedSequence, n.ID, i)
-			}
-			if live {
-				return nil, fmt.Errorf("%w: needs[%d] creates sequence %d", ErrSequenceExists, i, n.ID)
-			}
-			c.creating[n.ID] = i
-		} else {
-			if !live {
-				_, err := c.liveLocked(n.ID)
-				return nil, fmt.Errorf("needs[%d]: %w", i, err)
-			}
-			if s.pending != nil {
-				return nil, fmt.Errorf("%w: needs[%d] (sequence %d)", ErrSequenceBusy, i, n.ID)
-			}
-			if n.NewLength < s.length {
-				return nil, fmt.Errorf("%w: needs[%d] (sequence %d): NewLength %d is below the current length %d",
-					ErrInvalidNeed, i, n.ID, n.NewLength, s.length)
-			}
-			s.mark, s.markAt = c.epoch, i
-			have = len(s.pages)
-		}
-		held = append(held, s) // nil for a sequence to create
-		// Saturate rather than wrap: a sum of huge needs must stay huge.
-		if add := c.pagesFor(n.NewLength) - have; add > math.MaxInt-total {
-			total = math.MaxInt
-		} else {
-			total += add
+	total, growing := c.checkGrowth(needs, entries)
+	if !growing {
+		c.epoch++ // a fresh stamp: the marks checkGrowth left are stale
+		var err error
+		if total, err = c.checkNeeds(needs, entries); err != nil {
+			return nil, err
 		}
 	}
 	if total == math.MaxInt {
@@ -328,18 +299,22 @@ func (c *Cache) Reserve(needs []Need) (*Reservation, error) {
 		return nil, fmt.Errorf("%w: need %d pages, %d free of %d", ErrCacheFull, total, len(c.free), c.cfg.NumPages)
 	}
 
-	r := &Reservation{cache: c, entries: resize(c.spare.entries, len(needs)), taken: c.spare.taken[:0]}
+	ok = true
+	r := &Reservation{cache: c, entries: entries, taken: c.spare.taken[:0]}
 	c.spare.entries, c.spare.taken = nil, nil
-	for i, n := range needs {
-		s := held[i]
-		if n.Create {
-			s = &sequence{}
-			c.addLocked(n.ID, s)
+	for i := range entries {
+		e := &entries[i]
+		s := e.seq
+		if e.created {
+			// Room to grow by as many pages again (at least 4), so that
+			// a decode loop's reservations seldom reallocate the list.
+			s = &sequence{pages: make([]int32, 0, e.pages+max(e.pages, 4))}
+			c.addLocked(e.id, s)
 			c.tableChangedLocked(s)
+			e.seq = s
 		}
-		r.entries[i] = reservedEntry{seq: s, id: n.ID, created: n.Create, oldPages: len(s.pages)}
 		// Pop the pages off the free stack, the top one first.
-		if add := c.pagesFor(n.NewLength) - len(s.pages); add > 0 {
+		if add := e.pages - e.oldPages; add > 0 {
 			top := len(c.free)
 			for k := 1; k <= add; k++ {
 				s.pages = append(s.pages, c.free[top-k])
@@ -348,11 +323,105 @@ func (c *Cache) Reserve(needs []Need) (*Reservation, error) {
 			r.taken = append(r.taken, s.pages[len(s.pages)-add:]...)
 			c.free = c.free[:top-add]
 		}
-		s.reserved = n.NewLength
+		s.reserved = e.reserved
 		s.pending = r
+		e.table = s.table
 	}
 	c.afterMutation()
 	return r, nil
+}
+
+// checkGrowth is Reserve's check pass for the needs of a decode step:
+// live sequences, each named through its current handle, that keep or
+// grow their length and belong to no reservation, none twice. It fills
+// entries and returns the pages to add, or growing false as soon as a need
+// is otherwise, having refused nothing (the sequences it stamped carry a
+// stale mark once Reserve moves to the next epoch): checkNeeds then checks
+// every need.
+func (c *Cache) checkGrowth(needs []Need, entries []reservedEntry) (total int, growing bool) {
+	dense, epoch := c.dense, c.epoch
+	entries = entries[:len(needs)]
+	for i := range needs {
+		n := &needs[i]
+		h := uint(n.Handle) - 1
+		if h >= uint(len(dense)) {
+			return 0, false
+		}
+		s := dense[h]
+		if s == nil || s.id != n.ID || n.Create || s.mark == epoch || s.pending != nil || n.NewLength < s.length {
+			return 0, false
+		}
+		s.mark, s.markAt = epoch, i
+		have, pages := len(s.pages), c.pagesFor(n.NewLength)
+		e := &entries[i] // field by field: cheaper than a whole-struct store
+		e.seq, e.id, e.created, e.oldPages, e.pages, e.reserved = s, n.ID, false, have, pages, n.NewLength
+		add := pages - have
+		if add > math.MaxInt-total {
+			return 0, false
+		}
+		total += add
+	}
+	return total, true
+}
+
+// checkNeeds is Reserve's check pass for any needs: it refuses the first
+// bad one, and otherwise fills entries (nil sequences for those to create)
+// and returns the pages to add, saturated at math.MaxInt. A live sequence
+// is stamped with the epoch to find duplicates; only ids to create go
+// through a map of their own.
+func (c *Cache) checkNeeds(needs []Need, entries []reservedEntry) (int, error) {
+	clear(c.creating)
+	total := 0
+	entries = entries[:len(needs)]
+	for i := range needs {
+		n := &needs[i]
+		s, live := c.handleLocked(n.Handle, n.ID)
+		if live && s.mark == c.epoch {
+			return 0, fmt.Errorf("%w: sequence %d in needs[%d] and needs[%d]", ErrDuplicateNeed, n.ID, s.markAt, i)
+		}
+		if !live && len(c.creating) > 0 {
+			if j, dup := c.creating[n.ID]; dup {
+				return 0, fmt.Errorf("%w: sequence %d in needs[%d] and needs[%d]", ErrDuplicateNeed, n.ID, j, i)
+			}
+		}
+		if n.NewLength < 0 {
+			return 0, fmt.Errorf("%w: needs[%d] (sequence %d): NewLength %d is negative", ErrInvalidNeed, i, n.ID, n.NewLength)
+		}
+		have := 0
+		if n.Create {
+			if c.finished.contains(n.ID) {
+				return 0, fmt.Errorf("%w %d: needs[%d] cannot create it again", ErrFinishedSequence, n.ID, i)
+			}
+			if live {
+				return 0, fmt.Errorf("%w: needs[%d] creates sequence %d", ErrSequenceExists, i, n.ID)
+			}
+			c.creating[n.ID] = i
+			s = nil // created by the allocation pass
+		} else {
+			if !live {
+				_, err := c.liveLocked(n.ID)
+				return 0, fmt.Errorf("needs[%d]: %w", i, err)
+			}
+			if s.pending != nil {
+				return 0, fmt.Errorf("%w: needs[%d] (sequence %d)", ErrSequenceBusy, i, n.ID)
+			}
+			if n.NewLength < s.length {
+				return 0, fmt.Errorf("%w: needs[%d] (sequence %d): NewLength %d is below the current length %d",
+					ErrInvalidNeed, i, n.ID, n.NewLength, s.length)
+			}
+			s.mark, s.markAt = c.epoch, i
+			have = len(s.pages)
+		}
+		pages := c.pagesFor(n.NewLength)
+		entries[i] = reservedEntry{seq: s, id: n.ID, created: n.Create, oldPages: have, pages: pages, reserved: n.NewLength}
+		// Saturate rather than wrap: a sum of huge needs must stay huge.
+		if add := pages - have; add > math.MaxInt-total {
+			total = math.MaxInt
+		} else {
+			total += add
+		}
+	}
+	return total, nil
 }
 
 // Holds reports whether sequence id belongs to the reservation and the
@@ -396,7 +465,21 @@ func (r *Reservation) TableState(i int) (uint64, error) {
 	if i < 0 || i >= len(r.entries) {
 		return 0, fmt.Errorf("kvcache: need %d out of range [0, %d) of the reservation", i, len(r.entries))
 	}
-	return r.entries[i].seq.table, nil
+	return r.entries[i].table, nil
+}
+
+// AppendTableStates appends to dst the TableState of every need, in needs
+// order. Same contract as TableState.
+func (r *Reservation) AppendTableStates(dst []uint64) ([]uint64, error) {
+	if r.done {
+		return dst, ErrReservationDone
+	}
+	out := slices.Grow(dst, len(r.entries))[:len(dst)+len(r.entries)]
+	states, entries := out[len(dst):], r.entries
+	for i := range states {
+		states[i] = entries[i].table
+	}
+	return out, nil
 }
 
 // Commit makes the reserved lengths permanent and releases the sequences.
@@ -436,16 +519,18 @@ func (r *Reservation) CommitLengths(lengths map[uint64]int) error {
 		}
 	}
 	r.done = true
-	for _, e := range r.entries {
+	for i := range r.entries {
+		e := &r.entries[i]
 		s := e.seq
-		n := s.reserved
-		if v, ok := lengths[e.id]; ok {
-			n = v
+		n, keep := e.reserved, e.pages
+		if lengths != nil {
+			if v, ok := lengths[e.id]; ok {
+				n, keep = v, c.pagesFor(v)
+			}
 		}
 		// Pages past the kept length hold only rejected positions; they
 		// were taken by this reservation (the old pages cover the old
 		// length), so they go back in reverse pop order.
-		keep := c.pagesFor(n)
 		if keep < len(s.pages) {
 			for i := len(s.pages) - 1; i >= keep; i-- {
 				c.free = append(c.free, s.pages[i])
@@ -454,7 +539,9 @@ func (r *Reservation) CommitLengths(lengths map[uint64]int) error {
 			c.tableChangedLocked(s)
 		}
 		s.length, s.reserved, s.pending = n, n, nil
-		c.slideLocked(s)
+		if c.cfg.Window != 0 {
+			c.slideLocked(s)
+		}
 	}
 	r.recycleLocked()
 	c.afterMutation()

@@ -470,4 +470,22 @@ func TestTableState(t *testing.T) {
 	require.NoError(t, r.Commit())
 	_, err = r.TableState(0)
 	require.ErrorIs(t, err, ErrReservationDone)
+	_, err = r.AppendTableStates(nil)
+	require.ErrorIs(t, err, ErrReservationDone)
+
+	// AppendTableStates is TableState of every need, in needs order,
+	// appended.
+	r, err = c.Reserve([]Need{{ID: 2, NewLength: 5}, {ID: 3, NewLength: 2, Create: true}, {ID: 1, NewLength: 16}})
+	require.NoError(t, err)
+	got, err := r.AppendTableStates([]uint64{99})
+	require.NoError(t, err)
+	want := []uint64{99}
+	for i := range 3 {
+		st, err := r.TableState(i)
+		require.NoError(t, err)
+		want = append(want, st)
+	}
+	require.Equal(t, want, got)
+	require.Equal(t, s7, got[3], "sequence 1 kept its pages")
+	require.NoError(t, r.Rollback())
 }

@@ -1,7 +1,11 @@
 package kvcache
 
 import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -129,4 +133,128 @@ func TestReservationTablesAndHolds(t *testing.T) {
 	require.NoError(t, r2.Rollback())
 	require.Equal(t, map[uint64]int{7: 9, 8: 2}, c.Lengths())
 	require.NoError(t, c.CheckInvariants())
+}
+
+// TestReserveThroughHandles: Reserve with every need's handle (the
+// decode step's shorter check, which hands over to the full one at the
+// first need it does not cover) refuses and reserves exactly as Reserve
+// without handles does, on random steps: growing, duplicated, busy,
+// created, shrunk, negative, finished and too large needs.
+func TestReserveThroughHandles(t *testing.T) {
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewPCG(seed, 3))
+	cfg := Config{PageSize: 4, NumPages: 64}
+	with, err := New(cfg)
+	require.NoError(t, err)
+	without, err := New(cfg)
+	require.NoError(t, err)
+	both := func(f func(c *Cache) error) error {
+		errWith, errWithout := f(with), f(without)
+		require.Equal(t, fmt.Sprint(errWithout), fmt.Sprint(errWith))
+		return errWith
+	}
+	lengths := map[uint64]int{}
+	next := uint64(1)
+	for step := range 400 {
+		var ids []uint64
+		for id := range lengths {
+			ids = append(ids, id)
+		}
+		slices.Sort(ids)
+		if len(ids) < 3 || rng.IntN(8) == 0 { // a new sequence
+			l := 1 + rng.IntN(9)
+			require.NoError(t, both(func(c *Cache) error {
+				r, err := c.Reserve([]Need{{ID: next, NewLength: l, Create: true}})
+				if err == nil {
+					err = r.Commit()
+				}
+				return err
+			}))
+			lengths[next] = l
+			next++
+			continue
+		}
+		if with.FreePages() < 24 || rng.IntN(10) == 0 { // a finished one
+			id := ids[rng.IntN(len(ids))]
+			require.NoError(t, both(func(c *Cache) error { return c.Finish(id) }))
+			delete(lengths, id)
+			continue
+		}
+		rng.Shuffle(len(ids), func(i, j int) { ids[i], ids[j] = ids[j], ids[i] })
+		ids = ids[:1+rng.IntN(len(ids))]
+		needs := make([]Need, len(ids))
+		for i, id := range ids {
+			needs[i] = Need{ID: id, NewLength: lengths[id] + rng.IntN(6)}
+		}
+		j := rng.IntN(len(needs))
+		switch rng.IntN(12) {
+		case 0:
+			needs = append(needs, needs[j])
+		case 1:
+			needs[j].NewLength = lengths[needs[j].ID] - 1 - rng.IntN(2)
+		case 2:
+			needs[j].NewLength = -1
+		case 3:
+			needs = append(needs, Need{ID: next, NewLength: 2, Create: true})
+		case 4:
+			needs[j].Create = true
+		case 5:
+			needs[j].NewLength = 1000
+		case 6:
+			needs[j].ID = next - 1 + uint64(rng.IntN(3)) // maybe finished, maybe unknown
+		}
+		// A busy sequence, sometimes: a pending reservation holds it.
+		var busy [2]*Reservation
+		if rng.IntN(10) == 0 {
+			id := ids[rng.IntN(len(ids))]
+			for k, c := range []*Cache{with, without} {
+				busy[k], err = c.Reserve([]Need{{ID: id, NewLength: lengths[id]}})
+				require.NoError(t, err)
+			}
+		}
+		ls := make([]SequenceLookup, len(needs))
+		for i, n := range needs {
+			ls[i].ID = n.ID
+		}
+		with.LookupAll(ls)
+		var res [2]*Reservation
+		err := both(func(c *Cache) error {
+			ns := slices.Clone(needs)
+			k := 1
+			if c == with {
+				k = 0
+				for i := range ns {
+					ns[i].Handle = ls[i].Handle
+				}
+			}
+			var err error
+			res[k], err = c.Reserve(ns)
+			return err
+		})
+		for k, c := range []*Cache{with, without} {
+			if res[k] != nil {
+				require.NoError(t, res[k].Commit())
+			}
+			if busy[k] != nil {
+				require.NoError(t, busy[k].Rollback())
+			}
+			require.NoError(t, c.CheckInvariants(), "step %d", step)
+		}
+		if err == nil {
+			for _, n := range needs {
+				lengths[n.ID] = n.NewLength
+				next = max(next, n.ID+1)
+			}
+		}
+		require.Equal(t, without.Lengths(), with.Lengths(), "step %d", step)
+		require.Equal(t, lengths, with.Lengths(), "step %d", step)
+		for id := range lengths {
+			a, err := with.BlockTable(id)
+			require.NoError(t, err)
+			b, err := without.BlockTable(id)
+			require.NoError(t, err)
+			require.Equal(t, b, a, "step %d: sequence %d", step, id)
+		}
+	}
 }

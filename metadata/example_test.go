@@ -99,7 +99,7 @@ func ExampleParsePhase() {
 
 // Decode steps over one reused Metadata: a row is copied again only when
 // its page list changed (a new state number, as kvcache's
-// Reservation.TableState gives it).
+// Reservation.AppendTableStates gives it).
 func ExamplePlan_BuildKeeping() {
 	cached := map[uint64]int{1: 14, 2: 40}
 	pages := map[uint64][]int32{1: {7}, 2: {3, 4, 5}}
@@ -119,19 +119,19 @@ func ExamplePlan_BuildKeeping() {
 		}
 		m, err = plan.BuildKeeping(m, &keeper,
 			func(dst []int32, b int, seq uint64) ([]int32, error) { return append(dst, pages[seq]...), nil },
-			func(b int) uint64 { return state[reqs[b].Seq] })
+			[]uint64{state[1], state[2]})
 		if err != nil {
 			fmt.Println(err)
 			return
 		}
-		_, _, kept := keeper.Kept()
-		fmt.Println("step", step, "block tables:", m.BlockTables, "kept:", kept)
+		_, _, _, rebuilt := keeper.Kept()
+		fmt.Println("step", step, "block tables:", m.BlockTables, "rebuilt rows:", rebuilt)
 		for s := range cached {
 			cached[s]++
 		}
 	}
 	// Output:
-	// step 0 block tables: [7 -1 -1 3 4 5] kept: [false false]
-	// step 1 block tables: [7 -1 -1 3 4 5] kept: [true true]
-	// step 2 block tables: [7 9 -1 3 4 5] kept: [false true]
+	// step 0 block tables: [7 -1 -1 3 4 5] rebuilt rows: [0 1]
+	// step 1 block tables: [7 -1 -1 3 4 5] rebuilt rows: []
+	// step 2 block tables: [7 9 -1 3 4 5] rebuilt rows: [0]
 }

@@ -108,21 +108,48 @@ func NewPlan(reqs []Request, lookup LengthLookup, p Params) (*Plan, error) {
 type Planner struct {
 	plan Plan
 	seen seqIndex
+	// planned: plan.seqs are the ids of the last call, which succeeded (so
+	// they are distinct). A batch that repeats a prefix of them needs no
+	// duplicate search over that prefix: a decode loop's does.
+	planned bool
 }
 
 // Plan is NewPlan, into the planner's memory.
 func (pr *Planner) Plan(reqs []Request, lookup LengthLookup, p Params) (*Plan, error) {
+	return pr.planBatch(reqs, lookup, nil, p)
+}
+
+// PlanLookedUp is Plan with the lengths looked up already, as
+// kvcache.Cache.LookupAll returns them: lookups[i] answers reqs[i] (same
+// ID); an Err wrapping kvcache.ErrUnknownSequence means the sequence does
+// not exist yet, any other Err refuses the request, as an error of
+// Plan's lookup does.
+func (pr *Planner) PlanLookedUp(reqs []Request, lookups []kvcache.SequenceLookup, p Params) (*Plan, error) {
+	if len(lookups) != len(reqs) {
+		return nil, fmt.Errorf("metadata: %d lookups for a batch of %d requests", len(lookups), len(reqs))
+	}
+	return pr.planBatch(reqs, nil, lookups, p)
+}
+
+// planBatch is Plan through lookup, or PlanLookedUp when lookups is not
+// nil.
+func (pr *Planner) planBatch(reqs []Request, lookup LengthLookup, lookups []kvcache.SequenceLookup, p Params) (*Plan, error) {
 	if err := p.validate(); err != nil {
 		return nil, err
 	}
 	if len(reqs) == 0 {
 		return nil, errors.New("metadata: empty batch: at least one request is needed")
 	}
-	if lookup == nil {
+	if lookup == nil && lookups == nil {
 		return nil, errors.New("metadata: lookup is nil")
 	}
 	n := len(reqs)
 	pl := &pr.plan
+	var last []uint64 // distinct ids the batch may repeat, in order
+	if pr.planned {
+		last = pl.seqs
+	}
+	pr.planned = false
 	*pl = Plan{
 		params:    p,
 		pageShift: uint(bits.TrailingZeros(uint(p.PageSize))),
@@ -135,32 +162,76 @@ func (pr *Planner) Plan(reqs []Request, lookup LengthLookup, p Params) (*Plan, e
 	}
 	firstGen := -1
 	seen := &pr.seen
-	seen.reset(n)
-	var tokens, kvTotal int64
-	for i, r := range reqs {
-		qLen, err := queryLength(i, r)
-		if err != nil {
-			return nil, err
+	repeats := 0 // reqs[:repeats] repeat last; the ids after them go through seen
+	// Local slices and sums, of the batch's length, so that the loop runs
+	// without bounds checks or stores through pl.
+	seqs, qLens, kvLens, cacheds, creates := pl.seqs[:n], pl.qLen[:n], pl.kvLen[:n], pl.cached[:n], pl.create[:n]
+	if lookups != nil {
+		lookups = lookups[:n]
+	}
+	var numCtx, ctxTokens, genTokens, genSeqLen, maxKV int
+	var kvTotal int64
+	if lookups != nil && len(last) == n { // last is seqs' memory: it holds the ids already
+		var ok bool
+		if genSeqLen, maxKV, kvTotal, ok = repeatedDecode(reqs, lookups, last, p.MaxPositions, qLens, kvLens, cacheds, creates); ok {
+			genTokens = n * genSeqLen
+			reqs = nil // planned: the general loop below has nothing to do
 		}
-		switch r.Phase {
-		case Context:
+	}
+	for i := range reqs {
+		r := &reqs[i]
+		var qLen int
+		if r.Phase == Generation && r.MTP >= 0 && r.MTP < math.MaxInt32 && (r.NewTokens == 0 || r.NewTokens == 1+r.MTP) {
+			qLen = 1 + r.MTP // queryLength's answer, without the call
+		} else {
+			var err error
+			if qLen, err = queryLength(i, *r); err != nil {
+				return nil, err
+			}
+		}
+		if r.Phase == Context {
 			if firstGen >= 0 {
 				return nil, fmt.Errorf("metadata: context request at index %d (seq %d) follows generation request at index %d; context requests must come first", i, r.Seq, firstGen)
 			}
-			pl.numCtx++
-		case Generation:
-			if firstGen < 0 {
-				firstGen = i
-				pl.genSeqLen = qLen
-			} else if qLen != pl.genSeqLen {
-				return nil, requestError(i, r.Seq, "generation query length %d (MTP %d) differs from %d of the generation request at index %d; the generation part needs one uniform query length", qLen, r.MTP, pl.genSeqLen, firstGen)
+			numCtx++
+		} else if firstGen < 0 {
+			firstGen = i
+			genSeqLen = qLen
+		} else if qLen != genSeqLen {
+			return nil, requestError(i, r.Seq, "generation query length %d (MTP %d) differs from %d of the generation request at index %d; the generation part needs one uniform query length", qLen, r.MTP, genSeqLen, firstGen)
+		}
+		if repeats == i && i < len(last) && last[i] == r.Seq {
+			repeats++ // seqs[i] is written below, after this read of last[i]
+		} else {
+			if repeats == i {
+				// The first id off the repeated prefix: index the prefix,
+				// whose ids are distinct.
+				seen.reset(n)
+				for j, id := range seqs[:repeats] {
+					seen.insert(id, j)
+				}
+				repeats = -1
+			}
+			if j, dup := seen.insert(r.Seq, i); dup {
+				return nil, requestError(i, r.Seq, "duplicate sequence: already at index %d", j)
 			}
 		}
-		if j, dup := seen.insert(r.Seq, i); dup {
-			return nil, requestError(i, r.Seq, "duplicate sequence: already at index %d", j)
-		}
 
-		cached, known, err := lookup(r.Seq)
+		var cached int
+		var known bool
+		var err error
+		if lookups != nil {
+			switch l := &lookups[i]; {
+			case l.ID != r.Seq:
+				return nil, requestError(i, r.Seq, "lookups[%d] is for seq %d", i, l.ID)
+			case l.Err == nil:
+				cached, known = l.Length, true
+			case !errors.Is(l.Err, kvcache.ErrUnknownSequence):
+				err = l.Err
+			}
+		} else {
+			cached, known, err = lookup(r.Seq)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("metadata: request %d (seq %d): lookup: %w", i, r.Seq, err)
 		}
@@ -170,29 +241,25 @@ func (pr *Planner) Plan(reqs []Request, lookup LengthLookup, p Params) (*Plan, e
 			}
 			cached = 0
 		}
-		pl.create[i] = !known
 		if cached < 0 {
 			return nil, requestError(i, r.Seq, "lookup reported cached = %d, so kv_len < q_len = %d", cached, qLen)
 		}
 		if cached > p.MaxPositions-qLen {
 			return nil, fmt.Errorf("metadata: request %d (seq %d): kv_len = %d (cached %d + q_len %d) exceeds MaxPositions = %d (the RoPE table): %w", i, r.Seq, uint64(cached)+uint64(qLen), cached, qLen, p.MaxPositions, kvcache.ErrPositionOutOfRange)
 		}
-		kv := cached + qLen
-		pl.seqs[i] = r.Seq
-		pl.qLen[i] = int32(qLen)
-		pl.kvLen[i] = int32(kv)
-		pl.cached[i] = int32(cached)
-		if r.Phase == Context {
-			pl.ctxTokens += qLen
+		if r.Phase == Context { // q_len <= MaxPositions now: the sums stay far from overflowing
+			ctxTokens += qLen
 		} else {
-			pl.genTokens += qLen
+			genTokens += qLen
 		}
-		tokens += int64(qLen)
+		kv := cached + qLen
+		seqs[i], qLens[i], kvLens[i], cacheds[i], creates[i] = r.Seq, int32(qLen), int32(kv), int32(cached), !known
 		kvTotal += int64(kv)
-		if pages := (kv + p.PageSize - 1) >> pl.pageShift; pages > pl.maxPages {
-			pl.maxPages = pages
-		}
+		maxKV = max(maxKV, kv)
 	}
+	pl.numCtx, pl.ctxTokens, pl.genTokens, pl.genSeqLen = numCtx, ctxTokens, genTokens, genSeqLen
+	pl.maxPages = (maxKV + p.PageSize - 1) >> pl.pageShift // the widest row's pages
+	tokens := int64(ctxTokens) + int64(genTokens)
 	if tokens > math.MaxInt32 {
 		return nil, fmt.Errorf("metadata: batch has %d tokens, cu_q_seqlens overflows int32", tokens)
 	}
@@ -219,7 +286,37 @@ func (pr *Planner) Plan(reqs []Request, lookup LengthLookup, p Params) (*Plan, e
 		}
 		pl.maxPages = p.MaxPages
 	}
+	pr.planned = true
 	return pl, nil
+}
+
+// repeatedDecode is planBatch's pass for the batch a decode loop repeats:
+// the last plan's sequences (last) again, in order, every request a valid
+// generation request of one query length, every lookup a known sequence
+// whose new kv_len fits MaxPositions. It sets the lengths and returns
+// their sums, or ok false as soon as a request is otherwise, having
+// refused nothing: planBatch's general pass then plans the batch.
+func repeatedDecode(reqs []Request, lookups []kvcache.SequenceLookup, last []uint64, maxPositions int, qLens, kvLens, cacheds []int32, creates []bool) (genSeqLen, maxKV int, kvTotal int64, ok bool) {
+	mtp := reqs[0].MTP
+	if mtp < 0 || mtp >= math.MaxInt32 {
+		return 0, 0, 0, false
+	}
+	qLen := 1 + mtp
+	maxCached := maxPositions - qLen
+	n := len(reqs)
+	lookups, last, qLens, kvLens, cacheds, creates = lookups[:n], last[:n], qLens[:n], kvLens[:n], cacheds[:n], creates[:n]
+	for i := range reqs {
+		r, l := &reqs[i], &lookups[i]
+		if r.Phase != Generation || r.MTP != mtp || (r.NewTokens != 0 && r.NewTokens != qLen) ||
+			r.Seq != last[i] || l.ID != r.Seq || l.Err != nil || l.Length < 0 || l.Length > maxCached {
+			return 0, 0, 0, false
+		}
+		kv := l.Length + qLen
+		qLens[i], kvLens[i], cacheds[i], creates[i] = int32(qLen), int32(kv), int32(l.Length), false
+		kvTotal += int64(kv)
+		maxKV = max(maxKV, kv)
+	}
+	return qLen, maxKV, kvTotal, true
 }
 
 // queryLength checks the per-request fields and returns q_len.
@@ -307,17 +404,18 @@ func (p *Plan) BuildAppend(reuse *Metadata, appendTable func(dst []int32, b int,
 }
 
 // BuildKeeping is BuildAppend that keeps, in reuse, the block-table rows
-// whose source did not change since k's last build into it: state(b) names
-// the state of request b's page list (equal numbers: the same pages, as
-// kvcache.Reservation.TableState gives them; 0: unknown, always rebuilt).
-// A row is kept when it is the same row of the same memory and width as in
-// k's last successful build, for the same sequence, page-list state, pages
-// needed and pages behind the cached positions: it then holds exactly what
-// building it again would write, and passed the same checks. k records
-// which rows it kept (RowKeeper.Kept), for an uploader that holds the last
-// build's rows. A nil k or state keeps nothing. On an error k forgets
-// everything (reuse's contents are undefined).
-func (p *Plan) BuildKeeping(reuse *Metadata, k *RowKeeper, appendTable func(dst []int32, b int, seq uint64) ([]int32, error), state func(b int) uint64) (_ *Metadata, err error) {
+// whose source did not change since k's last build into it: states[b]
+// names the state of request b's page list (equal numbers: the same pages,
+// as kvcache.Reservation.AppendTableStates gives them; 0: unknown, always
+// rebuilt). A row is kept when it is the same row of the same memory and
+// width as in k's last successful build, for the same sequence, page-list
+// state, pages needed and pages behind the cached positions: it then holds
+// exactly what building it again would write, and passed the same checks.
+// k records which rows it kept (RowKeeper.Kept), for an uploader that
+// holds the last build's rows. A nil k or states keeps nothing; otherwise
+// states has one entry per request. On an error k forgets everything
+// (reuse's contents are undefined).
+func (p *Plan) BuildKeeping(reuse *Metadata, k *RowKeeper, appendTable func(dst []int32, b int, seq uint64) ([]int32, error), states []uint64) (_ *Metadata, err error) {
 	if appendTable == nil {
 		return nil, errors.New("metadata: appendTable is nil")
 	}
@@ -326,9 +424,13 @@ func (p *Plan) BuildKeeping(reuse *Metadata, k *RowKeeper, appendTable func(dst 
 	if m == nil {
 		m = &Metadata{}
 	}
-	if k == nil || state == nil || reuse == nil {
-		k, state = nil, nil
+	if k == nil || states == nil || reuse == nil {
+		k, states = nil, nil
 	} else {
+		if len(states) != n {
+			k.forget()
+			return nil, fmt.Errorf("metadata: %d page-list states for a batch of %d requests", len(states), n)
+		}
 		defer func() {
 			if err != nil {
 				k.forget()
@@ -359,7 +461,7 @@ func (p *Plan) BuildKeeping(reuse *Metadata, k *RowKeeper, appendTable func(dst 
 	}
 	m.CuQ[0], m.CuKV[0], m.CuQRows[0] = 0, 0, 0
 	heads := int32(p.params.Heads)
-	// Sliced to one length so that the loop runs without bounds checks.
+	// Sliced to one length so that the loops run without bounds checks.
 	cuQ := m.CuQ[1:]
 	cuKV, cuQRows, qLen, kvLen := m.CuKV[1:len(cuQ)+1], m.CuQRows[1:len(cuQ)+1], p.qLen[:len(cuQ)], p.kvLen[:len(cuQ)]
 	var q, kv, rows int32
@@ -369,51 +471,71 @@ func (p *Plan) BuildKeeping(reuse *Metadata, k *RowKeeper, appendTable func(dst 
 		rows += qLen[b] * heads
 		cuQ[b], cuKV[b], cuQRows[b] = q, kv, rows
 	}
-	keeping := k != nil && k.canKeep(m.BlockTables, m.MaxPages)
-	var keys []rowKey
-	if k != nil {
-		keys = k.begin(n)
-	}
-	for b, seq := range p.seqs {
-		row := m.BlockTables[b*m.MaxPages : (b+1)*m.MaxPages : (b+1)*m.MaxPages]
-		need := (int(p.kvLen[b]) + p.params.PageSize - 1) >> p.pageShift
-		// A sliding-window cache frees the pages no query reads any more:
-		// their entries are -1. Only pages wholly before the cached
-		// positions may be: every new token's page must be real.
-		behind := min(int(p.cached[b])>>p.pageShift, need)
-		if k != nil {
-			keys[b] = rowKey{state: state(b), seq: seq, need: need, behind: behind}
-			if keeping && keys[b].state != 0 && b < len(k.keys) && k.keys[b] == keys[b] {
-				k.kept[b] = true
-				continue
+	if k == nil {
+		for b := range n {
+			if err := p.buildRow(m, b, appendTable); err != nil {
+				return nil, err
 			}
 		}
-		pages, err := appendTable(row[:0], b, seq)
-		if err != nil {
-			return nil, fmt.Errorf("metadata: request %d (seq %d): block table: %w", b, seq, err)
+		return m, nil
+	}
+	// The rows to rebuild first, in one pass over the keys; then those
+	// rows, in batch order.
+	keeping := k.canKeep(m.BlockTables, m.MaxPages)
+	keys, rebuilt := k.begin(n)[:len(cuQ)], k.rebuilt[:0]
+	seqs, cached, states := p.seqs[:len(cuQ)], p.cached[:len(cuQ)], states[:len(cuQ)]
+	shift, pageSize := p.pageShift&63, p.params.PageSize
+	for b, seq := range seqs {
+		need := (int(kvLen[b]) + pageSize - 1) >> shift
+		key := rowKey{state: states[b], seq: seq, need: need, behind: min(int(cached[b])>>shift, need)}
+		if keeping && key.state != 0 && keys[b] == key {
+			continue
 		}
-		if len(pages) < need {
-			return nil, requestError(b, seq, "block table has %d pages, kv_len %d needs %d pages of %d", len(pages), p.kvLen[b], need, p.params.PageSize)
-		}
-		if len(pages) == 0 || len(row) == 0 || &pages[0] != &row[0] {
-			copy(row, pages[:need]) // a table longer than the row was appended elsewhere
-		}
-		// One pass finds whether any entry is negative (none is, except
-		// where a window freed pages); only then a second one checks the
-		// bounds exactly.
-		if anyNegative(row[:need]) {
-			if j := firstBadEntry(row[:need], behind); j >= 0 {
-				return nil, requestError(b, seq, "block table entry %d is page %d, must be >= 0 (or -1 for a page freed behind the cached positions, before entry %d)", j, row[j], behind)
-			}
-		}
-		for j := need; j < len(row); j++ {
-			row[j] = -1
+		keys[b] = key
+		rebuilt = append(rebuilt, int32(b))
+	}
+	k.rebuilt = rebuilt
+	for _, b := range rebuilt {
+		if err := p.buildRow(m, int(b), appendTable); err != nil {
+			return nil, err
 		}
 	}
-	if k != nil {
-		k.done(m.BlockTables, m.MaxPages)
-	}
+	k.done(m.BlockTables, m.MaxPages)
 	return m, nil
+}
+
+// buildRow writes row b of m's block tables: the pages appendTable gives
+// for the pages the sequence needs, -1 past them.
+func (p *Plan) buildRow(m *Metadata, b int, appendTable func(dst []int32, b int, seq uint64) ([]int32, error)) error {
+	seq := p.seqs[b]
+	row := m.BlockTables[b*m.MaxPages : (b+1)*m.MaxPages : (b+1)*m.MaxPages]
+	need := (int(p.kvLen[b]) + p.params.PageSize - 1) >> p.pageShift
+	// A sliding-window cache frees the pages no query reads any more:
+	// their entries are -1. Only pages wholly before the cached
+	// positions may be: every new token's page must be real.
+	behind := min(int(p.cached[b])>>p.pageShift, need)
+	pages, err := appendTable(row[:0], b, seq)
+	if err != nil {
+		return fmt.Errorf("metadata: request %d (seq %d): block table: %w", b, seq, err)
+	}
+	if len(pages) < need {
+		return requestError(b, seq, "block table has %d pages, kv_len %d needs %d pages of %d", len(pages), p.kvLen[b], need, p.params.PageSize)
+	}
+	if len(pages) == 0 || len(row) == 0 || &pages[0] != &row[0] {
+		copy(row, pages[:need]) // a table longer than the row was appended elsewhere
+	}
+	// One pass finds whether any entry is negative (none is, except
+	// where a window freed pages); only then a second one checks the
+	// bounds exactly.
+	if anyNegative(row[:need]) {
+		if j := firstBadEntry(row[:need], behind); j >= 0 {
+			return requestError(b, seq, "block table entry %d is page %d, must be >= 0 (or -1 for a page freed behind the cached positions, before entry %d)", j, row[j], behind)
+		}
+	}
+	for j := need; j < len(row); j++ {
+		row[j] = -1
+	}
+	return nil
 }
 
 // seqIndex finds duplicate sequence ids in a batch: an open-addressing

@@ -1,10 +1,15 @@
 package metadata
 
 import (
+	"errors"
+	"fmt"
+	"maps"
 	"math/rand/v2"
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/dsv4mla/prologue/kvcache"
 )
 
 // TestPlannerMatchesNewPlan: one Planner and one reused Metadata, batch
@@ -122,5 +127,171 @@ func TestSeqIndex(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// TestPlannerRepeatedBatches: a Planner skips the duplicate search over
+// the prefix a batch repeats of its last successful one, and plans a
+// repeated decode batch in a pass of its own (PlanLookedUp); batches that
+// repeat, extend, cut, or reuse an id of the last one, change a request's
+// fields or meet a lookup that refuses, does not know the sequence or
+// reports a length past MaxPositions (also after a refused batch) are
+// refused or planned exactly as NewPlan does, through Plan and through
+// PlanLookedUp.
+func TestPlannerRepeatedBatches(t *testing.T) {
+	rng := rand.New(rand.NewPCG(testSeed(t), 2))
+	p := defaultParams()
+	p.MaxPositions = 1 << 12
+	type batch struct {
+		reqs   []Request
+		cached map[uint64]int // absent: unknown; negative: the lookup fails
+	}
+	lookupOf := func(b batch) LengthLookup {
+		return func(s uint64) (int, bool, error) {
+			c, ok := b.cached[s]
+			if c < 0 {
+				return 0, false, errors.New("lookup refused")
+			}
+			return c, ok, nil
+		}
+	}
+	lookedUp := func(b batch) []kvcache.SequenceLookup {
+		out := make([]kvcache.SequenceLookup, len(b.reqs))
+		for i, r := range b.reqs {
+			out[i].ID = r.Seq
+			switch c, ok := b.cached[r.Seq]; {
+			case !ok:
+				out[i].Err = fmt.Errorf("kvcache: %w %d", kvcache.ErrUnknownSequence, r.Seq)
+			case c < 0:
+				out[i].Err = errors.New("lookup refused")
+			default:
+				out[i].Length = c
+			}
+		}
+		return out
+	}
+	gen := func(ids ...uint64) batch {
+		b := batch{cached: map[uint64]int{}}
+		for _, id := range ids {
+			b.reqs = append(b.reqs, Request{Seq: id, Phase: Generation, MTP: 1})
+			b.cached[id] = int(id % 7)
+		}
+		return b
+	}
+	fixed := [][]uint64{
+		{1, 2, 3, 4}, {1, 2, 3, 4}, {1, 2, 3, 1}, {1, 2, 3, 4}, {1, 2, 3, 4, 2},
+		{1, 2, 3, 4, 5}, {1, 2}, {1, 2, 1}, {2, 2}, {1, 2, 3, 4, 5, 6, 5}, {1, 2, 3},
+		{3, 2, 3}, {1, 2, 3},
+	}
+	var viaLookup, viaLookedUp Planner
+	last := gen(1)
+	for i := range 600 {
+		var b batch
+		if i < len(fixed) {
+			b = gen(fixed[i]...)
+		} else {
+			b = batch{reqs: append([]Request(nil), last.reqs...), cached: maps.Clone(last.cached)}
+			j := rng.IntN(len(b.reqs))
+			switch rng.IntN(12) {
+			case 0: // an id of the batch again, somewhere
+				b.reqs[j].Seq = b.reqs[rng.IntN(len(b.reqs))].Seq
+			case 1: // grown by a fresh or an existing id
+				id := 1000 + uint64(i)
+				if rng.IntN(2) == 0 {
+					id = b.reqs[j].Seq
+				}
+				b.reqs = append(b.reqs, Request{Seq: id, Phase: Generation, MTP: b.reqs[0].MTP})
+				b.cached[id] = rng.IntN(50)
+			case 2: // cut
+				b.reqs = b.reqs[:1+j]
+			case 3: // another MTP, for one request or all
+				mtp := rng.IntN(3)
+				if rng.IntN(2) == 0 {
+					b.reqs[j].MTP = mtp
+				} else {
+					for k := range b.reqs {
+						b.reqs[k].MTP = mtp
+					}
+				}
+			case 4: // NewTokens given, right or wrong
+				b.reqs[j].NewTokens = 1 + b.reqs[j].MTP + rng.IntN(2)
+			case 5: // a context chunk first, of a new sequence or not
+				b.reqs[0] = Request{Seq: b.reqs[j].Seq, Phase: Context, NewTokens: 1 + rng.IntN(5)}
+				if rng.IntN(2) == 0 {
+					b.reqs[0].Seq = 2000 + uint64(i)
+				}
+			case 7, 8: // every request generating again (a created sequence holds its chunk)
+				for k, r := range b.reqs {
+					if _, ok := b.cached[r.Seq]; !ok {
+						b.cached[r.Seq] = r.NewTokens
+					}
+					b.reqs[k] = Request{Seq: r.Seq, Phase: Generation, MTP: 1}
+				}
+			case 6: // unknown, refused, or too long for MaxPositions
+				switch rng.IntN(3) {
+				case 0:
+					delete(b.cached, b.reqs[j].Seq)
+				case 1:
+					b.cached[b.reqs[j].Seq] = -1
+				case 2:
+					b.cached[b.reqs[j].Seq] = p.MaxPositions - rng.IntN(3)
+				}
+			default: // a decode step: every sequence one token longer (a created one holds its chunk)
+				for _, r := range b.reqs {
+					if c, ok := b.cached[r.Seq]; !ok {
+						b.cached[r.Seq] = r.NewTokens
+					} else if c >= 0 && c < 100 {
+						b.cached[r.Seq] = c + 1
+					}
+				}
+			}
+		}
+		want, wantErr := NewPlan(b.reqs, lookupOf(b), p)
+		for _, via := range []struct {
+			name string
+			plan func() (*Plan, error)
+		}{
+			{"Plan", func() (*Plan, error) { return viaLookup.Plan(b.reqs, lookupOf(b), p) }},
+			{"PlanLookedUp", func() (*Plan, error) { return viaLookedUp.PlanLookedUp(b.reqs, lookedUp(b), p) }},
+		} {
+			got, err := via.plan()
+			if (err == nil) != (wantErr == nil) || (err != nil && err.Error() != wantErr.Error()) {
+				t.Fatalf("batch %d %+v: %s error %v, NewPlan %v", i, b.reqs, via.name, err, wantErr)
+			}
+			if err != nil {
+				continue
+			}
+			if !reflect.DeepEqual(got, want) {
+				t.Fatalf("batch %d %+v: %s plan\n%+v\nNewPlan\n%+v", i, b.reqs, via.name, got, want)
+			}
+		}
+		if wantErr == nil {
+			last = b
+		}
+	}
+}
+
+// TestBuildKeepingStatesLength: states of another length than the batch
+// are refused, and the keeper then forgets its rows: the next build keeps
+// none.
+func TestBuildKeepingStatesLength(t *testing.T) {
+	lookup := func(uint64) (int, bool, error) { return 5, true, nil }
+	plan := mustPlan(t, []Request{{Seq: 1, Phase: Generation}, {Seq: 2, Phase: Generation}}, lookup, defaultParams())
+	appendTable := func(dst []int32, b int, _ uint64) ([]int32, error) { return append(dst, int32(2*b), int32(2*b+1)), nil }
+	var k RowKeeper
+	m, err := plan.BuildKeeping(&Metadata{}, &k, appendTable, []uint64{7, 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, states := range [][]uint64{{7}, {7, 8, 9}, {}} {
+		if _, err := plan.BuildKeeping(m, &k, appendTable, states); err == nil || !strings.Contains(err.Error(), "page-list states for a batch of 2") {
+			t.Fatalf("states %v: error %v, want one about their count", states, err)
+		}
+	}
+	if _, err := plan.BuildKeeping(m, &k, appendTable, []uint64{7, 8}); err != nil {
+		t.Fatal(err)
+	}
+	if _, from, rows, rebuilt := k.Kept(); from != 0 || rows != 2 || !reflect.DeepEqual(rebuilt, []int32{0, 1}) {
+		t.Fatalf("after a refused build: from %d, %d rows, rebuilt %v; want 0, 2, all", from, rows, rebuilt)
 	}
 }

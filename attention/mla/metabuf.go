@@ -60,11 +60,11 @@ type metaMirror struct {
 	wordsOf  Backend // the AsyncWriter whose staging memory words is; nil: Go memory
 	buf      Buffer  // the buffer the words mirror; nil: nothing mirrored
 	backend  Backend
-	numPages int    // the pool bound every mirrored page passed
-	seqs     int    // sequences of the last upload: entries past them are 0
-	width    []int  // per block-table row: entries at or past it are -1 (rows < seqs)
-	changed  []bool // per block-table row: check found its entries differ
-	lo, hi   int    // the words this upload changed, [lo, hi)
+	numPages int     // the pool bound every mirrored page passed
+	seqs     int     // sequences of the last upload: entries past them are 0
+	width    int     // the block-table rows' width: entries at or past it are -1 (rows < seqs)
+	changed  []int32 // the rows below seqs that check found to differ, ascending
+	lo, hi   int     // the words this upload changed, [lo, hi)
 	// build is the metadata.RowKeeper build whose block-table rows the
 	// words hold (0: none known): UploadKeeping skips the rows a later
 	// build kept from it.
@@ -206,12 +206,15 @@ func (mb *MetadataBuffers) Upload(b Backend, m *metadata.Metadata, numPages int)
 // The device bytes are the same as Upload's.
 func (mb *MetadataBuffers) UploadKeeping(b Backend, m *metadata.Metadata, numPages int, k *metadata.RowKeeper) error {
 	var build uint64
-	var kept []bool
+	var rebuilt []int32 // nil: compare every row
 	if k != nil {
 		var from uint64
-		build, from, kept = k.Kept()
-		if from == 0 || from != mb.mirror.build || len(kept) != m.NumSeqs {
-			kept = nil
+		var rows int
+		build, from, rows, rebuilt = k.Kept()
+		if from == 0 || from != mb.mirror.build || rows != m.NumSeqs {
+			rebuilt = nil
+		} else if rebuilt == nil {
+			rebuilt = []int32{} // every row kept
 		}
 	}
 	mm := &mb.mirror
@@ -231,7 +234,7 @@ func (mb *MetadataBuffers) UploadKeeping(b Backend, m *metadata.Metadata, numPag
 		mm.build = build
 		return nil
 	}
-	if err := mb.check(m, numPages, kept); err != nil {
+	if err := mb.check(m, numPages, rebuilt); err != nil {
 		return err
 	}
 	mb.update(m)
@@ -287,9 +290,8 @@ func (mb *MetadataBuffers) uploadAll(b Backend, m *metadata.Metadata, numPages i
 func (mb *MetadataBuffers) allocWords(b Backend) error {
 	mm := &mb.mirror
 	n := mb.OffScheduler / 4
-	if len(mm.width) != mb.MaxSeqs {
-		mm.width = make([]int, mb.MaxSeqs)
-		mm.changed = make([]bool, mb.MaxSeqs)
+	if cap(mm.changed) < mb.MaxSeqs {
+		mm.changed = make([]int32, 0, mb.MaxSeqs)
 	}
 	aw, async := b.(AsyncWriter)
 	if len(mm.words) == n && ((async && mm.wordsOf == b) || (!async && mm.wordsOf == nil)) {
@@ -324,18 +326,15 @@ func wordBytes(w []int32) []byte {
 // encoding.
 func (mb *MetadataBuffers) remember(b Backend, m *metadata.Metadata, numPages int) {
 	mm := &mb.mirror
-	mm.buf, mm.backend, mm.numPages, mm.seqs = mb.Buf, b, numPages, m.NumSeqs
-	for r := range m.NumSeqs {
-		mm.width[r] = m.MaxPages
-	}
+	mm.buf, mm.backend, mm.numPages, mm.seqs, mm.width = mb.Buf, b, numPages, m.NumSeqs, m.MaxPages
 }
 
 // check refuses what Encode refuses, except the page bound of block-table
 // entries, which it checks only on the rows that change (the others passed
-// it on an earlier upload with the same pool); it marks those rows for
-// update. kept (nil or one per row) marks rows known to equal the mirror's
-// (UploadKeeping): they are not compared.
-func (mb *MetadataBuffers) check(m *metadata.Metadata, numPages int, kept []bool) error {
+// it on an earlier upload with the same pool); it lists those rows for
+// update. A non-nil rebuilt (UploadKeeping) lists, ascending, the only
+// rows that may differ from the mirror's: the others are not compared.
+func (mb *MetadataBuffers) check(m *metadata.Metadata, numPages int, rebuilt []int32) error {
 	if m.NumSeqs > mb.MaxSeqs {
 		return fmt.Errorf("mla: batch of %d sequences exceeds the metadata capacity of %d", m.NumSeqs, mb.MaxSeqs)
 	}
@@ -349,20 +348,60 @@ func (mb *MetadataBuffers) check(m *metadata.Metadata, numPages int, kept []bool
 		}
 	}
 	mm := &mb.mirror
-	for r := range m.NumSeqs {
-		if kept != nil && kept[r] && r < mm.seqs && mm.width[r] == m.MaxPages {
-			mm.changed[r] = false
-			continue
-		}
+	mm.changed = mm.changed[:0]
+	if mm.width != m.MaxPages {
+		rebuilt = nil // the kept rows' entries past the narrower width change
+	}
+	// Rows from mm.seqs on were all zeros: update writes them whole.
+	mirrored := min(m.NumSeqs, mm.seqs)
+	compare := func(r int) error {
 		row := m.BlockTables[r*m.MaxPages : (r+1)*m.MaxPages]
-		old := mm.words[mb.OffBlockTables/4+r*mb.PageStride:][:m.MaxPages]
-		if mm.changed[r] = r >= mm.seqs || !equalWords(row, old); !mm.changed[r] {
-			continue
+		if equalWords(row, mm.words[mb.OffBlockTables/4+r*mb.PageStride:][:m.MaxPages]) {
+			return nil
 		}
-		for p, page := range row {
-			if int(page) >= numPages {
-				return fmt.Errorf("mla: sequence %d block table entry %d = page %d, outside the pool of %d pages", m.Seqs[r], p, page, numPages)
+		if err := checkPages(m, r, row, numPages); err != nil {
+			return err
+		}
+		mm.changed = append(mm.changed, int32(r))
+		return nil
+	}
+	if rebuilt != nil {
+		for _, r := range rebuilt {
+			if int(r) >= mirrored {
+				break
 			}
+			if err := compare(int(r)); err != nil {
+				return err
+			}
+		}
+	} else {
+		for r := range mirrored {
+			if err := compare(r); err != nil {
+				return err
+			}
+		}
+	}
+	for r := mm.seqs; r < m.NumSeqs; r++ {
+		if err := checkPages(m, r, m.BlockTables[r*m.MaxPages:(r+1)*m.MaxPages], numPages); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// checkPages refuses a block-table row (row r of m) with a page outside the
+// pool.
+func checkPages(m *metadata.Metadata, r int, row []int32, numPages int) error {
+	largest := int32(-1) // one pass without branches; the entry only on a refusal
+	for _, page := range row {
+		largest = max(largest, page)
+	}
+	if int(largest) < numPages {
+		return nil
+	}
+	for p, page := range row {
+		if int(page) >= numPages {
+			return fmt.Errorf("mla: sequence %d block table entry %d = page %d, outside the pool of %d pages", m.Seqs[r], p, page, numPages)
 		}
 	}
 	return nil
@@ -371,7 +410,7 @@ func (mb *MetadataBuffers) check(m *metadata.Metadata, numPages int, kept []bool
 func equalWords(a, b []int32) bool { return string(wordBytes(a)) == string(wordBytes(b)) }
 
 // update writes m's encoding into the mirror, recording the span of words
-// that changed in [lo, hi). check has marked the block-table rows that
+// that changed in [lo, hi). check has listed the block-table rows that
 // changed.
 func (mb *MetadataBuffers) update(m *metadata.Metadata) {
 	mm := &mb.mirror
@@ -397,26 +436,30 @@ func (mb *MetadataBuffers) update(m *metadata.Metadata) {
 		mm.fill(a.off/4+n, old-n, 0)
 	}
 	w := m.MaxPages
-	for r := range n {
-		base := mb.OffBlockTables/4 + r*mb.PageStride
-		row := m.BlockTables[r*w : (r+1)*w]
-		if r >= old {
-			// A row that was all zeros: every entry changes.
-			mm.put(base, row)
-			mm.fill(base+w, mb.PageStride-w, -1)
-		} else {
-			if mm.changed[r] {
-				mm.put(base, row)
-			}
-			// Entries past both widths are -1 already.
-			mm.fill(base+w, mm.width[r]-w, -1)
+	row := func(r int) (base int, vals []int32) {
+		return mb.OffBlockTables/4 + r*mb.PageStride, m.BlockTables[r*w : (r+1)*w]
+	}
+	for _, r := range mm.changed {
+		base, vals := row(int(r))
+		mm.put(base, vals)
+	}
+	if mm.width > w {
+		// Entries past both widths are -1 already.
+		for r := range min(n, old) {
+			base, _ := row(r)
+			mm.fill(base+w, mm.width-w, -1)
 		}
-		mm.width[r] = w
+	}
+	for r := old; r < n; r++ {
+		// A row that was all zeros: every entry changes.
+		base, vals := row(r)
+		mm.put(base, vals)
+		mm.fill(base+w, mb.PageStride-w, -1)
 	}
 	for r := n; r < old; r++ {
 		mm.fill(mb.OffBlockTables/4+r*mb.PageStride, mb.PageStride, 0)
 	}
-	mm.seqs = n
+	mm.seqs, mm.width = n, w
 }
 
 // put sets the words from off on to vals, widening [lo, hi) to cover the
@@ -424,19 +467,43 @@ func (mb *MetadataBuffers) update(m *metadata.Metadata) {
 // between them.
 func (mm *metaMirror) put(off int, vals []int32) {
 	dst := mm.words[off : off+len(vals)]
-	i := 0
-	for i < len(vals) && dst[i] == vals[i] {
-		i++
-	}
-	if i == len(vals) {
+	if equalWords(dst, vals) {
 		return
 	}
-	j := len(vals)
-	for dst[j-1] == vals[j-1] {
-		j--
-	}
+	i := leadingEqual(dst, vals)
+	j := len(vals) - trailingEqual(dst[i:], vals[i:]) // > i: word i differs
 	copy(dst[i:j], vals[i:j])
 	mm.lo, mm.hi = min(mm.lo, off+i), max(mm.hi, off+j)
+}
+
+// wordRun is the number of words leadingEqual and trailingEqual compare at
+// once (as strings: the runtime's vectorized compare).
+const wordRun = 32
+
+// leadingEqual is the length of the longest common prefix of a and b
+// (len(a) == len(b)).
+func leadingEqual(a, b []int32) int {
+	i := 0
+	for i+wordRun <= len(a) && equalWords(a[i:i+wordRun], b[i:i+wordRun]) {
+		i += wordRun
+	}
+	for i < len(a) && a[i] == b[i] {
+		i++
+	}
+	return i
+}
+
+// trailingEqual is the length of the longest common suffix of a and b
+// (len(a) == len(b)).
+func trailingEqual(a, b []int32) int {
+	j := len(a)
+	for j >= wordRun && equalWords(a[j-wordRun:j], b[j-wordRun:j]) {
+		j -= wordRun
+	}
+	for j > 0 && a[j-1] == b[j-1] {
+		j--
+	}
+	return len(a) - j
 }
 
 // fill sets n words from off on to v (nothing for n <= 0), widening [lo,
