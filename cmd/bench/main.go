@@ -12,7 +12,8 @@
 // graph of all layers of an iteration with distinct inputs (time per
 // layer), each prologue kernel alone in such a graph, and beside them the
 // dependent-chain floor (a kernel that only copies the layer's Q rows, in the
-// same graph); a whole decode iteration launched eagerly from Go (the device
+// same graph, with and without asking L2 for them ahead of the wait); a
+// whole decode iteration launched eagerly from Go (the device
 // time and the host time to issue it) and as a graph;
 // and the engine's own host cost per iteration (Begin, End). The JSON feeds
 // bench/report.py, which joins it with the PyTorch peers (bench/peers.py).
