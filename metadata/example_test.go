@@ -3,6 +3,7 @@ package metadata_test
 import (
 	"fmt"
 
+	"github.com/dsv4mla/prologue/kvcache"
 	"github.com/dsv4mla/prologue/metadata"
 )
 
@@ -134,4 +135,40 @@ func ExamplePlan_BuildKeeping() {
 	// step 0 block tables: [7 -1 -1 3 4 5] rebuilt rows: [0 1]
 	// step 1 block tables: [7 -1 -1 3 4 5] rebuilt rows: []
 	// step 2 block tables: [7 9 -1 3 4 5] rebuilt rows: [0]
+}
+
+// A server's step loop plans each batch with one Planner, after looking up
+// the whole batch in the paged cache under one lock (kvcache.LookupAll); a
+// sequence the cache does not know yet is created by the plan.
+func ExamplePlanner_PlanLookedUp() {
+	cache, err := kvcache.New(kvcache.Config{PageSize: 64, NumPages: 8})
+	if err != nil {
+		panic(err)
+	}
+	r, err := cache.Reserve([]kvcache.Need{{ID: 7, NewLength: 100, Create: true}})
+	if err != nil {
+		panic(err)
+	}
+	if err := r.Commit(); err != nil {
+		panic(err)
+	}
+	reqs := []metadata.Request{
+		{Seq: 8, Phase: metadata.Context, NewTokens: 5},
+		{Seq: 7, Phase: metadata.Generation, MTP: 3},
+	}
+	lookups := []kvcache.SequenceLookup{{ID: 8}, {ID: 7}}
+	cache.LookupAll(lookups)
+	params := metadata.Params{Heads: 64, PageSize: 64, MaxPositions: 4096, Scheduler: metadata.DefaultSchedulerParams()}
+	var planner metadata.Planner
+	plan, err := planner.PlanLookedUp(reqs, lookups, params)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	for _, n := range plan.Needs() {
+		fmt.Printf("seq %d needs %d tokens (create %v)\n", n.Seq, n.Length, n.Create)
+	}
+	// Output:
+	// seq 8 needs 5 tokens (create true)
+	// seq 7 needs 104 tokens (create false)
 }
