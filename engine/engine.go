@@ -12,6 +12,7 @@ import (
 
 	"github.com/dsv4mla/prologue/attention/mla"
 	"github.com/dsv4mla/prologue/compressor"
+	"github.com/dsv4mla/prologue/internal/bytediff"
 	"github.com/dsv4mla/prologue/kvcache"
 	"github.com/dsv4mla/prologue/metadata"
 	"github.com/dsv4mla/prologue/model/dsv4"
@@ -671,24 +672,10 @@ func (e *Engine) checkUpload(m *metadata.Metadata, res *kvcache.Reservation) err
 	if err := e.backend.Read(got, e.meta.Buf, 0); err != nil {
 		return err
 	}
-	if i := firstDiff(got, want); i >= 0 {
+	if i := bytediff.First(got, want); i >= 0 {
 		return fmt.Errorf("engine: uploaded metadata byte %d is %#x, the full encoding has %#x", i, got[i], want[i])
 	}
 	return nil
-}
-
-// firstDiff is the first index where a and b differ (the shorter one's
-// length when one is a prefix of the other), or -1.
-func firstDiff(a, b []byte) int {
-	for i := range min(len(a), len(b)) {
-		if a[i] != b[i] {
-			return i
-		}
-	}
-	if len(a) != len(b) {
-		return min(len(a), len(b))
-	}
-	return -1
 }
 
 // closeIterationLocked commits or rolls back the open iteration, then runs

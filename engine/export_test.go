@@ -15,6 +15,3 @@ func KeptRows(e *Engine) int {
 	}
 	return rows - len(rebuilt)
 }
-
-// FirstDiff is the first index where two byte slices differ, or -1.
-var FirstDiff = firstDiff

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/dsv4mla/prologue/engine"
+	"github.com/dsv4mla/prologue/internal/bytediff"
 	"github.com/dsv4mla/prologue/kvcache"
 	"github.com/dsv4mla/prologue/metadata"
 	"github.com/dsv4mla/prologue/model/dsv4"
@@ -144,11 +145,8 @@ func requireSameSnapshot(t testing.TB, want, got snapshot) {
 	require.Equal(t, want.lengths, got.lengths, "lengths")
 	require.Equal(t, want.census, got.census, "census")
 	for l := range want.pools {
-		if i := firstDiff(want.pools[l], got.pools[l]); i >= 0 {
+		if i := bytediff.First(want.pools[l], got.pools[l]); i >= 0 {
 			t.Fatalf("layer %d pool byte %d changed: %#02x -> %#02x", l, i, want.pools[l][i], got.pools[l][i])
 		}
 	}
 }
-
-// firstDiff is the engine's own (engine.FirstDiff).
-var firstDiff = engine.FirstDiff

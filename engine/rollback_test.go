@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/dsv4mla/prologue/engine"
+	"github.com/dsv4mla/prologue/internal/bytediff"
 	"github.com/dsv4mla/prologue/kvcache"
 	"github.com/dsv4mla/prologue/metadata"
 )
@@ -101,7 +102,7 @@ func TestRollbackChangesOnlyItsOwnSlots(t *testing.T) {
 				require.NoError(t, err)
 				b, err := ref.ReadPool(l)
 				require.NoError(t, err)
-				require.Equal(t, -1, firstDiff(a, b), "layer %d: the retried batch left a different pool", l)
+				require.Equal(t, -1, bytediff.First(a, b), "layer %d: the retried batch left a different pool", l)
 			}
 		})
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/dsv4mla/prologue/attention/mla"
 	"github.com/dsv4mla/prologue/attention/mla/cpu"
 	"github.com/dsv4mla/prologue/attention/mla/mlatest"
+	"github.com/dsv4mla/prologue/internal/bytediff"
 	"github.com/dsv4mla/prologue/metadata"
 )
 
@@ -164,7 +165,7 @@ func testUploadMatchesEncode(t *testing.T, rng *rand.Rand, async bool) {
 			continue
 		}
 		require.NoError(t, b.Synchronize(ctx))
-		if i := firstDiff(want, device[:mb.OffScheduler]); i >= 0 {
+		if i := bytediff.First(want, device[:mb.OffScheduler]); i >= 0 {
 			t.Fatalf("step %d: device byte %d = %#x, Encode says %#x", step, i, device[i], want[i])
 		}
 		for i, v := range device[mb.OffScheduler:] {
@@ -178,18 +179,6 @@ func testUploadMatchesEncode(t *testing.T, rng *rand.Rand, async bool) {
 		require.Greater(t, ab.Waits(), 10, "uploads found an earlier copy queued and waited for it")
 		t.Logf("%d copies, %d queued at Upload's return, %d waits", ab.Copies(), queued, ab.Waits())
 	}
-}
-
-func firstDiff(a, b []byte) int {
-	for i := range min(len(a), len(b)) {
-		if a[i] != b[i] {
-			return i
-		}
-	}
-	if len(a) != len(b) {
-		return min(len(a), len(b))
-	}
-	return -1
 }
 
 // TestUploadKeepingMatchesEncode: a decode loop's builds that keep the
@@ -293,7 +282,7 @@ func TestUploadKeepingMatchesEncode(t *testing.T) {
 		want, err := mb.Encode(m, numPages)
 		require.NoError(t, err)
 		require.NoError(t, mb.UploadKeeping(b, m, numPages, &keeper), "step %d", step)
-		if i := firstDiff(want, device[:mb.OffScheduler]); i >= 0 {
+		if i := bytediff.First(want, device[:mb.OffScheduler]); i >= 0 {
 			t.Fatalf("step %d: device byte %d = %#x, Encode says %#x", step, i, device[i], want[i])
 		}
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/dsv4mla/prologue/attention/mla"
 	"github.com/dsv4mla/prologue/attention/mla/cpu"
+	"github.com/dsv4mla/prologue/internal/bytediff"
 	"github.com/dsv4mla/prologue/internal/safetensors"
 	"github.com/dsv4mla/prologue/kvcache"
 )
@@ -119,10 +120,10 @@ func writeCheck(d *device, dir string, md model, c checkCase) (string, error) {
 	if err := mla.RunLayer(ctx, host, ls.launches, &ha); err != nil {
 		return "", err
 	}
-	if i := firstDiff(cpu.Bytes(ha.Cache), cacheOut); i >= 0 {
+	if i := bytediff.First(cpu.Bytes(ha.Cache), cacheOut); i >= 0 {
 		return "", fmt.Errorf("GPU cache differs from the CPU backend at byte %d", i)
 	}
-	if i := firstDiff(cpu.Bytes(ha.QOut), qout); i >= 0 {
+	if i := bytediff.First(cpu.Bytes(ha.QOut), qout); i >= 0 {
 		return "", fmt.Errorf("GPU Q differs from the CPU backend at byte %d", i)
 	}
 
@@ -155,17 +156,4 @@ func writeCheck(d *device, dir string, md model, c checkCase) (string, error) {
 		return "", err
 	}
 	return fmt.Sprintf("%s: %d tokens, GPU == CPU backend byte for byte (%d cache bytes, %d Q bytes)", c.name, T, poolBytes, len(qout)), nil
-}
-
-// firstDiff is the first index where a and b differ, or -1.
-func firstDiff(a, b []byte) int {
-	for i := range min(len(a), len(b)) {
-		if a[i] != b[i] {
-			return i
-		}
-	}
-	if len(a) != len(b) {
-		return min(len(a), len(b))
-	}
-	return -1
 }

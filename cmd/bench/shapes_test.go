@@ -121,13 +121,6 @@ func TestLargestFormat(t *testing.T) {
 	assert.Equal(t, kvcache.FormatFP8UE8M0, largestFormat([]kvcache.Format{kvcache.FormatFP8PerTensor, kvcache.FormatFP8UE8M0}))
 }
 
-func TestFirstDiff(t *testing.T) {
-	assert.Equal(t, -1, firstDiff([]byte{1, 2, 3}, []byte{1, 2, 3}))
-	assert.Equal(t, 1, firstDiff([]byte{1, 2, 3}, []byte{1, 9, 3}))
-	assert.Equal(t, 2, firstDiff([]byte{1, 2}, []byte{1, 2, 3}))
-	assert.Equal(t, 0, firstDiff(nil, []byte{7}))
-}
-
 func TestCheckCases(t *testing.T) {
 	cases := checkCases()
 	require.Len(t, cases, len(kvcache.Formats())+1, "every cache format, and a bf16-Q context case")
