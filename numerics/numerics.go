@@ -89,6 +89,38 @@ func UE8M0(amax float32) (exp uint8, inv float32) {
 	return uint8(e), Pow2(127 - int(e))
 }
 
+// UE8M0ExponentBits returns the exponent byte of UE8M0(amax) from the bits
+// of a = max(amax, 1e-4) alone, without the division (the kernels' form):
+// e = (bits(a) >> 23) - 8, plus one when a's mantissa field exceeds
+// 0x600000 (1.m > 1.75); +Inf gives 254.
+//
+// Why it is UE8M0's exponent: 448 = 1.75 * 2^8 and a = 1.m * 2^A with
+// A >= -14 (a >= 1e-4). If 1.m = 1.75, t = fl(a/448) = 2^(A-8) exactly. If
+// 1.m > 1.75 (so >= 1.75 + 2^-23), a/448 lies in [2^(A-8) * (1 + 2^-23/1.75),
+// 2^(A-8) * 8/7): above the midpoint 2^(A-8) * (1 + 2^-24) between 2^(A-8)
+// and the next float, so t has exponent A-8 and a non-zero mantissa. If
+// 1.m < 1.75, a/448 lies in [2^(A-9) * 8/7, 2^(A-8) * (1 - 2^-23/1.75)]:
+// below the midpoint 2^(A-8) * (1 - 2^-25), so t has exponent A-9 and a
+// non-zero mantissa. t is normal throughout (t >= 2^-23). The largest finite
+// a gives 247, so the cap 254 binds only for +Inf (t = +Inf: exponent field
+// 255, mantissa zero). TestUE8M0ExponentBits and, over every float32,
+// TestUE8M0ExponentBitsExhaustive check it against UE8M0.
+func UE8M0ExponentBits(amax float32) uint8 {
+	a := amax
+	if !(a >= UE8M0Floor) { // also catches NaN, as UE8M0
+		a = UE8M0Floor
+	}
+	b := math.Float32bits(a)
+	if b >= 0x7F800000 { // +Inf
+		return 254
+	}
+	e := b>>23 - 8
+	if b&0x7FFFFF > 0x600000 {
+		e++
+	}
+	return uint8(e)
+}
+
 // UE8M0Scale returns 2^(e-127), the dequantization factor of exponent byte e.
 func UE8M0Scale(e uint8) float32 { return Pow2(int(e) - 127) }
 

@@ -56,13 +56,16 @@ __device__ __forceinline__ float pow2i(int k) {
 
 // The UE8M0 exponent byte of a block whose max |value| (NaN ignored) is a
 // (DESIGN.md section 4.5): t = fl(max(a, 1e-4)/448), its biased exponent,
-// plus one when its mantissa is non-zero, at most 254.
+// plus one when its mantissa is non-zero, at most 254. Read from a's bits
+// without the division, as prologue.cu's ue8m0_exp (448 = 1.75 * 2^8): a's
+// biased exponent - 8, plus one when its mantissa exceeds 1.75's
+// (0x600000); +Inf gives the cap 254, which no finite a reaches.
+// numerics.UE8M0ExponentBits, checked against the division on every
+// float32 (TestUE8M0ExponentBitsExhaustive).
 __device__ __forceinline__ int ue8m0_exp(float a) {
-    a = fmaxf(a, 1e-4f);
-    const u32 tb = __float_as_uint(__fdiv_rn(a, 448.f));
-    int e = (tb >> 23) & 0xff;
-    if (tb & 0x7fffffu) e++;
-    return min(e, 254);
+    const u32 b = __float_as_uint(fmaxf(a, 1e-4f));
+    if (b >= 0x7f800000u) return 254;
+    return (int)(b >> 23) - 8 + ((b & 0x7fffffu) > 0x600000u ? 1 : 0);
 }
 
 // Programmatic dependent launch: wait for the previous grid's memory before

@@ -186,6 +186,19 @@ __device__ __forceinline__ void st_bf16x16(u8* dst, const float y[16]) {
     st_u4(dst + 16, make_uint4(w[4], w[5], w[6], w[7]));
 }
 
+// The UE8M0 exponent byte of a group whose max |value| (NaN ignored) is a:
+// the biased exponent of t = fl(max(a, 1e-4)/448), plus one when t's
+// mantissa is non-zero, at most 254 (DESIGN.md section 4.5). Read from a's
+// bits without the division (448 = 1.75 * 2^8): a's biased exponent - 8,
+// plus one when its mantissa exceeds 1.75's (0x600000); +Inf gives the cap
+// 254, which no finite a reaches. numerics.UE8M0ExponentBits, checked
+// against the division on every float32 (TestUE8M0ExponentBitsExhaustive).
+__device__ __forceinline__ int ue8m0_exp(float a) {
+    const u32 b = __float_as_uint(fmaxf(a, 1e-4f));
+    if (b >= 0x7f800000u) return 254;
+    return (int)(b >> 23) - 8 + ((b & 0x7fffffu) > 0x600000u ? 1 : 0);
+}
+
 // The nope part of the fp8_ue8m0 store of one 512-value row held by a warp
 // (lane j: values [16j, 16j+16)): the 448 nope values as e4m3 with one
 // UE8M0 exponent per 64-value group at vals, and group g's exponent byte at
@@ -206,11 +219,7 @@ __device__ __forceinline__ void ue8m0_store_nope(u8* vals, u8* scales, const flo
     a = fmaxf(a, __shfl_xor_sync(FULL, a, 1));
     a = fmaxf(a, __shfl_xor_sync(FULL, a, 2));
     if (lane < 28) {
-        a = fmaxf(a, 1e-4f);
-        u32 tb = __float_as_uint(__fdiv_rn(a, 448.f));
-        int e = (tb >> 23) & 0xff;
-        if (tb & 0x7fffffu) e++;
-        if (e > 254) e = 254;
+        const int e = ue8m0_exp(a);
         float inv = pow2i(127 - e);
         st_e4m3x16(vals + lane * 16, y, inv);
         if ((lane & 3) == 0) scales[lane >> 2] = (u8)e;

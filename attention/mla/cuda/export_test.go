@@ -24,6 +24,14 @@ func (b *Backend) CompileWithTestKernels(file, src string) (*driver.Module, erro
 	return b.ctx.CompileModule(full, file, b.compileOptions())
 }
 
+// CompileWithChainKernels compiles the chain's program (chain.cu) followed
+// by a test-only source that may use its helpers, with the options the
+// backend compiles chain.cu with, and loads the module.
+func (b *Backend) CompileWithChainKernels(file, src string) (*driver.Module, error) {
+	full := kernels.ChainSource() + "\n#line 1 " + strconv.Quote(file) + "\n" + src
+	return b.ctx.CompileModule(full, file, driver.CompileOptions{Arch: b.ctx.Props().Arch()})
+}
+
 // CompileWithCompressKernels compiles the compressor's program
 // (kernels/cuda.CompressSource: abi.h, prologue.cu's helpers, exp32.cuh and
 // compress.cu) followed by a test-only source that may use its helpers,
