@@ -15,8 +15,9 @@ import (
 
 // variant is one kernel option set of --variant / --variants, written as
 // space-separated words: warps=N kvd=N qd=N bpsm=N maxblocks=N (the
-// streaming pipeline), direct=N dmin=N dwarps=N qrows=N dminb=N nodirect (the
-// direct path: its largest and smallest launch in Q rows, warps a block, Q rows a warp,
+// streaming pipeline), direct=N dmin=N dwarps=N dhalf=N qrows=N dminb=N nodirect (the
+// direct path: its largest and smallest launch in Q rows, warps a block, the
+// largest launch in Q rows with whole blocks (larger: half), Q rows a warp,
 // __launch_bounds__ minimum of blocks a multiprocessor, and off), nopdl separate. A zero number keeps the
 // backend's default.
 type variant struct {
@@ -26,6 +27,7 @@ type variant struct {
 	DirectMaxRows           int
 	DirectMinRows           int
 	DirectWarps             int
+	DirectHalfBlockRows     int
 	DirectQRows             int
 	DirectMinBlocks         int
 	NoDirect                bool
@@ -52,6 +54,8 @@ func (v *variant) field(key string) (*int, *bool) {
 		return &v.DirectMinRows, nil
 	case "dwarps":
 		return &v.DirectWarps, nil
+	case "dhalf":
+		return &v.DirectHalfBlockRows, nil
 	case "qrows":
 		return &v.DirectQRows, nil
 	case "dminb":
@@ -100,7 +104,7 @@ func parseVariant(text string) (variant, error) {
 			*sw = true
 			continue
 		}
-		return variant{}, fmt.Errorf("variant %q: unknown option %q (known: warps=N kvd=N qd=N bpsm=N maxblocks=N direct=N dmin=N dwarps=N qrows=N dminb=N nodirect nopdl separate)", text, key)
+		return variant{}, fmt.Errorf("variant %q: unknown option %q (known: warps=N kvd=N qd=N bpsm=N maxblocks=N direct=N dmin=N dwarps=N dhalf=N qrows=N dminb=N nodirect nopdl separate)", text, key)
 	}
 	return v, nil
 }
@@ -133,17 +137,18 @@ func (v variant) options(verbose bool) (cuda.Options, cudatune.Knobs) {
 		direct = -1
 	}
 	return cuda.Options{NoPDL: v.NoPDL}, cudatune.Knobs{
-		Warps:            v.Warps,
-		KVDepth:          v.KVDepth,
-		QDepth:           v.QDepth,
-		BlocksPerSM:      v.BlocksPerSM,
-		MaxBlocks:        v.MaxBlocks,
-		DirectMaxRows:    direct,
-		DirectMinRows:    v.DirectMinRows,
-		DirectWarps:      v.DirectWarps,
-		DirectQRows:      v.DirectQRows,
-		DirectMinBlocks:  v.DirectMinBlocks,
-		SeparateLaunches: v.SeparateLaunches,
-		Verbose:          verbose,
+		Warps:               v.Warps,
+		KVDepth:             v.KVDepth,
+		QDepth:              v.QDepth,
+		BlocksPerSM:         v.BlocksPerSM,
+		MaxBlocks:           v.MaxBlocks,
+		DirectMaxRows:       direct,
+		DirectMinRows:       v.DirectMinRows,
+		DirectWarps:         v.DirectWarps,
+		DirectQRows:         v.DirectQRows,
+		DirectHalfBlockRows: v.DirectHalfBlockRows,
+		DirectMinBlocks:     v.DirectMinBlocks,
+		SeparateLaunches:    v.SeparateLaunches,
+		Verbose:             verbose,
 	}
 }

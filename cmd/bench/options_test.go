@@ -21,8 +21,8 @@ func TestParseVariant(t *testing.T) {
 		{"warps=4 kvd=8", variant{Name: "warps=4 kvd=8", Warps: 4, KVDepth: 8}, ""},
 		{"qd=6 bpsm=8 maxblocks=3", variant{Name: "qd=6 bpsm=8 maxblocks=3", QDepth: 6, BlocksPerSM: 8, MaxBlocks: 3}, ""},
 		{"nopdl separate", variant{Name: "nopdl separate", NoPDL: true, SeparateLaunches: true}, ""},
-		{"direct=8192 dwarps=2 qrows=4 dminb=10", variant{Name: "direct=8192 dwarps=2 qrows=4 dminb=10", DirectMaxRows: 8192, DirectWarps: 2,
-			DirectQRows: 4, DirectMinBlocks: 10}, ""},
+		{"direct=8192 dwarps=2 dhalf=64 qrows=4 dminb=10", variant{Name: "direct=8192 dwarps=2 dhalf=64 qrows=4 dminb=10", DirectMaxRows: 8192, DirectWarps: 2,
+			DirectHalfBlockRows: 64, DirectQRows: 4, DirectMinBlocks: 10}, ""},
 		{"nodirect", variant{Name: "nodirect", NoDirect: true}, ""},
 		{"nodirect=1", variant{}, "takes no value"},
 		{"direct=-1", variant{}, "outside [0, 16777216]"},
@@ -74,11 +74,11 @@ func TestParseVariants(t *testing.T) {
 
 func TestVariantOptions(t *testing.T) {
 	v := variant{Warps: 3, KVDepth: 5, QDepth: 7, BlocksPerSM: 2, MaxBlocks: 11, DirectMaxRows: 99, DirectWarps: 2,
-		DirectQRows: 3, DirectMinBlocks: 6, NoPDL: true, SeparateLaunches: true}
+		DirectHalfBlockRows: 17, DirectQRows: 3, DirectMinBlocks: 6, NoPDL: true, SeparateLaunches: true}
 	opts, knobs := v.options(true)
 	assert.Equal(t, cuda.Options{NoPDL: true}, opts)
 	assert.Equal(t, cudatune.Knobs{Warps: 3, KVDepth: 5, QDepth: 7, BlocksPerSM: 2, MaxBlocks: 11,
-		DirectMaxRows: 99, DirectWarps: 2, DirectQRows: 3, DirectMinBlocks: 6, SeparateLaunches: true, Verbose: true}, knobs)
+		DirectMaxRows: 99, DirectWarps: 2, DirectHalfBlockRows: 17, DirectQRows: 3, DirectMinBlocks: 6, SeparateLaunches: true, Verbose: true}, knobs)
 	_, knobs = variant{DirectMaxRows: 99, NoDirect: true}.options(false)
 	assert.Equal(t, -1, knobs.DirectMaxRows, "nodirect turns the direct path off")
 	assert.False(t, knobs.Defaults().Direct(1))

@@ -28,6 +28,19 @@ const DefaultDirectMaxRows = 1 << 19
 // faster below 6144 rows.
 const DefaultDirectMinRows = 1
 
+// DefaultDirectHalfBlockRows is the largest direct launch, in Q rows, that
+// runs blocks of DirectWarps warps; a larger one runs blocks of half as
+// many. Above it a decode grid takes more than one wave of resident warps
+// on the H200 (36 warps a multiprocessor at the direct kernels' 56
+// registers, 132 multiprocessors, 2 Q rows a warp: about 9500 rows), and
+// smaller blocks let the second wave and the next layer's blocks in as
+// soon as each pair of warps is done. Measured on the H200 (2026-12-01,
+// decode iteration through the graph, b=32 MTP 3, three runs each, blocks
+// of 4 against 2 warps): V4-Pro (16384 rows) 460.2-461.1 against
+// 451.2-452.2 us; V4-Flash (8192 rows, one wave) 184.6-186.3 against
+// 188.6-189.2 us.
+const DefaultDirectHalfBlockRows = 8192
+
 // DefaultBlocksPerSM caps a streaming grid at two blocks of 8 warps a
 // multiprocessor: the KV and fused layer kernels take 110 registers a
 // thread, so two is all that is resident at once (a cap of 4 left half the
@@ -66,11 +79,16 @@ type Knobs struct {
 	// DirectMinRows: a launch of fewer Q rows streams (0:
 	// DefaultDirectMinRows; 1: every launch up to DirectMaxRows is direct).
 	DirectMinRows int
-	// DirectWarps is the direct path's warps per block (0: 4).
+	// DirectWarps is the direct path's warps per block (0: 4), at most:
+	// see DirectHalfBlockRows.
 	DirectWarps int
+	// DirectHalfBlockRows: a direct launch of more Q rows than this runs
+	// blocks of DirectWarps/2 warps (at least 1). 0:
+	// DefaultDirectHalfBlockRows; negative: never.
+	DirectHalfBlockRows int
 	// DirectQRows is the (token, head) rows each Q warp of the direct path
-	// owns, their loads issued together (0: 2): fewer warps, so that a
-	// decode batch's grid is resident at once.
+	// owns (0: 2), the next one's loads issued before a row's arithmetic:
+	// fewer warps, so that more of a decode batch's grid is resident at once.
 	DirectQRows int
 	// DirectMinBlocks is the direct path's __launch_bounds__ minimum of
 	// blocks a multiprocessor (0: 1, the registers left to the compiler);
@@ -111,12 +129,27 @@ func (k Knobs) Defaults() Knobs {
 		k.BF16MMAMaxRows = -1
 	}
 	switch {
+	case k.DirectHalfBlockRows == 0:
+		k.DirectHalfBlockRows = DefaultDirectHalfBlockRows
+	case k.DirectHalfBlockRows < 0:
+		k.DirectHalfBlockRows = -1
+	}
+	switch {
 	case k.DirectMaxRows == 0:
 		k.DirectMaxRows = DefaultDirectMaxRows
 	case k.DirectMaxRows < 0:
 		k.DirectMaxRows = -1
 	}
 	return k
+}
+
+// DirectBlockWarps is the warps a block of a direct launch of qRows Q rows
+// (tokens x heads) under k (with its defaults applied).
+func (k Knobs) DirectBlockWarps(qRows int) int {
+	if k.DirectHalfBlockRows >= 0 && qRows > k.DirectHalfBlockRows {
+		return max(1, k.DirectWarps/2)
+	}
+	return k.DirectWarps
 }
 
 // Direct reports whether a launch of qRows Q rows (tokens x heads) takes

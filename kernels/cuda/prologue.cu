@@ -234,16 +234,48 @@ __device__ __forceinline__ void ue8m0_store(u8* vals, u8* scales, const float y[
     if (lane >= 28) st_bf16x16(vals + UE8M0_ROPE_OFFSET + (lane - 28) * 32, y);
 }
 
+// Token slot off's row in a cache page of format FMT: its first value byte,
+// and (FP8_UE8M0) its scale bytes, which sit after the page's values.
 template <int FMT>
-__device__ __forceinline__ void kv_store(const Params& p, u8* page, int off, float y[16], int lane) {
-    if (FMT == FMT_BF16) {
-        st_bf16x16(page + (size_t)off * BF16_TOKEN_BYTES + lane * 32, y);
-    } else if (FMT == FMT_FP8_PERTENSOR) {
-        st_e4m3x16(page + (size_t)off * FP8_PERTENSOR_TOKEN_BYTES + lane * 16, y, p.scale);
-    } else {  // FP8_UE8M0
-        ue8m0_store(page + (size_t)off * UE8M0_VALUE_BYTES,
-                    page + UE8M0_VALUE_BYTES * (1 << p.page_size_log2) + off * UE8M0_SCALE_BYTES, y, lane);
+__device__ __forceinline__ u8* kv_row(u8* page, int off) {
+    const int bytes = FMT == FMT_BF16             ? BF16_TOKEN_BYTES
+                      : FMT == FMT_FP8_PERTENSOR ? FP8_PERTENSOR_TOKEN_BYTES
+                                                 : UE8M0_VALUE_BYTES;
+    return page + (size_t)off * bytes;
+}
+__device__ __forceinline__ u8* ue8m0_scales(const Params& p, u8* page, int off) {
+    return page + UE8M0_VALUE_BYTES * (1 << p.page_size_log2) + off * UE8M0_SCALE_BYTES;
+}
+
+// The lane's 16 finished KV values stored in token slot off of the page.
+// NOPE_ONLY: lanes 28..31 store nothing (the direct path's row, whose rope
+// tail kv_store_rope_pair stores a pair a lane).
+template <int FMT, bool NOPE_ONLY = false>
+__device__ __forceinline__ void kv_store(const Params& p, u8* page, int off, const float y[16], int lane) {
+    u8* row = kv_row<FMT>(page, off);
+    if (FMT == FMT_FP8_UE8M0) {
+        ue8m0_store_nope(row, ue8m0_scales(p, page, off), y, lane);
+        if (!NOPE_ONLY && lane >= 28) st_bf16x16(row + UE8M0_ROPE_OFFSET + (lane - 28) * 32, y);
+    } else if (!NOPE_ONLY || lane < NOPE_DIM / 16) {
+        if (FMT == FMT_BF16)
+            st_bf16x16(row + lane * 32, y);
+        else  // FP8_PERTENSOR
+            st_e4m3x16(row + lane * 16, y, p.scale);
     }
+}
+
+// Rope pair j = lane of the row (values NOPE_DIM+2j and NOPE_DIM+2j+1, a
+// and c, finished) stored in token slot off of the page, in the bytes
+// kv_store gives the rope tail.
+template <int FMT>
+__device__ __forceinline__ void kv_store_rope_pair(const Params& p, u8* page, int off, float a, float c, int lane) {
+    u8* row = kv_row<FMT>(page, off);
+    if (FMT == FMT_BF16)
+        reinterpret_cast<u32*>(row + 2 * NOPE_DIM)[lane] = pack2(a, c);
+    else if (FMT == FMT_FP8_PERTENSOR)
+        reinterpret_cast<u16*>(row + NOPE_DIM)[lane] = (u16)e4m3x2(__fmul_rn(c, p.scale), __fmul_rn(a, p.scale));
+    else  // FP8_UE8M0
+        reinterpret_cast<u32*>(row + UE8M0_ROPE_OFFSET)[lane] = pack2(a, c);
 }
 
 // Programmatic dependent launch: wait for the previous grid's memory before
@@ -685,9 +717,13 @@ LAYER_KERNEL(layer_fp8_pertensor_qbf16, FMT_FP8_PERTENSOR, QFMT_BF16)
 // the kv_a_layernorm weight; and it asks L2 to fetch its own rows
 // (prefetch_l2, a hint that reads nothing). The rows the previous kernel
 // may produce (the latent, QIn) are read, and every byte (cache, QOut,
-// scheduler region) is written, only after the wait. Every thread waits before it exits, even one
-// without a row, so this grid never completes ahead of the grids it follows.
+// scheduler region) is written, only after the wait. Every thread waits
+// before it exits, even one without a row, so this grid never completes
+// ahead of the grids it follows.
 
+// Warps a block at most (__launch_bounds__); a launch picks its block's
+// warps (Knobs.DirectBlockWarps: half as many for a grid of more than a
+// wave), and every index follows blockDim.
 #ifndef DIRECT_WARPS
 #define DIRECT_WARPS 4
 #endif
@@ -723,7 +759,8 @@ __device__ __forceinline__ void ld_row32(const u8* src, uint4& a, uint4& b) {
 // takes no shuffles and lanes 28..31 do not rotate eight pairs each while
 // the rest wait. The arithmetic is kv_norm's, bf16(fl(fl(x*r)*w)), then
 // rope_pair, on the same values; lanes 28..31 give their 16 values' squares
-// to the norm but store nothing of their own, every lane stores its pair.
+// to the norm but store nothing of their own (kv_store's NOPE_ONLY), every
+// lane stores its pair (kv_store_rope_pair).
 template <int FMT>
 __device__ __forceinline__ void kv_row_spread(const Params& p, u8* page, int off, uint4 va, uint4 vb, const float w[16],
                                               u32 tail, float2 wt, float2 cs, int lane) {
@@ -732,19 +769,8 @@ __device__ __forceinline__ void kv_row_spread(const Params& p, u8* page, int off
     float a = bf16_to_f32(tail & 0xffffu), c = bf16_to_f32(tail >> 16);
     kv_norm_pair(a, c, r, wt.x, wt.y);
     rope_pair(a, c, cs.x, cs.y);
-    if (FMT == FMT_BF16) {
-        u8* row = page + (size_t)off * BF16_TOKEN_BYTES;
-        if (lane < NOPE_DIM / 16) st_bf16x16(row + lane * 32, x);
-        reinterpret_cast<u32*>(row + 2 * NOPE_DIM)[lane] = pack2(a, c);
-    } else if (FMT == FMT_FP8_PERTENSOR) {
-        u8* row = page + (size_t)off * FP8_PERTENSOR_TOKEN_BYTES;
-        if (lane < NOPE_DIM / 16) st_e4m3x16(row + lane * 16, x, p.scale);
-        reinterpret_cast<u16*>(row + NOPE_DIM)[lane] = (u16)e4m3x2(__fmul_rn(c, p.scale), __fmul_rn(a, p.scale));
-    } else {  // FP8_UE8M0
-        u8* vals = page + (size_t)off * UE8M0_VALUE_BYTES;
-        ue8m0_store_nope(vals, page + UE8M0_VALUE_BYTES * (1 << p.page_size_log2) + off * UE8M0_SCALE_BYTES, x, lane);
-        reinterpret_cast<u32*>(vals + UE8M0_ROPE_OFFSET)[lane] = pack2(a, c);
-    }
+    kv_store<FMT, true>(p, page, off, x, lane);
+    kv_store_rope_pair<FMT>(p, page, off, a, c, lane);
 }
 
 // KV: warp i of the part owns latent row i of the launch.
@@ -752,7 +778,7 @@ template <int FMT>
 __device__ __forceinline__ void kv_direct(const Params& p0, int blk) {
     pdl_trigger();
     const int lane = threadIdx.x & 31;
-    const int i = blk * DIRECT_WARPS + (threadIdx.x >> 5);  // warp-uniform
+    const int i = blk * (blockDim.x >> 5) + (threadIdx.x >> 5);  // warp-uniform
     const Params p = with_header(p0);
     float w[16];
     load_weight(w, p.weight, lane);
@@ -777,76 +803,74 @@ __device__ __forceinline__ void kv_direct(const Params& p0, int blk) {
 }
 
 // Q: warp w of the part owns (token, head) rows [w*R, w*R+R) of the launch,
-// R = DIRECT_QROWS: their loads go out together after the wait, so a grid
-// of 1/R the warps (resident at once, its metadata resolved before the
-// wait) keeps as many bytes in flight. A token's metadata and RoPE row are
-// resolved once for its consecutive rows.
+// R = DIRECT_QROWS. Before the wait it resolves its first token and asks L2
+// for its rows; after it, row k+1's loads go out before row k's arithmetic
+// (two rows in flight, the registers of two whatever R is). A row's loads
+// depend only on its index, not on its token's metadata; a later token of
+// the warp (a row past a token's last head) is resolved when its first row
+// is reached, so the warp holds one token's liveness and RoPE pair, not
+// one per row.
 template <int QFMT, bool UNIT>
 __device__ __forceinline__ void q_direct(const Params& p0, int blk) {
     constexpr int R = DIRECT_QROWS;
     pdl_trigger();
     const int es = QFMT == QFMT_BF16 ? 2 : 1;
     const int lane = threadIdx.x & 31;
-    const int i0 = (blk * DIRECT_WARPS + (threadIdx.x >> 5)) * R;  // warp-uniform
+    const int i0 = (blk * (blockDim.x >> 5) + (threadIdx.x >> 5)) * R;  // warp-uniform
     const Params p = with_header(p0);
-    const int n = p.rows * p.heads;
-    bool live[R];
-    float2 cs[R];
-    {
-        // Row i0's token and head: a shift for the models' power-of-two head
-        // counts, else one division; the next rows step the head.
-        int t, h;
-        if ((p.heads & (p.heads - 1)) == 0) {
-            const int sh = __ffs(p.heads) - 1;
-            t = i0 >> sh;
-            h = i0 & (p.heads - 1);
-        } else {
-            t = i0 / p.heads;
-            h = i0 - t * p.heads;
-        }
-        int tok = -1;
-        bool tlive = false;
-        float2 tcs = make_float2(0.f, 0.f);
-#pragma unroll
-        for (int k = 0; k < R; k++) {
-            live[k] = false;
-            cs[k] = tcs;
-            if (i0 + k < n) {
-                if (t != tok) {
-                    tok = t;
-                    int b, pos;
-                    tlive = resolve(p, t, b, pos);
-                    if (tlive) tcs = load_rope_pair(p.rope, pos, lane);
-                }
-                live[k] = tlive;
-                cs[k] = tcs;
-            }
-            if (++h == p.heads) { h = 0; t++; }
-        }
+    const int n = p.rows * p.heads;                            // the launch's rows, padding included
+    const int nv = min(p.valid_rows, p.rows) * p.heads;        // those with an input row to read
+    // Row i0's token and head: a shift for the models' power-of-two head
+    // counts, else one division; the next rows step the head.
+    int t, h;
+    if ((p.heads & (p.heads - 1)) == 0) {
+        const int sh = __ffs(p.heads) - 1;
+        t = i0 >> sh;
+        h = i0 & (p.heads - 1);
+    } else {
+        t = i0 / p.heads;
+        h = i0 - t * p.heads;
+    }
+    int tok = t;
+    bool live = false;
+    float2 cs = make_float2(0.f, 0.f);
+    if (i0 < n) {
+        int b, pos;
+        live = resolve(p, t, b, pos);
+        if (live) cs = load_rope_pair(p.rope, pos, lane);
     }
     const size_t r0 = (size_t)p.row_begin * p.heads + i0;
 #pragma unroll
     for (int k = 0; k < R; k++)
-        if (lane == k && live[k]) prefetch_l2(p.in + (r0 + k) * 1024, 1024);
+        if (lane == k && i0 + k < nv) prefetch_l2(p.in + (r0 + k) * 1024, 1024);
     pdl_wait();
-    uint4 va[R], vb[R];
-    u32 tail[R];
-#pragma unroll
-    for (int k = 0; k < R; k++)
-        if (live[k]) {
-            const u8* row = p.in + (r0 + k) * 1024;
-            ld_row32(row + lane * 32, va[k], vb[k]);
-            tail[k] = __ldcg(reinterpret_cast<const u32*>(row + 2 * NOPE_DIM) + lane);
-        }
+    auto load = [&](int k, uint4& a, uint4& b, u32& tl) {
+        const u8* row = p.in + (r0 + k) * 1024;
+        ld_row32(row + lane * 32, a, b);
+        tl = __ldcg(reinterpret_cast<const u32*>(row + 2 * NOPE_DIM) + lane);
+    };
+    uint4 va = make_uint4(0, 0, 0, 0), vb = va;
+    u32 tail = 0;
+    if (i0 < nv) load(0, va, vb, tail);
 #pragma unroll
     for (int k = 0; k < R; k++) {
         if (i0 + k >= n) break;
+        const uint4 ca = va, cb = vb;
+        const u32 ct = tail;
+        if (k + 1 < R && i0 + k + 1 < nv) load(k + 1, va, vb, tail);
+        if (t != tok) {
+            tok = t;
+            int b, pos;
+            live = resolve(p, t, b, pos);
+            if (live) cs = load_rope_pair(p.rope, pos, lane);
+        }
         u8* row = p.out + (r0 + k) * 512 * es;
-        if (!live[k]) {
+        if (!live) {
             q_zero<QFMT>(row + lane * 16 * es);
         } else {
-            q_row_spread<QFMT, UNIT>(p, row, va[k], vb[k], tail[k], cs[k], lane);
+            q_row_spread<QFMT, UNIT>(p, row, ca, cb, ct, cs, lane);
         }
+        if (++h == p.heads) { h = 0; t++; }
     }
 }
 

@@ -377,11 +377,13 @@ func (b *Backend) grid(n int) (driver.Dim3, driver.Dim3) {
 }
 
 // directGrid sizes a direct-path part over n work rows, perWarp rows a warp
-// (KV: 1; Q: Knobs.DirectQRows): every row covered (the kernels do not loop).
-func directGrid(k cudatune.Knobs, n, perWarp int) (driver.Dim3, driver.Dim3) {
+// (KV: 1; Q: Knobs.DirectQRows), in blocks of blockWarps warps (the
+// launch's Knobs.DirectBlockWarps, the same for both parts of a fused
+// grid): every row covered (the kernels do not loop).
+func directGrid(n, perWarp, blockWarps int) (driver.Dim3, driver.Dim3) {
 	warps := (n + perWarp - 1) / perWarp
-	blocks := max(1, (warps+k.DirectWarps-1)/k.DirectWarps)
-	return driver.Dim3{uint32(blocks), 1, 1}, driver.Dim3{uint32(32 * k.DirectWarps), 1, 1}
+	blocks := max(1, (warps+blockWarps-1)/blockWarps)
+	return driver.Dim3{uint32(blocks), 1, 1}, driver.Dim3{uint32(32 * blockWarps), 1, 1}
 }
 
 // pathFor picks a launch's kernels by its size in Q rows (tokens x heads,
@@ -400,17 +402,18 @@ func pathFor(k cudatune.Knobs, l mla.Launch, heads int) abi.Path {
 func (b *Backend) path(l mla.Launch, heads int) abi.Path { return pathFor(b.knobs, l, heads) }
 
 // kvGrid and qGrid size a launch's KV part (its latent rows) and Q part
-// (its (token, head) rows) on path p.
-func (b *Backend) kvGrid(p abi.Path, l mla.Launch) (driver.Dim3, driver.Dim3) {
+// (its (token, head) rows) on path p; on the direct path the block's warps
+// follow the launch's Q rows.
+func (b *Backend) kvGrid(p abi.Path, l mla.Launch, heads int) (driver.Dim3, driver.Dim3) {
 	if p == abi.Direct {
-		return directGrid(b.knobs, l.Rows, 1)
+		return directGrid(l.Rows, 1, b.knobs.DirectBlockWarps(l.Rows*heads))
 	}
 	return b.grid(l.Rows)
 }
 
 func (b *Backend) qGrid(p abi.Path, l mla.Launch, heads int) (driver.Dim3, driver.Dim3) {
 	if p == abi.Direct {
-		return directGrid(b.knobs, l.Rows*heads, b.knobs.DirectQRows)
+		return directGrid(l.Rows*heads, b.knobs.DirectQRows, b.knobs.DirectBlockWarps(l.Rows*heads))
 	}
 	return b.grid(l.Rows * heads)
 }
@@ -484,7 +487,7 @@ func (b *Backend) kvLaunch(l mla.Launch, a *mla.LayerArgs) (fn *driver.Function,
 	if p, err = kvParams(make([]byte, abi.Params.Size()), l, a); err != nil {
 		return nil, grid, block, nil, err
 	}
-	grid, block = b.kvGrid(path, l)
+	grid, block = b.kvGrid(path, l, a.Heads)
 	return fn, grid, block, p, nil
 }
 
@@ -599,7 +602,7 @@ func (b *Backend) layerLaunch(c *layerCall, l mla.Launch) error {
 	if err != nil {
 		return err
 	}
-	kvGrid, block := b.kvGrid(path, l)
+	kvGrid, block := b.kvGrid(path, l, a.Heads)
 	qGrid, _ := b.qGrid(path, l, a.Heads)
 	grid := driver.Dim3{kvGrid[0] + qGrid[0], 1, 1}
 	binary.LittleEndian.PutUint32(c.kvBlocks[:], kvGrid[0]) // int32 on the device

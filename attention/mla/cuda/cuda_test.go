@@ -76,9 +76,15 @@ func TestCUDAConformanceVariants(t *testing.T) {
 		// tokens, a block's the KV/Q split), registers capped at 42 by 16
 		// blocks a multiprocessor (the compiler spills).
 		"direct-3warps-3rows": {knobs: cudatune.Knobs{DirectWarps: 3, DirectQRows: 3, DirectMinBlocks: 16, DirectMinRows: 1}},
-		"direct-1warp-1row":   {knobs: cudatune.Knobs{DirectWarps: 1, DirectQRows: 1, DirectMinRows: 1}},
-		"boundary":            {knobs: cudatune.Knobs{DirectMaxRows: boundaryRows, DirectMinRows: 1}},
-		"split":               {knobs: cudatune.Knobs{DirectMaxRows: splitRows, DirectMinRows: 1}},
+		// 8 Q rows a warp: with the suite's small head counts a warp's rows
+		// span several tokens, each resolved when its first row is reached.
+		"direct-8rows": {knobs: cudatune.Knobs{DirectQRows: 8, DirectMinRows: 1}},
+		// Blocks of half the warps for every launch of more than one Q
+		// row (the default halves them only for grids of more than a wave).
+		"direct-half-blocks": {knobs: cudatune.Knobs{DirectHalfBlockRows: 1, DirectMinRows: 1}},
+		"direct-1warp-1row":  {knobs: cudatune.Knobs{DirectWarps: 1, DirectQRows: 1, DirectMinRows: 1}},
+		"boundary":           {knobs: cudatune.Knobs{DirectMaxRows: boundaryRows, DirectMinRows: 1}},
+		"split":              {knobs: cudatune.Knobs{DirectMaxRows: splitRows, DirectMinRows: 1}},
 	}
 	for name, v := range variants {
 		b, err := cuda.NewTuned(v.opts, v.knobs)

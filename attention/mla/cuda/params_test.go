@@ -7,7 +7,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/dsv4mla/prologue/attention/mla"
-	"github.com/dsv4mla/prologue/internal/cudatune"
 	"github.com/dsv4mla/prologue/kernels/cuda/abi"
 	"github.com/dsv4mla/prologue/kernels/cuda/driver"
 	"github.com/dsv4mla/prologue/kvcache"
@@ -99,8 +98,7 @@ func TestDirectGrid(t *testing.T) {
 		{4, 8192, 2, 1024}, {4, 8192, 1, 2048}, {4, 128, 1, 32}, {4, 5, 1, 2}, {4, 1, 1, 1}, {4, 0, 1, 1},
 		{3, 7, 1, 3}, {1, 9, 1, 9}, {32, 33, 1, 2}, {3, 7, 3, 1}, {1, 7, 3, 3}, {2, 16384, 4, 2048},
 	} {
-		k := cudatune.Knobs{DirectWarps: c.warps}.Defaults()
-		grid, block := directGrid(k, c.n, c.perWarp)
+		grid, block := directGrid(c.n, c.perWarp, c.warps)
 		require.Equal(t, driver.Dim3{uint32(c.blocks), 1, 1}, grid, "%d rows, %d a warp, %d warps a block", c.n, c.perWarp, c.warps)
 		require.Equal(t, driver.Dim3{uint32(32 * c.warps), 1, 1}, block)
 		require.GreaterOrEqual(t, c.blocks*c.warps*c.perWarp, c.n)
