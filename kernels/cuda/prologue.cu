@@ -234,8 +234,9 @@ __device__ __forceinline__ void ue8m0_store(u8* vals, u8* scales, const float y[
     if (lane >= 28) st_bf16x16(vals + UE8M0_ROPE_OFFSET + (lane - 28) * 32, y);
 }
 
-// Token slot off's row in a cache page of format FMT: its first value byte,
-// and (FP8_UE8M0) its scale bytes, which sit after the page's values.
+// Token slot off's row in a cache page of format FMT: its first value byte.
+// ue8m0_scales: its scale bytes (FP8_UE8M0), which sit after the page's
+// values.
 template <int FMT>
 __device__ __forceinline__ u8* kv_row(u8* page, int off) {
     const int bytes = FMT == FMT_BF16             ? BF16_TOKEN_BYTES
