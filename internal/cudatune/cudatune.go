@@ -107,11 +107,21 @@ type Knobs struct {
 }
 
 // Defaults returns k with every zero shape field set to its default (a
-// negative DirectMaxRows stays: it turns the direct path off).
+// negative DirectMaxRows, DirectHalfBlockRows or BF16MMAMaxRows becomes -1:
+// never).
 func (k Knobs) Defaults() Knobs {
 	def := func(v *int, d int) {
 		if *v <= 0 {
 			*v = d
+		}
+	}
+	// A row threshold: 0 takes the default, a negative one turns its rule off.
+	threshold := func(v *int, d int) {
+		switch {
+		case *v == 0:
+			*v = d
+		case *v < 0:
+			*v = -1
 		}
 	}
 	def(&k.Warps, 8)
@@ -122,24 +132,9 @@ func (k Knobs) Defaults() Knobs {
 	def(&k.DirectQRows, 2)
 	def(&k.DirectMinBlocks, 1)
 	def(&k.DirectMinRows, DefaultDirectMinRows)
-	switch {
-	case k.BF16MMAMaxRows == 0:
-		k.BF16MMAMaxRows = DefaultBF16MMAMaxRows
-	case k.BF16MMAMaxRows < 0:
-		k.BF16MMAMaxRows = -1
-	}
-	switch {
-	case k.DirectHalfBlockRows == 0:
-		k.DirectHalfBlockRows = DefaultDirectHalfBlockRows
-	case k.DirectHalfBlockRows < 0:
-		k.DirectHalfBlockRows = -1
-	}
-	switch {
-	case k.DirectMaxRows == 0:
-		k.DirectMaxRows = DefaultDirectMaxRows
-	case k.DirectMaxRows < 0:
-		k.DirectMaxRows = -1
-	}
+	threshold(&k.BF16MMAMaxRows, DefaultBF16MMAMaxRows)
+	threshold(&k.DirectHalfBlockRows, DefaultDirectHalfBlockRows)
+	threshold(&k.DirectMaxRows, DefaultDirectMaxRows)
 	return k
 }
 
