@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/dsv4mla/prologue/attention/mla"
@@ -10,23 +11,28 @@ import (
 
 // iteration times a whole decode step: every layer's KV and Q launch, with
 // per-layer inputs, eagerly from Go (one hand-over to the driver thread per
-// layer, as a server calls the engine per layer) and as a CUDA graph.
+// layer, as a server calls the engine per layer) and as a CUDA graph, twice:
+// with the batch's counts in the launch parameters, and reading them from
+// the device header as the engine's captured decode graph does.
 func iteration(d *device, md model, nb, mtp, reps int) (Iteration, error) {
 	s := generationShape(nb, mtp)
-	ls, err := d.setupLayers(md, s, layerSpec{sets: md.Layers, cacheFormat: kvcache.FormatFP8UE8M0})
+	ls, err := d.setupLayers(md, s, layerSpec{sets: md.Layers, cacheFormat: kvcache.FormatFP8UE8M0, padTo: graphBucket(s.Tokens)})
 	if err != nil {
 		return Iteration{}, err
 	}
 	defer d.free(ls)
 	ctx := context.Background()
-	step := func() error {
-		for l := range ls.args {
-			if err := mla.RunLayer(ctx, d.be, ls.launches, &ls.args[l]); err != nil {
-				return err
+	stepWith := func(launches []mla.Launch) func() error {
+		return func() error {
+			for l := range ls.args {
+				if err := mla.RunLayer(ctx, d.be, launches, &ls.args[l]); err != nil {
+					return err
+				}
 			}
+			return nil
 		}
-		return nil
 	}
+	step := stepWith(ls.launches)
 	var issued time.Duration
 	timedStep := func() error {
 		t0 := time.Now()
@@ -47,23 +53,38 @@ func iteration(d *device, md model, nb, mtp, reps int) (Iteration, error) {
 			issue = append(issue, float64(issued.Nanoseconds())/1e3)
 		}
 	}
-	g, err := d.be.Capture(step)
+	graph, err := d.replayGraph(step, reps)
 	if err != nil {
 		return Iteration{}, err
 	}
-	defer g.Close()
-	var graph []float64
-	for i := range reps + 3 {
-		t, err := d.be.Time(ctx, g.Launch)
-		if err != nil {
-			return Iteration{}, err
-		}
-		if i >= 3 {
-			graph = append(graph, float64(t.Nanoseconds())/1e3)
-		}
+	header, err := d.replayGraph(stepWith(mla.FromHeader(ls.launches)), reps)
+	if err != nil {
+		return Iteration{}, err
 	}
-	it := Iteration{Model: md.Name, Batch: nb, MTP: mtp, Layers: len(ls.args), EagerUs: median(eager), GraphUs: median(graph), HostUs: median(host),
-		IssueUs: median(issue)}
+	it := Iteration{Model: md.Name, Batch: nb, MTP: mtp, Layers: len(ls.args), EagerUs: median(eager), GraphUs: graph,
+		HeaderGraphUs: header, HostUs: median(host), IssueUs: median(issue)}
 	it.Speedup = safeDiv(it.EagerUs, it.GraphUs)
 	return it, nil
+}
+
+// replayGraph captures step and returns the median device time of reps
+// replays (after three warm-up ones), back to back as a decode loop
+// replays them: no L2 flush between.
+func (d *device) replayGraph(step func() error, reps int) (_ float64, err error) {
+	g, err := d.be.Capture(step)
+	if err != nil {
+		return 0, err
+	}
+	defer func() { err = errors.Join(err, g.Close()) }()
+	var times []float64
+	for i := range reps + 3 {
+		t, err := d.be.Time(context.Background(), g.Launch)
+		if err != nil {
+			return 0, err
+		}
+		if i >= 3 {
+			times = append(times, float64(t.Nanoseconds())/1e3)
+		}
+	}
+	return median(times), nil
 }

@@ -14,7 +14,7 @@ import (
 // changes.
 
 // variant is one kernel option set of --variant / --variants, written as
-// space-separated words: warps=N kvd=N qd=N bpsm=N maxblocks=N (the
+// space-separated words: warps=N kvd=N qd=N qchunk=N bpsm=N maxblocks=N (the
 // streaming pipeline), direct=N dmin=N dwarps=N dhalf=N qrows=N dminb=N nodirect (the
 // direct path: its largest and smallest launch in Q rows, warps a block, the
 // largest launch in Q rows with whole blocks (larger: half), Q rows a warp,
@@ -23,6 +23,7 @@ import (
 type variant struct {
 	Name                    string // the text it was parsed from
 	Warps, KVDepth, QDepth  int
+	QChunk                  int
 	BlocksPerSM, MaxBlocks  int
 	DirectMaxRows           int
 	DirectMinRows           int
@@ -44,6 +45,8 @@ func (v *variant) field(key string) (*int, *bool) {
 		return &v.KVDepth, nil
 	case "qd":
 		return &v.QDepth, nil
+	case "qchunk":
+		return &v.QChunk, nil
 	case "bpsm":
 		return &v.BlocksPerSM, nil
 	case "maxblocks":
@@ -104,7 +107,7 @@ func parseVariant(text string) (variant, error) {
 			*sw = true
 			continue
 		}
-		return variant{}, fmt.Errorf("variant %q: unknown option %q (known: warps=N kvd=N qd=N bpsm=N maxblocks=N direct=N dmin=N dwarps=N dhalf=N qrows=N dminb=N nodirect nopdl separate)", text, key)
+		return variant{}, fmt.Errorf("variant %q: unknown option %q (known: warps=N kvd=N qd=N qchunk=N bpsm=N maxblocks=N direct=N dmin=N dwarps=N dhalf=N qrows=N dminb=N nodirect nopdl separate)", text, key)
 	}
 	return v, nil
 }
@@ -140,6 +143,7 @@ func (v variant) options(verbose bool) (cuda.Options, cudatune.Knobs) {
 		Warps:               v.Warps,
 		KVDepth:             v.KVDepth,
 		QDepth:              v.QDepth,
+		QChunk:              v.QChunk,
 		BlocksPerSM:         v.BlocksPerSM,
 		MaxBlocks:           v.MaxBlocks,
 		DirectMaxRows:       direct,

@@ -19,7 +19,7 @@ func TestParseVariant(t *testing.T) {
 		{"", variant{}, ""},
 		{"  ", variant{}, ""},
 		{"warps=4 kvd=8", variant{Name: "warps=4 kvd=8", Warps: 4, KVDepth: 8}, ""},
-		{"qd=6 bpsm=8 maxblocks=3", variant{Name: "qd=6 bpsm=8 maxblocks=3", QDepth: 6, BlocksPerSM: 8, MaxBlocks: 3}, ""},
+		{"qd=6 qchunk=4 bpsm=8 maxblocks=3", variant{Name: "qd=6 qchunk=4 bpsm=8 maxblocks=3", QDepth: 6, QChunk: 4, BlocksPerSM: 8, MaxBlocks: 3}, ""},
 		{"nopdl separate", variant{Name: "nopdl separate", NoPDL: true, SeparateLaunches: true}, ""},
 		{"direct=8192 dwarps=2 dhalf=64 qrows=4 dminb=10", variant{Name: "direct=8192 dwarps=2 dhalf=64 qrows=4 dminb=10", DirectMaxRows: 8192, DirectWarps: 2,
 			DirectHalfBlockRows: 64, DirectQRows: 4, DirectMinBlocks: 10}, ""},

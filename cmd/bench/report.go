@@ -34,7 +34,10 @@ type Iteration struct {
 	Layers  int     `json:"layers"`
 	EagerUs float64 `json:"eager_us"`
 	GraphUs float64 `json:"graph_us"`
-	Speedup float64 `json:"graph_speedup"`
+	// HeaderGraphUs is the graph of launches that read the batch's counts
+	// from the device header (mla.FromHeader): the engine's decode graph.
+	HeaderGraphUs float64 `json:"header_graph_us"`
+	Speedup       float64 `json:"graph_speedup"`
 	// HostUs is the eager iteration's wall time on the host: the events,
 	// the launches and the wait for the device, so never below EagerUs.
 	HostUs float64 `json:"eager_host_us"`

@@ -7,10 +7,10 @@ import (
 )
 
 func TestDefaults(t *testing.T) {
-	require.Equal(t, Knobs{Warps: 8, KVDepth: 4, QDepth: 4, BlocksPerSM: DefaultBlocksPerSM,
+	require.Equal(t, Knobs{Warps: 8, KVDepth: 4, QDepth: 4, QChunk: DefaultQChunk, BlocksPerSM: DefaultBlocksPerSM,
 		DirectMaxRows: DefaultDirectMaxRows, DirectMinRows: DefaultDirectMinRows, DirectWarps: 4, DirectHalfBlockRows: DefaultDirectHalfBlockRows, DirectQRows: 2, DirectMinBlocks: 1,
 		BF16MMAMaxRows: DefaultBF16MMAMaxRows}, Knobs{}.Defaults())
-	set := Knobs{Warps: 3, KVDepth: 1, QDepth: 5, BlocksPerSM: 2, MaxBlocks: 1, DirectMaxRows: 7, DirectMinRows: 2, DirectWarps: 2, DirectHalfBlockRows: 5,
+	set := Knobs{Warps: 3, KVDepth: 1, QDepth: 5, QChunk: 3, BlocksPerSM: 2, MaxBlocks: 1, DirectMaxRows: 7, DirectMinRows: 2, DirectWarps: 2, DirectHalfBlockRows: 5,
 		DirectQRows: 3, DirectMinBlocks: 6, BF16MMAMaxRows: 9, SeparateLaunches: true, Verbose: true}
 	require.Equal(t, set, set.Defaults(), "set fields stay")
 	require.Equal(t, 8, Knobs{Warps: -1}.Defaults().Warps)

@@ -255,8 +255,10 @@ template <int FMT, bool NOPE_ONLY = false>
 __device__ __forceinline__ void kv_store(const Params& p, u8* page, int off, const float y[16], int lane) {
     u8* row = kv_row<FMT>(page, off);
     if (FMT == FMT_FP8_UE8M0) {
-        ue8m0_store_nope(row, ue8m0_scales(p, page, off), y, lane);
-        if (!NOPE_ONLY && lane >= 28) st_bf16x16(row + UE8M0_ROPE_OFFSET + (lane - 28) * 32, y);
+        if (NOPE_ONLY)
+            ue8m0_store_nope(row, ue8m0_scales(p, page, off), y, lane);
+        else
+            ue8m0_store(row, ue8m0_scales(p, page, off), y, lane);
     } else if (!NOPE_ONLY || lane < NOPE_DIM / 16) {
         if (FMT == FMT_BF16)
             st_bf16x16(row + lane * 32, y);
@@ -404,7 +406,12 @@ __device__ __forceinline__ void load_weight(float w[16], const float* weight, in
 }
 
 // ---- The streaming pipeline -------------------------------------------------
-// Each warp owns a contiguous range of rows and keeps DEPTH of them in flight:
+// Each KV warp owns a contiguous range of rows. Q warps take chunks of
+// Q_CHUNK consecutive rows in turn (warp w of W the chunks w, w+W, ...), so
+// that the rows in flight across the grid at any moment lie close together
+// in memory, as a copy's do (2 to 5 points more of the copy's bandwidth at
+// 16K and 64K context tokens than contiguous ranges: cudatune.DefaultQChunk).
+// Each warp keeps DEPTH rows in flight:
 // cp.async copies row i+DEPTH into shared memory while row i is computed, so
 // the loads never wait for the arithmetic. Each lane copies its own 32 bytes
 // of a row and waits for them with its own cp.async.wait_group; a KV lane
@@ -420,6 +427,11 @@ __device__ __forceinline__ void load_weight(float w[16], const float* weight, in
 #endif
 #ifndef Q_DEPTH
 #define Q_DEPTH 4
+#endif
+// The run of consecutive (token, head) rows a Q warp takes before the
+// grid's other warps take theirs (cudatune.Knobs.QChunk).
+#ifndef Q_CHUNK
+#define Q_CHUNK 8
 #endif
 
 __device__ __forceinline__ u32 smem_u32(const void* p) { return (u32)__cvta_generic_to_shared(p); }
@@ -596,12 +608,17 @@ __device__ __forceinline__ void q_pipeline(const Params& p0, u8* ring, int blk, 
     const int es = BF16OUT ? 2 : 1;
     const Params p = with_header(p0);  // metadata: before the wait
     pdl_wait();
-    int begin, end;
-    warp_range(p.rows * p.heads, blk, nblk, begin, end);
+    const int n = p.rows * p.heads;
+    const int gw = blk * PIPE_WARPS + wib, nw = nblk * PIPE_WARPS;
+    const int sh = (p.heads & (p.heads - 1)) == 0 ? __ffs(p.heads) - 1 : -1;
+    // The warp's k-th row: chunks of Q_CHUNK consecutive rows dealt round
+    // robin to the grid's warps.
+    auto row_of = [&](int k) { return (gw + (k / Q_CHUNK) * nw) * Q_CHUNK + k % Q_CHUNK; };
     const size_t row0 = (size_t)p.row_begin * p.heads;
     const u32 base = smem_u32(ring + wib * Q_DEPTH * 1024);
-    auto issue = [&](int i, int d) {
-        if (i < end) {
+    auto issue = [&](int k, int d) {
+        const int i = row_of(k);
+        if (i < n) {
             const u8* src = p.in + (row0 + i) * 1024 + lane * 32;
             const u32 dst = base + d * 1024 + lane * 32;
             cp16(dst, src);
@@ -610,18 +627,17 @@ __device__ __forceinline__ void q_pipeline(const Params& p0, u8* ring, int blk, 
         cp_commit();
     };
 #pragma unroll
-    for (int d = 0; d < Q_DEPTH; d++) issue(begin + d, d);
+    for (int d = 0; d < Q_DEPTH; d++) issue(d, d);
     pdl_trigger();
     int tok = -1;
     bool live = false;
     float2 cs = make_float2(0.f, 0.f);
-    int h = 0, t = 0;
-    if (begin < end) { t = begin / p.heads; h = begin - t * p.heads; }
-    for (int row = begin; row < end; row += Q_DEPTH) {
+    for (int k0 = 0; row_of(k0) < n; k0 += Q_DEPTH) {
 #pragma unroll
         for (int d = 0; d < Q_DEPTH; d++) {
-            const int i = row + d;
-            if (i < end) {
+            const int i = row_of(k0 + d);
+            if (i < n) {
+                const int t = sh >= 0 ? i >> sh : i / p.heads;
                 if (t != tok) {
                     tok = t;
                     int b, pos;
@@ -641,13 +657,12 @@ __device__ __forceinline__ void q_pipeline(const Params& p0, u8* ring, int blk, 
                     tail = *reinterpret_cast<const u32*>(ring + (wib * Q_DEPTH + d) * 1024 + 2 * NOPE_DIM + 4 * lane);
                 }
                 __syncwarp();
-                issue(i + Q_DEPTH, d);
+                issue(k0 + d + Q_DEPTH, d);
                 u8* dst = p.out + (row0 + i) * 512 * es;
                 if (!live)
                     q_zero<QFMT>(dst + lane * 16 * es);
                 else
                     q_row_spread<QFMT, UNIT>(p, dst, va, vb, tail, cs, lane);
-                if (++h == p.heads) { h = 0; t++; }
             }
         }
     }

@@ -100,6 +100,9 @@ func NewTuned(opts Options, k cudatune.Knobs) (*Backend, error) {
 		return nil, fmt.Errorf("cuda: Knobs.Warps = %d with KVDepth = %d and QDepth = %d exceeds 48 KiB of shared memory a block (warps x depth x 1280 or 1024 bytes)",
 			k.Warps, k.KVDepth, k.QDepth)
 	}
+	if k.QChunk > 1<<10 {
+		return nil, fmt.Errorf("cuda: Knobs.QChunk = %d exceeds %d rows", k.QChunk, 1<<10)
+	}
 	if k.DirectWarps > 32 {
 		return nil, fmt.Errorf("cuda: Knobs.DirectWarps = %d exceeds 32 warps a block", k.DirectWarps)
 	}
@@ -134,6 +137,7 @@ func (b *Backend) compileOptions() driver.CompileOptions {
 			"PIPE_WARPS":        strconv.Itoa(b.knobs.Warps),
 			"KV_DEPTH":          strconv.Itoa(b.knobs.KVDepth),
 			"Q_DEPTH":           strconv.Itoa(b.knobs.QDepth),
+			"Q_CHUNK":           strconv.Itoa(b.knobs.QChunk),
 			"DIRECT_WARPS":      strconv.Itoa(b.knobs.DirectWarps),
 			"DIRECT_QROWS":      strconv.Itoa(b.knobs.DirectQRows),
 			"DIRECT_MIN_BLOCKS": strconv.Itoa(b.knobs.DirectMinBlocks),

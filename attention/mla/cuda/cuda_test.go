@@ -48,7 +48,8 @@ func TestCUDAConformance(t *testing.T) {
 // TestCUDAConformanceVariants runs the suite on other launch shapes. The
 // default backend puts every launch of the suite on the direct path; the
 // streaming pipeline runs with the direct path off: warps that stream long
-// ranges through their rings (odd warp counts and depths), one row in
+// ranges through their rings (odd warp counts, depths and Q chunks, a chunk
+// shorter than the depth and one longer than a warp's share), one row in
 // flight, its default shape, as separate KV and Q launches. The direct
 // path runs without programmatic dependent launch, as separate launches and
 // with odd block shapes, and two thresholds put the suite's launches on both
@@ -62,9 +63,9 @@ func TestCUDAConformanceVariants(t *testing.T) {
 		knobs cudatune.Knobs
 	}{
 		// One small block: every warp streams a long range through its ring.
-		"one-block":          {knobs: cudatune.Knobs{Warps: 3, KVDepth: 3, QDepth: 5, MaxBlocks: 1, DirectMaxRows: off}},
-		"depth1":             {knobs: cudatune.Knobs{Warps: 1, KVDepth: 1, QDepth: 1, MaxBlocks: 2, DirectMaxRows: off}},
-		"wide":               {knobs: cudatune.Knobs{Warps: 4, KVDepth: 8, QDepth: 8, DirectMaxRows: off}},
+		"one-block":          {knobs: cudatune.Knobs{Warps: 3, KVDepth: 3, QDepth: 5, QChunk: 3, MaxBlocks: 1, DirectMaxRows: off}},
+		"depth1":             {knobs: cudatune.Knobs{Warps: 1, KVDepth: 1, QDepth: 1, QChunk: 5, MaxBlocks: 2, DirectMaxRows: off}},
+		"wide":               {knobs: cudatune.Knobs{Warps: 4, KVDepth: 8, QDepth: 8, QChunk: 1000, DirectMaxRows: off}},
 		"streaming":          {knobs: cudatune.Knobs{DirectMaxRows: off}},
 		"streaming-separate": {knobs: cudatune.Knobs{SeparateLaunches: true, DirectMaxRows: off}},
 		// The direct path with its minimum named (DirectMinRows 1), so these
@@ -142,6 +143,34 @@ func sweep(t *testing.T, b *cuda.Backend, kernel string, out mla.Buffer, base ui
 	return b.Context().Launch(sweeps[kernel], grid, driver.Dim3{256, 1, 1}, 0, b.Stream(), out.(*cuda.Buffer).Ptr(), base, uint32(n))
 }
 
+// everyFloat32 checks a GPU conversion on all 2^32 float32 bit patterns,
+// a chunk at a time: produce(base) runs the kernels over the chunk's
+// patterns base, base+1, ... and reads their outputs back, then check(i,
+// bits) compares the chunk's pattern i with the Go reference on every CPU.
+// It reports the first three differences and returns how many patterns
+// differed.
+func everyFloat32(t *testing.T, chunk int, produce func(base uint32), check func(i int, bits uint32) error) int64 {
+	t.Helper()
+	var diffs atomic.Int64
+	workers := runtime.GOMAXPROCS(0)
+	for c := uint64(0); c < 1<<32; c += uint64(chunk) {
+		base := uint32(c)
+		produce(base)
+		var wg sync.WaitGroup
+		for w := range workers {
+			wg.Go(func() {
+				for i := w; i < chunk; i += workers {
+					if err := check(i, base+uint32(i)); err != nil && diffs.Add(1) <= 3 {
+						t.Error(err)
+					}
+				}
+			})
+		}
+		wg.Wait()
+	}
+	return diffs.Load()
+}
+
 // TestCUDAE4M3Exhaustive converts every float32 bit pattern with the
 // hardware instruction and compares it with numerics.E4M3FromF32.
 func TestCUDAE4M3Exhaustive(t *testing.T) {
@@ -154,46 +183,28 @@ func TestCUDAE4M3Exhaustive(t *testing.T) {
 	require.NoError(t, err)
 	defer b.Free(out)
 	host := make([]byte, chunk)
-	diffs := 0
-	negNaN := map[byte]int{}
-	for c := uint64(0); c < 1<<32; c += chunk {
-		base := uint32(c)
+	var negNaN [256]atomic.Int64 // the bytes negative NaN inputs became
+	diffs := everyFloat32(t, chunk, func(base uint32) {
+		require.NoError(t, b.Fill(out, 0, chunk, 0xA5))
 		require.NoError(t, sweep(t, b, "e4m3_sweep", out, base, chunk))
 		require.NoError(t, b.Read(host, out, 0))
-		workers := runtime.GOMAXPROCS(0)
-		var mu sync.Mutex
-		var wg sync.WaitGroup
-		for w := 0; w < workers; w++ {
-			wg.Add(1)
-			go func(w int) {
-				defer wg.Done()
-				local := 0
-				localNaN := map[byte]int{}
-				for i := w; i < chunk; i += workers {
-					bits := base + uint32(i)
-					f := math.Float32frombits(bits)
-					want := numerics.E4M3FromF32(f)
-					if host[i] != want {
-						local++
-						if local <= 3 {
-							t.Errorf("e4m3(%#08x = %g): hardware %#02x, Go %#02x", bits, f, host[i], want)
-						}
-					}
-					if f != f && bits&0x80000000 != 0 {
-						localNaN[host[i]]++
-					}
-				}
-				mu.Lock()
-				diffs += local
-				for k, v := range localNaN {
-					negNaN[k] += v
-				}
-				mu.Unlock()
-			}(w)
+	}, func(i int, bits uint32) error {
+		f := math.Float32frombits(bits)
+		if f != f && bits&0x80000000 != 0 {
+			negNaN[host[i]].Add(1)
 		}
-		wg.Wait()
+		if want := numerics.E4M3FromF32(f); host[i] != want {
+			return fmt.Errorf("e4m3(%#08x = %g): hardware %#02x, Go %#02x", bits, f, host[i], want)
+		}
+		return nil
+	})
+	became := map[byte]int64{}
+	for v := range negNaN {
+		if n := negNaN[v].Load(); n > 0 {
+			became[byte(v)] = n
+		}
 	}
-	t.Logf("2^32 inputs, %d differences; negative NaN inputs became %v", diffs, negNaN)
+	t.Logf("2^32 inputs, %d differences; negative NaN inputs became %v", diffs, became)
 	require.Zero(t, diffs)
 }
 
@@ -209,32 +220,19 @@ func TestCUDABF16Exhaustive(t *testing.T) {
 	require.NoError(t, err)
 	defer b.Free(out)
 	host := make([]byte, 2*chunk)
-	var diffs atomic.Int64
-	for c := uint64(0); c < 1<<32; c += chunk {
-		base := uint32(c)
+	diffs := everyFloat32(t, chunk, func(base uint32) {
+		require.NoError(t, b.Fill(out, 0, 2*chunk, 0xA5))
 		require.NoError(t, sweep(t, b, "bf16_sweep", out, base, chunk))
 		require.NoError(t, b.Read(host, out, 0))
-		var wg sync.WaitGroup
-		workers := runtime.GOMAXPROCS(0)
-		for w := 0; w < workers; w++ {
-			wg.Add(1)
-			go func(w int) {
-				defer wg.Done()
-				for i := w; i < chunk; i += workers {
-					bits := base + uint32(i)
-					got := uint16(host[2*i]) | uint16(host[2*i+1])<<8
-					if want := numerics.BF16FromF32(math.Float32frombits(bits)); got != want {
-						if diffs.Add(1) <= 3 {
-							t.Errorf("bf16(%#08x): GPU %#04x, Go %#04x", bits, got, want)
-						}
-					}
-				}
-			}(w)
+	}, func(i int, bits uint32) error {
+		got := uint16(host[2*i]) | uint16(host[2*i+1])<<8
+		if want := numerics.BF16FromF32(math.Float32frombits(bits)); got != want {
+			return fmt.Errorf("bf16(%#08x): GPU %#04x, Go %#04x", bits, got, want)
 		}
-		wg.Wait()
-	}
-	t.Logf("2^32 inputs, %d differences", diffs.Load())
-	require.Zero(t, diffs.Load())
+		return nil
+	})
+	t.Logf("2^32 inputs, %d differences", diffs)
+	require.Zero(t, diffs)
 }
 
 func TestCUDAAvailableOrSkip(t *testing.T) {

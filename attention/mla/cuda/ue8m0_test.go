@@ -3,9 +3,9 @@ package cuda_test
 import (
 	"bytes"
 	_ "embed"
+	"errors"
+	"fmt"
 	"math"
-	"runtime"
-	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -58,32 +58,25 @@ func TestCUDAUE8M0ExponentExhaustive(t *testing.T) {
 	grid := driver.Dim3{uint32(b.Props().SMCount * 8), 1, 1}
 
 	diffs := make([]atomic.Int64, len(modules))
-	for c := uint64(0); c < 1<<32; c += chunk {
-		base := uint32(c)
+	everyFloat32(t, chunk, func(base uint32) {
 		for m := range modules {
 			require.NoError(t, b.Fill(out, 0, chunk, 0xFF))
 			require.NoError(t, b.Context().Launch(fns[m], grid, driver.Dim3{256, 1, 1}, 0, b.Stream(),
 				out.(*cuda.Buffer).Ptr(), base, uint32(chunk)))
 			require.NoError(t, b.Read(hosts[m], out, 0))
 		}
-		var wg sync.WaitGroup
-		workers := runtime.GOMAXPROCS(0)
-		for w := range workers {
-			wg.Go(func() {
-				for i := w; i < chunk; i += workers {
-					bits := base + uint32(i)
-					want, _ := numerics.UE8M0(math.Float32frombits(bits))
-					for m, host := range hosts {
-						if host[i] != want && diffs[m].Add(1) <= 3 {
-							t.Errorf("%s: ue8m0_exp(%#08x = %g) = %d, UE8M0's exponent %d",
-								modules[m].name, bits, math.Float32frombits(bits), host[i], want)
-						}
-					}
-				}
-			})
+	}, func(i int, bits uint32) error {
+		want, _ := numerics.UE8M0(math.Float32frombits(bits))
+		var errs []error
+		for m, host := range hosts {
+			if host[i] != want {
+				diffs[m].Add(1)
+				errs = append(errs, fmt.Errorf("%s: ue8m0_exp(%#08x = %g) = %d, UE8M0's exponent %d",
+					modules[m].name, bits, math.Float32frombits(bits), host[i], want))
+			}
 		}
-		wg.Wait()
-	}
+		return errors.Join(errs...)
+	})
 	for m, mod := range modules {
 		t.Logf("%s: 2^32 inputs, %d differences", mod.name, diffs[m].Load())
 		require.Zero(t, diffs[m].Load(), mod.name)
