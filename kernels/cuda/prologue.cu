@@ -598,6 +598,35 @@ KV_KERNEL(kv_bf16, FMT_BF16)
 KV_KERNEL(kv_fp8_pertensor, FMT_FP8_PERTENSOR)
 #endif
 
+// A Q warp's context rows resolved with their last sequence's token range
+// cached in registers: a warp's chunks ascend, and consecutive chunks
+// mostly fall in one sequence, so a token costs no metadata load until the
+// sequence changes (then warp_find_seq, as resolve). The same position as
+// resolve: cu_q ascends, so a token in [cu_q[b], cu_q[b+1]) has b as the
+// last sequence starting at or before it, and the last sequence's range
+// has no end. Generation rows take resolve.
+struct QCtxState {
+    int lo, next;  // tokens [lo, next) are one sequence (empty before the first)
+    int base;      // its pos = t + base
+};
+
+__device__ __forceinline__ bool q_resolve(const Params& p, QCtxState& st, int local, int& pos) {
+    if (p.seq_len != 0) {
+        int b;
+        return resolve(p, local, b, pos);
+    }
+    if (local >= p.valid_rows) return false;
+    const int t = p.row_begin + local;
+    if (t < st.lo || t >= st.next) {
+        const int b = warp_find_seq(p, t);
+        st.lo = __ldg(p.cu_q + b);
+        st.next = b + 1 < p.seq_begin + p.num_seqs ? __ldg(p.cu_q + b + 1) : 0x7fffffff;
+        st.base = __ldg(p.cached + b) - st.lo;
+    }
+    pos = t + st.base;
+    return pos >= 0 && pos < p.rope_positions;
+}
+
 // Q: the work rows are (token, head) pairs of the launch; a token's position
 // and RoPE row are resolved once when the warp reaches its first head.
 template <int QFMT, bool UNIT>
@@ -632,6 +661,7 @@ __device__ __forceinline__ void q_pipeline(const Params& p0, u8* ring, int blk, 
     int tok = -1;
     bool live = false;
     float2 cs = make_float2(0.f, 0.f);
+    QCtxState st{0x7fffffff, -0x7fffffff - 1, 0};
     for (int k0 = 0; row_of(k0) < n; k0 += Q_DEPTH) {
 #pragma unroll
         for (int d = 0; d < Q_DEPTH; d++) {
@@ -640,8 +670,8 @@ __device__ __forceinline__ void q_pipeline(const Params& p0, u8* ring, int blk, 
                 const int t = sh >= 0 ? i >> sh : i / p.heads;
                 if (t != tok) {
                     tok = t;
-                    int b, pos;
-                    live = resolve(p, t, b, pos);
+                    int pos;
+                    live = q_resolve(p, st, t, pos);
                     if (live) cs = load_rope_pair(p.rope, pos, lane);
                 }
                 cp_wait<Q_DEPTH - 1>();
