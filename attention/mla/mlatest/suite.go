@@ -130,11 +130,11 @@ var headerCounts = []struct {
 }{
 	// Deliberately wrong counts.
 	{"header", func(l *mla.Launch) { l.ValidRows, l.NumSeqs, l.SeqLen = 0, 0, 1 }},
-	// A captured batch that filled its bucket, of the same query length:
-	// the kernels may load kv_len ahead of the header by its counts.
+	// The counts of a captured batch that filled its bucket: a kernel that
+	// took its valid rows from the launch would turn padding into tokens.
 	{"header-full", func(l *mla.Launch) { l.ValidRows = l.Rows }},
-	// A captured batch of another query length: such a guess must not be
-	// used.
+	// The counts of a captured batch of another query length: a kernel
+	// that split rows into sequences by the launch's would misplace them.
 	{"header-seqlen", func(l *mla.Launch) { l.SeqLen++ }},
 }
 
