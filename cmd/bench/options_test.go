@@ -73,11 +73,11 @@ func TestParseVariants(t *testing.T) {
 }
 
 func TestVariantOptions(t *testing.T) {
-	v := variant{Warps: 3, KVDepth: 5, QDepth: 7, BlocksPerSM: 2, MaxBlocks: 11, DirectMaxRows: 99, DirectWarps: 2,
+	v := variant{Warps: 3, KVDepth: 5, QDepth: 7, QChunk: 4, BlocksPerSM: 2, MaxBlocks: 11, DirectMaxRows: 99, DirectWarps: 2,
 		DirectHalfBlockRows: 17, DirectQRows: 3, DirectMinBlocks: 6, NoPDL: true, SeparateLaunches: true}
 	opts, knobs := v.options(true)
 	assert.Equal(t, cuda.Options{NoPDL: true}, opts)
-	assert.Equal(t, cudatune.Knobs{Warps: 3, KVDepth: 5, QDepth: 7, BlocksPerSM: 2, MaxBlocks: 11,
+	assert.Equal(t, cudatune.Knobs{Warps: 3, KVDepth: 5, QDepth: 7, QChunk: 4, BlocksPerSM: 2, MaxBlocks: 11,
 		DirectMaxRows: 99, DirectWarps: 2, DirectHalfBlockRows: 17, DirectQRows: 3, DirectMinBlocks: 6, SeparateLaunches: true, Verbose: true}, knobs)
 	_, knobs = variant{DirectMaxRows: 99, NoDirect: true}.options(false)
 	assert.Equal(t, -1, knobs.DirectMaxRows, "nodirect turns the direct path off")

@@ -54,11 +54,12 @@ const DefaultBlocksPerSM = 2
 // DefaultQChunk is the streaming Q pipeline's chunk. The grid's warps take
 // chunks of 8 consecutive rows in turn, so the rows in flight at once lie
 // close together in memory, as a copy's do. Cold single launches, FP8 Q,
-// % of the copy bandwidth at 16K / 64K context tokens (H200, 2026-12-01):
-// V4-Flash 95.2-95.6 / 96.4-96.6 against 91.0 / 94.5 with a contiguous
-// range a warp, V4-Pro 96.5-96.9 / 96.4 against 93.3 / 94.7. Chunks of 16
-// read 93.4-95.9, of 4 84.6-94.3 and of 2 79.4-85.6 (more token
-// resolutions), of 64 about the contiguous ranges.
+// % of the copy bandwidth at 16K / 64K context tokens (H200, 2026-12-01,
+// A/B in one call, two rounds): V4-Flash 95.5-95.9 / 96.7 against
+// 91.2-91.3 / 94.4-94.5 with a contiguous range a warp, V4-Pro 97.0 /
+// 96.7-97.0 against 93.3-93.4 / 94.7-94.8. Chunks of 16 read 93.4-95.9, of
+// 4 84.6-94.3 and of 2 79.4-85.6 (more token resolutions), of 64 about the
+// contiguous ranges.
 const DefaultQChunk = 8
 
 // DefaultBF16MMAMaxRows is the largest projection GEMM (the KV
