@@ -75,6 +75,13 @@ enum {
     CSTEP_STORE_ROWS  = 8,   // kept rows a compress_step store block writes at a time
 };
 
+// Streaming pipeline shared memory (StreamingSharedBytes).
+enum {
+    KV_SLOT_BYTES = 1280, // a KV warp's ring slot: the latent row, then its RoPE row
+    Q_SLOT_BYTES  = 1024, // a Q warp's ring slot: one (token, head) row
+    Q_STAGE_BYTES = 1024, // a Q warp's staging region for a bf16 output row
+};
+
 // Row dimensions (numerics).
 enum {
     HEAD_DIM   = 512, // values per latent or per-head Q row

@@ -22,6 +22,22 @@
 static_assert(HEAD_DIM == 32 * 16 && NOPE_DIM == 28 * 16 && ROPE_DIM == 4 * 16 && GROUP_SIZE == 4 * 16,
               "the warp-per-row mapping needs 512 = 448 + 64 values and 64-value groups");
 
+// log2(n) when n is a power of two, else -1: the index splits below take a
+// shift and a mask for the models' power-of-two head counts and query
+// lengths, and one division otherwise.
+__device__ __forceinline__ int pow2_log2(int n) { return (n & (n - 1)) == 0 ? __ffs(n) - 1 : -1; }
+
+// i = q*n + r, 0 <= r < n; log2n is pow2_log2(n).
+__device__ __forceinline__ void split_index(int i, int n, int log2n, int& q, int& r) {
+    if (log2n >= 0) {
+        q = i >> log2n;
+        r = i & (n - 1);
+    } else {
+        q = i / n;
+        r = i - q * n;
+    }
+}
+
 // A launch captured in a CUDA graph serves every generation batch of its
 // padded size: the batch's own counts come from the metadata header, which
 // each iteration rewrites at the same address.
@@ -31,7 +47,7 @@ __device__ __forceinline__ Params with_header(const Params& p0) {
         p.num_seqs = __ldg(p.hdr + HDR_NUM_GEN);
         p.valid_rows = __ldg(p.hdr + HDR_GEN_TOKENS);
         p.seq_len = max(__ldg(p.hdr + HDR_GEN_SEQ_LEN), 1);
-        p.seq_len_log2 = (p.seq_len & (p.seq_len - 1)) == 0 ? __ffs(p.seq_len) - 1 : -1;
+        p.seq_len_log2 = pow2_log2(p.seq_len);
     }
     return p;
 }
@@ -147,6 +163,15 @@ __device__ __forceinline__ int warp_find_seq(const Params& p, int t) {
     return lo;
 }
 
+// Sequence b's tokens [lo, next), batch token indices as cu_q's (next: no
+// end for the launch's last sequence), and base: token t's position is
+// t + base. The streaming KV and Q pipelines keep these in registers.
+__device__ __forceinline__ void seq_span(const Params& p, int b, int& lo, int& next, int& base) {
+    lo = __ldg(p.cu_q + b);
+    next = b + 1 < p.seq_begin + p.num_seqs ? __ldg(p.cu_q + b + 1) : 0x7fffffff;
+    base = __ldg(p.cached + b) - lo;
+}
+
 // Resolve a launch-local row to (batch index, position); false for padding.
 // All lanes of the warp call it with the same row.
 __device__ __forceinline__ bool resolve(const Params& p, int local, int& b, int& pos) {
@@ -157,8 +182,7 @@ __device__ __forceinline__ bool resolve(const Params& p, int local, int& b, int&
         pos = t - __ldg(p.cu_q + b) + __ldg(p.cached + b);
     } else {
         int g, r;
-        if (p.seq_len_log2 >= 0) { g = local >> p.seq_len_log2; r = local & (p.seq_len - 1); }
-        else { g = local / p.seq_len; r = local - g * p.seq_len; }
+        split_index(local, p.seq_len, p.seq_len_log2, g, r);
         b = p.seq_begin + g;
         pos = __ldg(p.kv_len + b) - p.seq_len + r;
     }
@@ -370,8 +394,18 @@ __device__ __forceinline__ void q_zero(u8* dst) {
 // then rope_pair. Lanes 28..31 still give their 16 values' squares to the
 // norm but store nothing of their own; every lane stores its pair. dst is
 // the row's first byte; UNIT: q_scale is 1 (see scaled).
-template <int QFMT, bool UNIT>
-__device__ __forceinline__ void q_row_spread(const Params& p, u8* dst, uint4 va, uint4 vb, u32 tail, float2 cs, int lane) {
+//
+// STAGED (bf16 rows of the streaming pipeline): the row goes through the
+// warp's Q_STAGE_BYTES of shared memory at stage, and leaves it in two
+// 16-byte stores a lane, each instruction writing 512 contiguous bytes;
+// stored straight from the lanes, each of a lane's two 16-byte stores would
+// write half of every 32-byte sector of 896 bytes (3-4 points of the copy
+// bandwidth at 16K-64K context tokens: BENCHMARKS.md). The stage must not
+// be in use by another row of the warp; it is free again on return.
+template <int QFMT, bool UNIT, bool STAGED = false>
+__device__ __forceinline__ void q_row_spread(const Params& p, u8* dst, uint4 va, uint4 vb, u32 tail, float2 cs, int lane,
+                                             u8* stage = nullptr) {
+    static_assert(!STAGED || QFMT == QFMT_BF16, "only bf16 rows are staged");
     float x[16];
     unpack16(va, vb, x);
     const float r = warp_rms_inv(x, p.eps);
@@ -383,12 +417,23 @@ __device__ __forceinline__ void q_row_spread(const Params& p, u8* dst, uint4 va,
             x[2 * k] = a;
             x[2 * k + 1] = c;
         }
-        q_store<QFMT, UNIT>(p, dst + lane * 16 * (QFMT == QFMT_BF16 ? 2 : 1), x);
+        if (STAGED)
+            st_bf16x16(stage + lane * 32, x);
+        else
+            q_store<QFMT, UNIT>(p, dst + lane * 16 * (QFMT == QFMT_BF16 ? 2 : 1), x);
     }
     float a = __fmul_rn(bf16_to_f32(tail & 0xffffu), r), c = __fmul_rn(bf16_to_f32(tail >> 16), r);
     round2(a, c);
     rope_pair(a, c, cs.x, cs.y);
-    if (QFMT == QFMT_BF16) {
+    if (STAGED) {
+        reinterpret_cast<u32*>(stage + 2 * NOPE_DIM)[lane] = pack2(a, c);
+        __syncwarp();  // the row is in the stage: every lane reads other lanes' bytes
+        const uint4 lo = *reinterpret_cast<const uint4*>(stage + 16 * lane);
+        const uint4 hi = *reinterpret_cast<const uint4*>(stage + Q_STAGE_BYTES / 2 + 16 * lane);
+        __syncwarp();  // every lane has read the stage: the next row may write it
+        st_u4(dst + 16 * lane, lo);
+        st_u4(dst + Q_STAGE_BYTES / 2 + 16 * lane, hi);
+    } else if (QFMT == QFMT_BF16) {
         reinterpret_cast<u32*>(dst + 2 * NOPE_DIM)[lane] = pack2(a, c);
     } else {
         reinterpret_cast<u16*>(dst + NOPE_DIM)[lane] = (u16)e4m3x2(scaled<UNIT>(c, p.scale), scaled<UNIT>(a, p.scale));
@@ -418,6 +463,8 @@ __device__ __forceinline__ void load_weight(float w[16], const float* weight, in
 // reads only those, a Q lane also the RoPE tail word lanes 28..31 copied,
 // after a __syncwarp. Slot indices are compile-time constants
 // (the loop over a ring is unrolled), so per-row metadata stays in registers.
+// A Q warp writing bf16 passes each finished row through its own stage after
+// the rings (q_row_spread's STAGED), so its stores are contiguous.
 
 #ifndef PIPE_WARPS
 #define PIPE_WARPS 8
@@ -480,15 +527,14 @@ __device__ __forceinline__ bool kv_resolve(const Params& p, KVState& st, int loc
                 while (b + 1 < p.seq_begin + p.num_seqs && __ldg(p.cu_q + b + 1) <= t) b++;
             }
             st.b = b;
-            st.next = b + 1 < p.seq_begin + p.num_seqs ? __ldg(p.cu_q + b + 1) : 0x7fffffff;
-            st.base = __ldg(p.cached + b) - __ldg(p.cu_q + b);
+            int lo;
+            seq_span(p, b, lo, st.next, st.base);
             st.lp = -1;
         }
         pos = t + st.base;
     } else {
         int g, r;
-        if (p.seq_len_log2 >= 0) { g = local >> p.seq_len_log2; r = local & (p.seq_len - 1); }
-        else { g = local / p.seq_len; r = local - g * p.seq_len; }
+        split_index(local, p.seq_len, p.seq_len_log2, g, r);
         const int b = p.seq_begin + g;
         if (b != st.b) {
             st.b = b;
@@ -509,10 +555,10 @@ __device__ __forceinline__ bool kv_resolve(const Params& p, KVState& st, int loc
     return true;
 }
 
-#define KV_SLOT 1280  // 1024 bytes of latent row + 256 bytes of its RoPE row
-
-#define KV_RING_BYTES (PIPE_WARPS * KV_DEPTH * KV_SLOT)
-#define Q_RING_BYTES (PIPE_WARPS * Q_DEPTH * 1024)
+// The rings' sizes: abi.StreamingSharedBytes (the host checks them against
+// the 48 KiB of static shared memory a block).
+#define KV_RING_BYTES (PIPE_WARPS * KV_DEPTH * KV_SLOT_BYTES)
+#define Q_RING_BYTES (PIPE_WARPS * (Q_DEPTH * Q_SLOT_BYTES + Q_STAGE_BYTES))
 
 template <int FMT>
 __device__ __forceinline__ void kv_pipeline(const Params& p0, u8* ring, int blk, int nblk) {
@@ -531,7 +577,7 @@ __device__ __forceinline__ void kv_pipeline(const Params& p0, u8* ring, int blk,
     KVState st;
     st.b = -1;
     int page[KV_DEPTH], off[KV_DEPTH];
-    u8* const wring = ring + wib * KV_DEPTH * KV_SLOT;
+    u8* const wring = ring + wib * KV_DEPTH * KV_SLOT_BYTES;
     const u32 base = smem_u32(wring);
     auto issue = [&](int i, int d) {
         int pos;
@@ -540,14 +586,14 @@ __device__ __forceinline__ void kv_pipeline(const Params& p0, u8* ring, int blk,
             // The row's load depends only on its index: start it before the
             // metadata lookups, which then overlap it.
             const u8* src = p.in + (size_t)(p.row_begin + i) * p.in_stride + lane * 32;
-            const u32 dst = base + d * KV_SLOT + lane * 32;
+            const u32 dst = base + d * KV_SLOT_BYTES + lane * 32;
             cp16(dst, src);
             cp16(dst + 16, src + 16);
         }
         if (i < end && kv_resolve(p, st, i, page[d], off[d], pos)) {
             if (lane >= 28) {
                 const float* cs = p.rope + (size_t)pos * 64 + (lane - 28) * 16;
-                const u32 rd = base + d * KV_SLOT + 1024 + (lane - 28) * 64;
+                const u32 rd = base + d * KV_SLOT_BYTES + 2 * HEAD_DIM + (lane - 28) * 64;
 #pragma unroll
                 for (int q = 0; q < 4; q++) cp16(rd + 16 * q, cs + 4 * q);
             }
@@ -565,10 +611,10 @@ __device__ __forceinline__ void kv_pipeline(const Params& p0, u8* ring, int blk,
                 cp_wait<KV_DEPTH - 1>();
                 if (page[d] >= 0) {  // warp-uniform
                     uint4 va, vb;
-                    lds32(base + d * KV_SLOT + lane * 32, va, vb);
+                    lds32(base + d * KV_SLOT_BYTES + lane * 32, va, vb);
                     float cs[16];
                     if (lane >= 28) {
-                        const u8* rp = wring + d * KV_SLOT + 1024 + (lane - 28) * 64;
+                        const u8* rp = wring + d * KV_SLOT_BYTES + 2 * HEAD_DIM + (lane - 28) * 64;
 #pragma unroll
                         for (int q = 0; q < 4; q++) {
                             float4 t = *reinterpret_cast<const float4*>(rp + 16 * q);
@@ -618,10 +664,7 @@ __device__ __forceinline__ bool q_resolve(const Params& p, QCtxState& st, int lo
     if (local >= p.valid_rows) return false;
     const int t = p.row_begin + local;
     if (t < st.lo || t >= st.next) {
-        const int b = warp_find_seq(p, t);
-        st.lo = __ldg(p.cu_q + b);
-        st.next = b + 1 < p.seq_begin + p.num_seqs ? __ldg(p.cu_q + b + 1) : 0x7fffffff;
-        st.base = __ldg(p.cached + b) - st.lo;
+        seq_span(p, warp_find_seq(p, t), st.lo, st.next, st.base);
     }
     pos = t + st.base;
     return pos >= 0 && pos < p.rope_positions;
@@ -639,17 +682,19 @@ __device__ __forceinline__ void q_pipeline(const Params& p0, u8* ring, int blk, 
     pdl_wait();
     const int n = p.rows * p.heads;
     const int gw = blk * PIPE_WARPS + wib, nw = nblk * PIPE_WARPS;
-    const int sh = (p.heads & (p.heads - 1)) == 0 ? __ffs(p.heads) - 1 : -1;
+    const int heads_log2 = pow2_log2(p.heads);
     // The warp's k-th row: chunks of Q_CHUNK consecutive rows dealt round
     // robin to the grid's warps.
     auto row_of = [&](int k) { return (gw + (k / Q_CHUNK) * nw) * Q_CHUNK + k % Q_CHUNK; };
     const size_t row0 = (size_t)p.row_begin * p.heads;
-    const u32 base = smem_u32(ring + wib * Q_DEPTH * 1024);
+    const u32 base = smem_u32(ring + wib * Q_DEPTH * Q_SLOT_BYTES);
+    // The warp's bf16 stage, after every warp's ring.
+    u8* const stage = ring + PIPE_WARPS * Q_DEPTH * Q_SLOT_BYTES + wib * Q_STAGE_BYTES;
     auto issue = [&](int k, int d) {
         const int i = row_of(k);
         if (i < n) {
             const u8* src = p.in + (row0 + i) * 1024 + lane * 32;
-            const u32 dst = base + d * 1024 + lane * 32;
+            const u32 dst = base + d * Q_SLOT_BYTES + lane * 32;
             cp16(dst, src);
             cp16(dst + 16, src + 16);
         }
@@ -667,7 +712,9 @@ __device__ __forceinline__ void q_pipeline(const Params& p0, u8* ring, int blk, 
         for (int d = 0; d < Q_DEPTH; d++) {
             const int i = row_of(k0 + d);
             if (i < n) {
-                const int t = sh >= 0 ? i >> sh : i / p.heads;
+                int t, h;
+                split_index(i, p.heads, heads_log2, t, h);
+                (void)h;
                 if (t != tok) {
                     tok = t;
                     int pos;
@@ -683,8 +730,8 @@ __device__ __forceinline__ void q_pipeline(const Params& p0, u8* ring, int blk, 
                 uint4 va, vb;
                 u32 tail = 0;
                 if (live) {
-                    lds32(base + d * 1024 + lane * 32, va, vb);
-                    tail = *reinterpret_cast<const u32*>(ring + (wib * Q_DEPTH + d) * 1024 + 2 * NOPE_DIM + 4 * lane);
+                    lds32(base + d * Q_SLOT_BYTES + lane * 32, va, vb);
+                    tail = *reinterpret_cast<const u32*>(ring + (wib * Q_DEPTH + d) * Q_SLOT_BYTES + 2 * NOPE_DIM + 4 * lane);
                 }
                 __syncwarp();
                 issue(k0 + d + Q_DEPTH, d);
@@ -692,7 +739,7 @@ __device__ __forceinline__ void q_pipeline(const Params& p0, u8* ring, int blk, 
                 if (!live)
                     q_zero<QFMT>(dst + lane * 16 * es);
                 else
-                    q_row_spread<QFMT, UNIT>(p, dst, va, vb, tail, cs, lane);
+                    q_row_spread<QFMT, UNIT, BF16OUT>(p, dst, va, vb, tail, cs, lane, stage);
             }
         }
     }
@@ -866,17 +913,9 @@ __device__ __forceinline__ void q_direct(const Params& p0, int blk) {
     const Params p = with_header(p0);
     const int n = p.rows * p.heads;                            // the launch's rows, padding included
     const int nv = min(p.valid_rows, p.rows) * p.heads;        // those with an input row to read
-    // Row i0's token and head: a shift for the models' power-of-two head
-    // counts, else one division; the next rows step the head.
+    // Row i0's token and head; the next rows step the head.
     int t, h;
-    if ((p.heads & (p.heads - 1)) == 0) {
-        const int sh = __ffs(p.heads) - 1;
-        t = i0 >> sh;
-        h = i0 & (p.heads - 1);
-    } else {
-        t = i0 / p.heads;
-        h = i0 - t * p.heads;
-    }
+    split_index(i0, p.heads, pow2_log2(p.heads), t, h);
     int tok = t;
     bool live = false;
     float2 cs = make_float2(0.f, 0.f);

@@ -95,10 +95,11 @@ func New(opts Options) (*Backend, error) { return NewTuned(opts, cudatune.Knobs{
 // cmd/bench (internal/cudatune); the zero Knobs are New's shapes.
 func NewTuned(opts Options, k cudatune.Knobs) (*Backend, error) {
 	k = k.Defaults()
-	// Static shared memory is at most 48 KiB a block: warps x depth x slot.
-	if k.Warps > 32 || k.Warps*k.KVDepth*1280 > 48<<10 || k.Warps*k.QDepth*1024 > 48<<10 {
-		return nil, fmt.Errorf("cuda: Knobs.Warps = %d with KVDepth = %d and QDepth = %d exceeds 48 KiB of shared memory a block (warps x depth x 1280 or 1024 bytes)",
-			k.Warps, k.KVDepth, k.QDepth)
+	// Static shared memory is at most 48 KiB a block.
+	kvShared, qShared := abi.StreamingSharedBytes(k.Warps, k.KVDepth, k.QDepth)
+	if k.Warps > 32 || kvShared > 48<<10 || qShared > 48<<10 {
+		return nil, fmt.Errorf("cuda: Knobs.Warps = %d with KVDepth = %d and QDepth = %d exceeds 48 KiB of shared memory a block (KV %d bytes, Q %d bytes)",
+			k.Warps, k.KVDepth, k.QDepth, kvShared, qShared)
 	}
 	if k.QChunk > 1<<10 {
 		return nil, fmt.Errorf("cuda: Knobs.QChunk = %d exceeds %d rows", k.QChunk, 1<<10)

@@ -69,3 +69,8 @@ func (b *Backend) SetBF16GEMMPath(path string) {
 		panic("SetBF16GEMMPath: unknown path " + path)
 	}
 }
+
+// KernelSharedBytes is a loaded prologue kernel's static shared memory.
+func (b *Backend) KernelSharedBytes(name string) (int, error) {
+	return b.fns[name].Attribute(driver.FuncSharedSizeBytes)
+}

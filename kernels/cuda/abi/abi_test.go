@@ -159,3 +159,17 @@ func ExampleStruct_Pack() {
 	// 176 160
 	// true
 }
+
+// TestStreamingSharedBytes: the default streaming block (8 warps, rings of
+// 4) fills the same 40 KiB for KV (4 slots of a latent row and its RoPE
+// row) and Q (4 slots of a row and a bf16 stage), so a fused layer block
+// takes no more shared memory than either part.
+func TestStreamingSharedBytes(t *testing.T) {
+	kv, q := abi.StreamingSharedBytes(8, 4, 4)
+	require.Equal(t, 8*4*1280, kv)
+	require.Equal(t, 8*(4*1024+1024), q)
+	require.Equal(t, kv, q)
+	kv, q = abi.StreamingSharedBytes(3, 1, 5)
+	require.Equal(t, 3*1280, kv)
+	require.Equal(t, 3*6*1024, q)
+}

@@ -121,6 +121,25 @@ func CompressStepTiles(ratio int) int {
 	return 512 / (CompressStepThreads / groups)
 }
 
+// The streaming pipeline's shared memory (kernels/cuda/prologue.cu): each
+// warp of a block has a ring of slots, KVSlotBytes a slot for a KV warp (a
+// latent row and its RoPE row) and QSlotBytes for a Q warp (one (token,
+// head) row), and a Q warp has one more region, QStageBytes, where a bf16
+// output row is staged so that each of its global stores writes 512
+// contiguous bytes.
+const (
+	KVSlotBytes = 2*numerics.HeadDim + 4*numerics.RopeDim
+	QSlotBytes  = 2 * numerics.HeadDim
+	QStageBytes = 2 * numerics.HeadDim
+)
+
+// StreamingSharedBytes is the static shared memory a block of the streaming
+// KV and Q kernels takes with warps warps and ring depths kvDepth and
+// qDepth (a fused layer kernel takes the larger).
+func StreamingSharedBytes(warps, kvDepth, qDepth int) (kv, q int) {
+	return warps * kvDepth * KVSlotBytes, warps * (qDepth*QSlotBytes + QStageBytes)
+}
+
 // Constants are the integer constants of the prologue kernels, each taken
 // from the Go package that defines it.
 func Constants() []ConstGroup {
@@ -173,6 +192,11 @@ func Constants() []ConstGroup {
 			{"CSTEP_GROUPS_R128", CompressStepGroups128, "candidate groups of a ratio-128 entry's block"},
 			{"CFIN_WARPS", CompressFinishWarps, "warps of a compress_step_finish block, one entry each"},
 			{"CSTEP_STORE_ROWS", CompressStoreRows, "kept rows a compress_step store block writes at a time"},
+		}},
+		{"Streaming pipeline shared memory (StreamingSharedBytes).", []Const{
+			{"KV_SLOT_BYTES", KVSlotBytes, "a KV warp's ring slot: the latent row, then its RoPE row"},
+			{"Q_SLOT_BYTES", QSlotBytes, "a Q warp's ring slot: one (token, head) row"},
+			{"Q_STAGE_BYTES", QStageBytes, "a Q warp's staging region for a bf16 output row"},
 		}},
 		{"Row dimensions (numerics).", []Const{
 			{"HEAD_DIM", numerics.HeadDim, "values per latent or per-head Q row"},

@@ -1,0 +1,69 @@
+package cuda_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/dsv4mla/prologue/attention/mla/cuda"
+	"github.com/dsv4mla/prologue/internal/cudatune"
+	"github.com/dsv4mla/prologue/kernels/cuda/abi"
+)
+
+// TestNewTunedRefusesShapes: knobs the kernels cannot be compiled or
+// launched with are refused before the device is opened (so this runs
+// without a GPU), with the knob named.
+func TestNewTunedRefusesShapes(t *testing.T) {
+	cases := []struct {
+		name  string
+		knobs cudatune.Knobs
+		want  string
+	}{
+		{"warps", cudatune.Knobs{Warps: 33}, "Knobs.Warps = 33"},
+		{"KV ring over 48 KiB", cudatune.Knobs{Warps: 8, KVDepth: 5}, "KV 51200 bytes"},
+		// 8 warps x (6 slots + the bf16 stage) x 1 KiB.
+		{"Q ring and stage over 48 KiB", cudatune.Knobs{Warps: 8, QDepth: 6}, "Q 57344 bytes"},
+		{"Q chunk", cudatune.Knobs{QChunk: 1025}, "Knobs.QChunk = 1025"},
+		{"direct warps", cudatune.Knobs{DirectWarps: 33}, "Knobs.DirectWarps = 33"},
+		{"direct Q rows", cudatune.Knobs{DirectQRows: 9}, "Knobs.DirectQRows = 9"},
+		{"direct occupancy", cudatune.Knobs{DirectWarps: 8, DirectMinBlocks: 9}, "Knobs.DirectMinBlocks = 9"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			b, err := cuda.NewTuned(cuda.Options{}, c.knobs)
+			require.Nil(t, b)
+			require.ErrorContains(t, err, c.want)
+		})
+	}
+}
+
+// TestCUDAKernelSharedBytes: each compiled streaming kernel's static shared
+// memory is what abi.StreamingSharedBytes (the host's 48 KiB check) counts
+// for its knobs (the fused layer kernel: the larger part), and the direct
+// kernels have none (so the next grid's blocks fit beside them).
+func TestCUDAKernelSharedBytes(t *testing.T) {
+	backend(t)
+	for _, k := range []cudatune.Knobs{{}, {Warps: 4, KVDepth: 8, QDepth: 8}, {Warps: 3, KVDepth: 1, QDepth: 5}} {
+		b, err := cuda.NewTuned(cuda.Options{}, k)
+		require.NoError(t, err)
+		d := k.Defaults()
+		kv, q := abi.StreamingSharedBytes(d.Warps, d.KVDepth, d.QDepth)
+		for _, kern := range abi.Kernels() {
+			want := 0
+			if kern.Path == abi.Streaming {
+				switch kern.Kind {
+				case abi.KindKV:
+					want = kv
+				case abi.KindQ:
+					want = q
+				default:
+					want = max(kv, q)
+				}
+			}
+			got, err := b.KernelSharedBytes(kern.Name)
+			require.NoError(t, err)
+			require.Equal(t, want, got, "%s with %+v", kern.Name, k)
+		}
+		require.NoError(t, b.Close())
+	}
+}
