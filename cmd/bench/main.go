@@ -166,9 +166,9 @@ func run(c *config, command string) (err error) {
 					} else {
 						rep.IterationVariants = append(rep.IterationVariants, it)
 					}
-					fmt.Printf("iteration %s b=%d mtp=%d layers=%d: eager %.1f us (host %.1f us; issued in %.1f us, %.2f us a layer against %.2f us of device time), graph %.1f us (header-driven %.1f us), %.2fx %s\n",
+					fmt.Printf("iteration %s b=%d mtp=%d layers=%d: eager %.1f us (host %.1f us; issued in %.1f us, %.2f us a layer against %.2f us of device time), graph %.1f us (header-driven %.1f us; %.1f us each in a graph of two iterations), %.2fx %s\n",
 						it.Model, it.Batch, it.MTP, it.Layers, it.EagerUs, it.HostUs, it.IssueUs, it.IssueUs/float64(it.Layers),
-						it.EagerUs/float64(it.Layers), it.GraphUs, it.HeaderGraphUs, it.Speedup, it.Variant)
+						it.EagerUs/float64(it.Layers), it.GraphUs, it.HeaderGraphUs, it.LongGraphUs, it.Speedup, it.Variant)
 					return nil
 				})
 			}
