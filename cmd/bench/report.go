@@ -38,11 +38,10 @@ type Iteration struct {
 	// from the device header (mla.FromHeader): the engine's decode graph.
 	HeaderGraphUs float64 `json:"header_graph_us"`
 	// LongGraphUs is the header-driven iteration captured twice in one
-	// graph, per iteration: the launch path of a graph longer than one
-	// iteration, as a server's whole-model decode graph is (a grid of more
-	// than a wave starts the next launch late, and its latency shows
-	// unless the same short graph was launched right before:
-	// BENCHMARKS.md).
+	// graph, per iteration, as in a server's whole-model decode graph: a
+	// decode grid of more than a wave runs slower in a graph longer than
+	// one iteration than in one short graph launched again right after
+	// itself (BENCHMARKS.md, sixth session; the cause is not established).
 	LongGraphUs float64 `json:"long_graph_us"`
 	Speedup     float64 `json:"graph_speedup"`
 	// HostUs is the eager iteration's wall time on the host: the events,
