@@ -27,7 +27,10 @@ static_assert(HEAD_DIM == 32 * 16 && NOPE_DIM == 28 * 16 && ROPE_DIM == 4 * 16 &
 // lengths, and one division otherwise.
 __device__ __forceinline__ int pow2_log2(int n) { return (n & (n - 1)) == 0 ? __ffs(n) - 1 : -1; }
 
-// i = q*n + r, 0 <= r < n; log2n is pow2_log2(n).
+// i / n for i >= 0 (split_index's q alone); log2n is pow2_log2(n).
+__device__ __forceinline__ int index_quotient(int i, int n, int log2n) { return log2n >= 0 ? i >> log2n : i / n; }
+
+// i = q*n + r, 0 <= r < n, for i >= 0; log2n is pow2_log2(n).
 __device__ __forceinline__ void split_index(int i, int n, int log2n, int& q, int& r) {
     if (log2n >= 0) {
         q = i >> log2n;
@@ -165,11 +168,13 @@ __device__ __forceinline__ int warp_find_seq(const Params& p, int t) {
 
 // Sequence b's tokens [lo, next), batch token indices as cu_q's (next: no
 // end for the launch's last sequence), and base: token t's position is
-// t + base. The streaming KV and Q pipelines keep these in registers.
-__device__ __forceinline__ void seq_span(const Params& p, int b, int& lo, int& next, int& base) {
-    lo = __ldg(p.cu_q + b);
+// t + base; lo is returned (the KV pipeline walks forward and needs only
+// next). The streaming KV and Q pipelines keep these in registers.
+__device__ __forceinline__ int seq_span(const Params& p, int b, int& next, int& base) {
+    const int lo = __ldg(p.cu_q + b);
     next = b + 1 < p.seq_begin + p.num_seqs ? __ldg(p.cu_q + b + 1) : 0x7fffffff;
     base = __ldg(p.cached + b) - lo;
+    return lo;
 }
 
 // Resolve a launch-local row to (batch index, position); false for padding.
@@ -527,8 +532,7 @@ __device__ __forceinline__ bool kv_resolve(const Params& p, KVState& st, int loc
                 while (b + 1 < p.seq_begin + p.num_seqs && __ldg(p.cu_q + b + 1) <= t) b++;
             }
             st.b = b;
-            int lo;
-            seq_span(p, b, lo, st.next, st.base);
+            seq_span(p, b, st.next, st.base);
             st.lp = -1;
         }
         pos = t + st.base;
@@ -664,7 +668,7 @@ __device__ __forceinline__ bool q_resolve(const Params& p, QCtxState& st, int lo
     if (local >= p.valid_rows) return false;
     const int t = p.row_begin + local;
     if (t < st.lo || t >= st.next) {
-        seq_span(p, warp_find_seq(p, t), st.lo, st.next, st.base);
+        st.lo = seq_span(p, warp_find_seq(p, t), st.next, st.base);
     }
     pos = t + st.base;
     return pos >= 0 && pos < p.rope_positions;
@@ -712,9 +716,7 @@ __device__ __forceinline__ void q_pipeline(const Params& p0, u8* ring, int blk, 
         for (int d = 0; d < Q_DEPTH; d++) {
             const int i = row_of(k0 + d);
             if (i < n) {
-                int t, h;
-                split_index(i, p.heads, heads_log2, t, h);
-                (void)h;
+                const int t = index_quotient(i, p.heads, heads_log2);
                 if (t != tok) {
                     tok = t;
                     int pos;
