@@ -1,6 +1,7 @@
 package abi
 
 import (
+	"encoding/binary"
 	"fmt"
 	"math"
 	"strings"
@@ -76,9 +77,16 @@ type Struct struct {
 	Doc    string
 	Fields []Field
 
-	once sync.Once // the layout, computed at first use (Fields must not change after)
-	offs []int
-	size int
+	once  sync.Once // the layout, computed at first use (Fields must not change after)
+	slots []slot
+	size  int
+}
+
+// slot is a field's place in the layout and its kind: what a Packer reads
+// for every field it sets, kept apart from Field's names and docs.
+type slot struct {
+	off  int
+	kind Kind
 }
 
 // FieldID indexes Struct.Fields.
@@ -86,8 +94,8 @@ type FieldID int
 
 // Offset returns the byte offset of field f.
 func (s *Struct) Offset(f FieldID) int {
-	offs, _ := s.layout()
-	return offs[f]
+	slots, _ := s.layout()
+	return slots[f].off
 }
 
 // Size returns sizeof the struct.
@@ -99,34 +107,34 @@ func (s *Struct) Size() int {
 // maxFields bounds a Struct's fields: a Packer tracks them in one word.
 const maxFields = 64
 
-func (s *Struct) layout() ([]int, int) {
-	s.once.Do(func() { s.offs, s.size = s.computeLayout() })
-	return s.offs, s.size
+func (s *Struct) layout() ([]slot, int) {
+	s.once.Do(func() { s.slots, s.size = s.computeLayout() })
+	return s.slots, s.size
 }
 
-func (s *Struct) computeLayout() ([]int, int) {
+func (s *Struct) computeLayout() ([]slot, int) {
 	if len(s.Fields) > maxFields {
 		panic(fmt.Sprintf("abi: %s has %d fields, more than %d", s.Name, len(s.Fields), maxFields))
 	}
-	offs := make([]int, len(s.Fields))
+	slots := make([]slot, len(s.Fields))
 	off, maxAlign := 0, 1
 	for i, f := range s.Fields {
 		a := f.Kind.size()
 		off = (off + a - 1) / a * a
-		offs[i] = off
+		slots[i] = slot{off: off, kind: f.Kind}
 		off += a
 		maxAlign = max(maxAlign, a)
 	}
-	return offs, (off + maxAlign - 1) / maxAlign * maxAlign
+	return slots, (off + maxAlign - 1) / maxAlign * maxAlign
 }
 
 // Packer fills one value of a Struct in the layout the kernels read. Every
 // field must be set exactly once; Bytes reports those that were not.
 type Packer struct {
-	s    *Struct
-	offs []int
-	b    []byte
-	set  uint64 // bit f: field f was set
+	s     *Struct
+	slots []slot
+	b     []byte
+	set   uint64 // bit f: field f was set
 }
 
 // Pack starts a value of s in new memory.
@@ -139,34 +147,44 @@ func (s *Struct) Pack() *Packer {
 // is its first Size() bytes, zeroed first so that padding is zero): a
 // caller that reuses dst packs without allocating.
 func (s *Struct) PackInto(dst []byte) Packer {
-	offs, n := s.layout()
+	slots, n := s.layout()
 	if len(dst) < n {
 		panic(fmt.Sprintf("abi: packing %s (%d bytes) into %d bytes", s.Name, n, len(dst)))
 	}
 	dst = dst[:n:n]
 	clear(dst)
-	return Packer{s: s, offs: offs, b: dst}
+	return Packer{s: s, slots: slots, b: dst}
 }
 
 // put writes v at field f, which must be of kind k: a mismatch is a
 // programming error in the host code, so it panics (the CPU tests pack
-// every field of every launch).
+// every field of every launch). Every eager launch packs two values, so
+// the checks read only the field's slot and the stores are whole words.
 func (p *Packer) put(f FieldID, k Kind, v uint64) {
-	if int(f) < 0 || int(f) >= len(p.s.Fields) {
+	if uint(f) >= uint(len(p.slots)) || p.slots[f].kind != k || p.set&(1<<f) != 0 {
+		p.misuse(f, k)
+	}
+	p.set |= 1 << f
+	o := p.slots[f].off
+	if k.size() == 4 { // little-endian, as every CUDA device
+		binary.LittleEndian.PutUint32(p.b[o:], uint32(v))
+	} else {
+		binary.LittleEndian.PutUint64(p.b[o:], v)
+	}
+}
+
+// misuse panics with what put found wrong with setting field f as k.
+//
+//go:noinline
+func (p *Packer) misuse(f FieldID, k Kind) {
+	if uint(f) >= uint(len(p.s.Fields)) {
 		panic(fmt.Sprintf("abi: %s has no field %d", p.s.Name, f))
 	}
-	fd := p.s.Fields[f]
+	fd := &p.s.Fields[f]
 	if fd.Kind != k {
 		panic(fmt.Sprintf("abi: %s.%s is a %v, set as a %v", p.s.Name, fd.Name, fd.Kind, k))
 	}
-	if p.set&(1<<f) != 0 {
-		panic(fmt.Sprintf("abi: %s.%s set twice", p.s.Name, fd.Name))
-	}
-	p.set |= 1 << f
-	o := p.offs[f]
-	for i := range k.size() {
-		p.b[o+i] = byte(v >> (8 * i)) // little-endian, as every CUDA device
-	}
+	panic(fmt.Sprintf("abi: %s.%s set twice", p.s.Name, fd.Name))
 }
 
 // Ptr sets a pointer field to a device address.
@@ -210,10 +228,10 @@ func (p *Packer) Bytes() ([]byte, error) {
 // Raw reads back the bits of field f of a packed value (for tests and
 // dumps): a pointer or u64 whole, an int or float as its 32 bits.
 func (s *Struct) Raw(b []byte, f FieldID) uint64 {
-	offs, _ := s.layout()
+	slots, _ := s.layout()
 	var v uint64
-	for i := range s.Fields[f].Kind.size() {
-		v |= uint64(b[offs[f]+i]) << (8 * i)
+	for i := range slots[f].kind.size() {
+		v |= uint64(b[slots[f].off+i]) << (8 * i)
 	}
 	return v
 }

@@ -173,3 +173,29 @@ func TestStreamingSharedBytes(t *testing.T) {
 	require.Equal(t, 3*1280, kv)
 	require.Equal(t, 3*6*1024, q)
 }
+
+// BenchmarkPackParams packs one whole Params value (every field, by its
+// kind) into reused memory, as each eager launch does twice (KV and Q).
+func BenchmarkPackParams(b *testing.B) {
+	buf := make([]byte, abi.Params.Size())
+	b.ReportAllocs()
+	for b.Loop() {
+		p := abi.Params.PackInto(buf)
+		for i := range abi.Params.Fields {
+			id := abi.FieldID(i)
+			switch abi.Params.Fields[i].Kind {
+			case abi.Ptr:
+				p.Ptr(id, uint64(i)<<12)
+			case abi.U64:
+				p.U64(id, uint64(i))
+			case abi.I32:
+				p.I32(id, int32(i))
+			case abi.F32:
+				p.F32(id, float32(i))
+			}
+		}
+		if _, err := p.Bytes(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

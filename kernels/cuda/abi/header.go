@@ -51,7 +51,7 @@ func Header() string {
 }
 
 func writeStruct(b *strings.Builder, s *Struct) {
-	offs, size := s.layout()
+	slots, size := s.layout()
 	fmt.Fprintf(b, "// %s\n// Layout (offset: member): natural alignment, %d bytes.\nstruct %s {\n", s.Doc, size, s.Name)
 	width := 0
 	for _, f := range s.Fields {
@@ -59,7 +59,7 @@ func writeStruct(b *strings.Builder, s *Struct) {
 	}
 	for i, f := range s.Fields {
 		decl := f.cType() + " " + f.Name + ";"
-		line := fmt.Sprintf("    %-*s // %3d", width, decl, offs[i])
+		line := fmt.Sprintf("    %-*s // %3d", width, decl, slots[i].off)
 		if f.Doc != "" {
 			line += ": " + f.Doc
 		}
