@@ -407,6 +407,7 @@ def issue11_goals(go):
                          f"({how}): {fmt_us(t)} µs ({it.get('layers')} layers; goal <= {goal:.0f} µs)")
     lgs = go.get("layer_graph", [])
     for model, goal in ITERATION_GOAL_US.items():
+        floor = _largest_chain_floor(go, model)
         for q in ("fp8", "bf16"):
             g = next((g for g in lgs if g.get("model") == model and g.get("phase") == "generation"
                       and g.get("batch") == 32 and g.get("mtp") == 3 and g.get("q_format") == q), None)
@@ -417,7 +418,6 @@ def issue11_goals(go):
             mark = "✓" if _num(t) and t <= goal else "✗"
             lines.append(f"- {mark} Decode iteration {MODEL_TITLES[model]} b=32 MTP 3, {q} Q, the layer graph "
                          f"(L2 flushed before each replay): {fmt_us(t)} µs ({g.get('layers')} layers; goal <= {goal:.0f} µs)")
-            floor = _largest_chain_floor(go, model)
             if q == "fp8" and floor is not None and _num(t):
                 f = floor["total_us"]
                 lines.append(f"  - its floor: a kernel that only copies the same {floor.get('rows')} Q rows a layer "

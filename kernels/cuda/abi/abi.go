@@ -156,29 +156,20 @@ func (s *Struct) PackInto(dst []byte) Packer {
 	return Packer{s: s, slots: slots, b: dst}
 }
 
-// put32 and put64 write v at field f, which must be of kind k (a 4-byte
-// or an 8-byte one): a mismatch is a programming error in the host code,
-// so it panics (the CPU tests pack every field of every launch). Every
-// eager launch packs two values, so the checks read only the field's slot,
-// the store is one little-endian word (as every CUDA device), and each is
-// small enough to inline.
-func (p *Packer) put32(f FieldID, k Kind, v uint32) {
+// claim marks field f set and returns its offset. f must be a field of
+// kind k not set before: a mismatch is a programming error in the host
+// code, so it panics (the CPU tests pack every field of every launch).
+// Every eager launch packs two values, so the checks read only the field's
+// slot.
+func (p *Packer) claim(f FieldID, k Kind) int {
 	if uint(f) >= uint(len(p.slots)) || p.slots[f].kind != k || p.set&(1<<f) != 0 {
 		p.misuse(f, k)
 	}
 	p.set |= 1 << f
-	binary.LittleEndian.PutUint32(p.b[p.slots[f].off:], v)
+	return p.slots[f].off
 }
 
-func (p *Packer) put64(f FieldID, k Kind, v uint64) {
-	if uint(f) >= uint(len(p.slots)) || p.slots[f].kind != k || p.set&(1<<f) != 0 {
-		p.misuse(f, k)
-	}
-	p.set |= 1 << f
-	binary.LittleEndian.PutUint64(p.b[p.slots[f].off:], v)
-}
-
-// misuse panics with what put32 or put64 found wrong with setting field f as k.
+// misuse panics with what claim found wrong with setting field f as k.
 //
 //go:noinline
 func (p *Packer) misuse(f FieldID, k Kind) {
@@ -193,16 +184,22 @@ func (p *Packer) misuse(f FieldID, k Kind) {
 }
 
 // Ptr sets a pointer field to a device address.
-func (p *Packer) Ptr(f FieldID, addr uint64) { p.put64(f, Ptr, addr) }
+func (p *Packer) Ptr(f FieldID, addr uint64) {
+	binary.LittleEndian.PutUint64(p.b[p.claim(f, Ptr):], addr)
+}
 
 // U64 sets a u64 field.
-func (p *Packer) U64(f FieldID, v uint64) { p.put64(f, U64, v) }
+func (p *Packer) U64(f FieldID, v uint64) { binary.LittleEndian.PutUint64(p.b[p.claim(f, U64):], v) }
 
 // I32 sets an int field.
-func (p *Packer) I32(f FieldID, v int32) { p.put32(f, I32, uint32(v)) }
+func (p *Packer) I32(f FieldID, v int32) {
+	binary.LittleEndian.PutUint32(p.b[p.claim(f, I32):], uint32(v))
+}
 
 // F32 sets a float field.
-func (p *Packer) F32(f FieldID, v float32) { p.put32(f, F32, math.Float32bits(v)) }
+func (p *Packer) F32(f FieldID, v float32) {
+	binary.LittleEndian.PutUint32(p.b[p.claim(f, F32):], math.Float32bits(v))
+}
 
 // Bool sets an int field to 1 or 0.
 func (p *Packer) Bool(f FieldID, v bool) {
