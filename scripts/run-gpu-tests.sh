@@ -22,6 +22,9 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noh
 step .gpu/driver.test -test.v
 step .gpu/cuda.test -test.v -test.run 'Conformance|Mixed|Available|AsyncWrite'
 step .gpu/cuda.test -test.v -test.run 'Exhaustive'
+# A context batch past the FP8 Q direct-path threshold, both Q formats (bf16
+# Q on the direct path, FP8 Q streaming), every byte against the reference.
+step .gpu/cuda.test -test.v -test.run 'LargeContext'
 # The KV compressor: compress_entries against package compressor, and
 # compress_step (the engine's) against mlatest's scalar reference of
 # DESIGN.md section 8; its projection GEMM within gemm.BoundBF16.
@@ -58,7 +61,13 @@ step .gpu/decode --backend cuda --verify --summary-only --input hidden --trace .
 step .gpu/decode --backend cuda --verify --summary-only --input projected --graph=false --trace .gpu/accept.jsonl --layers 4
 if command -v compute-sanitizer >/dev/null; then
 	for tool in memcheck racecheck; do
-		step compute-sanitizer --tool "$tool" --error-exitcode 9 .gpu/cuda.test -test.short -test.run 'TestCUDAConformance$|TestCUDAActQuant$|TestCUDANormQuant$|TestCUDAGEMMPaths$'
+		# racecheck reports shared-memory hazards inside cuBLASLt's own FP8
+		# GEMM kernels (nvjet_*, seen 2026-12-01 on the H200), and excluding
+		# those kernels by name makes the sanitizer fault, so its pass skips
+		# the cuBLASLt subtests; memcheck runs them.
+		skip=()
+		[ "$tool" = racecheck ] && skip=(-test.skip 'TestCUDAGEMMPaths/cublaslt')
+		step compute-sanitizer --tool "$tool" --error-exitcode 9 .gpu/cuda.test -test.short -test.run 'TestCUDAConformance$|TestCUDAActQuant$|TestCUDANormQuant$|TestCUDAGEMMPaths$' "${skip[@]}"
 		step compute-sanitizer --tool "$tool" --error-exitcode 9 .gpu/cuda.test -test.short -test.run 'TestCUDACompressEntries|TestCUDACompressStep'
 	done
 else

@@ -15,8 +15,8 @@ import (
 
 // variant is one kernel option set of --variant / --variants, written as
 // space-separated words: warps=N kvd=N qd=N qchunk=N bpsm=N maxblocks=N (the
-// streaming pipeline), direct=N dmin=N dwarps=N dhalf=N qrows=N dminb=N nodirect (the
-// direct path: its largest and smallest launch in Q rows, warps a block, the
+// streaming pipeline), direct=N directbf16=N dmin=N dwarps=N dhalf=N qrows=N dminb=N nodirect (the
+// direct path: its largest launch in Q rows with FP8 Q and with bf16 Q, its smallest, warps a block, the
 // largest launch in Q rows with whole blocks (larger: half), Q rows a warp,
 // __launch_bounds__ minimum of blocks a multiprocessor, and off), nopdl separate. A zero number keeps the
 // backend's default.
@@ -26,6 +26,7 @@ type variant struct {
 	QChunk                  int
 	BlocksPerSM, MaxBlocks  int
 	DirectMaxRows           int
+	DirectMaxRowsBF16       int
 	DirectMinRows           int
 	DirectWarps             int
 	DirectHalfBlockRows     int
@@ -53,6 +54,8 @@ func (v *variant) field(key string) (*int, *bool) {
 		return &v.MaxBlocks, nil
 	case "direct":
 		return &v.DirectMaxRows, nil
+	case "directbf16":
+		return &v.DirectMaxRowsBF16, nil
 	case "dmin":
 		return &v.DirectMinRows, nil
 	case "dwarps":
@@ -107,7 +110,7 @@ func parseVariant(text string) (variant, error) {
 			*sw = true
 			continue
 		}
-		return variant{}, fmt.Errorf("variant %q: unknown option %q (known: warps=N kvd=N qd=N qchunk=N bpsm=N maxblocks=N direct=N dmin=N dwarps=N dhalf=N qrows=N dminb=N nodirect nopdl separate)", text, key)
+		return variant{}, fmt.Errorf("variant %q: unknown option %q (known: warps=N kvd=N qd=N qchunk=N bpsm=N maxblocks=N direct=N directbf16=N dmin=N dwarps=N dhalf=N qrows=N dminb=N nodirect nopdl separate)", text, key)
 	}
 	return v, nil
 }
@@ -135,9 +138,9 @@ func parseVariants(list string) ([]variant, error) {
 // options is the CUDA backend configuration of the variant: the user
 // options and the launch-shape knobs (internal/cudatune).
 func (v variant) options(verbose bool) (cuda.Options, cudatune.Knobs) {
-	direct := v.DirectMaxRows
+	direct, directBF16 := v.DirectMaxRows, v.DirectMaxRowsBF16
 	if v.NoDirect {
-		direct = -1
+		direct, directBF16 = -1, -1
 	}
 	return cuda.Options{NoPDL: v.NoPDL}, cudatune.Knobs{
 		Warps:               v.Warps,
@@ -147,6 +150,7 @@ func (v variant) options(verbose bool) (cuda.Options, cudatune.Knobs) {
 		BlocksPerSM:         v.BlocksPerSM,
 		MaxBlocks:           v.MaxBlocks,
 		DirectMaxRows:       direct,
+		DirectMaxRowsBF16:   directBF16,
 		DirectMinRows:       v.DirectMinRows,
 		DirectWarps:         v.DirectWarps,
 		DirectQRows:         v.DirectQRows,

@@ -23,6 +23,7 @@ func TestParseVariant(t *testing.T) {
 		{"nopdl separate", variant{Name: "nopdl separate", NoPDL: true, SeparateLaunches: true}, ""},
 		{"direct=8192 dwarps=2 dhalf=64 qrows=4 dminb=10", variant{Name: "direct=8192 dwarps=2 dhalf=64 qrows=4 dminb=10", DirectMaxRows: 8192, DirectWarps: 2,
 			DirectHalfBlockRows: 64, DirectQRows: 4, DirectMinBlocks: 10}, ""},
+		{"direct=100 directbf16=200", variant{Name: "direct=100 directbf16=200", DirectMaxRows: 100, DirectMaxRowsBF16: 200}, ""},
 		{"nodirect", variant{Name: "nodirect", NoDirect: true}, ""},
 		{"nodirect=1", variant{}, "takes no value"},
 		{"direct=-1", variant{}, "outside [0, 16777216]"},
@@ -73,15 +74,17 @@ func TestParseVariants(t *testing.T) {
 }
 
 func TestVariantOptions(t *testing.T) {
-	v := variant{Warps: 3, KVDepth: 5, QDepth: 7, QChunk: 4, BlocksPerSM: 2, MaxBlocks: 11, DirectMaxRows: 99, DirectWarps: 2,
+	v := variant{Warps: 3, KVDepth: 5, QDepth: 7, QChunk: 4, BlocksPerSM: 2, MaxBlocks: 11, DirectMaxRows: 99, DirectMaxRowsBF16: 98, DirectWarps: 2,
 		DirectHalfBlockRows: 17, DirectQRows: 3, DirectMinBlocks: 6, NoPDL: true, SeparateLaunches: true}
 	opts, knobs := v.options(true)
 	assert.Equal(t, cuda.Options{NoPDL: true}, opts)
 	assert.Equal(t, cudatune.Knobs{Warps: 3, KVDepth: 5, QDepth: 7, QChunk: 4, BlocksPerSM: 2, MaxBlocks: 11,
-		DirectMaxRows: 99, DirectWarps: 2, DirectHalfBlockRows: 17, DirectQRows: 3, DirectMinBlocks: 6, SeparateLaunches: true, Verbose: true}, knobs)
-	_, knobs = variant{DirectMaxRows: 99, NoDirect: true}.options(false)
+		DirectMaxRows: 99, DirectMaxRowsBF16: 98, DirectWarps: 2, DirectHalfBlockRows: 17, DirectQRows: 3, DirectMinBlocks: 6, SeparateLaunches: true, Verbose: true}, knobs)
+	_, knobs = variant{DirectMaxRows: 99, DirectMaxRowsBF16: 98, NoDirect: true}.options(false)
 	assert.Equal(t, -1, knobs.DirectMaxRows, "nodirect turns the direct path off")
-	assert.False(t, knobs.Defaults().Direct(1))
+	assert.Equal(t, -1, knobs.DirectMaxRowsBF16, "nodirect turns the direct path off for bf16 Q too")
+	assert.False(t, knobs.Defaults().Direct(1, false))
+	assert.False(t, knobs.Defaults().Direct(1, true))
 	opts, knobs = variant{}.options(false)
 	assert.Equal(t, cuda.Options{}, opts, "the empty variant keeps every default")
 	assert.Equal(t, cudatune.Knobs{}, knobs, "the empty variant keeps every default")

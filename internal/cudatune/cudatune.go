@@ -1,15 +1,17 @@
 // Package cudatune holds the CUDA backend's launch-shape knobs: the
 // streaming pipeline's warps and depths, the grid cap, the direct path's
-// threshold and block shape, separate KV and Q launches and the compiler's
+// thresholds (one a Q format) and block shape, separate KV and Q launches and the compiler's
 // resource report. The defaults (the zero Knobs) are the shapes measured
 // best on the H200; the module's tests vary them to run the kernels through
 // unusual shapes, and cmd/bench to measure alternatives. Being internal,
 // they stay out of the backend's public Options.
 package cudatune
 
-// DefaultDirectMaxRows is the largest launch, in Q rows (tokens x heads),
-// that takes the direct path by default: every decode batch, and context
-// batches up to 8192 V4-Flash or 4096 V4-Pro tokens. Measured on the H200
+import "math"
+
+// DefaultDirectMaxRows is the largest launch with FP8 Q, in Q rows (tokens
+// x heads), that takes the direct path by default: every decode batch, and
+// context batches up to 8192 V4-Flash or 4096 V4-Pro tokens. Measured on the H200
 // (2026-12-01, time per layer in a many-layer CUDA graph, streaming against
 // direct): V4-Flash b=256 MTP 3 30.8 against 27.9 us, 4096 context tokens
 // 114.7 against 107.8 us; V4-Pro b=256 MTP 3 60.1 against 53.6 us, 4096
@@ -17,6 +19,20 @@ package cudatune
 // pipeline keeps the KV kernel ahead (V4-Flash 16K, cold: 16.5 against
 // 17.2 us) and V4-Pro's Q (824 against 854 us).
 const DefaultDirectMaxRows = 1 << 19
+
+// DefaultDirectMaxRowsBF16 is DefaultDirectMaxRows for a launch whose Q
+// output is bf16: every launch, however large, takes the direct path. A
+// bf16 Q row writes as many bytes as it reads, like a copy, and the
+// direct grid (one pass, every warp its own two rows, no rings) moves
+// that mix faster than the streaming pipeline. Cold single launches on the
+// H200 (2026-12-01, % of the 1 GiB cuMemcpyDtoD rate, two rounds in one
+// call), direct against streaming: V4-Flash at 16K / 64K context tokens
+// 98.4 / 99.2-99.5 against 92.1-92.7 / 94.4; V4-Pro 98.8-99.0 / 99.2-99.5
+// against 93.6-93.8 / 93.7-94.2. Time per layer in an 8-layer graph:
+// V4-Flash 16K 519.8 against 557.2 us, 64K 2070 against 2198 us; V4-Pro
+// 1027 against 1096 us, 4095 against 4373 us. (FP8 Q, a third of its
+// bytes written, streams faster from 16K tokens: DefaultDirectMaxRows.)
+const DefaultDirectMaxRowsBF16 = math.MaxInt32
 
 // DefaultDirectMinRows is the smallest launch, in Q rows, that takes the
 // direct path by default: every one. Since its warps ask L2 for their rows
@@ -86,11 +102,15 @@ type Knobs struct {
 	// MaxBlocks, when set, caps the grid instead (tests use it to make a
 	// few warps stream long ranges).
 	MaxBlocks int
-	// DirectMaxRows: a launch of at most this many Q rows (tokens x heads,
-	// padding included) runs the direct path (one warp per row, no shared
-	// memory; kernels/cuda/prologue.cu), a larger one the streaming
-	// pipeline above. 0: DefaultDirectMaxRows; negative: never direct.
+	// DirectMaxRows: a launch with FP8 Q of at most this many Q rows
+	// (tokens x heads, padding included) runs the direct path (one warp per
+	// row, no shared memory; kernels/cuda/prologue.cu), a larger one the
+	// streaming pipeline above. 0: DefaultDirectMaxRows; negative: never
+	// direct.
 	DirectMaxRows int
+	// DirectMaxRowsBF16 is DirectMaxRows for a launch with bf16 Q (0:
+	// DefaultDirectMaxRowsBF16; negative: never direct).
+	DirectMaxRowsBF16 int
 	// DirectMinRows: a launch of fewer Q rows streams (0:
 	// DefaultDirectMinRows; 1: every launch up to DirectMaxRows is direct).
 	DirectMinRows int
@@ -122,8 +142,8 @@ type Knobs struct {
 }
 
 // Defaults returns k with every zero shape field set to its default (a
-// negative DirectMaxRows, DirectHalfBlockRows or BF16MMAMaxRows becomes -1:
-// never).
+// negative DirectMaxRows, DirectMaxRowsBF16, DirectHalfBlockRows or
+// BF16MMAMaxRows becomes -1: never).
 func (k Knobs) Defaults() Knobs {
 	def := func(v *int, d int) {
 		if *v <= 0 {
@@ -151,6 +171,7 @@ func (k Knobs) Defaults() Knobs {
 	threshold(&k.BF16MMAMaxRows, DefaultBF16MMAMaxRows)
 	threshold(&k.DirectHalfBlockRows, DefaultDirectHalfBlockRows)
 	threshold(&k.DirectMaxRows, DefaultDirectMaxRows)
+	threshold(&k.DirectMaxRowsBF16, DefaultDirectMaxRowsBF16)
 	return k
 }
 
@@ -163,8 +184,13 @@ func (k Knobs) DirectBlockWarps(qRows int) int {
 	return k.DirectWarps
 }
 
-// Direct reports whether a launch of qRows Q rows (tokens x heads) takes
-// the direct path under k (with its defaults applied).
-func (k Knobs) Direct(qRows int) bool {
-	return k.DirectMaxRows >= 0 && qRows <= k.DirectMaxRows && qRows >= k.DirectMinRows
+// Direct reports whether a launch of qRows Q rows (tokens x heads), its Q
+// output bf16 or FP8, takes the direct path under k (with its defaults
+// applied).
+func (k Knobs) Direct(qRows int, bf16Q bool) bool {
+	limit := k.DirectMaxRows
+	if bf16Q {
+		limit = k.DirectMaxRowsBF16
+	}
+	return limit >= 0 && qRows <= limit && qRows >= k.DirectMinRows
 }

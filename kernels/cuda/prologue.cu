@@ -794,9 +794,11 @@ LAYER_KERNEL(layer_fp8_pertensor_qbf16, FMT_FP8_PERTENSOR, QFMT_BF16)
 #ifndef PROLOGUE_HELPERS_ONLY  // the direct path: kernels and their helpers, not needed by compress.cu
 
 // ---- The direct path ----------------------------------------------------------
-// Small batches (the host picks this path per launch, for up to
-// cudatune.Knobs.DirectMaxRows Q rows): latency, not bandwidth, sets their
-// time. One warp per latent row, one per DIRECT_QROWS (token, head) rows,
+// Small batches, and bf16 Q at every size (the host picks this path per
+// launch: cudatune.Knobs.DirectMaxRows, DirectMaxRowsBF16). Latency, not
+// bandwidth, sets a small batch's time; a large bf16 Q launch, writing as
+// many bytes as it reads, moves them faster in this one-pass grid than
+// through the streaming rings. One warp per latent row, one per DIRECT_QROWS (token, head) rows,
 // and the grid covers every row, so a warp's only global round trip after
 // the wait is its own rows (two 16-byte loads a lane each, straight into
 // registers: lane j holds the canonical partial j; and the 4-byte word of

@@ -393,18 +393,21 @@ func directGrid(n, perWarp, blockWarps int) (driver.Dim3, driver.Dim3) {
 
 // pathFor picks a launch's kernels by its size in Q rows (tokens x heads,
 // padding included, the same for its KV and Q parts so that a fused grid
-// has one path): the direct path for small batches, where latency sets the
-// time, the streaming pipeline for large ones (cudatune.Knobs.DirectMaxRows).
-// A FromHeader launch is sized by its Rows (the padded batch), never by the
-// counts the header holds.
-func pathFor(k cudatune.Knobs, l mla.Launch, heads int) abi.Path {
-	if k.Direct(l.Rows * heads) {
+// has one path) and its Q format: the direct path for small batches, where
+// latency sets the time, and for bf16 Q at every size; the streaming
+// pipeline for large batches with FP8 Q (cudatune.Knobs.DirectMaxRows,
+// DirectMaxRowsBF16). A FromHeader launch is sized by its Rows (the padded
+// batch), never by the counts the header holds.
+func pathFor(k cudatune.Knobs, l mla.Launch, heads int, q mla.QFormat) abi.Path {
+	if k.Direct(l.Rows*heads, q == mla.QBF16) {
 		return abi.Direct
 	}
 	return abi.Streaming
 }
 
-func (b *Backend) path(l mla.Launch, heads int) abi.Path { return pathFor(b.knobs, l, heads) }
+func (b *Backend) path(l mla.Launch, a *mla.LayerArgs) abi.Path {
+	return pathFor(b.knobs, l, a.Heads, a.QFormat)
+}
 
 // kvGrid and qGrid size a launch's KV part (its latent rows) and Q part
 // (its (token, head) rows) on path p; on the direct path the block's warps
@@ -485,7 +488,7 @@ func (b *Backend) kernel(key kernelKey) (*driver.Function, error) {
 // kvLaunch resolves one launch's KV kernel on its path, its grid and its
 // packed parameters (the main stream's launch and the side stream's share it).
 func (b *Backend) kvLaunch(l mla.Launch, a *mla.LayerArgs) (fn *driver.Function, grid, block driver.Dim3, p driver.Bytes, err error) {
-	path := b.path(l, a.Heads)
+	path := b.path(l, a)
 	if fn, err = b.kernel(kernelKey{kind: abi.KindKV, format: a.CacheConfig.Format, path: path}); err != nil {
 		return nil, grid, block, nil, err
 	}
@@ -542,7 +545,7 @@ func (b *Backend) QNormRopeQuant(ctx context.Context, l mla.Launch, a *mla.Layer
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	path := b.path(l, a.Heads)
+	path := b.path(l, a)
 	fn, err := b.kernel(kernelKey{kind: abi.KindQ, qFormat: a.QFormat, path: path})
 	if err != nil {
 		return err
@@ -594,7 +597,7 @@ func (c *layerCall) issueLayer() error {
 // kernels): the KV part's blocks first, then the Q part's.
 func (b *Backend) layerLaunch(c *layerCall, l mla.Launch) error {
 	a := c.a
-	path := b.path(l, a.Heads)
+	path := b.path(l, a)
 	fn, err := b.kernel(kernelKey{kind: abi.KindLayer, format: a.CacheConfig.Format, qFormat: a.QFormat, path: path})
 	if err != nil {
 		return err

@@ -5,6 +5,7 @@ import (
 	_ "embed"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -16,7 +17,10 @@ import (
 	"github.com/dsv4mla/prologue/attention/mla/cuda"
 	"github.com/dsv4mla/prologue/attention/mla/mlatest"
 	"github.com/dsv4mla/prologue/internal/cudatune"
+	"github.com/dsv4mla/prologue/kernels/cuda/abi"
 	"github.com/dsv4mla/prologue/kernels/cuda/driver"
+	"github.com/dsv4mla/prologue/kvcache"
+	"github.com/dsv4mla/prologue/metadata"
 	"github.com/dsv4mla/prologue/numerics"
 )
 
@@ -45,6 +49,35 @@ func TestCUDAConformance(t *testing.T) {
 	mlatest.Test(t, b)
 }
 
+// TestCUDALargeContext runs a context batch past the FP8 Q direct-path
+// threshold with the default knobs, in both Q formats, every byte against
+// the reference: FP8 Q streams, bf16 Q takes the direct path at a size the
+// suite's small scenarios never reach (a grid of over a hundred thousand
+// blocks of half the warps). Long (about a gigabyte of rows), so -short
+// skips it.
+func TestCUDALargeContext(t *testing.T) {
+	b := backend(t)
+	if testing.Short() {
+		t.Skip("-short: about a gigabyte of rows")
+	}
+	const heads = 64
+	tokens := cudatune.DefaultDirectMaxRows/heads + 77 // 8269: 77 tokens past the FP8 threshold
+	s := mlatest.Scenario{Name: "context/large", Heads: heads, PageSize: 64, Cached: map[uint64]int{2: 45}, Reqs: []metadata.Request{
+		{Seq: 1, Phase: metadata.Context, NewTokens: tokens - 3001},
+		{Seq: 2, Phase: metadata.Context, NewTokens: 3001},
+	}}
+	l := mla.Launch{Rows: tokens}
+	require.Equal(t, abi.Streaming, cuda.PathFor(cudatune.Knobs{}, l, heads, mla.QFP8), "FP8 Q at this size")
+	require.Equal(t, abi.Direct, cuda.PathFor(cudatune.Knobs{}, l, heads, mla.QBF16), "bf16 Q at this size")
+	for _, c := range []mlatest.Config{{Format: kvcache.FormatFP8UE8M0, QBF16: true}, {Format: kvcache.FormatFP8UE8M0}, {Format: kvcache.FormatBF16, QBF16: true}} {
+		t.Run(c.String(), func(t *testing.T) {
+			seed := rand.Uint64()
+			t.Logf("seed %d", seed)
+			require.NoError(t, mlatest.Check(b, s, c, seed))
+		})
+	}
+}
+
 // TestCUDAConformanceVariants runs the suite on other launch shapes. The
 // default backend puts every launch of the suite on the direct path; the
 // streaming pipeline runs with the direct path off: warps that stream long
@@ -57,17 +90,21 @@ func TestCUDAConformance(t *testing.T) {
 // do).
 func TestCUDAConformanceVariants(t *testing.T) {
 	backend(t)
-	const off = -1 // Knobs.DirectMaxRows: every launch streams
+	// Every launch streams, whatever its Q format.
+	streaming := func(k cudatune.Knobs) cudatune.Knobs {
+		k.DirectMaxRows, k.DirectMaxRowsBF16 = -1, -1
+		return k
+	}
 	variants := map[string]struct {
 		opts  cuda.Options
 		knobs cudatune.Knobs
 	}{
 		// One small block: every warp streams a long range through its ring.
-		"one-block":          {knobs: cudatune.Knobs{Warps: 3, KVDepth: 3, QDepth: 5, QChunk: 3, MaxBlocks: 1, DirectMaxRows: off}},
-		"depth1":             {knobs: cudatune.Knobs{Warps: 1, KVDepth: 1, QDepth: 1, QChunk: 5, MaxBlocks: 2, DirectMaxRows: off}},
-		"wide":               {knobs: cudatune.Knobs{Warps: 4, KVDepth: 8, QDepth: 8, QChunk: 1000, DirectMaxRows: off}},
-		"streaming":          {knobs: cudatune.Knobs{DirectMaxRows: off}},
-		"streaming-separate": {knobs: cudatune.Knobs{SeparateLaunches: true, DirectMaxRows: off}},
+		"one-block":          {knobs: streaming(cudatune.Knobs{Warps: 3, KVDepth: 3, QDepth: 5, QChunk: 3, MaxBlocks: 1})},
+		"depth1":             {knobs: streaming(cudatune.Knobs{Warps: 1, KVDepth: 1, QDepth: 1, QChunk: 5, MaxBlocks: 2})},
+		"wide":               {knobs: streaming(cudatune.Knobs{Warps: 4, KVDepth: 8, QDepth: 8, QChunk: 1000})},
+		"streaming":          {knobs: streaming(cudatune.Knobs{})},
+		"streaming-separate": {knobs: streaming(cudatune.Knobs{SeparateLaunches: true})},
 		// The direct path with its minimum named (DirectMinRows 1), so these
 		// stay direct whatever the default minimum becomes.
 		"direct":   {knobs: cudatune.Knobs{DirectMinRows: 1}},
@@ -84,8 +121,8 @@ func TestCUDAConformanceVariants(t *testing.T) {
 		// row (the default halves them only for grids of more than a wave).
 		"direct-half-blocks": {knobs: cudatune.Knobs{DirectHalfBlockRows: 1, DirectMinRows: 1}},
 		"direct-1warp-1row":  {knobs: cudatune.Knobs{DirectWarps: 1, DirectQRows: 1, DirectMinRows: 1}},
-		"boundary":           {knobs: cudatune.Knobs{DirectMaxRows: boundaryRows, DirectMinRows: 1}},
-		"split":              {knobs: cudatune.Knobs{DirectMaxRows: splitRows, DirectMinRows: 1}},
+		"boundary":           {knobs: boundaryKnobs()},
+		"split":              {knobs: splitKnobs()},
 	}
 	for name, v := range variants {
 		b, err := cuda.NewTuned(v.opts, v.knobs)

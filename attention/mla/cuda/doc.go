@@ -15,11 +15,12 @@
 // RunLayer issues each launch (one per phase) as one fused grid: its first
 // blocks do the KV work, the rest the Q work, side by side (they touch
 // disjoint memory). Each launch takes one of two paths (abi.Path), chosen by
-// its size in Q rows (tokens x heads; cudatune.Knobs.DirectMaxRows): small
-// batches the direct path (one warp per row, no shared memory), large ones
-// the streaming pipeline (a capped grid whose warps stream row ranges
-// through a cp.async ring); both share the per-row arithmetic, so they write
-// the same bytes. All driver work goes through one driver.Context, whose
+// its size in Q rows (tokens x heads) and its Q format
+// (cudatune.Knobs.DirectMaxRows, DirectMaxRowsBF16): small batches, and
+// bf16 Q at every size, the direct path (one warp per row, no shared
+// memory); large batches with FP8 Q the streaming pipeline (a capped grid
+// whose warps stream row ranges through a cp.async ring); both share the
+// per-row arithmetic, so they write the same bytes. All driver work goes through one driver.Context, whose
 // goroutine is locked to its OS thread; launches go out on one stream in
 // issue order, so the launches of a layer and the layers of an iteration
 // run in that order. With programmatic dependent launch (the default) a

@@ -12,8 +12,8 @@ import (
 
 // PathFor is the backend's choice of kernels for a launch (knobs with their
 // defaults applied).
-func PathFor(k cudatune.Knobs, l mla.Launch, heads int) abi.Path {
-	return pathFor(k.Defaults(), l, heads)
+func PathFor(k cudatune.Knobs, l mla.Launch, heads int, q mla.QFormat) abi.Path {
+	return pathFor(k.Defaults(), l, heads, q)
 }
 
 // CompileWithTestKernels compiles abi.h and prologue.cu followed by a
