@@ -103,7 +103,8 @@ type Knobs struct {
 	// few warps stream long ranges).
 	MaxBlocks int
 	// DirectMaxRows: a launch with FP8 Q of at most this many Q rows
-	// (tokens x heads, padding included) runs the direct path (one warp per
+	// (tokens x heads, padding included), and a KV kernel launched alone
+	// whatever its layer's Q format, runs the direct path (one warp per
 	// row, no shared memory; kernels/cuda/prologue.cu), a larger one the
 	// streaming pipeline above. 0: DefaultDirectMaxRows; negative: never
 	// direct.

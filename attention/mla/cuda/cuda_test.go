@@ -50,13 +50,14 @@ func TestCUDAConformance(t *testing.T) {
 }
 
 // TestCUDALargeContext runs a context batch past the FP8 Q direct-path
-// threshold with the default knobs, in both Q formats, every byte against
-// the reference: FP8 Q streams, bf16 Q takes the direct path at a size the
-// suite's small scenarios never reach (a grid of over a hundred thousand
-// blocks of half the warps). Long (about a gigabyte of rows), so -short
-// skips it.
+// threshold with the default knobs, every byte against the reference: in
+// the fused layer grid FP8 Q streams and bf16 Q takes the direct path (a
+// grid of over a hundred thousand blocks of half the warps, a size the
+// suite's small scenarios never reach); as separate launches the KV kernel
+// streams beside a direct bf16 Q kernel. Long (about a gigabyte of rows),
+// so -short skips it.
 func TestCUDALargeContext(t *testing.T) {
-	b := backend(t)
+	fused := backend(t)
 	if testing.Short() {
 		t.Skip("-short: about a gigabyte of rows")
 	}
@@ -67,13 +68,27 @@ func TestCUDALargeContext(t *testing.T) {
 		{Seq: 2, Phase: metadata.Context, NewTokens: 3001},
 	}}
 	l := mla.Launch{Rows: tokens}
-	require.Equal(t, abi.Streaming, cuda.PathFor(cudatune.Knobs{}, l, heads, mla.QFP8), "FP8 Q at this size")
+	require.Equal(t, abi.Streaming, cuda.PathFor(cudatune.Knobs{}, l, heads, mla.QFP8), "FP8 Q (and a KV kernel alone) at this size")
 	require.Equal(t, abi.Direct, cuda.PathFor(cudatune.Knobs{}, l, heads, mla.QBF16), "bf16 Q at this size")
-	for _, c := range []mlatest.Config{{Format: kvcache.FormatFP8UE8M0, QBF16: true}, {Format: kvcache.FormatFP8UE8M0}, {Format: kvcache.FormatBF16, QBF16: true}} {
-		t.Run(c.String(), func(t *testing.T) {
+	separate, err := cuda.NewTuned(cuda.Options{}, cudatune.Knobs{SeparateLaunches: true})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, separate.Close()) }()
+	qbf16 := mlatest.Config{Format: kvcache.FormatFP8UE8M0, QBF16: true}
+	runs := []struct {
+		name string
+		b    *cuda.Backend
+		c    mlatest.Config
+	}{
+		{"fused", fused, qbf16},
+		{"fused", fused, mlatest.Config{Format: kvcache.FormatFP8UE8M0}},
+		{"fused", fused, mlatest.Config{Format: kvcache.FormatBF16, QBF16: true}},
+		{"separate", separate, qbf16},
+	}
+	for _, r := range runs {
+		t.Run(r.name+"/"+r.c.String(), func(t *testing.T) {
 			seed := rand.Uint64()
 			t.Logf("seed %d", seed)
-			require.NoError(t, mlatest.Check(b, s, c, seed))
+			require.NoError(t, mlatest.Check(r.b, s, r.c, seed))
 		})
 	}
 }

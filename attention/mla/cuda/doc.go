@@ -20,7 +20,9 @@
 // bf16 Q at every size, the direct path (one warp per row, no shared
 // memory); large batches with FP8 Q the streaming pipeline (a capped grid
 // whose warps stream row ranges through a cp.async ring); both share the
-// per-row arithmetic, so they write the same bytes. All driver work goes through one driver.Context, whose
+// per-row arithmetic, so they write the same bytes. A KV kernel launched
+// alone (KVNormRopeStore, ForkKV) follows the FP8 Q rule whatever the Q
+// format: only a fused grid needs one path for both parts. All driver work goes through one driver.Context, whose
 // goroutine is locked to its OS thread; launches go out on one stream in
 // issue order, so the launches of a layer and the layers of an iteration
 // run in that order. With programmatic dependent launch (the default) a
