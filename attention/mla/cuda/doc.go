@@ -22,10 +22,10 @@
 // whose warps stream row ranges through a cp.async ring); both share the
 // per-row arithmetic, so they write the same bytes. A KV kernel launched
 // alone (KVNormRopeStore, ForkKV) follows the FP8 Q rule whatever the Q
-// format: only a fused grid needs one path for both parts. All driver work goes through one driver.Context, whose
-// goroutine is locked to its OS thread; launches go out on one stream in
-// issue order, so the launches of a layer and the layers of an iteration
-// run in that order. With programmatic dependent launch (the default) a
+// format: only a fused grid needs one path for both parts. All driver work
+// goes through one driver.Context, whose goroutine is locked to its OS
+// thread; launches go out on one stream in issue order, so the launches of
+// a layer and the layers of an iteration run in that order. With programmatic dependent launch (the default) a
 // grid starts while the previous one drains: before its griddepcontrol.wait
 // it reads only what no grid in flight writes (the metadata the host
 // uploaded, the RoPE table, the weight), and it reads the rows an earlier

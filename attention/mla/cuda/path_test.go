@@ -80,8 +80,8 @@ func TestPathFor(t *testing.T) {
 // TestSuiteCrossesThePathBoundary: under the "boundary" variant the suite
 // runs a launch exactly at the threshold (direct) and one a Q row past it
 // (streaming), in either Q format; under "split" a batch's launches take
-// both paths. A change
-// to the scenarios that loses either fails here, not silently on the GPU.
+// both paths. A change to the scenarios that loses either fails here, not
+// silently on the GPU.
 func TestSuiteCrossesThePathBoundary(t *testing.T) {
 	boundary, split := boundaryKnobs(), splitKnobs()
 	var at, past, both []string
