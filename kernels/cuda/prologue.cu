@@ -811,8 +811,12 @@ LAYER_KERNEL(layer_fp8_pertensor_qbf16, FMT_FP8_PERTENSOR, QFMT_BF16)
 // no grid in flight writes: the launch parameters, the metadata (header,
 // kv_len, cu_q, cached, block tables: uploaded by the host before the
 // iteration's first kernel, read-only on the device), the RoPE table and
-// the kv_a_layernorm weight; and it asks L2 to fetch its own rows
-// (prefetch_l2, a hint that reads nothing). The rows the previous kernel
+// the kv_a_layernorm weight; and, first of all, it asks L2 to fetch its
+// own rows (prefetch_l2, a hint that reads nothing), which the launch's
+// shape alone names: a warp that starts late (V4-Pro's decode grid takes
+// two waves) has its rows on the way while it reads the header and
+// resolves its token, and padding rows, inside the buffers too, may be
+// fetched for nothing. The rows the previous kernel
 // may produce (the latent, QIn) are read, and every byte (cache, QOut,
 // scheduler region) is written, only after the wait. Every thread waits
 // before it exits, even one without a row, so this grid never completes
@@ -870,12 +874,15 @@ __device__ __forceinline__ void kv_row_spread(const Params& p, u8* page, int off
     kv_store_rope_pair<FMT>(p, page, off, a, c, lane);
 }
 
-// KV: warp i of the part owns latent row i of the launch.
+// KV: warp i of the part owns latent row i of the launch; it asks L2 for the
+// row before it resolves the row's slot.
 template <int FMT>
 __device__ __forceinline__ void kv_direct(const Params& p0, int blk) {
     pdl_trigger();
     const int lane = threadIdx.x & 31;
     const int i = blk * (blockDim.x >> 5) + (threadIdx.x >> 5);  // warp-uniform
+    const u8* row = p0.in + (size_t)(p0.row_begin + i) * p0.in_stride;
+    if (lane == 0 && i < p0.rows) prefetch_l2(row, 2 * HEAD_DIM);
     const Params p = with_header(p0);
     float w[16];
     load_weight(w, p.weight, lane);
@@ -885,11 +892,7 @@ __device__ __forceinline__ void kv_direct(const Params& p0, int blk) {
     int page = -1, off = 0, pos = 0;
     const bool live = i < p.rows && kv_resolve(p, st, i, page, off, pos);
     float2 cs = make_float2(0.f, 0.f);
-    const u8* row = p.in + (size_t)(p.row_begin + i) * p.in_stride;
-    if (live) {
-        cs = load_rope_pair(p.rope, pos, lane);
-        if (lane == 0) prefetch_l2(row, 2 * HEAD_DIM);
-    }
+    if (live) cs = load_rope_pair(p.rope, pos, lane);
     pdl_wait();
     if (p.write_sched && blk == 0 && threadIdx.x == 0) write_scheduler(p);
     if (!live) return;  // padding, a slot outside the pool: no byte changes
@@ -900,8 +903,8 @@ __device__ __forceinline__ void kv_direct(const Params& p0, int blk) {
 }
 
 // Q: warp w of the part owns (token, head) rows [w*R, w*R+R) of the launch,
-// R = DIRECT_QROWS. Before the wait it resolves its first token and asks L2
-// for its rows; after it, row k+1's loads go out before row k's arithmetic
+// R = DIRECT_QROWS. Before the wait it asks L2 for its rows, then resolves
+// its first token; after it, row k+1's loads go out before row k's arithmetic
 // (two rows in flight, the registers of two whatever R is). A row's loads
 // depend only on its index, not on its token's metadata; a later token of
 // the warp (a row past a token's last head) is resolved when its first row
@@ -914,8 +917,12 @@ __device__ __forceinline__ void q_direct(const Params& p0, int blk) {
     const int es = QFMT == QFMT_BF16 ? 2 : 1;
     const int lane = threadIdx.x & 31;
     const int i0 = (blk * (blockDim.x >> 5) + (threadIdx.x >> 5)) * R;  // warp-uniform
+    const int n = p0.rows * p0.heads;                          // the launch's rows, padding included
+    const size_t r0 = (size_t)p0.row_begin * p0.heads + i0;
+#pragma unroll
+    for (int k = 0; k < R; k++)
+        if (lane == k && i0 + k < n) prefetch_l2(p0.in + (r0 + k) * 1024, 1024);
     const Params p = with_header(p0);
-    const int n = p.rows * p.heads;                            // the launch's rows, padding included
     const int nv = min(p.valid_rows, p.rows) * p.heads;        // those with an input row to read
     // Row i0's token and head; the next rows step the head.
     int t, h;
@@ -928,10 +935,6 @@ __device__ __forceinline__ void q_direct(const Params& p0, int blk) {
         live = resolve(p, t, b, pos);
         if (live) cs = load_rope_pair(p.rope, pos, lane);
     }
-    const size_t r0 = (size_t)p.row_begin * p.heads + i0;
-#pragma unroll
-    for (int k = 0; k < R; k++)
-        if (lane == k && i0 + k < nv) prefetch_l2(p.in + (r0 + k) * 1024, 1024);
     pdl_wait();
     auto load = [&](int k, uint4& a, uint4& b, u32& tl) {
         const u8* row = p.in + (r0 + k) * 1024;
