@@ -1,7 +1,7 @@
 // Package cudatune holds the CUDA backend's launch-shape knobs: the
 // streaming pipeline's warps and depths, the grid cap, the direct path's
-// thresholds (one a Q format) and block shape, separate KV and Q launches and the compiler's
-// resource report. The defaults (the zero Knobs) are the shapes measured
+// thresholds (one per Q format) and block shape, separate KV and Q launches
+// and the compiler's resource report. The defaults (the zero Knobs) are the shapes measured
 // best on the H200; the module's tests vary them to run the kernels through
 // unusual shapes, and cmd/bench to measure alternatives. Being internal,
 // they stay out of the backend's public Options.
@@ -11,9 +11,9 @@ import "math"
 
 // DefaultDirectMaxRows is the largest launch with FP8 Q, in Q rows (tokens
 // x heads), that takes the direct path by default: every decode batch, and
-// context batches up to 8192 V4-Flash or 4096 V4-Pro tokens. Measured on the H200
-// (2026-12-01, time per layer in a many-layer CUDA graph, streaming against
-// direct): V4-Flash b=256 MTP 3 30.8 against 27.9 us, 4096 context tokens
+// context batches up to 8192 V4-Flash or 4096 V4-Pro tokens. Measured on
+// the H200 (2026-12-01, time per layer in a many-layer CUDA graph,
+// streaming against direct): V4-Flash b=256 MTP 3 30.8 against 27.9 us, 4096 context tokens
 // 114.7 against 107.8 us; V4-Pro b=256 MTP 3 60.1 against 53.6 us, 4096
 // tokens 220.2 against 210.5 us. At 16K tokens and more the streaming
 // pipeline keeps the KV kernel ahead (V4-Flash 16K, cold: 16.5 against

@@ -25,10 +25,11 @@
 // format: only a fused grid needs one path for both parts. All driver work
 // goes through one driver.Context, whose goroutine is locked to its OS
 // thread; launches go out on one stream in issue order, so the launches of
-// a layer and the layers of an iteration run in that order. With programmatic dependent launch (the default) a
-// grid starts while the previous one drains: before its griddepcontrol.wait
-// it reads only what no grid in flight writes (the metadata the host
-// uploaded, the RoPE table, the weight), and it reads the rows an earlier
+// a layer and the layers of an iteration run in that order. With
+// programmatic dependent launch (the default) a grid starts while the
+// previous one drains: before its griddepcontrol.wait it reads only what
+// no grid in flight writes (the metadata the host uploaded, the RoPE table,
+// the weight) and asks L2 for its rows, and it reads the rows an earlier
 // kernel produces, and writes anything, only after the wait.
 //
 // The KV compressor (DESIGN.md section 8) runs in its own module,
