@@ -443,8 +443,25 @@ def _corruptions(tensors, meta):
     return out
 
 
+def _quantum_self_test(problems):
+    """One e4m3 step apart passes and two fail, at a q_scale that is not a power of two (the
+    quantum is taken at the stored value: 1.0 and 1.125 decode to 1.333 and 1.5 at 0.75)."""
+    one = torch.full((1, 1, peers.HEAD_DIM), 0x38, dtype=torch.uint8)  # e4m3 1.0
+    for byte, want_ok, what in ((0x39, True, "one step"), (0x3A, False, "two steps")):
+        other = one.clone()
+        other[..., 7] = byte
+        stats = peers.compare_decoded(peers.decode_q(one, True, 0.75), peers.decode_q(other, True, 0.75))
+        ok = stats["failed"] == 0
+        print(f"  e4m3 bytes {what} apart at q_scale 0.75: {'pass' if ok else 'fail'}, as it must"
+              if ok == want_ok else f"  e4m3 bytes {what} apart at q_scale 0.75: NOT AS IT MUST ({stats})")
+        if ok != want_ok:
+            problems.append(f"the tolerance at q_scale 0.75, {what}: failed {stats['failed']}")
+
+
 def self_test(device):
     problems = []
+    print("the tolerance:")
+    _quantum_self_test(problems)
     with tempfile.TemporaryDirectory() as good, tempfile.TemporaryDirectory() as bad:
         seed = 7
         for fmt in peers.FORMATS:

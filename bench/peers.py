@@ -398,12 +398,15 @@ def kv_written_mask(cache_shape, slots, fmt, page_size, device=None) -> torch.Te
 
 class Decoded:
     """Decoded rows in float64: values (..., 512); fp8 (512,) bool: which elements are e4m3 (the
-    rest bf16); step (..., 512): the e4m3 subnormal step in value units (0 for bf16 elements)."""
+    rest bf16); step (..., 512): the e4m3 subnormal step in value units (0 for bf16 elements);
+    unit: a stored e4m3 unit in value units (1 / q_scale or 1 / kv_scale for the scaled formats,
+    else 1)."""
 
-    def __init__(self, values, fp8, step):
+    def __init__(self, values, fp8, step, unit=1.0):
         self.values = values
         self.fp8 = fp8
         self.step = step
+        self.unit = unit
 
 
 def decode_kv(cache, slots, fmt, page_size, kv_scale=1.0) -> Decoded:
@@ -424,7 +427,8 @@ def decode_kv(cache, slots, fmt, page_size, kv_scale=1.0) -> Decoded:
         v = bf16_to_float(values).to(torch.float64)
         return Decoded(v, torch.zeros(HEAD_DIM, dtype=torch.bool), torch.zeros_like(v))
     v = e4m3_to_float(values).to(torch.float64) / float(kv_scale)
-    return Decoded(v, torch.ones(HEAD_DIM, dtype=torch.bool), torch.full_like(v, 2.0**-9 / float(kv_scale)))
+    return Decoded(v, torch.ones(HEAD_DIM, dtype=torch.bool), torch.full_like(v, 2.0**-9 / float(kv_scale)),
+                   1.0 / float(kv_scale))
 
 
 def decode_q(q_bytes, out_fp8, q_scale=1.0) -> Decoded:
@@ -432,7 +436,8 @@ def decode_q(q_bytes, out_fp8, q_scale=1.0) -> Decoded:
     q_bytes = q_bytes.cpu()
     if out_fp8:
         v = e4m3_to_float(q_bytes).to(torch.float64) / float(q_scale)
-        return Decoded(v, torch.ones(HEAD_DIM, dtype=torch.bool), torch.full_like(v, 2.0**-9 / float(q_scale)))
+        return Decoded(v, torch.ones(HEAD_DIM, dtype=torch.bool), torch.full_like(v, 2.0**-9 / float(q_scale)),
+                       1.0 / float(q_scale))
     v = bf16_to_float(q_bytes).to(torch.float64)
     return Decoded(v, torch.zeros(HEAD_DIM, dtype=torch.bool), torch.zeros_like(v))
 
@@ -451,8 +456,12 @@ def compare_decoded(a: Decoded, b: Decoded) -> dict:
     """Compares two decodings of the same rows element by element.
 
     An element passes when |a - b| <= quantum (+ the RoPE allowance on the rope tail), where
-    quantum is one step of the element's format at max(|a|, |b|): 2^(floor(log2 m) - 3) for e4m3
-    (at least the subnormal step of the larger of the two scales), 2^(floor(log2 m) - 7) for bf16.
+    quantum is one step of the element's format at the stored magnitude m = max(|a|, |b|) / unit,
+    in value units: 2^(floor(log2 m) - 3) * unit for e4m3 (at least the subnormal step of the
+    larger of the two scales), 2^(floor(log2 m) - 7) for bf16. (Taken at the decoded value
+    instead, a one-step difference of a stored e4m3 divided by a scale that is not a power of two
+    could exceed it: bytes 1.0 and 1.125 at q_scale 0.75 decode to 1.333 and 1.5, a step of 0.167
+    against 0.125 at 1.5.)
     The RoPE allowance, 2^-6 of the (y0, y1) pair's magnitude, covers a one-ulp difference of the
     bf16 value before the rotation (a different RMS summation order flips a rounding now and then):
     rotated, it moves the pair by up to sqrt(2) bf16 ulps of the pair, which can be many ulps of a
@@ -467,9 +476,11 @@ def compare_decoded(a: Decoded, b: Decoded) -> dict:
     x0 = torch.nan_to_num(x, nan=0.0)
     y0 = torch.nan_to_num(y, nan=0.0)
     m = torch.maximum(x0.abs(), y0.abs())
-    _, exponent = torch.frexp(m)
+    unit = max(float(a.unit), float(b.unit))  # scales the e4m3 elements only
+    elem_unit = torch.where(a.fp8, torch.tensor(unit, dtype=torch.float64), torch.tensor(1.0, dtype=torch.float64))
+    _, exponent = torch.frexp(m / elem_unit)
     bits = torch.where(a.fp8, torch.tensor(3.0, dtype=torch.float64), torch.tensor(7.0, dtype=torch.float64))
-    quantum = torch.pow(2.0, exponent.to(torch.float64) - 1.0 - bits)
+    quantum = torch.pow(2.0, exponent.to(torch.float64) - 1.0 - bits) * elem_unit
     quantum = torch.where(m > 0, quantum, torch.zeros_like(quantum))
     quantum = torch.maximum(quantum, torch.maximum(a.step, b.step))
 
@@ -1128,7 +1139,7 @@ def selftest(device, seed=1234) -> dict:
         ref = reference_rows(latent.cpu(), w.cpu(), table.cpu(), pos.cpu())
         if fmt == FP8_PERTENSOR:
             ref = ref.clamp(-E4M3_MAX / kv_scale, E4M3_MAX / kv_scale)
-        stats = compare_decoded(got, Decoded(ref, got.fp8, got.step))
+        stats = compare_decoded(got, Decoded(ref, got.fp8, got.step, got.unit))
         if fmt == FP8_UE8M0:
             _, scales = kv_slot_bytes(cache, slots, fmt, P)
             stats.update(compare_scales(scales.cpu(), reference_ue8m0(ref)))
@@ -1145,7 +1156,7 @@ def selftest(device, seed=1234) -> dict:
         ref = reference_rows(q.cpu(), None, table.cpu(), pos.cpu())
         if out_fp8:
             ref = ref.clamp(-E4M3_MAX / q_scale, E4M3_MAX / q_scale)
-        stats = compare_decoded(got, Decoded(ref, got.fp8, got.step))
+        stats = compare_decoded(got, Decoded(ref, got.fp8, got.step, got.unit))
         ok = stats["failed"] == 0
         out["cases"].append({"kernel": "q", "format": "fp8" if out_fp8 else "bf16", "ok": ok, **stats})
         out["ok"] &= ok
