@@ -1,14 +1,3 @@
-// Command mkcheckpoint writes a synthetic DeepSeek-V4 checkpoint directory
-// (config.json, model.safetensors.index.json, shards) holding the attention
-// weights the prologue chain loads, deterministic from a seed, with trained
-// magnitudes (weights.WriteSynthetic).
-//
-//	go run ./cmd/mkcheckpoint --model tiny --out /tmp/ck
-//	go run ./cmd/mkcheckpoint --model flash --layers 2,3 --scale-format e8m0 --out /tmp/flash2
-//	go run ./cmd/mkcheckpoint --model pro --layers 0-3,61 --naming hf --out /tmp/pro4
-//
-// --layers takes "all" (every layer, MTP layers included) or a comma list of
-// indices and ranges a-b (inclusive); MTP layers follow the main ones.
 package main
 
 import (

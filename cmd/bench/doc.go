@@ -1,0 +1,27 @@
+// Command bench measures the CUDA prologue kernels on the device, and draws
+// the plots of its report.
+//
+//	bench [flags]            the measurements (needs a GPU); writes JSON
+//	bench host [flags]       only the engine's host cost, on any backend (cpu works anywhere)
+//	bench report [flags]     plots (PNG and SVG) from the JSON, anywhere
+//
+// The measurements: every kernel as a cold single launch (L2 flushed,
+// median of many) over generation and context shapes, for V4-Flash and
+// V4-Pro dims and each cache and Q format, against a device-to-device copy
+// measured in the same run; every shape the way a server sees it, a CUDA
+// graph of all layers of an iteration with distinct inputs (time per
+// layer), each prologue kernel alone in such a graph, and beside them the
+// dependent-chain floor (a kernel that only copies the layer's Q rows, in the
+// same graph, with and without asking L2 for them ahead of the wait); a
+// whole decode iteration launched eagerly from Go (the device
+// time and the host time to issue it) and as a graph;
+// and the engine's own host cost per iteration (Begin, End). The JSON feeds
+// bench/report.py, which joins it with the PyTorch peers (bench/peers.py).
+// The chain: the whole layer from hidden states (act_quant, the two FP8
+// GEMMs, q_norm, the prologue with the KV side on a second stream), every
+// layer with its own weights in one CUDA graph, against the weight-streaming
+// floor and the PyTorch chain peer (bench/chain_peer.py).
+// With --check-dir it also writes small cases as safetensors for
+// bench/check_peers.py, after checking them byte for byte against the CPU
+// backend.
+package main

@@ -1,0 +1,12 @@
+// Command decode replays a batch trace through the MLA prologue engine the
+// way an LLM server drives it: one iteration per trace line, every layer's
+// prologue on synthetic activations, the KV cache carried from line to line.
+//
+//	go run ./cmd/decode                     # the embedded default trace
+//	go run ./cmd/decode --trace my.jsonl --backend cpu --layers 4 --verify
+//
+// It prints one line per iteration (tokens, launches per kind, wall time and,
+// on CUDA, device time), a summary, and the summary again in Go benchmark
+// format for benchstat; --json prints a JSON report instead. The trace
+// format and the --dump tensors are described in the README.
+package main
