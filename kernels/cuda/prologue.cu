@@ -905,7 +905,9 @@ __device__ __forceinline__ void kv_direct(const Params& p0, int blk) {
 // Q: warp w of the part owns (token, head) rows [w*R, w*R+R) of the launch,
 // R = DIRECT_QROWS. Before the wait it asks L2 for its rows, then resolves
 // its first token; after it, row k+1's loads go out before row k's arithmetic
-// (two rows in flight, the registers of two whatever R is). A row's loads
+// (the registers of two rows whatever R is). The compiler issues them once
+// row k's have arrived (it copies row k's registers first); loading both
+// rows together was slower (BENCHMARKS.md, the ninth session). A row's loads
 // depend only on its index, not on its token's metadata; a later token of
 // the warp (a row past a token's last head) is resolved when its first row
 // is reached, so the warp holds one token's liveness and RoPE pair, not
