@@ -39,9 +39,9 @@ type Iteration struct {
 	HeaderGraphUs float64 `json:"header_graph_us"`
 	// LongGraphUs is the header-driven iteration captured twice in one
 	// graph, per iteration, as in a server's whole-model decode graph: a
-	// decode grid of more than a wave runs slower in a graph longer than
-	// one iteration than in one short graph launched again right after
-	// itself (BENCHMARKS.md, sixth session; the cause is not established).
+	// decode grid of more than a wave ran 5% slower there than in one
+	// short graph launched again right after itself until its warps asked
+	// L2 for their rows first (BENCHMARKS.md, sixth and eighth sessions).
 	LongGraphUs float64 `json:"long_graph_us"`
 	Speedup     float64 `json:"graph_speedup"`
 	// HostUs is the eager iteration's wall time on the host: the events,
