@@ -179,10 +179,10 @@ def best_peer_us(p):
     return min(times) if times else None
 
 
-# The serving engines' kernels, quoted from issue 11 (measured by a previous session on one H200:
+# The serving engines' kernels, quoted from issue 11 (measured on one H200 before 2026-11-30:
 # each layer its own inputs and cache, a CUDA graph of all layers, median of 50 replays). The
 # same table is in cmd/bench/quoted.go, which plots them.
-QUOTED_SOURCE = "quoted from issue 11, measured by a previous session on one H200"
+QUOTED_SOURCE = "quoted from issue 11, measured on one H200 before 2026-11-30"
 QUOTED_LAYER = {  # (model, tokens): {peer: µs per layer}
     ("flash", 128): {"SGLang": 315.0 / 43, "vLLM": 573.0 / 43},
     ("pro", 128): {"SGLang": 710.0 / 61, "vLLM": 1275.0 / 61},

@@ -1,8 +1,8 @@
 package main
 
 // quotedFigure is a serving engine's kernel time quoted in issue 11 ("Decode
-// latency: ahead of the serving engines' own kernels"), measured by a
-// previous session on one H200 in the setting of LayerGraph: each layer its
+// latency: ahead of the serving engines' own kernels"), measured on
+// one H200 before 2026-11-30, in the setting of LayerGraph: each layer its
 // own inputs and cache, a CUDA graph of all layers, median of 50 replays.
 // They are not re-measured here (the engines are not installed on the
 // device); the plots show them beside ours, labelled as quoted.
@@ -18,7 +18,7 @@ type quotedFigure struct {
 }
 
 // quotedSource is the provenance printed with every quoted figure.
-const quotedSource = "quoted from issue 11, measured by a previous session on one H200"
+const quotedSource = "quoted from issue 11, measured on one H200 before 2026-11-30"
 
 // quotedFigures are issue 11's numbers. The per-kernel and context figures
 // are V4-Flash's (the issue gives them under that heading); the context

@@ -41,7 +41,7 @@ type Iteration struct {
 	// graph, per iteration, as in a server's whole-model decode graph: a
 	// decode grid of more than a wave ran 5% slower there than in one
 	// short graph launched again right after itself until its warps asked
-	// L2 for their rows first (BENCHMARKS.md, sixth and eighth sessions).
+	// L2 for their rows first (bench/results/2026-12-01-h200-f and -h).
 	LongGraphUs float64 `json:"long_graph_us"`
 	Speedup     float64 `json:"graph_speedup"`
 	// HostUs is the eager iteration's wall time on the host: the events,

@@ -907,7 +907,7 @@ __device__ __forceinline__ void kv_direct(const Params& p0, int blk) {
 // its first token; after it, row k+1's loads go out before row k's arithmetic
 // (the registers of two rows whatever R is). The compiler issues them once
 // row k's have arrived (it copies row k's registers first); loading both
-// rows together was slower (BENCHMARKS.md, the ninth session). A row's loads
+// rows together was slower (bench/results/2026-12-01-h200-i). A row's loads
 // depend only on its index, not on its token's metadata; a later token of
 // the warp (a row past a token's last head) is resolved when its first row
 // is reached, so the warp holds one token's liveness and RoPE pair, not
