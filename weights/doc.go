@@ -8,7 +8,10 @@
 // layer asked for, wq_a, wkv and wq_b (e4m3 with 128x128 block scales, F32
 // or F8_E8M0, widened exactly to float32), q_norm and kv_norm (bf16 widened
 // to float32) and, for compress ratios 4 and 128, the compressor's wkv and
-// wgate (bf16, kept as bits), ape (float32) and norm weight. It parses only
+// wgate (bf16, kept as bits), ape (float32) and norm weight, and for ratio 4
+// the lightning indexer (Layer.Indexer, DESIGN.md section 9: wq_b e4m3 with
+// block scales, weights_proj bf16 and its own 128-wide compressor; all
+// heads on every rank, never cut to a HeadRange). It parses only
 // the shard headers and reads only those tensors' bytes (ranged reads, no
 // whole shard in memory); with a HeadRange only a tensor-parallel rank's
 // rows of wq_b. Every dtype and shape is checked against the config before

@@ -316,19 +316,36 @@ func (l *loader) want(i int, m module, scale bool, dtypes []string, shape []dim,
 
 // layerPlan holds one layer's jobs between planning and decoding.
 type layerPlan struct {
-	index, ratio, coff int
-	hidden, qLora      int
-	heads              HeadRange
-	wqa, wkv, wqb      [2]*job // values, scales
-	qNorm, kvNorm      *job
-	cWKV, cWGate       *job
-	cAPE, cNorm        *job
+	index, ratio  int
+	hidden, qLora int
+	heads         HeadRange
+	wqa, wkv, wqb [2]*job // values, scales
+	qNorm, kvNorm *job
+	comp          *compPlan // nil for ratio 0
+	idx           *indexerPlan
+}
+
+// compPlan is one compressor's jobs: the main one's or the indexer's.
+type compPlan struct {
+	ratio, coff, dim      int
+	wkv, wgate, ape, norm *job
+}
+
+// indexerPlan is the lightning indexer's jobs (ratio-4 layers).
+type indexerPlan struct {
+	heads, headDim int
+	wqb            [2]*job
+	proj           *job
+	comp           *compPlan
 }
 
 func (p *layerPlan) jobs() []*job {
 	out := []*job{p.wqa[0], p.wqa[1], p.wkv[0], p.wkv[1], p.wqb[0], p.wqb[1], p.qNorm, p.kvNorm}
-	if p.ratio != 0 {
-		out = append(out, p.cWKV, p.cWGate, p.cAPE, p.cNorm)
+	if c := p.comp; c != nil {
+		out = append(out, c.wkv, c.wgate, c.ape, c.norm)
+	}
+	if x := p.idx; x != nil {
+		out = append(out, x.wqb[0], x.wqb[1], x.proj, x.comp.wkv, x.comp.wgate, x.comp.ape, x.comp.norm)
 	}
 	return out
 }
@@ -357,6 +374,18 @@ func (l *loader) planLayer(i int, heads HeadRange) (*layerPlan, error) {
 			*dst, err = l.want(i, m, scale, dts, shape, r0, r1)
 		}
 	}
+	compressor := func(mods compressorModules, ratio, width int, widthExpr string) *compPlan {
+		cp := &compPlan{ratio: ratio, coff: 1, dim: width}
+		if ratio == 4 {
+			cp.coff = 2
+		}
+		cw := dim{cp.coff * width, fmt.Sprintf("%d*%s (coff %d for ratio %d)", cp.coff, widthExpr, cp.coff, ratio)}
+		step(&cp.wkv, mods.wkv, false, []string{dtBF16}, []dim{cw, hid}, 0, -1)
+		step(&cp.wgate, mods.wgate, false, []string{dtBF16}, []dim{cw, hid}, 0, -1)
+		step(&cp.ape, mods.ape, false, []string{dtF32, dtBF16}, []dim{{ratio, "compress_ratio"}, cw}, 0, -1)
+		step(&cp.norm, mods.norm, false, norms, []dim{{width, widthExpr}}, 0, -1)
+		return cp
+	}
 	step(&p.wqa[0], modWQA, false, fp8, []dim{q, hid}, 0, -1)
 	step(&p.wqa[1], modWQA, true, scales, []dim{qS, hidS}, 0, -1)
 	step(&p.wkv[0], modWKV, false, fp8, []dim{lat, hid}, 0, -1)
@@ -368,15 +397,18 @@ func (l *loader) planLayer(i int, heads HeadRange) (*layerPlan, error) {
 	step(&p.qNorm, modQNorm, false, norms, []dim{q}, 0, -1)
 	step(&p.kvNorm, modKVNorm, false, norms, []dim{lat}, 0, -1)
 	if ratio != 0 {
-		p.coff = 1
-		if ratio == 4 {
-			p.coff = 2
-		}
-		cw := dim{p.coff * LatentDim, fmt.Sprintf("%d*head_dim (coff %d for ratio %d)", p.coff, p.coff, ratio)}
-		step(&p.cWKV, modCompWKV, false, []string{dtBF16}, []dim{cw, hid}, 0, -1)
-		step(&p.cWGate, modCompWGate, false, []string{dtBF16}, []dim{cw, hid}, 0, -1)
-		step(&p.cAPE, modCompAPE, false, []string{dtF32, dtBF16}, []dim{{ratio, "compress_ratio"}, cw}, 0, -1)
-		step(&p.cNorm, modCompNorm, false, norms, []dim{lat}, 0, -1)
+		p.comp = compressor(mainCompressor, ratio, LatentDim, "head_dim")
+	}
+	if ratio == 4 {
+		// Replicated: every rank reads all the indexer's heads.
+		x := &indexerPlan{heads: c.IndexNHeads, headDim: c.IndexHeadDim}
+		iq := dim{c.IndexNHeads * c.IndexHeadDim, "index_n_heads*index_head_dim"}
+		iqS := dim{ceil128(c.IndexNHeads * c.IndexHeadDim), "ceil(index_n_heads*index_head_dim/128)"}
+		step(&x.wqb[0], modIdxWQB, false, fp8, []dim{iq, q}, 0, -1)
+		step(&x.wqb[1], modIdxWQB, true, scales, []dim{iqS, qS}, 0, -1)
+		step(&x.proj, modIdxProj, false, []string{dtBF16}, []dim{{c.IndexNHeads, "index_n_heads"}, hid}, 0, -1)
+		x.comp = compressor(indexerCompressor, 4, c.IndexHeadDim, "index_head_dim")
+		p.idx = x
 	}
 	if err != nil {
 		return nil, err
@@ -405,20 +437,39 @@ func (p *layerPlan) decode() (*Layer, error) {
 	if l.KVNorm, err = floats(p.kvNorm); err != nil {
 		return nil, err
 	}
-	if p.ratio == 0 {
-		return l, nil
+	if p.comp != nil {
+		if l.Compressor, err = p.comp.decode(p.hidden); err != nil {
+			return nil, err
+		}
 	}
-	cp := &Compressor{Ratio: p.ratio, Coff: p.coff}
-	cp.WKV = BF16Matrix{N: p.coff * LatentDim, K: p.hidden, Data: bf16Bits(p.cWKV.buf)}
-	cp.WGate = BF16Matrix{N: p.coff * LatentDim, K: p.hidden, Data: bf16Bits(p.cWGate.buf)}
-	if cp.APE, err = floats(p.cAPE); err != nil {
-		return nil, err
+	if x := p.idx; x != nil {
+		ix := &IndexerWeights{Heads: x.heads, HeadDim: x.headDim}
+		if ix.WQB, err = fp8Matrix(x.wqb, x.heads*x.headDim, p.qLora); err != nil {
+			return nil, err
+		}
+		ix.WeightsProj = BF16Matrix{N: x.heads, K: p.hidden, Data: bf16Bits(x.proj.buf)}
+		cp, err := x.comp.decode(p.hidden)
+		if err != nil {
+			return nil, err
+		}
+		ix.Compressor = *cp
+		l.Indexer = ix
 	}
-	if cp.Norm, err = floats(p.cNorm); err != nil {
-		return nil, err
-	}
-	l.Compressor = cp
 	return l, nil
+}
+
+func (c *compPlan) decode(hidden int) (*Compressor, error) {
+	cp := &Compressor{Ratio: c.ratio, Coff: c.coff, Dim: c.dim}
+	cp.WKV = BF16Matrix{N: c.coff * c.dim, K: hidden, Data: bf16Bits(c.wkv.buf)}
+	cp.WGate = BF16Matrix{N: c.coff * c.dim, K: hidden, Data: bf16Bits(c.wgate.buf)}
+	var err error
+	if cp.APE, err = floats(c.ape); err != nil {
+		return nil, err
+	}
+	if cp.Norm, err = floats(c.norm); err != nil {
+		return nil, err
+	}
+	return cp, nil
 }
 
 // fp8Matrix assembles values and scales; the scales are widened exactly and

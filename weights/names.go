@@ -26,6 +26,12 @@ import (
 //	compressor.wgate   compressor.gate_proj       (as HF)
 //	compressor.ape     compressor.position_bias   (as HF)
 //	compressor.norm    compressor.kv_norm         (as HF)
+//	indexer.wq_b               compressor.indexer.q_b_proj               (as HF)
+//	indexer.weights_proj       compressor.indexer.scorer.weights_proj    (as HF)
+//	indexer.compressor.wkv     compressor.indexer.kv_proj                (as HF)
+//	indexer.compressor.wgate   compressor.indexer.gate_proj              (as HF)
+//	indexer.compressor.ape     compressor.indexer.position_bias          (as HF)
+//	indexer.compressor.norm    compressor.indexer.kv_norm                (as HF)
 //
 // Values: <module>.weight, except ape, a bare parameter <module>. FP8 block
 // scales: <module>.scale (DeepSeek), <module>.weight_scale_inv (vLLM, HF
@@ -48,6 +54,24 @@ var (
 	modCompWGate = module{key: "compressor.wgate", hf: "compressor.gate_proj", v3: "compressor.gate_proj"}
 	modCompAPE   = module{key: "compressor.ape", hf: "compressor.position_bias", v3: "compressor.position_bias", param: true}
 	modCompNorm  = module{key: "compressor.norm", hf: "compressor.kv_norm", v3: "compressor.kv_norm"}
+
+	// The lightning indexer of a ratio-4 layer. HF's port nests it in the
+	// compressor and its head weights in a scorer.
+	modIdxWQB       = module{key: "indexer.wq_b", hf: "compressor.indexer.q_b_proj", v3: "compressor.indexer.q_b_proj"}
+	modIdxProj      = module{key: "indexer.weights_proj", hf: "compressor.indexer.scorer.weights_proj", v3: "compressor.indexer.scorer.weights_proj"}
+	modIdxCompWKV   = module{key: "indexer.compressor.wkv", hf: "compressor.indexer.kv_proj", v3: "compressor.indexer.kv_proj"}
+	modIdxCompWGate = module{key: "indexer.compressor.wgate", hf: "compressor.indexer.gate_proj", v3: "compressor.indexer.gate_proj"}
+	modIdxCompAPE   = module{key: "indexer.compressor.ape", hf: "compressor.indexer.position_bias", v3: "compressor.indexer.position_bias", param: true}
+	modIdxCompNorm  = module{key: "indexer.compressor.norm", hf: "compressor.indexer.kv_norm", v3: "compressor.indexer.kv_norm"}
+)
+
+// compressorModules are the four tensors of a compressor: the main one's or
+// the indexer's.
+type compressorModules struct{ wkv, wgate, ape, norm module }
+
+var (
+	mainCompressor    = compressorModules{modCompWKV, modCompWGate, modCompAPE, modCompNorm}
+	indexerCompressor = compressorModules{modIdxCompWKV, modIdxCompWGate, modIdxCompAPE, modIdxCompNorm}
 )
 
 // paths lists the module's distinct spellings, DeepSeek's first.

@@ -82,7 +82,9 @@ type SyntheticOptions struct {
 // dequantize to about N(0, 1/in_features) with one block scale per 128x128
 // block (amax/448, or the UE8M0 power of two above it); norm weights about
 // 1 +- 0.1 (bf16); compressor wkv/wgate N(0, 1/hidden) in bf16; ape
-// N(0, 0.02^2) in float32.
+// N(0, 0.02^2) in float32. A ratio-4 layer also gets its indexer (Indexer:
+// wq_b like the other FP8 weights, weights_proj like the compressor's bf16
+// projections, and its own compressor at width index_head_dim).
 func SyntheticLayer(cfg *dsv4.Config, seed uint64, i int, format ScaleFormat) (*Layer, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("weights: config: %w", err)
@@ -108,16 +110,15 @@ func SyntheticLayer(cfg *dsv4.Config, seed uint64, i int, format ScaleFormat) (*
 		KVNorm:        g.norm(modKVNorm, LatentDim),
 	}
 	if ratio != 0 {
-		coff := 1
-		if ratio == 4 {
-			coff = 2
-		}
-		l.Compressor = &Compressor{
-			Ratio: ratio, Coff: coff,
-			WKV:   g.bf16(modCompWKV, coff*LatentDim, cfg.HiddenSize),
-			WGate: g.bf16(modCompWGate, coff*LatentDim, cfg.HiddenSize),
-			APE:   g.f32(modCompAPE, ratio*coff*LatentDim, 0.02),
-			Norm:  g.norm(modCompNorm, LatentDim),
+		l.Compressor = g.compressor(mainCompressor, ratio, LatentDim, cfg.HiddenSize)
+	}
+	if ratio == 4 {
+		n := cfg.IndexNHeads * cfg.IndexHeadDim
+		l.Indexer = &IndexerWeights{
+			Heads: cfg.IndexNHeads, HeadDim: cfg.IndexHeadDim,
+			WQB:         g.fp8(modIdxWQB, n, cfg.QLoraRank, format),
+			WeightsProj: g.bf16(modIdxProj, cfg.IndexNHeads, cfg.HiddenSize),
+			Compressor:  *g.compressor(indexerCompressor, 4, cfg.IndexHeadDim, cfg.HiddenSize),
 		}
 	}
 	return l, nil
@@ -219,8 +220,8 @@ func writeFileAtomic(path string, data []byte) error {
 }
 
 // ConfigJSON renders cfg as a HuggingFace config.json that dsv4.Parse reads
-// back to the same Config (plus the architecture and FP8 quantization keys a
-// DeepSeek-V4 release carries, which the parser ignores).
+// back to the same Config (plus the architecture keys a DeepSeek-V4 release
+// carries, which the parser ignores).
 func ConfigJSON(cfg *dsv4.Config) ([]byte, error) {
 	rs := cfg.RopeScaling
 	m := map[string]any{
@@ -250,10 +251,17 @@ func ConfigJSON(cfg *dsv4.Config) ([]byte, error) {
 			"mscale_all_dim":                   rs.MScaleAllDim,
 		},
 		"quantization_config": map[string]any{
-			"quant_method":      "fp8",
-			"fmt":               "e4m3",
-			"weight_block_size": []int{128, 128},
+			"quant_method":      cfg.Quant.Method,
+			"fmt":               cfg.Quant.Fmt,
+			"scale_fmt":         cfg.Quant.ScaleFmt,
+			"activation_scheme": cfg.Quant.ActivationScheme,
+			"weight_block_size": []int{cfg.Quant.BlockRows, cfg.Quant.BlockCols},
 		},
+	}
+	if cfg.IndexNHeads != 0 || cfg.IndexHeadDim != 0 || cfg.IndexTopK != 0 {
+		m["index_n_heads"] = cfg.IndexNHeads
+		m["index_head_dim"] = cfg.IndexHeadDim
+		m["index_topk"] = cfg.IndexTopK
 	}
 	if cfg.Name != "" {
 		m["_name_or_path"] = cfg.Name
@@ -312,12 +320,22 @@ func layerTensors(cfg *dsv4.Config, l *Layer, naming Naming, format ScaleFormat,
 	}
 	bf16(modQNorm, l.QNorm)
 	bf16(modKVNorm, l.KVNorm)
+	compressor := func(mods compressorModules, c *Compressor) {
+		bf16Matrix(mods.wkv, &c.WKV)
+		bf16Matrix(mods.wgate, &c.WGate)
+		ts = append(ts, safetensors.Tensor{Name: naming.name(cfg, i, mods.ape, false), DType: dtF32,
+			Shape: []int{c.Ratio, c.Coff * c.Dim}, Data: numerics.F32Bytes(c.APE)})
+		bf16(mods.norm, c.Norm)
+	}
 	if c := l.Compressor; c != nil {
-		bf16Matrix(modCompWKV, &c.WKV)
-		bf16Matrix(modCompWGate, &c.WGate)
-		ts = append(ts, safetensors.Tensor{Name: naming.name(cfg, i, modCompAPE, false), DType: dtF32,
-			Shape: []int{c.Ratio, c.Coff * LatentDim}, Data: numerics.F32Bytes(c.APE)})
-		bf16(modCompNorm, c.Norm)
+		compressor(mainCompressor, c)
+	}
+	if x := l.Indexer; x != nil {
+		if err := addFP8(modIdxWQB, &x.WQB); err != nil {
+			return nil, err
+		}
+		bf16Matrix(modIdxProj, &x.WeightsProj)
+		compressor(indexerCompressor, &x.Compressor)
 	}
 	// A tensor the loader never reads.
 	sinkPrefix := naming.name(cfg, i, module{key: "attn_sink", hf: "sinks", v3: "sinks", param: true}, false)
@@ -418,6 +436,21 @@ func (g gen) bf16(m module, n, k int) BF16Matrix {
 		}
 	})
 	return w
+}
+
+// compressor draws one compressor's weights at entry width dim.
+func (g gen) compressor(mods compressorModules, ratio, dim, hidden int) *Compressor {
+	coff := 1
+	if ratio == 4 {
+		coff = 2
+	}
+	return &Compressor{
+		Ratio: ratio, Coff: coff, Dim: dim,
+		WKV:   g.bf16(mods.wkv, coff*dim, hidden),
+		WGate: g.bf16(mods.wgate, coff*dim, hidden),
+		APE:   g.f32(mods.ape, ratio*coff*dim, 0.02),
+		Norm:  g.norm(mods.norm, dim),
+	}
 }
 
 // f32 draws n float32 values N(0, sigma^2).

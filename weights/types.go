@@ -42,14 +42,31 @@ type BF16Matrix struct {
 func (m *BF16Matrix) At(n, k int) float32 { return numerics.F32FromBF16(m.Data[n*m.K+k]) }
 
 // Compressor holds the KV compressor weights of one ratio-4 or ratio-128
-// layer (DESIGN.md section 8). Coff is 2 for ratio 4 (overlapping windows:
-// rows [0, 512) are the "A" half, [512, 1024) the "B" half) and 1 for 128.
+// layer (DESIGN.md section 8), or of a ratio-4 layer's indexer (section 9:
+// the same compressor at width 128). Coff is 2 for ratio 4 (overlapping
+// windows: rows [0, Dim) are the "A" half, [Dim, 2*Dim) the "B" half) and 1
+// for 128. Dim is the width of an emitted entry: 512 (head_dim) for the
+// main compressor, index_head_dim (128) for the indexer's.
 type Compressor struct {
 	Ratio, Coff int
-	WKV         BF16Matrix // [Coff*512][hidden]
-	WGate       BF16Matrix // [Coff*512][hidden]
-	APE         []float32  // [Ratio][Coff*512], added to the gate logits of position t at row t mod Ratio
-	Norm        []float32  // [512], RMSNorm weight of an emitted entry, widened exactly from bf16
+	Dim         int
+	WKV         BF16Matrix // [Coff*Dim][hidden]
+	WGate       BF16Matrix // [Coff*Dim][hidden]
+	APE         []float32  // [Ratio][Coff*Dim], added to the gate logits of position t at row t mod Ratio
+	Norm        []float32  // [Dim], RMSNorm weight of an emitted entry, widened exactly from bf16
+}
+
+// IndexerWeights holds the lightning indexer's weights of one ratio-4
+// layer (DESIGN.md section 9; checkpoint names layers.{i}.attn.indexer.*).
+// The indexer's heads are not sharded by the head range: every
+// tensor-parallel rank holds all of them (replicated, like wkv). The
+// indexer's query, head-weight and key-cache code (its CPU reference and
+// kernels) and the engine read them from Layer.Indexer.
+type IndexerWeights struct {
+	Heads, HeadDim int        // index_n_heads (64) and index_head_dim (128)
+	WQB            FP8Matrix  // wq_b: [Heads*HeadDim][q_lora_rank] e4m3, 128x128 block scales; reads section 7's q_norm activation
+	WeightsProj    BF16Matrix // weights_proj: [Heads][hidden] bf16, the per-head weights from the hidden rows
+	Compressor     Compressor // compressor.{wkv,wgate,ape,norm}: Ratio 4, Coff 2, Dim HeadDim
 }
 
 // Layer holds the attention weights the prologue chain reads for one layer
@@ -58,12 +75,13 @@ type Compressor struct {
 type Layer struct {
 	Index         int // layer index in [0, cfg.NumAttentionLayers()); MTP layers follow the main ones
 	CompressRatio int
-	WQA           FP8Matrix   // [q_lora_rank][hidden]
-	WKV           FP8Matrix   // [512][hidden]
-	WQB           FP8Matrix   // [(H1-H0)*512][q_lora_rank]
-	QNorm         []float32   // [q_lora_rank], widened exactly from bf16
-	KVNorm        []float32   // [512], widened exactly from bf16
-	Compressor    *Compressor // nil for compress ratio 0
+	WQA           FP8Matrix       // [q_lora_rank][hidden]
+	WKV           FP8Matrix       // [512][hidden]
+	WQB           FP8Matrix       // [(H1-H0)*512][q_lora_rank]
+	QNorm         []float32       // [q_lora_rank], widened exactly from bf16
+	KVNorm        []float32       // [512], widened exactly from bf16
+	Compressor    *Compressor     // nil for compress ratio 0
+	Indexer       *IndexerWeights // the lightning indexer's weights; nil unless compress ratio is 4
 }
 
 // FusedA returns the fused A projection [wq_a; wkv]: [q_lora_rank+512][hidden]

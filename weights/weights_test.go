@@ -31,6 +31,8 @@ func oddConfig() dsv4.Config {
 	c.NumHeads = 3
 	c.NumLayers = 2
 	c.CompressRatios = []int{128, 4, 0}
+	c.IndexNHeads = 3
+	c.IndexTopK = 7
 	return c
 }
 
@@ -78,6 +80,12 @@ func TestRoundTrip(t *testing.T) {
 				require.Same(t, got, ck.Layer(i))
 				ratio, _ := cfg.CompressRatio(i)
 				require.Equal(t, ratio != 0, got.Compressor != nil)
+				require.Equal(t, ratio == 4, got.Indexer != nil, "layer %d (ratio %d): the indexer is a ratio-4 layer's", i, ratio)
+				if x := got.Indexer; x != nil {
+					require.Equal(t, cfg.IndexNHeads*cfg.IndexHeadDim, x.WQB.N)
+					require.Equal(t, []int{cfg.IndexNHeads, cfg.HiddenSize}, []int{x.WeightsProj.N, x.WeightsProj.K})
+					require.Equal(t, []int{4, 2, 128}, []int{x.Compressor.Ratio, x.Compressor.Coff, x.Compressor.Dim})
+				}
 			}
 			require.Nil(t, ck.Layer(cfg.NumAttentionLayers()))
 		})
@@ -133,6 +141,52 @@ func TestRawBytes(t *testing.T) {
 			require.Equal(t, "BF16", wg.DType)
 			require.Equal(t, binary.LittleEndian.Uint16(wg.Data[2*777:]), l.Compressor.WGate.Data[777])
 			require.Contains(t, byName, "layers.1.attn.attn_sink")
+
+			// The indexer, in DeepSeek's published names and layout.
+			x := l.Indexer
+			require.NotNil(t, x)
+			iq := byName["layers.1.attn.indexer.wq_b.weight"]
+			require.Equal(t, "F8_E4M3", iq.DType)
+			require.Equal(t, []int{64 * 128, 256}, iq.Shape)
+			require.Equal(t, iq.Data, x.WQB.Data)
+			is := byName["layers.1.attn.indexer.wq_b.scale"]
+			require.Equal(t, []int{64, 2}, is.Shape)
+			for k, v := range x.WQB.Scale {
+				var want float32
+				if format == ScaleE8M0 {
+					require.Equal(t, "F8_E8M0", is.DType)
+					want = float32(math.Ldexp(1, int(is.Data[k])-127))
+				} else {
+					want = math.Float32frombits(binary.LittleEndian.Uint32(is.Data[4*k:]))
+				}
+				require.Equal(t, want, v, "indexer wq_b scale %d", k)
+			}
+			wp := byName["layers.1.attn.indexer.weights_proj.weight"]
+			require.Equal(t, "BF16", wp.DType)
+			require.Equal(t, []int{64, 256}, wp.Shape)
+			for k, u := range x.WeightsProj.Data {
+				require.Equal(t, binary.LittleEndian.Uint16(wp.Data[2*k:]), u, "weights_proj %d", k)
+			}
+			for _, name := range []string{"wkv", "wgate"} {
+				w := byName["layers.1.attn.indexer.compressor."+name+".weight"]
+				require.Equal(t, "BF16", w.DType)
+				require.Equal(t, []int{2 * 128, 256}, w.Shape, name)
+			}
+			require.Equal(t, binary.LittleEndian.Uint16(byName["layers.1.attn.indexer.compressor.wkv.weight"].Data[2*300:]), x.Compressor.WKV.Data[300])
+			ia := byName["layers.1.attn.indexer.compressor.ape"]
+			require.Equal(t, "F32", ia.DType)
+			require.Equal(t, []int{4, 256}, ia.Shape)
+			require.Equal(t, numerics.F32Bytes(x.Compressor.APE), ia.Data)
+			in := byName["layers.1.attn.indexer.compressor.norm.weight"]
+			require.Equal(t, "BF16", in.DType)
+			require.Equal(t, []int{128}, in.Shape)
+			for k, v := range x.Compressor.Norm {
+				require.Equal(t, math.Float32frombits(uint32(binary.LittleEndian.Uint16(in.Data[2*k:]))<<16), v)
+			}
+			// Only the ratio-4 layer has one.
+			for name := range byName {
+				require.False(t, strings.Contains(name, "indexer") && !strings.HasPrefix(name, "layers.1."), "%s: only layer 1 is ratio 4", name)
+			}
 		})
 	}
 }
@@ -233,6 +287,13 @@ func TestHeadRange(t *testing.T) {
 		require.Equal(t, full.WQB.Scale[r.Begin*4*2:r.End*4*2], w.Scale, "%v", r)
 		require.Equal(t, full.WQA, ck.Layers[0].WQA, "wq_a is not head-sharded")
 	}
+	// The indexer is replicated: a rank of one head still loads all of it.
+	fullIdx, err := SyntheticLayer(&cfg, seed, 1, ScaleF32)
+	require.NoError(t, err)
+	ck, err := Load(dir, nil, LoadOptions{Layers: []int{1}, Heads: HeadRange{2, 3}})
+	require.NoError(t, err)
+	require.Equal(t, fullIdx.Indexer, ck.Layers[0].Indexer, "the indexer is not head-sharded")
+	require.Equal(t, 3*128, ck.Layers[0].Indexer.WQB.N)
 	for _, r := range []HeadRange{{-1, 1}, {1, 1}, {2, 1}, {0, 4}, {3, 4}} {
 		ck, err := Load(dir, nil, LoadOptions{Heads: r})
 		require.ErrorContains(t, err, fmt.Sprintf("head range [%d, %d)", r.Begin, r.End))
@@ -383,6 +444,36 @@ func TestRefusals(t *testing.T) {
 			delete(m, "layers.2.attn.compressor.ape")
 			writeIndexMap(t, dir, m)
 		}, tensor: "layers.2.attn.compressor.ape", file: IndexFile, want: "missing"},
+		{name: "missing indexer tensor", edit: func(t *testing.T, dir string) {
+			m := readIndexMap(t, dir)
+			delete(m, "layers.1.attn.indexer.weights_proj.weight")
+			writeIndexMap(t, dir, m)
+		}, tensor: "layers.1.attn.indexer.weights_proj.weight", file: IndexFile, want: "missing"},
+		{name: "missing indexer compressor norm", edit: func(t *testing.T, dir string) {
+			m := readIndexMap(t, dir)
+			delete(m, "layers.1.attn.indexer.compressor.norm.weight")
+			writeIndexMap(t, dir, m)
+		}, tensor: "layers.1.attn.indexer.compressor.norm.weight", file: IndexFile, want: "missing"},
+		{name: "missing indexer scale", edit: func(t *testing.T, dir string) {
+			m := readIndexMap(t, dir)
+			delete(m, "layers.1.attn.indexer.wq_b.scale")
+			writeIndexMap(t, dir, m)
+		}, tensor: "layers.1.attn.indexer.wq_b.scale", file: IndexFile, want: "missing"},
+		{name: "indexer wq_b heads", edit: func(t *testing.T, dir string) {
+			rewriteShard(t, dir, "layers.1.attn.indexer.wq_b.weight", editTensor("layers.1.attn.indexer.wq_b.weight", func(x *safetensors.Tensor) { x.Shape = []int{32 * 128, 512} }))
+		}, tensor: "layers.1.attn.indexer.wq_b.weight", file: l1shard, want: "shape [4096 512], want [8192 256] = [index_n_heads*index_head_dim, q_lora_rank]"},
+		{name: "indexer weights_proj shape", edit: func(t *testing.T, dir string) {
+			rewriteShard(t, dir, "layers.1.attn.indexer.weights_proj.weight", editTensor("layers.1.attn.indexer.weights_proj.weight", func(x *safetensors.Tensor) { x.Shape = []int{128, 128} }))
+		}, tensor: "layers.1.attn.indexer.weights_proj.weight", file: l1shard, want: "shape [128 128], want [64 256] = [index_n_heads, hidden_size]"},
+		{name: "indexer compressor width", edit: func(t *testing.T, dir string) {
+			rewriteShard(t, dir, "layers.1.attn.indexer.compressor.wkv.weight", editTensor("layers.1.attn.indexer.compressor.wkv.weight", func(x *safetensors.Tensor) { x.Shape = []int{128, 512} }))
+		}, tensor: "layers.1.attn.indexer.compressor.wkv.weight", file: l1shard, want: "want [256 256] = [2*index_head_dim (coff 2 for ratio 4), hidden_size]"},
+		{name: "indexer ape shape", edit: func(t *testing.T, dir string) {
+			rewriteShard(t, dir, "layers.1.attn.indexer.compressor.ape", editTensor("layers.1.attn.indexer.compressor.ape", func(x *safetensors.Tensor) { x.Shape = []int{4, 1024}; x.Data = make([]byte, 4*1024*4) }))
+		}, tensor: "layers.1.attn.indexer.compressor.ape", file: l1shard, want: "shape [4 1024], want [4 256]"},
+		{name: "indexer weights_proj dtype", edit: func(t *testing.T, dir string) {
+			rewriteShard(t, dir, "layers.1.attn.indexer.weights_proj.weight", editTensor("layers.1.attn.indexer.weights_proj.weight", func(x *safetensors.Tensor) { x.DType = "F16" }))
+		}, tensor: "layers.1.attn.indexer.weights_proj.weight", file: l1shard, want: "dtype F16, want BF16"},
 		{name: "missing scale", edit: func(t *testing.T, dir string) {
 			m := readIndexMap(t, dir)
 			delete(m, "layers.0.attn.wkv.scale")
@@ -564,6 +655,14 @@ func TestNaming(t *testing.T) {
 		{NamingHFV3, 0, modWKV, false, "model.layers.0.self_attn.kv_a_proj_with_mqa.weight"},
 		{NamingHFV3, 0, modKVNorm, false, "model.layers.0.self_attn.kv_a_layernorm.weight"},
 		{NamingHFV3, 1, modCompNorm, false, "model.layers.1.self_attn.compressor.kv_norm.weight"},
+		{NamingDeepSeek, 1, modIdxWQB, true, "layers.1.attn.indexer.wq_b.scale"},
+		{NamingDeepSeek, 1, modIdxCompAPE, false, "layers.1.attn.indexer.compressor.ape"},
+		{NamingVLLM, 1, modIdxProj, false, "model.layers.1.attn.indexer.weights_proj.weight"},
+		{NamingHF, 1, modIdxWQB, true, "model.layers.1.self_attn.compressor.indexer.q_b_proj.weight_scale_inv"},
+		{NamingHF, 1, modIdxProj, false, "model.layers.1.self_attn.compressor.indexer.scorer.weights_proj.weight"},
+		{NamingHF, 1, modIdxCompWGate, false, "model.layers.1.self_attn.compressor.indexer.gate_proj.weight"},
+		{NamingHF, 1, modIdxCompAPE, false, "model.layers.1.self_attn.compressor.indexer.position_bias"},
+		{NamingHFV3, 1, modIdxCompNorm, false, "model.layers.1.self_attn.compressor.indexer.kv_norm.weight"},
 	} {
 		got := c.n.name(&cfg, c.layer, c.m, c.scale)
 		require.Equal(t, c.want, got)
@@ -574,7 +673,18 @@ func TestNaming(t *testing.T) {
 	}
 	_, err := ParseNaming("gguf")
 	require.ErrorContains(t, err, "gguf")
-	for _, m := range []module{modWQA, modWKV, modWQB, modQNorm, modKVNorm, modCompWKV, modCompWGate, modCompAPE, modCompNorm} {
+	all := []module{modWQA, modWKV, modWQB, modQNorm, modKVNorm, modCompWKV, modCompWGate, modCompAPE, modCompNorm,
+		modIdxWQB, modIdxProj, modIdxCompWKV, modIdxCompWGate, modIdxCompAPE, modIdxCompNorm}
+	owner := map[string]string{}
+	for _, m := range all {
+		for _, scale := range []bool{false, true} {
+			for _, c := range m.candidates(&cfg, 1, scale) {
+				require.NotContains(t, owner, c, "%s is a spelling of both %s and %s", c, owner[c], m.key)
+				owner[c] = m.key
+			}
+		}
+	}
+	for _, m := range all {
 		cands := m.candidates(&cfg, 1, false)
 		require.Equal(t, len(cands), len(uniq(cands)), "%s: no spelling twice", m.key)
 		require.True(t, strings.HasPrefix(cands[0], "layers.1.attn."+m.key))

@@ -42,6 +42,73 @@ type Config struct {
 	MaxPositionEmbeddings int   // max_position_embeddings
 	NumMTPLayers          int   // num_nextn_predict_layers
 	CompressRatios        []int // compress_ratios, one per layer, optionally followed by one per MTP layer
+
+	// The lightning indexer of the ratio-4 layers (DESIGN.md section 9).
+	// Required when a layer has compress_ratio 4; 0 when no layer does.
+	IndexNHeads  int // index_n_heads: the indexer's query heads, 64
+	IndexHeadDim int // index_head_dim: width of an indexer head and key, 128 (64 nope + 64 rope, rope last)
+	IndexTopK    int // index_topk: compressed entries one query selects, 512 (V4-Flash) or 1024 (V4-Pro)
+
+	Quant Quantization // quantization_config
+}
+
+// Quantization is config.json's quantization_config: how the checkpoint's
+// FP8 weights are stored and how activations are quantized for them.
+// Validate accepts only what the kernels implement: DeepSeek-V4's FP8
+// scheme (e4m3 weights, 128x128 block scales, UE8M0 activation scales).
+// The block size is a field, not a constant, because later releases change
+// it (DeepSeek-V4.1's 32x32 blocks); such a config is refused by name
+// rather than misread.
+type Quantization struct {
+	Method           string // quant_method: "fp8"
+	Fmt              string // fmt: the weights' FP8 format, "e4m3"
+	ScaleFmt         string // scale_fmt: "ue8m0" (activation block scales rounded up to a power of two, DESIGN.md section 7)
+	ActivationScheme string // activation_scheme: "dynamic" (scales computed per row block at run time)
+	BlockRows        int    // weight_block_size[0]: rows of one weight scale block, 128
+	BlockCols        int    // weight_block_size[1]: columns of one weight scale block, 128
+}
+
+// FP8 is DeepSeek-V4's quantization_config, the only one the kernels
+// implement; Parse also takes it for a config.json without one (and for
+// each key a quantization_config leaves out).
+func FP8() Quantization {
+	return Quantization{Method: "fp8", Fmt: "e4m3", ScaleFmt: "ue8m0", ActivationScheme: "dynamic", BlockRows: 128, BlockCols: 128}
+}
+
+func (q Quantization) validate() []error {
+	want := FP8()
+	var errs []error
+	for _, f := range []struct{ field, got, want, why string }{
+		{"quant_method", q.Method, want.Method, "the weights are read as FP8"},
+		{"fmt", q.Fmt, want.Fmt, "the GEMMs read e4m3 weights"},
+		{"scale_fmt", q.ScaleFmt, want.ScaleFmt, "act_quant rounds every activation scale up to a power of two (DESIGN.md section 7)"},
+		{"activation_scheme", q.ActivationScheme, want.ActivationScheme, "activation scales are computed per 128-value block at run time"},
+	} {
+		if f.got != f.want {
+			errs = append(errs, fieldErr("quantization_config."+f.field, f.got, "must be %q: %s", f.want, f.why))
+		}
+	}
+	if q.BlockRows != want.BlockRows || q.BlockCols != want.BlockCols {
+		errs = append(errs, fieldErr("quantization_config.weight_block_size", rawText(fmt.Sprintf("[%d, %d]", q.BlockRows, q.BlockCols)),
+			"must be [128, 128]: the GEMMs and the loader apply one scale per 128x128 weight block"))
+	}
+	return errs
+}
+
+// Indexer dimensions the prologue is built for (DESIGN.md section 9).
+const (
+	indexHeadDim = 128 // Hadamard(128); RoPE on dims [64, 128)
+)
+
+// HasIndexer reports whether some layer has compress_ratio 4, and so the
+// lightning indexer whose dimensions the index_* fields give.
+func (c Config) HasIndexer() bool {
+	for l := range min(c.NumLayers, len(c.CompressRatios)) {
+		if c.CompressRatios[l] == 4 {
+			return true
+		}
+	}
+	return false
 }
 
 // RopeScaling is config.json's rope_scaling object. Only YaRN is supported.
@@ -142,6 +209,7 @@ func Pro() Config {
 	c.NumHeads = 128
 	c.QLoraRank = 1536
 	c.CompressRatios = proCompressRatios()
+	c.IndexTopK = 1024
 	return c
 }
 
@@ -164,6 +232,10 @@ func common() Config {
 		},
 		MaxPositionEmbeddings: 1048576,
 		NumMTPLayers:          1,
+		IndexNHeads:           64,
+		IndexHeadDim:          indexHeadDim,
+		IndexTopK:             512,
+		Quant:                 FP8(),
 	}
 }
 
@@ -224,10 +296,10 @@ func (c Config) Validate() error {
 	if c.NumMTPLayers < 0 {
 		add(fieldErr("num_nextn_predict_layers", c.NumMTPLayers, "must be 0 or positive"))
 	}
-	if n := len(c.CompressRatios); n != c.NumLayers && n != c.NumLayers+c.NumMTPLayers {
+	if n := len(c.CompressRatios); n < c.NumLayers || n > c.NumLayers+c.NumMTPLayers {
 		add(fieldErr("compress_ratios", nil,
-			"has %d entries, want %d (num_hidden_layers) or %d (num_hidden_layers + num_nextn_predict_layers)",
-			n, c.NumLayers, c.NumLayers+c.NumMTPLayers))
+			"has %d entries, want %d (num_hidden_layers) to %d (num_hidden_layers + num_nextn_predict_layers)",
+			n, c.NumLayers, c.NumLayers+max(c.NumMTPLayers, 0)))
 	}
 	for i, r := range c.CompressRatios {
 		switch {
@@ -237,6 +309,21 @@ func (c Config) Validate() error {
 			add(fieldErr(fmt.Sprintf("compress_ratios[%d]", i), r, "must be 0: MTP layer %d keeps only the sliding window", i-c.NumLayers))
 		}
 	}
+
+	if c.HasIndexer() || c.IndexNHeads != 0 || c.IndexHeadDim != 0 || c.IndexTopK != 0 {
+		if c.IndexNHeads <= 0 {
+			add(fieldErr("index_n_heads", c.IndexNHeads, "must be positive: the ratio-4 layers' indexer has that many query heads"))
+		}
+		if c.IndexHeadDim != indexHeadDim {
+			add(fieldErr("index_head_dim", c.IndexHeadDim, "must be %d: the indexer's Hadamard transform and RoPE tail are built for 128-value heads", indexHeadDim))
+		}
+		if c.IndexTopK <= 0 {
+			add(fieldErr("index_topk", c.IndexTopK, "must be positive: the number of compressed entries a query selects"))
+		} else if c.MaxPositionEmbeddings > 0 && c.IndexTopK > c.MaxPositionEmbeddings/4 {
+			add(fieldErr("index_topk", c.IndexTopK, "must not exceed max_position_embeddings/4 (%d): a sequence has no more ratio-4 entries", c.MaxPositionEmbeddings/4))
+		}
+	}
+	errs = append(errs, c.Quant.validate()...)
 	return errors.Join(errs...)
 }
 

@@ -132,7 +132,7 @@ func TestValidateFields(t *testing.T) {
 		// would run from 0 down to a negative high.
 		{"empty correction range", func(c *Config) { c.RopeScaling.BetaFast, c.RopeScaling.BetaSlow = 1e301, 1e300 },
 			`"rope_scaling.beta_fast" = 1e+301: gives an empty YaRN correction range [0, -`},
-		{"ratios short", func(c *Config) { c.CompressRatios = c.CompressRatios[:40] }, `"compress_ratios": has 40 entries, want 43 (num_hidden_layers) or 44`},
+		{"ratios short", func(c *Config) { c.CompressRatios = c.CompressRatios[:40] }, `"compress_ratios": has 40 entries, want 43 (num_hidden_layers) to 44`},
 		{"ratio negative", func(c *Config) { c.CompressRatios[7] = -1 }, `"compress_ratios[7]" = -1: must be 0 or positive`},
 	}
 	for _, tt := range tests {

@@ -30,10 +30,16 @@ func Load(path string) (Config, error) {
 // qk_rope_head_dim, head_dim or qk_nope_head_dim, rms_norm_eps, rope_theta,
 // compress_rope_theta, rope_scaling (type or rope_type, factor,
 // original_max_position_embeddings, beta_fast, beta_slow),
-// max_position_embeddings and compress_ratios. Optional: kv_lora_rank
-// (defaults to head_dim - qk_rope_head_dim; DeepSeek-V4-Flash's config.json
-// omits it), num_key_value_heads (1), num_nextn_predict_layers (0),
-// rope_scaling.mscale and mscale_all_dim (0).
+// max_position_embeddings, compress_ratios, and, when a layer has
+// compress_ratio 4, index_n_heads, index_head_dim and index_topk. Optional:
+// kv_lora_rank (defaults to head_dim - qk_rope_head_dim; DeepSeek-V4-Flash's
+// config.json omits it), num_key_value_heads (1), num_nextn_predict_layers
+// (0), rope_scaling.mscale and mscale_all_dim (0), quantization_config and
+// each of its keys (DeepSeek-V4's, FP8; Validate refuses any other value).
+//
+// The MTP layer count is num_nextn_predict_layers, or the number of entries
+// compress_ratios lists past num_hidden_layers when that is larger
+// (V4-Flash-0731 lists three MTP layers).
 //
 // Every problem found is reported, joined; each is a *FieldError naming the
 // key and the value.
@@ -81,10 +87,40 @@ func Parse(data []byte) (Config, error) {
 	c.RopeTheta = p.reqFloat(top, "rope_theta", "")
 	c.CompressRopeTheta = p.reqFloat(top, "compress_rope_theta", "")
 	c.MaxPositionEmbeddings = p.reqInt(top, "max_position_embeddings", "")
-	if v, ok := p.optInt(top, "num_nextn_predict_layers", ""); ok {
-		c.NumMTPLayers = v
-	}
+	nextn, hasNextn := p.optInt(top, "num_nextn_predict_layers", "")
 	c.CompressRatios = p.reqIntList(top, "compress_ratios")
+	// The MTP layer count: num_nextn_predict_layers, or more when
+	// compress_ratios lists more layers past the main ones (V4-Flash-0731
+	// lists three, mtp.0..2); every listed layer is one the checkpoint
+	// holds. Validate refuses a listed MTP entry that is not 0.
+	c.NumMTPLayers = max(nextn, len(c.CompressRatios)-c.NumLayers)
+	if hasNextn && nextn < 0 {
+		c.NumMTPLayers = nextn // refused by Validate, naming the field
+	}
+
+	hasIndexer := false
+	for l, r := range c.CompressRatios {
+		hasIndexer = hasIndexer || (l < c.NumLayers && r == 4)
+	}
+	for _, f := range []struct {
+		key string
+		dst *int
+	}{{"index_n_heads", &c.IndexNHeads}, {"index_head_dim", &c.IndexHeadDim}, {"index_topk", &c.IndexTopK}} {
+		if v, ok := p.optInt(top, f.key, ""); ok {
+			*f.dst = v
+		} else if _, present := present(top, f.key); !present && hasIndexer {
+			p.add(fieldErr(f.key, nil, "missing: the ratio-4 layers' lightning indexer needs it"))
+		}
+	}
+
+	c.Quant = FP8()
+	if raw, ok := present(top, "quantization_config"); ok {
+		if q, err := object(raw); err != nil {
+			p.add(fieldErr("quantization_config", nil, "must be a JSON object"))
+		} else {
+			c.Quant = p.quantization(q)
+		}
+	}
 
 	if raw, ok := present(top, "rope_scaling"); !ok {
 		p.add(fieldErr("rope_scaling", nil, "missing"))
@@ -101,6 +137,31 @@ func Parse(data []byte) (Config, error) {
 		return Config{}, err
 	}
 	return c, nil
+}
+
+// quantization reads quantization_config; a key it leaves out takes
+// DeepSeek-V4's value (FP8).
+func (p *parser) quantization(q map[string]json.RawMessage) Quantization {
+	const pre = "quantization_config."
+	out := FP8()
+	for _, f := range []struct {
+		key string
+		dst *string
+	}{{"quant_method", &out.Method}, {"fmt", &out.Fmt}, {"scale_fmt", &out.ScaleFmt}, {"activation_scheme", &out.ActivationScheme}} {
+		if v, ok := p.optString(q, f.key, pre); ok {
+			*f.dst = v
+		}
+	}
+	if raw, ok := present(q, "weight_block_size"); ok {
+		var items []json.RawMessage
+		if err := json.Unmarshal(raw, &items); err != nil || len(items) != 2 {
+			p.add(fieldErr(pre+"weight_block_size", rawText(bytes.TrimSpace(raw)), "must be an array of two integers [rows, cols]"))
+		} else {
+			out.BlockRows, _ = p.toInt(items[0], pre+"weight_block_size[0]")
+			out.BlockCols, _ = p.toInt(items[1], pre+"weight_block_size[1]")
+		}
+	}
+	return out
 }
 
 func (p *parser) ropeScaling(rs map[string]json.RawMessage) RopeScaling {

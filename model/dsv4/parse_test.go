@@ -21,6 +21,11 @@ func TestParseValidTestdata(t *testing.T) {
 		t.Run(filepath.Base(path), func(t *testing.T) {
 			var want Config
 			switch name := filepath.Base(path); {
+			case strings.HasPrefix(name, "flash_0731"):
+				// The later revision lists three MTP layers (mtp.0..2),
+				// each ratio 0, whatever num_nextn_predict_layers says.
+				want = Flash()
+				want.NumMTPLayers = 3
 			case strings.HasPrefix(name, "flash"):
 				want = Flash()
 			case strings.HasPrefix(name, "pro"):
@@ -76,7 +81,8 @@ func TestParseReportsEveryProblem(t *testing.T) {
 		"q_lora_rank": 1024, "head_dim": 512, "qk_rope_head_dim": 64, "rms_norm_eps": 1e-6,
 		"rope_theta": 10000, "compress_rope_theta": 160000, "max_position_embeddings": 4096,
 		"rope_scaling": {"type": "yarn", "factor": 16, "original_max_position_embeddings": 4096,
-		"beta_fast": 32, "beta_slow": 1}, "compress_ratios": [0, 4, 128]}`)
+		"beta_fast": 32, "beta_slow": 1}, "compress_ratios": [0, 4, 128],
+		"index_n_heads": 64, "index_head_dim": 128, "index_topk": 512}`)
 	_, err := Parse(data)
 	require.Error(t, err)
 	// The type error is found while parsing, so the range checks never run.
@@ -86,7 +92,8 @@ func TestParseReportsEveryProblem(t *testing.T) {
 	_, err = Parse(data)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), `"hidden_size" = -1: must be positive`)
-	assert.Contains(t, err.Error(), `"compress_ratios": has 3 entries, want 2`)
+	// A third entry for two layers lists an MTP layer, which must be 0.
+	assert.Contains(t, err.Error(), `"compress_ratios[2]" = 128: must be 0: MTP layer 0 keeps only the sliding window`)
 
 	var fe *FieldError
 	require.ErrorAs(t, err, &fe)
