@@ -31,6 +31,11 @@ func ExampleLoad() {
 		fmt.Printf("layer %d ratio %d: wq_a %dx%d, wkv %dx%d, wq_b %dx%d (scales %dx%d), compressor coff %d, ape %d\n",
 			l.Index, l.CompressRatio, l.WQA.N, l.WQA.K, l.WKV.N, l.WKV.K, l.WQB.N, l.WQB.K,
 			l.WQB.ScaleRows(), l.WQB.ScaleCols(), l.Compressor.Coff, len(l.Compressor.APE))
+		// The ratio-4 layer's lightning indexer: all its heads on every rank.
+		if x := l.Indexer; x != nil {
+			fmt.Printf("  indexer: %d heads of %d, wq_b %dx%d, weights_proj %dx%d, compressor dim %d coff %d, ape %d\n",
+				x.Heads, x.HeadDim, x.WQB.N, x.WQB.K, x.WeightsProj.N, x.WeightsProj.K, x.Compressor.Dim, x.Compressor.Coff, len(x.Compressor.APE))
+		}
 	}
 
 	// A head range outside the config is refused before any file is read.
@@ -38,6 +43,7 @@ func ExampleLoad() {
 	fmt.Println(err)
 	// Output:
 	// layer 1 ratio 4: wq_a 256x256, wkv 512x256, wq_b 512x256 (scales 4x2), compressor coff 2, ape 4096
+	//   indexer: 64 heads of 128, wq_b 8192x256, weights_proj 64x256, compressor dim 128 coff 2, ape 1024
 	// layer 2 ratio 128: wq_a 256x256, wkv 512x256, wq_b 512x256 (scales 4x2), compressor coff 1, ape 65536
 	// weights: head range [0, 3) is not a non-empty range inside [0, 2) (num_attention_heads)
 }

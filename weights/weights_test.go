@@ -811,3 +811,34 @@ func TestMixedSpellings(t *testing.T) {
 		require.Equal(t, want, l)
 	}
 }
+
+// V4-Flash-0731 ships three MTP layers (mtp.0..2, each ratio 0, listed in
+// compress_ratios): its config.json loads and so do all three layers, under
+// DeepSeek's mtp.{j} names; any number of MTP layers does.
+func TestMTPLayers(t *testing.T) {
+	for _, n := range []int{0, 1, 3, 5} {
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			cfg := TinyConfig()
+			cfg.NumMTPLayers = n
+			cfg.CompressRatios = append(cfg.CompressRatios[:3:3], make([]int, n)...)
+			seed := testSeed(t)
+			dir := write(t, cfg, seed, SyntheticOptions{})
+			m := readIndexMap(t, dir)
+			for j := range n {
+				require.Contains(t, m, fmt.Sprintf("mtp.%d.attn.wq_b.weight", j))
+			}
+			require.NotContains(t, m, fmt.Sprintf("mtp.%d.attn.wq_b.weight", n))
+			ck, err := Load(dir, nil, LoadOptions{MTP: true})
+			require.NoError(t, err)
+			require.Equal(t, n, ck.Config.NumMTPLayers)
+			require.Len(t, ck.Layers, 3+n)
+			for _, l := range ck.Layers[3:] {
+				want, err := SyntheticLayer(&cfg, seed, l.Index, ScaleF32)
+				require.NoError(t, err)
+				require.Equal(t, want, l)
+				require.Nil(t, l.Compressor)
+				require.Nil(t, l.Indexer)
+			}
+		})
+	}
+}

@@ -13,15 +13,16 @@ func TestEmbeddedConfigs(t *testing.T) {
 		name                         string
 		cfg                          Config
 		hidden, layers, heads, qLora int
+		indexTopK                    int
 		ratios                       map[int]int // value -> count
 		zeroAt                       []int
 	}{
 		// Flash's counts and zero positions are those of the published
 		// config.json: ratio 0 at layers 0 and 1 and the MTP layer (43).
-		{"flash", Flash(), 4096, 43, 64, 1024, map[int]int{0: 3, 4: 21, 128: 20}, []int{0, 1, 43}},
+		{"flash", Flash(), 4096, 43, 64, 1024, 512, map[int]int{0: 3, 4: 21, 128: 20}, []int{0, 1, 43}},
 		// Pro's are those of public copies of its config.json:
 		// [128,128] + [4,128]x29 + [4,0], no SWA-only main layer.
-		{"pro", Pro(), 7168, 61, 128, 1536, map[int]int{0: 1, 4: 30, 128: 31}, []int{61}},
+		{"pro", Pro(), 7168, 61, 128, 1536, 1024, map[int]int{0: 1, 4: 30, 128: 31}, []int{61}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -37,6 +38,11 @@ func TestEmbeddedConfigs(t *testing.T) {
 			assert.Equal(t, 1, c.NumKVHeads)
 			assert.Equal(t, 1, c.NumMTPLayers)
 			assert.Len(t, c.CompressRatios, tt.layers+1)
+			assert.True(t, c.HasIndexer())
+			assert.Equal(t, 64, c.IndexNHeads)
+			assert.Equal(t, 128, c.IndexHeadDim)
+			assert.Equal(t, tt.indexTopK, c.IndexTopK)
+			assert.Equal(t, Quantization{Method: "fp8", Fmt: "e4m3", ScaleFmt: "ue8m0", ActivationScheme: "dynamic", BlockRows: 128, BlockCols: 128}, c.Quant)
 
 			counts := map[int]int{}
 			var zeros []int
@@ -134,6 +140,13 @@ func TestValidateFields(t *testing.T) {
 			`"rope_scaling.beta_fast" = 1e+301: gives an empty YaRN correction range [0, -`},
 		{"ratios short", func(c *Config) { c.CompressRatios = c.CompressRatios[:40] }, `"compress_ratios": has 40 entries, want 43 (num_hidden_layers) to 44`},
 		{"ratio negative", func(c *Config) { c.CompressRatios[7] = -1 }, `"compress_ratios[7]" = -1: must be 0 or positive`},
+		{"ratios past the MTP layers", func(c *Config) { c.CompressRatios = append(c.CompressRatios, 0) }, `"compress_ratios": has 45 entries, want 43 (num_hidden_layers) to 44`},
+		{"index heads zero", func(c *Config) { c.IndexNHeads = 0 }, `"index_n_heads" = 0: must be positive`},
+		{"index head dim 64", func(c *Config) { c.IndexHeadDim = 64 }, `"index_head_dim" = 64: must be 128`},
+		{"index topk zero", func(c *Config) { c.IndexTopK = 0 }, `"index_topk" = 0: must be positive`},
+		{"block 32x32 (V4.1)", func(c *Config) { c.Quant.BlockRows, c.Quant.BlockCols = 32, 32 }, `"quantization_config.weight_block_size" = [32, 32]: must be [128, 128]`},
+		{"fmt e5m2", func(c *Config) { c.Quant.Fmt = "e5m2" }, `"quantization_config.fmt" = "e5m2": must be "e4m3"`},
+		{"no scale_fmt", func(c *Config) { c.Quant.ScaleFmt = "" }, `"quantization_config.scale_fmt" = "": must be "ue8m0"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -191,4 +204,24 @@ func TestRopeKindString(t *testing.T) {
 	assert.Equal(t, "plain", RopePlain.String())
 	assert.Equal(t, "yarn", RopeYaRN.String())
 	assert.Equal(t, "RopeKind(0)", RopeKind(0).String())
+}
+
+// The index_* fields describe the ratio-4 layers' indexer: a model without
+// such a layer needs none, and one with them refuses their absence.
+func TestIndexerFieldsFollowRatio4(t *testing.T) {
+	c := Flash()
+	for i, r := range c.CompressRatios {
+		if r == 4 {
+			c.CompressRatios[i] = 128
+		}
+	}
+	c.IndexNHeads, c.IndexHeadDim, c.IndexTopK = 0, 0, 0
+	require.False(t, c.HasIndexer())
+	require.NoError(t, c.Validate())
+	c.CompressRatios[5] = 4
+	require.True(t, c.HasIndexer())
+	err := c.Validate()
+	require.ErrorContains(t, err, `"index_n_heads" = 0: must be positive`)
+	require.ErrorContains(t, err, `"index_head_dim" = 0: must be 128`)
+	require.ErrorContains(t, err, `"index_topk" = 0: must be positive`)
 }
