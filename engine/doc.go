@@ -50,6 +50,15 @@
 //     Engine.Pools and Config.SequenceMemory give a scheduler the figures;
 //     Engine.CheckInvariants checks that nothing leaks.
 //
+// The hand-off to attention: Engine.Handoff describes every buffer the
+// engine writes for the server's attention kernel (the Q buffer, each
+// layer's SWA and compressed pools, the block tables, the per-iteration
+// lengths and prefix sums, the scheduler scalars), named after the
+// attention kernels' arguments (q, k_cache, extra_k_cache, block_table,
+// cache_seqlens, cu_seqlens_q, ...), with its layout, its lifetime and the
+// stream order a consumer follows; the Handoff type's documentation is
+// the reference.
+//
 // A refused batch (an unknown or finished sequence, a full pool, a prompt
 // past the RoPE table, a batch beyond the capacity) changes nothing: no page,
 // no block table, no pool byte. An iteration that fails after Begin (Abort,

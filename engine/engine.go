@@ -67,6 +67,11 @@ type Engine struct {
 
 	chain *chainState    // nil on the projected path (Config.Input)
 	comp  *compressState // nil unless Config.Compressor.Enabled
+	// compTables is the backend copy of the compressed block tables (nil
+	// without compressed layers); handoff describes the buffers attention
+	// reads.
+	compTables *compDeviceTables
+	handoff    *Handoff
 	// compWeights holds the compressor weights the chain's weight source
 	// read, until newCompressor takes them.
 	compWeights map[int]*weights.Compressor
@@ -217,6 +222,9 @@ func New(ctx context.Context, cfg Config) (_ *Engine, err error) {
 		if err := e.newCompressor(alloc, proj); err != nil {
 			return nil, err
 		}
+		if err := e.newCompTables(alloc); err != nil {
+			return nil, err
+		}
 		e.compWeights = nil
 	}
 
@@ -240,6 +248,7 @@ func New(ctx context.Context, cfg Config) (_ *Engine, err error) {
 			Scheduler:     cfg.Scheduler,
 		})
 	}
+	e.handoff = e.buildHandoff()
 	total := 0
 	for _, buf := range e.allocated {
 		total += buf.Len()
@@ -631,6 +640,9 @@ func (e *Engine) Begin(ctx context.Context, reqs []metadata.Request) (_ *Iterati
 func (e *Engine) uploadIteration(ic *iterComp, m *metadata.Metadata) error {
 	if ic != nil {
 		if err := e.planCompressor(ic, m); err != nil {
+			return err
+		}
+		if err := e.uploadCompTables(m.NumSeqs); err != nil {
 			return err
 		}
 	}

@@ -39,7 +39,7 @@ type Footprint struct {
 	Compressed  int64 // Compressor: each compressed layer's pool of its ratio's pages
 	StateBound  int64 // Compressor: each compressed layer's ring of states, Compressor.MaxSequences slots
 	CompWeights int64 // Compressor with Input = hidden: each compressed layer's wkv, wgate (bf16) and ape
-	CompBuffers int64 // Compressor: the projection rows (MaxTokens), the plans, the norm weights
+	CompBuffers int64 // Compressor: the projection rows (MaxTokens), the plans, the norm weights, the compressed block tables (MaxSeqs rows, and their host mirror)
 }
 
 // Total is the sum of every buffer, saturating at math.MaxInt64.
@@ -189,6 +189,7 @@ func (c Config) footprint() (Footprint, error) {
 		}
 		f.CompBuffers = addSat(f.CompBuffers, int64(mla.CompressScratchBytes(mostJobs)))
 		f.CompBuffers = addSat(f.CompBuffers, tokens*2*int64(width)*4)
+		f.CompBuffers = addSat(f.CompBuffers, 2*int64(c.compTableBytes())) // on the backend and its host mirror
 		pageBytes := int64(kvcache.FormatFP8UE8M0.PageBytes(CompressedPageSize))
 		for l := range c.Layers {
 			r, _ := c.Model.CompressRatio(l)

@@ -33,7 +33,12 @@ step .gpu/cuda.test -test.v -test.run '^TestBF16GEMM'
 step .gpu/cublaslt.test -test.v
 # The chain's FP8 GEMMs: conformance within package gemm's bound, per implementation.
 step .gpu/cuda.test -test.v -test.run 'GEMM'
-step env -C tests ../.gpu/tests.test -test.v
+# The hand-off to attention (engine.Handoff): a device kernel bound to the
+# handles alone gathers each layer's Q rows, every sequence's window rows
+# and compressed entries, on the engine's stream and on a stream of its own
+# ordered by events, compared byte for byte with the engine's debug reads.
+step env -C tests ../.gpu/tests.test -test.v -test.run TestHandoff
+step env -C tests ../.gpu/tests.test -test.v -test.skip TestHandoff
 # The default trace end to end on the GPU (the prologue on projected inputs),
 # every byte compared with the CPU backend: through the CUDA-graph path (the
 # default) and launch by launch.
@@ -69,6 +74,7 @@ if command -v compute-sanitizer >/dev/null; then
 		[ "$tool" = racecheck ] && skip=(-test.skip 'TestCUDAGEMMPaths/cublaslt')
 		step compute-sanitizer --tool "$tool" --error-exitcode 9 .gpu/cuda.test -test.short -test.run 'TestCUDAConformance$|TestCUDAActQuant$|TestCUDANormQuant$|TestCUDAGEMMPaths$' "${skip[@]}"
 		step compute-sanitizer --tool "$tool" --error-exitcode 9 .gpu/cuda.test -test.short -test.run 'TestCUDACompressEntries|TestCUDACompressStep'
+		step compute-sanitizer --tool "$tool" --error-exitcode 9 .gpu/tests.test -test.run 'TestHandoff/cuda'
 	done
 else
 	echo "compute-sanitizer not found" | tee -a "$log"
