@@ -186,29 +186,38 @@ type rowSource func(pos int) (k, g []float32)
 // candidate position's rows from src (positions (i-coff+1)*r .. (i+1)*r-1;
 // those below 0 are absent).
 func (l *Layer) pool(i int, src rowSource, out *[Dim]float32) {
-	n := l.Candidates()
+	poolDim(l.ratio, l.coff, Dim, i, src, out[:])
+}
+
+// poolDim pools entry i of rows whose halves are dim channels wide (512 for
+// the main compressor, 128 for the indexer's) into out[:dim]: ratio 4
+// (coff 2), the previous window's "A" half [0, dim), absent for i = 0, then
+// the current window's "B" half [dim, 2*dim); ratio 128, columns [0, dim)
+// of the window's tokens.
+func poolDim(ratio, coff, dim, i int, src rowSource, out []float32) {
+	n := coff * ratio
 	ks := make([][]float32, 0, n)
 	gs := make([][]float32, 0, n)
-	if l.coff == 2 {
+	if coff == 2 {
 		if i > 0 { // previous window, "A" half
-			for j := range l.ratio {
-				k, g := src((i-1)*l.ratio + j)
-				ks, gs = append(ks, k[:Dim]), append(gs, g[:Dim])
+			for j := range ratio {
+				k, g := src((i-1)*ratio + j)
+				ks, gs = append(ks, k[:dim]), append(gs, g[:dim])
 			}
 		}
-		for j := range l.ratio { // current window, "B" half
-			k, g := src(i*l.ratio + j)
-			ks, gs = append(ks, k[Dim:]), append(gs, g[Dim:])
+		for j := range ratio { // current window, "B" half
+			k, g := src(i*ratio + j)
+			ks, gs = append(ks, k[dim:2*dim]), append(gs, g[dim:2*dim])
 		}
 	} else {
-		for j := range l.ratio {
-			k, g := src(i*l.ratio + j)
-			ks, gs = append(ks, k), append(gs, g)
+		for j := range ratio {
+			k, g := src(i*ratio + j)
+			ks, gs = append(ks, k[:dim]), append(gs, g[:dim])
 		}
 	}
 	logits := make([]float32, len(ks))
 	values := make([]float32, len(ks))
-	for c := range Dim {
+	for c := range dim {
 		for j := range ks {
 			logits[j], values[j] = gs[j][c], ks[j][c]
 		}
@@ -263,11 +272,20 @@ func FinishPooled(index int, pooled, norm *[Dim]float32, eps float32, cs []float
 // out, reading each candidate position's (K, G) rows from src: what
 // [State.Append] pools, without a Layer.
 func PoolEntry(ratio, i int, src func(pos int) (k, g []float32), out *[Dim]float32) error {
+	return PoolEntryDim(ratio, Dim, i, src, out[:])
+}
+
+// PoolEntryDim is PoolEntry for rows whose halves are dim channels wide
+// (Dim, or IndexerDim for the indexer's compressor): src returns rows of
+// Overlap(ratio)*dim values, out receives dim values.
+func PoolEntryDim(ratio, dim, i int, src func(pos int) (k, g []float32), out []float32) error {
 	coff := Overlap(ratio)
 	if coff == 0 {
 		return fmt.Errorf("compressor: ratio %d has no compressor (want 4 or 128)", ratio)
 	}
-	l := Layer{ratio: ratio, coff: coff}
-	l.pool(i, src, out)
+	if dim <= 0 || len(out) < dim {
+		return fmt.Errorf("compressor: pooling %d channels into %d values", dim, len(out))
+	}
+	poolDim(ratio, coff, dim, i, src, out)
 	return nil
 }

@@ -234,7 +234,9 @@ func RingRows(ratio, maxDrafts int) int {
 func InPlaceRows(ratio, ringRows int) int { return ringRows - compressor.Overlap(ratio)*ratio }
 
 // CompressStepArgs is one compressed layer's compressor step over an
-// iteration. Width is compressor.Overlap(Ratio)*512. Position p of plan
+// iteration (the main compressor's, or with Entry = EntryIndexer the
+// indexer's). Width is compressor.Overlap(Ratio)*Entry.Dim(): 1024 or 512
+// for the main compressor's ratios 4 and 128, 256 for the indexer's. Position p of plan
 // sequence s has the projections
 //
 //	p >= s.Start: K = KG row s.Row+p-s.Start, values [0, Width);
@@ -246,7 +248,11 @@ func InPlaceRows(ratio, ringRows int) int { return ringRows - compressor.Overlap
 //   - for each plan job, pools entry Index of its sequence from its
 //     candidates' (K, G) (DESIGN.md section 8: softmax per channel, bf16,
 //     RMSNorm with NormWeight, RoPE at Index*Ratio, UE8M0) into page Page,
-//     offset Offset of Pool (fp8_ue8m0, PageSize entries a page);
+//     offset Offset of Pool (fp8_ue8m0, PageSize entries a page); with
+//     EntryIndexer (section 9): softmax per channel over 128 channels,
+//     bf16, RMSNorm (W = 128), RoPE of dims [64, 128) at Index*4,
+//     Hadamard(128), MXFP4: 68 bytes at Page*IndexerPageBytes(PageSize) +
+//     Offset*68;
 //   - for each sequence, writes ring slot To, row p mod RingRows, with
 //     position p's K then G (ape added) for p in [lo, s.Start+s.Rows):
 //     lo = max(0, s.Start+s.Rows-RingRows) when To != From (the rows the
@@ -260,7 +266,8 @@ func InPlaceRows(ratio, ringRows int) int { return ringRows - compressor.Overlap
 // skips jobs and rows whose indices fall outside the buffers.
 type CompressStepArgs struct {
 	Ratio         int
-	KG            Buffer // KGRows rows of 2*Width float32: K then G
+	Entry         CompressEntry // EntryKV (the zero value) or EntryIndexer
+	KG            Buffer        // KGRows rows of 2*Width float32: K then G
 	KGRows        int
 	APE           Buffer // [Ratio][Width] float32, or nil when KG's G includes ape
 	Ring          Buffer // Slots slots of RingRows rows of 2*Width float32
@@ -270,7 +277,7 @@ type CompressStepArgs struct {
 	PlanOffset    int // bytes, a multiple of 16
 	MaxSeqs       int
 	MaxJobs       int
-	NormWeight    Buffer // compressor.norm.weight: 512 float32
+	NormWeight    Buffer // compressor.norm.weight: Entry.Dim() float32
 	Eps           float32
 	Rope          Buffer // [RopePositions][32]{cos, sin} float32, the layer's table
 	RopePositions int
@@ -285,11 +292,20 @@ type CompressStepArgs struct {
 }
 
 // CompressScratchBytes is CompressStepArgs.Scratch's size for maxJobs
-// entries: 512 float32 each.
+// entries: 512 float32 each, enough for either entry kind.
 func CompressScratchBytes(maxJobs int) int { return maxJobs * numerics.HeadDim * 4 }
 
 // Width is the float32 values of one K or G row.
-func (a *CompressStepArgs) Width() int { return compressor.Overlap(a.Ratio) * numerics.HeadDim }
+func (a *CompressStepArgs) Width() int { return compressor.Overlap(a.Ratio) * a.Entry.Dim() }
+
+// PoolPageBytes is the size of one page of Pool: an fp8_ue8m0 page of
+// PageSize entries, or IndexerPageBytes(PageSize).
+func (a *CompressStepArgs) PoolPageBytes() int {
+	if a.Entry == EntryIndexer {
+		return IndexerPageBytes(a.PageSize)
+	}
+	return kvcache.FormatFP8UE8M0.PageBytes(a.PageSize)
+}
 
 // Validate checks the arguments' sizes (not the plan's contents), naming
 // the field at fault.
@@ -297,7 +313,17 @@ func (a *CompressStepArgs) Validate() error {
 	if compressor.Overlap(a.Ratio) == 0 {
 		return fmt.Errorf("mla: CompressStepArgs.Ratio = %d has no compressor (want 4 or 128)", a.Ratio)
 	}
+	switch a.Entry {
+	case EntryKV:
+	case EntryIndexer:
+		if a.Ratio != 4 {
+			return fmt.Errorf("mla: CompressStepArgs.Ratio = %d with the indexer's entries (ratio-4 layers only)", a.Ratio)
+		}
+	default:
+		return fmt.Errorf("mla: CompressStepArgs.Entry = %v is unknown", a.Entry)
+	}
 	w := int64(a.Width())
+	dim := int64(a.Entry.Dim())
 	switch {
 	case a.KGRows < 0 || a.KGRows > math.MaxInt32:
 		return fmt.Errorf("mla: CompressStepArgs.KGRows = %d out of range [0, %d]", a.KGRows, math.MaxInt32)
@@ -326,10 +352,10 @@ func (a *CompressStepArgs) Validate() error {
 	need := []sized{
 		{"Ring", a.Ring, int64(a.Slots) * int64(a.RingRows) * 2 * w * 4},
 		{"Plan", a.Plan, int64(a.PlanOffset) + int64(CompressPlanBytes(a.MaxSeqs, a.MaxJobs))},
-		{"NormWeight", a.NormWeight, 4 * numerics.HeadDim},
+		{"NormWeight", a.NormWeight, 4 * dim},
 		{"Rope", a.Rope, int64(a.RopePositions) * numerics.RopeDim * 4},
-		{"Pool", a.Pool, int64(a.NumPages) * int64(kvcache.FormatFP8UE8M0.PageBytes(a.PageSize))},
-		{"Scratch", a.Scratch, int64(a.MaxJobs) * numerics.HeadDim * 4},
+		{"Pool", a.Pool, int64(a.NumPages) * int64(a.PoolPageBytes())},
+		{"Scratch", a.Scratch, int64(a.MaxJobs) * dim * 4},
 	}
 	if a.KGRows > 0 {
 		need = append(need, sized{"KG", a.KG, int64(a.KGRows) * 2 * w * 4})

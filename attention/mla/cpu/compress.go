@@ -6,12 +6,12 @@ import (
 
 	"github.com/dsv4mla/prologue/attention/mla"
 	"github.com/dsv4mla/prologue/compressor"
-	"github.com/dsv4mla/prologue/kvcache"
 	"github.com/dsv4mla/prologue/numerics"
 )
 
 // CompressStep implements mla.CompressStepper on the host: the entries of
-// the plan's jobs by package compressor (PoolEntry, FinishPooled), stored in place
+// the plan's jobs by package compressor (PoolEntryDim, then FinishPooled or,
+// for the indexer's entries, FinishIndexer), stored in place
 // in the pool, then each sequence's ring rows. A job or sequence whose
 // indices fall outside the buffers is skipped, as on the device.
 func (*Backend) CompressStep(ctx context.Context, a *mla.CompressStepArgs) error {
@@ -37,8 +37,8 @@ func (*Backend) CompressStep(ctx context.Context, a *mla.CompressStepArgs) error
 	if err != nil {
 		return err
 	}
-	var norm [compressor.Dim]float32
-	copy(norm[:], numerics.F32sFromBytes(Bytes(a.NormWeight)[:4*numerics.HeadDim]))
+	dim := a.Entry.Dim()
+	norm := numerics.F32sFromBytes(Bytes(a.NormWeight)[:4*dim])
 	w := a.Width()
 	rowBytes := 2 * w * 4
 	var kg, ape []byte
@@ -75,9 +75,9 @@ func (*Backend) CompressStep(ctx context.Context, a *mla.CompressStepArgs) error
 		return s.Row >= 0 && s.Rows >= 0 && s.Row+s.Rows <= a.KGRows && s.Start >= 0 &&
 			s.From >= 0 && s.From < a.Slots && s.To >= 0 && s.To < a.Slots
 	}
-	pageBytes := kvcache.FormatFP8UE8M0.PageBytes(a.PageSize)
+	pageBytes := a.PoolPageBytes()
 	pool, rope := Bytes(a.Pool), Bytes(a.Rope)
-	var pooled [compressor.Dim]float32
+	pooled := make([]float32, dim)
 	for _, j := range plan.Jobs {
 		if j.Seq < 0 || j.Seq >= len(plan.Seqs) {
 			continue
@@ -87,17 +87,26 @@ func (*Backend) CompressStep(ctx context.Context, a *mla.CompressStepArgs) error
 			(j.Index+1)*a.Ratio > s.Start+s.Rows || j.Page < 0 || j.Page >= a.NumPages || j.Offset < 0 || j.Offset >= a.PageSize {
 			continue
 		}
-		if err := compressor.PoolEntry(a.Ratio, j.Index, func(p int) ([]float32, []float32) { return value(s, p) }, &pooled); err != nil {
+		if err := compressor.PoolEntryDim(a.Ratio, dim, j.Index, func(p int) ([]float32, []float32) { return value(s, p) }, pooled); err != nil {
 			return fmt.Errorf("cpu: compress step: %w", err)
 		}
 		pos := j.Index * a.Ratio
 		cs := numerics.F32sFromBytes(rope[pos*numerics.RopeDim*4 : (pos+1)*numerics.RopeDim*4])
-		e, err := compressor.FinishPooled(j.Index, &pooled, &norm, a.Eps, cs)
+		base := j.Page * pageBytes
+		page := pool[base : base+pageBytes]
+		if a.Entry == mla.EntryIndexer {
+			e, err := compressor.FinishIndexer(pooled, norm, a.Eps, cs)
+			if err != nil {
+				return fmt.Errorf("cpu: compress step: %w", err)
+			}
+			compressor.StoreIndexerEntry(page, a.PageSize, j.Offset, &e)
+			continue
+		}
+		e, err := compressor.FinishPooled(j.Index, (*[compressor.Dim]float32)(pooled), (*[compressor.Dim]float32)(norm), a.Eps, cs)
 		if err != nil {
 			return fmt.Errorf("cpu: compress step: %w", err)
 		}
-		base := j.Page * pageBytes
-		e.Store(pool[base:base+pageBytes], a.PageSize, j.Offset)
+		e.Store(page, a.PageSize, j.Offset)
 	}
 	for i := range plan.Seqs {
 		s := &plan.Seqs[i]

@@ -30,3 +30,13 @@ func TestCompressStepOneWorker(t *testing.T) {
 	}
 	mlatest.TestCompressStep(t, cpu.New(1))
 }
+
+// TestIndexerQuery runs the indexer query's conformance suite.
+func TestIndexerQuery(t *testing.T) {
+	mlatest.TestIndexerQuery(t, cpu.New(0))
+}
+
+// TestIndexerRotation is "rotate both or neither" on the CPU backend.
+func TestIndexerRotation(t *testing.T) {
+	mlatest.TestIndexerRotation(t, cpu.New(0))
+}

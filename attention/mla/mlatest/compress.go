@@ -8,7 +8,6 @@ import (
 	"testing"
 
 	"github.com/dsv4mla/prologue/attention/mla"
-	"github.com/dsv4mla/prologue/kvcache"
 	"github.com/dsv4mla/prologue/model/dsv4"
 	"github.com/dsv4mla/prologue/numerics"
 )
@@ -48,6 +47,15 @@ type CompressScenario struct {
 	// sequence's still ascending), as the plan's contract allows.
 	InterleaveJobs bool
 	Eps            float32
+	// Indexer runs the indexer's compressor (mla.EntryIndexer; ratio 4).
+	Indexer bool
+}
+
+func (s CompressScenario) entry() mla.CompressEntry {
+	if s.Indexer {
+		return mla.EntryIndexer
+	}
+	return mla.EntryKV
 }
 
 func (s CompressScenario) eps() float32 {
@@ -122,6 +130,15 @@ func CompressScenarios() []CompressScenario {
 		CompressScenario{Name: "r128/nan-logits", Ratio: 128, MaxDrafts: 3, PageSize: 4, NaNLogits: true,
 			Seqs: []CompressSeqSpec{{0, 256, false}, {126, 3, false}}},
 	)
+	// The indexer's compressor (ratio 4, 128 channels, MXFP4 entries):
+	// every ratio-4 shape again.
+	for _, s := range out {
+		if s.Ratio == 4 && !s.Indexer {
+			s.Name = "indexer/" + s.Name
+			s.Indexer = true
+			out = append(out, s)
+		}
+	}
 	return out
 }
 
@@ -193,13 +210,17 @@ func NewCompressCase(s CompressScenario, seed uint64) (*CompressCase, error) {
 	if s.Ratio != 4 && s.Ratio != 128 {
 		return nil, fmt.Errorf("compress scenario %s: ratio %d", s.Name, s.Ratio)
 	}
+	if s.Indexer && s.Ratio != 4 {
+		return nil, fmt.Errorf("compress scenario %s: the indexer's compressor at ratio %d", s.Name, s.Ratio)
+	}
 	if s.NaNLogits && s.APE {
 		// NaN + ape keeps the NaN's bits on the CPU, not on the GPU: the
 		// ring's bytes would differ where the contract says nothing.
 		return nil, fmt.Errorf("compress scenario %s: NaN logits with an APE buffer", s.Name)
 	}
 	r := rand.New(rand.NewPCG(seed, 0x2545f4914f6cdd1d))
-	w := coff * 512
+	h := &compressHost{ratio: s.Ratio, ringRows: mla.RingRows(s.Ratio, s.MaxDrafts), eps: s.eps(), pageSize: s.PageSize, indexer: s.Indexer}
+	w := coff * h.dim()
 	ringRows := mla.RingRows(s.Ratio, s.MaxDrafts)
 	inPlace := mla.InPlaceRows(s.Ratio, ringRows)
 	n := len(s.Seqs)
@@ -288,7 +309,7 @@ func NewCompressCase(s CompressScenario, seed uint64) (*CompressCase, error) {
 
 	cs := &CompressCase{S: s, Seed: seed, Plan: plan, MaxSeqs: maxSeqs, MaxJobs: maxJobs, KGRows: kgRows, Slots: slots,
 		RingRows: ringRows, NumPages: numPages, RopePositions: maxRope + r.IntN(4)}
-	h := &compressHost{ratio: s.Ratio, ringRows: ringRows, plan: plan, eps: s.eps(), pageSize: s.PageSize}
+	h.plan = plan
 
 	randomRow := func(dst []float32) { randomKGRow(r, dst, s.SmallK) }
 	h.kg = make([]float32, kgRows*2*w)
@@ -341,7 +362,7 @@ func NewCompressCase(s CompressScenario, seed uint64) (*CompressCase, error) {
 		cancelSums(h)
 	}
 
-	nw := make([]float32, 512)
+	nw := make([]float32, h.dim())
 	for i := range nw {
 		nw[i] = nonZero(float32(1 + 0.5*r.NormFloat64()))
 	}
@@ -351,7 +372,7 @@ func NewCompressCase(s CompressScenario, seed uint64) (*CompressCase, error) {
 		return nil, err
 	}
 	h.rope = table
-	h.pool = make([]byte, numPages*kvcache.FormatFP8UE8M0.PageBytes(s.PageSize))
+	h.pool = make([]byte, numPages*h.pageBytes())
 	for i := range h.pool {
 		h.pool[i] = compressPoison
 	}
@@ -421,7 +442,7 @@ func (cs *CompressCase) Run(b mla.Backend) (*CompressOutputs, error) {
 	upload := dev.upload
 	h := cs.h
 	a := &mla.CompressStepArgs{
-		Ratio: cs.S.Ratio, KGRows: cs.KGRows, RingRows: cs.RingRows, Slots: cs.Slots,
+		Ratio: cs.S.Ratio, Entry: cs.S.entry(), KGRows: cs.KGRows, RingRows: cs.RingRows, Slots: cs.Slots,
 		PlanOffset: cs.S.PlanOffset, MaxSeqs: cs.MaxSeqs, MaxJobs: cs.MaxJobs, Eps: h.eps,
 		RopePositions: cs.RopePositions, PageSize: cs.S.PageSize, NumPages: cs.NumPages,
 	}
@@ -524,11 +545,18 @@ func (cs *CompressCase) describeRing(i int, got, want []byte, w int) string {
 
 func (cs *CompressCase) describePool(i int, got, want byte) string {
 	P := cs.S.PageSize
-	pb := kvcache.FormatFP8UE8M0.PageBytes(P)
+	pb := cs.h.pageBytes()
 	page, o := i/pb, i%pb
 	var where string
 	off := -1
 	switch {
+	case cs.h.indexer:
+		off = o / 68
+		if b := o % 68; b < 64 {
+			where = fmt.Sprintf("offset %d, nibbles of values %d and %d", off, 2*b, 2*b+1)
+		} else {
+			where = fmt.Sprintf("offset %d, MXFP4 scale %d", off, b-64)
+		}
 	case o < 576*P:
 		off = o / 576
 		b := o % 576
@@ -575,11 +603,12 @@ func cancelSums(h *compressHost) {
 		return buf[base : base+w], buf[base+w : base+2*w]
 	}
 	const big = 1 << 20
+	dim := h.dim()
 	for _, j := range h.plan.Jobs {
 		s := h.plan.Seqs[j.Seq]
 		first := max(0, (j.Index-coff+1)*h.ratio)
 		end := (j.Index + 1) * h.ratio
-		for c := 0; c < 512; c++ {
+		for c := 0; c < dim; c++ {
 			type cand struct {
 				k     *float32
 				logit float64
@@ -589,7 +618,7 @@ func cancelSums(h *compressHost) {
 			for p := first; p < end; p++ {
 				col := c
 				if coff == 2 && p >= j.Index*h.ratio {
-					col = 512 + c
+					col = dim + c
 				}
 				k, g := rowAt(s, p)
 				logit := g[col]

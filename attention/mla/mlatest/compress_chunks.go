@@ -1,12 +1,12 @@
 package mlatest
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"math/rand/v2"
 
 	"github.com/dsv4mla/prologue/attention/mla"
-	"github.com/dsv4mla/prologue/kvcache"
 	"github.com/dsv4mla/prologue/numerics"
 )
 
@@ -24,6 +24,8 @@ type CompressChunking struct {
 	Ratio, MaxDrafts, PageSize int
 	APE                        bool
 	Steps                      []CompressChunk
+	// Indexer runs the indexer's compressor (mla.EntryIndexer; ratio 4).
+	Indexer bool
 }
 
 // CompressChunkings lists the step series every mla.CompressStepper must
@@ -53,6 +55,19 @@ func CompressChunkings() []CompressChunking {
 			Steps: []CompressChunk{{127, 0}, {1, 0}, {1, 0}, {50, 0}, {77, 0}, {1, 0}, {130, 0}}},
 		{Name: "r128/mtp", Ratio: 128, MaxDrafts: 7, PageSize: 1,
 			Steps: cat([]CompressChunk{{120, 0}, {8, 5}, {8, 0}, {8, 7}, {8, 2}, {8, 0}}, ones(5), []CompressChunk{{200, 0}})},
+		// The indexer's compressor (DESIGN.md section 9): token by token,
+		// chunks ending at 1, 2 and 3 mod 4, rejected drafts across a
+		// window's boundary, and prompts of length 3 mod 4 followed by
+		// decode (the serving engines' wrong token).
+		{Name: "indexer/token-by-token", Ratio: 4, MaxDrafts: 0, PageSize: 8, APE: true, Indexer: true, Steps: ones(23)},
+		{Name: "indexer/chunks-mod4", Ratio: 4, MaxDrafts: 3, PageSize: 16, Indexer: true,
+			Steps: []CompressChunk{{1, 0}, {1, 0}, {3, 0}, {6, 0}, {7, 0}, {2, 0}, {41, 0}, {5, 0}, {130, 0}}},
+		{Name: "indexer/mtp-boundary", Ratio: 4, MaxDrafts: 3, PageSize: 4, APE: true, Indexer: true,
+			Steps: []CompressChunk{{10, 0}, {4, 3}, {4, 2}, {4, 1}, {4, 3}, {4, 0}, {2, 1}, {4, 3}, {4, 2}, {20, 0}}},
+		{Name: "indexer/prompt3mod4-decode", Ratio: 4, MaxDrafts: 3, PageSize: 8, APE: true, Indexer: true,
+			Steps: cat([]CompressChunk{{127, 0}}, ones(9), []CompressChunk{{4, 1}, {4, 0}})},
+		{Name: "indexer/prompt7-decode", Ratio: 4, MaxDrafts: 0, PageSize: 2, Indexer: true,
+			Steps: cat([]CompressChunk{{7, 0}}, ones(6))},
 	}
 }
 
@@ -63,11 +78,17 @@ func CheckCompressChunking(b mla.Backend, c CompressChunking, seed uint64) error
 	if !ok {
 		return fmt.Errorf("backend %s does not implement mla.CompressStepper", b.Name())
 	}
-	if c.Ratio != 4 && c.Ratio != 128 {
-		return fmt.Errorf("compress chunking %s: ratio %d", c.Name, c.Ratio)
+	if c.Ratio != 4 && c.Ratio != 128 || c.Indexer && c.Ratio != 4 {
+		return fmt.Errorf("compress chunking %s: ratio %d (indexer %v)", c.Name, c.Ratio, c.Indexer)
 	}
 	r := rand.New(rand.NewPCG(seed, 0x9e3779b97f4a7c15))
-	w := refOverlap(c.Ratio) * 512
+	geom := &compressHost{ratio: c.Ratio, pageSize: c.PageSize, indexer: c.Indexer}
+	dim := geom.dim()
+	w := refOverlap(c.Ratio) * dim
+	entry := mla.EntryKV
+	if c.Indexer {
+		entry = mla.EntryIndexer
+	}
 	ringRows := mla.RingRows(c.Ratio, c.MaxDrafts)
 	inPlace := mla.InPlaceRows(c.Ratio, ringRows)
 
@@ -98,7 +119,7 @@ func CheckCompressChunking(b mla.Backend, c CompressChunking, seed uint64) error
 			ape[i] = nonZero(float32(r.NormFloat64()))
 		}
 	}
-	nw := make([]float32, 512)
+	nw := make([]float32, dim)
 	for i := range nw {
 		nw[i] = nonZero(float32(1 + 0.5*r.NormFloat64()))
 	}
@@ -111,7 +132,7 @@ func CheckCompressChunking(b mla.Backend, c CompressChunking, seed uint64) error
 	tablePages := (entries + c.PageSize - 1) / c.PageSize
 	numPages := tablePages + 2
 	table := r.Perm(numPages)[:tablePages]
-	pageBytes := kvcache.FormatFP8UE8M0.PageBytes(c.PageSize)
+	pageBytes := geom.pageBytes()
 	pool := make([]byte, numPages*pageBytes)
 	for i := range pool {
 		pool[i] = compressPoison
@@ -133,7 +154,7 @@ func CheckCompressChunking(b mla.Backend, c CompressChunking, seed uint64) error
 	upload := dev.upload
 	maxJobs := maxRows/c.Ratio + 1
 	a := &mla.CompressStepArgs{
-		Ratio: c.Ratio, KGRows: maxRows + 1, RingRows: ringRows, Slots: slots, MaxSeqs: 1, MaxJobs: maxJobs,
+		Ratio: c.Ratio, Entry: entry, KGRows: maxRows + 1, RingRows: ringRows, Slots: slots, MaxSeqs: 1, MaxJobs: maxJobs,
 		Eps: numerics.DefaultEps, RopePositions: ropePositions, PageSize: c.PageSize, NumPages: numPages,
 	}
 	for _, u := range []struct {
@@ -201,13 +222,32 @@ func CheckCompressChunking(b mla.Backend, c CompressChunking, seed uint64) error
 	if err := b.Read(got, a.Pool, 0); err != nil {
 		return err
 	}
+	// The state: the ring slot holds the accepted positions an entry may
+	// still read, (K, G + ape) of the prompt, whatever the drafts wrote.
+	gotRing := make([]byte, slots*ringRows*2*w*4)
+	if err := b.Read(gotRing, a.Ring, 0); err != nil {
+		return err
+	}
+	coff := refOverlap(c.Ratio)
+	for p := max(0, (length/c.Ratio-coff+1)*c.Ratio); p < length; p++ {
+		want := append([]float32(nil), prompt[p*2*w:(p+1)*2*w]...)
+		if ape != nil {
+			for i := 0; i < w; i++ {
+				want[w+i] = float32(want[w+i] + ape[p%c.Ratio*w+i])
+			}
+		}
+		base := (cur*ringRows + p%ringRows) * 2 * w * 4
+		if gotRow := gotRing[base : base+2*w*4]; !bytes.Equal(gotRow, numerics.F32Bytes(want)) {
+			return fmt.Errorf("compress chunking %s (seed %d): the state's row of position %d (ring slot %d row %d) differs from the prompt's", c.Name, seed, p, cur, p%ringRows)
+		}
+	}
 
 	// The reference: the whole prompt in one step from a fresh slot.
 	whole := &mla.CompressPlan{Seqs: []mla.CompressPlanSeq{{Row: 0, Rows: length, Start: 0, From: 0, To: 1}}}
 	jobsFor(whole, 0, 0, length)
 	h := &compressHost{
 		ratio: c.Ratio, kg: prompt, ape: ape, ring: make([]float32, 2*ringRows*2*w), ringRows: ringRows, plan: whole,
-		normWeight: numerics.F32Bytes(nw), eps: numerics.DefaultEps, rope: rope, pool: pool, pageSize: c.PageSize,
+		normWeight: numerics.F32Bytes(nw), eps: numerics.DefaultEps, rope: rope, pool: pool, pageSize: c.PageSize, indexer: c.Indexer,
 	}
 	_, want := refCompressStep(h)
 	cs := &CompressCase{S: CompressScenario{Name: "chunking " + c.Name, Ratio: c.Ratio, PageSize: c.PageSize}, Seed: seed, Plan: whole, h: h}

@@ -24,11 +24,18 @@ type compressHost struct {
 	ring       []float32 // slots x ringRows rows of 2*width
 	ringRows   int
 	plan       *mla.CompressPlan
-	normWeight []byte // 512 float32
-	eps        float32
-	rope       []byte // [positions][32]{cos, sin} float32
-	pool       []byte
-	pageSize   int
+	normWeight []byte // dim float32
+	// indexer selects the indexer's entries (DESIGN.md section 9): rows of
+	// 128 channels a half, 68-byte MXFP4 entries; else the main
+	// compressor's 512 channels and 584-byte fp8_ue8m0 entries.
+	indexer bool
+	// keysPre, when not nil, receives each indexer entry's key before the
+	// Hadamard (refIndexerKey), by entry index.
+	keysPre  map[int][]float32
+	eps      float32
+	rope     []byte // [positions][32]{cos, sin} float32
+	pool     []byte
+	pageSize int
 }
 
 // coff is the number of r-token windows an entry reads.
@@ -39,11 +46,27 @@ func refOverlap(ratio int) int {
 	return 1
 }
 
-func (h *compressHost) width() int { return refOverlap(h.ratio) * 512 }
+func (h *compressHost) width() int { return refOverlap(h.ratio) * h.dim() }
+
+// dim is the channels of one pooled row.
+func (h *compressHost) dim() int {
+	if h.indexer {
+		return 128
+	}
+	return 512
+}
+
+// pageBytes is one pool page.
+func (h *compressHost) pageBytes() int {
+	if h.indexer {
+		return 68 * h.pageSize
+	}
+	return kvcache.FormatFP8UE8M0.PageBytes(h.pageSize)
+}
 
 // refCompressStep returns the ring and the pool after the step.
 func refCompressStep(h *compressHost) (ring []float32, pool []byte) {
-	w := h.width()
+	w, dim := h.width(), h.dim()
 	before := h.ring // every read sees the ring before the step
 	ring = append([]float32(nil), h.ring...)
 	pool = append([]byte(nil), h.pool...)
@@ -71,9 +94,9 @@ func refCompressStep(h *compressHost) (ring []float32, pool []byte) {
 	for _, j := range h.plan.Jobs {
 		s := h.plan.Seqs[j.Seq]
 		// Candidates in the order of section 8: ratio 4, the previous
-		// window's four tokens (columns [0, 512), absent for entry 0:
+		// window's four tokens (columns [0, dim), absent for entry 0:
 		// logit -Inf, value 0) then the current window's four (columns
-		// [512, 1024)); ratio 128, the window's 128 tokens.
+		// [dim, 2*dim)); ratio 128, the window's 128 tokens.
 		type cand struct {
 			k, g []float32 // the channel's value and logit are k[c], g[c]
 		}
@@ -86,11 +109,11 @@ func refCompressStep(h *compressHost) (ring []float32, pool []byte) {
 					continue
 				}
 				k, g := row(s, (j.Index-1)*4+t)
-				cands = append(cands, cand{k[:512], g[:512]})
+				cands = append(cands, cand{k[:dim], g[:dim]})
 			}
 			for t := 0; t < 4; t++ {
 				k, g := row(s, j.Index*4+t)
-				cands = append(cands, cand{k[512:], g[512:]})
+				cands = append(cands, cand{k[dim:], g[dim:]})
 			}
 		} else {
 			for t := 0; t < h.ratio; t++ {
@@ -103,13 +126,22 @@ func refCompressStep(h *compressHost) (ring []float32, pool []byte) {
 		for i := 0; i < absent; i++ {
 			logits[i] = float32(math.Inf(-1))
 		}
-		latent := make([]byte, 2*512)
-		for c := 0; c < 512; c++ {
+		latent := make([]byte, 2*dim)
+		pooled := make([]float32, dim)
+		for c := 0; c < dim; c++ {
 			for i, cd := range cands {
 				logits[absent+i], values[absent+i] = cd.g[c], cd.k[c]
 			}
-			e := refSoftmaxPool(logits, values)
-			binary.LittleEndian.PutUint16(latent[2*c:], numerics.BF16FromF32(e))
+			pooled[c] = refSoftmaxPool(logits, values)
+			binary.LittleEndian.PutUint16(latent[2*c:], numerics.BF16FromF32(pooled[c]))
+		}
+		if h.indexer {
+			e := refIndexerEntry(pooled, h.normWeight, h.rope, j.Index*h.ratio, h.eps)
+			copy(pool[j.Page*h.pageBytes()+j.Offset*68:], e)
+			if h.keysPre != nil {
+				h.keysPre[j.Index] = refIndexerKey(pooled, h.normWeight, h.rope, j.Index*h.ratio, h.eps)
+			}
+			continue
 		}
 		y := refKVRow(latent, h.normWeight, h.rope, j.Index*h.ratio, h.eps)
 		refStore(pool, cfg, int64(j.Page)*int64(h.pageSize)+int64(j.Offset), y)
