@@ -50,8 +50,7 @@ type Engine struct {
 	cfg     Config
 	log     zerolog.Logger
 	backend mla.Backend
-	model   *kvcache.Model // every pool's bookkeeping (Config.CacheLayout)
-	cache   *kvcache.Cache // the model's SWA pages: ids, lengths, block tables
+	cache   *kvcache.Cache
 	params  metadata.Params
 
 	pools      []mla.Buffer // one KV cache pool per layer
@@ -90,8 +89,8 @@ type Engine struct {
 	// Begin's memory, reused by the next Begin: the planner, the needs, and
 	// the last iteration's metadata (Iteration.Metadata says so).
 	planner     metadata.Planner
+	planNeeds   []metadata.Need
 	needScratch []kvcache.Need
-	batch       kvcache.Batch            // the model's view of the batch: needScratch and each need's cached length
 	lookups     []kvcache.SequenceLookup // also the next batch's handle hints
 	lastMeta    *metadata.Metadata
 	// rows keeps lastMeta's block-table rows whose page lists did not
@@ -134,10 +133,9 @@ func New(ctx context.Context, cfg Config) (_ *Engine, err error) {
 			e.release()
 		}
 	}()
-	if e.model, err = cfg.newModel(); err != nil {
-		return nil, err
+	if e.cache, err = kvcache.New(cfg.Cache); err != nil {
+		return nil, fmt.Errorf("engine: Config.Cache: %w", err)
 	}
-	e.cache = e.model.SWA()
 	alloc := func(what string, n int, fill byte) (mla.Buffer, error) {
 		buf, err := b.Alloc(n)
 		if err != nil {
@@ -458,8 +456,11 @@ func (e *Engine) Finish(seq uint64) error {
 			return nil
 		}
 	}
-	if err := e.model.Finish(seq); err != nil {
+	if err := e.cache.Finish(seq); err != nil {
 		return fmt.Errorf("engine: Finish(%d): %w", seq, err)
+	}
+	if err := e.finishCompressor(seq, false); err != nil {
+		return fmt.Errorf("engine: Finish(%d): compressed pools: %w", seq, err)
 	}
 	return nil
 }
@@ -530,38 +531,36 @@ func (e *Engine) Begin(ctx context.Context, reqs []metadata.Request) (_ *Iterati
 		return nil, fmt.Errorf("%w: Begin: batch of %d tokens, more than MaxTokens = %d", ErrBatchTooLarge, tokens, e.cfg.MaxTokens)
 	}
 	kn := slices.Grow(e.needScratch[:0], plan.Len())[:plan.Len()]
-	cached := slices.Grow(e.batch.Cached[:0], len(kn))[:len(kn)]
 	ls := e.lookups[:len(kn)]
 	creates := false
 	for i := range kn { // the needs are the requests, in order
 		n := plan.Need(i)
 		kn[i] = kvcache.Need{ID: n.Seq, NewLength: n.Length, Create: n.Create, Handle: ls[i].Handle}
-		cached[i] = 0
-		if !n.Create {
-			cached[i] = ls[i].Length
-		}
 		creates = creates || n.Create
 	}
 	e.needScratch = kn
-	e.batch.Needs, e.batch.Cached = kn, cached
-	// Every pool of the cache model at once, or none.
-	mres, err := e.model.Reserve(&e.batch)
+	res, err := e.cache.Reserve(kn)
 	if err != nil {
 		return nil, fmt.Errorf("engine: Begin: %w", err)
 	}
-	res := mres.SWA()
 	defer func() {
 		if err != nil {
-			if rerr := mres.Rollback(); rerr != nil {
+			if rerr := res.Rollback(); rerr != nil {
 				err = errors.Join(err, rerr)
 			}
 		}
 	}()
 	var ic *iterComp
 	if e.comp != nil {
-		if ic, err = e.beginCompressor(reqs, mres, len(kn)); err != nil {
+		e.planNeeds = plan.AppendNeeds(e.planNeeds[:0])
+		if ic, err = e.beginCompressor(reqs, len(kn), e.planNeeds); err != nil {
 			return nil, err
 		}
+		defer func() {
+			if err != nil {
+				e.undoBeginCompressor(ic)
+			}
+		}()
 	}
 	// The reservation's needs are the plan's, in batch order: the pages go
 	// straight from the reservation into the metadata's rows.
@@ -607,7 +606,6 @@ func (e *Engine) Begin(ctx context.Context, reqs []metadata.Request) (_ *Iterati
 		meta:      m,
 		graph:     graph,
 		res:       res,
-		mres:      mres,
 		inputsFor: -1,
 		comp:      ic,
 	}
@@ -703,19 +701,27 @@ func (e *Engine) checkUpload(m *metadata.Metadata, res *kvcache.Reservation) err
 func (e *Engine) closeIterationLocked(it *Iteration, commit bool) error {
 	var err error
 	if commit {
-		err = it.mres.CommitLengths(it.lengths)
+		err = it.res.CommitLengths(it.lengths)
 	} else {
-		err = it.mres.Rollback()
+		err = it.res.Rollback()
+	}
+	if cerr := e.endCompressor(it, commit); cerr != nil {
+		err = errors.Join(err, cerr)
 	}
 	if e.open == it {
 		e.open = nil
 	}
 	var errs []error
 	for _, seq := range e.deferred {
-		ferr := e.model.Finish(seq)
+		ferr := e.cache.Finish(seq)
+		retired := false
 		if errors.Is(ferr, kvcache.ErrUnknownSequence) && !commit {
-			ferr = e.model.Retire(seq)
+			ferr = e.cache.Retire(seq)
+			retired = true
 			e.log.Debug().Uint64("seq", seq).Int("iteration", it.index).Msg("finish of a sequence whose creation rolled back: id retired")
+		}
+		if ferr == nil {
+			ferr = e.finishCompressor(seq, retired)
 		}
 		if ferr != nil {
 			errs = append(errs, fmt.Errorf("engine: deferred Finish(%d): %w", seq, ferr))

@@ -30,6 +30,11 @@ step .gpu/cuda.test -test.v -test.run 'LargeContext'
 # DESIGN.md section 8; its projection GEMM within gemm.BoundBF16.
 step .gpu/cuda.test -test.v -test.run 'Compress'
 step .gpu/cuda.test -test.v -test.run '^TestBF16GEMM'
+# The indexer's top-k selection (DESIGN.md section 9): the conformance
+# scenarios, large batches (decode b=32 MTP 3, a prefill chunk, a 1M-token
+# context) and a CUDA graph replayed over new plans, every index against
+# the CPU backend.
+step .gpu/cuda.test -test.v -test.run 'TestCUDATopK'
 step .gpu/cublaslt.test -test.v
 # The chain's FP8 GEMMs: conformance within package gemm's bound, per implementation.
 step .gpu/cuda.test -test.v -test.run 'GEMM'
@@ -75,6 +80,7 @@ if command -v compute-sanitizer >/dev/null; then
 		step compute-sanitizer --tool "$tool" --error-exitcode 9 .gpu/cuda.test -test.short -test.run 'TestCUDAConformance$|TestCUDAActQuant$|TestCUDANormQuant$|TestCUDAGEMMPaths$' "${skip[@]}"
 		step compute-sanitizer --tool "$tool" --error-exitcode 9 .gpu/cuda.test -test.short -test.run 'TestCUDACompressEntries|TestCUDACompressStep'
 		step compute-sanitizer --tool "$tool" --error-exitcode 9 .gpu/tests.test -test.run 'TestHandoff/cuda'
+		step compute-sanitizer --tool "$tool" --error-exitcode 9 .gpu/cuda.test -test.short -test.run 'TestCUDATopK(Conformance|Graph)$'
 	done
 else
 	echo "compute-sanitizer not found" | tee -a "$log"

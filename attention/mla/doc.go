@@ -20,4 +20,9 @@
 // mla/mlatest checks. The RoPE table, the kv_a_layernorm weight and the
 // rms_norm_eps (LayerArgs.Eps) come from the caller: a layer reads one table
 // of its kind, shared by every layer of that kind.
+//
+// In a ratio-4 layer, a TopKSelector (TopKArgs, TopKPlan) scores every
+// compressed entry a query token sees against the indexer's MXFP4 query
+// and head weights and keeps the index_topk best as ascending int32 entry
+// indices (docs/DESIGN.md section 9, "Selection").
 package mla

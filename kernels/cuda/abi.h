@@ -99,6 +99,23 @@ enum {
     FP8_PERTENSOR_TOKEN_BYTES = 512,
 };
 
+// Indexer top-k (mla.TopK*, mla.Indexer*).
+enum {
+    IX_HEADS            = 64,      // index_n_heads
+    IX_ROW_BYTES        = 68,      // one MXFP4 row of 128 values: 64 nibble bytes, 4 scale bytes
+    MAX_TOPK_POSITIONS  = 1048576, // max_position_embeddings
+    TOPK_PLAN_HDR_SEQS  = 0,       // header: the sequences
+    TOPK_PLAN_HDR_WORDS = 4,
+    TOPK_SEQ_ROW        = 0,       // first query row
+    TOPK_SEQ_ROWS       = 1,
+    TOPK_SEQ_START      = 2,       // position of the first row
+    TOPK_SEQ_SCRATCH    = 3,       // scratch entry of the first row's keys
+    TOPK_SEQ_STRIDE     = 4,       // scratch entries between rows
+    TOPK_SEQ_WORDS      = 8,
+    TOPK_SCORE_THREADS  = 256,     // threads of a topk_score block, one entry each
+    TOPK_SELECT_THREADS = 1024,    // threads of a topk_select block, one row
+};
+
 // Launch parameters of the KV, Q and fused layer kernels, passed by value.
 // Layout (offset: member): natural alignment, 176 bytes.
 struct Params {
@@ -136,6 +153,25 @@ struct Params {
     int from_hdr;            // 168: 1: valid_rows, num_seqs, seq_len come from hdr
 };
 static_assert(sizeof(Params) == 176, "Params differs from the Go table in kernels/cuda/abi");
+
+// Launch parameters of the indexer top-k kernels (mla.TopKArgs), passed by value.
+// Layout (offset: member): natural alignment, 80 bytes.
+struct TopKParams {
+    const u8* q;         //   0: [rows][IX_HEADS][IX_ROW_BYTES] MXFP4 query rows
+    const u16* w;        //   8: [rows][IX_HEADS] bf16 head weights
+    const u8* cache;     //  16: num_pages pages of page_size MXFP4 entries
+    const int* plan;     //  24: the encoded plan (TOPK_PLAN_* words), offset applied
+    u32* scratch;        //  32: scratch_entries keys of the rows' scores
+    int* out;            //  40: [rows][top_k] selected entry indices
+    int rows;            //  48: query rows of q, w and out
+    int top_k;           //  52: index_topk
+    int max_seqs;        //  56: plan capacity: sequences
+    int page_stride;     //  60: plan capacity: block-table entries a sequence
+    int page_size;       //  64: entries a cache page
+    int num_pages;       //  68
+    int scratch_entries; //  72
+};
+static_assert(sizeof(TopKParams) == 80, "TopKParams differs from the Go table in kernels/cuda/abi");
 
 // Kernels the host loads by name (abi.Kernels):
 //   kv_fp8_ue8m0

@@ -72,6 +72,7 @@ type Backend struct {
 	// chainMod holds the chain kernels (chain.go); its functions are in fns.
 	chainMod *driver.Module
 	comp     compressState // the compressor's kernels (compress.go), loaded at first use
+	topk     topkState     // the indexer's top-k kernels (topk.go), loaded at first use
 	staging  stagingState  // WriteAsync's page-locked memory (staging.go)
 }
 
@@ -294,7 +295,7 @@ func (b *Backend) Synchronize(ctx context.Context) error {
 func (b *Backend) Close() error {
 	errs := []error{b.fork.close()}
 	if b.stream != nil {
-		errs = append(errs, b.stream.Synchronize(), b.closeGEMM(), b.closeCompress(), b.stream.Destroy())
+		errs = append(errs, b.stream.Synchronize(), b.closeGEMM(), b.closeCompress(), b.closeTopK(), b.stream.Destroy())
 	}
 	// After the wait above no copy reads staging memory any more.
 	errs = append(errs, b.staging.close())

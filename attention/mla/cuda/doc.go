@@ -48,6 +48,15 @@
 // CompressEntries and LaunchCompress pool explicit candidate lists (the
 // kernel tests' entry point).
 //
+// The indexer's top-k selection (DESIGN.md section 9, mla.TopKSelector)
+// runs kernels/cuda/topk.cu, loaded at first use (LoadTopK): topk_score
+// scores a row's visible entries a thread each (block dot products of
+// doubled e2m1 values as exact int32 by dp4a, scaled and summed in the
+// contract's float32 order) into the scratch space as order-preserving
+// keys, and topk_select radix-selects each row's threshold key and writes
+// the indices ascending. Both read the plan from device memory, so a CUDA
+// graph replays them for any batch of the shape.
+//
 // Options hold what a user chooses (device, logger, PDL); the launch-shape
 // knobs the tests and cmd/bench vary live in internal/cudatune (NewTuned).
 package cuda

@@ -8,5 +8,9 @@
 // TestCompressStep for the compressor step (docs/DESIGN.md section 8,
 // mla.CompressStepArgs): every byte of the ring of states and of the
 // compressed pool after one step, against a scalar reference that shares
-// nothing with package compressor.
+// nothing with package compressor. TestTopK runs the indexer's top-k
+// selection (docs/DESIGN.md section 9, mla.TopKArgs) on scenarios with
+// planted keys, visibility boundaries, ties, NaN and Inf head weights and
+// extreme scales, every index against a scalar reference that scores from
+// the dequantized values and sorts in full.
 package mlatest

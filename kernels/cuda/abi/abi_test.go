@@ -199,3 +199,14 @@ func BenchmarkPackParams(b *testing.B) {
 		}
 	}
 }
+
+// TestTopKParamsLayout pins TopKParams: six pointers, then seven ints, 80
+// bytes (abi.h's static_assert checks the same on the device).
+func TestTopKParamsLayout(t *testing.T) {
+	require.Equal(t, 80, abi.TopKParams.Size())
+	require.Equal(t, 48, abi.TopKParams.Offset(abi.TopKRows))
+	require.Equal(t, 72, abi.TopKParams.Offset(abi.TopKScratchEntries))
+	for i, f := range abi.TopKParams.Fields {
+		require.NotEmpty(t, f.Name, "field %d has no name (a gap in the table)", i)
+	}
+}

@@ -25,7 +25,7 @@ func Header() string {
 	w("// include path to this folder).\n\n")
 	w("#ifndef DSV4_PROLOGUE_ABI_H\n#define DSV4_PROLOGUE_ABI_H\n\n")
 	w("typedef unsigned char u8;\ntypedef unsigned short u16;\ntypedef unsigned int u32;\ntypedef unsigned long long u64;\n\n")
-	for _, g := range Constants() {
+	for _, g := range append(Constants(), topkConstants()...) {
 		w("// %s\nenum {\n", g.Doc)
 		width, vwidth := 0, 0
 		for _, c := range g.Consts {
@@ -42,6 +42,7 @@ func Header() string {
 		w("};\n\n")
 	}
 	writeStruct(&b, Params)
+	writeStruct(&b, TopKParams)
 	w("// Kernels the host loads by name (abi.Kernels):\n")
 	for _, k := range Kernels() {
 		w("//   %s\n", k.Name)

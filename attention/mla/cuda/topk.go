@@ -1,0 +1,150 @@
+package cuda
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/dsv4mla/prologue/attention/mla"
+	kernels "github.com/dsv4mla/prologue/kernels/cuda"
+	"github.com/dsv4mla/prologue/kernels/cuda/abi"
+	"github.com/dsv4mla/prologue/kernels/cuda/driver"
+)
+
+// The indexer's top-k selection on the device (DESIGN.md section 9,
+// "Selection"): topk_score then topk_select of kernels/cuda/topk.cu,
+// bit-identical to the CPU backend's IndexerTopK. The module is compiled
+// and loaded at first use (LoadTopK).
+
+// topkState is the top-k module.
+type topkState struct {
+	mod            *driver.Module
+	score, select_ *driver.Function
+	err            error // a failed load, returned by every later call
+}
+
+// topkTileBlocksPerSM sets topk_score's grid: about this many blocks a
+// multiprocessor over the launch's rows (each block loops over the tiles
+// of its row), so that a decode batch fills the device whatever its
+// context and a prefill batch's many rows take one block each.
+const topkTileBlocksPerSM = 16
+
+// LoadTopK compiles (or loads from the cache) the top-k module if it is
+// not loaded yet. IndexerTopK calls it; an engine calls it at setup so
+// that no module loads during a graph capture.
+func (b *Backend) LoadTopK() error {
+	s := &b.topk
+	if s.mod != nil || s.err != nil {
+		return s.err
+	}
+	mod, err := b.loadModule(kernels.TopKSource(), "topk.cu", driver.CompileOptions{Arch: b.ctx.Props().Arch(), NoFMAD: true})
+	if err != nil {
+		s.err = fmt.Errorf("cuda: top-k kernels: %w", err)
+		return s.err
+	}
+	score, err := mod.Function(kernels.TopKScoreKernel)
+	if err != nil {
+		s.err = errors.Join(fmt.Errorf("cuda: top-k kernels: %w", err), mod.Unload())
+		return s.err
+	}
+	sel, err := mod.Function(kernels.TopKSelectKernel)
+	if err != nil {
+		s.err = errors.Join(fmt.Errorf("cuda: top-k kernels: %w", err), mod.Unload())
+		return s.err
+	}
+	s.mod, s.score, s.select_ = mod, score, sel
+	return nil
+}
+
+// topkGrid is topk_score's tile blocks a row for a launch of rows rows:
+// at least 1, at most the tiles of a row at MaxTopKEntries.
+func topkGrid(sms, rows int) int {
+	maxTiles := (mla.MaxTopKEntries + abi.TopKScoreThreads - 1) / abi.TopKScoreThreads
+	return max(1, min(maxTiles, (topkTileBlocksPerSM*sms+rows-1)/max(rows, 1)))
+}
+
+// IndexerTopK implements mla.TopKSelector: topk_score then topk_select on
+// the backend's current stream, with programmatic dependent launch like
+// the other kernels. The grids depend on the shape only (Rows), so a CUDA
+// graph captures them once for every plan; the kernels read the rows'
+// sequences, positions and tables from the plan.
+func (b *Backend) IndexerTopK(ctx context.Context, a *mla.TopKArgs) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := a.Validate(); err != nil {
+		return err
+	}
+	if a.Rows == 0 {
+		return nil
+	}
+	if err := b.LoadTopK(); err != nil {
+		return err
+	}
+	ptr := func(name string, buf mla.Buffer, off, n int) (uint64, error) {
+		if n == 0 {
+			return 0, nil
+		}
+		p, err := span(buf, off, n)
+		if err != nil {
+			return 0, fmt.Errorf("cuda: indexer top-k: %s: %w", name, err)
+		}
+		return uint64(p), nil
+	}
+	var addr [6]uint64
+	for i, f := range []struct {
+		name     string
+		buf      mla.Buffer
+		off, len int
+	}{
+		{"Q", a.Q, 0, a.Rows * mla.IndexerHeads * mla.IndexerEntryBytes},
+		{"W", a.W, 0, a.Rows * mla.IndexerHeads * 2},
+		{"Cache", a.Cache, 0, a.NumPages * a.PageBytes()},
+		{"Plan", a.Plan, a.PlanOffset, a.PlanBytes()},
+		{"Scratch", a.Scratch, 0, 4 * a.ScratchEntries},
+		{"Out", a.Out, 0, 4 * a.Rows * a.TopK},
+	} {
+		var err error
+		if addr[i], err = ptr(f.name, f.buf, f.off, f.len); err != nil {
+			return err
+		}
+	}
+	p := abi.TopKParams.Pack()
+	p.Ptr(abi.TopKQ, addr[0])
+	p.Ptr(abi.TopKW, addr[1])
+	p.Ptr(abi.TopKCache, addr[2])
+	p.Ptr(abi.TopKPlan, addr[3])
+	p.Ptr(abi.TopKScratch, addr[4])
+	p.Ptr(abi.TopKOut, addr[5])
+	p.I32(abi.TopKRows, int32(a.Rows))
+	p.I32(abi.TopKTopK, int32(a.TopK))
+	p.I32(abi.TopKMaxSeqs, int32(a.MaxSeqs))
+	p.I32(abi.TopKPageStride, int32(a.PageStride))
+	p.I32(abi.TopKPageSize, int32(a.PageSize))
+	p.I32(abi.TopKNumPages, int32(a.NumPages))
+	p.I32(abi.TopKScratchEntries, int32(a.ScratchEntries))
+	params, err := p.Bytes()
+	if err != nil {
+		return err
+	}
+	tiles := topkGrid(b.ctx.Props().SMCount, a.Rows)
+	if err := b.launch(b.topk.score, driver.Dim3{uint32(a.Rows), uint32(tiles), 1}, driver.Dim3{abi.TopKScoreThreads, 1, 1}, driver.Bytes(params)); err != nil {
+		return fmt.Errorf("cuda: topk_score: %w", err)
+	}
+	if err := b.launch(b.topk.select_, driver.Dim3{uint32(a.Rows), 1, 1}, driver.Dim3{abi.TopKSelectThreads, 1, 1}, driver.Bytes(params)); err != nil {
+		return fmt.Errorf("cuda: topk_select: %w", err)
+	}
+	return nil
+}
+
+// closeTopK releases the top-k module.
+func (b *Backend) closeTopK() error {
+	if b.topk.mod == nil {
+		return nil
+	}
+	err := b.topk.mod.Unload()
+	b.topk.mod, b.topk.score, b.topk.select_ = nil, nil, nil
+	return err
+}
+
+var _ mla.TopKSelector = (*Backend)(nil)

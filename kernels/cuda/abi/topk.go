@@ -1,0 +1,75 @@
+package abi
+
+import "github.com/dsv4mla/prologue/attention/mla"
+
+// Fields of TopKParams, the indexer top-k kernels' launch parameters
+// (kernels/cuda/topk.cu).
+const (
+	TopKQ FieldID = iota
+	TopKW
+	TopKCache
+	TopKPlan
+	TopKScratch
+	TopKOut
+	TopKRows
+	TopKTopK
+	TopKMaxSeqs
+	TopKPageStride
+	TopKPageSize
+	TopKNumPages
+	TopKScratchEntries
+	numTopKFields
+)
+
+// TopKParams is the struct topk_score and topk_select take by value.
+var TopKParams = &Struct{
+	Name:   "TopKParams",
+	Doc:    "Launch parameters of the indexer top-k kernels (mla.TopKArgs), passed by value.",
+	Fields: topkFields[:],
+}
+
+var topkFields = [numTopKFields]Field{
+	TopKQ:              {"q", Ptr, "const u8*", "[rows][IX_HEADS][IX_ROW_BYTES] MXFP4 query rows"},
+	TopKW:              {"w", Ptr, "const u16*", "[rows][IX_HEADS] bf16 head weights"},
+	TopKCache:          {"cache", Ptr, "const u8*", "num_pages pages of page_size MXFP4 entries"},
+	TopKPlan:           {"plan", Ptr, "const int*", "the encoded plan (TOPK_PLAN_* words), offset applied"},
+	TopKScratch:        {"scratch", Ptr, "u32*", "scratch_entries keys of the rows' scores"},
+	TopKOut:            {"out", Ptr, "int*", "[rows][top_k] selected entry indices"},
+	TopKRows:           {"rows", I32, "", "query rows of q, w and out"},
+	TopKTopK:           {"top_k", I32, "", "index_topk"},
+	TopKMaxSeqs:        {"max_seqs", I32, "", "plan capacity: sequences"},
+	TopKPageStride:     {"page_stride", I32, "", "plan capacity: block-table entries a sequence"},
+	TopKPageSize:       {"page_size", I32, "", "entries a cache page"},
+	TopKNumPages:       {"num_pages", I32, "", ""},
+	TopKScratchEntries: {"scratch_entries", I32, "", ""},
+}
+
+// Launch shapes of the top-k kernels: a topk_score block scores
+// TopKScoreThreads entries of one row at a time (a thread each), a
+// topk_select block selects one row.
+const (
+	TopKScoreThreads  = 256
+	TopKSelectThreads = 1024
+)
+
+// topkConstants are the top-k kernels' constants, each from the Go package
+// that defines it.
+func topkConstants() []ConstGroup {
+	return []ConstGroup{
+		{"Indexer top-k (mla.TopK*, mla.Indexer*).", []Const{
+			{"IX_HEADS", mla.IndexerHeads, "index_n_heads"},
+			{"IX_ROW_BYTES", mla.IndexerEntryBytes, "one MXFP4 row of 128 values: 64 nibble bytes, 4 scale bytes"},
+			{"MAX_TOPK_POSITIONS", mla.MaxTopKPositions, "max_position_embeddings"},
+			{"TOPK_PLAN_HDR_SEQS", mla.TopKPlanHdrSeqs, "header: the sequences"},
+			{"TOPK_PLAN_HDR_WORDS", mla.TopKPlanHdrWords, ""},
+			{"TOPK_SEQ_ROW", mla.TopKPlanSeqRow, "first query row"},
+			{"TOPK_SEQ_ROWS", mla.TopKPlanSeqRows, ""},
+			{"TOPK_SEQ_START", mla.TopKPlanSeqStart, "position of the first row"},
+			{"TOPK_SEQ_SCRATCH", mla.TopKPlanSeqScratch, "scratch entry of the first row's keys"},
+			{"TOPK_SEQ_STRIDE", mla.TopKPlanSeqStride, "scratch entries between rows"},
+			{"TOPK_SEQ_WORDS", mla.TopKPlanSeqWords, ""},
+			{"TOPK_SCORE_THREADS", TopKScoreThreads, "threads of a topk_score block, one entry each"},
+			{"TOPK_SELECT_THREADS", TopKSelectThreads, "threads of a topk_select block, one row"},
+		}},
+	}
+}

@@ -1,0 +1,16 @@
+package cuda
+
+import _ "embed"
+
+//go:embed topk.cu
+var topkSource string
+
+// TopK kernels the host loads from TopKSource.
+const (
+	TopKScoreKernel  = "topk_score"
+	TopKSelectKernel = "topk_select"
+)
+
+// TopKSource returns the compilable source of the indexer's top-k module
+// (DESIGN.md section 9, "Selection"): abi.h, then topk.cu.
+func TopKSource() string { return WithABI("topk.cu", topkSource) }

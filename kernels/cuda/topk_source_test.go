@@ -1,0 +1,37 @@
+package cuda_test
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	kernels "github.com/dsv4mla/prologue/kernels/cuda"
+	"github.com/dsv4mla/prologue/kernels/cuda/driver"
+)
+
+// TestTopKSourceCompiles compiles the top-k module with NVRTC for the
+// H200's architecture where NVRTC is installed (no GPU needed).
+func TestTopKSourceCompiles(t *testing.T) {
+	if err := driver.NVRTCAvailable(); err != nil {
+		t.Skipf("no NVRTC: %v", err)
+	}
+	c, err := driver.CompileDetailed(kernels.TopKSource(), "topk.cu", driver.CompileOptions{Arch: "sm_90", NoFMAD: true, NoCache: true})
+	require.NoError(t, err)
+	t.Logf("NVRTC log: %q", c.Log)
+	for _, k := range []string{kernels.TopKScoreKernel, kernels.TopKSelectKernel} {
+		require.True(t, bytes.Contains(c.Cubin, []byte(k)), "the cubin has no %s", k)
+	}
+}
+
+// TestTopKSourceLayout: the module is abi.h then topk.cu, which defines
+// the kernels the host loads by name and takes TopKParams.
+func TestTopKSourceLayout(t *testing.T) {
+	src := kernels.TopKSource()
+	require.True(t, strings.HasPrefix(src, kernels.ABIHeader()+"#line 1 \"topk.cu\"\n"))
+	for _, k := range []string{kernels.TopKScoreKernel, kernels.TopKSelectKernel} {
+		require.Contains(t, src, `extern "C" __global__ void __launch_bounds__`)
+		require.Regexp(t, `\) `+k+`\(const TopKParams p\)`, src)
+	}
+}
