@@ -180,9 +180,11 @@ def best_peer_us(p):
 
 
 # The serving engines' kernels, quoted from issue 11 (measured on one H200 before 2026-11-30:
-# each layer its own inputs and cache, a CUDA graph of all layers, median of 50 replays). The
-# same table is in cmd/bench/quoted.go, which plots them.
-QUOTED_SOURCE = "quoted from issue 11, measured on one H200 before 2026-11-30"
+# each layer its own inputs and cache, a CUDA graph of all layers, median of 50 replays). Only the
+# fallback: with --engines (bench/engines.py, run in the same device call as ours) the measured
+# figures replace them wherever it timed the shape. The same table is in cmd/bench/quoted.go.
+QUOTED_SOURCE = ("quoted from issue 11 (measured on one H200 before 2026-11-30, not in this call: "
+                 "the fallback where bench/engines.py timed no engine)")
 QUOTED_LAYER = {  # (model, tokens): {peer: µs per layer}
     ("flash", 128): {"SGLang": 315.0 / 43, "vLLM": 573.0 / 43},
     ("pro", 128): {"SGLang": 710.0 / 61, "vLLM": 1275.0 / 61},
@@ -198,9 +200,32 @@ def _lg_key(r):
             str(r.get("q_format")))
 
 
-def layer_graph_section(go, peers):
-    """Ours per layer in a graph of many layers, beside the PyTorch peer's graph and the quoted
-    serving-engine kernels."""
+def engine_layers(engines):
+    """bench/engines.py's figures: {(model, phase, batch, mtp, tokens): {engine short name: µs a
+    layer}}, from the engines it timed in the same call (the name's first word: SGLang, vLLM)."""
+    out = {}
+    for t in (engines or {}).get("timings", []):
+        u = t.get("us_per_layer")
+        if _num(u):
+            key = (t.get("model"), t.get("phase"), int(t.get("batch", -1)), int(t.get("mtp", 0)), int(t.get("tokens", -1)))
+            out.setdefault(key, {})[str(t.get("engine", "?")).split()[0]] = u
+    return out
+
+
+def serving_engines(measured, model, phase, batch, mtp, tokens):
+    """(figures, how) for one shape: the measured figures where bench/engines.py timed it, else
+    the quoted ones (generation shapes of 128 tokens only), else ({}, None)."""
+    m = measured.get((model, phase, batch, mtp, tokens))
+    if m:
+        return m, "measured"
+    q = QUOTED_LAYER.get((model, tokens)) if phase == "generation" else None
+    return (q, "quoted") if q else ({}, None)
+
+
+def layer_graph_section(go, peers, engines=None):
+    """Ours per layer in a graph of many layers, beside the PyTorch peer's graph and the serving
+    engines' kernels (measured in the same call by bench/engines.py, else quoted)."""
+    measured = engine_layers(engines)
     peer_lg = {_lg_key(p): p for p in (peers.get("layer_graph", []) if peers else [])}
     groups = {}
     for g in go.get("layer_graph", []):
@@ -211,24 +236,26 @@ def layer_graph_section(go, peers):
         for g in sorted(groups[model], key=lambda g: (_sort_key(g), str(g.get("q_format")))):
             p = peer_lg.get(_lg_key(g))
             pu = p.get("us_per_layer") if p else None
-            quoted = QUOTED_LAYER.get((model, int(g.get("tokens", -1)))) if g.get("phase") == "generation" else None
+            quoted, how = serving_engines(measured, model, g.get("phase"), int(g.get("batch", -1)), int(g.get("mtp", 0)),
+                                          int(g.get("tokens", -1)))
             rows.append([
                 g.get("phase"), g.get("batch"), g.get("mtp"), g.get("tokens"), g.get("rows"), g.get("q_format"),
                 f"{g.get('layers')} ({g.get('sets')} sets)", fmt_us(g.get("total_us")), fmt_us(g.get("us_per_layer")),
                 fmt_us(g.get("cold_layer_us")), fmt_us(g.get("copy_us_per_layer")), fmt_num(g.get("pct_copy"), ".1f"),
                 fmt_us(pu), fmt_ratio(ratio(pu, g.get("us_per_layer"))),
                 ", ".join(f"{k} {fmt_us(v)} ({fmt_ratio(ratio(v, g.get('us_per_layer')))})" for k, v in quoted.items())
-                if quoted else "",
+                + (" (quoted)" if how == "quoted" else "") if quoted else "",
             ])
         out.append(f"### Time per layer in a CUDA graph of many layers: {MODEL_TITLES.get(model, model)}\n\n"
                    "Every layer its own inputs, weight, cache pool and Q output; all layers of the iteration in one "
                    "graph, the L2 flushed before each replay (median); per layer = total / layers. Generation "
                    "batches are padded to the engine's graph bucket (rows). Cold layer: one layer launched alone "
                    "with the L2 flushed. Copy: the layer's bytes at the measured copy rate. Serving engines: "
-                   f"{QUOTED_SOURCE}.\n\n" + md_table(
+                   + ("their kernels built from source and timed the same way in this call (bench/engines.py); "
+                      f"elsewhere {QUOTED_SOURCE}" if measured else QUOTED_SOURCE) + ".\n\n" + md_table(
                        ["phase", "batch", "MTP", "tokens", "rows", "Q", "layers", "ours total µs", "ours µs/layer",
                         "cold layer µs", "copy µs/layer", "% of copy", "PyTorch µs/layer", "vs PyTorch",
-                        "serving engines µs/layer (quoted)"], rows))
+                        "serving engines µs/layer"], rows))
     return out
 
 
@@ -391,7 +418,7 @@ def _largest_chain_floor(go, model):
     return max(floors, key=lambda f: f["rows"]) if floors else None
 
 
-def issue11_goals(go):
+def issue11_goals(go, engines=None):
     lines = []
     for it in go.get("iteration", []):
         goal = ITERATION_GOAL_US.get(it.get("model"))
@@ -424,14 +451,19 @@ def issue11_goals(go):
                              f"(1 KiB read and 512 bytes written a row, as fp8 Q) with the same L2 prefetch, replayed "
                              f"like the layer graph, takes {fmt_us(f)} µs; the goal is {100 * (goal / f - 1):+.1f}% "
                              f"from it, the layer graph {100 * (t / f - 1):+.1f}%")
-    for (model, tokens), quoted in QUOTED_LAYER.items():
-        best = min(quoted.values())
-        for g in lgs:
-            if g.get("model") == model and g.get("phase") == "generation" and g.get("tokens") == tokens:
-                u = g.get("us_per_layer")
-                mark = "✓" if _num(u) and u <= best else "✗"
-                lines.append(f"- {mark} {MODEL_TITLES[model]} b={g.get('batch')} MTP {g.get('mtp')} {g.get('q_format')} Q: "
-                             f"{fmt_us(u)} µs a layer against the fastest engine's {fmt_us(best)} (quoted)")
+    measured = engine_layers(engines)
+    for g in lgs:
+        figs, how = serving_engines(measured, g.get("model"), g.get("phase"), int(g.get("batch", -1)),
+                                    int(g.get("mtp", 0)), int(g.get("tokens", -1)))
+        if not figs or g.get("model") not in MODEL_TITLES:
+            continue
+        best = min(figs.values())
+        u = g.get("us_per_layer")
+        mark = "✓" if _num(u) and u <= best else "✗"
+        shape = (f"b={g.get('batch')} MTP {g.get('mtp')}" if g.get("phase") == "generation"
+                 else f"{g.get('tokens')} context tokens")
+        lines.append(f"- {mark} {MODEL_TITLES[g['model']]} {shape} {g.get('q_format')} Q: "
+                     f"{fmt_us(u)} µs a layer against the fastest engine's {fmt_us(best)} ({how})")
     for tokens, theirs in QUOTED_KV_CONTEXT.items():
         for r in go.get("results", []):
             if (r.get("kernel"), r.get("model"), r.get("format"), r.get("phase"), r.get("tokens")) == \
@@ -543,7 +575,7 @@ def check_section(check):
     return "\n".join(lines)
 
 
-def build(go, peers, check=None, chain=None, chain_peer=None):
+def build(go, peers, check=None, chain=None, chain_peer=None, engines=None):
     # Go writes an empty list as null (a chain-only run has no results): drop those keys.
     go = {k: v for k, v in go.items() if v is not None}
     notes = []
@@ -582,7 +614,7 @@ def build(go, peers, check=None, chain=None, chain_peer=None):
     it = iteration_section(go, peers)
     if it:
         out.append(it + "\n")
-    out.extend(s + "\n" for s in layer_graph_section(go, peers))
+    out.extend(s + "\n" for s in layer_graph_section(go, peers, engines))
     out.extend(s + "\n" for s in chain_sections(go, chain, chain_peer, notes))
     hc = host_cost_section(go)
     if hc:
@@ -592,7 +624,7 @@ def build(go, peers, check=None, chain=None, chain_peer=None):
         out.append(cgoals + "\n")
     if go.get("results") or go.get("iteration") or go.get("layer_graph") or peers:
         out.append(goals_section(go, pairs, peers) + "\n")
-    g11 = issue11_goals(go) if (go.get("results") or go.get("layer_graph") or go.get("host_cost") or go.get("iteration")) else None
+    g11 = issue11_goals(go, engines) if (go.get("results") or go.get("layer_graph") or go.get("host_cost") or go.get("iteration")) else None
     if g11:
         out.append(g11 + "\n")
     if check is not None:
@@ -624,6 +656,7 @@ def main(argv=None):
     p.add_argument("--check", default=None, help="bench/check_peers.py --json output")
     p.add_argument("--chain", default=None, help="our chain JSON (cmd/bench --chain-only); default: --go's chain rows")
     p.add_argument("--chain-peer", default=None, help="bench/chain_peer.py's JSON")
+    p.add_argument("--engines", default=None, help="bench/engines.py's JSON: the serving engines measured in the same call")
     p.add_argument("--markdown", default=None, help="also write the Markdown here")
     args = p.parse_args(argv)
     go = _load(args.go, "go")
@@ -631,7 +664,8 @@ def main(argv=None):
     check = _load(args.check, "check") if args.check else None
     chain = _load(args.chain, "chain") if args.chain else None
     chain_peer = _load(args.chain_peer, "chain-peer") if args.chain_peer else None
-    text = build(go, peers, check, chain, chain_peer)
+    engines = _load(args.engines, "engines") if args.engines else None
+    text = build(go, peers, check, chain, chain_peer, engines)
     print(text)
     if args.markdown:
         with open(args.markdown, "w") as f:

@@ -17,10 +17,11 @@ import (
 	"github.com/dsv4mla/prologue/numerics"
 )
 
-// CompressedPageSize is the entries of one compressed-cache page: 64
-// entries of 584 bytes in the fp8_ue8m0 layout (a ratio-4 page covers 256
-// tokens, a ratio-128 page 8192).
-const CompressedPageSize = 64
+// CompressedPageSize is the entries of one compressed-cache page
+// (kvcache.DSv4CompressedPageSize: 64 entries of 584 bytes in the
+// fp8_ue8m0 layout; a ratio-4 page covers 256 tokens, a ratio-128 page
+// 8192).
+const CompressedPageSize = kvcache.DSv4CompressedPageSize
 
 // DefaultMaxDrafts is CompressorConfig.MaxDrafts's default.
 const DefaultMaxDrafts = 7
@@ -146,7 +147,8 @@ func (m SequenceMemory) Total() int64 {
 // SequenceMemory returns what a sequence of length tokens holds between
 // iterations, in whole pages, for a server's scheduler: SWA pages (with a
 // window, at most ceil(W/P)+1 per layer), compressed pages per ratio and
-// the compressor states.
+// the compressor states: the sum of the cache model's rows
+// (Config.CacheLayout).
 func (c Config) SequenceMemory(length int) (SequenceMemory, error) {
 	r, err := c.resolve(false)
 	if err != nil {
@@ -156,41 +158,92 @@ func (c Config) SequenceMemory(length int) (SequenceMemory, error) {
 		return SequenceMemory{}, fmt.Errorf("engine: SequenceMemory: length %d is negative", length)
 	}
 	m := SequenceMemory{Length: length, Ratio: map[int]int64{}}
-	m.SWA = mulSat(int64(r.Layers), mulSat(int64(r.Cache.LivePages(length)), int64(r.Cache.PageBytes())))
-	if !r.Compressor.Enabled {
-		return m, nil
-	}
-	pageBytes := int64(kvcache.FormatFP8UE8M0.PageBytes(CompressedPageSize))
-	for l := range r.Layers {
-		ratio, _ := r.Model.CompressRatio(l)
-		if compressor.Overlap(ratio) == 0 {
-			continue
+	layout := r.cacheLayout()
+	for i, s := range layout {
+		b := layout.SequenceBytes(i, length)
+		switch {
+		case s.Kind == kvcache.PoolPositions:
+			m.SWA = addSat(m.SWA, b)
+		case s.Kind == kvcache.PoolEntries:
+			m.Ratio[s.Ratio] = addSat(m.Ratio[s.Ratio], b)
+		default:
+			m.State = addSat(m.State, b)
 		}
-		entries := length / ratio
-		pages := int64((entries + CompressedPageSize - 1) / CompressedPageSize)
-		m.Ratio[ratio] = addSat(m.Ratio[ratio], mulSat(pages, pageBytes))
-		m.State = addSat(m.State, stateBytes(ratio, r.Compressor.MaxDrafts))
 	}
 	return m, nil
 }
 
+// CacheLayout returns the cache model of c (DESIGN.md sections 8 and 9),
+// with the defaults filled in: the SWA pages of every layer, with the
+// compressor each ratio's compressed pool and the state slots, one row per
+// pool (kvcache.DSv4Layout). Footprint, SequenceMemory and Engine.Pools are
+// sums over its rows.
+func (c Config) CacheLayout() (kvcache.Layout, error) {
+	r, err := c.resolve(false)
+	if err != nil {
+		return nil, err
+	}
+	return r.cacheLayout(), nil
+}
+
+// newModel returns the empty cache model of a resolved config, a bad
+// pool's size refused naming its field.
+func (c Config) newModel() (*kvcache.Model, error) {
+	layout := c.cacheLayout()
+	for _, s := range layout {
+		if s.Kind != kvcache.PoolPositions && s.Kind != kvcache.PoolEntries {
+			continue
+		}
+		if err := s.Cache.Validate(); err != nil {
+			if s.Kind == kvcache.PoolPositions {
+				return nil, fmt.Errorf("engine: Config.Cache: %w", err)
+			}
+			return nil, &ConfigError{Field: pagesField(s.Ratio), Err: err}
+		}
+	}
+	m, err := kvcache.NewModel(layout)
+	if err != nil {
+		return nil, fmt.Errorf("engine: the cache model: %w", err)
+	}
+	return m, nil
+}
+
+// cacheLayout is CacheLayout of a resolved config.
+func (c Config) cacheLayout() kvcache.Layout {
+	p := kvcache.DSv4Pools{SWA: c.Cache, Layers: c.Layers}
+	if c.Compressor.Enabled {
+		p.RatioLayers, p.RatioPages, p.StateBytes = map[int]int{}, map[int]int{}, map[int]int64{}
+		for l := range c.Layers {
+			r, _ := c.Model.CompressRatio(l)
+			if compressor.Overlap(r) == 0 {
+				continue
+			}
+			p.RatioLayers[r]++
+			p.RatioPages[r] = c.Compressor.pagesFor(r)
+			p.StateBytes[r] = stateBytes(r, c.Compressor.MaxDrafts)
+		}
+		p.Slots = c.Compressor.MaxSequences
+		p.InPlace = mla.InPlaceRows(4, mla.RingRows(4, c.Compressor.MaxDrafts)) // the same for every ratio: 1 + MaxDrafts
+	}
+	return kvcache.DSv4Layout(p)
+}
+
 // compressState is what the compressor adds to an engine. The states live
-// on the backend: each compressed layer has a ring of Compressor.MaxSequences
-// slots (mla.CompressStepArgs), and every live sequence holds one slot
-// index, the same in every layer. The host keeps only the slot of each
-// sequence; a sequence's length is the KV cache's.
+// on the backend: each compressed layer has a ring of state slots
+// (mla.CompressStepArgs), and every live sequence holds one slot index, the
+// same in every layer. The bookkeeping (entries per ratio, slots) is the
+// cache model's (Engine.model); this is the compute that writes them.
 type compressState struct {
 	cfg     CompressorConfig
 	ratios  []int
-	caches  map[int]*kvcache.Cache // entry bookkeeping per ratio
-	layers  []*compLayer           // per engine layer; nil for ratio 0
+	entries map[int]*kvcache.EntryCache // per ratio: its row of the cache model
+	rows    []int                       // per ratio (index in ratios): its row's index
+	slots   *kvcache.SlotPool           // the cache model's state slots
+	slotRow int                         // their row's index
+	layers  []*compLayer                // per engine layer; nil for ratio 0
 	stepper mla.CompressStepper
 	gemm    mla.BF16GEMMBackend // Input = hidden: the projection GEMM
 	side    mla.SideRunner      // nil: the compressor runs in order on the main stream
-	// The ring slots. Guarded by Engine.mu; an iteration's sequences are
-	// only touched by the step loop.
-	slots map[uint64]int32 // live sequence -> its slot
-	free  []int32          // slots no sequence holds (a stack)
 	// plan holds each ratio's plan of the open iteration at planOff[ratio],
 	// encoded for MaxSeqs sequences and maxJobs[ratio] entries.
 	plan    mla.Buffer
@@ -199,13 +252,12 @@ type compressState struct {
 	// planRaw and planScratch are Begin's reused host memory for the plans.
 	planRaw     []byte
 	planScratch mla.CompressPlan
-	// Begin's reused memory for the reservations: the needs of one ratio,
-	// and per ratio (index in ratios) the block tables of the batch, rows
-	// of tableBuf ending at rowEnds.
-	needScratch []kvcache.Need
-	tables      [][][]int32
-	tableBuf    [][]int32
-	rowEnds     []int
+	// Begin's reused memory for the block tables: per ratio (index in
+	// ratios) the block tables of the batch, rows of tableBuf ending at
+	// rowEnds.
+	tables   [][][]int32
+	tableBuf [][]int32
+	rowEnds  []int
 	// kg holds the projections of the layer running: MaxTokens rows of
 	// 2*Width float32 (K then G) of that layer, sized for the widest.
 	kg mla.Buffer
@@ -248,9 +300,8 @@ func (e *Engine) newCompressor(alloc func(what string, n int, fill byte) (mla.Bu
 	if !ok {
 		return fmt.Errorf("engine: Config.Compressor: backend %s does not run the compressor step (mla.CompressStepper)", e.backend.Name())
 	}
-	c := &compressState{cfg: cfg.Compressor, ratios: cfg.compressedRatios(), caches: map[int]*kvcache.Cache{},
-		layers: make([]*compLayer, cfg.Layers), stepper: stepper, slots: map[uint64]int32{},
-		planOff: map[int]int{}, maxJobs: map[int]int{}}
+	c := &compressState{cfg: cfg.Compressor, ratios: cfg.compressedRatios(), entries: map[int]*kvcache.EntryCache{},
+		layers: make([]*compLayer, cfg.Layers), stepper: stepper, planOff: map[int]int{}, maxJobs: map[int]int{}}
 	if proj != nil {
 		if c.gemm, ok = e.backend.(mla.BF16GEMMBackend); !ok {
 			return fmt.Errorf("engine: Config.Compressor with Input = hidden: backend %s does not run the projection GEMM (mla.BF16GEMMBackend)", e.backend.Name())
@@ -259,21 +310,19 @@ func (e *Engine) newCompressor(alloc func(what string, n int, fill byte) (mla.Bu
 			c.side, _ = e.backend.(mla.SideRunner)
 		}
 	}
-	for n := c.cfg.MaxSequences - 1; n >= 0; n-- {
-		c.free = append(c.free, int32(n))
-	}
+	layout := e.model.Layout()
 	planBytes, width := 0, 0
 	for _, r := range c.ratios {
-		cache, err := kvcache.New(kvcache.Config{PageSize: CompressedPageSize, NumPages: c.cfg.pagesFor(r)})
-		if err != nil {
-			return &ConfigError{Field: pagesField(r), Err: err}
-		}
-		c.caches[r] = cache
+		row := layout.Index(kvcache.DSv4RatioPool(r))
+		c.rows = append(c.rows, row)
+		c.entries[r] = e.model.Pool(row).(*kvcache.EntryCache)
 		c.maxJobs[r] = mla.MaxCompressJobs(r, cfg.MaxSeqs, cfg.MaxTokens)
 		c.planOff[r] = planBytes
 		planBytes += align16(mla.CompressPlanBytes(cfg.MaxSeqs, c.maxJobs[r]))
 		width = max(width, compressor.Overlap(r)*compressor.Dim)
 	}
+	c.slotRow = layout.Index(kvcache.DSv4StatePool(c.ratios[0]))
+	c.slots = e.model.Pool(c.slotRow).(*kvcache.SlotPool)
 	var err error
 	if c.plan, err = alloc("compressor plans", planBytes, 0); err != nil {
 		return err
@@ -321,7 +370,7 @@ func (e *Engine) newCompressor(alloc func(what string, n int, fill byte) (mla.Bu
 			return err
 		}
 		ringRows := mla.RingRows(r, c.cfg.MaxDrafts)
-		if cl.ring, err = alloc(fmt.Sprintf("layer %d compressor states", l), c.cfg.MaxSequences*ringRows*2*w*4, 0); err != nil {
+		if cl.ring, err = alloc(fmt.Sprintf("layer %d compressor states", l), c.slots.Slots()*ringRows*2*w*4, 0); err != nil {
 			return err
 		}
 		c.layers[l] = cl
@@ -452,7 +501,7 @@ func (it *Iteration) ReadCompressorSlot(layer int, seq uint64) ([]byte, error) {
 		return nil, err
 	}
 	b := slices.Index(it.meta.Seqs, seq)
-	if b < 0 || it.comp == nil || it.comp.to == nil {
+	if b < 0 || it.comp == nil {
 		return nil, fmt.Errorf("engine: ReadCompressorSlot: sequence %d is not in iteration %d", seq, it.index)
 	}
 	n := mla.RingRows(cl.ratio, e.comp.cfg.MaxDrafts) * 2 * cl.width() * 4
@@ -460,8 +509,9 @@ func (it *Iteration) ReadCompressorSlot(layer int, seq uint64) ([]byte, error) {
 	if err := e.backend.Synchronize(context.Background()); err != nil {
 		return nil, err
 	}
-	if err := e.backend.Read(out, cl.ring, int(it.comp.to[b])*n); err != nil {
-		return nil, fmt.Errorf("engine: reading layer %d state slot %d: %w", layer, it.comp.to[b], err)
+	slot := it.comp.slots.To(b)
+	if err := e.backend.Read(out, cl.ring, int(slot)*n); err != nil {
+		return nil, fmt.Errorf("engine: reading layer %d state slot %d: %w", layer, slot, err)
 	}
 	return out, nil
 }
@@ -480,19 +530,19 @@ func (e *Engine) readAll(buf mla.Buffer, what string) ([]byte, error) {
 // CompressedBlockTable returns a copy of seq's pages in the compressed pool
 // of a ratio, by entry index (page j holds entries [64j, 64j+64)).
 func (e *Engine) CompressedBlockTable(ratio int, seq uint64) ([]int32, error) {
-	if e.comp == nil || e.comp.caches[ratio] == nil {
+	if e.comp == nil || e.comp.entries[ratio] == nil {
 		return nil, fmt.Errorf("engine: no compressed pool of ratio %d", ratio)
 	}
-	return e.comp.caches[ratio].BlockTable(seq)
+	return e.comp.entries[ratio].Cache().BlockTable(seq)
 }
 
 // CompressedEntries returns how many compressed entries of a ratio seq
 // holds (committed iterations only): floor(length/ratio).
 func (e *Engine) CompressedEntries(ratio int, seq uint64) (int, error) {
-	if e.comp == nil || e.comp.caches[ratio] == nil {
+	if e.comp == nil || e.comp.entries[ratio] == nil {
 		return 0, fmt.Errorf("engine: no compressed pool of ratio %d", ratio)
 	}
-	return e.comp.caches[ratio].Lookup(seq)
+	return e.comp.entries[ratio].Cache().Lookup(seq)
 }
 
 // CompressorState returns seq's compressor state in a layer (committed
@@ -502,9 +552,7 @@ func (e *Engine) CompressorState(layer int, seq uint64) (*compressor.State, erro
 	if err != nil {
 		return nil, err
 	}
-	e.mu.Lock()
-	slot, ok := e.comp.slots[seq]
-	e.mu.Unlock()
+	slot, ok := e.comp.slots.Slot(seq)
 	if !ok {
 		return nil, fmt.Errorf("engine: CompressorState: %w %d", kvcache.ErrUnknownSequence, seq)
 	}
@@ -523,50 +571,29 @@ func (e *Engine) CompressorState(layer int, seq uint64) (*compressor.State, erro
 	return cl.comp.StateFromRing(n, numerics.F32sFromBytes(raw))
 }
 
-// PoolUsage is one pool's occupancy, for a server's scheduler.
-type PoolUsage struct {
-	Name      string // "swa" or "ratio-4" / "ratio-128"
-	Layers    int    // layers with a pool of this kind (each holds Pages pages)
-	Pages     int    // pages per layer
-	PageBytes int
-	Free      int // pages no sequence holds
-}
+// PoolUsage is one pool's occupancy, for a server's scheduler: a row of
+// the cache model (Config.CacheLayout).
+type PoolUsage = kvcache.PoolUsage
 
-// Pools returns the occupancy of every pool: the SWA pool and, with the
-// compressor, each ratio's compressed pool.
-func (e *Engine) Pools() []PoolUsage {
-	out := []PoolUsage{{Name: "swa", Layers: e.cfg.Layers, Pages: e.cfg.Cache.NumPages, PageBytes: e.cfg.Cache.PageBytes(), Free: e.cache.FreePages()}}
-	if e.comp == nil {
-		return out
-	}
-	for _, r := range e.comp.ratios {
-		n := 0
-		for _, cl := range e.comp.layers {
-			if cl != nil && cl.ratio == r {
-				n++
-			}
-		}
-		c := e.comp.caches[r]
-		out = append(out, PoolUsage{Name: fmt.Sprintf("ratio-%d", r), Layers: n, Pages: c.Config().NumPages,
-			PageBytes: c.Config().PageBytes(), Free: c.FreePages()})
-	}
-	return out
-}
+// Pools returns the occupancy of every pool of the cache model, in its
+// rows' order: the SWA pool ("swa") and, with the compressor, each ratio's
+// compressed pool ("ratio-4", "ratio-128") and the state slots ("state-4",
+// "state-128": one slot index per sequence in every compressed layer, so
+// they share their free count).
+func (e *Engine) Pools() []PoolUsage { return e.model.Usage() }
 
 // iterComp is an iteration's compressor bookkeeping.
 type iterComp struct {
-	res       []*kvcache.Reservation // per ratio, by index in compressState.ratios
-	from      []int32                // per batch index: the slot the sequence's state is read from
-	to        []int32                // per batch index: the slot it is written to (!= from: a fresh one)
-	taken     []int32                // slots taken from the free list by this iteration
-	inputs    int                    // layer of the last SetCompressorInputs, -1 before any
-	projected int                    // layer of the last StageCompressorGEMM, -1 before any
+	slots     *kvcache.SlotReservation // per batch index: the slot read (From) and written (To)
+	inputs    int                      // layer of the last SetCompressorInputs, -1 before any
+	projected int                      // layer of the last StageCompressorGEMM, -1 before any
 }
 
-// beginCompressor reserves the compressed entries of the batch, all
-// ratios or none. Called with e.mu held, after the KV reservation; on an
-// error nothing of the compressor changed.
-func (e *Engine) beginCompressor(reqs []metadata.Request, numSeqs int, needs []metadata.Need) (_ *iterComp, err error) {
+// beginCompressor checks the batch against the compressor and takes the
+// block tables of each ratio from the cache model's reservation. Called
+// with e.mu held, after the reservation; on an error the caller rolls it
+// back.
+func (e *Engine) beginCompressor(reqs []metadata.Request, mres *kvcache.ModelReservation, numSeqs int) (*iterComp, error) {
 	c := e.comp
 	for _, r := range reqs {
 		if r.Phase == metadata.Generation && r.MTP > c.cfg.MaxDrafts {
@@ -574,34 +601,19 @@ func (e *Engine) beginCompressor(reqs []metadata.Request, numSeqs int, needs []m
 				ErrBatchTooLarge, r.Seq, r.MTP, c.cfg.MaxDrafts)
 		}
 	}
-	ic := &iterComp{res: make([]*kvcache.Reservation, 0, len(c.ratios)), inputs: -1, projected: -1}
-	defer func() {
-		if err != nil {
-			for _, res := range ic.res {
-				res.Rollback()
-			}
-		}
-	}()
+	ic := &iterComp{slots: mres.Row(c.slotRow).(*kvcache.SlotReservation), inputs: -1, projected: -1}
 	if len(c.tables) != len(c.ratios) {
 		c.tables, c.tableBuf = make([][][]int32, len(c.ratios)), make([][]int32, len(c.ratios))
 	}
 	for ri, r := range c.ratios {
-		kn := c.needScratch[:0]
-		for _, n := range needs {
-			kn = append(kn, kvcache.Need{ID: n.Seq, NewLength: n.Length / r, Create: n.Create})
-		}
-		c.needScratch = kn
-		res, err := c.caches[r].Reserve(kn)
-		if err != nil {
-			return nil, fmt.Errorf("engine: Begin: ratio-%d compressed pool: %w", r, err)
-		}
-		ic.res = append(ic.res, res)
+		res := mres.Row(c.rows[ri]).(*kvcache.EntryReservation)
 		// The block tables with the reservation, appended one after the
 		// other into reused memory, then cut into rows (an append may move
 		// the memory, so the rows are cut once it is complete).
 		buf, tables := c.tableBuf[ri][:0], c.tables[ri][:0]
 		ends := c.rowEnds[:0]
-		for i := range needs {
+		for i := range numSeqs {
+			var err error
 			if buf, err = res.AppendBlockTable(buf, i); err != nil {
 				return nil, fmt.Errorf("engine: Begin: ratio-%d compressed pool: %w", r, err)
 			}
@@ -617,44 +629,14 @@ func (e *Engine) beginCompressor(reqs []metadata.Request, numSeqs int, needs []m
 	return ic, nil
 }
 
-// planCompressor gives each sequence of the built batch its slots (a new
-// sequence a fresh one; a chunk too long to add in place, after earlier
-// tokens, a fresh one too, so an aborted chunk leaves its old state whole)
-// and writes each ratio's plan to the backend. Called with e.mu held, after
-// beginCompressor; on an error undoBeginCompressor undoes both.
+// planCompressor writes each ratio's plan of the built batch to the
+// backend: the sequences' rows and slots (the cache model's slot
+// reservation: a new sequence a fresh slot; a chunk too long to add in
+// place, after earlier tokens, a fresh one too, so an aborted chunk leaves
+// its old state whole) and the entries to emit. Called with e.mu held,
+// after beginCompressor.
 func (e *Engine) planCompressor(ic *iterComp, m *metadata.Metadata) error {
 	c := e.comp
-	inPlace := mla.InPlaceRows(4, mla.RingRows(4, c.cfg.MaxDrafts)) // the same for every ratio: 1 + MaxDrafts
-	need := 0
-	for b := range m.NumSeqs {
-		_, live := c.slots[m.Seqs[b]]
-		if !live || (m.Cached[b] > 0 && int(m.QLen[b]) > inPlace) {
-			need++
-		}
-	}
-	if need > len(c.free) {
-		return fmt.Errorf("engine: Begin: compressor state: %w: the batch needs %d free state slots (new sequences, and chunks of more than %d tokens after earlier ones), %d of Compressor.MaxSequences = %d are free",
-			kvcache.ErrCacheFull, need, inPlace, len(c.free), c.cfg.MaxSequences)
-	}
-	ic.from, ic.to = make([]int32, m.NumSeqs), make([]int32, m.NumSeqs)
-	take := func() int32 {
-		s := c.free[len(c.free)-1]
-		c.free = c.free[:len(c.free)-1]
-		ic.taken = append(ic.taken, s)
-		return s
-	}
-	for b := range m.NumSeqs {
-		slot, live := c.slots[m.Seqs[b]]
-		switch {
-		case !live:
-			slot = take()
-			ic.from[b], ic.to[b] = slot, slot
-		case m.Cached[b] > 0 && int(m.QLen[b]) > inPlace:
-			ic.from[b], ic.to[b] = slot, take()
-		default:
-			ic.from[b], ic.to[b] = slot, slot
-		}
-	}
 	// The plan and its bytes reuse the last iteration's memory (Begin is
 	// on every step's path). On an mla.AsyncWriter backend the bytes are
 	// its staging memory, copied without a wait: the last iteration's copy
@@ -681,7 +663,8 @@ func (e *Engine) planCompressor(ic *iterComp, m *metadata.Metadata) error {
 		p.Seqs, p.Jobs = p.Seqs[:0], p.Jobs[:0]
 		tables := c.tables[ri]
 		for b := range m.NumSeqs {
-			p.Seqs = append(p.Seqs, mla.CompressPlanSeq{Row: int(m.CuQ[b]), Rows: int(m.QLen[b]), Start: int(m.Cached[b]), From: int(ic.from[b]), To: int(ic.to[b])})
+			p.Seqs = append(p.Seqs, mla.CompressPlanSeq{Row: int(m.CuQ[b]), Rows: int(m.QLen[b]), Start: int(m.Cached[b]),
+				From: int(ic.slots.From(b)), To: int(ic.slots.To(b))})
 			if err := p.PlanEntries(b, r, int(m.Cached[b]), int(m.QLen[b]), tables[b], CompressedPageSize, c.cfg.pagesFor(r)); err != nil {
 				return fmt.Errorf("engine: Begin: %w", err)
 			}
@@ -699,23 +682,6 @@ func (e *Engine) planCompressor(ic *iterComp, m *metadata.Metadata) error {
 		return fmt.Errorf("engine: Begin: uploading the compressor plans: %w", err)
 	}
 	return nil
-}
-
-// undoBeginCompressor undoes beginCompressor and planCompressor when Begin
-// fails after them. Called with e.mu held.
-func (e *Engine) undoBeginCompressor(ic *iterComp) {
-	for _, res := range ic.res {
-		res.Rollback()
-	}
-	e.returnSlots(ic)
-}
-
-// returnSlots gives the iteration's fresh slots back.
-func (e *Engine) returnSlots(ic *iterComp) {
-	for i := len(ic.taken) - 1; i >= 0; i-- {
-		e.comp.free = append(e.comp.free, ic.taken[i])
-	}
-	ic.taken = nil
 }
 
 // compressorWeights returns a layer's compressor projection and entry norm
@@ -838,7 +804,7 @@ func (e *Engine) compressStep(ctx context.Context, layer int) error {
 	a := e.args[layer]
 	return c.stepper.CompressStep(ctx, &mla.CompressStepArgs{
 		Ratio: cl.ratio, KG: c.kg, KGRows: e.cfg.MaxTokens, APE: cl.ape,
-		Ring: cl.ring, RingRows: mla.RingRows(cl.ratio, c.cfg.MaxDrafts), Slots: c.cfg.MaxSequences,
+		Ring: cl.ring, RingRows: mla.RingRows(cl.ratio, c.cfg.MaxDrafts), Slots: c.slots.Slots(),
 		Plan: c.plan, PlanOffset: c.planOff[cl.ratio], MaxSeqs: e.cfg.MaxSeqs, MaxJobs: c.maxJobs[cl.ratio],
 		NormWeight: cl.normBuf, Eps: float32(e.cfg.Model.RMSNormEps), Rope: a.Rope, RopePositions: a.RopePositions,
 		Pool: cl.pool, PageSize: CompressedPageSize, NumPages: c.cfg.pagesFor(cl.ratio), Scratch: c.scratch,
@@ -868,137 +834,27 @@ func (e *Engine) compressLayer(ctx context.Context, layer, rows int) (onSide boo
 	return false, run()
 }
 
-// endCompressor commits (with the accepted lengths) or rolls back the
-// compressor's part of an iteration. Called with e.mu held.
-func (e *Engine) endCompressor(it *Iteration, commit bool) error {
-	c, ic := e.comp, it.comp
-	if c == nil || ic == nil {
-		return nil
-	}
-	m := it.meta
-	var errs []error
-	if !commit {
-		for _, res := range ic.res {
-			errs = append(errs, res.Rollback())
-		}
-		e.returnSlots(ic)
-		return errors.Join(errs...)
-	}
-	for ri, r := range c.ratios {
-		var lengths map[uint64]int
-		if it.lengths != nil {
-			lengths = make(map[uint64]int, len(it.lengths))
-			for seq, n := range it.lengths {
-				lengths[seq] = n / r
-			}
-		}
-		errs = append(errs, ic.res[ri].CommitLengths(lengths))
-	}
-	// The states need nothing for Accept: the ring is keyed by position, and
-	// the next step of a sequence starts at its accepted length.
-	if ic.from != nil {
-		for b, seq := range m.Seqs {
-			if old, live := c.slots[seq]; live && old != ic.to[b] {
-				c.free = append(c.free, old)
-			}
-			c.slots[seq] = ic.to[b]
-		}
-	}
-	ic.taken = nil
-	return errors.Join(errs...)
-}
-
-// finishCompressor drops a finished sequence's state slot and entries.
-// Called with e.mu held.
-func (e *Engine) finishCompressor(seq uint64, retire bool) error {
-	c := e.comp
-	if c == nil {
-		return nil
-	}
-	if slot, ok := c.slots[seq]; ok {
-		c.free = append(c.free, slot)
-		delete(c.slots, seq)
-	}
-	var errs []error
-	for _, r := range c.ratios {
-		if retire {
-			errs = append(errs, c.caches[r].Retire(seq))
-		} else {
-			errs = append(errs, c.caches[r].Finish(seq))
-		}
-	}
-	return errors.Join(errs...)
-}
-
-// CheckInvariants verifies the engine's bookkeeping between iterations:
-// each cache's own invariants (kvcache.Cache.CheckInvariants: with a
-// window, exactly the pages of the last Window positions held); with the
-// compressor, every live sequence has floor(len/r) entries in each ratio's
-// pool and a state slot of its own, every other slot is free, and no other
-// sequence holds entries or a slot (nothing leaks when sequences finish).
+// CheckInvariants verifies the engine's bookkeeping between iterations,
+// the cache model's (kvcache.Model.CheckInvariants): each pool's own
+// invariants (with a window, exactly the pages of the last Window
+// positions held); with the compressor, every live sequence has
+// floor(len/r) entries in each ratio's pool and a state slot of its own,
+// every other slot is free, and no other sequence holds entries or a slot
+// (nothing leaks when sequences finish).
 func (e *Engine) CheckInvariants() error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.open != nil {
 		return fmt.Errorf("engine: CheckInvariants while iteration %d is open: %w", e.open.index, ErrIterationOpen)
 	}
-	if err := e.cache.CheckInvariants(); err != nil {
-		return err
-	}
-	c := e.comp
-	if c == nil {
-		return nil
-	}
-	lengths := e.cache.Lengths()
-	for _, r := range c.ratios {
-		if err := c.caches[r].CheckInvariants(); err != nil {
-			return fmt.Errorf("ratio-%d compressed pool: %w", r, err)
-		}
-		entries := c.caches[r].Lengths()
-		if len(entries) != len(lengths) {
-			return fmt.Errorf("engine invariant: the ratio-%d pool holds %d sequences, the KV cache %d", r, len(entries), len(lengths))
-		}
-		for seq, n := range lengths {
-			if got, ok := entries[seq]; !ok || got != n/r {
-				return fmt.Errorf("engine invariant: sequence %d of length %d holds %d ratio-%d entries (present %v), want %d", seq, n, got, r, ok, n/r)
-			}
-		}
-	}
-	if len(c.slots) != len(lengths) {
-		return fmt.Errorf("engine invariant: compressor state slots for %d sequences, %d live", len(c.slots), len(lengths))
-	}
-	owner := make([]bool, c.cfg.MaxSequences)
-	for seq := range lengths {
-		slot, ok := c.slots[seq]
-		if !ok {
-			return fmt.Errorf("engine invariant: live sequence %d has no compressor state slot", seq)
-		}
-		if slot < 0 || int(slot) >= len(owner) || owner[slot] {
-			return fmt.Errorf("engine invariant: sequence %d holds state slot %d, outside [0, %d) or held twice", seq, slot, len(owner))
-		}
-		owner[slot] = true
-	}
-	for _, s := range c.free {
-		if s < 0 || int(s) >= len(owner) || owner[s] {
-			return fmt.Errorf("engine invariant: free state slot %d is outside [0, %d), held or listed twice", s, len(owner))
-		}
-		owner[s] = true
-	}
-	for s, ok := range owner {
-		if !ok {
-			return fmt.Errorf("engine invariant: state slot %d is neither held nor free (a leak)", s)
-		}
-	}
-	return nil
+	return e.model.CheckInvariants()
 }
 
 // CompressorSequences returns the sequences the compressor holds a state
 // slot for (0 when it is off).
 func (e *Engine) CompressorSequences() int {
-	e.mu.Lock()
-	defer e.mu.Unlock()
 	if e.comp == nil {
 		return 0
 	}
-	return len(e.comp.slots)
+	return e.comp.slots.Sequences()
 }

@@ -47,6 +47,10 @@
 //     (mla.CompressStepper) inside the layer, on the side stream under the
 //     layer's GEMMs where the backend has one, and inside the layer's CUDA
 //     graph on the graph path.
+//     The bookkeeping of every pool is the cache model's
+//     (kvcache.Model, rows from Config.CacheLayout): the engine reserves,
+//     commits with the accepted lengths, rolls back and finishes it as
+//     one; this package only computes what the rows hold.
 //     Engine.Pools and Config.SequenceMemory give a scheduler the figures;
 //     Engine.CheckInvariants checks that nothing leaks.
 //

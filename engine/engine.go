@@ -50,7 +50,8 @@ type Engine struct {
 	cfg     Config
 	log     zerolog.Logger
 	backend mla.Backend
-	cache   *kvcache.Cache
+	model   *kvcache.Model // every pool's bookkeeping (Config.CacheLayout)
+	cache   *kvcache.Cache // the model's SWA pages: ids, lengths, block tables
 	params  metadata.Params
 
 	pools      []mla.Buffer // one KV cache pool per layer
@@ -89,8 +90,8 @@ type Engine struct {
 	// Begin's memory, reused by the next Begin: the planner, the needs, and
 	// the last iteration's metadata (Iteration.Metadata says so).
 	planner     metadata.Planner
-	planNeeds   []metadata.Need
 	needScratch []kvcache.Need
+	batch       kvcache.Batch            // the model's view of the batch: needScratch and each need's cached length
 	lookups     []kvcache.SequenceLookup // also the next batch's handle hints
 	lastMeta    *metadata.Metadata
 	// rows keeps lastMeta's block-table rows whose page lists did not
@@ -133,9 +134,10 @@ func New(ctx context.Context, cfg Config) (_ *Engine, err error) {
 			e.release()
 		}
 	}()
-	if e.cache, err = kvcache.New(cfg.Cache); err != nil {
-		return nil, fmt.Errorf("engine: Config.Cache: %w", err)
+	if e.model, err = cfg.newModel(); err != nil {
+		return nil, err
 	}
+	e.cache = e.model.SWA()
 	alloc := func(what string, n int, fill byte) (mla.Buffer, error) {
 		buf, err := b.Alloc(n)
 		if err != nil {
@@ -456,11 +458,8 @@ func (e *Engine) Finish(seq uint64) error {
 			return nil
 		}
 	}
-	if err := e.cache.Finish(seq); err != nil {
+	if err := e.model.Finish(seq); err != nil {
 		return fmt.Errorf("engine: Finish(%d): %w", seq, err)
-	}
-	if err := e.finishCompressor(seq, false); err != nil {
-		return fmt.Errorf("engine: Finish(%d): compressed pools: %w", seq, err)
 	}
 	return nil
 }
@@ -531,36 +530,38 @@ func (e *Engine) Begin(ctx context.Context, reqs []metadata.Request) (_ *Iterati
 		return nil, fmt.Errorf("%w: Begin: batch of %d tokens, more than MaxTokens = %d", ErrBatchTooLarge, tokens, e.cfg.MaxTokens)
 	}
 	kn := slices.Grow(e.needScratch[:0], plan.Len())[:plan.Len()]
+	cached := slices.Grow(e.batch.Cached[:0], len(kn))[:len(kn)]
 	ls := e.lookups[:len(kn)]
 	creates := false
 	for i := range kn { // the needs are the requests, in order
 		n := plan.Need(i)
 		kn[i] = kvcache.Need{ID: n.Seq, NewLength: n.Length, Create: n.Create, Handle: ls[i].Handle}
+		cached[i] = 0
+		if !n.Create {
+			cached[i] = ls[i].Length
+		}
 		creates = creates || n.Create
 	}
 	e.needScratch = kn
-	res, err := e.cache.Reserve(kn)
+	e.batch.Needs, e.batch.Cached = kn, cached
+	// Every pool of the cache model at once, or none.
+	mres, err := e.model.Reserve(&e.batch)
 	if err != nil {
 		return nil, fmt.Errorf("engine: Begin: %w", err)
 	}
+	res := mres.SWA()
 	defer func() {
 		if err != nil {
-			if rerr := res.Rollback(); rerr != nil {
+			if rerr := mres.Rollback(); rerr != nil {
 				err = errors.Join(err, rerr)
 			}
 		}
 	}()
 	var ic *iterComp
 	if e.comp != nil {
-		e.planNeeds = plan.AppendNeeds(e.planNeeds[:0])
-		if ic, err = e.beginCompressor(reqs, len(kn), e.planNeeds); err != nil {
+		if ic, err = e.beginCompressor(reqs, mres, len(kn)); err != nil {
 			return nil, err
 		}
-		defer func() {
-			if err != nil {
-				e.undoBeginCompressor(ic)
-			}
-		}()
 	}
 	// The reservation's needs are the plan's, in batch order: the pages go
 	// straight from the reservation into the metadata's rows.
@@ -606,6 +607,7 @@ func (e *Engine) Begin(ctx context.Context, reqs []metadata.Request) (_ *Iterati
 		meta:      m,
 		graph:     graph,
 		res:       res,
+		mres:      mres,
 		inputsFor: -1,
 		comp:      ic,
 	}
@@ -701,27 +703,19 @@ func (e *Engine) checkUpload(m *metadata.Metadata, res *kvcache.Reservation) err
 func (e *Engine) closeIterationLocked(it *Iteration, commit bool) error {
 	var err error
 	if commit {
-		err = it.res.CommitLengths(it.lengths)
+		err = it.mres.CommitLengths(it.lengths)
 	} else {
-		err = it.res.Rollback()
-	}
-	if cerr := e.endCompressor(it, commit); cerr != nil {
-		err = errors.Join(err, cerr)
+		err = it.mres.Rollback()
 	}
 	if e.open == it {
 		e.open = nil
 	}
 	var errs []error
 	for _, seq := range e.deferred {
-		ferr := e.cache.Finish(seq)
-		retired := false
+		ferr := e.model.Finish(seq)
 		if errors.Is(ferr, kvcache.ErrUnknownSequence) && !commit {
-			ferr = e.cache.Retire(seq)
-			retired = true
+			ferr = e.model.Retire(seq)
 			e.log.Debug().Uint64("seq", seq).Int("iteration", it.index).Msg("finish of a sequence whose creation rolled back: id retired")
-		}
-		if ferr == nil {
-			ferr = e.finishCompressor(seq, retired)
 		}
 		if ferr != nil {
 			errs = append(errs, fmt.Errorf("engine: deferred Finish(%d): %w", seq, ferr))

@@ -159,7 +159,19 @@ func (c Config) Resolve() (Config, error) { return c.resolve(true) }
 func (c Config) footprint() (Footprint, error) {
 	var f Footprint
 	layers := int64(c.Layers)
-	f.Pools = mulSat(layers, int64(c.Cache.PoolBytes()))
+	// The cache model's buffers, row by row.
+	layout := c.cacheLayout()
+	for i, s := range layout {
+		b := layout.Footprint(i)
+		switch {
+		case s.Kind == kvcache.PoolPositions:
+			f.Pools = addSat(f.Pools, b)
+		case s.Kind == kvcache.PoolEntries:
+			f.Compressed = addSat(f.Compressed, b)
+		default:
+			f.StateBound = addSat(f.StateBound, b)
+		}
+	}
 	tokens, heads := int64(c.MaxTokens), int64(c.Model.NumHeads)
 	f.Inputs = tokens*int64(c.fusedRowElems())*2 + tokens*heads*numerics.HeadDim*2
 	f.QOutput = tokens * heads * numerics.HeadDim * int64(c.QFormat.ElemBytes())
@@ -190,14 +202,11 @@ func (c Config) footprint() (Footprint, error) {
 		f.CompBuffers = addSat(f.CompBuffers, int64(mla.CompressScratchBytes(mostJobs)))
 		f.CompBuffers = addSat(f.CompBuffers, tokens*2*int64(width)*4)
 		f.CompBuffers = addSat(f.CompBuffers, 2*int64(c.compTableBytes())) // on the backend and its host mirror
-		pageBytes := int64(kvcache.FormatFP8UE8M0.PageBytes(CompressedPageSize))
 		for l := range c.Layers {
 			r, _ := c.Model.CompressRatio(l)
 			if compressor.Overlap(r) == 0 {
 				continue
 			}
-			f.Compressed = addSat(f.Compressed, mulSat(int64(c.Compressor.pagesFor(r)), pageBytes))
-			f.StateBound = addSat(f.StateBound, mulSat(int64(c.Compressor.MaxSequences), stateBytes(r, c.Compressor.MaxDrafts)))
 			f.CompBuffers = addSat(f.CompBuffers, numerics.HeadDim*4)
 			if c.Input == InputHidden {
 				out := int64(compressor.Overlap(r) * compressor.Dim)

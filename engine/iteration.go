@@ -21,9 +21,10 @@ type Iteration struct {
 	index    int
 	meta     *metadata.Metadata
 	launches []mla.Launch
-	graph    bool // layers replay captured graphs (Config.UseGraphs)
-	res      *kvcache.Reservation
-	ran      []bool // layers whose prologue ran
+	graph    bool                      // layers replay captured graphs (Config.UseGraphs)
+	res      *kvcache.Reservation      // the SWA pages' part of mres
+	mres     *kvcache.ModelReservation // every pool's
+	ran      []bool                    // layers whose prologue ran
 	// The memory of launches and, up to 64 layers, of ran: part of the
 	// Iteration's own allocation (Begin allocates nothing else for them).
 	launchMem [2]mla.Launch

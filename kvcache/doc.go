@@ -28,6 +28,20 @@
 // sequence holds chunk + W positions until its commit. Between iterations a
 // sequence holds at most ceil(W/P) + 1 pages ([Config.LivePages]).
 //
+// The cache model. Every pool a DSv4 sequence holds (DESIGN.md sections 8
+// and 9: the SWA pages, each ratio's compressed entries, the indexer's
+// keys, the compressor state slots) is one row of a [Layout]; a [Model]
+// keeps them all behind one [Model.Reserve] (every pool or none, a refusal
+// naming the pool), [ModelReservation.CommitLengths] (the accepted lengths
+// of an MTP step: each pool drops what lies past them) and
+// [ModelReservation.Rollback], and one [Model.Finish]. The bookkeeping of a
+// row is a [Pool]: the page cache by position ([Cache]), a cache whose
+// lengths are derived, floor(n/r) entries ([EntryCache]), or the state
+// slots ([SlotPool]); a shared row (the indexer's keys on the ratio-4
+// block table) reuses another row's. [DSv4Layout] is DeepSeek-V4's table,
+// the one place its entry sizes and pages live; footprints and memory per
+// sequence are sums over the rows.
+//
 // Finished ids are refused for good; they are remembered as runs of
 // consecutive ids, so a server numbering sequences with a counter runs
 // forever in flat memory ([MaxFinishedRuns] states the rule and its bound).
@@ -37,5 +51,7 @@
 // refused. [MaxPageSize] is the one page-size bound of every package.
 //
 // A Cache is safe for concurrent use. Built with -tags invariants it checks
-// its own invariants after every mutation and panics if one breaks.
+// its own invariants after every mutation and panics if one breaks; so do
+// a SlotPool and a Model (every pool against the live sequences, whenever
+// no reservation is pending).
 package kvcache

@@ -12,6 +12,9 @@
 #   4. the PyTorch peers (bench/peers.py): the stronger whole-layer peer compiled and captured in
 #      one graph, then the single kernels eager and compiled, within a time budget;
 #   5. the tables (bench/report.py) and the plots (.gpu/bench report, gonum/plot).
+# With ENGINES_PLUGIN=PLUGIN.py (a plugin that builds the serving engines' kernels from their
+# source; not part of this repository), bench/engines.py times them after step 2, on the same
+# shapes and check cases, and the tables use its figures instead of the quoted ones.
 # No step's failure stops the later ones; each step's exit status is listed at the end, and the
 # script exits 1 if any failed. Outputs land in $OUT (default /tmp/bench-out).
 #
@@ -96,6 +99,14 @@ else
 	step check-self 40 bash -o pipefail -c 'python3 bench/check_peers.py --self-test 2>&1 | tail -3'
 	step check 90 bash -o pipefail -c 'python3 bench/check_peers.py "$@" 2>&1 | tail -30' _ "$check" --json "$OUT/check.json" "${compile[@]}"
 
+	# 2b. The serving engines' kernels, when a plugin builds them (their JSON is rewritten after
+	# every entry; past --budget-s the remaining shapes are skipped).
+	if [ -n "${ENGINES_PLUGIN:-}" ]; then
+		step engines 150 bash -o pipefail -c '"$@" 2>&1 | tee "$0/engines.log" | { grep -Ei "error|fail|check|engine" || true; } | tail -40' "$OUT" \
+			python3 bench/engines.py --peers "$ENGINES_PLUGIN" --check-dir "$check" --ours "$OUT/bench-go.json" \
+			--out "$OUT/engines.json" --markdown "$OUT/engines.md" --budget-s 110
+	fi
+
 	# 3. The chain. The peer gets at most its limit, and leaves the peers 60 s and the report 50.
 	left=$((total - SECONDS - chain_go_limit - 110))
 	[ "$left" -lt "$chain_peer_limit" ] && chain_peer_limit=$left
@@ -120,6 +131,7 @@ else
 	report=(--go "$OUT/bench-go.json")
 	[ -s "$OUT/bench-peers.json" ] && report+=(--peers "$OUT/bench-peers.json")
 	[ -s "$OUT/bench-chain.json" ] && report+=(--chain "$OUT/bench-chain.json")
+	[ -s "$OUT/engines.json" ] && report+=(--engines "$OUT/engines.json")
 fi
 chain_peer_json=()
 [ -s "$OUT/chain-peer.json" ] && chain_peer_json=(--chain-peer "$OUT/chain-peer.json")

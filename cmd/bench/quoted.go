@@ -1,11 +1,13 @@
 package main
 
 // quotedFigure is a serving engine's kernel time quoted in issue 11 ("Decode
-// latency: ahead of the serving engines' own kernels"), measured on
-// one H200 before 2026-11-30, in the setting of LayerGraph: each layer its
-// own inputs and cache, a CUDA graph of all layers, median of 50 replays.
-// They are not re-measured here (the engines are not installed on the
-// device); the plots show them beside ours, labelled as quoted.
+// latency: ahead of the serving engines' own kernels"), measured on one H200
+// before 2026-11-30 in the setting of LayerGraph: each layer its own inputs and
+// cache, a CUDA graph of all layers, median of 50 replays. It is only the
+// fallback: bench/engines.py times the engines' kernels, built from their
+// source, in the same device call as this benchmark (bench/report.py --engines
+// puts those figures in the tables); the plots show the quotes beside ours,
+// labelled as quoted.
 type quotedFigure struct {
 	Peer string
 	// What is "layer" (the whole Q + KV job of one layer: a decode
@@ -18,7 +20,7 @@ type quotedFigure struct {
 }
 
 // quotedSource is the provenance printed with every quoted figure.
-const quotedSource = "quoted from issue 11, measured on one H200 before 2026-11-30"
+const quotedSource = "quoted from issue 11, measured on one H200 before 2026-11-30, not in this call"
 
 // quotedFigures are issue 11's numbers. The per-kernel and context figures
 // are V4-Flash's (the issue gives them under that heading); the context

@@ -71,7 +71,11 @@ func writeSummary(w io.Writer, rep *replay.Report, traceName string) {
 	}
 	fmt.Fprintf(w, "cache:    fewest free pages %d of %d; %d sequences finished\n", s.MinFreePages, rep.Pages, s.Finished)
 	for _, p := range rep.Pools {
-		fmt.Fprintf(w, "pool %-9s %d layers x %d pages of %s (%s per layer); %d free at the end\n", p.Name+":", p.Layers, p.Pages,
+		unit := "pages"
+		if p.Slots {
+			unit = "state slots"
+		}
+		fmt.Fprintf(w, "pool %-9s %d layers x %d %s of %s (%s per layer); %d free at the end\n", p.Name+":", p.Layers, p.Pages, unit,
 			engine.FormatBytes(int64(p.PageBytes)), engine.FormatBytes(int64(p.Pages)*int64(p.PageBytes)), p.Free)
 	}
 	for _, m := range rep.SequenceMemory {
