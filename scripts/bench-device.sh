@@ -144,6 +144,7 @@ fi
 if [ "$chain_only" = 0 ]; then
 	plots=(--go "$OUT/bench-go.json")
 	[ -s "$OUT/bench-peers.json" ] && plots+=(--peers "$OUT/bench-peers.json")
+	[ -s "$OUT/engines.json" ] && plots+=(--engines "$OUT/engines.json")
 	step plots 25 .gpu/bench report "${plots[@]}" --out-dir "$OUT"
 fi
 if [ -s "$OUT/bench-chain.json" ]; then

@@ -50,6 +50,82 @@ type peerReport struct {
 	} `json:"layer_graph"`
 	// Chain is bench/chain_peer.py's: the PyTorch chain per layer.
 	Chain []chainPeerEntry `json:"chain"`
+	// Engines are bench/engines.py's timings (its own JSON, read by
+	// readEngines): the serving engines' kernels measured in the same call.
+	// Where a model has some, the quoted figures are left out.
+	Engines []engineTiming `json:"-"`
+}
+
+// engineTiming is one shape of one engine in bench/engines.py's JSON: a
+// layer's time and each of its kernels' (the names the plugin gave them),
+// per layer of the many-layer graph.
+type engineTiming struct {
+	Engine  string
+	Model   string
+	Phase   string
+	MTP     int
+	Tokens  int
+	Layer   float64            // 0 where the shape failed
+	Kernels map[string]float64 // kernel name -> µs per layer
+}
+
+// readEngines reads bench/engines.py's JSON.
+func readEngines(path string) ([]engineTiming, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var doc struct {
+		Timings []map[string]json.RawMessage `json:"timings"`
+	}
+	if err := json.Unmarshal(data, &doc); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	var out []engineTiming
+	for _, t := range doc.Timings {
+		e := engineTiming{Kernels: map[string]float64{}}
+		for k, dst := range map[string]any{"engine": &e.Engine, "model": &e.Model, "phase": &e.Phase, "mtp": &e.MTP, "tokens": &e.Tokens} {
+			if raw, ok := t[k]; ok {
+				if err := json.Unmarshal(raw, dst); err != nil {
+					return nil, fmt.Errorf("%s: timing %s: %w", path, k, err)
+				}
+			}
+		}
+		for k, raw := range t {
+			var v float64
+			if !strings.HasSuffix(k, "us_per_layer") || json.Unmarshal(raw, &v) != nil || v <= 0 {
+				continue
+			}
+			switch kernel := strings.TrimSuffix(k, "_us_per_layer"); {
+			case k == "us_per_layer":
+				e.Layer = v
+			case kernel == "back_to_back" || kernel == k:
+			default:
+				e.Kernels[kernel] = v
+			}
+		}
+		out = append(out, e)
+	}
+	return out, nil
+}
+
+// engineShort is an engine's name up to its first space (SGLang, vLLM).
+func engineShort(name string) string {
+	short, _, _ := strings.Cut(name, " ")
+	return short
+}
+
+// measuredEngines reports whether bench/engines.py timed any engine on model.
+func (p *peerReport) measuredEngines(model string) bool {
+	if p == nil {
+		return false
+	}
+	for _, e := range p.Engines {
+		if e.Model == model && (e.Layer > 0 || len(e.Kernels) > 0) {
+			return true
+		}
+	}
+	return false
 }
 
 // chainPeerEntry is the part of a chain peer entry the plots read.
@@ -110,7 +186,7 @@ func dedupeTokens(s series) series {
 // layerSeries is the per-layer view of a model: ours from the many-layer
 // graphs (and one layer alone, cold), the copy line, the dependent-chain
 // floor (ChainFloor), the PyTorch peer's graph, and the serving engines'
-// quoted figures.
+// figures: measured in the same call (peers.Engines), else quoted.
 func layerSeries(rep *Report, peers *peerReport, model string) []series {
 	var g groupSeries
 	var copyLine groupSeries
@@ -131,9 +207,17 @@ func layerSeries(rep *Report, peers *peerReport, model string) []series {
 			}
 		}
 	}
-	for _, q := range quotedFigures() {
-		if q.What == "layer" && q.Model == model {
-			g.add(q.Peer+" (quoted)", quoted, q.Tokens, q.Us)
+	if peers.measuredEngines(model) {
+		for _, e := range peers.Engines {
+			if e.Model == model && e.Layer > 0 {
+				g.add(fmt.Sprintf("%s, same call, graph, %s, bf16 Q", engineShort(e.Engine), phaseLabel(e.Phase, e.MTP)), measured, e.Tokens, e.Layer)
+			}
+		}
+	} else {
+		for _, q := range quotedFigures() {
+			if q.What == "layer" && q.Model == model {
+				g.add(q.Peer+" (quoted)", quoted, q.Tokens, q.Us)
+			}
 		}
 	}
 	if md, err := modelNamed(model); err == nil {
@@ -185,9 +269,9 @@ func chainSeries(rep *Report, peers *peerReport, model string) []series {
 
 // kernelSeries is the per-kernel view of a model: ours launched alone and
 // cold and in a many-layer graph (generation at MTP 3 and context), each
-// kernel's copy line, and the quoted kernel figures (taken in the graph
-// setting).
-func kernelSeries(rep *Report, model string) []series {
+// kernel's copy line, and the serving engines' kernels in the same graph
+// setting: measured in the same call (peers.Engines), else quoted.
+func kernelSeries(rep *Report, peers *peerReport, model string) []series {
 	var g, copies groupSeries
 	for _, r := range rep.Results {
 		if r.Model != model || r.Variant != "" || (r.Phase == "generation" && r.MTP != 3) {
@@ -208,9 +292,20 @@ func kernelSeries(rep *Report, model string) []series {
 		}
 		g.add(fmt.Sprintf("ours %s, %s, many-layer graph", strings.ToUpper(kg.Kernel), kg.Format), measured, kg.Tokens, kg.UsPerLayer)
 	}
-	for _, q := range quotedFigures() {
-		if q.What != "layer" && q.Model == model {
-			g.add(fmt.Sprintf("%s %s (quoted)", q.Peer, strings.ToUpper(q.What)), quoted, q.Tokens, q.Us)
+	if peers.measuredEngines(model) {
+		for _, e := range peers.Engines {
+			if e.Model != model || (e.Phase == "generation" && e.MTP != 3) {
+				continue
+			}
+			for k, us := range e.Kernels {
+				g.add(fmt.Sprintf("%s %s, same call, many-layer graph", engineShort(e.Engine), k), measured, e.Tokens, us)
+			}
+		}
+	} else {
+		for _, q := range quotedFigures() {
+			if q.What != "layer" && q.Model == model {
+				g.add(fmt.Sprintf("%s %s (quoted)", q.Peer, strings.ToUpper(q.What)), quoted, q.Tokens, q.Us)
+			}
 		}
 	}
 	out := g.list()
@@ -334,7 +429,7 @@ func writePlots(rep *Report, peers *peerReport, dir, prefix string) ([]string, e
 			ss                  []series
 		}{
 			{"layer", modelTitle(m) + ": time per layer (Q + KV), " + rep.Device, "µs per layer", layerSeries(rep, peers, m)},
-			{"kernels", modelTitle(m) + ": each kernel launched alone, L2 flushed, " + rep.Device, "µs per launch", kernelSeries(rep, m)},
+			{"kernels", modelTitle(m) + ": each kernel launched alone, L2 flushed, " + rep.Device, "µs per launch", kernelSeries(rep, peers, m)},
 			{"chain", modelTitle(m) + ": the whole chain from hidden states per layer, " + rep.Device, "µs per layer", chainSeries(rep, peers, m)},
 		}
 		for _, pl := range plots {
@@ -372,6 +467,7 @@ func reportMain(args []string, stdout, stderr io.Writer) error {
 	goJSON := fs.String("go", "bench-go.json", "the JSON of a bench run")
 	peersJSON := fs.String("peers", "", "bench/peers.py's JSON, for the PyTorch peer's graph (optional)")
 	chainPeerJSON := fs.String("chain-peer", "", "bench/chain_peer.py's JSON, for the PyTorch chain (optional)")
+	enginesJSON := fs.String("engines", "", "bench/engines.py's JSON: the serving engines measured in the same call, in place of the quoted figures (optional)")
 	outDir := fs.String("out-dir", "", "where the plots go (default: beside --go)")
 	prefix := fs.String("prefix", "bench", "file name prefix: PREFIX-layer-MODEL.png, PREFIX-kernels-MODEL.svg, ...")
 	if err := fs.Parse(args); err != nil {
@@ -408,6 +504,16 @@ func reportMain(args []string, stdout, stderr io.Writer) error {
 			peers = &peerReport{}
 		}
 		peers.Chain = append(peers.Chain, cp.Chain...)
+	}
+	if *enginesJSON != "" {
+		engines, err := readEngines(*enginesJSON)
+		if err != nil {
+			return err
+		}
+		if peers == nil {
+			peers = &peerReport{}
+		}
+		peers.Engines = engines
 	}
 	dir := *outDir
 	if dir == "" {

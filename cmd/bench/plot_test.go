@@ -56,13 +56,66 @@ func TestKernelSeries(t *testing.T) {
 	rep, err := readReport("testdata/bench-go.json")
 	require.NoError(t, err)
 	by := map[string]series{}
-	for _, s := range kernelSeries(rep, "flash") {
+	for _, s := range kernelSeries(rep, nil, "flash") {
 		by[s.Label] = s
 	}
 	assert.Equal(t, []point{{4, 3.1}, {32, 4.2}, {128, 9.7}, {4096, 160}}, by["ours Q, fp8, cold"].Points)
 	require.Contains(t, by, "vLLM KV-norm kernel KV (quoted)")
 	assert.Equal(t, []point{{128, 2.6}, {16384, 16.9}, {65536, 53}}, by["vLLM KV-norm kernel KV (quoted)"].Points)
 	require.Contains(t, by, "copy of the KV bytes (fp8_ue8m0)")
+}
+
+// TestEngineSeries: bench/engines.py's measured figures replace the quoted
+// ones for the model they cover, shape by shape; a failed shape (no time) is
+// left out, and a model without any keeps the quotes.
+func TestEngineSeries(t *testing.T) {
+	rep, err := readReport("testdata/bench-go.json")
+	require.NoError(t, err)
+	path := filepath.Join(t.TempDir(), "engines.json")
+	require.NoError(t, os.WriteFile(path, []byte(`{"timings": [
+		{"engine": "SGLang fused_q_norm_rope + fused_k_norm_rope_flashmla", "model": "flash", "phase": "generation",
+		 "batch": 32, "mtp": 3, "tokens": 128, "us_per_layer": 6.5, "kv_us_per_layer": 1.25, "q_us_per_layer": 5.5,
+		 "back_to_back_us_per_layer": 6.25},
+		{"engine": "vLLM x", "model": "flash", "phase": "context", "batch": 2, "mtp": 0, "tokens": 4096,
+		 "us_per_layer": 120.5, "kv_norm_us_per_layer": 9.5, "fused_us_per_layer": 110.5},
+		{"engine": "vLLM x", "model": "flash", "phase": "generation", "batch": 8, "mtp": 3, "tokens": 32,
+		 "errors": {"shape": "RuntimeError: boom"}}
+	]}`), 0o644))
+	engines, err := readEngines(path)
+	require.NoError(t, err)
+	require.Len(t, engines, 3)
+	peers := &peerReport{Engines: engines}
+
+	layer := map[string]series{}
+	for _, s := range layerSeries(rep, peers, "flash") {
+		layer[s.Label] = s
+		assert.NotContains(t, s.Label, "quoted", "measured figures replace the quotes")
+	}
+	assert.Equal(t, []point{{128, 6.5}}, layer["SGLang, same call, graph, generation MTP 3, bf16 Q"].Points)
+	assert.Equal(t, []point{{4096, 120.5}}, layer["vLLM, same call, graph, context, bf16 Q"].Points)
+	assert.NotContains(t, layer, "vLLM, same call, graph, generation MTP 3, bf16 Q", "the failed shape is not drawn")
+
+	kernels := map[string]series{}
+	for _, s := range kernelSeries(rep, peers, "flash") {
+		kernels[s.Label] = s
+		assert.NotContains(t, s.Label, "quoted")
+		assert.NotContains(t, s.Label, "back_to_back")
+	}
+	assert.Equal(t, []point{{128, 1.25}}, kernels["SGLang kv, same call, many-layer graph"].Points)
+	assert.Equal(t, []point{{4096, 110.5}}, kernels["vLLM fused, same call, many-layer graph"].Points)
+
+	var quotedPro int
+	for _, s := range layerSeries(rep, peers, "pro") {
+		if strings.Contains(s.Label, "(quoted)") {
+			quotedPro++
+		}
+	}
+	assert.Positive(t, quotedPro, "a model the engines did not cover keeps the quotes")
+
+	bad := filepath.Join(t.TempDir(), "bad.json")
+	require.NoError(t, os.WriteFile(bad, []byte(`{"timings": [{"tokens": "many"}]}`), 0o644))
+	_, err = readEngines(bad)
+	assert.ErrorContains(t, err, "tokens")
 }
 
 func TestReportWritesPlots(t *testing.T) {
