@@ -38,9 +38,9 @@ func requireSameLive(t testing.TB, a, b *engine.Engine, seq uint64, what string)
 	require.NoError(t, err)
 	require.Equal(t, n, nb, "%s: length of seq %d", what, seq)
 	cfg := a.Config().Cache
-	ta, err := a.BlockTable(seq)
+	ta, err := a.Debug().BlockTable(seq)
 	require.NoError(t, err)
-	tb, err := b.BlockTable(seq)
+	tb, err := b.Debug().BlockTable(seq)
 	require.NoError(t, err)
 	require.Len(t, ta, len(tb), "%s: block table of seq %d", what, seq)
 	for j := range ta {
@@ -51,9 +51,9 @@ func requireSameLive(t testing.TB, a, b *engine.Engine, seq uint64, what string)
 		first = max(0, n-cfg.Window)
 	}
 	for l := range a.Layers() {
-		pa, err := a.ReadPool(l)
+		pa, err := a.Debug().ReadPool(l)
 		require.NoError(t, err)
-		pb, err := b.ReadPool(l)
+		pb, err := b.Debug().ReadPool(l)
 		require.NoError(t, err)
 		for pos := first; pos < n; pos++ {
 			require.Equal(t, positionBytes(t, cfg, pb, tb, pos), positionBytes(t, cfg, pa, ta, pos), "%s: seq %d layer %d position %d", what, seq, l, pos)

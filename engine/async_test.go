@@ -80,7 +80,7 @@ func TestAsyncUploads(t *testing.T) {
 		both(func(e *engine.Engine) {
 			it, err := e.Begin(ctx, gen)
 			require.NoError(t, err)
-			require.Equal(t, e == async, it.GraphPath())
+			require.Equal(t, e == async, it.Debug().GraphPath())
 			for l := range e.Layers() {
 				if e.CompressorWidth(l) > 0 {
 					k, g := compRows(seed, e, it, l)
@@ -119,9 +119,9 @@ func TestAsyncUploads(t *testing.T) {
 		requireSameLive(t, e, ref, seq, "async uploads")
 	}
 	for l := range cfg.Layers {
-		a, err := e.ReadPool(l)
+		a, err := e.Debug().ReadPool(l)
 		require.NoError(t, err)
-		b, err := ref.ReadPool(l)
+		b, err := ref.Debug().ReadPool(l)
 		require.NoError(t, err)
 		require.Equal(t, b, a, "layer %d pool", l)
 	}

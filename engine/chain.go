@@ -223,7 +223,7 @@ func (it *Iteration) SetHidden(layer int, rows []byte) error {
 }
 
 // Stage is one step of the chain, for verification and tests that run the
-// steps one at a time (Iteration.RunStage).
+// steps one at a time (IterationDebug.RunStage).
 type Stage uint8
 
 const (
@@ -388,7 +388,8 @@ func (e *Engine) runChain(ctx context.Context, layer int, launches []mla.Launch)
 // in order on the main stream: the steps RunLayer runs, one at a time, so
 // a verifier can read or replace a step's output (ReadChain, WriteChain)
 // before the next. The layer counts as run once StagePrologue ran.
-func (it *Iteration) RunStage(ctx context.Context, layer int, s Stage) error {
+func (d IterationDebug) RunStage(ctx context.Context, layer int, s Stage) error {
+	it := d.it
 	if err := it.check(layer); err != nil {
 		return err
 	}
@@ -425,7 +426,7 @@ func (it *Iteration) RunStage(ctx context.Context, layer int, s Stage) error {
 	return nil
 }
 
-// ChainTensor names a buffer of the chain (Iteration.ReadChain).
+// ChainTensor names a buffer of the chain (IterationDebug.ReadChain).
 type ChainTensor uint8
 
 const (
@@ -475,7 +476,8 @@ func (t ChainTensor) String() string {
 
 // ReadChain returns the real rows (Tokens()) of a chain buffer, after the
 // work issued so far. The scale tensors come back as [K/128][Tokens()].
-func (it *Iteration) ReadChain(t ChainTensor) ([]byte, error) {
+func (d IterationDebug) ReadChain(t ChainTensor) ([]byte, error) {
+	it := d.it
 	e := it.e
 	T := it.meta.Tokens
 	if t == TensorFusedA || t == TensorQIn {
@@ -536,7 +538,8 @@ func (it *Iteration) read(t ChainTensor, buf mla.Buffer, off, n int) ([]byte, er
 // WriteChain replaces the real rows of a GEMM output (TensorFusedA or
 // TensorQIn) of a layer, for a verifier that feeds the next steps another
 // backend's GEMM output. The layer's next stage must follow.
-func (it *Iteration) WriteChain(layer int, t ChainTensor, rows []byte) error {
+func (d IterationDebug) WriteChain(layer int, t ChainTensor, rows []byte) error {
+	it := d.it
 	if err := it.check(layer); err != nil {
 		return err
 	}
@@ -576,7 +579,8 @@ func (it *Iteration) WriteChain(layer int, t ChainTensor, rows []byte) error {
 // holds them (Config.Input = hidden): the fused [wq_a; wkv] matrix and the
 // head range's rows of wq_b. A verifier uses them to bound another
 // backend's GEMM outputs (package gemm).
-func (e *Engine) ChainWeights(layer int) (fusedA, wqB weights.FP8Matrix, err error) {
+func (d Debug) ChainWeights(layer int) (fusedA, wqB weights.FP8Matrix, err error) {
+	e := d.e
 	if err := e.checkLayer(layer); err != nil {
 		return fusedA, wqB, err
 	}

@@ -108,7 +108,7 @@ func qNorm(fused []float32, rows, q, stride int, w []float32, eps float32) []flo
 func (h *hostChain) checkLayer(t *testing.T, it *engine.Iteration, layer int, hidden []byte) (fusedA, qIn []byte) {
 	t.Helper()
 	read := func(tn engine.ChainTensor) []byte {
-		b, err := it.ReadChain(tn)
+		b, err := it.Debug().ReadChain(tn)
 		require.NoError(t, err)
 		return b
 	}
@@ -205,18 +205,18 @@ func TestChainCheckpoint(t *testing.T) {
 					fusedA, qIn := h.checkLayer(t, it, l, hidden)
 					require.NoError(t, pit.SetInputs(l, fusedA, qIn))
 					require.NoError(t, pit.RunLayer(ctx, l))
-					got, err := it.ReadQ()
+					got, err := it.Debug().ReadQ()
 					require.NoError(t, err)
-					want, err := pit.ReadQ()
+					want, err := pit.Debug().ReadQ()
 					require.NoError(t, err)
 					require.True(t, bytes.Equal(want, got), "batch %d layer %d: Q differs from the projected path", bi, l)
 				}
 				require.NoError(t, it.End(ctx))
 				require.NoError(t, pit.End(ctx))
 				for l := range e.Layers() {
-					got, err := e.ReadPool(l)
+					got, err := e.Debug().ReadPool(l)
 					require.NoError(t, err)
-					want, err := p.ReadPool(l)
+					want, err := p.Debug().ReadPool(l)
 					require.NoError(t, err)
 					require.True(t, bytes.Equal(want, got), "batch %d layer %d: cache pool differs from the projected path", bi, l)
 				}
@@ -261,13 +261,13 @@ func TestChainHeadShards(t *testing.T) {
 			hidden := randomHidden(rng, it.Tokens(), model.HiddenSize)
 			require.NoError(t, it.SetHidden(l, hidden))
 			require.NoError(t, it.RunLayer(ctx, l))
-			q, err := it.ReadQ()
+			q, err := it.Debug().ReadQ()
 			require.NoError(t, err)
 			row := len(q) / it.Rows() // bytes of one token's 4 heads
 			for i, sit := range its {
 				require.NoError(t, sit.SetHidden(l, hidden))
 				require.NoError(t, sit.RunLayer(ctx, l))
-				sq, err := sit.ReadQ()
+				sq, err := sit.Debug().ReadQ()
 				require.NoError(t, err)
 				require.Len(t, sq, len(q)/2)
 				for tok := range it.Rows() {
@@ -282,10 +282,10 @@ func TestChainHeadShards(t *testing.T) {
 			require.NoError(t, sit.End(ctx))
 		}
 		for l := range whole.Layers() {
-			want, err := whole.ReadPool(l)
+			want, err := whole.Debug().ReadPool(l)
 			require.NoError(t, err)
 			for i, s := range shards {
-				got, err := s.ReadPool(l)
+				got, err := s.Debug().ReadPool(l)
 				require.NoError(t, err)
 				require.True(t, bytes.Equal(want, got), "batch %d layer %d: shard %d's cache differs", bi, l, i)
 			}
@@ -332,7 +332,7 @@ func TestChainRefusals(t *testing.T) {
 		defer it.Abort()
 		require.ErrorContains(t, it.SetHidden(0, make([]byte, 10)), "rows has 10 bytes, 5 tokens of 256 bf16 need 2560")
 		require.ErrorContains(t, it.SetInputs(0, make([]byte, 5*(256+512)*2), make([]byte, 5*4*512*2)), "Config.Input is hidden")
-		require.ErrorContains(t, it.WriteChain(0, engine.TensorHidden, nil), "only fused_a, q_in and compressor_kg can be written")
+		require.ErrorContains(t, it.Debug().WriteChain(0, engine.TensorHidden, nil), "only fused_a, q_in and compressor_kg can be written")
 		require.NoError(t, it.SetHidden(1, make([]byte, 5*256*2)))
 		require.ErrorContains(t, it.RunLayer(ctx, 0), "hold layer 1's inputs")
 
@@ -342,8 +342,8 @@ func TestChainRefusals(t *testing.T) {
 		defer pit.Abort()
 		require.Nil(t, p.HiddenInput())
 		require.ErrorContains(t, pit.SetHidden(0, nil), "needs Config.Input = hidden")
-		require.ErrorContains(t, pit.RunStage(ctx, 0, engine.StageActQuant), "stages need Config.Input = hidden")
-		_, err = pit.ReadChain(engine.TensorHiddenFP8)
+		require.ErrorContains(t, pit.Debug().RunStage(ctx, 0, engine.StageActQuant), "stages need Config.Input = hidden")
+		_, err = pit.Debug().ReadChain(engine.TensorHiddenFP8)
 		require.ErrorContains(t, err, "need Config.Input = hidden")
 	})
 }

@@ -482,7 +482,8 @@ func (e *Engine) CompressRatio(layer int) int {
 }
 
 // ReadCompressedPool returns a copy of a compressed layer's pool.
-func (e *Engine) ReadCompressedPool(layer int) ([]byte, error) {
+func (d Debug) ReadCompressedPool(layer int) ([]byte, error) {
+	e := d.e
 	cl, err := e.compLayer(layer)
 	if err != nil {
 		return nil, err
@@ -494,7 +495,8 @@ func (e *Engine) ReadCompressedPool(layer int) ([]byte, error) {
 // iteration writes for seq (a sequence of its batch): mla.RingRows rows of
 // 2*Width float32, K then G, position p at row p mod RingRows. After the
 // layer ran it holds the rows the sequence keeps.
-func (it *Iteration) ReadCompressorSlot(layer int, seq uint64) ([]byte, error) {
+func (d IterationDebug) ReadCompressorSlot(layer int, seq uint64) ([]byte, error) {
+	it := d.it
 	e := it.e
 	cl, err := e.compLayer(layer)
 	if err != nil {
@@ -529,7 +531,8 @@ func (e *Engine) readAll(buf mla.Buffer, what string) ([]byte, error) {
 
 // CompressedBlockTable returns a copy of seq's pages in the compressed pool
 // of a ratio, by entry index (page j holds entries [64j, 64j+64)).
-func (e *Engine) CompressedBlockTable(ratio int, seq uint64) ([]int32, error) {
+func (d Debug) CompressedBlockTable(ratio int, seq uint64) ([]int32, error) {
+	e := d.e
 	if e.comp == nil || e.comp.entries[ratio] == nil {
 		return nil, fmt.Errorf("engine: no compressed pool of ratio %d", ratio)
 	}
@@ -538,7 +541,8 @@ func (e *Engine) CompressedBlockTable(ratio int, seq uint64) ([]int32, error) {
 
 // CompressedEntries returns how many compressed entries of a ratio seq
 // holds (committed iterations only): floor(length/ratio).
-func (e *Engine) CompressedEntries(ratio int, seq uint64) (int, error) {
+func (d Debug) CompressedEntries(ratio int, seq uint64) (int, error) {
+	e := d.e
 	if e.comp == nil || e.comp.entries[ratio] == nil {
 		return 0, fmt.Errorf("engine: no compressed pool of ratio %d", ratio)
 	}
@@ -547,7 +551,8 @@ func (e *Engine) CompressedEntries(ratio int, seq uint64) (int, error) {
 
 // CompressorState returns seq's compressor state in a layer (committed
 // iterations only), read back from the backend.
-func (e *Engine) CompressorState(layer int, seq uint64) (*compressor.State, error) {
+func (d Debug) CompressorState(layer int, seq uint64) (*compressor.State, error) {
+	e := d.e
 	cl, err := e.compLayer(layer)
 	if err != nil {
 		return nil, err
@@ -701,7 +706,8 @@ func (e *Engine) compressorWeights(layer int) (*compressor.Projection, []float32
 // CompressorProjection returns host copies of a compressed layer's
 // projection weights as the backend holds them (Config.Input = hidden), for
 // a verifier that bounds another backend's projections (package gemm).
-func (e *Engine) CompressorProjection(layer int) (*compressor.Projection, error) {
+func (d Debug) CompressorProjection(layer int) (*compressor.Projection, error) {
+	e := d.e
 	cl, err := e.compLayer(layer)
 	if err != nil {
 		return nil, err
@@ -841,7 +847,8 @@ func (e *Engine) compressLayer(ctx context.Context, layer, rows int) (onSide boo
 // floor(len/r) entries in each ratio's pool and a state slot of its own,
 // every other slot is free, and no other sequence holds entries or a slot
 // (nothing leaks when sequences finish).
-func (e *Engine) CheckInvariants() error {
+func (d Debug) CheckInvariants() error {
+	e := d.e
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.open != nil {
@@ -852,7 +859,8 @@ func (e *Engine) CheckInvariants() error {
 
 // CompressorSequences returns the sequences the compressor holds a state
 // slot for (0 when it is off).
-func (e *Engine) CompressorSequences() int {
+func (d Debug) CompressorSequences() int {
+	e := d.e
 	if e.comp == nil {
 		return 0
 	}

@@ -71,15 +71,15 @@ func runComp(t testing.TB, seed uint64, e *engine.Engine, accepted map[uint64]in
 func compEntries(t testing.TB, e *engine.Engine, layer int, seq uint64) [][]byte {
 	t.Helper()
 	r := e.CompressRatio(layer)
-	n, err := e.CompressedEntries(r, seq)
+	n, err := e.Debug().CompressedEntries(r, seq)
 	require.NoError(t, err)
 	length, err := e.SequenceLength(seq)
 	require.NoError(t, err)
 	require.Equal(t, length/r, n, "layer %d seq %d: entries at length %d", layer, seq, length)
-	table, err := e.CompressedBlockTable(r, seq)
+	table, err := e.Debug().CompressedBlockTable(r, seq)
 	require.NoError(t, err)
 	require.Len(t, table, (n+engine.CompressedPageSize-1)/engine.CompressedPageSize)
-	pool, err := e.ReadCompressedPool(layer)
+	pool, err := e.Debug().ReadCompressedPool(layer)
 	require.NoError(t, err)
 	cfg := kvcache.Config{PageSize: engine.CompressedPageSize, NumPages: len(pool) / kvcache.FormatFP8UE8M0.PageBytes(engine.CompressedPageSize)}
 	out := make([][]byte, n)
@@ -108,9 +108,9 @@ func requireSameCompressed(t testing.TB, a, b *engine.Engine, seq uint64, what s
 		for i := range ea {
 			require.Equal(t, eb[i], ea[i], "%s: layer %d seq %d entry %d", what, l, seq, i)
 		}
-		sa, err := a.CompressorState(l, seq)
+		sa, err := a.Debug().CompressorState(l, seq)
 		require.NoError(t, err)
-		sb, err := b.CompressorState(l, seq)
+		sb, err := b.Debug().CompressorState(l, seq)
 		require.NoError(t, err)
 		require.Equal(t, sb.Len(), sa.Len())
 		fa, ea2 := sa.Window()
@@ -301,13 +301,13 @@ func TestCompressorRefusalAndAbort(t *testing.T) {
 	runComp(t, seed, ref, nil, ctxReq(1, 300))
 	snap := func() (s []any) {
 		for l := 2; l < 4; l++ {
-			p, err := e.ReadCompressedPool(l)
+			p, err := e.Debug().ReadCompressedPool(l)
 			require.NoError(t, err)
-			st, err := e.CompressorState(l, 1)
+			st, err := e.Debug().CompressorState(l, 1)
 			require.NoError(t, err)
 			s = append(s, p, st.Len())
 		}
-		t4, err := e.CompressedBlockTable(4, 1)
+		t4, err := e.Debug().CompressedBlockTable(4, 1)
 		require.NoError(t, err)
 		return append(s, t4, e.Pools())
 	}
@@ -332,7 +332,7 @@ func TestCompressorRefusalAndAbort(t *testing.T) {
 			require.NoError(t, it.RunLayer(ctx, l))
 		}
 		it.Abort()
-		_, err = e.CompressorState(2, 3)
+		_, err = e.Debug().CompressorState(2, 3)
 		require.Error(t, err, "the created sequence is gone")
 		requireSameCompressed(t, e, ref, 1, "after abort")
 	}
@@ -400,7 +400,7 @@ func TestCompressorStateSlots(t *testing.T) {
 		runComp(t, seed, x, nil, ctxReq(1, 20))
 		runComp(t, seed, x, nil, ctxReq(2, 30))
 	}
-	require.Equal(t, 2, e.CompressorSequences())
+	require.Equal(t, 2, e.Debug().CompressorSequences())
 	pools := e.Pools()
 	for _, reqs := range [][]metadata.Request{
 		{ctxReq(3, 5)},                 // a third sequence
@@ -412,7 +412,7 @@ func TestCompressorStateSlots(t *testing.T) {
 		require.ErrorIs(t, err, engine.ErrCacheFull, "%v", reqs)
 		require.ErrorContains(t, err, "compressor state")
 		require.Equal(t, pools, e.Pools())
-		require.NoError(t, e.CheckInvariants())
+		require.NoError(t, e.Debug().CheckInvariants())
 	}
 	// Steps and short chunks stay in place: no slot needed.
 	for _, x := range []*engine.Engine{e, ref} {
@@ -424,11 +424,11 @@ func TestCompressorStateSlots(t *testing.T) {
 	for _, x := range []*engine.Engine{e, ref} {
 		runComp(t, seed, x, nil, ctxReq(1, 200)) // moves to the freed slot
 		runComp(t, seed, x, nil, genReq(1, 2))
-		require.NoError(t, x.CheckInvariants())
+		require.NoError(t, x.Debug().CheckInvariants())
 	}
-	require.Equal(t, 1, e.CompressorSequences())
+	require.Equal(t, 1, e.Debug().CompressorSequences())
 	requireSameCompressed(t, e, ref, 1, "after moving slots")
 	requireSameLive(t, e, ref, 1, "after moving slots")
 	runComp(t, seed, e, nil, ctxReq(4, 3)) // the slot seq 1 left is free again
-	require.NoError(t, e.CheckInvariants())
+	require.NoError(t, e.Debug().CheckInvariants())
 }

@@ -52,7 +52,7 @@
 //     commits with the accepted lengths, rolls back and finishes it as
 //     one; this package only computes what the rows hold.
 //     Engine.Pools and Config.SequenceMemory give a scheduler the figures;
-//     Engine.CheckInvariants checks that nothing leaks.
+//     Engine.Debug().CheckInvariants checks that nothing leaks.
 //
 // The hand-off to attention: Engine.Handoff describes every buffer the
 // engine writes for the server's attention kernel (the Q buffer, each
@@ -61,7 +61,9 @@
 // attention kernels' arguments (q, k_cache, extra_k_cache, block_table,
 // cache_seqlens, cu_seqlens_q, ...), with its layout, its lifetime and the
 // stream order a consumer follows; the Handoff type's documentation is
-// the reference.
+// the reference. The host copies and checks that replay, verification and
+// tests use (ReadPool, ReadQ, CompressorState, CheckInvariants, RunStage,
+// ...) are on the debug views, Engine.Debug and Iteration.Debug.
 //
 // A refused batch (an unknown or finished sequence, a full pool, a prompt
 // past the RoPE table, a batch beyond the capacity) changes nothing: no page,

@@ -331,7 +331,8 @@ func (e *Engine) Inputs() (fusedA, q mla.Buffer) { return e.fusedA, e.qIn }
 
 // RopeTable returns the host copy of the RoPE table a layer reads (its Kind
 // says plain or YaRN).
-func (e *Engine) RopeTable(layer int) (*dsv4.RopeTable, error) {
+func (d Debug) RopeTable(layer int) (*dsv4.RopeTable, error) {
+	e := d.e
 	if err := e.checkLayer(layer); err != nil {
 		return nil, err
 	}
@@ -367,7 +368,8 @@ func (e *Engine) setLayerWeight(layer int, w []float32) error {
 }
 
 // LayerWeight returns a copy of a layer's kv_a_layernorm weight.
-func (e *Engine) LayerWeight(layer int) ([]float32, error) {
+func (d Debug) LayerWeight(layer int) ([]float32, error) {
+	e := d.e
 	if err := e.checkLayer(layer); err != nil {
 		return nil, err
 	}
@@ -384,7 +386,8 @@ func (e *Engine) checkLayer(layer int) error {
 }
 
 // ReadPage returns a copy of one page of a layer's KV cache pool.
-func (e *Engine) ReadPage(layer int, page int) ([]byte, error) {
+func (d Debug) ReadPage(layer int, page int) ([]byte, error) {
+	e := d.e
 	if err := e.checkLayer(layer); err != nil {
 		return nil, err
 	}
@@ -400,7 +403,8 @@ func (e *Engine) ReadPage(layer int, page int) ([]byte, error) {
 }
 
 // ReadPool returns a copy of a layer's whole KV cache pool.
-func (e *Engine) ReadPool(layer int) ([]byte, error) {
+func (d Debug) ReadPool(layer int) ([]byte, error) {
+	e := d.e
 	if err := e.checkLayer(layer); err != nil {
 		return nil, err
 	}
@@ -416,7 +420,7 @@ func (e *Engine) ReadPool(layer int) ([]byte, error) {
 func (e *Engine) SequenceLength(seq uint64) (int, error) { return e.cache.Lookup(seq) }
 
 // BlockTable returns a copy of seq's pages in position order.
-func (e *Engine) BlockTable(seq uint64) ([]int32, error) { return e.cache.BlockTable(seq) }
+func (d Debug) BlockTable(seq uint64) ([]int32, error) { return d.e.cache.BlockTable(seq) }
 
 // FreePages returns the pages no sequence owns.
 func (e *Engine) FreePages() int { return e.cache.FreePages() }
@@ -426,7 +430,8 @@ func (e *Engine) Sequences() int { return e.cache.Sequences() }
 
 // Census returns the KV and Q work issued since New, by phase (two units per
 // launch; the CUDA backend issues both units of a launch as one grid).
-func (e *Engine) Census() mla.Census {
+func (d Debug) Census() mla.Census {
+	e := d.e
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.census

@@ -72,7 +72,7 @@ func TestLayersReadTheirOwnInputs(t *testing.T) {
 	}
 	require.NoError(t, e.SetLayerWeight(1, custom))
 	for l, want := range []dsv4.RopeKind{dsv4.RopePlain, dsv4.RopePlain, dsv4.RopeYaRN} {
-		tb, err := e.RopeTable(l)
+		tb, err := e.Debug().RopeTable(l)
 		require.NoError(t, err)
 		require.Equal(t, want, tb.Kind, "layer %d", l)
 	}
@@ -91,9 +91,9 @@ func TestLayersReadTheirOwnInputs(t *testing.T) {
 		fused[l] = f
 		require.NoError(t, it.SetInputs(l, f, q))
 		require.NoError(t, it.RunLayer(ctx, l))
-		got, err := it.ReadQ()
+		got, err := it.Debug().ReadQ()
 		require.NoError(t, err)
-		table, err := e.RopeTable(l)
+		table, err := e.Debug().RopeTable(l)
 		require.NoError(t, err)
 		heads := e.Heads()
 		for row := range it.Tokens() {
@@ -108,31 +108,31 @@ func TestLayersReadTheirOwnInputs(t *testing.T) {
 		}
 	}
 	require.NoError(t, it.End(ctx))
-	require.Equal(t, mla.Census{ContextKV: 3, ContextQ: 3, GenerationKV: 3, GenerationQ: 3}, it.Census())
+	require.Equal(t, mla.Census{ContextKV: 3, ContextQ: 3, GenerationKV: 3, GenerationQ: 3}, it.Debug().Census())
 
 	cc := e.Config().Cache
 	row := e.FusedRowElems() * 2
 	for l := range e.Layers() {
-		w, err := e.LayerWeight(l)
+		w, err := e.Debug().LayerWeight(l)
 		require.NoError(t, err)
 		if l == 1 {
 			require.Equal(t, custom, w)
 		} else {
 			require.Equal(t, engine.DefaultLayerWeight(0, l), w)
 		}
-		table, err := e.RopeTable(l)
+		table, err := e.Debug().RopeTable(l)
 		require.NoError(t, err)
 		for tok := range it.Tokens() {
 			slot := m.Slot(tok)
 			page, off := int(slot)/cc.PageSize, int(slot)%cc.PageSize
-			got, err := e.ReadPage(l, page)
+			got, err := e.Debug().ReadPage(l, page)
 			require.NoError(t, err)
 			latent := fused[l][tok*row+2*cfg.Model.QLoraRank : (tok+1)*row]
 			y := normRope(widen(latent), w, table, int(wantPos[tok]), eps)
 			want := append([]byte(nil), got...)
 			require.NoError(t, kvcache.EncodeToken(cc.Format, want, cc.PageSize, off, y, cc.KVScale))
 			require.Equal(t, want, got, "layer %d token %d (page %d offset %d): the stored bytes are not the reference encoding", l, tok, page, off)
-			require.Contains(t, it.WrittenPages(), int32(page))
+			require.Contains(t, it.Debug().WrittenPages(), int32(page))
 		}
 	}
 	n, err := e.SequenceLength(1)
@@ -224,7 +224,7 @@ func TestGraphPathMatchesEager(t *testing.T) {
 		require.NoError(t, err, "batch %d", n)
 		ie, err := eager.Begin(ctx, bt.reqs)
 		require.NoError(t, err)
-		require.Equal(t, bt.graph, ig.GraphPath(), "batch %d", n)
+		require.Equal(t, bt.graph, ig.Debug().GraphPath(), "batch %d", n)
 		require.Equal(t, bt.rows, ig.Rows(), "batch %d", n)
 		for l := range cfg.Layers {
 			f, q := inputs(rng, graphs, ig)
@@ -232,16 +232,16 @@ func TestGraphPathMatchesEager(t *testing.T) {
 			require.NoError(t, ig.RunLayer(ctx, l))
 			require.NoError(t, ie.SetInputs(l, f, q))
 			require.NoError(t, ie.RunLayer(ctx, l))
-			gq, err := ig.ReadQ()
+			gq, err := ig.Debug().ReadQ()
 			require.NoError(t, err)
-			eq, err := ie.ReadQ()
+			eq, err := ie.Debug().ReadQ()
 			require.NoError(t, err)
 			rowBytes := graphs.Heads() * 512 * 2
 			require.Equal(t, eq[:ie.Tokens()*rowBytes], gq[:ig.Tokens()*rowBytes], "batch %d layer %d: Q", n, l)
 			require.Equal(t, make([]byte, (ig.Rows()-ig.Tokens())*rowBytes), gq[ig.Tokens()*rowBytes:], "padding rows of Q are zeros")
-			gp, err := graphs.ReadPool(l)
+			gp, err := graphs.Debug().ReadPool(l)
 			require.NoError(t, err)
-			ep, err := eager.ReadPool(l)
+			ep, err := eager.Debug().ReadPool(l)
 			require.NoError(t, err)
 			require.Equal(t, ep, gp, "batch %d layer %d: cache pool", n, l)
 		}
@@ -552,7 +552,7 @@ func TestDefaultsResolved(t *testing.T) {
 	require.Equal(t, 32*16, got.RopePositions, "the pool is shorter than max_position_embeddings")
 	require.Equal(t, float32(1), got.QScale)
 	require.Equal(t, metadata.DefaultSchedulerParams(), got.Scheduler)
-	tb, err := e.RopeTable(43)
+	tb, err := e.Debug().RopeTable(43)
 	require.NoError(t, err)
 	require.Equal(t, dsv4.RopePlain, tb.Kind, "the MTP layer (compress ratio 0)")
 	require.Equal(t, dsv4.RopeReference, tb.Mode, "the default RoPE mode")
@@ -566,7 +566,7 @@ func TestRopeModeReachesTables(t *testing.T) {
 		cfg.RopeMode = mode
 		e := newEngine(t, cfg)
 		for l := range e.Layers() {
-			got, err := e.RopeTable(l)
+			got, err := e.Debug().RopeTable(l)
 			require.NoError(t, err)
 			want, err := dsv4.NewRopeTable(cfg.Model, got.Kind, mode, got.Positions)
 			require.NoError(t, err)
@@ -681,7 +681,7 @@ func TestSchedulerScalarsWritten(t *testing.T) {
 	f, q := inputs(rng, e, it)
 	require.NoError(t, it.SetInputs(0, f, q))
 	require.NoError(t, it.RunLayer(context.Background(), 0))
-	s, err := it.Scheduler()
+	s, err := it.Debug().Scheduler()
 	require.NoError(t, err)
 	require.Equal(t, metadata.ComputeSchedulerScalars(cfg.Scheduler), s)
 	require.NoError(t, it.End(context.Background()))

@@ -72,7 +72,7 @@ func Example_hiddenStates() {
 				return
 			}
 		}
-		q, err := it.ReadQ()
+		q, err := it.Debug().ReadQ()
 		if err != nil {
 			fmt.Println(err)
 			return
@@ -82,7 +82,7 @@ func Example_hiddenStates() {
 			return
 		}
 		fmt.Printf("%d tokens: Q %d bytes (%d tokens x %d heads x 512 e4m3), launches %+v\n",
-			it.Tokens(), len(q), it.Tokens(), e.Heads(), it.Census())
+			it.Tokens(), len(q), it.Tokens(), e.Heads(), it.Debug().Census())
 	}
 	// Output:
 	// hidden input: 32768 bytes = 64 tokens x 256 bf16; Q heads per token: 2

@@ -68,7 +68,7 @@ func Example() {
 		}
 		m, pos := it.Metadata(), it.Metadata().Positions()
 		fmt.Printf("ctx %2d gen %d tokens, positions %d..%d, slots %d..%d, launches %+v\n",
-			m.CtxTokens, m.GenTokens, pos[0], pos[len(pos)-1], m.Slot(0), m.Slot(m.Tokens-1), it.Census())
+			m.CtxTokens, m.GenTokens, pos[0], pos[len(pos)-1], m.Slot(0), m.Slot(m.Tokens-1), it.Debug().Census())
 	}
 
 	const seq = 7
@@ -78,7 +78,7 @@ func Example() {
 	step(metadata.Request{Seq: seq, Phase: metadata.Generation, MTP: 3})
 
 	n, _ := e.SequenceLength(seq)
-	pages, _ := e.BlockTable(seq)
+	pages, _ := e.Debug().BlockTable(seq)
 	fmt.Printf("seq %d holds %d tokens in pages %v; %d of 16 pages free\n", seq, n, pages, e.FreePages())
 	if err := e.Finish(seq); err != nil {
 		fmt.Println(err)
@@ -160,7 +160,7 @@ func ExampleIteration_Accept() {
 		}
 	}
 	run(nil, metadata.Request{Seq: 1, Phase: metadata.Context, NewTokens: 300})
-	table, _ := e.BlockTable(1)
+	table, _ := e.Debug().BlockTable(1)
 	fmt.Println("after the prompt:", table)
 	run(map[uint64]int{1: 2}, metadata.Request{Seq: 1, Phase: metadata.Generation, MTP: 3})
 	n, _ := e.SequenceLength(1)

@@ -116,14 +116,14 @@ type snapshot struct {
 
 func takeSnapshot(t testing.TB, e *engine.Engine, ids ...uint64) snapshot {
 	t.Helper()
-	s := snapshot{tables: map[uint64][]int32{}, lengths: map[uint64]string{}, free: e.FreePages(), seqs: e.Sequences(), census: e.Census()}
+	s := snapshot{tables: map[uint64][]int32{}, lengths: map[uint64]string{}, free: e.FreePages(), seqs: e.Sequences(), census: e.Debug().Census()}
 	for l := range e.Layers() {
-		p, err := e.ReadPool(l)
+		p, err := e.Debug().ReadPool(l)
 		require.NoError(t, err)
 		s.pools = append(s.pools, p)
 	}
 	for _, id := range ids {
-		tb, err := e.BlockTable(id)
+		tb, err := e.Debug().BlockTable(id)
 		if err == nil {
 			s.tables[id] = tb
 		}

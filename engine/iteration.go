@@ -50,21 +50,27 @@ func (it *Iteration) Index() int { return it.index }
 
 // Metadata is the iteration's metadata, as uploaded. It is shared: do not
 // modify it. The next Begin reuses its memory, so it is valid only until
-// then, as is WrittenPages.
+// then, as is IterationDebug.WrittenPages.
 func (it *Iteration) Metadata() *metadata.Metadata { return it.meta }
 
 // Launches returns the launches each layer issues (one per phase present).
-func (it *Iteration) Launches() []mla.Launch { return slices.Clone(it.launches) }
+func (d IterationDebug) Launches() []mla.Launch {
+	it := d.it
+	return slices.Clone(it.launches)
+}
 
 // Census counts the KV and Q work issued so far by this iteration, by phase
 // (two units per launch, see mla.Census).
-func (it *Iteration) Census() mla.Census { return it.census }
+func (d IterationDebug) Census() mla.Census { return d.it.census }
 
 // WrittenPages returns, in ascending order, the pages this iteration writes:
 // those holding a slot of one of its tokens. It is computed on each call,
 // from the metadata, so Begin does not pay for it: call it before the next
 // Begin.
-func (it *Iteration) WrittenPages() []int32 { return writtenPages(it.meta) }
+func (d IterationDebug) WrittenPages() []int32 {
+	it := d.it
+	return writtenPages(it.meta)
+}
 
 // Tokens is the number of real token rows; Rows counts the padding too.
 func (it *Iteration) Tokens() int { return it.meta.Tokens }
@@ -191,7 +197,7 @@ func (e *Engine) runLayer(ctx context.Context, layer int, launches []mla.Launch)
 }
 
 // GraphPath reports whether the iteration's layers replay CUDA graphs.
-func (it *Iteration) GraphPath() bool { return it.graph }
+func (d IterationDebug) GraphPath() bool { return d.it.graph }
 
 // replay launches the layer's graph for the iteration's padded size,
 // capturing it on first use. The graph reads this iteration's counts from
@@ -343,7 +349,8 @@ func (it *Iteration) Abort() {
 // ReadQ returns the Q output buffer's rows of this iteration, padding
 // included: [Rows()][heads][512] of the engine's QFormat. It holds the last
 // layer that ran.
-func (it *Iteration) ReadQ() ([]byte, error) {
+func (d IterationDebug) ReadQ() ([]byte, error) {
+	it := d.it
 	e := it.e
 	out := make([]byte, it.meta.PaddedTokens*e.cfg.heads()*numerics.HeadDim*e.cfg.QFormat.ElemBytes())
 	if err := e.backend.Synchronize(context.Background()); err != nil {
@@ -357,7 +364,8 @@ func (it *Iteration) ReadQ() ([]byte, error) {
 
 // ReadLatent returns the latent rows as the KV kernel reads them, [Tokens()]
 // rows of 512 bf16, taken from the fused A input buffer at its stride.
-func (it *Iteration) ReadLatent() ([]byte, error) {
+func (d IterationDebug) ReadLatent() ([]byte, error) {
+	it := d.it
 	e := it.e
 	row := e.cfg.fusedRowElems() * 2
 	fused := make([]byte, it.meta.Tokens*row)
@@ -373,7 +381,8 @@ func (it *Iteration) ReadLatent() ([]byte, error) {
 }
 
 // ReadQIn returns the Q input rows, [Tokens()][heads][512] bf16.
-func (it *Iteration) ReadQIn() ([]byte, error) {
+func (d IterationDebug) ReadQIn() ([]byte, error) {
+	it := d.it
 	e := it.e
 	out := make([]byte, it.meta.Tokens*e.cfg.heads()*numerics.HeadDim*2)
 	if err := e.backend.Read(out, e.qIn, 0); err != nil {
@@ -384,7 +393,8 @@ func (it *Iteration) ReadQIn() ([]byte, error) {
 
 // Scheduler reads back the FMHA scheduler scalars the first launch of the
 // last layer wrote into the metadata buffer.
-func (it *Iteration) Scheduler() (metadata.SchedulerScalars, error) {
+func (d IterationDebug) Scheduler() (metadata.SchedulerScalars, error) {
+	it := d.it
 	if err := it.e.backend.Synchronize(context.Background()); err != nil {
 		return metadata.SchedulerScalars{}, err
 	}

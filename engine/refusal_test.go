@@ -122,7 +122,7 @@ func requireCommittedBytesSame(t *testing.T, e *engine.Engine, before snapshot, 
 	cc := e.Config().Cache
 	pb := cc.PageBytes()
 	for l := range e.Layers() {
-		now, err := e.ReadPool(l)
+		now, err := e.Debug().ReadPool(l)
 		require.NoError(t, err)
 		for seq, n := range lengths {
 			table := before.tables[seq]

@@ -98,9 +98,9 @@ func TestRollbackChangesOnlyItsOwnSlots(t *testing.T) {
 				step(t, x.rng, x.e, batch...)
 			}
 			for l := range e.Layers() {
-				a, err := e.ReadPool(l)
+				a, err := e.Debug().ReadPool(l)
 				require.NoError(t, err)
-				b, err := ref.ReadPool(l)
+				b, err := ref.Debug().ReadPool(l)
 				require.NoError(t, err)
 				require.Equal(t, -1, bytediff.First(a, b), "layer %d: the retried batch left a different pool", l)
 			}
@@ -149,7 +149,7 @@ func TestOneErrorWhicheverPackage(t *testing.T) {
 	_, err := e.Begin(ctx, []metadata.Request{genReq(77, 0)}) // the metadata pass refuses
 	require.ErrorIs(t, err, kvcache.ErrUnknownSequence)
 	require.ErrorIs(t, e.Finish(77), kvcache.ErrUnknownSequence) // the cache refuses
-	_, err = e.BlockTable(77)
+	_, err = e.Debug().BlockTable(77)
 	require.ErrorIs(t, err, kvcache.ErrUnknownSequence)
 	_, err = e.Begin(ctx, []metadata.Request{ctxReq(1, 200)}) // past the RoPE table: metadata
 	require.ErrorIs(t, err, kvcache.ErrPositionOutOfRange)

@@ -62,14 +62,14 @@ func TestWindowEngine(t *testing.T) {
 			if !edge {
 				continue
 			}
-			tw, err := win.BlockTable(seq)
+			tw, err := win.Debug().BlockTable(seq)
 			require.NoError(t, err)
-			tf, err := full.BlockTable(seq)
+			tf, err := full.Debug().BlockTable(seq)
 			require.NoError(t, err)
 			for l := range win.Layers() {
-				pw, err := win.ReadPool(l)
+				pw, err := win.Debug().ReadPool(l)
 				require.NoError(t, err)
-				pf, err := full.ReadPool(l)
+				pf, err := full.Debug().ReadPool(l)
 				require.NoError(t, err)
 				for pos := max(0, n-kvcache.DSv4Window); pos < n; pos++ {
 					w := positionBytes(t, cfg.Cache, pw, tw, pos)
@@ -103,7 +103,7 @@ func TestWindowLongChunk(t *testing.T) {
 		require.NoError(t, it.RunLayer(t.Context(), l))
 	}
 	require.NoError(t, it.End(t.Context()))
-	table, err := e.BlockTable(1)
+	table, err := e.Debug().BlockTable(1)
 	require.NoError(t, err)
 	require.Len(t, table, 13)
 	for j, p := range table {

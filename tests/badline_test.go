@@ -26,12 +26,12 @@ type cacheState struct {
 func stateOf(t *testing.T, e *engine.Engine, ids []uint64) cacheState {
 	s := cacheState{tables: map[uint64]string{}, lengths: map[uint64]string{}, free: e.FreePages()}
 	for l := range e.Layers() {
-		p, err := e.ReadPool(l)
+		p, err := e.Debug().ReadPool(l)
 		require.NoError(t, err)
 		s.pools = append(s.pools, p)
 	}
 	for _, id := range ids {
-		tb, err := e.BlockTable(id)
+		tb, err := e.Debug().BlockTable(id)
 		s.tables[id] = fmt.Sprint(tb, err)
 		n, err := e.SequenceLength(id)
 		s.lengths[id] = fmt.Sprint(n, err)

@@ -279,28 +279,28 @@ func TestChainTwoGPUs(t *testing.T) {
 				rit := rits[d]
 				require.NoError(t, rit.SetHidden(l, hidden))
 				for _, s := range []engine.Stage{engine.StageActQuant, engine.StageFusedGEMM} {
-					require.NoError(t, rit.RunStage(ctx, l, s))
+					require.NoError(t, rit.Debug().RunStage(ctx, l, s))
 				}
-				fused, err := it.ReadChain(engine.TensorFusedA)
+				fused, err := it.Debug().ReadChain(engine.TensorFusedA)
 				require.NoError(t, err)
-				require.NoError(t, rit.WriteChain(l, engine.TensorFusedA, fused))
+				require.NoError(t, rit.Debug().WriteChain(l, engine.TensorFusedA, fused))
 				for _, s := range []engine.Stage{engine.StageQNorm, engine.StageQGEMM} {
-					require.NoError(t, rit.RunStage(ctx, l, s))
+					require.NoError(t, rit.Debug().RunStage(ctx, l, s))
 				}
 				for _, tn := range []engine.ChainTensor{engine.TensorHiddenFP8, engine.TensorQNormFP8} {
-					got, err := it.ReadChain(tn)
+					got, err := it.Debug().ReadChain(tn)
 					require.NoError(t, err)
-					want, err := rit.ReadChain(tn)
+					want, err := rit.Debug().ReadChain(tn)
 					require.NoError(t, err)
 					require.True(t, bytes.Equal(want, got), "device %d layer %d: %v differs", d, l, tn)
 				}
-				qIn, err := it.ReadChain(engine.TensorQIn)
+				qIn, err := it.Debug().ReadChain(engine.TensorQIn)
 				require.NoError(t, err)
-				require.NoError(t, rit.WriteChain(l, engine.TensorQIn, qIn))
-				require.NoError(t, rit.RunStage(ctx, l, engine.StagePrologue))
-				got, err := it.ReadQ()
+				require.NoError(t, rit.Debug().WriteChain(l, engine.TensorQIn, qIn))
+				require.NoError(t, rit.Debug().RunStage(ctx, l, engine.StagePrologue))
+				got, err := it.Debug().ReadQ()
 				require.NoError(t, err)
-				want, err := rit.ReadQ()
+				want, err := rit.Debug().ReadQ()
 				require.NoError(t, err)
 				real := len(want)
 				require.True(t, bytes.Equal(want, got[:real]), "device %d layer %d: Q differs from the CPU given the GPU's GEMM outputs", d, l)
@@ -312,12 +312,12 @@ func TestChainTwoGPUs(t *testing.T) {
 			require.NoError(t, rits[d].End(ctx))
 		}
 		for l := range 2 {
-			a, err := shards[0].ReadPool(l)
+			a, err := shards[0].Debug().ReadPool(l)
 			require.NoError(t, err)
-			b, err := shards[1].ReadPool(l)
+			b, err := shards[1].Debug().ReadPool(l)
 			require.NoError(t, err)
 			require.True(t, bytes.Equal(a, b), "layer %d: the two GPUs' caches differ", l)
-			want, err := refs[0].ReadPool(l)
+			want, err := refs[0].Debug().ReadPool(l)
 			require.NoError(t, err)
 			require.True(t, bytes.Equal(want, a), "layer %d: the GPU cache differs from the CPU's given the GPU's GEMM outputs", l)
 		}

@@ -318,7 +318,7 @@ func checkHandoff(t *testing.T, e *engine.Engine, m *metadata.Metadata, layer in
 	requireBytes(t, mla.EncodeScheduler(m.Scheduler), g.sched, "%s scheduler scalars", what)
 
 	cfg := e.Config()
-	pool, err := e.ReadPool(layer)
+	pool, err := e.Debug().ReadPool(layer)
 	require.NoError(t, err)
 	W, P := kvcache.DSv4Window, cfg.Cache.PageSize
 	want := make([]byte, len(g.window))
@@ -342,7 +342,7 @@ func checkHandoff(t *testing.T, e *engine.Engine, m *metadata.Metadata, layer in
 		return
 	}
 	r := e.CompressRatio(layer)
-	cpool, err := e.ReadCompressedPool(layer)
+	cpool, err := e.Debug().ReadCompressedPool(layer)
 	require.NoError(t, err)
 	bt := h.ExtraBlockTable[r]
 	entries := bt.Shape[1] * engine.CompressedPageSize
@@ -350,9 +350,9 @@ func checkHandoff(t *testing.T, e *engine.Engine, m *metadata.Metadata, layer in
 	for b := range m.NumSeqs {
 		seq := m.Seqs[b]
 		n := int(m.KVLen[b]) / r
-		committed, err := e.CompressedEntries(r, seq)
+		committed, err := e.Debug().CompressedEntries(r, seq)
 		require.NoError(t, err)
-		table, err := e.CompressedBlockTable(r, seq)
+		table, err := e.Debug().CompressedBlockTable(r, seq)
 		require.NoError(t, err)
 		got := g.comp[b*entries*handoffEntryBytes : (b+1)*entries*handoffEntryBytes]
 		// Entries past committed belong to rejected drafts (dead once End
@@ -412,7 +412,7 @@ func checkMetadataTensors(t *testing.T, e *engine.Engine, m *metadata.Metadata) 
 				require.Equal(t, make([]int32, stride), negate(row), "extra_block_table[%d] row %d past the batch: all -1", r, b)
 				continue
 			}
-			table, err := e.CompressedBlockTable(r, m.Seqs[b])
+			table, err := e.Debug().CompressedBlockTable(r, m.Seqs[b])
 			require.NoError(t, err)
 			require.Equal(t, append([]int32{}, table...), row[:len(table)], "extra_block_table[%d] row %d: the committed pages", r, b)
 			pages := (int(m.KVLen[b])/r + engine.CompressedPageSize - 1) / engine.CompressedPageSize
@@ -483,7 +483,7 @@ func TestHandoff(t *testing.T) {
 				}
 				it, err := e.Begin(ctx, reqs)
 				require.NoError(t, err, "step %d", i)
-				if it.GraphPath() {
+				if it.Debug().GraphPath() {
 					graphs++
 				}
 				if dev != nil {
@@ -503,7 +503,7 @@ func TestHandoff(t *testing.T) {
 					} else {
 						host = append(host, gatherHost(h, l))
 					}
-					if qs[l], err = it.ReadQ(); err != nil {
+					if qs[l], err = it.Debug().ReadQ(); err != nil {
 						require.NoError(t, err)
 					}
 				}
@@ -524,7 +524,7 @@ func TestHandoff(t *testing.T) {
 					}
 					checkHandoff(t, e, m, l, qs[l], g, dev != nil)
 				}
-				require.NoError(t, e.CheckInvariants())
+				require.NoError(t, e.Debug().CheckInvariants())
 			}
 			if backend == "cuda" {
 				require.Positive(t, graphs, "generation-only steps replay CUDA graphs")

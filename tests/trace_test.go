@@ -79,7 +79,7 @@ func TestDefaultTraceReplay(t *testing.T) {
 	require.Equal(t, st.ContextTokens, s.ContextTokens)
 	require.Equal(t, st.GenerationTokens, s.GenerationTokens)
 	require.Equal(t, expectedCensus(steps, 1), s.Launches)
-	require.Equal(t, s.Launches, r.Engine().Census())
+	require.Equal(t, s.Launches, r.Engine().Debug().Census())
 	mixed := 0
 	for _, k := range s.ByKind {
 		if k.Kind == "mixed" {

@@ -97,7 +97,7 @@ func runIteration(ctx context.Context, e *engine.Engine, reqs []metadata.Request
 	}
 	t1 := time.Now()
 	err = it.End(ctx)
-	return begin, time.Since(t1), it.GraphPath(), err
+	return begin, time.Since(t1), it.Debug().GraphPath(), err
 }
 
 // measureHostCost times the engine's own host work per generation

@@ -82,8 +82,8 @@ func TestLongRandomReplay(t *testing.T) {
 				_ = r.Reference().Finish(id)
 			}
 		}
-		require.NoError(t, e.CheckInvariants(), "after line %d", s.Line)
-		require.NoError(t, r.Reference().CheckInvariants(), "reference, after line %d", s.Line)
+		require.NoError(t, e.Debug().CheckInvariants(), "after line %d", s.Line)
+		require.NoError(t, r.Reference().Debug().CheckInvariants(), "reference, after line %d", s.Line)
 	}
 	t.Logf("%d lines, %d refused", len(steps), refused)
 	require.Positive(t, refused, "the pools are sized to refuse some lines")
@@ -91,9 +91,9 @@ func TestLongRandomReplay(t *testing.T) {
 	for id := range ids {
 		_ = e.Finish(id) // the lines that finished them may have been refused
 	}
-	require.NoError(t, e.CheckInvariants())
+	require.NoError(t, e.Debug().CheckInvariants())
 	require.Zero(t, e.Sequences())
-	require.Zero(t, e.CompressorSequences())
+	require.Zero(t, e.Debug().CompressorSequences())
 	for _, p := range e.Pools() {
 		require.Equal(t, p.Pages, p.Free, "pool %s", p.Name)
 	}

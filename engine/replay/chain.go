@@ -57,7 +57,7 @@ func (r *Replayer) chainWeights(layer int) (*[2]weights.FP8Matrix, error) {
 	if w, ok := r.weights[layer]; ok {
 		return w, nil
 	}
-	f, q, err := r.ref.ChainWeights(layer)
+	f, q, err := r.ref.Debug().ChainWeights(layer)
 	if err != nil {
 		return nil, fmt.Errorf("reference engine: %w", err)
 	}
@@ -86,7 +86,7 @@ func (r *Replayer) verifyChain(ctx context.Context, it, rit *engine.Iteration, l
 		return ref(err)
 	}
 	read := func(x *engine.Iteration, t engine.ChainTensor) ([]byte, error) {
-		b, err := x.ReadChain(t)
+		b, err := x.Debug().ReadChain(t)
 		if err != nil && x == rit {
 			return nil, ref(err)
 		}
@@ -137,7 +137,7 @@ func (r *Replayer) verifyChain(ctx context.Context, it, rit *engine.Iteration, l
 				return &GEMMError{Iteration: it.Index(), Layer: layer, Backend: r.eng.Backend().Name(), GEMM: name, Comparison: c}
 			}
 		}
-		if err := rit.WriteChain(layer, out, got); err != nil {
+		if err := rit.Debug().WriteChain(layer, out, got); err != nil {
 			return ref(err)
 		}
 		return nil
@@ -147,23 +147,23 @@ func (r *Replayer) verifyChain(ctx context.Context, it, rit *engine.Iteration, l
 		return err
 	}
 	steps := []func() error{
-		func() error { return rit.RunStage(ctx, layer, engine.StageActQuant) },
+		func() error { return rit.Debug().RunStage(ctx, layer, engine.StageActQuant) },
 		func() error { _, err := exact(engine.TensorHiddenFP8); return err },
 		func() error { _, err := exact(engine.TensorHiddenScale); return err },
-		func() error { return rit.RunStage(ctx, layer, engine.StageFusedGEMM) },
+		func() error { return rit.Debug().RunStage(ctx, layer, engine.StageFusedGEMM) },
 		func() error {
 			return bounded("fused A", engine.TensorHiddenFP8, engine.TensorHiddenScale, engine.TensorFusedA, &w[0])
 		},
-		func() error { return rit.RunStage(ctx, layer, engine.StageQNorm) },
+		func() error { return rit.Debug().RunStage(ctx, layer, engine.StageQNorm) },
 		func() error { _, err := exact(engine.TensorQNormFP8); return err },
 		func() error { _, err := exact(engine.TensorQNormScale); return err },
-		func() error { return rit.RunStage(ctx, layer, engine.StageQGEMM) },
+		func() error { return rit.Debug().RunStage(ctx, layer, engine.StageQGEMM) },
 		func() error {
 			return bounded("wq_b", engine.TensorQNormFP8, engine.TensorQNormScale, engine.TensorQIn, &w[1])
 		},
-		func() error { return rit.RunStage(ctx, layer, engine.StageCompressorGEMM) },
+		func() error { return rit.Debug().RunStage(ctx, layer, engine.StageCompressorGEMM) },
 		func() error { return r.verifyCompressorGEMM(it, rit, layer, hidden) },
-		func() error { return rit.RunStage(ctx, layer, engine.StagePrologue) },
+		func() error { return rit.Debug().RunStage(ctx, layer, engine.StagePrologue) },
 	}
 	for _, s := range steps {
 		if err := s(); err != nil {
@@ -180,18 +180,18 @@ func (r *Replayer) verifyCompressorGEMM(it, rit *engine.Iteration, layer int, hi
 	if r.ref.CompressorWidth(layer) == 0 {
 		return nil
 	}
-	got, err := it.ReadChain(engine.TensorCompressorKG)
+	got, err := it.Debug().ReadChain(engine.TensorCompressorKG)
 	if err != nil {
 		return err
 	}
-	want, err := rit.ReadChain(engine.TensorCompressorKG)
+	want, err := rit.Debug().ReadChain(engine.TensorCompressorKG)
 	if err != nil {
 		return fmt.Errorf("reference engine: %w", err)
 	}
 	if !bytes.Equal(got, want) {
 		p, ok := r.projections[layer]
 		if !ok {
-			if p, err = r.ref.CompressorProjection(layer); err != nil {
+			if p, err = r.ref.Debug().CompressorProjection(layer); err != nil {
 				return fmt.Errorf("reference engine: %w", err)
 			}
 			r.projections[layer] = p
@@ -206,7 +206,7 @@ func (r *Replayer) verifyCompressorGEMM(it, rit *engine.Iteration, layer int, hi
 			return &GEMMError{Iteration: it.Index(), Layer: layer, Backend: r.eng.Backend().Name(), GEMM: "compressor", Comparison: c}
 		}
 	}
-	if err := rit.WriteChain(layer, engine.TensorCompressorKG, got); err != nil {
+	if err := rit.Debug().WriteChain(layer, engine.TensorCompressorKG, got); err != nil {
 		return fmt.Errorf("reference engine: %w", err)
 	}
 	return nil

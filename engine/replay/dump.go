@@ -41,27 +41,27 @@ func (r *Replayer) dump(it *engine.Iteration, line, layer int) (string, error) {
 	m := it.Metadata()
 	heads, T, B := e.Heads(), m.Tokens, m.NumSeqs
 
-	latent, err := it.ReadLatent()
+	latent, err := it.Debug().ReadLatent()
 	if err != nil {
 		return "", err
 	}
-	qIn, err := it.ReadQIn()
+	qIn, err := it.Debug().ReadQIn()
 	if err != nil {
 		return "", err
 	}
-	qOut, err := it.ReadQ()
+	qOut, err := it.Debug().ReadQ()
 	if err != nil {
 		return "", err
 	}
-	sched, err := it.Scheduler()
+	sched, err := it.Debug().Scheduler()
 	if err != nil {
 		return "", err
 	}
-	w, err := e.LayerWeight(layer)
+	w, err := e.Debug().LayerWeight(layer)
 	if err != nil {
 		return "", err
 	}
-	table, err := e.RopeTable(layer)
+	table, err := e.Debug().RopeTable(layer)
 	if err != nil {
 		return "", err
 	}
@@ -70,10 +70,10 @@ func (r *Replayer) dump(it *engine.Iteration, line, layer int) (string, error) {
 	for _, p := range positions {
 		rope = append(rope, table.Row(int(p))...)
 	}
-	pages := it.WrittenPages()
+	pages := it.Debug().WrittenPages()
 	var pageBytes []byte
 	for _, p := range pages {
-		b, err := e.ReadPage(layer, int(p))
+		b, err := e.Debug().ReadPage(layer, int(p))
 		if err != nil {
 			return "", err
 		}
@@ -177,7 +177,7 @@ func chainTensors(it *engine.Iteration, hidden, qLora int) ([]safetensors.Tensor
 	}
 	var out []safetensors.Tensor
 	for _, s := range specs {
-		data, err := it.ReadChain(s.t)
+		data, err := it.Debug().ReadChain(s.t)
 		if err != nil {
 			return nil, err
 		}

@@ -317,7 +317,7 @@ func (r *Replayer) iterate(ctx context.Context, s trace.Step, ir *IterationRepor
 		}
 		ir.Verified = true
 	}
-	ir.Launches = it.Census()
+	ir.Launches = it.Debug().Census()
 	ir.WallNS = wall.Nanoseconds()
 	r.log.Debug().Int("iteration", ir.Index).Int("line", s.Line).Int("ctx_tokens", ir.ContextTokens).
 		Int("gen_tokens", ir.GenerationTokens).Dur("wall", wall).Msg("iteration")

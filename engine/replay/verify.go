@@ -60,11 +60,11 @@ func window(b []byte, off int) []byte {
 // compare checks the Q output after a layer and every page the iteration
 // wrote in that layer's pool.
 func (r *Replayer) compare(it, rit *engine.Iteration, layer int) error {
-	got, err := it.ReadQ()
+	got, err := it.Debug().ReadQ()
 	if err != nil {
 		return err
 	}
-	want, err := rit.ReadQ()
+	want, err := rit.Debug().ReadQ()
 	if err != nil {
 		return fmt.Errorf("reference engine: %w", err)
 	}
@@ -87,12 +87,12 @@ func (r *Replayer) compare(it, rit *engine.Iteration, layer int) error {
 	if off, n := compareBytes(got[real:], make([]byte, len(got)-real)); off >= 0 {
 		return mk("Q output padding", real+off, n, len(got)-real, describeQ(real+off, heads, cfg.QFormat.ElemBytes()), got, make([]byte, len(got)))
 	}
-	for _, p := range it.WrittenPages() {
-		g, err := r.eng.ReadPage(layer, int(p))
+	for _, p := range it.Debug().WrittenPages() {
+		g, err := r.eng.Debug().ReadPage(layer, int(p))
 		if err != nil {
 			return err
 		}
-		w, err := r.ref.ReadPage(layer, int(p))
+		w, err := r.ref.Debug().ReadPage(layer, int(p))
 		if err != nil {
 			return fmt.Errorf("reference engine: %w", err)
 		}
@@ -103,11 +103,11 @@ func (r *Replayer) compare(it, rit *engine.Iteration, layer int) error {
 	if r.eng.CompressorWidth(layer) > 0 {
 		// The whole compressed pool: both engines hand out the same pages,
 		// so every byte, entries of earlier iterations included, matches.
-		g, err := r.eng.ReadCompressedPool(layer)
+		g, err := r.eng.Debug().ReadCompressedPool(layer)
 		if err != nil {
 			return err
 		}
-		w, err := r.ref.ReadCompressedPool(layer)
+		w, err := r.ref.Debug().ReadCompressedPool(layer)
 		if err != nil {
 			return fmt.Errorf("reference engine: %w", err)
 		}
@@ -119,11 +119,11 @@ func (r *Replayer) compare(it, rit *engine.Iteration, layer int) error {
 		}
 		// The state slots the iteration wrote, sequence by sequence.
 		for _, seq := range it.Metadata().Seqs {
-			g, err := it.ReadCompressorSlot(layer, seq)
+			g, err := it.Debug().ReadCompressorSlot(layer, seq)
 			if err != nil {
 				return err
 			}
-			w, err := rit.ReadCompressorSlot(layer, seq)
+			w, err := rit.Debug().ReadCompressorSlot(layer, seq)
 			if err != nil {
 				return fmt.Errorf("reference engine: %w", err)
 			}
