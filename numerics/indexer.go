@@ -52,12 +52,12 @@ func Hadamard128(dst, src []uint16) {
 	}
 }
 
-// mxfp4Floor is 6 * 2^-126: the smallest amax an MXFP4 block is scaled for,
+// MXFP4Floor is 6 * 2^-126: the smallest amax an MXFP4 block is scaled for,
 // so that an all-zero block still gets a normal scale (byte 1).
-var mxfp4Floor = 6 * Pow2(-126)
+var MXFP4Floor = 6 * Pow2(-126)
 
-// mxfp4InvSix is fl32(1/6), the constant the reference multiplies amax by.
-var mxfp4InvSix = float32(1.0 / 6)
+// MXFP4InvSix is fl32(1/6), the constant the reference multiplies amax by.
+var MXFP4InvSix = float32(1.0 / 6)
 
 // MXFP4Exponent returns the scale byte e of an MXFP4 block whose absolute
 // maximum (NaN already ignored) is amax: a = max(amax, 6*2^-126);
@@ -67,10 +67,10 @@ var mxfp4InvSix = float32(1.0 / 6)
 // e2m1 * 2^(e-127).
 func MXFP4Exponent(amax float32) uint8 {
 	a := amax
-	if !(a >= mxfp4Floor) { // also catches NaN, though callers pass none
-		a = mxfp4Floor
+	if !(a >= MXFP4Floor) { // also catches NaN, though callers pass none
+		a = MXFP4Floor
 	}
-	t := float32(a * mxfp4InvSix)
+	t := float32(a * MXFP4InvSix)
 	bits := math.Float32bits(t)
 	e := bits >> 23 & 0xFF
 	if bits&0x7FFFFF != 0 {

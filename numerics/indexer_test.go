@@ -232,7 +232,7 @@ func TestE2M1(t *testing.T) {
 }
 
 func TestMXFP4Exponent(t *testing.T) {
-	require.Equal(t, uint32(0x3e2aaaab), math.Float32bits(mxfp4InvSix))
+	require.Equal(t, uint32(0x3e2aaaab), math.Float32bits(MXFP4InvSix))
 	// The floor: 6*2^-126 * fl32(1/6) rounds to 2^-126 exactly.
 	require.Equal(t, uint8(1), MXFP4Exponent(0))
 	require.Equal(t, uint8(1), MXFP4Exponent(1e-40))

@@ -29,6 +29,11 @@ step .gpu/cuda.test -test.v -test.run 'LargeContext'
 # compress_step (the engine's) against mlatest's scalar reference of
 # DESIGN.md section 8; its projection GEMM within gemm.BoundBF16.
 step .gpu/cuda.test -test.v -test.run 'Compress'
+# The lightning indexer (DESIGN.md section 9): its query and head weights
+# against mlatest's scalar reference over every batch shape, and "rotate
+# both or neither" with the device's cache entries and queries (its
+# compressor's entries run in the 'Compress' step above: indexer/...).
+step .gpu/cuda.test -test.v -test.run 'Indexer'
 step .gpu/cuda.test -test.v -test.run '^TestBF16GEMM'
 # The indexer's top-k selection (DESIGN.md section 9): the conformance
 # scenarios, large batches (decode b=32 MTP 3, a prefill chunk, a 1M-token
@@ -78,7 +83,7 @@ if command -v compute-sanitizer >/dev/null; then
 		skip=()
 		[ "$tool" = racecheck ] && skip=(-test.skip 'TestCUDAGEMMPaths/cublaslt')
 		step compute-sanitizer --tool "$tool" --error-exitcode 9 .gpu/cuda.test -test.short -test.run 'TestCUDAConformance$|TestCUDAActQuant$|TestCUDANormQuant$|TestCUDAGEMMPaths$' "${skip[@]}"
-		step compute-sanitizer --tool "$tool" --error-exitcode 9 .gpu/cuda.test -test.short -test.run 'TestCUDACompressEntries|TestCUDACompressStep'
+		step compute-sanitizer --tool "$tool" --error-exitcode 9 .gpu/cuda.test -test.short -test.run 'TestCUDACompressEntries|TestCUDACompressStep|TestCUDAIndexer'
 		step compute-sanitizer --tool "$tool" --error-exitcode 9 .gpu/tests.test -test.run 'TestHandoff/cuda'
 		step compute-sanitizer --tool "$tool" --error-exitcode 9 .gpu/cuda.test -test.short -test.run 'TestCUDATopK(Conformance|Graph)$'
 	done

@@ -75,6 +75,19 @@ enum {
     CSTEP_STORE_ROWS  = 8,   // kept rows a compress_step store block writes at a time
 };
 
+// The lightning indexer (mla.Indexer*, numerics.MXFP4*; attention/mla/cuda: IndexerQuery, CompressStep).
+enum {
+    INDEXER_HEADS    = 64,         // index_n_heads
+    INDEXER_DIM      = 128,        // index_head_dim: 64 nope, then 64 rope
+    MXFP4_BLOCK      = 32,         // values per MXFP4 scale byte
+    MXFP4_ROW_BYTES  = 68,         // one 128-value row: 64 nibble bytes, then 4 scale bytes
+    MXFP4_FLOOR_BITS = 29360128,   // float32 bits of the amax floor 6*2^-126
+    MXFP4_INV6_BITS  = 1042983595, // float32 bits of fl32(1/6)
+    ENTRY_KV         = 0,          // mla.CompressEntry: the main compressor
+    ENTRY_INDEXER    = 1,          // mla.CompressEntry: the indexer's compressor
+    IQ_WARPS         = 8,          // warps of an indexer_query block, one (token, head) row each
+};
+
 // Streaming pipeline shared memory (StreamingSharedBytes).
 enum {
     KV_SLOT_BYTES = 1280, // a KV warp's ring slot: the latent row, then its RoPE row
@@ -196,5 +209,11 @@ static_assert(sizeof(TopKParams) == 80, "TopKParams differs from the Go table in
 //   layer_bf16_qbf16_direct
 //   layer_fp8_pertensor_qfp8_direct
 //   layer_fp8_pertensor_qbf16_direct
+// Kernels of the compressor's module (abi.CompressKernels):
+//   compress_entries
+//   compress_step
+//   compress_step_finish
+//   indexer_step_finish
+//   indexer_query
 
 #endif // DSV4_PROLOGUE_ABI_H

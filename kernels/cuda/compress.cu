@@ -146,7 +146,9 @@ extern "C" __global__ void __launch_bounds__(COMPRESS_THREADS)
 // capacity.
 //
 // compress_step, blocks [0, job_blocks): grid-stride over (entry, channel
-// tile) pairs. A block of CSTEP_THREADS threads is G candidate groups of
+// tile) pairs; an entry has dim channels (512, or 128 for the indexer's
+// compressor: width = coff*dim), and its pooled values go to
+// scratch[entry*dim ...]. A block of CSTEP_THREADS threads is G candidate groups of
 // CSTEP_THREADS/G channels (G = 4 for ratio 4, 16 for ratio 128), so one
 // entry spreads over 8 blocks (ratio 4) or 32 (ratio 128: 64K exp32 calls
 // an entry, latency-bound per thread) and each thread walks n/G of the
@@ -169,7 +171,8 @@ extern "C" __global__ void __launch_bounds__(COMPRESS_THREADS)
 // (from == to) only at positions >= start, and the host keeps such a step
 // to at most InPlaceRows rows, so no block overwrites a row another reads.
 // compress_step_finish: one warp per entry turns scratch[entry] into the
-// entry (compress_finish). A job or sequence with an index outside the
+// entry (compress_finish); indexer_step_finish (indexer.cu) is its
+// counterpart for the indexer's entries. A job or sequence with an index outside the
 // buffers is skipped by both, as the CPU backend skips it.
 
 // The threads of a compress_step block (CSTEP_THREADS), its candidate
@@ -183,6 +186,7 @@ extern "C" __global__ void __launch_bounds__(COMPRESS_THREADS)
 static_assert(HEAD_DIM % (CSTEP_THREADS / CSTEP_GROUPS_R4) == 0 && HEAD_DIM % (CSTEP_THREADS / CSTEP_GROUPS_R128) == 0,
               "whole channel tiles");
 static_assert(8 * CSTEP_THREADS / CSTEP_GROUPS_R4 <= CSTEP_CAND_SLOTS, "a ratio-4 entry's candidates fit");
+static_assert(INDEXER_DIM % (CSTEP_THREADS / CSTEP_GROUPS_R4) == 0, "whole channel tiles of the indexer's entries");
 // ratio is 4 or 128 (a power of two: p mod ratio = p & (ratio - 1)), and
 // the host keeps RingRows above the candidates (mla.InPlaceRowsMin).
 static_assert(CSTEP_MAX_CANDIDATES % CSTEP_GROUPS_R128 == 0 && 4 % CSTEP_GROUPS_R4 == 0, "whole candidate groups");
@@ -220,7 +224,7 @@ __device__ __forceinline__ bool cstep_job(const int* seqs, const int* jobs, int 
 
 extern "C" __global__ void __launch_bounds__(CSTEP_THREADS)
     compress_step(const float* kg, int kg_rows, const float* ape, float* ring, int ring_rows, int slots,
-                  const int* plan, int max_seqs, int max_jobs, int ratio, int width, int rope_positions,
+                  const int* plan, int max_seqs, int max_jobs, int ratio, int width, int dim, int rope_positions,
                   int page_size, int num_pages, float* scratch, int job_blocks) {
     __shared__ float cand[CSTEP_CAND_SLOTS];  // [candidate][channel of the tile]: G, then e_j, then t_j
     __shared__ float red[CSTEP_THREADS];      // [group][channel of the tile]
@@ -236,7 +240,7 @@ extern "C" __global__ void __launch_bounds__(CSTEP_THREADS)
         const int groups = ratio == 4 ? CSTEP_GROUPS_R4 : CSTEP_GROUPS_R128;
         const int tile = CSTEP_THREADS / groups;
         const int cl = threadIdx.x % tile, grp = threadIdx.x / tile;
-        const int tiles = HEAD_DIM / tile;
+        const int tiles = dim / tile;
         for (int item = blockIdx.x; item < njobs * tiles; item += job_blocks) {
             const int jb = item / tiles, c = (item % tiles) * tile + cl;
             CStepJob J;
@@ -244,7 +248,7 @@ extern "C" __global__ void __launch_bounds__(CSTEP_THREADS)
             if (!cstep_job(seqs, jobs, nseqs, jb, kg_rows, slots, ratio, rope_positions, num_pages, page_size, J)) continue;
             const int jstart = J.start, jrow = J.row, jfrom = J.from;  // registers, not the struct
             const int n = ratio == 4 ? (J.index > 0 ? 8 : 4) : ratio;
-            const int nlo = ratio == 4 ? n - 4 : n;      // candidates [0, nlo) read columns [0, 512), the rest [512, 1024)
+            const int nlo = ratio == 4 ? n - 4 : n;      // candidates [0, nlo) read columns [0, dim), the rest [dim, 2*dim)
             const int first = (J.index + 1) * ratio - n;  // position of candidate 0
             const int per = n / groups, j0 = grp * per;
             // src returns candidate j's row. The candidates are n < ring_rows
@@ -258,7 +262,7 @@ extern "C" __global__ void __launch_bounds__(CSTEP_THREADS)
                 const int rr = ring0 + j >= ring_rows ? ring0 + j - ring_rows : ring0 + j;
                 return p >= jstart ? kg_s + (size_t)(p - jstart) * row_vals : ring_s + (size_t)rr * row_vals;
             };
-            auto col = [=](int j) { return j < nlo ? c : HEAD_DIM + c; };
+            auto col = [=](int j) { return j < nlo ? c : dim + c; };
 
             // Loads go to registers a batch at a time before anything is
             // stored: cand is shared memory, and a generic pointer might
@@ -318,7 +322,7 @@ extern "C" __global__ void __launch_bounds__(CSTEP_THREADS)
                 float acc = 0.f;
 #pragma unroll 8
                 for (int j = 0; j < n; j++) acc = __fadd_rn(acc, cand[j * tile + cl]);
-                scratch[(size_t)jb * HEAD_DIM + c] = acc;
+                scratch[(size_t)jb * dim + c] = acc;
             }
             __syncthreads();  // cand and red are rewritten by the block's next item
         }

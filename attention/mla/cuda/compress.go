@@ -11,6 +11,7 @@ import (
 	"github.com/dsv4mla/prologue/attention/mla"
 	"github.com/dsv4mla/prologue/compressor"
 	kernels "github.com/dsv4mla/prologue/kernels/cuda"
+	"github.com/dsv4mla/prologue/kernels/cuda/abi"
 	"github.com/dsv4mla/prologue/kernels/cuda/driver"
 	"github.com/dsv4mla/prologue/kvcache"
 	"github.com/dsv4mla/prologue/numerics"
@@ -34,6 +35,8 @@ type compressState struct {
 	fn      *driver.Function // compress_entries
 	step    *driver.Function // compress_step
 	finish  *driver.Function // compress_step_finish
+	ifinish *driver.Function // indexer_step_finish
+	iquery  *driver.Function // indexer_query
 	err     error            // a failed load, returned by every later call
 	scratch mla.Buffer       // jobs then candidate codes of CompressEntries
 }
@@ -231,22 +234,15 @@ func (b *Backend) LoadCompressor() error {
 		c.err = fmt.Errorf("cuda: compressor kernels: %w", err)
 		return c.err
 	}
-	fn, err := mod.Function("compress_entries")
-	if err != nil {
-		c.err = errors.Join(fmt.Errorf("cuda: compressor kernels: %w", err), mod.Unload())
-		return c.err
+	fns := map[string]*driver.Function{}
+	for _, name := range abi.CompressKernels {
+		if fns[name], err = mod.Function(name); err != nil {
+			c.err = errors.Join(fmt.Errorf("cuda: compressor kernels: %w", err), mod.Unload())
+			return c.err
+		}
 	}
-	step, err := mod.Function("compress_step")
-	if err != nil {
-		c.err = errors.Join(fmt.Errorf("cuda: compressor kernels: %w", err), mod.Unload())
-		return c.err
-	}
-	finish, err := mod.Function("compress_step_finish")
-	if err != nil {
-		c.err = errors.Join(fmt.Errorf("cuda: compressor kernels: %w", err), mod.Unload())
-		return c.err
-	}
-	c.mod, c.fn, c.step, c.finish = mod, fn, step, finish
+	c.mod, c.fn, c.step, c.finish = mod, fns["compress_entries"], fns["compress_step"], fns["compress_step_finish"]
+	c.ifinish, c.iquery = fns["indexer_step_finish"], fns["indexer_query"]
 	return nil
 }
 
@@ -400,7 +396,7 @@ func (b *Backend) closeCompress() error {
 	b.comp.scratch = nil
 	if b.comp.mod != nil {
 		errs = append(errs, b.comp.mod.Unload())
-		b.comp.mod, b.comp.fn, b.comp.step, b.comp.finish = nil, nil, nil, nil
+		b.comp.mod, b.comp.fn, b.comp.step, b.comp.finish, b.comp.ifinish, b.comp.iquery = nil, nil, nil, nil, nil, nil
 	}
 	return errors.Join(errs...)
 }

@@ -7,7 +7,6 @@ import (
 	"github.com/dsv4mla/prologue/attention/mla"
 	"github.com/dsv4mla/prologue/kernels/cuda/abi"
 	"github.com/dsv4mla/prologue/kernels/cuda/driver"
-	"github.com/dsv4mla/prologue/kvcache"
 	"github.com/dsv4mla/prologue/numerics"
 )
 
@@ -28,7 +27,8 @@ const (
 )
 
 // CompressStep implements mla.CompressStepper: compress_step then
-// compress_step_finish of kernels/cuda/compress.cu on the backend's current
+// compress_step_finish of kernels/cuda/compress.cu (indexer_step_finish of
+// indexer.cu for the indexer's entries) on the backend's current
 // stream (the main stream, or the side stream inside Side), with
 // programmatic dependent launch like the other kernels. The grids depend on
 // the capacities (MaxJobs, MaxSeqs, RingRows) only, so a CUDA graph
@@ -65,7 +65,8 @@ func (b *Backend) CompressStep(ctx context.Context, a *mla.CompressStepArgs) err
 	if err != nil {
 		return fmt.Errorf("cuda: compress step: Plan: %w", err)
 	}
-	norm, err := span(a.NormWeight, 0, 4*numerics.HeadDim)
+	dim := a.Entry.Dim()
+	norm, err := span(a.NormWeight, 0, 4*dim)
 	if err != nil {
 		return err
 	}
@@ -73,24 +74,29 @@ func (b *Backend) CompressStep(ctx context.Context, a *mla.CompressStepArgs) err
 	if err != nil {
 		return err
 	}
-	pageBytes := kvcache.FormatFP8UE8M0.PageBytes(a.PageSize)
+	pageBytes := a.PoolPageBytes()
 	pool, err := span(a.Pool, 0, a.NumPages*pageBytes)
 	if err != nil {
 		return err
 	}
-	scratch, err := span(a.Scratch, 0, mla.CompressScratchBytes(a.MaxJobs))
+	scratch, err := span(a.Scratch, 0, a.MaxJobs*dim*4)
 	if err != nil {
 		return fmt.Errorf("cuda: compress step: Scratch: %w", err)
 	}
-	jobBlocks := int(b.chainGrid(a.MaxJobs * abi.CompressStepTiles(a.Ratio)))
+	jobBlocks := int(b.chainGrid(a.MaxJobs * abi.CompressStepTilesDim(a.Ratio, dim)))
 	storeBlocks := min(a.MaxSeqs*((a.RingRows+compressStoreRows-1)/compressStoreRows), compressStepStoreBlocks)
 	if err := b.launchShared(b.comp.step, driver.Dim3{uint32(jobBlocks + storeBlocks), 1, 1}, driver.Dim3{compressStepThreads, 1, 1}, 0,
 		kg, int32(a.KGRows), ape, ring, int32(a.RingRows), int32(a.Slots),
-		plan, int32(a.MaxSeqs), int32(a.MaxJobs), int32(a.Ratio), int32(w), int32(a.RopePositions),
+		plan, int32(a.MaxSeqs), int32(a.MaxJobs), int32(a.Ratio), int32(w), int32(dim), int32(a.RopePositions),
 		int32(a.PageSize), int32(a.NumPages), scratch, int32(jobBlocks)); err != nil {
 		return err
 	}
 	finishBlocks := b.chainGrid((a.MaxJobs + compressFinishWarps - 1) / compressFinishWarps)
+	if a.Entry == mla.EntryIndexer {
+		return b.launchShared(b.comp.ifinish, driver.Dim3{finishBlocks, 1, 1}, driver.Dim3{32 * compressFinishWarps, 1, 1}, 0,
+			scratch, plan, int32(a.MaxSeqs), int32(a.MaxJobs), int32(a.KGRows), int32(a.Slots), int32(a.Ratio),
+			norm, a.Eps, numerics.HadamardScale, rope, int32(a.RopePositions), pool, int32(a.PageSize), int32(a.NumPages))
+	}
 	return b.launchShared(b.comp.finish, driver.Dim3{finishBlocks, 1, 1}, driver.Dim3{32 * compressFinishWarps, 1, 1}, 0,
 		scratch, plan, int32(a.MaxSeqs), int32(a.MaxJobs), int32(a.KGRows), int32(a.Slots), int32(a.Ratio),
 		norm, a.Eps, rope, int32(a.RopePositions), pool, uint64(pageBytes), int32(a.PageSize), int32(a.NumPages))

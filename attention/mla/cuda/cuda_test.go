@@ -153,6 +153,20 @@ func TestCUDACompressStep(t *testing.T) {
 	mlatest.TestCompressStep(t, backend(t))
 }
 
+// TestCUDAIndexerQuery runs the indexer query's conformance suite
+// (DESIGN.md section 9): every batch shape, every byte of the MXFP4 query
+// rows and the head weights against mlatest's scalar reference.
+func TestCUDAIndexerQuery(t *testing.T) {
+	mlatest.TestIndexerQuery(t, backend(t))
+}
+
+// TestCUDAIndexerRotation is "rotate both or neither" on the device: the
+// indexer cache entries and the queries from the kernels, planted keys
+// scored as the selection scores them.
+func TestCUDAIndexerRotation(t *testing.T) {
+	mlatest.TestIndexerRotation(t, backend(t))
+}
+
 func TestCUDAMixedEqualsParts(t *testing.T) {
 	mlatest.MixedEqualsParts(t, backend(t))
 }

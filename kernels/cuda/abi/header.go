@@ -47,6 +47,10 @@ func Header() string {
 	for _, k := range Kernels() {
 		w("//   %s\n", k.Name)
 	}
+	w("// Kernels of the compressor's module (abi.CompressKernels):\n")
+	for _, k := range CompressKernels {
+		w("//   %s\n", k)
+	}
 	w("\n#endif // DSV4_PROLOGUE_ABI_H\n")
 	return b.String()
 }

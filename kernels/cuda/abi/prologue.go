@@ -2,6 +2,7 @@ package abi
 
 import (
 	"fmt"
+	"math"
 	"strings"
 
 	"github.com/dsv4mla/prologue/attention/mla"
@@ -112,6 +113,23 @@ const (
 	CompressStoreRows     = 8
 )
 
+// IndexerQueryWarps is the warps of an indexer_query block.
+const IndexerQueryWarps = 8
+
+// CompressKernels are the kernels the CUDA backend loads by name from the
+// compressor's module (compress.cu and indexer.cu, kernels/cuda.CompressSource).
+var CompressKernels = []string{"compress_entries", "compress_step", "compress_step_finish", "indexer_step_finish", "indexer_query"}
+
+// CompressStepTilesDim is the blocks (channel tiles) of one entry of a
+// ratio whose pooled rows have dim channels (512, or 128 for the indexer).
+func CompressStepTilesDim(ratio, dim int) int {
+	groups := CompressStepGroups4
+	if ratio != 4 {
+		groups = CompressStepGroups128
+	}
+	return dim / (CompressStepThreads / groups)
+}
+
 // CompressStepTiles is the blocks (channel tiles) of one entry of a ratio.
 func CompressStepTiles(ratio int) int {
 	groups := CompressStepGroups4
@@ -192,6 +210,17 @@ func Constants() []ConstGroup {
 			{"CSTEP_GROUPS_R128", CompressStepGroups128, "candidate groups of a ratio-128 entry's block"},
 			{"CFIN_WARPS", CompressFinishWarps, "warps of a compress_step_finish block, one entry each"},
 			{"CSTEP_STORE_ROWS", CompressStoreRows, "kept rows a compress_step store block writes at a time"},
+		}},
+		{"The lightning indexer (mla.Indexer*, numerics.MXFP4*; attention/mla/cuda: IndexerQuery, CompressStep).", []Const{
+			{"INDEXER_HEADS", mla.IndexerHeads, "index_n_heads"},
+			{"INDEXER_DIM", mla.IndexerDim, "index_head_dim: 64 nope, then 64 rope"},
+			{"MXFP4_BLOCK", numerics.MXFP4Block, "values per MXFP4 scale byte"},
+			{"MXFP4_ROW_BYTES", numerics.MXFP4RowBytes, "one 128-value row: 64 nibble bytes, then 4 scale bytes"},
+			{"MXFP4_FLOOR_BITS", int(math.Float32bits(numerics.MXFP4Floor)), "float32 bits of the amax floor 6*2^-126"},
+			{"MXFP4_INV6_BITS", int(math.Float32bits(numerics.MXFP4InvSix)), "float32 bits of fl32(1/6)"},
+			{"ENTRY_KV", int(mla.EntryKV), "mla.CompressEntry: the main compressor"},
+			{"ENTRY_INDEXER", int(mla.EntryIndexer), "mla.CompressEntry: the indexer's compressor"},
+			{"IQ_WARPS", IndexerQueryWarps, "warps of an indexer_query block, one (token, head) row each"},
 		}},
 		{"Streaming pipeline shared memory (StreamingSharedBytes).", []Const{
 			{"KV_SLOT_BYTES", KVSlotBytes, "a KV warp's ring slot: the latent row, then its RoPE row"},
