@@ -17,8 +17,18 @@
 // rows of wq_b. Every dtype and shape is checked against the config before
 // anything is allocated; a refused checkpoint returns no partial result,
 // and a refused tensor is a *TensorError naming the tensor and its file.
-// DeepSeek's, vLLM's and HuggingFace's spellings are accepted through one
-// name map (names.go).
+// Every value is checked for what it holds too: a NaN or infinity in a
+// float32 or bf16 tensor, an e4m3 NaN byte or a block scale that is not
+// finite and positive is refused naming the first bad element
+// (ErrNonFinite, ErrBadScale; CheckFinite applies the same rule to weights
+// set by other means). Files are checked to be regular before they are
+// opened, so a FIFO never blocks a load (ErrNotRegular); symbolic links are
+// followed wherever they point (a HuggingFace hub snapshot links into
+// ../../blobs/). config.json is the checkpoint's truth: a config given to
+// Load, or a command's --model (CheckConfig), must agree with it field by
+// field. DeepSeek's spelling, the only published on-disk one, and vLLM's and
+// HuggingFace's in-memory spellings are accepted through one name map
+// (names.go).
 //
 // WriteSynthetic writes a checkpoint with trained-looking magnitudes,
 // deterministic from a seed (SyntheticLayer gives the same weights in

@@ -49,15 +49,13 @@ func (x *Index) Files() []string {
 
 // ParseIndex parses an index file: a JSON object whose "weight_map" maps
 // tensor names to shard file names ("metadata" and other keys are ignored).
-// It refuses a missing or malformed weight_map, a tensor listed twice, an
+// It refuses a missing or malformed weight_map, a top-level key given twice
+// (two weight_maps: which one is the checkpoint?), a tensor listed twice, an
 // empty name, and a file name that is not a local path.
 func ParseIndex(data []byte) (*Index, error) {
-	var top map[string]json.RawMessage
-	if err := json.Unmarshal(data, &top); err != nil || top == nil {
-		if err == nil {
-			err = errors.New("found null")
-		}
-		return nil, fmt.Errorf("weights: index is not a JSON object: %w", err)
+	top, err := topLevel(data)
+	if err != nil {
+		return nil, err
 	}
 	raw, ok := top["weight_map"]
 	if !ok {
@@ -95,11 +93,44 @@ func ParseIndex(data []byte) (*Index, error) {
 	return x, nil
 }
 
+// topLevel splits a JSON object into its values by key, refusing a key
+// given twice (encoding/json would silently keep the last).
+func topLevel(data []byte) (map[string]json.RawMessage, error) {
+	var probe map[string]json.RawMessage
+	if err := json.Unmarshal(data, &probe); err != nil || probe == nil {
+		if err == nil {
+			err = errors.New("found null")
+		}
+		return nil, fmt.Errorf("weights: index is not a JSON object: %w", err)
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	if _, err := dec.Token(); err != nil { // '{', checked by Unmarshal
+		return nil, fmt.Errorf("weights: index: %w", err)
+	}
+	top := map[string]json.RawMessage{}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, fmt.Errorf("weights: index: %w", err)
+		}
+		key, _ := tok.(string)
+		var v json.RawMessage
+		if err := dec.Decode(&v); err != nil {
+			return nil, fmt.Errorf("weights: index: %w", err)
+		}
+		if _, dup := top[key]; dup {
+			return nil, fmt.Errorf("weights: index has the key %q twice", key)
+		}
+		top[key] = v
+	}
+	return top, nil
+}
+
 // ReadIndex reads dir's index file; without one, a lone model.safetensors
 // is indexed from its header.
 func ReadIndex(dir string) (*Index, error) {
 	path := filepath.Join(dir, IndexFile)
-	f, err := os.Open(path)
+	f, _, err := openRegular(path)
 	if errors.Is(err, os.ErrNotExist) {
 		x, serr := singleFileIndex(dir)
 		if errors.Is(serr, os.ErrNotExist) {
@@ -129,15 +160,11 @@ func ReadIndex(dir string) (*Index, error) {
 }
 
 func singleFileIndex(dir string) (*Index, error) {
-	f, err := os.Open(filepath.Join(dir, SingleFile))
+	f, st, err := openRegular(filepath.Join(dir, SingleFile))
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return nil, err
-	}
 	h, err := safetensors.ParseHeader(f, st.Size())
 	if err != nil {
 		return nil, err

@@ -59,14 +59,23 @@ func (e *TensorError) Unwrap() error { return e.Err }
 // Load reads the attention weights of the layers opts asks for from the
 // checkpoint directory dir (config.json, model.safetensors.index.json and its
 // shards; DESIGN.md section 7). cfg nil reads dir's config.json; a given cfg
-// is validated and used instead.
+// is validated and must agree with dir's config.json where there is one
+// (CheckConfig), and is used without one.
 //
 // Per layer it reads wq_a, wkv, wq_b (F8_E4M3 with F32 or F8_E8M0 block
 // scales; e8m0 bytes widened exactly to 2^(e-127), byte 0xFF (NaN) refused,
-// float32 scales must be finite and not negative), q_norm and kv_norm (BF16,
+// float32 scales must be finite and positive), q_norm and kv_norm (BF16,
 // or F32, widened exactly), and for compress ratios 4 and 128 the compressor:
 // wkv and wgate (BF16, kept as bits), ape (F32, or BF16 widened) and
 // norm.weight (BF16, or F32). names.go lists the accepted spellings.
+//
+// Every value is checked for what it holds: a NaN or infinite float32 or
+// bf16 value, an e4m3 NaN byte (0x7F, 0xFF) or a block scale that is not
+// finite and positive is a *TensorError naming the tensor, its file and
+// the first bad element's index, wrapping ErrNonFinite or ErrBadScale.
+// Every file is checked to be a regular file before it is opened (a FIFO
+// would block the read; ErrNotRegular); a symbolic link is followed wherever
+// it points (see openRegular).
 //
 // Only the selected layers' tensors are touched: other shards are never
 // opened, and of each shard only the header and the bytes of those tensors
@@ -78,14 +87,20 @@ func Load(dir string, cfg *dsv4.Config, opts LoadOptions) (*Checkpoint, error) {
 	var c dsv4.Config
 	if cfg == nil {
 		var err error
-		if c, err = dsv4.Load(filepath.Join(dir, ConfigFile)); err != nil {
-			return nil, fmt.Errorf("weights: %w", err)
+		if c, err = readConfig(dir); err != nil {
+			return nil, err
 		}
 	} else {
 		c = *cfg
 		c.CompressRatios = slices.Clone(cfg.CompressRatios)
 		if err := c.Validate(); err != nil {
 			return nil, fmt.Errorf("weights: config: %w", err)
+		}
+		// config.json, where there is one, is the checkpoint's truth.
+		if _, err := os.Lstat(filepath.Join(dir, ConfigFile)); !errors.Is(err, os.ErrNotExist) {
+			if err := CheckConfig(dir, c); err != nil {
+				return nil, err
+			}
 		}
 	}
 	heads, err := opts.Heads.resolve(c.NumHeads)
@@ -216,17 +231,9 @@ func (l *loader) shard(file, tensor string) (*shard, error) {
 		return s, nil
 	}
 	fail := func(err error) (*shard, error) { return nil, &TensorError{Tensor: tensor, File: file, Err: err} }
-	f, err := os.Open(filepath.Join(l.dir, file))
+	f, st, err := openRegular(filepath.Join(l.dir, file))
 	if err != nil {
 		return fail(fmt.Errorf("the index names this shard but it cannot be opened: %w", err))
-	}
-	st, err := f.Stat()
-	if err == nil && !st.Mode().IsRegular() {
-		err = errors.New("not a regular file")
-	}
-	if err != nil {
-		f.Close()
-		return fail(err)
 	}
 	h, err := safetensors.ParseHeader(f, st.Size())
 	if err != nil {
@@ -447,7 +454,9 @@ func (p *layerPlan) decode() (*Layer, error) {
 		if ix.WQB, err = fp8Matrix(x.wqb, x.heads*x.headDim, p.qLora); err != nil {
 			return nil, err
 		}
-		ix.WeightsProj = BF16Matrix{N: x.heads, K: p.hidden, Data: bf16Bits(x.proj.buf)}
+		if ix.WeightsProj, err = bf16Matrix(x.proj, x.heads, p.hidden); err != nil {
+			return nil, err
+		}
 		cp, err := x.comp.decode(p.hidden)
 		if err != nil {
 			return nil, err
@@ -460,9 +469,13 @@ func (p *layerPlan) decode() (*Layer, error) {
 
 func (c *compPlan) decode(hidden int) (*Compressor, error) {
 	cp := &Compressor{Ratio: c.ratio, Coff: c.coff, Dim: c.dim}
-	cp.WKV = BF16Matrix{N: c.coff * c.dim, K: hidden, Data: bf16Bits(c.wkv.buf)}
-	cp.WGate = BF16Matrix{N: c.coff * c.dim, K: hidden, Data: bf16Bits(c.wgate.buf)}
 	var err error
+	if cp.WKV, err = bf16Matrix(c.wkv, c.coff*c.dim, hidden); err != nil {
+		return nil, err
+	}
+	if cp.WGate, err = bf16Matrix(c.wgate, c.coff*c.dim, hidden); err != nil {
+		return nil, err
+	}
 	if cp.APE, err = floats(c.ape); err != nil {
 		return nil, err
 	}
@@ -472,24 +485,45 @@ func (c *compPlan) decode(hidden int) (*Compressor, error) {
 	return cp, nil
 }
 
-// fp8Matrix assembles values and scales; the scales are widened exactly and
-// must be finite and not negative.
+// element names element x of the rows job j read, by its flat index in
+// the whole tensor and, for a matrix, its (row, column).
+func (j *job) element(x int) string {
+	rowLen := 1
+	for _, d := range j.info.Shape[1:] {
+		rowLen *= d
+	}
+	flat := j.row0*rowLen + x
+	if len(j.info.Shape) == 2 {
+		return fmt.Sprintf("element %d (row %d, column %d)", flat, flat/rowLen, flat%rowLen)
+	}
+	return fmt.Sprintf("element %d", flat)
+}
+
+func (j *job) bad(x int, value any, sentinel error) error {
+	return &TensorError{Tensor: j.tensor, File: j.file, Err: fmt.Errorf("%s is %v: %w", j.element(x), value, sentinel)}
+}
+
+// fp8Matrix assembles values and scales. An e4m3 NaN byte is refused; the
+// scales are widened exactly and must be finite and positive.
 func fp8Matrix(j [2]*job, n, k int) (FP8Matrix, error) {
 	vals, sc := j[0], j[1]
+	if x, ok := firstE4M3NaN(vals.buf); ok {
+		return FP8Matrix{}, vals.bad(x, fmt.Sprintf("the e4m3 NaN byte %#02x", vals.buf[x]), ErrNonFinite)
+	}
 	m := FP8Matrix{N: n, K: k, Data: vals.buf, Scale: make([]float32, ceil128(n)*ceil128(k))}
 	switch sc.info.DType {
 	case dtE8M0:
 		for x, e := range sc.buf {
 			if e == 0xFF {
-				return FP8Matrix{}, sc.fail("scale element %d is the e8m0 NaN byte 0xFF", sc.row0*ceil128(k)+x)
+				return FP8Matrix{}, sc.bad(x, "the e8m0 NaN byte 0xFF", ErrBadScale)
 			}
 			m.Scale[x] = numerics.UE8M0Scale(e)
 		}
 	case dtF32:
 		for x := range m.Scale {
 			v := math.Float32frombits(binary.LittleEndian.Uint32(sc.buf[4*x:]))
-			if !(v >= 0) || math.IsInf(float64(v), 0) {
-				return FP8Matrix{}, sc.fail("scale element %d is %v, want finite and not negative", sc.row0*ceil128(k)+x, v)
+			if !(v > 0) || math.IsInf(float64(v), 0) {
+				return FP8Matrix{}, sc.bad(x, v, ErrBadScale)
 			}
 			m.Scale[x] = v
 		}
@@ -497,29 +531,38 @@ func fp8Matrix(j [2]*job, n, k int) (FP8Matrix, error) {
 	return m, nil
 }
 
-// floats widens a BF16 or F32 tensor exactly.
+// floats widens a BF16 or F32 tensor exactly; NaN and infinities are
+// refused.
 func floats(j *job) ([]float32, error) {
+	var out []float32
 	switch j.info.DType {
 	case dtBF16:
-		out := make([]float32, len(j.buf)/2)
+		out = make([]float32, len(j.buf)/2)
 		for x := range out {
 			out[x] = numerics.F32FromBF16(binary.LittleEndian.Uint16(j.buf[2*x:]))
 		}
-		return out, nil
 	case dtF32:
-		out := make([]float32, len(j.buf)/4)
+		out = make([]float32, len(j.buf)/4)
 		for x := range out {
 			out[x] = math.Float32frombits(binary.LittleEndian.Uint32(j.buf[4*x:]))
 		}
-		return out, nil
+	default:
+		return nil, j.fail("dtype %s cannot be widened to float32", j.info.DType)
 	}
-	return nil, j.fail("dtype %s cannot be widened to float32", j.info.DType)
+	if x, v, ok := firstNonFinite(out); ok {
+		return nil, j.bad(x, v, ErrNonFinite)
+	}
+	return out, nil
 }
 
-func bf16Bits(b []byte) []uint16 {
-	out := make([]uint16, len(b)/2)
+// bf16Matrix keeps a BF16 tensor's bits; NaN and infinities are refused.
+func bf16Matrix(j *job, n, k int) (BF16Matrix, error) {
+	out := make([]uint16, len(j.buf)/2)
 	for x := range out {
-		out[x] = binary.LittleEndian.Uint16(b[2*x:])
+		out[x] = binary.LittleEndian.Uint16(j.buf[2*x:])
 	}
-	return out
+	if x, ok := firstNonFiniteBF16(out); ok {
+		return BF16Matrix{}, j.bad(x, numerics.F32FromBF16(out[x]), ErrNonFinite)
+	}
+	return BF16Matrix{N: n, K: k, Data: out}, nil
 }

@@ -7,25 +7,38 @@ import (
 )
 
 // The one name map. Every tensor the loader reads is a module under a
-// layer's attention prefix. Accepted spellings, in any combination:
+// layer's attention prefix.
 //
-// Layer prefixes: layers.{i}.attn. (the DeepSeek release),
-// model.layers.{i}.attn. (vLLM), model.layers.{i}.self_attn. (HF),
-// layers.{i}.self_attn.; for MTP layer j (layer index num_hidden_layers+j)
-// also mtp.{j}.attn., the release's spelling.
+// On disk, DeepSeek-V4 is published in one spelling, DeepSeek's own:
+// layers.{i}.attn.<module>.weight with FP8 block scales in
+// <module>.scale, and mtp.{j}.attn.* for MTP layer j (layer index
+// num_hidden_layers+j). That is the only on-disk format of a released DSv4
+// checkpoint (every V4-Flash and V4-Pro revision, 0731's mtp.0..2 too).
+//
+// The other spellings are other engines' in-memory module names, what their
+// loaders rename DeepSeek's tensors to: vLLM's (model.layers.{i}.attn.*,
+// scales .weight_scale_inv) and HF transformers' DeepseekV4 port
+// (model.layers.{i}.self_attn.* with its own module names, below). They
+// reach a disk only when a loaded model is saved again (save_pretrained, a
+// re-quantizing tool), which is why the loader accepts them; the
+// DeepSeek-V3-style column is the HF layout DeepSeek's V3 release used on
+// disk, applied to V4's modules by such conversions. Accepted, in any
+// combination: layer prefixes layers.{i}.attn. (DeepSeek), mtp.{j}.attn.
+// (DeepSeek, MTP layers), model.layers.{i}.attn. (vLLM),
+// model.layers.{i}.self_attn. (HF) and layers.{i}.self_attn.
 //
 // Modules:
 //
-//	DeepSeek, vLLM     HF DeepseekV4              DeepSeek-V3-style HF
-//	wq_a               q_a_proj                   q_a_proj
-//	wkv                kv_proj                    kv_a_proj_with_mqa
-//	wq_b               q_b_proj                   q_b_proj
-//	q_norm             q_a_norm                   q_a_layernorm
-//	kv_norm            kv_norm                    kv_a_layernorm
-//	compressor.wkv     compressor.kv_proj         (as HF)
-//	compressor.wgate   compressor.gate_proj       (as HF)
-//	compressor.ape     compressor.position_bias   (as HF)
-//	compressor.norm    compressor.kv_norm         (as HF)
+//	DeepSeek (on disk), vLLM   HF DeepseekV4 (in memory)                 DeepSeek-V3-style HF
+//	wq_a                       q_a_proj                                  q_a_proj
+//	wkv                        kv_proj                                   kv_a_proj_with_mqa
+//	wq_b                       q_b_proj                                  q_b_proj
+//	q_norm                     q_a_norm                                  q_a_layernorm
+//	kv_norm                    kv_norm                                   kv_a_layernorm
+//	compressor.wkv             compressor.kv_proj                        (as HF)
+//	compressor.wgate           compressor.gate_proj                      (as HF)
+//	compressor.ape             compressor.position_bias                  (as HF)
+//	compressor.norm            compressor.kv_norm                        (as HF)
 //	indexer.wq_b               compressor.indexer.q_b_proj               (as HF)
 //	indexer.weights_proj       compressor.indexer.scorer.weights_proj    (as HF)
 //	indexer.compressor.wkv     compressor.indexer.kv_proj                (as HF)
@@ -34,9 +47,10 @@ import (
 //	indexer.compressor.norm    compressor.indexer.kv_norm                (as HF)
 //
 // Values: <module>.weight, except ape, a bare parameter <module>. FP8 block
-// scales: <module>.scale (DeepSeek), <module>.weight_scale_inv (vLLM, HF
-// FP8) or <module>.weight_scale. Exactly one spelling of each tensor may be
-// present in the index; two are refused as ambiguous.
+// scales: <module>.scale (DeepSeek, on disk), <module>.weight_scale_inv
+// (vLLM's and HF's FP8 in-memory name; DeepSeek-V3's on-disk one) or
+// <module>.weight_scale. Exactly one spelling of each tensor may be present
+// in the index; two are refused as ambiguous.
 type module struct {
 	key   string // DeepSeek's module path (the release and vLLM), the canonical name
 	hf    string // HF transformers' DeepseekV4 port
@@ -121,14 +135,16 @@ func (m module) candidates(cfg *dsv4.Config, i int, scale bool) []string {
 	return out
 }
 
-// Naming selects the spelling WriteSynthetic writes (the loader accepts all).
+// Naming selects the spelling WriteSynthetic writes (the loader accepts
+// all). Only NamingDeepSeek is a published on-disk format; the others
+// stand for checkpoints re-saved from those engines' in-memory names.
 type Naming int
 
 const (
-	NamingDeepSeek Naming = iota // layers.{i}.attn.wq_a.weight / .scale, mtp.{j}.attn.* (the release)
-	NamingVLLM                   // model.layers.{i}.attn.wq_a.weight / .weight_scale_inv
-	NamingHF                     // model.layers.{i}.self_attn.q_a_proj.weight / .weight_scale_inv, q_a_norm, kv_proj, compressor.kv_proj ...
-	NamingHFV3                   // as NamingHF with DeepSeek-V3 names: q_a_layernorm, kv_a_proj_with_mqa, kv_a_layernorm
+	NamingDeepSeek Naming = iota // layers.{i}.attn.wq_a.weight / .scale, mtp.{j}.attn.*: the release, DSv4's only on-disk format
+	NamingVLLM                   // model.layers.{i}.attn.wq_a.weight / .weight_scale_inv: vLLM's in-memory names
+	NamingHF                     // model.layers.{i}.self_attn.q_a_proj.weight / .weight_scale_inv, q_a_norm, kv_proj, compressor.kv_proj ...: HF's in-memory names
+	NamingHFV3                   // as NamingHF with DeepSeek-V3's names: q_a_layernorm, kv_a_proj_with_mqa, kv_a_layernorm
 )
 
 func (n Naming) String() string {

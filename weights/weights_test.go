@@ -345,13 +345,20 @@ func TestLayerSelection(t *testing.T) {
 		{&cfg, LoadOptions{Layers: []int{-1}}, "layer -1 out of range"},
 		{&cfg, LoadOptions{Layers: []int{1, 1}}, "layer 1 asked for twice"},
 		{&cfg, LoadOptions{Layers: []int{}}, "no layers"},
-		{&bad, LoadOptions{Layers: []int{2}}, "compress_ratio 64"},
+		{&bad, LoadOptions{Layers: []int{2}}, "config.json disagrees with the model config given (given vs config.json): dsv4: configs disagree on compress_ratios[2] (64 vs 128)"},
 		{&dsv4.Config{}, LoadOptions{}, "hidden_size"},
 	} {
 		ck, err := Load(dir, c.cfg, c.opts)
 		require.ErrorContains(t, err, c.want)
 		require.Nil(t, ck)
 	}
+	// Without a config.json the given config is all there is.
+	require.NoError(t, os.Remove(filepath.Join(dir, ConfigFile)))
+	_, err = Load(dir, &bad, LoadOptions{Layers: []int{2}})
+	require.ErrorContains(t, err, "compress_ratio 64: only 0, 4 and 128 are supported")
+	ck, err = Load(dir, &cfg, LoadOptions{Layers: []int{2}})
+	require.NoError(t, err)
+	require.Equal(t, []int{2}, layerIndices(ck))
 }
 
 func layerIndices(ck *Checkpoint) []int {
@@ -542,17 +549,17 @@ func TestRefusals(t *testing.T) {
 		}, tensor: "layers.2.attn.wq_a.weight", file: shard2, want: "reach past"},
 		{name: "e8m0 NaN scale", format: ScaleE8M0, edit: func(t *testing.T, dir string) {
 			rewriteShard(t, dir, "layers.1.attn.wkv.scale", editTensor("layers.1.attn.wkv.scale", func(x *safetensors.Tensor) { x.Data[5] = 0xFF }))
-		}, tensor: "layers.1.attn.wkv.scale", file: l1shard, want: "scale element 5 is the e8m0 NaN byte"},
+		}, tensor: "layers.1.attn.wkv.scale", file: l1shard, want: "element 5 (row 2, column 1) is the e8m0 NaN byte 0xFF"},
 		{name: "f32 NaN scale", edit: func(t *testing.T, dir string) {
 			rewriteShard(t, dir, "layers.1.attn.wq_b.scale", editTensor("layers.1.attn.wq_b.scale", func(x *safetensors.Tensor) {
 				binary.LittleEndian.PutUint32(x.Data[4*3:], math.Float32bits(float32(math.NaN())))
 			}))
-		}, tensor: "layers.1.attn.wq_b.scale", file: l1shard, want: "scale element 3 is NaN"},
+		}, tensor: "layers.1.attn.wq_b.scale", file: l1shard, want: "element 3 (row 1, column 1) is NaN"},
 		{name: "f32 negative scale", edit: func(t *testing.T, dir string) {
 			rewriteShard(t, dir, "layers.0.attn.wq_a.scale", editTensor("layers.0.attn.wq_a.scale", func(x *safetensors.Tensor) {
 				binary.LittleEndian.PutUint32(x.Data[0:], math.Float32bits(-1))
 			}))
-		}, tensor: "layers.0.attn.wq_a.scale", file: l1shard, want: "scale element 0 is -1"},
+		}, tensor: "layers.0.attn.wq_a.scale", file: l1shard, want: "element 0 (row 0, column 0) is -1"},
 		{name: "index not JSON", edit: func(t *testing.T, dir string) {
 			require.NoError(t, os.WriteFile(filepath.Join(dir, IndexFile), []byte("{"), 0o644))
 		}, want: "index is not a JSON object"},
@@ -717,6 +724,10 @@ func TestParseIndex(t *testing.T) {
 		{`{"weight_map":{"a":"/abs"}}`, "not a file name inside"},
 		{`{"weight_map":{"a":""}}`, "not a file name inside"},
 		{`{"weight_map":{"a":"x","a":"y"}}`, `lists tensor "a" twice`},
+		// Two weight_maps: encoding/json would keep the second silently.
+		{`{"weight_map":{"a":"x"},"metadata":{},"weight_map":{"b":"y"}}`, `has the key "weight_map" twice`},
+		{`{"weight_map":{"a":"x"},"weight_map":{"a":"x"}}`, `has the key "weight_map" twice`},
+		{`{"metadata":{},"weight_map":{"a":"x"},"metadata":{}}`, `has the key "metadata" twice`},
 	} {
 		_, err := ParseIndex([]byte(c.in))
 		require.ErrorContains(t, err, c.want, c.in)
@@ -727,12 +738,19 @@ func FuzzParseIndex(f *testing.F) {
 	f.Add([]byte(`{"metadata":{"total_size":3},"weight_map":{"a":"s1.safetensors","b":"sub/s2.safetensors"}}`))
 	f.Add([]byte(`{"weight_map":{"a":"../x"}}`))
 	f.Add([]byte(`{"weight_map":{"a":"x","a":"x"}}`))
+	f.Add([]byte(`{"weight_map":{"a":"x"},"weight_map":{"b":"y"}}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		x, err := ParseIndex(data)
 		if err != nil {
 			require.Nil(t, x)
 			return
 		}
+		// What is accepted has one weight_map, the one encoding/json sees.
+		var top map[string]json.RawMessage
+		require.NoError(t, json.Unmarshal(data, &top))
+		var plain map[string]string
+		require.NoError(t, json.Unmarshal(top["weight_map"], &plain))
+		require.Equal(t, plain, x.WeightMap)
 		for name, file := range x.WeightMap {
 			require.NotEmpty(t, name)
 			require.True(t, filepath.IsLocal(file), "%q", file)

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -23,6 +24,28 @@ func TestRun(t *testing.T) {
 		want, err := weights.SyntheticLayer(&cfg, 9, l.Index, weights.ScaleF32)
 		require.NoError(t, err)
 		require.Equal(t, want, l)
+	}
+	require.NotNil(t, ck.Layer(1).Indexer, "layer 1 is ratio 4")
+}
+
+// The release's names, the indexer's included.
+func TestDeepSeekLayout(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "ck")
+	var out, errb bytes.Buffer
+	require.Equal(t, exitOK, run([]string{"--model", "tiny", "--out", dir}, &out, &errb), errb.String())
+	x, err := weights.ReadIndex(dir)
+	require.NoError(t, err)
+	for _, name := range []string{
+		"layers.1.attn.indexer.wq_b.weight", "layers.1.attn.indexer.wq_b.scale",
+		"layers.1.attn.indexer.weights_proj.weight",
+		"layers.1.attn.indexer.compressor.wkv.weight", "layers.1.attn.indexer.compressor.wgate.weight",
+		"layers.1.attn.indexer.compressor.ape", "layers.1.attn.indexer.compressor.norm.weight",
+		"mtp.0.attn.wq_a.weight",
+	} {
+		require.Contains(t, x.WeightMap, name)
+	}
+	for name := range x.WeightMap {
+		require.False(t, strings.Contains(name, "indexer") && !strings.HasPrefix(name, "layers.1."), "%s: only layer 1 is ratio 4", name)
 	}
 }
 

@@ -5,14 +5,26 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"os"
 	"strconv"
+	"syscall"
 )
 
-// Load reads and parses a checkpoint's config.json.
+// ErrNotRegular is a config.json that is not a regular file (a FIFO, a
+// device, a directory): reading one could block or never end.
+var ErrNotRegular = errors.New("not a regular file")
+
+// maxConfigBytes bounds the config.json read into memory; a real one is a
+// few kB.
+const maxConfigBytes = 16 << 20
+
+// Load reads and parses a checkpoint's config.json. It never blocks on
+// what the path names: anything but a regular file (a symbolic link is
+// followed) is refused before it is opened, with ErrNotRegular.
 func Load(path string) (Config, error) {
-	data, err := os.ReadFile(path)
+	data, err := readRegular(path)
 	if err != nil {
 		return Config{}, fmt.Errorf("dsv4: %w", err)
 	}
@@ -21,6 +33,38 @@ func Load(path string) (Config, error) {
 		return Config{}, fmt.Errorf("%s: %w", path, err)
 	}
 	return c, nil
+}
+
+// readRegular reads a regular file of at most maxConfigBytes. It checks the
+// kind before opening (open(2) of a FIFO waits for a writer), opens
+// non-blocking in case the path was swapped meanwhile, and checks again.
+func readRegular(path string) ([]byte, error) {
+	st, err := os.Stat(path)
+	if err != nil {
+		return nil, err
+	}
+	if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s: %w (%v)", path, ErrNotRegular, st.Mode().Type())
+	}
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	if st, err = f.Stat(); err != nil {
+		return nil, err
+	}
+	if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s: %w (%v)", path, ErrNotRegular, st.Mode().Type())
+	}
+	data, err := io.ReadAll(io.LimitReader(f, maxConfigBytes+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(data) > maxConfigBytes {
+		return nil, fmt.Errorf("%s: larger than the %d-byte limit", path, maxConfigBytes)
+	}
+	return data, nil
 }
 
 // Parse reads a HuggingFace config.json and validates the result. Keys it
@@ -115,18 +159,14 @@ func Parse(data []byte) (Config, error) {
 
 	c.Quant = FP8()
 	if raw, ok := present(top, "quantization_config"); ok {
-		if q, err := object(raw); err != nil {
-			p.add(fieldErr("quantization_config", nil, "must be a JSON object"))
-		} else {
+		if q, ok := p.nested(raw, "quantization_config"); ok {
 			c.Quant = p.quantization(q)
 		}
 	}
 
 	if raw, ok := present(top, "rope_scaling"); !ok {
 		p.add(fieldErr("rope_scaling", nil, "missing"))
-	} else if rs, err := object(raw); err != nil {
-		p.add(fieldErr("rope_scaling", nil, "must be a JSON object"))
-	} else {
+	} else if rs, ok := p.nested(raw, "rope_scaling"); ok {
 		c.RopeScaling = p.ropeScaling(rs)
 	}
 
@@ -189,7 +229,9 @@ func (p *parser) ropeScaling(rs map[string]json.RawMessage) RopeScaling {
 }
 
 // object decodes a JSON object without decoding its values, so that each
-// value's type can be checked and reported by key.
+// value's type can be checked and reported by key. A key given twice is
+// refused (ErrDuplicateKey): encoding/json would keep the last one
+// silently, and config.json is the checkpoint's truth.
 func object(data []byte) (map[string]json.RawMessage, error) {
 	var m map[string]json.RawMessage
 	if err := json.Unmarshal(data, &m); err != nil {
@@ -202,7 +244,52 @@ func object(data []byte) (map[string]json.RawMessage, error) {
 	if m == nil {
 		return nil, errors.New("dsv4: config is not a JSON object (found null)")
 	}
+	// Unmarshal checked the syntax; count each key.
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.Token() // '{'
+	seen := make(map[string]bool, len(m))
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, fmt.Errorf("dsv4: config is not valid JSON: %w", err)
+		}
+		key, _ := tok.(string)
+		if seen[key] {
+			return nil, &duplicateKeyError{key}
+		}
+		seen[key] = true
+		var skip json.RawMessage
+		if err := dec.Decode(&skip); err != nil {
+			return nil, fmt.Errorf("dsv4: config is not valid JSON: %w", err)
+		}
+	}
 	return m, nil
+}
+
+// ErrDuplicateKey is a config.json object that gives one key twice.
+var ErrDuplicateKey = errors.New("a key given twice")
+
+type duplicateKeyError struct{ key string }
+
+func (e *duplicateKeyError) Error() string {
+	return fmt.Sprintf("dsv4: config gives the key %q twice", e.key)
+}
+func (e *duplicateKeyError) Unwrap() error { return ErrDuplicateKey }
+
+// nested reads the object value of key (rope_scaling, quantization_config);
+// ok is false, with the problem recorded, when it is not one.
+func (p *parser) nested(raw json.RawMessage, key string) (map[string]json.RawMessage, bool) {
+	m, err := object(raw)
+	var dup *duplicateKeyError
+	switch {
+	case errors.As(err, &dup):
+		p.add(fieldErr(key+"."+dup.key, nil, "given twice"))
+		return nil, false
+	case err != nil:
+		p.add(fieldErr(key, nil, "must be a JSON object"))
+		return nil, false
+	}
+	return m, true
 }
 
 // present returns the raw value of key, treating null as absent.
