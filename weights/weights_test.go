@@ -576,9 +576,14 @@ func TestRefusals(t *testing.T) {
 		}, want: `config field "hidden_size": missing`},
 	}
 	cfg := TinyConfig()
+	seed := testSeed(t)
+	templates := map[ScaleFormat]string{}
+	for _, f := range []ScaleFormat{ScaleF32, ScaleE8M0} {
+		templates[f] = write(t, cfg, seed, SyntheticOptions{ScaleFormat: f})
+	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			dir := write(t, cfg, testSeed(t), SyntheticOptions{ScaleFormat: c.format})
+			dir := copyCheckpoint(t, templates[c.format])
 			c.edit(t, dir)
 			ck, err := Load(dir, nil, LoadOptions{MTP: true})
 			require.Nil(t, ck)
@@ -777,6 +782,16 @@ func TestFullFlashLayers(t *testing.T) {
 	require.Equal(t, 2, l.Compressor.Coff)
 	require.Equal(t, 1, ck.Layers[1].Compressor.Coff)
 	require.Len(t, ck.Layers[1].Compressor.APE, 128*512)
+	// V4-Flash's indexer, whole on a rank of 8 heads.
+	x := l.Indexer
+	require.NotNil(t, x)
+	require.Equal(t, [2]int{64 * 128, 1024}, [2]int{x.WQB.N, x.WQB.K})
+	require.Len(t, x.WQB.Scale, 64*8)
+	require.Equal(t, [2]int{64, 4096}, [2]int{x.WeightsProj.N, x.WeightsProj.K})
+	require.Equal(t, [2]int{256, 4096}, [2]int{x.Compressor.WKV.N, x.Compressor.WKV.K})
+	require.Len(t, x.Compressor.APE, 4*256)
+	require.Len(t, x.Compressor.Norm, 128)
+	require.Nil(t, ck.Layers[1].Indexer)
 	_, err = Load(dir, nil, LoadOptions{Layers: []int{4}})
 	require.ErrorContains(t, err, "layers.4.attn.wq_a.weight")
 }

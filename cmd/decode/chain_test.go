@@ -100,6 +100,13 @@ func TestChainDump(t *testing.T) {
 
 func TestChainUsageErrors(t *testing.T) {
 	dir := tinyCheckpoint(t, 1)
+	// A checkpoint whose config.json differs from --model in its RoPE and
+	// norm constants only: --model's would be taken silently.
+	m, err := dsv4.Load("testdata/tiny_config.json")
+	require.NoError(t, err)
+	m.RopeTheta, m.RMSNormEps = 50000, 1e-5
+	other := t.TempDir()
+	require.NoError(t, weights.WriteSynthetic(other, &m, 1, weights.SyntheticOptions{Layers: []int{0, 1}}))
 	for _, c := range []struct {
 		args []string
 		code int
@@ -110,7 +117,9 @@ func TestChainUsageErrors(t *testing.T) {
 		{[]string{"--heads", "1:1"}, exitUsage, `--heads "1:1"`},
 		{[]string{"--heads", "0:3"}, exitError, "HeadEnd <= 2 heads"},
 		{[]string{"--checkpoint", dir, "--input", "projected"}, exitUsage, "needs --input hidden"},
-		{[]string{"--checkpoint", dir, "--model", "flash"}, exitError, "hidden_size = 256 in " + filepath.Join(dir, "config.json") + ", but Config.Model (DeepSeek-V4-Flash) has 4096"},
+		{[]string{"--checkpoint", dir, "--model", "flash"}, exitUsage, "--model flash, --checkpoint " + dir + ": weights: " + filepath.Join(dir, "config.json") + " disagrees with the model config given (given vs config.json): dsv4: configs disagree on hidden_size (4096 vs 256)"},
+		{[]string{"--checkpoint", other}, exitUsage, "configs disagree on rms_norm_eps (1e-06 vs 1e-05), rope_theta (10000 vs 50000)"},
+		{[]string{"--checkpoint", filepath.Join(dir, "nope")}, exitError, "nope/config.json: no such file"},
 	} {
 		code, _, errOut := tiny(t, append([]string{"--trace", "testdata/small.jsonl"}, c.args...)...)
 		require.Equal(t, c.code, code, "%v: %s", c.args, errOut)

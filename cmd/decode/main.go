@@ -24,6 +24,7 @@ import (
 	"github.com/dsv4mla/prologue/engine/trace"
 	"github.com/dsv4mla/prologue/kvcache"
 	"github.com/dsv4mla/prologue/model/dsv4"
+	"github.com/dsv4mla/prologue/weights"
 )
 
 func main() {
@@ -313,6 +314,14 @@ func (o *options) config(log zerolog.Logger) (replay.Options, []trace.Step, stri
 	}
 	if o.checkpoint != "" && o.input != engine.InputHidden {
 		return ro, nil, "", usageError{fmt.Errorf("--checkpoint %s needs --input hidden", o.checkpoint)}
+	}
+	// The checkpoint's config.json is its truth: --model must agree with it.
+	if o.checkpoint != "" {
+		if err := weights.CheckConfig(o.checkpoint, model); errors.Is(err, dsv4.ErrMismatch) {
+			return ro, nil, "", usageError{fmt.Errorf("--model %s, --checkpoint %s: %w", o.model, o.checkpoint, err)}
+		} else if err != nil {
+			return ro, nil, "", fmt.Errorf("--checkpoint %s: %w", o.checkpoint, err)
+		}
 	}
 	if !slices.Contains(engine.Backends(), o.backend) {
 		return ro, nil, "", usageError{fmt.Errorf("--backend %q: want one of %s", o.backend, strings.Join(engine.Backends(), ", "))}
