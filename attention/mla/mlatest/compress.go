@@ -437,8 +437,33 @@ func (cs *CompressCase) Run(b mla.Backend) (*CompressOutputs, error) {
 	if !ok {
 		return nil, fmt.Errorf("backend %s does not implement mla.CompressStepper", b.Name())
 	}
+	a, free, err := cs.Upload(b)
+	if err != nil {
+		return nil, err
+	}
+	defer free()
+	ctx := context.Background()
+	if err := st.CompressStep(ctx, a); err != nil {
+		return nil, err
+	}
+	if err := b.Synchronize(ctx); err != nil {
+		return nil, err
+	}
+	out := &CompressOutputs{Ring: make([]byte, len(cs.ringBytes)), Pool: make([]byte, len(cs.h.pool))}
+	if err := b.Read(out.Ring, a.Ring, 0); err != nil {
+		return nil, err
+	}
+	if err := b.Read(out.Pool, a.Pool, 0); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// Upload copies the case's inputs to b and returns the step's arguments
+// and a function that frees their buffers (benchmarks run the step on them
+// repeatedly: it rewrites the same bytes each time).
+func (cs *CompressCase) Upload(b mla.Backend) (*mla.CompressStepArgs, func(), error) {
 	dev := &deviceBuffers{b: b}
-	defer dev.free()
 	upload := dev.upload
 	h := cs.h
 	a := &mla.CompressStepArgs{
@@ -459,24 +484,11 @@ func (cs *CompressCase) Run(b mla.Backend) (*CompressOutputs, error) {
 			continue // APE nil
 		}
 		if *u.dst, err = upload(u.data); err != nil {
-			return nil, err
+			dev.free()
+			return nil, nil, err
 		}
 	}
-	ctx := context.Background()
-	if err := st.CompressStep(ctx, a); err != nil {
-		return nil, err
-	}
-	if err := b.Synchronize(ctx); err != nil {
-		return nil, err
-	}
-	out := &CompressOutputs{Ring: make([]byte, len(cs.ringBytes)), Pool: make([]byte, len(h.pool))}
-	if err := b.Read(out.Ring, a.Ring, 0); err != nil {
-		return nil, err
-	}
-	if err := b.Read(out.Pool, a.Pool, 0); err != nil {
-		return nil, err
-	}
-	return out, nil
+	return a, dev.free, nil
 }
 
 // Expected computes the reference outputs.

@@ -119,8 +119,43 @@ func (c *IndexerQueryCase) Run(b mla.Backend, launches []mla.Launch) (*IndexerQu
 	if launches == nil {
 		launches = mla.Plan(c.M)
 	}
+	a, free, err := c.Upload(b)
+	if err != nil {
+		return nil, err
+	}
+	defer free()
+	ctx := context.Background()
+	if err := mla.RunIndexerQuery(ctx, iq, launches, a); err != nil {
+		return nil, err
+	}
+	if err := b.Synchronize(ctx); err != nil {
+		return nil, err
+	}
+	out := &IndexerQueryOutputs{Q: make([]byte, c.qOutBytes), W: make([]byte, c.wOutLen)}
+	if err := b.Read(out.Q, a.QOut, 0); err != nil {
+		return nil, err
+	}
+	if err := b.Read(out.W, a.WOut, 0); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// Upload copies the case's inputs and metadata to b, with both outputs
+// poisoned (0xA5), and returns the arguments and a function that frees
+// their buffers.
+func (c *IndexerQueryCase) Upload(b mla.Backend) (*mla.IndexerQueryArgs, func(), error) {
 	dev := &deviceBuffers{b: b}
-	defer dev.free()
+	a, err := c.upload(dev)
+	if err != nil {
+		dev.free()
+		return nil, nil, err
+	}
+	return a, dev.free, nil
+}
+
+func (c *IndexerQueryCase) upload(dev *deviceBuffers) (*mla.IndexerQueryArgs, error) {
+	b := dev.b
 	a := &mla.IndexerQueryArgs{QOffset: c.qOffset, QStride: c.qStride, WOffset: c.wOffset, WStride: c.wStride, RopePositions: c.ropePositions}
 	var err error
 	for _, u := range []struct {
@@ -145,21 +180,7 @@ func (c *IndexerQueryCase) Run(b mla.Backend, launches []mla.Launch) (*IndexerQu
 	if err := a.Meta.Upload(b, c.M, 1<<20); err != nil {
 		return nil, err
 	}
-	ctx := context.Background()
-	if err := mla.RunIndexerQuery(ctx, iq, launches, a); err != nil {
-		return nil, err
-	}
-	if err := b.Synchronize(ctx); err != nil {
-		return nil, err
-	}
-	out := &IndexerQueryOutputs{Q: make([]byte, c.qOutBytes), W: make([]byte, c.wOutLen)}
-	if err := b.Read(out.Q, a.QOut, 0); err != nil {
-		return nil, err
-	}
-	if err := b.Read(out.W, a.WOut, 0); err != nil {
-		return nil, err
-	}
-	return out, nil
+	return a, nil
 }
 
 // Expected computes the reference outputs: padding rows (and tokens past
