@@ -148,6 +148,19 @@ func FuzzParse(f *testing.F) {
 		if err := c.Validate(); err != nil {
 			t.Fatalf("Parse accepted a config Validate refuses: %v", err)
 		}
+		if err := Diff(c, c); err != nil {
+			t.Fatalf("an accepted config disagrees with itself: %v", err)
+		}
+		// Every layer compress_ratios lists is a layer of the model.
+		if len(c.CompressRatios) > c.NumAttentionLayers() {
+			t.Fatalf("compress_ratios lists %d layers, the model has %d", len(c.CompressRatios), c.NumAttentionLayers())
+		}
+		if c.HasIndexer() && (c.IndexNHeads <= 0 || c.IndexHeadDim != 128 || c.IndexTopK <= 0) {
+			t.Fatalf("accepted indexer dimensions %d, %d, %d", c.IndexNHeads, c.IndexHeadDim, c.IndexTopK)
+		}
+		if c.Quant != FP8() {
+			t.Fatalf("accepted quantization %+v", c.Quant)
+		}
 		positions := min(c.MaxPositionEmbeddings, 4)
 		set, err := c.RopeTables(RopeReference, positions)
 		if err != nil {
