@@ -23,4 +23,9 @@
 // ([State.Accept]) need no special case, and every entry is the same
 // whichever way the tokens were grouped. The projections themselves come
 // from [Projection.Project], a float32 GEMM of the bf16 weights.
+//
+// The lightning indexer's compressor (DESIGN.md section 9) pools the same
+// way at width [IndexerDim] ([PoolEntryDim]); [FinishIndexer] turns the
+// 128 pooled values into a 68-byte MXFP4 entry (RMSNorm at W = 128, RoPE
+// of the rope half at 4i, Hadamard).
 package compressor

@@ -21,7 +21,14 @@
 // rms_norm_eps (LayerArgs.Eps) come from the caller: a layer reads one table
 // of its kind, shared by every layer of that kind.
 //
-// In a ratio-4 layer, a TopKSelector (TopKArgs, TopKPlan) scores every
+// In a ratio-4 layer the indexer's prologue (docs/DESIGN.md section 9)
+// produces what the selection reads: an IndexerQuerier (IndexerQueryArgs,
+// one call per launch like the Q prologue) turns the indexer's wq_b GEMM
+// output and the weights_proj GEMM output into the MXFP4 query
+// [T][64][68 B] and the head weights [T][64] bf16, and a CompressStepper
+// with CompressStepArgs.Entry = EntryIndexer writes the indexer's cache
+// entries (section 8's ratio-4 pooling at width 128, RMSNorm, RoPE at 4i,
+// Hadamard, MXFP4: 68 bytes each). A TopKSelector (TopKArgs, TopKPlan) scores every
 // compressed entry a query token sees against the indexer's MXFP4 query
 // and head weights and keeps the index_topk best as ascending int32 entry
 // indices (docs/DESIGN.md section 9, "Selection").

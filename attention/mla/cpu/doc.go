@@ -3,5 +3,8 @@
 //
 // Its buffers are host byte slices; it reads the iteration's metadata from
 // the same encoded buffer a GPU kernel reads, so the upload path is tested
-// too.
+// too. Besides the prologue it runs the chain's steps, the compressor's
+// step (for the main compressor and the indexer's: CompressStep) and the
+// indexer's query (IndexerQuery), each through the same packages numerics
+// and compressor that define the bytes.
 package cpu

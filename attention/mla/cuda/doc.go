@@ -48,6 +48,13 @@
 // CompressEntries and LaunchCompress pool explicit candidate lists (the
 // kernel tests' entry point).
 //
+// The indexer's prologue (DESIGN.md section 9) lives in the compressor's
+// module (kernels/cuda/indexer.cu): indexer_query (IndexerQuery: one warp
+// per (token, head) row with the Q prologue's Params for positions; RoPE,
+// the canonical Hadamard by xor shuffles, MXFP4 and the head weight) and
+// indexer_step_finish (CompressStep with mla.EntryIndexer, after
+// compress_step at width 128).
+//
 // The indexer's top-k selection (DESIGN.md section 9, mla.TopKSelector)
 // runs kernels/cuda/topk.cu, loaded at first use (LoadTopK): topk_score
 // scores a row's visible entries a thread each (block dot products of
