@@ -67,7 +67,11 @@ func (e *TensorError) Unwrap() error { return e.Err }
 // float32 scales must be finite and positive), q_norm and kv_norm (BF16,
 // or F32, widened exactly), and for compress ratios 4 and 128 the compressor:
 // wkv and wgate (BF16, kept as bits), ape (F32, or BF16 widened) and
-// norm.weight (BF16, or F32). names.go lists the accepted spellings.
+// norm.weight (BF16, or F32), and for compress ratio 4 the lightning
+// indexer (Layer.Indexer): indexer.wq_b (as wq_b, all index_n_heads heads
+// whatever the head range), indexer.weights_proj (BF16) and the indexer's
+// compressor (as the main one, index_head_dim wide). names.go lists the
+// accepted spellings.
 //
 // Every value is checked for what it holds: a NaN or infinite float32 or
 // bf16 value, an e4m3 NaN byte (0x7F, 0xFF) or a block scale that is not
@@ -75,7 +79,8 @@ func (e *TensorError) Unwrap() error { return e.Err }
 // the first bad element's index, wrapping ErrNonFinite or ErrBadScale.
 // Every file is checked to be a regular file before it is opened (a FIFO
 // would block the read; ErrNotRegular); a symbolic link is followed wherever
-// it points (see openRegular).
+// it points, inside the directory or not (a HuggingFace hub snapshot links
+// into ../../blobs/), as long as it ends at a regular file.
 //
 // Only the selected layers' tensors are touched: other shards are never
 // opened, and of each shard only the header and the bytes of those tensors

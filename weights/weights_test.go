@@ -208,7 +208,7 @@ func TestSyntheticMagnitudes(t *testing.T) {
 	for _, format := range []ScaleFormat{ScaleF32, ScaleE8M0} {
 		l, err := SyntheticLayer(&cfg, testSeed(t), 1, format)
 		require.NoError(t, err)
-		for _, w := range []*FP8Matrix{&l.WQA, &l.WKV, &l.WQB} {
+		for _, w := range []*FP8Matrix{&l.WQA, &l.WKV, &l.WQB, &l.Indexer.WQB} {
 			_, std := stdOf(w.N*w.K, func(x int) float32 { return w.Dequant(x/w.K, x%w.K) })
 			require.InEpsilon(t, 1/math.Sqrt(float64(w.K)), std, 0.05, "%v %dx%d", format, w.N, w.K)
 			for _, s := range w.Scale {
@@ -227,6 +227,17 @@ func TestSyntheticMagnitudes(t *testing.T) {
 		wkv := &l.Compressor.WKV
 		_, std = stdOf(len(wkv.Data), func(x int) float32 { return wkv.At(x/wkv.K, x%wkv.K) })
 		require.InEpsilon(t, 1/math.Sqrt(float64(cfg.HiddenSize)), std, 0.05)
+		// The indexer's bf16 weights and its compressor look the same.
+		for _, m := range []*BF16Matrix{&l.Indexer.WeightsProj, &l.Indexer.Compressor.WKV, &l.Indexer.Compressor.WGate} {
+			_, std = stdOf(len(m.Data), func(x int) float32 { return m.At(x/m.K, x%m.K) })
+			require.InEpsilon(t, 1/math.Sqrt(float64(cfg.HiddenSize)), std, 0.1, "%dx%d", m.N, m.K)
+		}
+		_, std = stdOf(len(l.Indexer.Compressor.APE), func(x int) float32 { return l.Indexer.Compressor.APE[x] })
+		require.InEpsilon(t, 0.02, std, 0.15)
+		mean, _ = stdOf(len(l.Indexer.Compressor.Norm), func(x int) float32 { return l.Indexer.Compressor.Norm[x] })
+		require.InDelta(t, 1, mean, 0.05)
+		// Its own streams: not a copy of the main compressor's rows.
+		require.NotEqual(t, l.Compressor.WKV.Data[:256*256], l.Indexer.Compressor.WKV.Data)
 	}
 	// An F32 block scale is amax/448: some element of each block encodes
 	// to +-448 (0x7E/0xFE).
