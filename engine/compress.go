@@ -46,7 +46,13 @@ type CompressorConfig struct {
 	// MaxSequences bounds the live sequences the compressor holds state
 	// for (host memory, Layer.StateBytes per sequence and compressed
 	// layer); a batch that would create more is refused with ErrCacheFull
-	// naming the state. 0 = 2*MaxSeqs.
+	// naming the compressor state. 0 = 2*MaxSeqs. A chunk of more than
+	// 1 + MaxDrafts tokens after earlier ones writes its state to a fresh
+	// slot (so an aborted chunk leaves the old one whole), and the rings
+	// hold one such slot for every chunk a batch can carry beyond
+	// MaxSequences: min(MaxSeqs, MaxTokens/(MaxDrafts+2)) more
+	// (kvcache.SlotsFor). So a batch of live sequences is never refused
+	// for want of a state slot, whatever their chunks.
 	MaxSequences int
 }
 
@@ -222,8 +228,9 @@ func (c Config) cacheLayout() kvcache.Layout {
 			p.RatioPages[r] = c.Compressor.pagesFor(r)
 			p.StateBytes[r] = stateBytes(r, c.Compressor.MaxDrafts)
 		}
-		p.Slots = c.Compressor.MaxSequences
 		p.InPlace = mla.InPlaceRows(4, mla.RingRows(4, c.Compressor.MaxDrafts)) // the same for every ratio: 1 + MaxDrafts
+		p.Live = c.Compressor.MaxSequences
+		p.Slots = kvcache.SlotsFor(p.Live, p.InPlace, c.MaxSeqs, c.MaxTokens)
 	}
 	return kvcache.DSv4Layout(p)
 }

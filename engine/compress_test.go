@@ -382,11 +382,13 @@ func TestCompressorHidden(t *testing.T) {
 	require.Len(t, compEntries(t, one, 2, 1), 32)
 }
 
-// TestCompressorStateSlots: the states live in Compressor.MaxSequences ring
-// slots on the backend. A new sequence takes a slot, and so does a chunk
+// TestCompressorStateSlots: the states live in ring slots on the backend,
+// one per live sequence (at most Compressor.MaxSequences) and one per
+// chunk a batch can move. A new sequence takes a slot, and so does a chunk
 // longer than 1 + MaxDrafts tokens after earlier ones (it writes a fresh
-// slot, so an abort keeps the old state); a batch needing more slots than
-// are free is refused with ErrCacheFull naming the state, changing nothing,
+// slot, so an abort keeps the old state); a batch creating more sequences
+// than MaxSequences allows is refused with ErrCacheFull naming the state,
+// changing nothing, while a batch of live sequences' chunks always fits,
 // and a finished sequence's slot serves the next. The moved sequence's
 // entries and state equal those of an engine with room to spare.
 func TestCompressorStateSlots(t *testing.T) {
@@ -403,10 +405,9 @@ func TestCompressorStateSlots(t *testing.T) {
 	require.Equal(t, 2, e.Debug().CompressorSequences())
 	pools := e.Pools()
 	for _, reqs := range [][]metadata.Request{
-		{ctxReq(3, 5)},                 // a third sequence
-		{ctxReq(1, 9)},                 // a long chunk after earlier tokens: a fresh slot
-		{ctxReq(3, 2), genReq(1, 3)},   // a new sequence, and a step in place
-		{ctxReq(2, 100), genReq(1, 7)}, // a long chunk beside a step in place
+		{ctxReq(3, 5)},               // a third sequence
+		{ctxReq(3, 2), genReq(1, 3)}, // a new sequence, and a step in place
+		{ctxReq(3, 2), ctxReq(1, 9)}, // a new sequence, and a long chunk
 	} {
 		_, err := e.Begin(t.Context(), reqs)
 		require.ErrorIs(t, err, engine.ErrCacheFull, "%v", reqs)
@@ -414,21 +415,182 @@ func TestCompressorStateSlots(t *testing.T) {
 		require.Equal(t, pools, e.Pools())
 		require.NoError(t, e.Debug().CheckInvariants())
 	}
+	// Long chunks of live sequences move to fresh slots beyond
+	// MaxSequences: admitted, and an abort gives the slots back.
+	for _, reqs := range [][]metadata.Request{
+		{ctxReq(1, 9)},
+		{ctxReq(2, 100), genReq(1, 7)},
+		{ctxReq(1, 100), ctxReq(2, 100)},
+	} {
+		it, err := e.Begin(t.Context(), reqs)
+		require.NoError(t, err, "%v", reqs)
+		it.Abort()
+		require.Equal(t, pools, e.Pools())
+		require.NoError(t, e.Debug().CheckInvariants())
+	}
 	// Steps and short chunks stay in place: no slot needed.
 	for _, x := range []*engine.Engine{e, ref} {
 		runComp(t, seed, x, nil, genReq(1, 7), genReq(2, 7))
 		runComp(t, seed, x, nil, ctxReq(1, 8))
+		runComp(t, seed, x, nil, ctxReq(1, 30), ctxReq(2, 40)) // both move
 	}
 	require.NoError(t, e.Finish(2))
 	require.NoError(t, ref.Finish(2))
 	for _, x := range []*engine.Engine{e, ref} {
-		runComp(t, seed, x, nil, ctxReq(1, 200)) // moves to the freed slot
+		runComp(t, seed, x, nil, ctxReq(1, 200)) // moves again
 		runComp(t, seed, x, nil, genReq(1, 2))
 		require.NoError(t, x.Debug().CheckInvariants())
 	}
 	require.Equal(t, 1, e.Debug().CompressorSequences())
 	requireSameCompressed(t, e, ref, 1, "after moving slots")
 	requireSameLive(t, e, ref, 1, "after moving slots")
-	runComp(t, seed, e, nil, ctxReq(4, 3)) // the slot seq 1 left is free again
+	runComp(t, seed, e, nil, ctxReq(4, 3)) // the slot seq 2 left is free again
 	require.NoError(t, e.Debug().CheckInvariants())
+}
+
+// TestCompressorSlotsThreeSequences: with the default MaxSequences (2 x
+// MaxSeqs) three sequences prefilling in chunks two at a time run: their
+// chunks move to slots of their own beyond the live ones (a pool of
+// MaxSequences slots alone refused the third line: three live states and
+// two moves).
+func TestCompressorSlotsThreeSequences(t *testing.T) {
+	seed := testSeed(t)
+	cfg := compConfig()
+	cfg.MaxSeqs, cfg.MaxTokens = 2, 64
+	e := newEngine(t, cfg)
+	for _, line := range [][]metadata.Request{
+		{ctxReq(1, 20), ctxReq(2, 20)},
+		{ctxReq(1, 20), ctxReq(3, 20)},
+		{ctxReq(2, 20), ctxReq(3, 20)},
+		{ctxReq(1, 20), ctxReq(2, 20)},
+	} {
+		runComp(t, seed, e, nil, line...)
+		require.NoError(t, e.Debug().CheckInvariants())
+	}
+	require.Equal(t, 3, e.Debug().CompressorSequences())
+}
+
+// TestCompressorSchedulerProgress is a seeded random continuous-batching
+// loop as a naive server runs it: arrivals admitted whenever they come
+// (the engine refuses what does not fit), every prefilling sequence's next
+// chunk in each batch, generation with MTP and random acceptance, finishes.
+// It must make progress: every arrival finishes, only batches that bring
+// new sequences past Compressor.MaxSequences are refused (never one of
+// live sequences alone, whatever their chunks), and nothing leaks. (With
+// the state slots shared between live sequences and moves, arrivals took
+// every slot and then every batch with a chunk was refused: a livelock,
+// 1473 of 1500 batches refused.)
+func TestCompressorSchedulerProgress(t *testing.T) {
+	seed := testSeed(t)
+	rng := rand.New(rand.NewPCG(seed, 26))
+	cfg := compConfig()
+	cfg.MaxSeqs, cfg.MaxTokens = 4, 96
+	cfg.Cache.NumPages = 256
+	cfg.Compressor.MaxSequences = 4 // arrivals come faster than that
+	e := newEngine(t, cfg)
+	type seq struct {
+		id               uint64
+		prompt, gen, pos int // prompt and generated tokens wanted, tokens held
+		done             int // tokens generated
+	}
+	const arrivals = 24
+	var waiting, live []*seq
+	for i := range arrivals {
+		waiting = append(waiting, &seq{id: uint64(i + 1), prompt: 10 + rng.IntN(90), gen: 1 + rng.IntN(10)})
+	}
+	finished, batches, refused, refusedLive := 0, 0, 0, 0
+	ctx := context.Background()
+	for ; finished < arrivals && batches < 1500; batches++ {
+		var reqs []metadata.Request
+		tokens := 0
+		var admitted []*seq
+		// Prefilling sequences first, then up to two arrivals, then a
+		// generation step of the sequences done prefilling.
+		for _, s := range live {
+			if s.pos < s.prompt && len(reqs) < cfg.MaxSeqs {
+				n := min(s.prompt-s.pos, 9+rng.IntN(30), cfg.MaxTokens-tokens)
+				if n > 0 {
+					reqs, tokens = append(reqs, ctxReq(s.id, n)), tokens+n
+				}
+			}
+		}
+		for k := 0; k < 2 && k < len(waiting) && len(reqs) < cfg.MaxSeqs && rng.IntN(2) == 0; k++ {
+			s := waiting[k]
+			n := min(s.prompt, 9+rng.IntN(30), cfg.MaxTokens-tokens)
+			if n > 0 {
+				reqs, tokens = append(reqs, ctxReq(s.id, n)), tokens+n
+				admitted = append(admitted, s)
+			}
+		}
+		mtp := rng.IntN(4)
+		var gens []*seq
+		for _, s := range live {
+			if s.pos >= s.prompt && len(reqs) < cfg.MaxSeqs && tokens+1+mtp <= cfg.MaxTokens {
+				reqs, tokens = append(reqs, genReq(s.id, mtp)), tokens+1+mtp
+				gens = append(gens, s)
+			}
+		}
+		if len(reqs) == 0 {
+			continue
+		}
+		it, err := e.Begin(ctx, reqs)
+		if err != nil {
+			require.ErrorIs(t, err, engine.ErrCacheFull, "batch %d: %v", batches, reqs)
+			require.ErrorContains(t, err, "compressor state")
+			refused++
+			if len(admitted) == 0 {
+				refusedLive++
+			}
+			continue
+		}
+		for l := range e.Layers() {
+			f, q := positionInputs(seed, e, it, l)
+			require.NoError(t, it.SetInputs(l, f, q))
+			if e.CompressorWidth(l) > 0 {
+				k, g := compRows(seed, e, it, l)
+				require.NoError(t, it.SetCompressorInputs(l, k, g))
+			}
+			require.NoError(t, it.RunLayer(ctx, l))
+		}
+		accepted := map[uint64]int{}
+		for _, s := range gens {
+			accepted[s.id] = 1 + rng.IntN(1+mtp)
+		}
+		require.NoError(t, it.Accept(accepted))
+		require.NoError(t, it.End(ctx))
+		for _, r := range reqs {
+			if r.Phase == metadata.Context {
+				for _, s := range append(live, admitted...) {
+					if s.id == r.Seq {
+						s.pos += r.NewTokens
+					}
+				}
+			}
+		}
+		live = append(live, admitted...)
+		waiting = waiting[len(admitted):]
+		for _, s := range gens {
+			s.pos += accepted[s.id]
+			s.done += accepted[s.id]
+		}
+		keep := live[:0]
+		for _, s := range live {
+			if s.done >= s.gen {
+				require.NoError(t, e.Finish(s.id))
+				finished++
+				continue
+			}
+			keep = append(keep, s)
+		}
+		live = keep
+	}
+	t.Logf("%d batches, %d refused (%d without a new sequence), %d of %d sequences finished", batches, refused, refusedLive, finished, arrivals)
+	require.Equal(t, arrivals, finished, "every arrival finishes")
+	require.Zero(t, refusedLive, "a batch of live sequences is never refused")
+	require.Positive(t, refused, "arrivals past MaxSequences are refused")
+	require.NoError(t, e.Debug().CheckInvariants())
+	require.Zero(t, e.Debug().CompressorSequences())
+	for _, p := range e.Pools() {
+		require.Equal(t, p.Pages, p.Free, "pool %s", p.Name)
+	}
 }

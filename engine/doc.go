@@ -36,10 +36,11 @@
 //     layers: a compressed pool per layer (584-byte entries, 64 a page,
 //     one block table per ratio by entry index), reserved with the SWA
 //     pages all or nothing, and the compressor states on the backend: a
-//     ring of Compressor.MaxSequences slots per compressed layer, one slot
-//     per live sequence (a chunk longer than 1+MaxDrafts tokens after
+//     ring of state slots per compressed layer, one slot per live sequence
+//     (at most Compressor.MaxSequences) and one more for every chunk a
+//     batch can carry (a chunk longer than 1+MaxDrafts tokens after
 //     earlier ones writes a fresh slot, so an aborted chunk leaves the old
-//     state whole). Its projections are the caller's on the projected path
+//     state whole): only new sequences are ever refused for a slot. Its projections are the caller's on the projected path
 //     (Iteration.SetCompressorInputs) or the engine's projection GEMM of
 //     the hidden rows. Begin writes each ratio's plan (the sequences'
 //     rows, positions and slots, the entries to emit and where) once; each

@@ -37,7 +37,7 @@ type Footprint struct {
 	ChainWeight int64 // Input = hidden: every layer's [wq_a; wkv], wq_b (the head range's rows), their scales and q_norm
 	Bookkeeping int64 // the page free list
 	Compressed  int64 // Compressor: each compressed layer's pool of its ratio's pages
-	StateBound  int64 // Compressor: each compressed layer's ring of states, Compressor.MaxSequences slots
+	StateBound  int64 // Compressor: each compressed layer's ring of states, Compressor.MaxSequences slots and one per chunk a batch can move
 	CompWeights int64 // Compressor with Input = hidden: each compressed layer's wkv, wgate (bf16) and ape
 	CompBuffers int64 // Compressor: the projection rows (MaxTokens), the plans, the norm weights, the compressed block tables (MaxSeqs rows, and their host mirror)
 }

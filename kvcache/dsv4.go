@@ -48,9 +48,9 @@ type DSv4Pools struct {
 	RatioLayers, RatioPages map[int]int
 	// StateBytes is one state slot of one layer of each ratio.
 	StateBytes map[int]int64
-	// Slots and InPlace size the state slots (PoolSpec): one slot index
-	// per live sequence in every compressed layer.
-	Slots, InPlace int
+	// Slots, Live and InPlace size the state slots (PoolSpec): one slot
+	// index per live sequence in every compressed layer.
+	Slots, Live, InPlace int
 	// IndexerStateBytes > 0 adds the indexer of the ratio-4 layers: its
 	// keys in 68-byte entries paged by the ratio-4 block table, and its
 	// compressor's state slot of that many bytes.
@@ -82,7 +82,7 @@ func DSv4Layout(p DSv4Pools) Layout {
 	for i, r := range ratios {
 		s := PoolSpec{Name: DSv4StatePool(r), Layers: p.RatioLayers[r], SlotBytes: p.StateBytes[r]}
 		if i == 0 {
-			s.What, s.Kind, s.Slots, s.InPlace = "compressor state", PoolSlots, p.Slots, p.InPlace
+			s.What, s.Kind, s.Slots, s.Live, s.InPlace = "compressor state", PoolSlots, p.Slots, p.Live, p.InPlace
 		} else {
 			s.Kind, s.Owner = PoolShared, DSv4StatePool(ratios[0])
 		}

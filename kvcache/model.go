@@ -71,6 +71,11 @@ type PoolSpec struct {
 	// gives its old one back when the iteration commits (so a rollback
 	// finds its old state whole).
 	Slots, InPlace int
+	// Live is the most sequences that hold a slot at once (0: Slots).
+	// The other Slots - Live slots serve only the moves, so a sized pool
+	// (SlotsFor) never refuses a batch of live sequences: only new
+	// sequences past Live are refused.
+	Live int
 	// SlotBytes is one slot of one layer (PoolSlots, or PoolShared of a
 	// slot row).
 	SlotBytes int64
@@ -128,6 +133,9 @@ func (l Layout) Validate() error {
 			}
 			if s.InPlace < 0 {
 				return bad("InPlace %d is negative", s.InPlace)
+			}
+			if s.Live < 0 || s.Live > s.Slots {
+				return bad("Live %d must be in [0, Slots = %d] (0: Slots)", s.Live, s.Slots)
 			}
 			if s.SlotBytes < 0 {
 				return bad("SlotBytes %d is negative", s.SlotBytes)
@@ -348,7 +356,11 @@ func NewModel(layout Layout) (*Model, error) {
 		case PoolEntries:
 			m.pools[i], err = NewEntryCache(s.Cache, s.Ratio)
 		case PoolSlots:
-			m.pools[i], err = NewSlotPool(s.Slots, s.InPlace)
+			live := s.Live
+			if live == 0 {
+				live = s.Slots
+			}
+			m.pools[i], err = NewSlotPool(s.Slots, live, s.InPlace)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("kvcache: Layout row %d (%q): %w", i, s.Name, err)

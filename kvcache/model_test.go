@@ -120,7 +120,7 @@ func TestModelRefusalIsAtomic(t *testing.T) {
 		{"swa", testLayout(6, 10, 10, 10), []Need{{ID: 2, NewLength: 25, Create: true}}, "need 7 pages, 5 free of 6"},
 		{"ratio-4", testLayout(10, 2, 10, 10), []Need{{ID: 2, NewLength: 17, Create: true}}, "ratio-4 compressed pool and indexer pool: kvcache: cache full"},
 		{"ratio-8", testLayout(10, 10, 1, 10), []Need{{ID: 2, NewLength: 24, Create: true}}, "ratio-8 compressed pool: kvcache: cache full"},
-		{"state", testLayout(10, 10, 10, 2), []Need{{ID: 2, NewLength: 1, Create: true}, {ID: 3, NewLength: 1, Create: true}}, "compressor state: kvcache: cache full: the batch needs 2 free state slots"},
+		{"state", testLayout(10, 10, 10, 2), []Need{{ID: 2, NewLength: 1, Create: true}, {ID: 3, NewLength: 1, Create: true}}, "compressor state: kvcache: cache full: the batch creates 2 sequences, 1 hold state slots of at most 2"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			m, err := NewModel(c.l)
@@ -302,4 +302,42 @@ func TestModelRandom(t *testing.T) {
 	for _, u := range m.Usage() {
 		require.Equal(t, u.Pages, u.Free, "pool %s", u.Name)
 	}
+}
+
+// TestSlotPoolLive: a pool sized by SlotsFor refuses only new sequences
+// past Live; live sequences' chunks that move always find a slot, and the
+// slots they leave return at commit.
+func TestSlotPoolLive(t *testing.T) {
+	const live, inPlace, maxSeqs, maxTokens = 2, 3, 2, 20
+	slots := SlotsFor(live, inPlace, maxSeqs, maxTokens)
+	require.Equal(t, 4, slots, "2 live, and min(2 sequences, 20/4 chunks) moves")
+	require.Equal(t, 3, SlotsFor(2, 3, 8, 7), "7 tokens carry one chunk of 4 or more")
+	p, err := NewSlotPool(slots, live, inPlace)
+	require.NoError(t, err)
+	r, err := p.ReserveBatch(batch(Need{ID: 1, NewLength: 4, Create: true}, Need{ID: 2, NewLength: 4, Create: true}))
+	require.NoError(t, err)
+	require.NoError(t, r.CommitLengths(nil))
+	_, err = p.ReserveBatch(batch(Need{ID: 3, NewLength: 4, Create: true}))
+	require.ErrorIs(t, err, ErrCacheFull)
+	require.ErrorContains(t, err, "the batch creates 1 sequences, 2 hold state slots of at most 2")
+	for range 3 { // both move, every time
+		r, err = p.ReserveBatch(&Batch{Needs: []Need{{ID: 1, NewLength: 8}, {ID: 2, NewLength: 8}}, Cached: []int{4, 4}})
+		require.NoError(t, err)
+		sr := r.(*SlotReservation)
+		require.NotEqual(t, sr.From(0), sr.To(0))
+		require.NotEqual(t, sr.From(1), sr.To(1))
+		require.Zero(t, p.Usage().Free)
+		require.NoError(t, r.CommitLengths(nil))
+		require.Equal(t, 2, p.Usage().Free)
+		require.NoError(t, p.CheckLive(map[uint64]int{1: 8, 2: 8}))
+	}
+	// A pending creation counts against Live.
+	require.NoError(t, p.FinishSequence(2, false))
+	r, err = p.ReserveBatch(batch(Need{ID: 3, NewLength: 1, Create: true}))
+	require.NoError(t, err)
+	_, err = p.ReserveBatch(batch(Need{ID: 4, NewLength: 1, Create: true}))
+	require.ErrorIs(t, err, ErrCacheFull)
+	require.NoError(t, r.Rollback())
+	_, err = NewSlotPool(2, 3, 0)
+	require.Error(t, err, "more live sequences than slots")
 }

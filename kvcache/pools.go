@@ -107,31 +107,49 @@ func (c *EntryCache) CheckLive(lengths map[uint64]int) error {
 // DESIGN.md section 8). A sequence that adds more than InPlace tokens after
 // earlier ones moves to a fresh slot (its iteration reads the old one and
 // writes the new one), so a rollback leaves its old state whole; the old
-// slot is given back when the iteration commits. Safe for concurrent use.
+// slot is given back when the iteration commits.
+//
+// At most Live sequences hold a slot; the Slots - Live others are for the
+// moves. A pool sized by SlotsFor for the batches it serves therefore only
+// ever refuses new sequences past Live, never a batch of live ones: a
+// server whose sequences are all mid-prompt still makes progress (a pool
+// of Live slots alone lets new sequences take every slot, and then every
+// next chunk of every sequence is refused). Safe for concurrent use.
 type SlotPool struct {
-	slots, inPlace int
+	slots, live, inPlace int
 
 	mu      sync.Mutex
 	owner   map[uint64]int32 // live sequence -> its slot
 	free    []int32          // a stack: the next slot handed out is the last
 	pending int              // slots taken by reservations not yet ended
+	creates int              // of them, by sequences they create
 }
 
-// NewSlotPool returns slots free slots; the first handed out is slot 0.
-func NewSlotPool(slots, inPlace int) (*SlotPool, error) {
-	if slots < 1 || inPlace < 0 {
-		return nil, fmt.Errorf("kvcache: slot pool of %d slots, %d in place: want at least 1 and 0", slots, inPlace)
+// SlotsFor is the slots a pool of live sequences needs so that no batch of
+// at most maxSeqs sequences and maxTokens tokens is refused for its moves:
+// live, plus one per chunk that can move in one batch (each adds more than
+// inPlace tokens), min(maxSeqs, maxTokens/(inPlace+1)).
+func SlotsFor(live, inPlace, maxSeqs, maxTokens int) int {
+	return live + min(maxSeqs, maxTokens/(inPlace+1))
+}
+
+// NewSlotPool returns slots free slots for at most live sequences; the
+// first handed out is slot 0.
+func NewSlotPool(slots, live, inPlace int) (*SlotPool, error) {
+	if slots < 1 || live < 1 || live > slots || inPlace < 0 {
+		return nil, fmt.Errorf("kvcache: slot pool of %d slots for %d sequences, %d in place: want 1 <= live <= slots, inPlace >= 0", slots, live, inPlace)
 	}
-	p := &SlotPool{slots: slots, inPlace: inPlace, owner: map[uint64]int32{}, free: make([]int32, slots)}
+	p := &SlotPool{slots: slots, live: live, inPlace: inPlace, owner: map[uint64]int32{}, free: make([]int32, slots)}
 	for i := range p.free {
 		p.free[i] = int32(slots - 1 - i)
 	}
 	return p, nil
 }
 
-// Slots is the pool's size; InPlace the most tokens a sequence adds to its
-// own slot.
+// Slots is the pool's size, Live the most sequences holding a slot,
+// InPlace the most tokens a sequence adds to its own slot.
 func (p *SlotPool) Slots() int   { return p.slots }
+func (p *SlotPool) Live() int    { return p.live }
 func (p *SlotPool) InPlace() int { return p.inPlace }
 
 // Slot returns the slot of a live sequence.
@@ -157,6 +175,7 @@ type SlotReservation struct {
 	ids      []uint64
 	from, to []int32
 	taken    []int32 // taken from the free list, in order
+	creates  int     // of the needs, sequences without a slot before
 	done     bool
 }
 
@@ -177,11 +196,19 @@ func (p *SlotPool) moves(b *Batch, i int) (live bool, fresh bool) {
 func (p *SlotPool) ReserveBatch(b *Batch) (PoolReservation, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	need := 0
+	creates, need := 0, 0
 	for i := range b.Needs {
-		if _, fresh := p.moves(b, i); fresh {
+		live, fresh := p.moves(b, i)
+		if !live {
+			creates++
+		}
+		if fresh {
 			need++
 		}
+	}
+	if held := len(p.owner) + p.creates; creates > p.live-held {
+		return nil, fmt.Errorf("%w: the batch creates %d sequences, %d hold state slots of at most %d",
+			ErrCacheFull, creates, held, p.live)
 	}
 	if need > len(p.free) {
 		return nil, fmt.Errorf("%w: the batch needs %d free state slots (new sequences, and chunks of more than %d tokens after earlier ones), %d of %d are free",
@@ -210,6 +237,8 @@ func (p *SlotPool) ReserveBatch(b *Batch) (PoolReservation, error) {
 		}
 	}
 	p.pending += len(r.taken)
+	r.creates = creates
+	p.creates += creates
 	p.afterMutation()
 	return r, nil
 }
@@ -232,6 +261,7 @@ func (r *SlotReservation) CommitLengths(map[uint64]int) error {
 		p.owner[id] = r.to[i]
 	}
 	p.pending -= len(r.taken)
+	p.creates -= r.creates
 	p.afterMutation()
 	return nil
 }
@@ -249,6 +279,7 @@ func (r *SlotReservation) Rollback() error {
 		p.free = append(p.free, r.taken[i])
 	}
 	p.pending -= len(r.taken)
+	p.creates -= r.creates
 	p.afterMutation()
 	return nil
 }
@@ -298,6 +329,9 @@ func (p *SlotPool) checkLocked() error {
 	}
 	if len(p.owner)+len(p.free)+p.pending != p.slots {
 		return fmt.Errorf("kvcache invariant: %d held + %d free + %d pending slots != %d", len(p.owner), len(p.free), p.pending, p.slots)
+	}
+	if len(p.owner)+p.creates > p.live {
+		return fmt.Errorf("kvcache invariant: %d sequences hold state slots and %d are being created, more than %d", len(p.owner), p.creates, p.live)
 	}
 	return nil
 }

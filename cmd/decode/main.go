@@ -66,6 +66,7 @@ type options struct {
 	compPages4   int
 	compPages128 int
 	maxDrafts    int
+	compSeqs     int
 	ropePos      int
 	ropeMode     dsv4.RopeMode
 	maxSeqs      int
@@ -106,6 +107,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.compPages4, "compressed-pages-4", 0, "pages of 64 entries in each ratio-4 layer's compressed pool (0: what the trace needs at its peak)")
 	fs.IntVar(&o.compPages128, "compressed-pages-128", 0, "pages of 64 entries in each ratio-128 layer's compressed pool (0: what the trace needs at its peak)")
 	fs.IntVar(&o.maxDrafts, "max-drafts", 0, "most MTP drafts of a generation step the compressor can roll back (0: the engine's default, 7)")
+	fs.IntVar(&o.compSeqs, "compressor-sequences", 0, "most live sequences the compressor holds state for; the rings add one slot per chunk a batch can move (0: 2 x --max-seqs)")
 	fs.IntVar(&o.window, "window", kvcache.DSv4Window, "sliding window in tokens: pages whose positions all lie below length-window go back to the pool when an iteration ends (128: DeepSeek-V4; 0: keep every token)")
 	fs.IntVar(&o.ropePos, "rope-positions", 0, "RoPE table length (0: min(max_position_embeddings, pages*page-size))")
 	fs.TextVar(&o.ropeMode, "rope-mode", dsv4.RopeReference, "RoPE table: reference (float32 angles, as DeepSeek's reference code) or exact (float64)")
@@ -252,6 +254,7 @@ var flagOf = map[string]string{
 	"Compressor.Ratio4Pages":   "--compressed-pages-4",
 	"Compressor.Ratio128Pages": "--compressed-pages-128",
 	"Compressor.MaxDrafts":     "--max-drafts",
+	"Compressor.MaxSequences":  "--compressor-sequences",
 	"Compressor.Enabled":       "--compress",
 	"Layers":                   "--layers",
 	"QFormat":                  "--q-format",
@@ -525,7 +528,7 @@ func compressorConfig(o *options, model dsv4.Config, steps []trace.Step) (engine
 	if layers == 0 {
 		layers = model.NumAttentionLayers()
 	}
-	cc := engine.CompressorConfig{MaxDrafts: o.maxDrafts}
+	cc := engine.CompressorConfig{MaxDrafts: o.maxDrafts, MaxSequences: o.compSeqs}
 	flags := map[int]int{4: o.compPages4, 128: o.compPages128}
 	for r, n := range flags {
 		if n < 0 {

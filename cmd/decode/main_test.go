@@ -121,6 +121,8 @@ func TestBadTraces(t *testing.T) {
 			"trace line 2: engine: Begin: kvcache: cache full: need 3 pages, 1 free of 4"},
 		{"prompt past the RoPE table", "{\"context\":[{\"seq\":1,\"tokens\":40}]}\n{\"context\":[{\"seq\":1,\"tokens\":40}]}\n", []string{"--rope-positions", "64"},
 			"trace line 2: engine: Begin: metadata: request 0 (seq 1): kv_len = 80 (cached 40 + q_len 40) exceeds MaxPositions = 64"},
+		{"sequences beyond --compressor-sequences", threeSeqs, []string{"--compressor-sequences", "2"},
+			"trace line 2: engine: Begin: compressor state: kvcache: cache full: the batch creates 1 sequences, 2 hold state slots of at most 2"},
 		{"batch beyond --max-tokens", "{\"context\":[{\"seq\":1,\"tokens\":40}]}\n", []string{"--max-tokens", "16"},
 			"trace line 1: engine: batch exceeds the engine's capacity: Begin: batch of 40 tokens, more than MaxTokens = 16"},
 	} {
@@ -132,6 +134,25 @@ func TestBadTraces(t *testing.T) {
 			require.Contains(t, errOut, c.want)
 		})
 	}
+}
+
+// threeSeqs prefills three sequences in chunks, two at a time: the third
+// line holds three live states and moves two of them.
+const threeSeqs = `{"context":[{"seq":1,"tokens":20},{"seq":2,"tokens":20}]}
+{"context":[{"seq":1,"tokens":20},{"seq":3,"tokens":20}]}
+{"context":[{"seq":2,"tokens":20},{"seq":3,"tokens":20}],"finish":[1,2,3]}
+`
+
+// TestCompressorSlotsTrace: three sequences prefilling in chunks run with
+// the default state slots (a pool of 2 x the largest batch alone refused
+// the third line), and --verify passes.
+func TestCompressorSlotsTrace(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "three.jsonl")
+	require.NoError(t, os.WriteFile(path, []byte(threeSeqs), 0o644))
+	code, out, errOut := tiny(t, "--trace", path, "--verify", "--summary-only")
+	require.Equal(t, exitOK, code, errOut)
+	require.Contains(t, out, "pool state-4:")
+	require.Contains(t, out, "state slots")
 }
 
 func TestUsageErrors(t *testing.T) {
