@@ -5,6 +5,8 @@
 //                x, x + gridDim.y, ... of row r's visible entries, one
 //                entry a thread, and writes each score's key
 //                (mla.TopKKey) to the row's keys in the scratch space.
+//   topk_score_mma  topk_score with the block dots on the int8 tensor
+//                cores: the same keys.
 //   topk_select  grid (rows): block r finds the threshold key by a radix
 //                select over row r's keys (4 passes of 8 bits from the
 //                top), then writes the entries above it and the first
@@ -178,6 +180,173 @@ extern "C" __global__ void __launch_bounds__(TOPK_SCORE_THREADS) topk_score(cons
             }
             keys[s] = key;
         }
+    }
+}
+
+// The decoded word w (0..7) of block b of a row as topk_score_mma
+// orders a block's 32 values: word w holds the even (w even) or odd
+// elements of raw nibble word 4b + w/2. Query and key use the same order,
+// so the MMA's k index pairs the same elements.
+__device__ __forceinline__ u32 tk_word(u32 raw, int w) {
+    return tk_nib4((raw >> ((w & 1) * 4)) & 0x0F0F0F0Fu);
+}
+
+// D = A . B over one 32-value block: 16 heads x 8 entries, exact int32.
+__device__ __forceinline__ void tk_mma(int d[4], const uint4 a, u32 b0, u32 b1) {
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%11,%12,%13};\n"
+                 : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+                 : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1), "r"(0), "r"(0), "r"(0), "r"(0));
+}
+
+#define TK_TW 17 // floats a row of a warp's term buffer (16 heads, padded)
+
+// tk_scale_fast is tk_scale for x in [-149, 104], given mb, the bits of
+// M = 1.5 * 2^(x+23) (exponent field x+150, mantissa 0x400000): the bits
+// mb + d are the float M + d * 2^x exactly (|d| <= 4608 stays inside the
+// mantissa), and subtracting M, in the same binade, is exact too, so the
+// result is d * 2^x, which tk_scale rounds to itself (a multiple of 2^-149
+// below 2^117). Two integer adds and one float add instead of a
+// conversion (a quarter-rate instruction) and a multiply.
+__device__ __forceinline__ float tk_scale_fast(int d, u32 mb) {
+    return __fsub_rn(__uint_as_float(mb + (u32)d), __uint_as_float(mb));
+}
+
+// topk_score_mma is topk_score with the block dot products on the int8
+// tensor cores (mma.sync m16n8k32: 16 heads x 8 entries x one block), the
+// same keys out. A warp takes 32 entries of the tile; for each group of
+// 16 heads it scales and sums each (head, entry)'s four block partials in
+// order, and each lane then adds its entry's 16 terms to its running sum
+// in ascending h. A warp whose entries' scales keep every x = eq + ek -
+// 256 of the row in [-149, 104] (every practical case) scales by
+// tk_scale_fast, others by tk_scale.
+extern "C" __global__ void __launch_bounds__(TOPK_SCORE_THREADS) topk_score_mma(const TopKParams p) {
+    __shared__ uint4 qf[16 * 32];     // A fragments: (head group, block) x lane
+    __shared__ u32 qbase[IX_HEADS * 4]; // query scale byte << 23, per (head, block)
+    __shared__ int qmn[4], qmx[4];    // the row's least and largest query scale byte per block
+    __shared__ float qw[IX_HEADS];    // head weights
+    __shared__ u32 ks[TOPK_SCORE_THREADS * TK_KW];
+    __shared__ float terms[TOPK_SCORE_THREADS / 32][32 * TK_TW];
+    tk_pdl_wait();
+    tk_pdl_trigger();
+    const int r = blockIdx.x;
+    if (r >= p.rows) return;
+    const TkRow t = tk_resolve(p, r);
+    if (!t.valid || t.visible <= p.top_k) return;
+    const int n = t.visible;
+    const int ntiles = (n + TOPK_SCORE_THREADS - 1) / TOPK_SCORE_THREADS;
+    if ((int)blockIdx.y >= ntiles) return;
+    const int* table = p.plan + TOPK_PLAN_HDR_WORDS + p.max_seqs * TOPK_SEQ_WORDS + (long long)t.seq * p.page_stride;
+    const u8* qrow = p.q + (size_t)r * (IX_HEADS * IX_ROW_BYTES);
+    if (threadIdx.x < 4) {
+        qmn[threadIdx.x] = 255;
+        qmx[threadIdx.x] = 0;
+    }
+    for (int i = threadIdx.x; i < 16 * 32; i += TOPK_SCORE_THREADS) {
+        const int hg = i >> 7, b = (i >> 5) & 3, ln = i & 31, g = ln >> 2, tig = ln & 3;
+        const u8* h0 = qrow + (hg * 16 + g) * IX_ROW_BYTES + 16 * b;
+        const u8* h1 = h0 + 8 * IX_ROW_BYTES;
+        uint4 a;
+        a.x = tk_word(*(const u32*)(h0 + 4 * (tig >> 1)), tig);
+        a.y = tk_word(*(const u32*)(h1 + 4 * (tig >> 1)), tig);
+        a.z = tk_word(*(const u32*)(h0 + 4 * (2 + (tig >> 1))), tig);
+        a.w = tk_word(*(const u32*)(h1 + 4 * (2 + (tig >> 1))), tig);
+        qf[i] = a;
+    }
+    for (int i = threadIdx.x; i < IX_HEADS; i += TOPK_SCORE_THREADS) qw[i] = __uint_as_float((u32)p.w[(size_t)r * IX_HEADS + i] << 16);
+    __syncthreads(); // qmn, qmx initialized
+    for (int i = threadIdx.x; i < IX_HEADS * 4; i += TOPK_SCORE_THREADS) {
+        const int e = qrow[(i >> 2) * IX_ROW_BYTES + 64 + (i & 3)];
+        qbase[i] = (u32)e << 23;
+        atomicMin(&qmn[i & 3], e);
+        atomicMax(&qmx[i & 3], e);
+    }
+    u32* keys = p.scratch + t.keys;
+    const size_t page_bytes = (size_t)p.page_size * IX_ROW_BYTES;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tig = lane & 3;
+    float* tw = terms[warp];
+    for (int tile = blockIdx.y; tile < ntiles; tile += gridDim.y) {
+        const int s0 = tile * TOPK_SCORE_THREADS;
+        const int cnt = min(TOPK_SCORE_THREADS, n - s0);
+        __syncthreads(); // the previous tile's entries are read (and, first, the query is in place)
+        for (int i = threadIdx.x; i < TOPK_SCORE_THREADS * TK_KW; i += TOPK_SCORE_THREADS) {
+            int e = i / TK_KW, wd = i - e * TK_KW;
+            int s = s0 + e;
+            u32 v = 0;
+            if (e < cnt) {
+                int pg = tk_page(p, table, s);
+                if (pg >= 0) v = *(const u32*)(p.cache + (size_t)pg * page_bytes + (size_t)(s % p.page_size) * IX_ROW_BYTES + 4 * wd);
+            }
+            ks[i] = v;
+        }
+        __syncthreads();
+        if (warp * 32 >= cnt) continue; // warp-uniform; the next barrier is the next tile's
+        const u32* wk = ks + warp * 32 * TK_KW;
+        // B fragments (entry nt*8 + g) and, for the entries 2*tig and
+        // 2*tig + 1 of each n-tile this lane's D elements hold, the key
+        // half of tk_scale_fast's mb per block: (ek - 106) << 23 | 0x400000.
+        u32 bf[4][4][2], kb[4][2][4];
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++) {
+            const u32* kw = wk + (nt * 8 + g) * TK_KW;
+#pragma unroll
+            for (int b = 0; b < 4; b++) {
+                bf[nt][b][0] = tk_word(kw[4 * b + (tig >> 1)], tig);
+                bf[nt][b][1] = tk_word(kw[4 * b + 2 + (tig >> 1)], tig);
+            }
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                const u32 sc = wk[(nt * 8 + 2 * tig + c) * TK_KW + 16];
+#pragma unroll
+                for (int b = 0; b < 4; b++) kb[nt][c][b] = ((((sc >> (8 * b)) & 0xFFu) - 106u) << 23) | 0x400000u;
+            }
+        }
+        bool ok = warp * 32 + lane >= cnt; // an entry past the tile's does not count
+        {
+            const u32 sc = wk[lane * TK_KW + 16];
+            bool in = true;
+#pragma unroll
+            for (int b = 0; b < 4; b++) {
+                const int ke = (int)((sc >> (8 * b)) & 0xFFu);
+                in = in && ke + qmn[b] >= 107 && ke + qmx[b] <= 360;
+            }
+            ok = ok || in;
+        }
+        const bool fast = __all_sync(0xFFFFFFFFu, ok);
+        float run = 0.f;
+        for (int hg = 0; hg < 4; hg++) {
+            u32 qb[2][4];
+#pragma unroll
+            for (int b = 0; b < 4; b++) {
+                qb[0][b] = qbase[(hg * 16 + g) * 4 + b];
+                qb[1][b] = qbase[(hg * 16 + g + 8) * 4 + b];
+            }
+            const float wa = qw[hg * 16 + g], wb = qw[hg * 16 + g + 8];
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++) {
+                int d[4][4];
+#pragma unroll
+                for (int b = 0; b < 4; b++) tk_mma(d[b], qf[(hg * 4 + b) * 32 + lane], bf[nt][b][0], bf[nt][b][1]);
+#pragma unroll
+                for (int i = 0; i < 4; i++) { // D element i: head g (+8 for i >= 2), entry 2*tig + (i & 1)
+                    float dot = 0.f;
+#pragma unroll
+                    for (int b = 0; b < 4; b++) {
+                        const u32 qv = qb[i >> 1][b], kv = kb[nt][i & 1][b];
+                        const float pb = fast ? tk_scale_fast(d[b][i], qv + kv)
+                                              : tk_scale(d[b][i], (int)(qv >> 23) + ((int)kv >> 23) - 150);
+                        dot = b == 0 ? pb : __fadd_rn(dot, pb);
+                    }
+                    const float rl = dot > 0.f ? dot : 0.f;
+                    tw[(nt * 8 + 2 * tig + (i & 1)) * TK_TW + g + (i >= 2 ? 8 : 0)] = __fmul_rn(i < 2 ? wa : wb, rl);
+                }
+            }
+            __syncwarp();
+#pragma unroll
+            for (int j = 0; j < 16; j++) run = __fadd_rn(run, tw[lane * TK_TW + j]);
+            __syncwarp();
+        }
+        const int e = warp * 32 + lane, s = s0 + e;
+        if (e < cnt) keys[s] = tk_page(p, table, s) >= 0 ? tk_key(run) : 0u;
     }
 }
 

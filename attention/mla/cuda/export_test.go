@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"context"
 	"strconv"
 
 	"github.com/dsv4mla/prologue/attention/mla"
@@ -73,4 +74,22 @@ func (b *Backend) SetBF16GEMMPath(path string) {
 // KernelSharedBytes is a loaded prologue kernel's static shared memory.
 func (b *Backend) KernelSharedBytes(name string) (int, error) {
 	return b.fns[name].Attribute(driver.FuncSharedSizeBytes)
+}
+
+// SetTopKScore picks the top-k score kernel: "dp4a" (topk_score) or "mma"
+// (topk_score_mma, the default).
+func (b *Backend) SetTopKScore(kernel string) {
+	switch kernel {
+	case "dp4a":
+		b.topk.dp4a = true
+	case "mma":
+		b.topk.dp4a = false
+	default:
+		panic("cuda: SetTopKScore(" + kernel + ")")
+	}
+}
+
+// TopKStage runs the selection's score kernel or its select kernel alone.
+func (b *Backend) TopKStage(ctx context.Context, a *mla.TopKArgs, score bool) error {
+	return b.indexerTopK(ctx, a, score, !score)
 }

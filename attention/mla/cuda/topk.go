@@ -18,9 +18,12 @@ import (
 
 // topkState is the top-k module.
 type topkState struct {
-	mod            *driver.Module
-	score, select_ *driver.Function
-	err            error // a failed load, returned by every later call
+	mod                      *driver.Module
+	score, scoreMMA, select_ *driver.Function
+	err                      error // a failed load, returned by every later call
+	// dp4a scores with topk_score (dp4a) instead of topk_score_mma (the
+	// tensor cores); both write the same keys.
+	dp4a bool
 }
 
 // topkTileBlocksPerSM sets topk_score's grid: about this many blocks a
@@ -47,12 +50,17 @@ func (b *Backend) LoadTopK() error {
 		s.err = errors.Join(fmt.Errorf("cuda: top-k kernels: %w", err), mod.Unload())
 		return s.err
 	}
+	scoreMMA, err := mod.Function(kernels.TopKScoreMMAKernel)
+	if err != nil {
+		s.err = errors.Join(fmt.Errorf("cuda: top-k kernels: %w", err), mod.Unload())
+		return s.err
+	}
 	sel, err := mod.Function(kernels.TopKSelectKernel)
 	if err != nil {
 		s.err = errors.Join(fmt.Errorf("cuda: top-k kernels: %w", err), mod.Unload())
 		return s.err
 	}
-	s.mod, s.score, s.select_ = mod, score, sel
+	s.mod, s.score, s.scoreMMA, s.select_ = mod, score, scoreMMA, sel
 	return nil
 }
 
@@ -63,12 +71,18 @@ func topkGrid(sms, rows int) int {
 	return max(1, min(maxTiles, (topkTileBlocksPerSM*sms+rows-1)/max(rows, 1)))
 }
 
-// IndexerTopK implements mla.TopKSelector: topk_score then topk_select on
+// IndexerTopK implements mla.TopKSelector: topk_score_mma then topk_select on
 // the backend's current stream, with programmatic dependent launch like
 // the other kernels. The grids depend on the shape only (Rows), so a CUDA
 // graph captures them once for every plan; the kernels read the rows'
 // sequences, positions and tables from the plan.
 func (b *Backend) IndexerTopK(ctx context.Context, a *mla.TopKArgs) error {
+	return b.indexerTopK(ctx, a, true, true)
+}
+
+// indexerTopK is IndexerTopK launching the score kernel, the select
+// kernel or both (the benchmark times the two apart).
+func (b *Backend) indexerTopK(ctx context.Context, a *mla.TopKArgs, scoring, selecting bool) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -128,8 +142,17 @@ func (b *Backend) IndexerTopK(ctx context.Context, a *mla.TopKArgs) error {
 		return err
 	}
 	tiles := topkGrid(b.ctx.Props().SMCount, a.Rows)
-	if err := b.launch(b.topk.score, driver.Dim3{uint32(a.Rows), uint32(tiles), 1}, driver.Dim3{abi.TopKScoreThreads, 1, 1}, driver.Bytes(params)); err != nil {
-		return fmt.Errorf("cuda: topk_score: %w", err)
+	score := b.topk.scoreMMA
+	if b.topk.dp4a {
+		score = b.topk.score
+	}
+	if scoring {
+		if err := b.launch(score, driver.Dim3{uint32(a.Rows), uint32(tiles), 1}, driver.Dim3{abi.TopKScoreThreads, 1, 1}, driver.Bytes(params)); err != nil {
+			return fmt.Errorf("cuda: topk_score: %w", err)
+		}
+	}
+	if !selecting {
+		return nil
 	}
 	if err := b.launch(b.topk.select_, driver.Dim3{uint32(a.Rows), 1, 1}, driver.Dim3{abi.TopKSelectThreads, 1, 1}, driver.Bytes(params)); err != nil {
 		return fmt.Errorf("cuda: topk_select: %w", err)
@@ -143,7 +166,7 @@ func (b *Backend) closeTopK() error {
 		return nil
 	}
 	err := b.topk.mod.Unload()
-	b.topk.mod, b.topk.score, b.topk.select_ = nil, nil, nil
+	b.topk.mod, b.topk.score, b.topk.scoreMMA, b.topk.select_ = nil, nil, nil, nil
 	return err
 }
 

@@ -16,7 +16,20 @@ import (
 	"github.com/dsv4mla/prologue/attention/mla/mlatest"
 )
 
-func TestCUDATopKConformance(t *testing.T) { mlatest.TestTopK(t, backend(t)) }
+// topkKernels are the score kernels, each test run with both (the shared
+// backend is left on the default, "mma").
+var topkKernels = []string{"mma", "dp4a"}
+
+func TestCUDATopKConformance(t *testing.T) {
+	b := backend(t)
+	for _, k := range topkKernels {
+		t.Run(k, func(t *testing.T) {
+			b.SetTopKScore(k)
+			defer b.SetTopKScore("mma")
+			mlatest.TestTopK(t, b)
+		})
+	}
+}
 
 // topkDecode is a decode batch of seqs sequences of 1+mtp tokens, each at
 // a random position near ctx.
@@ -48,6 +61,7 @@ func TestCUDATopKLarge(t *testing.T) {
 		{Name: "1M/pro", TopK: 1024, PageSize: 64, Seqs: []mlatest.TopKSeqSpec{{Start: mla.MaxTopKPositions - 2, Rows: 2}}},
 		{Name: "1M-planted/flash", TopK: 512, PageSize: 64, Planted: true, Seqs: []mlatest.TopKSeqSpec{{Start: mla.MaxTopKPositions - 1, Rows: 1}}},
 	}
+	defer b.SetTopKScore("mma")
 	for _, s := range scenarios {
 		t.Run(s.Name, func(t *testing.T) {
 			if testing.Short() && s.Seqs[0].Start > 100_000 {
@@ -55,12 +69,15 @@ func TestCUDATopKLarge(t *testing.T) {
 			}
 			c, err := mlatest.NewTopKCase(s, r.Uint64())
 			require.NoError(t, err)
-			got, err := c.Run(b)
-			require.NoError(t, err)
 			want, err := c.Run(host)
 			require.NoError(t, err)
-			require.NoError(t, c.Compare(got, want))
-			require.NoError(t, c.CheckPlanted(got))
+			for _, k := range topkKernels {
+				b.SetTopKScore(k)
+				got, err := c.Run(b)
+				require.NoError(t, err)
+				require.NoError(t, c.Compare(got, want), "score kernel %s", k)
+				require.NoError(t, c.CheckPlanted(got), "score kernel %s", k)
+			}
 		})
 	}
 }
@@ -110,8 +127,11 @@ func TestCUDATopKGraph(t *testing.T) {
 			// The next iteration: positions move (some rows cross pages),
 			// fresh queries and weights.
 			for i := range c.Plan.Seqs {
+				// Within the pages of the sequence's table: its last
+				// token sees at most len(Table)*PageSize entries.
 				q := &c.Plan.Seqs[i]
-				q.Start = max(0, q.Start+r.IntN(200)-150)
+				last := len(q.Table)*s.PageSize*4 - q.Rows
+				q.Start = max(0, min(last, q.Start+r.IntN(200)-150))
 			}
 			for i := range c.Q {
 				c.Q[i] = byte(r.Uint32())
@@ -140,13 +160,14 @@ func TestCUDATopKGraph(t *testing.T) {
 	}
 }
 
-// BenchmarkCUDATopK times the selection of a decode batch, b=32 MTP 3
-// (128 query rows), at 8K and 64K context a sequence, both models'
-// index_topk: the device time per call (a layer's selection), the score
-// kernel alone, and two floors: the indexer cache bytes the batch reads
-// at the device-to-device copy rate measured here, and the score's
-// multiply-adds at the H200's nominal dense int8 tensor-core rate
-// (1979 TOPS, not measured).
+// BenchmarkCUDATopK times the selection of a layer: decode b=32 MTP 3
+// (128 query rows) at 8K, 64K, 128K and 1M context a sequence, and a 16K
+// prefill from position 0, V4-Flash's and V4-Pro's index_topk, each score
+// kernel (the dp4a one at 8K and 64K only): the device time per call, the
+// score and select kernels alone, and two floors: the indexer cache bytes
+// the batch reads at the device-to-device copy rate measured here, and
+// the score's multiply-adds at the H200's nominal dense int8 tensor-core
+// rate (1979 TOPS, not measured).
 func BenchmarkCUDATopK(bm *testing.B) {
 	if err := cuda.Available(); err != nil {
 		bm.Skipf("CUDA backend unavailable: %v", err)
@@ -157,68 +178,95 @@ func BenchmarkCUDATopK(bm *testing.B) {
 	require.NoError(bm, b.LoadTopK())
 	copyRate := measureCopyRate(bm, b)
 	bm.Logf("device-to-device copy: %.0f GB/s", copyRate/1e9)
-	for _, ctxLen := range []int{8192, 65536} {
+	type benchCase struct {
+		name    string
+		topk    int
+		kernels []string
+		seqs    func(r *rand.Rand) []mlatest.TopKSeqSpec
+	}
+	var cases []benchCase
+	for _, ctxLen := range []int{8 << 10, 64 << 10, 128 << 10, 1 << 20} {
+		kernels := topkKernels
+		if ctxLen > 64<<10 {
+			kernels = []string{"mma"}
+		}
 		for _, topk := range []int{512, 1024} {
-			bm.Run(fmt.Sprintf("ctx=%dK/topk=%d", ctxLen/1024, topk), func(bm *testing.B) {
-				r := rand.New(rand.NewPCG(uint64(ctxLen), uint64(topk)))
-				s := mlatest.TopKScenario{Name: "bench", TopK: topk, PageSize: 64, Seqs: topkDecode(r, 32, 3, ctxLen)}
-				c, err := mlatest.NewTopKCase(s, 7)
-				require.NoError(bm, err)
-				var bufs []mla.Buffer
-				alloc := func(data []byte) mla.Buffer {
-					buf, err := b.Alloc(len(data))
-					require.NoError(bm, err)
-					bufs = append(bufs, buf)
-					require.NoError(bm, b.Write(buf, 0, data))
-					return buf
-				}
-				defer func() {
-					for _, buf := range bufs {
-						_ = b.Free(buf)
-					}
-				}()
-				plan, err := c.Plan.Encode(&c.Shape)
-				require.NoError(bm, err)
-				a := &mla.TopKArgs{TopKShape: c.Shape}
-				a.Q, a.W, a.Cache, a.Plan = alloc(c.Q), alloc(c.W), alloc(c.Cache), alloc(plan)
-				a.Scratch = alloc(make([]byte, 4*c.Shape.ScratchEntries))
-				a.Out = alloc(make([]byte, 4*c.Shape.Rows*c.Shape.TopK))
-				ctx := context.Background()
-				entries, pairs := 0, 0
-				for _, q := range c.Plan.Seqs {
-					entries += mla.TopKVisible(q.Start + q.Rows - 1)
-					for i := range q.Rows {
-						pairs += mla.TopKVisible(q.Start + i)
-					}
-				}
-				const reps = 20
-				run := func() error {
-					for range reps {
-						if err := b.IndexerTopK(ctx, a); err != nil {
-							return err
+			cases = append(cases, benchCase{fmt.Sprintf("decode-b32-mtp3/ctx=%dK/topk=%d", ctxLen>>10, topk), topk, kernels,
+				func(r *rand.Rand) []mlatest.TopKSeqSpec { return topkDecode(r, 32, 3, ctxLen) }})
+		}
+	}
+	for _, topk := range []int{512, 1024} {
+		cases = append(cases, benchCase{fmt.Sprintf("prefill=16K/topk=%d", topk), topk, []string{"mma"},
+			func(*rand.Rand) []mlatest.TopKSeqSpec { return []mlatest.TopKSeqSpec{{Start: 0, Rows: 16 << 10}} }})
+	}
+	ctx := context.Background()
+	for _, bc := range cases {
+		r := rand.New(rand.NewPCG(uint64(len(bc.name)), uint64(bc.topk)))
+		s := mlatest.TopKScenario{Name: bc.name, TopK: bc.topk, PageSize: 64, Seqs: bc.seqs(r)}
+		c, err := mlatest.NewTopKCase(s, 7)
+		require.NoError(bm, err)
+		var bufs []mla.Buffer
+		alloc := func(data []byte) mla.Buffer {
+			buf, err := b.Alloc(len(data))
+			require.NoError(bm, err)
+			bufs = append(bufs, buf)
+			require.NoError(bm, b.Write(buf, 0, data))
+			return buf
+		}
+		plan, err := c.Plan.Encode(&c.Shape)
+		require.NoError(bm, err)
+		a := &mla.TopKArgs{TopKShape: c.Shape}
+		a.Q, a.W, a.Cache, a.Plan = alloc(c.Q), alloc(c.W), alloc(c.Cache), alloc(plan)
+		a.Scratch = alloc(make([]byte, 4*c.Shape.ScratchEntries))
+		a.Out = alloc(make([]byte, 4*c.Shape.Rows*c.Shape.TopK))
+		entries, pairs := 0, 0
+		for _, q := range c.Plan.Seqs {
+			entries += mla.TopKVisible(q.Start + q.Rows - 1)
+			for i := range q.Rows {
+				pairs += mla.TopKVisible(q.Start + i)
+			}
+		}
+		cacheFloor := float64(entries*mla.IndexerEntryBytes) / copyRate
+		mmaFloor := float64(pairs) * 64 * 128 * 2 / 1979e12
+		for _, kernel := range bc.kernels {
+			bm.Run(bc.name+"/"+kernel, func(bm *testing.B) {
+				b.SetTopKScore(kernel)
+				defer b.SetTopKScore("mma")
+				const reps = 10
+				timed := func(f func() error) float64 {
+					d, err := b.Time(ctx, func() error {
+						for range reps {
+							if err := f(); err != nil {
+								return err
+							}
 						}
-					}
-					return nil
-				}
-				require.NoError(bm, run()) // warm
-				bm.ResetTimer()
-				var best time.Duration
-				for i := 0; i < bm.N; i++ {
-					d, err := b.Time(ctx, run)
+						return nil
+					})
 					require.NoError(bm, err)
-					if i == 0 || d < best {
+					return d.Seconds() / reps
+				}
+				whole := func() error { return b.IndexerTopK(ctx, a) }
+				timed(whole) // warm
+				bm.ResetTimer()
+				best := 0.0
+				for i := 0; i < bm.N; i++ {
+					if d := timed(whole); i == 0 || d < best {
 						best = d
 					}
 				}
-				per := best.Seconds() / reps
-				cacheFloor := float64(entries*mla.IndexerEntryBytes) / copyRate
-				mmaFloor := float64(pairs) * 64 * 128 * 2 / 1979e12
-				bm.ReportMetric(per*1e6, "us/layer")
+				bm.StopTimer()
+				scoreT := timed(func() error { return b.TopKStage(ctx, a, true) })
+				selectT := timed(func() error { return b.TopKStage(ctx, a, false) })
+				bm.ReportMetric(best*1e6, "us/layer")
+				bm.ReportMetric(selectT*1e6, "us-select")
 				bm.ReportMetric(cacheFloor*1e6, "us-cache-floor")
 				bm.ReportMetric(mmaFloor*1e6, "us-int8-floor")
-				bm.Logf("ctx %d topk %d: %.1f us a layer (best of %d x %d calls); floors: cache %d bytes %.2f us, int8 MMA %.2f us (%d row-entry pairs)",
-					ctxLen, topk, per*1e6, bm.N, reps, entries*mla.IndexerEntryBytes, cacheFloor*1e6, mmaFloor*1e6, pairs)
+				bm.Logf("%s %s: %.1f us a layer (score alone %.1f, select alone %.1f); floors: cache %d bytes %.2f us, int8 %.2f us (%d row-entry pairs)",
+					bc.name, kernel, best*1e6, scoreT*1e6, selectT*1e6, entries*mla.IndexerEntryBytes, cacheFloor*1e6, mmaFloor*1e6, pairs)
 			})
+		}
+		for _, buf := range bufs {
+			_ = b.Free(buf)
 		}
 	}
 }
