@@ -3,6 +3,7 @@ package cuda_test
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"testing"
 	"time"
 
@@ -106,6 +107,103 @@ func BenchmarkCUDAIndexer(bm *testing.B) {
 			bm.ReportMetric(per*1e6, "us/layer")
 			bm.ReportMetric(moved/copyRate*1e6, "us-copy-floor")
 			bm.Logf("indexer keys %s: %d rows, %d entries, %.2f us a layer (floor %.2f us)", s.name, rows, len(cs.Plan.Jobs), per*1e6, moved/copyRate*1e6)
+		})
+	}
+}
+
+// BenchmarkCUDAIndexerGEMMs measures, for the engine's integration, the
+// indexer's GEMMs alone and fused with the layer's (DESIGN.md section 9):
+// V4-Flash's wq_b (64 heads: N = 32768, K = 1024) and the indexer's wq_b
+// (N = 8192) as two FP8 GEMMs against one [wq_b; indexer wq_b]; the
+// ratio-4 compressor's projection (N = 2048, K = 4096), the indexer
+// compressor's (N = 512) and weights_proj (N = 64) as three bf16 GEMMs
+// against one. Rows 128 (b = 32 MTP 3) and 4096; back to back in CUDA
+// graphs of 20 calls, the best of b.N replays.
+func BenchmarkCUDAIndexerGEMMs(bm *testing.B) {
+	if err := cuda.Available(); err != nil {
+		bm.Skipf("CUDA backend unavailable: %v", err)
+	}
+	b, err := cuda.New(cuda.Options{})
+	require.NoError(bm, err)
+	defer b.Close()
+	require.NoError(bm, b.InitGEMM())
+	ctx := context.Background()
+	const reps = 20
+	timeGraph := func(bm *testing.B, fs ...func() error) float64 {
+		g, err := b.Capture(func() error {
+			for range reps {
+				for _, f := range fs {
+					if err := f(); err != nil {
+						return err
+					}
+				}
+			}
+			return nil
+		})
+		require.NoError(bm, err)
+		defer g.Close()
+		require.NoError(bm, g.Launch())
+		var best time.Duration
+		for i := 0; i < max(bm.N, 3); i++ {
+			d, err := b.Time(ctx, g.Launch)
+			require.NoError(bm, err)
+			if i == 0 || d < best {
+				best = d
+			}
+		}
+		return best.Seconds() / reps * 1e6
+	}
+	r := rand.New(rand.NewPCG(5, 6))
+	for _, m := range []int{128, 4096} {
+		bm.Run(fmt.Sprintf("fp8-wq_b/m%d", m), func(bm *testing.B) {
+			x, err := mlatest.UploadActivations(b, mlatest.RandomActivations(r, m, 1024, m))
+			require.NoError(bm, err)
+			defer mlatest.FreeGEMMBuffers(b, &mla.FP8Weight{}, x)
+			gemm := func(n int) (func() error, func()) {
+				w, err := mlatest.UploadFP8Weight(b, mlatest.RandomFP8Weight(r, n, 1024))
+				require.NoError(bm, err)
+				y, err := b.Alloc(2 * m * n)
+				require.NoError(bm, err)
+				args := &mla.GEMMArgs{X: x, W: w, Y: y, YStride: n}
+				require.NoError(bm, b.GEMM(ctx, args))
+				return func() error { return b.GEMM(ctx, args) }, func() { _ = b.Free(y); mlatest.FreeGEMMBuffers(b, w, mla.FP8Activations{}) }
+			}
+			main, f1 := gemm(32768)
+			defer f1()
+			idx, f2 := gemm(8192)
+			defer f2()
+			fused, f3 := gemm(32768 + 8192)
+			defer f3()
+			alone, both, one := timeGraph(bm, main), timeGraph(bm, main, idx), timeGraph(bm, fused)
+			bm.ReportMetric(both-alone, "us-added-two")
+			bm.ReportMetric(one-alone, "us-added-fused")
+			bm.Logf("m %d: wq_b %.1f us; + indexer wq_b as a second GEMM %.1f us (+%.1f); fused [wq_b; indexer wq_b] %.1f us (+%.1f)",
+				m, alone, both, both-alone, one, one-alone)
+		})
+		bm.Run(fmt.Sprintf("bf16-projections/m%d", m), func(bm *testing.B) {
+			gemm := func(n int) (func() error, func()) {
+				c := mlatest.BF16GEMMCase{Rows: m, N: n, K: 4096}
+				x, w, err := mlatest.UploadBF16Operands(b, mlatest.RandomBF16Operands(r, c), 0)
+				require.NoError(bm, err)
+				y, err := b.Alloc(mlatest.BF16GEMMYBytes(c))
+				require.NoError(bm, err)
+				args := mlatest.BF16GEMMArgs(c, x, w, y)
+				require.NoError(bm, b.BF16GEMM(ctx, args))
+				return func() error { return b.BF16GEMM(ctx, args) }, func() { _ = b.Free(x); _ = b.Free(w); _ = b.Free(y) }
+			}
+			comp, f1 := gemm(2048)
+			defer f1()
+			icomp, f2 := gemm(512)
+			defer f2()
+			wproj, f3 := gemm(64)
+			defer f3()
+			fused, f4 := gemm(2048 + 512 + 64)
+			defer f4()
+			alone, three, one := timeGraph(bm, comp), timeGraph(bm, comp, icomp, wproj), timeGraph(bm, fused)
+			bm.ReportMetric(three-alone, "us-added-three")
+			bm.ReportMetric(one-alone, "us-added-fused")
+			bm.Logf("m %d: compressor projection %.1f us; + indexer compressor and weights_proj as two more GEMMs %.1f us (+%.1f); one fused GEMM %.1f us (+%.1f)",
+				m, alone, three, three-alone, one, one-alone)
 		})
 	}
 }
