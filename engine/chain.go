@@ -71,15 +71,25 @@ func (c Config) resolveChain() (Config, error) {
 		c.HeadEnd = h
 	}
 	if c.HeadBegin < 0 || c.HeadEnd > h || c.HeadBegin >= c.HeadEnd {
-		return c, fmt.Errorf("engine: Config.HeadBegin, HeadEnd = %d, %d: want 0 <= HeadBegin < HeadEnd <= %d heads (0, 0 for all)",
+		field := "HeadEnd"
+		if c.HeadBegin < 0 || c.HeadBegin >= h {
+			field = "HeadBegin"
+		}
+		return c, fieldError(field, "HeadBegin, HeadEnd = %d, %d: want 0 <= HeadBegin < HeadEnd <= %d heads (0, 0 for all)",
 			c.HeadBegin, c.HeadEnd, h)
 	}
 	switch c.Input {
 	case InputProjected:
 		if c.Checkpoint != "" {
-			return c, fmt.Errorf("engine: Config.Checkpoint = %q needs Config.Input = hidden (the projected path takes the projections' outputs, not weights)", c.Checkpoint)
+			return c, fieldError("Checkpoint", "%q needs Config.Input = hidden (the projected path takes the projections' outputs, not weights)", c.Checkpoint)
 		}
 	case InputHidden:
+		switch {
+		case c.Checkpoint == "" && c.SyntheticWeights == nil:
+			return c, &ConfigError{Field: "Checkpoint", Err: fmt.Errorf("empty with Config.Input = hidden: %w", ErrNoWeights)}
+		case c.Checkpoint != "" && c.SyntheticWeights != nil:
+			return c, fieldError("SyntheticWeights", "set with Config.Checkpoint = %q: the engine runs on one or the other", c.Checkpoint)
+		}
 		if c.Model.HiddenSize <= 0 || c.Model.HiddenSize%numerics.ActQuantBlockSize != 0 {
 			return c, fmt.Errorf("engine: Config.Model hidden_size = %d: the chain quantizes hidden rows in blocks of %d, so it must be a positive multiple of %d",
 				c.Model.HiddenSize, numerics.ActQuantBlockSize, numerics.ActQuantBlockSize)
@@ -89,7 +99,7 @@ func (c Config) resolveChain() (Config, error) {
 				c.Model.QLoraRank, numerics.ActQuantBlockSize, numerics.ActQuantBlockSize)
 		}
 	default:
-		return c, fmt.Errorf("engine: Config.Input = %v is unknown", c.Input)
+		return c, fieldError("Input", "%v is unknown", c.Input)
 	}
 	return c, nil
 }

@@ -30,12 +30,13 @@ func chainModel() dsv4.Config {
 
 func chainConfig(m dsv4.Config) engine.Config {
 	return engine.Config{
-		Model:     m,
-		Cache:     kvcache.Config{PageSize: 16, NumPages: 32},
-		Backend:   engine.BackendCPU,
-		Input:     engine.InputHidden,
-		MaxSeqs:   8,
-		MaxTokens: 160,
+		SyntheticWeights: &engine.SyntheticWeights{},
+		Model:            m,
+		Cache:            kvcache.Config{PageSize: 16, NumPages: 32},
+		Backend:          engine.BackendCPU,
+		Input:            engine.InputHidden,
+		MaxSeqs:          8,
+		MaxTokens:        160,
 	}
 }
 
@@ -172,7 +173,7 @@ func TestChainCheckpoint(t *testing.T) {
 			dir := t.TempDir()
 			require.NoError(t, weights.WriteSynthetic(dir, &model, seed, weights.SyntheticOptions{ScaleFormat: tc.format, Naming: tc.naming}))
 			cfg := chainConfig(model)
-			cfg.Checkpoint = dir
+			cfg.Checkpoint, cfg.SyntheticWeights = dir, nil
 			e := newEngine(t, cfg)
 			ck, err := weights.Load(dir, nil, weights.LoadOptions{MTP: true})
 			require.NoError(t, err)
@@ -235,7 +236,7 @@ func TestChainHeadShards(t *testing.T) {
 	model.NumLayers, model.NumMTPLayers, model.CompressRatios = 2, 0, []int{0, 4}
 	newCfg := func(h0, h1 int) engine.Config {
 		c := chainConfig(model)
-		c.WeightSeed = seed
+		c.SyntheticWeights = &engine.SyntheticWeights{Seed: seed}
 		c.HeadBegin, c.HeadEnd = h0, h1
 		return c
 	}
@@ -306,16 +307,19 @@ func TestChainRefusals(t *testing.T) {
 		edit func(*engine.Config)
 		want string
 	}{
-		{"checkpoint hidden_size", func(c *engine.Config) { c.Model = wider; c.Checkpoint = dir }, "hidden_size = 256 in " + dir},
-		{"checkpoint heads", func(c *engine.Config) { c.Model.NumHeads = 8; c.Checkpoint = dir }, "num_attention_heads = 4"},
-		{"checkpoint q_lora_rank", func(c *engine.Config) { c.Model.QLoraRank = 128; c.Checkpoint = dir }, "q_lora_rank = 256"},
-		{"checkpoint missing", func(c *engine.Config) { c.Checkpoint = dir + "/nope" }, "Config.Checkpoint"},
-		{"checkpoint on the projected path", func(c *engine.Config) { c.Input = engine.InputProjected; c.Checkpoint = dir }, "needs Config.Input = hidden"},
-		{"head range reversed", func(c *engine.Config) { c.HeadBegin, c.HeadEnd = 3, 1 }, "Config.HeadBegin, HeadEnd = 3, 1"},
+		{"checkpoint hidden_size", func(c *engine.Config) { c.Model = wider; c.Checkpoint, c.SyntheticWeights = dir, nil }, "hidden_size = 256 in " + dir},
+		{"checkpoint heads", func(c *engine.Config) { c.Model.NumHeads = 8; c.Checkpoint, c.SyntheticWeights = dir, nil }, "num_attention_heads = 4"},
+		{"checkpoint q_lora_rank", func(c *engine.Config) { c.Model.QLoraRank = 128; c.Checkpoint, c.SyntheticWeights = dir, nil }, "q_lora_rank = 256"},
+		{"checkpoint missing", func(c *engine.Config) { c.Checkpoint, c.SyntheticWeights = dir+"/nope", nil }, "Config.Checkpoint"},
+		{"checkpoint on the projected path", func(c *engine.Config) { c.Input = engine.InputProjected; c.Checkpoint, c.SyntheticWeights = dir, nil }, "needs Config.Input = hidden"},
+		{"head range reversed", func(c *engine.Config) { c.HeadBegin, c.HeadEnd = 3, 1 }, "Config.HeadEnd: HeadBegin, HeadEnd = 3, 1"},
+		{"head range begins past the heads", func(c *engine.Config) { c.HeadBegin, c.HeadEnd = 4, 5 }, "Config.HeadBegin: HeadBegin, HeadEnd = 4, 5"},
+		{"no weights", func(c *engine.Config) { c.SyntheticWeights = nil }, "engine: Config.Checkpoint: empty with Config.Input = hidden: no weights: set Config.Checkpoint"},
+		{"checkpoint and synthetic weights", func(c *engine.Config) { c.Checkpoint = dir }, "Config.SyntheticWeights: set with Config.Checkpoint"},
 		{"head range past the heads", func(c *engine.Config) { c.HeadBegin, c.HeadEnd = 2, 5 }, "HeadEnd <= 4 heads"},
 		{"hidden not a multiple of 128", func(c *engine.Config) { c.Model.HiddenSize = 200 }, "hidden_size = 200"},
 		{"q_lora_rank not a multiple of 128", func(c *engine.Config) { c.Model.QLoraRank = 200 }, "q_lora_rank = 200"},
-		{"unknown input", func(c *engine.Config) { c.Input = 7 }, "Config.Input = InputMode(7)"},
+		{"unknown input", func(c *engine.Config) { c.Input = 7 }, "Config.Input: InputMode(7) is unknown"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := chainConfig(model)

@@ -3,7 +3,6 @@ package engine
 import (
 	"context"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -154,14 +153,16 @@ func (m SequenceMemory) Total() int64 {
 // iterations, in whole pages, for a server's scheduler: SWA pages (with a
 // window, at most ceil(W/P)+1 per layer), compressed pages per ratio and
 // the compressor states: the sum of the cache model's rows
-// (Config.CacheLayout).
+// (Config.CacheLayout). A length past the model's max_position_embeddings
+// is refused (kvcache.ErrPositionOutOfRange): no sequence gets there.
 func (c Config) SequenceMemory(length int) (SequenceMemory, error) {
 	r, err := c.resolve(false)
 	if err != nil {
 		return SequenceMemory{}, err
 	}
-	if length < 0 {
-		return SequenceMemory{}, fmt.Errorf("engine: SequenceMemory: length %d is negative", length)
+	if length < 0 || length > r.Model.MaxPositionEmbeddings {
+		return SequenceMemory{}, fmt.Errorf("engine: SequenceMemory: length %d: %w (want [0, %d], max_position_embeddings)",
+			length, kvcache.ErrPositionOutOfRange, r.Model.MaxPositionEmbeddings)
 	}
 	m := SequenceMemory{Length: length, Ratio: map[int]int64{}}
 	layout := r.cacheLayout()
@@ -285,10 +286,10 @@ type compLayer struct {
 	pool    mla.Buffer        // the compressed pool
 }
 
-// DefaultCompressorNorm is a compressed layer's entry RMSNorm weight on the
-// projected path until SetCompressorNorm replaces it: DefaultLayerWeight's
+// SyntheticCompressorNorm is a compressed layer's entry RMSNorm weight on
+// the projected path with Config.SyntheticWeights: SyntheticLayerWeight's
 // recipe on its own stream, (seed, layer + 2^32).
-func DefaultCompressorNorm(seed uint64, layer int) []float32 {
+func SyntheticCompressorNorm(seed uint64, layer int) []float32 {
 	rng := rand.New(rand.NewPCG(seed, uint64(layer)+1<<32))
 	w := make([]float32, numerics.HeadDim)
 	for i := range w {
@@ -349,7 +350,10 @@ func (e *Engine) newCompressor(alloc func(what string, n int, fill byte) (mla.Bu
 		if compressor.Overlap(r) == 0 {
 			continue
 		}
-		cl := &compLayer{ratio: r, norm: DefaultCompressorNorm(cfg.WeightSeed, l)}
+		cl := &compLayer{ratio: r}
+		if cfg.SyntheticWeights != nil {
+			cl.norm = SyntheticCompressorNorm(cfg.SyntheticWeights.Seed, l)
+		}
 		w := compressor.Overlap(r) * compressor.Dim
 		if proj != nil {
 			p, norm, err := proj(l)
@@ -366,11 +370,18 @@ func (e *Engine) newCompressor(alloc func(what string, n int, fill byte) (mla.Bu
 				return err
 			}
 		}
-		if err := cl.build(cfg, e.ropeHost[e.layerRope[l]]); err != nil {
-			return fmt.Errorf("engine: layer %d compressor: %w", l, err)
-		}
-		if cl.normBuf, err = e.upload(alloc, fmt.Sprintf("layer %d compressor norm weight", l), numerics.F32Bytes(cl.norm)); err != nil {
-			return err
+		if cl.norm == nil { // the projected path: SetCompressorNorm sets it
+			e.unset++
+			if cl.normBuf, err = alloc(fmt.Sprintf("layer %d compressor norm weight", l), numerics.HeadDim*4, 0); err != nil {
+				return err
+			}
+		} else {
+			if err := cl.build(cfg, e.ropeHost[e.layerRope[l]]); err != nil {
+				return fmt.Errorf("engine: layer %d compressor: %w", l, err)
+			}
+			if cl.normBuf, err = e.upload(alloc, fmt.Sprintf("layer %d compressor norm weight", l), numerics.F32Bytes(cl.norm)); err != nil {
+				return err
+			}
 		}
 		pages := c.cfg.pagesFor(r)
 		if cl.pool, err = alloc(fmt.Sprintf("layer %d ratio-%d compressed pool", l, r), pages*kvcache.FormatFP8UE8M0.PageBytes(CompressedPageSize), 0); err != nil {
@@ -419,7 +430,7 @@ func (cl *compLayer) build(cfg Config, t *dsv4.RopeTable) error {
 }
 
 // width is the values of one K or G row.
-func (cl *compLayer) width() int { return cl.comp.Width() }
+func (cl *compLayer) width() int { return compressor.Overlap(cl.ratio) * compressor.Dim }
 
 // SetCompressorNorm replaces a compressed layer's entry RMSNorm weight
 // (compressor.norm.weight, 512 values). It must not run while an
@@ -441,17 +452,38 @@ func (e *Engine) SetCompressorNorm(layer int, w []float32) error {
 	if len(w) != numerics.HeadDim {
 		return fmt.Errorf("engine: SetCompressorNorm(%d): weight has %d values, want %d", layer, len(w), numerics.HeadDim)
 	}
-	old := cl.norm
+	old, oldComp := cl.norm, cl.comp
 	cl.norm = slices.Clone(w)
 	if err := cl.build(e.cfg, e.ropeHost[e.layerRope[layer]]); err != nil {
-		cl.norm = old
+		cl.norm, cl.comp = old, oldComp
 		return fmt.Errorf("engine: SetCompressorNorm(%d): %w", layer, err)
 	}
 	if err := e.backend.Write(cl.normBuf, 0, numerics.F32Bytes(cl.norm)); err != nil {
-		cl.norm = old
-		return errors.Join(fmt.Errorf("engine: SetCompressorNorm(%d): %w", layer, err), cl.build(e.cfg, e.ropeHost[e.layerRope[layer]]))
+		cl.norm, cl.comp = old, oldComp
+		return fmt.Errorf("engine: SetCompressorNorm(%d): %w", layer, err)
+	}
+	if old == nil && e.unset > 0 {
+		e.unset--
 	}
 	return nil
+}
+
+// CompressorNorm returns a copy of a compressed layer's entry RMSNorm
+// weight (compressor.norm.weight, 512 values) as the engine holds it: the
+// checkpoint's, the synthetic one, or SetCompressorNorm's. One never set
+// is an error wrapping ErrNoWeights.
+func (d Debug) CompressorNorm(layer int) ([]float32, error) {
+	e := d.e
+	cl, err := e.compLayer(layer)
+	if err != nil {
+		return nil, err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if cl.norm == nil {
+		return nil, fmt.Errorf("engine: layer %d compressor norm weight: %w", layer, ErrNoWeights)
+	}
+	return slices.Clone(cl.norm), nil
 }
 
 // compLayer returns a layer's compressor or says why there is none.

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -76,9 +77,17 @@ type Config struct {
 	// metadata.DefaultSchedulerParams.
 	Scheduler metadata.SchedulerParams
 
-	// WeightSeed seeds the default kv_a_layernorm weights (see
-	// DefaultLayerWeight) until SetLayerWeight replaces them.
-	WeightSeed uint64
+	// SyntheticWeights, when set, gives the engine generated weights
+	// instead of a model's: every layer's kv_a_layernorm and compressor
+	// norm weight (SyntheticLayerWeight, SyntheticCompressorNorm) and, with
+	// Input = hidden, the chain's and the compressor's projections
+	// (weights.SyntheticLayer, the synthetic checkpoint writer's
+	// generator), all from its Seed. It is for tests, benchmarks and
+	// demos. Nil (the zero value) means real weights: Checkpoint on the
+	// hidden-state path (New refuses an engine with neither, ErrNoWeights),
+	// SetLayerWeight and SetCompressorNorm on the projected path (Begin
+	// refuses to run before every layer has them, ErrNoWeights).
+	SyntheticWeights *SyntheticWeights
 
 	// UseGraphs runs generation-only iterations through CUDA graphs when the
 	// backend can capture them (mla.GraphCapturer): such a batch is padded
@@ -111,9 +120,9 @@ type Config struct {
 	Input InputMode
 	// Checkpoint is a DeepSeek-V4 checkpoint directory whose attention
 	// weights the hidden-state chain runs on (read for the engine's layers
-	// and head range only, checked against Model); empty = synthetic
-	// weights from WeightSeed, generated in memory like the synthetic
-	// checkpoint writer's (package weights).
+	// and head range only, checked against Model). Empty on the
+	// hidden-state path is refused (ErrNoWeights) unless SyntheticWeights
+	// asks for generated weights instead.
 	Checkpoint string
 	// HeadBegin and HeadEnd are the Q heads [HeadBegin, HeadEnd) this
 	// engine computes, for head-sharded tensor parallelism: only those
@@ -124,12 +133,28 @@ type Config struct {
 	HeadBegin, HeadEnd int
 }
 
-// DefaultLayerWeight is the kv_a_layernorm weight a layer gets until
-// SetLayerWeight replaces it: w[i] = bf16(1 + (u_i - 0.5)/4), u_i the i-th
-// Float64 of math/rand/v2's PCG seeded with (seed, layer). Values lie in
-// [0.875, 1.125], near 1 like a trained RMSNorm weight, and are bf16 values
-// as a checkpoint stores them.
-func DefaultLayerWeight(seed uint64, layer int) []float32 {
+// SyntheticWeights asks for generated weights (Config.SyntheticWeights).
+type SyntheticWeights struct {
+	// Seed seeds every generator; the same seed gives the same weights,
+	// and the hidden-state path's are those of a synthetic checkpoint
+	// written with it (cmd/mkcheckpoint).
+	Seed uint64
+}
+
+// ErrNoWeights: the engine has no weights to run on and was not asked for
+// synthetic ones. New returns it (in a *ConfigError for Checkpoint) for a
+// hidden-state engine with neither Checkpoint nor SyntheticWeights; Begin
+// returns it on the projected path while a layer's kv_a_layernorm or
+// compressor norm weight was never set.
+var ErrNoWeights = errors.New("no weights: set Config.Checkpoint (the hidden-state path) or call SetLayerWeight and SetCompressorNorm (the projected path), or ask for Config.SyntheticWeights")
+
+// SyntheticLayerWeight is the kv_a_layernorm weight of a layer with
+// Config.SyntheticWeights (on the projected path; the hidden-state path
+// takes the synthetic checkpoint's kv_norm): w[i] = bf16(1 + (u_i -
+// 0.5)/4), u_i the i-th Float64 of math/rand/v2's PCG seeded with (seed,
+// layer). Values lie in [0.875, 1.125], near 1 like a trained RMSNorm
+// weight, and are bf16 values as a checkpoint stores them.
+func SyntheticLayerWeight(seed uint64, layer int) []float32 {
 	rng := rand.New(rand.NewPCG(seed, uint64(layer)))
 	w := make([]float32, numerics.HeadDim)
 	for i := range w {

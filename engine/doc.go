@@ -13,7 +13,7 @@
 //
 // With Config.Input = InputHidden the engine starts from the hidden states
 // instead (DESIGN.md section 7): it holds each layer's attention weights
-// (Config.Checkpoint, or synthetic ones from WeightSeed), the server calls
+// (Config.Checkpoint, or synthetic ones when Config.SyntheticWeights asks), the server calls
 // it.SetHidden(layer, rows) (or writes HiddenInput on the device), and
 // RunLayer runs act_quant, the fused [wq_a; wkv] GEMM, q_norm, the wq_b
 // GEMM and the prologue, the KV side on a second stream where the backend

@@ -79,8 +79,12 @@ type Engine struct {
 	capturer    mla.GraphCapturer      // nil unless UseGraphs and the backend captures graphs
 	graphs      map[graphKey]mla.Graph // captured per (layer, bucket); replayed by graph iterations
 
-	mu         sync.Mutex
-	weights    [][]float32 // host copies of the kv_a_layernorm weights
+	mu      sync.Mutex
+	weights [][]float32 // host copies of the kv_a_layernorm weights (nil: never set)
+	// unset counts the kv_a_layernorm and compressor norm weights never
+	// set (the projected path without SyntheticWeights): Begin refuses
+	// while it is not 0 (ErrNoWeights).
+	unset      int
 	open       *Iteration
 	deferred   []uint64 // Finish calls waiting for the open iteration to end
 	closed     bool
@@ -110,8 +114,9 @@ type graphKey struct{ layer, rows int }
 
 // New opens the backend and allocates, once, everything an iteration uses:
 // one zeroed KV cache pool per layer, the fixed-address metadata buffer,
-// one RoPE table per kind the layers use, the kv_a_layernorm weights
-// (DefaultLayerWeight until SetLayerWeight), the input buffers and the Q
+// one RoPE table per kind the layers use, the kv_a_layernorm weights (the
+// checkpoint's, the synthetic ones, or set later by SetLayerWeight), the
+// input buffers and the Q
 // output buffer. Nothing is allocated later, so buffer addresses never
 // change.
 func New(ctx context.Context, cfg Config) (_ *Engine, err error) {
@@ -196,7 +201,11 @@ func New(ctx context.Context, cfg Config) (_ *Engine, err error) {
 			return nil, err
 		}
 		e.weightBufs = append(e.weightBufs, buf)
-		if err := e.setLayerWeight(l, DefaultLayerWeight(cfg.WeightSeed, l)); err != nil {
+		if cfg.SyntheticWeights == nil || cfg.Input == InputHidden {
+			e.unset++ // the weights' kv_norm (newChain), or SetLayerWeight
+			continue
+		}
+		if err := e.setLayerWeight(l, SyntheticLayerWeight(cfg.SyntheticWeights.Seed, l)); err != nil {
 			return nil, err
 		}
 	}
@@ -363,11 +372,15 @@ func (e *Engine) setLayerWeight(layer int, w []float32) error {
 	if err := e.backend.Write(e.weightBufs[layer], 0, numerics.F32Bytes(w)); err != nil {
 		return fmt.Errorf("engine: uploading layer %d kv_a_layernorm weight: %w", layer, err)
 	}
+	if e.weights[layer] == nil && e.unset > 0 {
+		e.unset--
+	}
 	e.weights[layer] = append([]float32(nil), w...)
 	return nil
 }
 
-// LayerWeight returns a copy of a layer's kv_a_layernorm weight.
+// LayerWeight returns a copy of a layer's kv_a_layernorm weight; one never
+// set is an error wrapping ErrNoWeights.
 func (d Debug) LayerWeight(layer int) ([]float32, error) {
 	e := d.e
 	if err := e.checkLayer(layer); err != nil {
@@ -375,7 +388,28 @@ func (d Debug) LayerWeight(layer int) ([]float32, error) {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	if e.weights[layer] == nil {
+		return nil, fmt.Errorf("engine: layer %d kv_a_layernorm weight: %w", layer, ErrNoWeights)
+	}
 	return append([]float32(nil), e.weights[layer]...), nil
+}
+
+// missingWeight names the first weight never set (e.unset > 0), for
+// Begin's refusal. Called with e.mu held.
+func (e *Engine) missingWeight() error {
+	for l, w := range e.weights {
+		if w == nil {
+			return fmt.Errorf("engine: Begin: layer %d kv_a_layernorm weight was never set (SetLayerWeight): %w", l, ErrNoWeights)
+		}
+	}
+	if e.comp != nil {
+		for l, cl := range e.comp.layers {
+			if cl != nil && cl.norm == nil {
+				return fmt.Errorf("engine: Begin: layer %d compressor norm weight was never set (SetCompressorNorm): %w", l, ErrNoWeights)
+			}
+		}
+	}
+	return fmt.Errorf("engine: Begin: %w", ErrNoWeights)
 }
 
 func (e *Engine) checkLayer(layer int) error {
@@ -517,6 +551,8 @@ func (e *Engine) Begin(ctx context.Context, reqs []metadata.Request) (_ *Iterati
 		return nil, fmt.Errorf("engine: Begin: iteration %d is neither ended nor aborted: %w", e.open.index, ErrIterationOpen)
 	case len(reqs) > e.cfg.MaxSeqs:
 		return nil, fmt.Errorf("%w: Begin: batch of %d sequences, more than MaxSeqs = %d", ErrBatchTooLarge, len(reqs), e.cfg.MaxSeqs)
+	case e.unset > 0:
+		return nil, e.missingWeight()
 	}
 	tokens, generationOnly := e.lookupBatch(reqs)
 	params := e.params

@@ -118,7 +118,7 @@ func TestLayersReadTheirOwnInputs(t *testing.T) {
 		if l == 1 {
 			require.Equal(t, custom, w)
 		} else {
-			require.Equal(t, engine.DefaultLayerWeight(0, l), w)
+			require.Equal(t, engine.SyntheticLayerWeight(0, l), w)
 		}
 		table, err := e.Debug().RopeTable(l)
 		require.NoError(t, err)
@@ -580,9 +580,9 @@ func TestRopeModeReachesTables(t *testing.T) {
 	require.EqualError(t, err, "engine: Config.RopeMode = RopeMode(7) is unknown (want reference or exact)")
 }
 
-func TestDefaultLayerWeight(t *testing.T) {
-	a, b := engine.DefaultLayerWeight(7, 3), engine.DefaultLayerWeight(7, 4)
-	require.Equal(t, a, engine.DefaultLayerWeight(7, 3), "deterministic")
+func TestSyntheticLayerWeight(t *testing.T) {
+	a, b := engine.SyntheticLayerWeight(7, 3), engine.SyntheticLayerWeight(7, 4)
+	require.Equal(t, a, engine.SyntheticLayerWeight(7, 3), "deterministic")
 	require.NotEqual(t, a, b, "layers differ")
 	for _, v := range append(a, b...) {
 		require.GreaterOrEqual(t, v, float32(0.875))
@@ -704,7 +704,8 @@ func BenchmarkDecodeIteration(b *testing.B) {
 		b.Run(fmt.Sprintf("flash/streams=%d/mtp=3", streams), func(b *testing.B) {
 			rng := rand.New(rand.NewPCG(1, 2))
 			cfg := engine.Config{
-				Model: dsv4.Flash(), Cache: kvcache.Config{PageSize: 64, NumPages: 1024},
+				SyntheticWeights: &engine.SyntheticWeights{},
+				Model:            dsv4.Flash(), Cache: kvcache.Config{PageSize: 64, NumPages: 1024},
 				Backend: engine.BackendCPU, Layers: 1, MaxSeqs: streams, MaxTokens: 4 * streams,
 			}
 			e := newEngine(b, cfg)

@@ -25,16 +25,16 @@ func Example_hiddenStates() {
 	model := weights.TinyConfig() // hidden 256, q_lora_rank 256
 	model.NumHeads = 4
 	e, err := engine.New(ctx, engine.Config{
-		Model:      model,
-		Cache:      kvcache.Config{PageSize: 64, NumPages: 8},
-		Backend:    engine.BackendCPU,
-		Input:      engine.InputHidden,
-		WeightSeed: 42,
-		HeadBegin:  2,
-		HeadEnd:    4,
-		Layers:     2,
-		MaxSeqs:    4,
-		MaxTokens:  64,
+		Model:            model,
+		Cache:            kvcache.Config{PageSize: 64, NumPages: 8},
+		Backend:          engine.BackendCPU,
+		Input:            engine.InputHidden,
+		SyntheticWeights: &engine.SyntheticWeights{Seed: 42},
+		HeadBegin:        2,
+		HeadEnd:          4,
+		Layers:           2,
+		MaxSeqs:          4,
+		MaxTokens:        64,
 	})
 	if err != nil {
 		fmt.Println(err)

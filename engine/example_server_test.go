@@ -43,15 +43,17 @@ func (r *serverRequest) length() int { return r.prefilled + r.output }
 func Example_server() {
 	ctx := context.Background()
 	e, err := engine.New(ctx, engine.Config{
-		Model:         weights.TinyConfig(), // hidden 256: small GEMMs
-		Cache:         kvcache.Config{PageSize: 16, NumPages: 48, Window: kvcache.DSv4Window},
-		Backend:       engine.BackendCPU,
-		Input:         engine.InputHidden, // synthetic weights from WeightSeed (Checkpoint names a real one)
-		WeightSeed:    7,
-		Compressor:    engine.CompressorConfig{Enabled: true, Ratio4Pages: 6, Ratio128Pages: 2},
-		MaxSeqs:       4,
-		MaxTokens:     128,
-		RopePositions: 2048,
+		Model:   weights.TinyConfig(), // hidden 256: small GEMMs
+		Cache:   kvcache.Config{PageSize: 16, NumPages: 48, Window: kvcache.DSv4Window},
+		Backend: engine.BackendCPU,
+		Input:   engine.InputHidden,
+		// A server names its checkpoint (Checkpoint); an example asks for
+		// synthetic weights by name.
+		SyntheticWeights: &engine.SyntheticWeights{Seed: 7},
+		Compressor:       engine.CompressorConfig{Enabled: true, Ratio4Pages: 6, Ratio128Pages: 2},
+		MaxSeqs:          4,
+		MaxTokens:        128,
+		RopePositions:    2048,
 	})
 	if err != nil {
 		fmt.Println(err)

@@ -20,12 +20,13 @@ import (
 func Example() {
 	ctx := context.Background()
 	e, err := engine.New(ctx, engine.Config{
-		Model:     dsv4.Flash(),
-		Cache:     kvcache.Config{Format: kvcache.FormatFP8UE8M0, PageSize: 64, NumPages: 16},
-		Backend:   engine.BackendCPU,
-		Layers:    2,
-		MaxSeqs:   4,
-		MaxTokens: 64,
+		SyntheticWeights: &engine.SyntheticWeights{},
+		Model:            dsv4.Flash(),
+		Cache:            kvcache.Config{Format: kvcache.FormatFP8UE8M0, PageSize: 64, NumPages: 16},
+		Backend:          engine.BackendCPU,
+		Layers:           2,
+		MaxSeqs:          4,
+		MaxTokens:        64,
 	})
 	if err != nil {
 		fmt.Println(err)
@@ -100,11 +101,12 @@ func Example() {
 // with the size and the field to change.
 func ExampleConfig_Footprint() {
 	cfg := engine.Config{
-		Model:     dsv4.Flash(),
-		Cache:     kvcache.Config{PageSize: 64, NumPages: 1024},
-		Backend:   engine.BackendCPU,
-		Layers:    2,
-		MaxTokens: 4096,
+		SyntheticWeights: &engine.SyntheticWeights{},
+		Model:            dsv4.Flash(),
+		Cache:            kvcache.Config{PageSize: 64, NumPages: 1024},
+		Backend:          engine.BackendCPU,
+		Layers:           2,
+		MaxTokens:        4096,
 	}
 	fp, err := cfg.Footprint()
 	if err != nil {
@@ -132,7 +134,8 @@ func ExampleIteration_Accept() {
 	m := dsv4.Flash()
 	m.NumHeads = 1
 	e, err := engine.New(ctx, engine.Config{
-		Model: m, Backend: engine.BackendCPU, Layers: 1, MaxSeqs: 2, MaxTokens: 300,
+		SyntheticWeights: &engine.SyntheticWeights{},
+		Model:            m, Backend: engine.BackendCPU, Layers: 1, MaxSeqs: 2, MaxTokens: 300,
 		Cache: kvcache.Config{PageSize: 64, NumPages: 16, Window: kvcache.DSv4Window},
 	})
 	if err != nil {

@@ -40,12 +40,13 @@ func smallModel() dsv4.Config {
 
 func smallConfig() engine.Config {
 	return engine.Config{
-		Model:     smallModel(),
-		Cache:     kvcache.Config{PageSize: 16, NumPages: 32},
-		Backend:   engine.BackendCPU,
-		Layers:    3, // layers 0, 1 plain RoPE; layer 2 YaRN
-		MaxSeqs:   8,
-		MaxTokens: 256,
+		SyntheticWeights: &engine.SyntheticWeights{},
+		Model:            smallModel(),
+		Cache:            kvcache.Config{PageSize: 16, NumPages: 32},
+		Backend:          engine.BackendCPU,
+		Layers:           3, // layers 0, 1 plain RoPE; layer 2 YaRN
+		MaxSeqs:          8,
+		MaxTokens:        256,
 	}
 }
 

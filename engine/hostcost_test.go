@@ -70,14 +70,15 @@ func BenchmarkBegin(b *testing.B) {
 				const refill = 64
 				perSeq := (prefill+refill*(1+mtp))/pageSize + 2
 				cfg := engine.Config{
-					Model:         smallModel(),
-					Cache:         kvcache.Config{Format: kvcache.FormatFP8UE8M0, PageSize: pageSize, NumPages: nb * perSeq},
-					Backend:       hostOnlyName,
-					Layers:        1,
-					MaxSeqs:       nb,
-					MaxTokens:     max(nb*(1+mtp), prefill),
-					RopePositions: perSeq * pageSize,
-					UseGraphs:     true,
+					SyntheticWeights: &engine.SyntheticWeights{},
+					Model:            smallModel(),
+					Cache:            kvcache.Config{Format: kvcache.FormatFP8UE8M0, PageSize: pageSize, NumPages: nb * perSeq},
+					Backend:          hostOnlyName,
+					Layers:           1,
+					MaxSeqs:          nb,
+					MaxTokens:        max(nb*(1+mtp), prefill),
+					RopePositions:    perSeq * pageSize,
+					UseGraphs:        true,
 				}
 				hostOnlyOpening = true
 				e := newEngine(b, cfg)

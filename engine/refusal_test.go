@@ -189,7 +189,7 @@ func TestIterationMisuse(t *testing.T) {
 
 	_, err = e.Begin(ctx, []metadata.Request{genReq(4, 0)})
 	require.ErrorIs(t, err, engine.ErrIterationOpen)
-	require.ErrorIs(t, e.SetLayerWeight(0, engine.DefaultLayerWeight(1, 0)), engine.ErrIterationOpen)
+	require.ErrorIs(t, e.SetLayerWeight(0, engine.SyntheticLayerWeight(1, 0)), engine.ErrIterationOpen)
 
 	f, q := inputs(rng, e, it)
 	for _, c := range []struct {

@@ -18,13 +18,14 @@ func eagerIteration(tb testing.TB, layers, nb int) *engine.Iteration {
 	tb.Helper()
 	const pageSize, perSeq = 64, 4
 	cfg := engine.Config{
-		Model:         smallModel(),
-		Cache:         kvcache.Config{Format: kvcache.FormatFP8UE8M0, PageSize: pageSize, NumPages: nb * perSeq},
-		Backend:       hostOnlyName,
-		Layers:        layers,
-		MaxSeqs:       nb,
-		MaxTokens:     nb * 8,
-		RopePositions: perSeq * pageSize,
+		SyntheticWeights: &engine.SyntheticWeights{},
+		Model:            smallModel(),
+		Cache:            kvcache.Config{Format: kvcache.FormatFP8UE8M0, PageSize: pageSize, NumPages: nb * perSeq},
+		Backend:          hostOnlyName,
+		Layers:           layers,
+		MaxSeqs:          nb,
+		MaxTokens:        nb * 8,
+		RopePositions:    perSeq * pageSize,
 	}
 	hostOnlyOpening = true
 	e := newEngine(tb, cfg)

@@ -16,11 +16,12 @@ type weightSource interface {
 	Close()
 }
 
-// openWeightSource is the checkpoint when Config.Checkpoint names one, else
-// the synthetic generator seeded with WeightSeed.
+// openWeightSource is the checkpoint Config.Checkpoint names, or the
+// synthetic generator Config.SyntheticWeights asks for (resolve refuses
+// both, and neither).
 func openWeightSource(cfg Config) (weightSource, error) {
 	heads := weights.HeadRange{Begin: cfg.HeadBegin, End: cfg.HeadEnd}
-	if cfg.Checkpoint == "" {
+	if cfg.SyntheticWeights != nil {
 		return &syntheticSource{cfg: cfg, heads: heads}, nil
 	}
 	if err := checkCheckpointConfig(cfg); err != nil {
@@ -98,7 +99,7 @@ type syntheticSource struct {
 }
 
 func (s *syntheticSource) Layer(layer int) (*weights.Layer, error) {
-	l, err := weights.SyntheticLayer(&s.cfg.Model, s.cfg.WeightSeed, layer, weights.ScaleE8M0)
+	l, err := weights.SyntheticLayer(&s.cfg.Model, s.cfg.SyntheticWeights.Seed, layer, weights.ScaleE8M0)
 	if err != nil {
 		return nil, fmt.Errorf("engine: synthetic weights of layer %d: %w", layer, err)
 	}

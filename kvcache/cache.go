@@ -26,8 +26,9 @@ var (
 // numbers involved; test with errors.Is.
 var (
 	// ErrFinishedSequence: the id was finished; its pages are gone and it
-	// cannot come back, not even by Create (within the bound that
-	// MaxFinishedRuns sets on the memory of finished ids).
+	// cannot come back, not even by Create. An id that was never used but
+	// lies between finished ids the cache merged to bound its memory is
+	// refused the same way (MaxFinishedRuns).
 	ErrFinishedSequence = errors.New("kvcache: finished sequence")
 	// ErrSequenceExists: Create for an id that is live.
 	ErrSequenceExists = errors.New("kvcache: sequence already exists")
@@ -662,7 +663,8 @@ func (c *Cache) Slot(id uint64, pos int) (int64, error) {
 
 // Finish ends sequence id: its pages return to the free list and the id is
 // remembered as finished, so later requests for it fail with
-// ErrFinishedSequence (within the bound MaxFinishedRuns describes). A sequence held by a pending reservation cannot be
+// ErrFinishedSequence, forever (MaxFinishedRuns says how that stays within
+// bounded memory). A sequence held by a pending reservation cannot be
 // finished (ErrSequenceBusy).
 func (c *Cache) Finish(id uint64) error {
 	c.mu.Lock()
@@ -678,9 +680,18 @@ func (c *Cache) Finish(id uint64) error {
 		c.free = append(c.free, s.pages[i])
 	}
 	c.removeLocked(s)
-	c.finished.add(id)
+	c.finished.add(id, c.liveIDsLocked)
 	c.afterMutation()
 	return nil
+}
+
+// liveIDsLocked lists the live ids (pending creations included).
+func (c *Cache) liveIDsLocked() []uint64 {
+	ids := make([]uint64, 0, len(c.seqs))
+	for id := range c.seqs {
+		ids = append(ids, id)
+	}
+	return ids
 }
 
 // Retire marks id finished without it being live: later requests for it
@@ -694,7 +705,7 @@ func (c *Cache) Retire(id uint64) error {
 	if _, live := c.seqs[id]; live {
 		return fmt.Errorf("%w: cannot retire live sequence %d; finish it", ErrSequenceExists, id)
 	}
-	c.finished.add(id)
+	c.finished.add(id, c.liveIDsLocked)
 	c.afterMutation()
 	return nil
 }

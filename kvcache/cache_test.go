@@ -191,7 +191,7 @@ func TestCheckInvariantsCatchesCorruption(t *testing.T) {
 		{"too few pages", func(c *Cache) { c.seqs[1].length, c.seqs[1].reserved = 9, 9 }, "2 pages for 9 reserved tokens, want 3"},
 		{"length above reserved", func(c *Cache) { c.seqs[1].length = 8; c.seqs[1].reserved = 7 }, "length 8, reserved 7"},
 		{"unreserved growth", func(c *Cache) { c.seqs[2].reserved = 4 }, "no pending reservation but length 3 != reserved 4"},
-		{"live and finished", func(c *Cache) { c.finished.add(2) }, "sequence 2 is both live and finished"},
+		{"live and finished", func(c *Cache) { c.finished.add(2, c.liveIDsLocked) }, "sequence 2 is both live and finished"},
 		{"finished runs overlap", func(c *Cache) { c.finished.runs = []idRun{{10, 20}, {15, 30}} }, "finished runs [10-20 15-30] are not sorted"},
 		{"finished runs adjacent", func(c *Cache) { c.finished.runs = []idRun{{10, 20}, {21, 30}} }, "finished runs [10-20 21-30] are not sorted"},
 	}

@@ -87,7 +87,11 @@ func (c Config) LivePages(n int) int {
 	if n <= 0 {
 		return 0
 	}
-	return (n+c.PageSize-1)/c.PageSize - c.DeadPages(n)
+	pages := n / c.PageSize // not (n+P-1)/P, which overflows near math.MaxInt
+	if n%c.PageSize != 0 {
+		pages++
+	}
+	return pages - c.DeadPages(n)
 }
 
 // PoolBytes returns the bytes of the whole pool, NumPages*PageBytes.

@@ -1,6 +1,7 @@
 package kvcache
 
 import (
+	"errors"
 	"runtime"
 	"testing"
 
@@ -79,43 +80,80 @@ func TestFinishedIDsKeepTheHeapFlat(t *testing.T) {
 }
 
 // TestFinishedRunsAreBounded: ids that never touch (every other id) make
-// one run each; past MaxFinishedRuns the lowest are forgotten, so memory
-// stays bounded, and the newest MaxFinishedRuns are still refused.
+// one run each; past MaxFinishedRuns the cache merges runs across their
+// smallest gaps, so memory stays bounded, and still no finished id comes
+// back: the first one, id 0, is refused after 65,537 and after 8*65,536
+// finishes, as is every id in between.
 func TestFinishedRunsAreBounded(t *testing.T) {
 	skipUnderInvariants(t)
 	c, err := New(Config{PageSize: 4, NumPages: 8})
 	require.NoError(t, err)
 	id := uint64(0)
-	next := func() uint64 { id += 2; return id }
+	next := func() uint64 { v := id; id += 2; return v }
 	first := func() int { return 0 }
-	churn(t, c, 2*MaxFinishedRuns, 0, next, first)
+	churn(t, c, MaxFinishedRuns+1, 0, next, first)
+	_, err = c.Reserve([]Need{{ID: 0, NewLength: 1, Create: true}})
+	require.ErrorIs(t, err, ErrFinishedSequence, "id 0 after %d finishes", MaxFinishedRuns+1)
+	churn(t, c, MaxFinishedRuns-1, 0, next, first)
 	before := heapAfterGC()
-	churn(t, c, 8*MaxFinishedRuns, 0, next, first)
+	churn(t, c, 6*MaxFinishedRuns, 0, next, first)
 	after := heapAfterGC()
 	runtime.KeepAlive(c)
 	// The runs' slice is at most twice MaxFinishedRuns long, whatever
 	// happened before: the heap may move within that, never past it.
 	require.Less(t, int64(after)-int64(before), int64(2*MaxFinishedRuns*16), "the heap grew past the bound")
-	require.Len(t, c.finished.runs, MaxFinishedRuns)
+	require.LessOrEqual(t, len(c.finished.runs), MaxFinishedRuns)
+	require.NoError(t, c.CheckInvariants())
 
-	newestForgotten := id - 2*MaxFinishedRuns // ids step by 2
-	for _, tc := range []struct {
-		id   uint64
-		want error
-	}{
-		{id, ErrFinishedSequence},
-		{newestForgotten + 2, ErrFinishedSequence},
-		{newestForgotten, ErrUnknownSequence},
-		{2, ErrUnknownSequence},
-		{id - 1, ErrUnknownSequence}, // never used
-	} {
-		_, err := c.Lookup(tc.id)
-		require.ErrorIs(t, err, tc.want, "id %d", tc.id)
+	for v := uint64(0); v < id; v += 2 {
+		if _, err := c.Lookup(v); !errors.Is(err, ErrFinishedSequence) {
+			t.Fatalf("finished id %d came back: %v", v, err)
+		}
 	}
-	// A forgotten id may be created again.
-	r, err := c.Reserve([]Need{{ID: 2, NewLength: 1, Create: true}})
+	// Ids past every finished one are new; the never-used ones between the
+	// newest runs, which no compaction merged yet, too.
+	for _, v := range []uint64{id, id + 1, id - 1} {
+		_, err := c.Lookup(v)
+		require.ErrorIs(t, err, ErrUnknownSequence, "id %d", v)
+	}
+	_, err = c.Reserve([]Need{{ID: 0, NewLength: 1, Create: true}})
+	require.ErrorIs(t, err, ErrFinishedSequence)
+}
+
+// TestFinishedCompactionKeepsLiveIDs: a compaction never merges across a
+// live sequence, whose id stays live (and finishes normally), and the gaps
+// that live ids pin let the run count pass MaxFinishedRuns by no more than
+// one run per such gap.
+func TestFinishedCompactionKeepsLiveIDs(t *testing.T) {
+	skipUnderInvariants(t)
+	c, err := New(Config{PageSize: 4, NumPages: 4096})
 	require.NoError(t, err)
-	require.NoError(t, r.Commit())
+	// Live odd ids inside the gaps of the finished even ids.
+	var live []uint64
+	for k := range uint64(1000) {
+		live = append(live, 1+2*(k*3*MaxFinishedRuns/1000)) // odd, spread over the finished range
+	}
+	for _, v := range live {
+		r, err := c.Reserve([]Need{{ID: v, NewLength: 1, Create: true}})
+		require.NoError(t, err)
+		require.NoError(t, r.Commit())
+	}
+	for v := uint64(0); v < 6*MaxFinishedRuns; v += 2 {
+		r, err := c.Reserve([]Need{{ID: v, NewLength: 1, Create: true}})
+		require.NoError(t, err)
+		require.NoError(t, r.Commit())
+		require.NoError(t, c.Finish(v))
+	}
+	require.NoError(t, c.CheckInvariants())
+	require.LessOrEqual(t, len(c.finished.runs), MaxFinishedRuns+len(live))
+	for _, v := range live {
+		n, err := c.Lookup(v)
+		require.NoError(t, err, "live id %d", v)
+		require.Equal(t, 1, n)
+		require.NoError(t, c.Finish(v))
+		_, err = c.Lookup(v)
+		require.ErrorIs(t, err, ErrFinishedSequence)
+	}
 	require.NoError(t, c.CheckInvariants())
 }
 
@@ -134,7 +172,7 @@ func TestFinishedSetMerges(t *testing.T) {
 	} {
 		var f finishedSet
 		for _, id := range tc.add {
-			f.add(id)
+			f.add(id, func() []uint64 { return nil })
 		}
 		require.Equal(t, tc.want, f.String(), "add %v", tc.add)
 		for _, id := range tc.add {

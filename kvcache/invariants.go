@@ -11,7 +11,8 @@ import "fmt"
 // committed length does not exceed its reserved length (they are equal
 // unless a pending reservation holds it); no live id is also finished; the
 // finished runs are sorted, disjoint, not adjacent and at most
-// MaxFinishedRuns.
+// MaxFinishedRuns (more only where live ids kept the last compaction from
+// merging enough gaps).
 func (c *Cache) CheckInvariants() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -92,8 +93,8 @@ func (c *Cache) checkLocked() error {
 		return fmt.Errorf("kvcache invariant: %d live sequences + %d free handles != %d handles", len(c.seqs), len(c.freeHandles), len(c.dense))
 	}
 	runs := c.finished.runs
-	if len(runs) > MaxFinishedRuns {
-		return fmt.Errorf("kvcache invariant: %d finished runs, more than %d", len(runs), MaxFinishedRuns)
+	if len(runs) > c.finished.maxRuns() {
+		return fmt.Errorf("kvcache invariant: %d finished runs, more than %d", len(runs), c.finished.maxRuns())
 	}
 	for i, r := range runs {
 		if r.lo > r.hi || (i > 0 && (runs[i-1].hi >= r.lo || runs[i-1].hi+1 == r.lo)) {

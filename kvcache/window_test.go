@@ -1,6 +1,7 @@
 package kvcache
 
 import (
+	"math"
 	"math/rand/v2"
 	"testing"
 
@@ -164,5 +165,21 @@ func TestWindowRandom(t *testing.T) {
 			require.NoError(t, c.Finish(id))
 		}
 		require.Equal(t, 64, c.FreePages())
+	}
+}
+
+// TestLivePagesNearMaxInt: the page count of the longest lengths does not
+// overflow, with and without a window.
+func TestLivePagesNearMaxInt(t *testing.T) {
+	const n = math.MaxInt
+	for _, tc := range []struct {
+		cfg  Config
+		want int
+	}{
+		{Config{PageSize: 64, NumPages: 1}, n/64 + 1},
+		{Config{PageSize: 64, NumPages: 1, Window: DSv4Window}, 3},
+		{Config{PageSize: 1, NumPages: 1, Window: DSv4Window}, 128},
+	} {
+		require.Equal(t, tc.want, tc.cfg.LivePages(n), "%+v", tc.cfg)
 	}
 }

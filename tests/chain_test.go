@@ -111,14 +111,14 @@ func chainOptions(steps []trace.Step, backend string, seed uint64) replay.Option
 	st := trace.Summarize(steps)
 	return replay.Options{
 		Engine: engine.Config{
-			Model:      m,
-			Cache:      kvcache.Config{Format: kvcache.FormatFP8UE8M0, PageSize: 64, NumPages: 16},
-			Backend:    backend,
-			Layers:     2,
-			MaxSeqs:    st.MaxSeqs,
-			MaxTokens:  st.MaxTokens,
-			Input:      engine.InputHidden,
-			WeightSeed: seed,
+			Model:            m,
+			Cache:            kvcache.Config{Format: kvcache.FormatFP8UE8M0, PageSize: 64, NumPages: 16},
+			Backend:          backend,
+			Layers:           2,
+			MaxSeqs:          st.MaxSeqs,
+			MaxTokens:        st.MaxTokens,
+			Input:            engine.InputHidden,
+			SyntheticWeights: &engine.SyntheticWeights{Seed: seed},
 		},
 		Seed:   seed,
 		Verify: true,
@@ -247,7 +247,7 @@ func TestChainTwoGPUs(t *testing.T) {
 	for d := range 2 {
 		cfg := engine.Config{
 			Model: m, Cache: kvcache.Config{PageSize: 64, NumPages: 8}, Backend: "cuda", Device: d,
-			Layers: 2, MaxSeqs: 4, MaxTokens: 128, Input: engine.InputHidden, WeightSeed: seed,
+			Layers: 2, MaxSeqs: 4, MaxTokens: 128, Input: engine.InputHidden, SyntheticWeights: &engine.SyntheticWeights{Seed: seed},
 			HeadBegin: d * m.NumHeads / 2, HeadEnd: (d + 1) * m.NumHeads / 2, UseGraphs: true,
 		}
 		e, err := engine.New(ctx, cfg)

@@ -53,16 +53,16 @@ func handoffConfig(backend string, seed uint64) engine.Config {
 		model.HiddenSize = 128
 	}
 	return engine.Config{
-		Model:         model,
-		Cache:         kvcache.Config{PageSize: 16, NumPages: 96, Window: kvcache.DSv4Window},
-		Backend:       backend,
-		MaxSeqs:       8,
-		MaxTokens:     512,
-		RopePositions: 4096,
-		Input:         engine.InputHidden,
-		Compressor:    engine.CompressorConfig{Enabled: true, Ratio4Pages: 16, Ratio128Pages: 4},
-		UseGraphs:     true,
-		WeightSeed:    seed,
+		Model:            model,
+		Cache:            kvcache.Config{PageSize: 16, NumPages: 96, Window: kvcache.DSv4Window},
+		Backend:          backend,
+		MaxSeqs:          8,
+		MaxTokens:        512,
+		RopePositions:    4096,
+		Input:            engine.InputHidden,
+		Compressor:       engine.CompressorConfig{Enabled: true, Ratio4Pages: 16, Ratio128Pages: 4},
+		UseGraphs:        true,
+		SyntheticWeights: &engine.SyntheticWeights{Seed: seed},
 	}
 }
 

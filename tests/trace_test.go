@@ -24,12 +24,13 @@ func replayOptions(t *testing.T, steps []trace.Step, pages int) replay.Options {
 	st := trace.Summarize(steps)
 	return replay.Options{
 		Engine: engine.Config{
-			Model:     m,
-			Cache:     kvcache.Config{Format: kvcache.FormatFP8UE8M0, PageSize: 64, NumPages: pages},
-			Backend:   engine.BackendCPU,
-			Layers:    2,
-			MaxSeqs:   st.MaxSeqs,
-			MaxTokens: st.MaxTokens,
+			SyntheticWeights: &engine.SyntheticWeights{},
+			Model:            m,
+			Cache:            kvcache.Config{Format: kvcache.FormatFP8UE8M0, PageSize: 64, NumPages: pages},
+			Backend:          engine.BackendCPU,
+			Layers:           2,
+			MaxSeqs:          st.MaxSeqs,
+			MaxTokens:        st.MaxTokens,
 		},
 		Seed: 1,
 	}

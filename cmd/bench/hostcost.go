@@ -44,6 +44,8 @@ func (p hostCostPlan) config() engine.Config {
 		MaxTokens:     max(maxB*(1+p.MTP), min(p.Prefill, 4096)),
 		RopePositions: perSeq * pageSize,
 		UseGraphs:     true,
+		// The host cost does not depend on the weights' values.
+		SyntheticWeights: &engine.SyntheticWeights{},
 	}
 }
 

@@ -86,6 +86,7 @@ type options struct {
 	weightSeed   uint64
 	heads        string
 	memoryLimit  string
+	set          map[string]bool // the flags given on the command line
 }
 
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
@@ -113,7 +114,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.TextVar(&o.ropeMode, "rope-mode", dsv4.RopeReference, "RoPE table: reference (float32 angles, as DeepSeek's reference code) or exact (float64)")
 	fs.IntVar(&o.maxSeqs, "max-seqs", 0, "capacity in sequences per batch (0: the trace's largest batch)")
 	fs.IntVar(&o.maxTokens, "max-tokens", 0, "capacity in tokens per batch (0: the trace's largest batch)")
-	fs.Uint64Var(&o.seed, "seed", 1, "seed of the synthetic activations and kv_a_layernorm weights")
+	fs.Uint64Var(&o.seed, "seed", 1, "seed of the synthetic activations (hidden states, or the projections' outputs with --input projected)")
 	fs.IntVar(&o.cpuWorkers, "cpu-workers", 0, "goroutines of the cpu backend (0: GOMAXPROCS)")
 	fs.BoolVar(&o.verify, "verify", false, "also run every iteration on the cpu backend and compare every byte of Q and of the cache pages written")
 	fs.StringVar(&o.dumpDir, "dump", "", "write safetensors dumps of chosen iterations and layers into this directory")
@@ -122,8 +123,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.jsonOut, "json", false, "print a JSON report on stdout instead of text")
 	fs.BoolVar(&o.graph, "graph", true, "replay generation-only iterations through CUDA graphs, padded to power-of-two buckets (engine Config.UseGraphs; no effect on the cpu backend)")
 	fs.TextVar(&o.input, "input", engine.InputHidden, "where each layer starts: hidden (hidden states through the GEMM chain on the checkpoint's weights) or projected (synthetic A and q_b projection outputs, the prologue alone)")
-	fs.StringVar(&o.checkpoint, "checkpoint", "", "DeepSeek-V4 checkpoint directory whose attention weights --input hidden runs on (its config.json must match --model); empty: synthetic weights from --weight-seed")
-	fs.Uint64Var(&o.weightSeed, "weight-seed", 1, "seed of the synthetic weights (no --checkpoint), the generator of the synthetic checkpoint writer")
+	fs.StringVar(&o.checkpoint, "checkpoint", "", "DeepSeek-V4 checkpoint directory whose attention weights --input hidden runs on (its config.json must match --model); empty: synthetic weights from --weight-seed, asked for by name (engine Config.SyntheticWeights)")
+	fs.Uint64Var(&o.weightSeed, "weight-seed", 1, "seed of the synthetic weights without --checkpoint (the generator of the synthetic checkpoint writer; the kv_a_layernorm and compressor norm weights with --input projected); an error with --checkpoint")
 	fs.StringVar(&o.heads, "heads", "", "head range h0:h1 this engine computes (head-sharded tensor parallelism); empty: all heads")
 	fs.StringVar(&o.memoryLimit, "memory-limit", "0", "most memory the engine may allocate (and as much again for --verify's reference), like 64GiB; 0: the engine's default, "+engine.FormatBytes(engine.DefaultMemoryLimit))
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
@@ -138,7 +139,46 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected argument %q (the trace goes in --trace)", fs.Arg(0))
 	}
+	o.set = map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { o.set[f.Name] = true })
 	return o, nil
+}
+
+// idleFlag refuses a flag given on the command line that does nothing in
+// the chosen mode: it names the flag and says why.
+func (o *options) idleFlag(name, why string) error {
+	if !o.set[name] {
+		return nil
+	}
+	return usageError{fmt.Errorf("--%s does nothing %s", name, why)}
+}
+
+// checkIdleFlags refuses the flags that do nothing with the others given
+// (those of the compressor are checked by compressorConfig, which knows
+// the layers).
+func (o *options) checkIdleFlags(qf mla.QFormat) error {
+	type idle struct {
+		name, why string
+		when      bool
+	}
+	for _, c := range []idle{
+		{"weight-seed", "with --checkpoint (it seeds synthetic weights; the checkpoint's are used)", o.checkpoint != ""},
+		{"kv-scale", fmt.Sprintf("with --cache-format %v (only fp8_pertensor has a per-tensor scale)", o.cacheFormat), o.cacheFormat != kvcache.FormatFP8PerTensor},
+		{"q-scale", fmt.Sprintf("with --q-format %v (only fp8 Q is scaled)", qf), qf != mla.QFP8},
+		{"dump-iters", "without --dump", o.dumpDir == ""},
+		{"dump-layers", "without --dump", o.dumpDir == ""},
+		{"device", "with --backend cpu", o.backend == engine.BackendCPU},
+		{"graph", "with --backend cpu (it captures no CUDA graphs)", o.backend == engine.BackendCPU},
+		{"summary-only", "with --json (the report has no per-iteration lines to leave out)", o.jsonOut},
+	} {
+		if !c.when {
+			continue
+		}
+		if err := o.idleFlag(c.name, c.why); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func loadModel(name string) (dsv4.Config, error) {
@@ -265,6 +305,11 @@ var flagOf = map[string]string{
 	"MaxTokens":                "--max-tokens",
 	"RopePositions":            "--rope-positions",
 	"MemoryLimit":              "--memory-limit",
+	"HeadBegin":                "--heads",
+	"HeadEnd":                  "--heads",
+	"Input":                    "--input",
+	"Checkpoint":               "--checkpoint",
+	"SyntheticWeights":         "--weight-seed",
 }
 
 // flagError words an engine configuration error in flags: a usage error
@@ -318,6 +363,9 @@ func (o *options) config(log zerolog.Logger) (replay.Options, []trace.Step, stri
 	if o.checkpoint != "" && o.input != engine.InputHidden {
 		return ro, nil, "", usageError{fmt.Errorf("--checkpoint %s needs --input hidden", o.checkpoint)}
 	}
+	if err := o.checkIdleFlags(qf); err != nil {
+		return ro, nil, "", err
+	}
 	// The checkpoint's config.json is its truth: --model must agree with it.
 	if o.checkpoint != "" {
 		if err := weights.CheckConfig(o.checkpoint, model); errors.Is(err, dsv4.ErrMismatch) {
@@ -346,7 +394,6 @@ func (o *options) config(log zerolog.Logger) (replay.Options, []trace.Step, stri
 		MaxTokens:     o.maxTokens,
 		RopePositions: o.ropePos,
 		RopeMode:      o.ropeMode,
-		WeightSeed:    o.seed,
 		UseGraphs:     o.graph,
 		MemoryLimit:   limit,
 		Logger:        log,
@@ -355,8 +402,9 @@ func (o *options) config(log zerolog.Logger) (replay.Options, []trace.Step, stri
 		HeadBegin:     h0,
 		HeadEnd:       h1,
 	}
-	if o.input == engine.InputHidden {
-		cfg.WeightSeed = o.weightSeed
+	if o.checkpoint == "" {
+		// The embedded demo and the projected path: asked for, by name.
+		cfg.SyntheticWeights = &engine.SyntheticWeights{Seed: o.weightSeed}
 	}
 	// Every flag but the capacities the trace may set, checked before the
 	// trace is read.
@@ -384,6 +432,21 @@ func (o *options) config(log zerolog.Logger) (replay.Options, []trace.Step, stri
 	st := trace.Summarize(steps)
 	if o.compress {
 		if cfg.Compressor, err = compressorConfig(o, model, steps); err != nil {
+			return ro, nil, "", err
+		}
+	} else {
+		for _, name := range []string{"compressed-pages-4", "compressed-pages-128", "max-drafts"} {
+			if err := o.idleFlag(name, "with --compress=false"); err != nil {
+				return ro, nil, "", err
+			}
+		}
+	}
+	if cfg.Compressor.Enabled {
+		drafts := cfg.Compressor.MaxDrafts
+		if drafts == 0 {
+			drafts = engine.DefaultMaxDrafts
+		}
+		if err := checkDrafts(steps, drafts, name); err != nil {
 			return ro, nil, "", err
 		}
 	}
@@ -520,6 +583,28 @@ func parseHeads(s string) (h0, h1 int, err error) {
 	return h0, h1, nil
 }
 
+// firstCompressed is the first layer of m with a compressor (-1: none).
+func firstCompressed(m dsv4.Config) int {
+	for l := range m.NumAttentionLayers() {
+		if r, err := m.CompressRatio(l); err == nil && (r == 4 || r == 128) {
+			return l
+		}
+	}
+	return -1
+}
+
+// checkDrafts refuses, by line, a generation step deeper than the
+// compressor can roll back.
+func checkDrafts(steps []trace.Step, maxDrafts int, name string) error {
+	for _, s := range steps {
+		if g := s.Generation; g != nil && g.MTP > maxDrafts {
+			return fmt.Errorf("--trace %s: trace line %d: generation.mtp = %d, more than --max-drafts %d (the compressor keeps that many drafts to roll back; raise --max-drafts)",
+				name, s.Line, g.MTP, maxDrafts)
+		}
+	}
+	return nil
+}
+
 // compressorConfig sizes the compressor's pools: the flags, or the trace's
 // peak for a ratio the layers use (at least one page). With no compressed
 // layer among --layers the compressor stays off.
@@ -542,7 +627,18 @@ func compressorConfig(o *options, model dsv4.Config, steps []trace.Step) (engine
 		}
 	}
 	if len(used) == 0 {
+		why := fmt.Sprintf("without a compressed layer among --layers %d (the first ratio-4 or ratio-128 layer of %s is layer %d)", o.layers, model.Name, firstCompressed(model))
+		for _, name := range []string{"compressed-pages-4", "compressed-pages-128", "max-drafts"} {
+			if err := o.idleFlag(name, why); err != nil {
+				return cc, err
+			}
+		}
 		return engine.CompressorConfig{}, nil
+	}
+	for r, n := range flags {
+		if n != 0 && !used[r] {
+			return cc, usageError{fmt.Errorf("--compressed-pages-%d %d does nothing: no layer among --layers %d has ratio %d", r, n, layers, r)}
+		}
 	}
 	cc.Enabled = true
 	for r := range used {

@@ -40,7 +40,7 @@ func TestSmallTraceText(t *testing.T) {
 }
 
 func TestJSONReport(t *testing.T) {
-	code, out, errOut := tiny(t, "--trace", "testdata/small.jsonl", "--json", "--cache-format", "bf16", "--q-format", "bf16", "--page-size", "16", "--pages", "40", "--graph")
+	code, out, errOut := tiny(t, "--trace", "testdata/small.jsonl", "--json", "--cache-format", "bf16", "--q-format", "bf16", "--page-size", "16", "--pages", "40")
 	require.Equal(t, exitOK, code, errOut)
 	var rep replay.Report
 	require.NoError(t, json.Unmarshal([]byte(out), &rep))
@@ -179,6 +179,45 @@ func TestUsageErrors(t *testing.T) {
 	}
 }
 
+// TestIdleFlagsAreRefused: a flag that does nothing in the mode chosen
+// exits 2, naming it and why, instead of being ignored.
+func TestIdleFlagsAreRefused(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--compress=false", "--compressed-pages-4", "8"}, "--compressed-pages-4 does nothing with --compress=false"},
+		{[]string{"--compress=false", "--max-drafts", "3"}, "--max-drafts does nothing with --compress=false"},
+		{[]string{"--layers", "1", "--compressed-pages-128", "8"}, "--compressed-pages-128 does nothing without a compressed layer among --layers 1 (the first ratio-4 or ratio-128 layer of tiny-dsv4 is layer 1)"},
+		{[]string{"--layers", "1", "--max-drafts", "3"}, "--max-drafts does nothing without a compressed layer"},
+		{[]string{"--layers", "2", "--compressed-pages-128", "8"}, "--compressed-pages-128 8 does nothing: no layer among --layers 2 has ratio 128"},
+		{[]string{"--kv-scale", "2"}, "--kv-scale does nothing with --cache-format fp8_ue8m0"},
+		{[]string{"--q-format", "bf16", "--q-scale", "2"}, "--q-scale does nothing with --q-format bf16"},
+		{[]string{"--dump-iters", "1"}, "--dump-iters does nothing without --dump"},
+		{[]string{"--dump-layers", "1"}, "--dump-layers does nothing without --dump"},
+		{[]string{"--device", "1"}, "--device does nothing with --backend cpu"},
+		{[]string{"--graph=false"}, "--graph does nothing with --backend cpu"},
+		{[]string{"--json", "--summary-only"}, "--summary-only does nothing with --json"},
+	} {
+		code, _, errOut := tiny(t, append([]string{"--trace", "testdata/small.jsonl"}, c.args...)...)
+		require.Equal(t, exitUsage, code, "%v: %s", c.args, errOut)
+		require.Contains(t, errOut, c.want, "%v", c.args)
+	}
+}
+
+// TestDraftsPastMaxDraftsRefusedByLine: a generation step deeper than
+// --max-drafts is refused before anything runs, naming its line.
+func TestDraftsPastMaxDraftsRefusedByLine(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "deep.jsonl")
+	require.NoError(t, os.WriteFile(path, []byte("{\"context\":[{\"seq\":1,\"tokens\":40}]}\n# a deeper step\n{\"generation\":{\"mtp\":4,\"seqs\":[1]}}\n"), 0o644))
+	code, out, errOut := tiny(t, "--trace", path, "--max-drafts", "3")
+	require.Equal(t, exitError, code, errOut)
+	require.Contains(t, errOut, "trace line 3: generation.mtp = 4, more than --max-drafts 3")
+	require.Empty(t, out, "nothing ran")
+	code, _, errOut = tiny(t, "--trace", path, "--max-drafts", "4")
+	require.Equal(t, exitOK, code, errOut)
+}
+
 func TestTraceFileErrorExitsWithError(t *testing.T) {
 	code, _, errOut := tiny(t, "--trace", "no/such/file.jsonl")
 	require.Equal(t, exitError, code)
@@ -206,13 +245,13 @@ func TestBadFlagValuesExitWithUsage(t *testing.T) {
 		{[]string{"--max-tokens", "33554432"}, "--max-tokens: engine: Config.MaxTokens: 33554432, must be in [1, 16777216]"},
 		{[]string{"--rope-positions", "2000000"}, "--rope-positions: engine: Config.RopePositions: 2000000"},
 		{[]string{"--cpu-workers", "-2"}, "--cpu-workers: engine: Config.CPUWorkers: -2"},
-		{[]string{"--device", "-1"}, "--device: engine: Config.Device: -1"},
+		{[]string{"--backend", "auto", "--device", "-1"}, "--device: engine: Config.Device: -1"},
 		{[]string{"--backend", "tpu"}, `--backend "tpu": want one of auto, cpu`},
 		{[]string{"--memory-limit", "lots"}, `--memory-limit "lots": want a size like`},
 		{[]string{"--memory-limit", "-1GiB"}, `--memory-limit "-1GiB"`},
 		{[]string{"--memory-limit", "99999999TiB"}, `--memory-limit "99999999TiB"`},
-		{[]string{"--dump-layers", "4", "--layers", "2"}, `--dump-layers "4": layer 4 is beyond --layers 2 (layers 0 to 1 run)`},
-		{[]string{"--dump-layers", "0,5-7"}, `--dump-layers "0,5-7": layer 7 is beyond --layers 2`},
+		{[]string{"--dump", "unused", "--dump-layers", "4", "--layers", "2"}, `--dump-layers "4": layer 4 is beyond --layers 2 (layers 0 to 1 run)`},
+		{[]string{"--dump", "unused", "--dump-layers", "0,5-7"}, `--dump-layers "0,5-7": layer 7 is beyond --layers 2`},
 		// 2^24 tokens of 2 heads: 68 GiB of buffers, past a 1 GiB limit.
 		{[]string{"--max-tokens", "16777216", "--memory-limit", "1GiB", "--input", "projected"},
 			"--max-tokens: engine: Config.MaxTokens: more memory than MemoryLimit: the engine would allocate 68.0 GiB (input buffers 52.0 GiB, Q output 16.0 GiB"},

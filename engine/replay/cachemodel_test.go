@@ -3,6 +3,7 @@ package replay
 import (
 	"context"
 	"errors"
+	"math"
 	"math/rand/v2"
 	"testing"
 
@@ -40,7 +41,8 @@ func TestLongRandomReplay(t *testing.T) {
 	m.NumHeads = 1
 	opts := Options{
 		Engine: engine.Config{
-			Model: m, Cache: kvcache.Config{PageSize: 16, NumPages: 32, Window: 32},
+			SyntheticWeights: &engine.SyntheticWeights{},
+			Model:            m, Cache: kvcache.Config{PageSize: 16, NumPages: 32, Window: 32},
 			Backend: engine.BackendCPU, Layers: 4, MaxSeqs: 16, MaxTokens: 1024, RopePositions: 4096,
 			Compressor: engine.CompressorConfig{Enabled: true, Ratio4Pages: 8, Ratio128Pages: 12, MaxDrafts: 3},
 		},
@@ -105,7 +107,8 @@ func TestLongRandomReplay(t *testing.T) {
 // every layer keeps every token.
 func TestSequenceMemoryFlash(t *testing.T) {
 	cfg := engine.Config{
-		Model: dsv4.Flash(), Cache: kvcache.Config{PageSize: 64, NumPages: 64, Window: kvcache.DSv4Window},
+		SyntheticWeights: &engine.SyntheticWeights{},
+		Model:            dsv4.Flash(), Cache: kvcache.Config{PageSize: 64, NumPages: 64, Window: kvcache.DSv4Window},
 		Backend: engine.BackendCPU, MaxSeqs: 1, MaxTokens: 64, RopePositions: 64,
 		Compressor: engine.CompressorConfig{Enabled: true, Ratio4Pages: 1, Ratio128Pages: 1},
 	}
@@ -123,6 +126,33 @@ func TestSequenceMemoryFlash(t *testing.T) {
 	f, err := full.SequenceMemory(1 << 20)
 	require.NoError(t, err)
 	require.Equal(t, 44*16384*pageBytes, f.Total())
+}
+
+// TestSequenceMemoryBounds: a length past max_position_embeddings (up to
+// math.MaxInt, whose page count once overflowed to a negative figure) is
+// refused; the longest allowed one gives positive, finite parts.
+func TestSequenceMemoryBounds(t *testing.T) {
+	for _, window := range []int{0, kvcache.DSv4Window} {
+		cfg := engine.Config{
+			SyntheticWeights: &engine.SyntheticWeights{},
+			Model:            dsv4.Flash(), Cache: kvcache.Config{PageSize: 64, NumPages: 64, Window: window},
+			Backend: engine.BackendCPU, MaxSeqs: 1, MaxTokens: 64, RopePositions: 64,
+			Compressor: engine.CompressorConfig{Enabled: true, Ratio4Pages: 1, Ratio128Pages: 1},
+		}
+		longest := cfg.Model.MaxPositionEmbeddings
+		for _, n := range []int{-1, longest + 1, math.MaxInt - 63, math.MaxInt} {
+			_, err := cfg.SequenceMemory(n)
+			require.ErrorIs(t, err, kvcache.ErrPositionOutOfRange, "window %d, length %d", window, n)
+		}
+		m, err := cfg.SequenceMemory(longest)
+		require.NoError(t, err)
+		require.Positive(t, m.SWA)
+		require.Positive(t, m.State)
+		require.Less(t, m.Total(), int64(math.MaxInt64))
+		for r, b := range m.Ratio {
+			require.Positive(t, b, "ratio %d", r)
+		}
+	}
 }
 
 // withoutDead drops the sequences of dead from a line (and their accepted

@@ -148,9 +148,10 @@ func (r *Replayer) dump(it *engine.Iteration, line, layer int) (string, error) {
 		meta["hidden_size"] = strconv.Itoa(cfg.Model.HiddenSize)
 		if cfg.Checkpoint != "" {
 			meta["checkpoint"] = cfg.Checkpoint
-		} else {
-			meta["weight_seed"] = strconv.FormatUint(cfg.WeightSeed, 10)
 		}
+	}
+	if cfg.SyntheticWeights != nil {
+		meta["weight_seed"] = strconv.FormatUint(cfg.SyntheticWeights.Seed, 10)
 	}
 	path := filepath.Join(r.opts.DumpDir, DumpFileName(it.Index(), layer))
 	if err := safetensors.WriteFile(path, tensors, meta); err != nil {

@@ -75,7 +75,8 @@ func smallOptions(verify bool) Options {
 	m.NumHeads = 2
 	return Options{
 		Engine: engine.Config{
-			Model: m, Cache: kvcache.Config{PageSize: 16, NumPages: 64},
+			SyntheticWeights: &engine.SyntheticWeights{},
+			Model:            m, Cache: kvcache.Config{PageSize: 16, NumPages: 64},
 			Backend: engine.BackendCPU, Layers: 3, MaxSeqs: 8, MaxTokens: 128,
 		},
 		Seed:   3,
