@@ -14,6 +14,7 @@ import (
 	"github.com/dsv4mla/prologue/metadata"
 	"github.com/dsv4mla/prologue/model/dsv4"
 	"github.com/dsv4mla/prologue/numerics"
+	"github.com/dsv4mla/prologue/weights"
 )
 
 // CompressedPageSize is the entries of one compressed-cache page
@@ -451,6 +452,9 @@ func (e *Engine) SetCompressorNorm(layer int, w []float32) error {
 	}
 	if len(w) != numerics.HeadDim {
 		return fmt.Errorf("engine: SetCompressorNorm(%d): weight has %d values, want %d", layer, len(w), numerics.HeadDim)
+	}
+	if err := weights.CheckFinite(fmt.Sprintf("layer %d compressor norm weight", layer), w); err != nil {
+		return fmt.Errorf("engine: SetCompressorNorm(%d): %w", layer, err)
 	}
 	old, oldComp := cl.norm, cl.comp
 	cl.norm = slices.Clone(w)

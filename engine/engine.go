@@ -369,6 +369,9 @@ func (e *Engine) setLayerWeight(layer int, w []float32) error {
 	if len(w) != numerics.HeadDim {
 		return fmt.Errorf("engine: SetLayerWeight(%d): weight has %d values, want %d", layer, len(w), numerics.HeadDim)
 	}
+	if err := weights.CheckFinite(fmt.Sprintf("layer %d kv_a_layernorm weight", layer), w); err != nil {
+		return fmt.Errorf("engine: SetLayerWeight(%d): %w", layer, err)
+	}
 	if err := e.backend.Write(e.weightBufs[layer], 0, numerics.F32Bytes(w)); err != nil {
 		return fmt.Errorf("engine: uploading layer %d kv_a_layernorm weight: %w", layer, err)
 	}

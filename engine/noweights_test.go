@@ -2,6 +2,8 @@ package engine_test
 
 import (
 	"context"
+	"fmt"
+	"math"
 	"math/rand/v2"
 	"testing"
 
@@ -10,6 +12,7 @@ import (
 	"github.com/dsv4mla/prologue/engine"
 	"github.com/dsv4mla/prologue/metadata"
 	"github.com/dsv4mla/prologue/numerics"
+	"github.com/dsv4mla/prologue/weights"
 )
 
 // TestNoSilentWeights: an engine that was given no weights and did not ask
@@ -100,5 +103,34 @@ func TestSyntheticWeightsAskedFor(t *testing.T) {
 			require.Equal(t, engine.SyntheticCompressorNorm(seed, l), n)
 			require.NotEqual(t, w, n, "each on its own stream")
 		}
+	}
+}
+
+// TestSetWeightsRefuseNonFinite: a NaN or infinite value in a weight set
+// directly is refused naming the weight and its first bad index, and the
+// weight held before is kept.
+func TestSetWeightsRefuseNonFinite(t *testing.T) {
+	seed := testSeed(t)
+	rng := rand.New(rand.NewPCG(seed, 32))
+	cfg := compConfig()
+	cfg.SyntheticWeights = &engine.SyntheticWeights{Seed: seed}
+	e := newEngine(t, cfg)
+	for _, bad := range []float32{float32(math.NaN()), float32(math.Inf(1)), float32(math.Inf(-1))} {
+		i := rng.IntN(numerics.HeadDim)
+		w := engine.SyntheticLayerWeight(seed+1, 0)
+		w[i] = bad
+		err := e.SetLayerWeight(1, w)
+		require.ErrorIs(t, err, weights.ErrNonFinite)
+		require.ErrorContains(t, err, fmt.Sprintf("layer 1 kv_a_layernorm weight: element %d", i))
+		held, err := e.Debug().LayerWeight(1)
+		require.NoError(t, err)
+		require.Equal(t, engine.SyntheticLayerWeight(seed, 1), held)
+
+		err = e.SetCompressorNorm(3, w)
+		require.ErrorIs(t, err, weights.ErrNonFinite)
+		require.ErrorContains(t, err, fmt.Sprintf("layer 3 compressor norm weight: element %d", i))
+		norm, err := e.Debug().CompressorNorm(3)
+		require.NoError(t, err)
+		require.Equal(t, engine.SyntheticCompressorNorm(seed, 3), norm)
 	}
 }
