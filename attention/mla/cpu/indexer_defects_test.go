@@ -127,3 +127,71 @@ func TestIndexerQueryCatchesDefects(t *testing.T) {
 	err := mlatest.CheckIndexerRotation(queryDefect{Backend: New(0), defect: "no-hadamard"}, rand.Uint64())
 	require.Error(t, err)
 }
+
+// keyDefect runs the CPU backend's compressor step with one of its inputs
+// misread: the indexer's scenarios and step series must catch each.
+type keyDefect struct {
+	*Backend
+	defect string
+}
+
+func (d keyDefect) CompressStep(ctx context.Context, a *mla.CompressStepArgs) error {
+	if a.Entry != mla.EntryIndexer {
+		return d.Backend.CompressStep(ctx, a)
+	}
+	b := *a
+	switch d.defect {
+	case "no-ape":
+		b.APE = nil
+	case "default-eps":
+		b.Eps = numerics.DefaultEps
+	case "unit-norm":
+		ones := make([]float32, mla.IndexerDim)
+		for i := range ones {
+			ones[i] = 1
+		}
+		b.NormWeight = &Buffer{b: numerics.F32Bytes(ones)}
+	case "rope-at-last-token": // entry i rotated at 4i+3, not 4i
+		cs := numerics.F32sFromBytes(Bytes(a.Rope)[:4*a.RopePositions*numerics.RopeDim])
+		shifted := make([]float32, len(cs))
+		for p := 0; p < a.RopePositions; p++ {
+			q := min(p+a.Ratio-1, a.RopePositions-1)
+			copy(shifted[p*numerics.RopeDim:(p+1)*numerics.RopeDim], cs[q*numerics.RopeDim:])
+		}
+		b.Rope = &Buffer{b: numerics.F32Bytes(shifted)}
+	case "page-size-kv": // entries laid out at the 584-byte stride of the main pool's pages
+		b.Entry = mla.EntryKV
+		b.NormWeight = &Buffer{b: append(append([]byte(nil), Bytes(a.NormWeight)...), make([]byte, 4*384)...)}
+		return d.Backend.CompressStep(ctx, &b) // refused or wrong: either way the suite must see it
+	}
+	return d.Backend.CompressStep(ctx, &b)
+}
+
+// TestIndexerKeysCatchDefects: each misread input of the indexer's
+// compressor step fails one of its scenarios or step series.
+func TestIndexerKeysCatchDefects(t *testing.T) {
+	for _, defect := range []string{"no-ape", "default-eps", "unit-norm", "rope-at-last-token", "page-size-kv"} {
+		t.Run(defect, func(t *testing.T) {
+			bad := keyDefect{Backend: New(0), defect: defect}
+			caught := ""
+			for _, s := range mlatest.CompressScenarios() {
+				if !s.Indexer {
+					continue
+				}
+				if err := mlatest.CheckCompressStep(bad, s, rand.Uint64()); err != nil {
+					caught = s.Name
+					break
+				}
+			}
+			for _, c := range mlatest.CompressChunkings() {
+				if caught == "" && c.Indexer {
+					if err := mlatest.CheckCompressChunking(bad, c, rand.Uint64()); err != nil {
+						caught = "chunks/" + c.Name
+					}
+				}
+			}
+			require.NotEmpty(t, caught, "no indexer scenario catches defect %s", defect)
+			t.Logf("%s caught by %s", defect, caught)
+		})
+	}
+}
