@@ -16,9 +16,7 @@ func TestQuantRefusals(t *testing.T) { mlatest.TestQuantRefusals(t, cpu.New(0)) 
 // TestQuantOneWorker runs both kernels on one goroutine: the rows' tasks
 // must not depend on how they are spread.
 func TestQuantOneWorker(t *testing.T) {
-	if testing.Short() {
-		t.Skip("short mode: the parallel run covers the same shapes")
-	}
+	skipOneWorker(t)
 	mlatest.TestActQuant(t, cpu.New(1))
 	mlatest.TestNormQuant(t, cpu.New(1))
 }

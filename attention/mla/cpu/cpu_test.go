@@ -5,16 +5,26 @@ import (
 
 	"github.com/dsv4mla/prologue/attention/mla/cpu"
 	"github.com/dsv4mla/prologue/attention/mla/mlatest"
+	"github.com/dsv4mla/prologue/internal/race"
 )
+
+// skipOneWorker skips a one-goroutine rerun of the suite in short mode and
+// under the race detector: one worker starts no goroutine for the detector
+// to watch, and the parallel run covers the same scenarios (.ci/run's
+// non-race step runs it).
+func skipOneWorker(t *testing.T) {
+	t.Helper()
+	if testing.Short() || race.Enabled {
+		t.Skip("short mode or -race: the parallel run covers the same scenarios")
+	}
+}
 
 func TestConformance(t *testing.T) {
 	mlatest.Test(t, cpu.New(0))
 }
 
 func TestConformanceOneWorker(t *testing.T) {
-	if testing.Short() {
-		t.Skip("short mode: the parallel run covers the same scenarios")
-	}
+	skipOneWorker(t)
 	mlatest.Test(t, cpu.New(1))
 }
 
@@ -25,9 +35,7 @@ func TestCompressStep(t *testing.T) {
 }
 
 func TestCompressStepOneWorker(t *testing.T) {
-	if testing.Short() {
-		t.Skip("short mode: the parallel run covers the same scenarios")
-	}
+	skipOneWorker(t)
 	mlatest.TestCompressStep(t, cpu.New(1))
 }
 
