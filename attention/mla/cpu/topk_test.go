@@ -14,6 +14,7 @@ import (
 	"github.com/dsv4mla/prologue/attention/mla"
 	"github.com/dsv4mla/prologue/attention/mla/cpu"
 	"github.com/dsv4mla/prologue/attention/mla/mlatest"
+	"github.com/dsv4mla/prologue/internal/race"
 	"github.com/dsv4mla/prologue/numerics"
 )
 
@@ -23,8 +24,8 @@ func TestTopKConformance(t *testing.T) { mlatest.TestTopK(t, cpu.New(0)) }
 // (several tasks) with one worker: the tasks' split must not change a
 // byte.
 func TestTopKOneWorker(t *testing.T) {
-	if testing.Short() {
-		t.Skip("-short: the conformance run covers the selection")
+	if testing.Short() || race.Enabled {
+		t.Skip("-short or -race: the conformance run covers the selection (one worker starts no goroutine to race)")
 	}
 	b := cpu.New(1)
 	for _, s := range mlatest.TopKScenarios() {
@@ -102,6 +103,9 @@ func bruteForce(c *mlatest.TopKCase, q mla.TopKPlanSeq, t int) ([]int32, bool) {
 // the backend's indices equal an independent float64 scoring with a full
 // sort wherever that scoring's boundary is clear of rounding.
 func TestTopKBruteForce(t *testing.T) {
+	if race.Enabled {
+		t.Skip("-race: arithmetic, run at full size in the non-race run")
+	}
 	b := cpu.New(0)
 	for _, s := range []mlatest.TopKScenario{
 		{Name: "decode", TopK: 512, PageSize: 64, Seqs: []mlatest.TopKSeqSpec{{Start: 2300, Rows: 2}, {Start: 2900, Rows: 2}}},
