@@ -139,11 +139,15 @@ type SequenceMemory struct {
 	SWA    int64         // the KV pages of the last Window positions (every position without a window), every layer
 	Ratio  map[int]int64 // per ratio: the compressed pages of floor(L/r) entries, every layer of the ratio
 	State  int64         // the compressor states, every compressed layer
+	// Indexer is the indexer's keys in the ratio-4 layers (the pages of
+	// floor(L/4) 68-byte entries, DESIGN.md section 9), IndexerState its
+	// compressor's states; 0 without the indexer (Config.IndexerEnabled).
+	Indexer, IndexerState int64
 }
 
 // Total is the sum of the parts.
 func (m SequenceMemory) Total() int64 {
-	t := addSat(m.SWA, m.State)
+	t := addSat(addSat(m.SWA, m.State), addSat(m.Indexer, m.IndexerState))
 	for _, b := range m.Ratio {
 		t = addSat(t, b)
 	}
@@ -174,11 +178,34 @@ func (c Config) SequenceMemory(length int) (SequenceMemory, error) {
 			m.SWA = addSat(m.SWA, b)
 		case s.Kind == kvcache.PoolEntries:
 			m.Ratio[s.Ratio] = addSat(m.Ratio[s.Ratio], b)
+		case s.Name == kvcache.DSv4Indexer:
+			m.Indexer = addSat(m.Indexer, b)
+		case s.Name == kvcache.DSv4IndexerState:
+			m.IndexerState = addSat(m.IndexerState, b)
 		default:
 			m.State = addSat(m.State, b)
 		}
 	}
 	return m, nil
+}
+
+// IndexerEnabled reports whether the engine keeps the lightning indexer's
+// key cache and compressor states (DESIGN.md section 9): with the
+// compressor on, ratio-4 layers among the engine's and the model's
+// index_n_heads > 0.
+func (c Config) IndexerEnabled() bool {
+	return c.Compressor.Enabled && c.Model.IndexNHeads > 0 && slices.Contains(c.compressedRatios(), kvcache.DSv4IndexerRatio)
+}
+
+// indexerWidth is the float32 values of one K or G row of the indexer's
+// compressor (coff*128).
+func indexerWidth() int { return compressor.Overlap(kvcache.DSv4IndexerRatio) * mla.IndexerDim }
+
+// indexerStateBytes is one sequence's ring slot of the indexer's
+// compressor in a ratio-4 layer: mla.RingRows rows of K and G at width
+// indexerWidth.
+func indexerStateBytes(maxDrafts int) int64 {
+	return int64(mla.RingRows(kvcache.DSv4IndexerRatio, maxDrafts)) * int64(indexerWidth()) * 2 * 4
 }
 
 // CacheLayout returns the cache model of c (DESIGN.md sections 8 and 9),
@@ -233,6 +260,9 @@ func (c Config) cacheLayout() kvcache.Layout {
 		p.InPlace = mla.InPlaceRows(4, mla.RingRows(4, c.Compressor.MaxDrafts)) // the same for every ratio: 1 + MaxDrafts
 		p.Live = c.Compressor.MaxSequences
 		p.Slots = kvcache.SlotsFor(p.Live, p.InPlace, c.MaxSeqs, c.MaxTokens)
+		if c.IndexerEnabled() {
+			p.IndexerStateBytes = indexerStateBytes(c.Compressor.MaxDrafts)
+		}
 	}
 	return kvcache.DSv4Layout(p)
 }
@@ -273,6 +303,9 @@ type compressState struct {
 	// scratch is the steps' working memory, for the most entries of any
 	// ratio (mla.CompressScratchBytes).
 	scratch mla.Buffer
+	// idxScratch is the indexer steps' own (they may run beside the main
+	// compressor's), nil without the indexer.
+	idxScratch mla.Buffer
 }
 
 // compLayer is one compressed layer's compressor.
@@ -285,6 +318,11 @@ type compLayer struct {
 	ape     mla.Buffer        // Input = hidden: [ratio][Width] float32
 	ring    mla.Buffer        // the states: slots of RingRows rows of 2*Width float32
 	pool    mla.Buffer        // the compressed pool
+	// The indexer's (ratio-4 layers with the indexer on, else nil): its key
+	// cache, pages of the ratio-4 page ids holding 64 68-byte entries, and
+	// its compressor's states, slots of RingRows rows of 2*indexerWidth
+	// float32 at the main ring's slot indices.
+	idxPool, idxRing mla.Buffer
 }
 
 // SyntheticCompressorNorm is a compressed layer's entry RMSNorm weight on
@@ -346,6 +384,11 @@ func (e *Engine) newCompressor(alloc func(what string, n int, fill byte) (mla.Bu
 	if c.scratch, err = alloc("compressor scratch", mla.CompressScratchBytes(mostJobs), 0); err != nil {
 		return err
 	}
+	if cfg.IndexerEnabled() {
+		if c.idxScratch, err = alloc("indexer scratch", mla.CompressScratchBytes(c.maxJobs[kvcache.DSv4IndexerRatio]), 0); err != nil {
+			return err
+		}
+	}
 	for l := range cfg.Layers {
 		r, _ := cfg.Model.CompressRatio(l)
 		if compressor.Overlap(r) == 0 {
@@ -384,13 +427,22 @@ func (e *Engine) newCompressor(alloc func(what string, n int, fill byte) (mla.Bu
 				return err
 			}
 		}
-		pages := c.cfg.pagesFor(r)
-		if cl.pool, err = alloc(fmt.Sprintf("layer %d ratio-%d compressed pool", l, r), pages*kvcache.FormatFP8UE8M0.PageBytes(CompressedPageSize), 0); err != nil {
+		row := c.rows[slices.Index(c.ratios, r)]
+		if cl.pool, err = alloc(fmt.Sprintf("layer %d ratio-%d compressed pool", l, r), layout.Units(row)*int(layout.UnitBytes(row)), 0); err != nil {
 			return err
 		}
 		ringRows := mla.RingRows(r, c.cfg.MaxDrafts)
 		if cl.ring, err = alloc(fmt.Sprintf("layer %d compressor states", l), c.slots.Slots()*ringRows*2*w*4, 0); err != nil {
 			return err
+		}
+		if idx := layout.Index(kvcache.DSv4Indexer); idx >= 0 && r == kvcache.DSv4IndexerRatio {
+			if cl.idxPool, err = alloc(fmt.Sprintf("layer %d indexer cache", l), layout.Units(idx)*int(layout.UnitBytes(idx)), 0); err != nil {
+				return err
+			}
+			st := layout.Index(kvcache.DSv4IndexerState)
+			if cl.idxRing, err = alloc(fmt.Sprintf("layer %d indexer states", l), layout.Units(st)*int(layout.UnitBytes(st)), 0); err != nil {
+				return err
+			}
 		}
 		c.layers[l] = cl
 	}
@@ -625,9 +677,11 @@ type PoolUsage = kvcache.PoolUsage
 
 // Pools returns the occupancy of every pool of the cache model, in its
 // rows' order: the SWA pool ("swa") and, with the compressor, each ratio's
-// compressed pool ("ratio-4", "ratio-128") and the state slots ("state-4",
-// "state-128": one slot index per sequence in every compressed layer, so
-// they share their free count).
+// compressed pool ("ratio-4", "ratio-128"), the indexer's keys with the
+// indexer on ("indexer": the ratio-4 page ids, so the ratio-4 free count)
+// and the state slots ("state-4", "state-128", "indexer-state": one slot
+// index per sequence in every compressed layer, so they share their
+// count, of sequences: PoolUsage.Slots).
 func (e *Engine) Pools() []PoolUsage { return e.model.Usage() }
 
 // iterComp is an iteration's compressor bookkeeping.

@@ -48,6 +48,10 @@
 //     (mla.CompressStepper) inside the layer, on the side stream under the
 //     layer's GEMMs where the backend has one, and inside the layer's CUDA
 //     graph on the graph path.
+//     With the model's index_n_heads > 0 (Config.IndexerEnabled) each
+//     ratio-4 layer also holds the lightning indexer's key cache (68-byte
+//     entries on the ratio-4 block table) and its compressor's states, at
+//     the same slots (DESIGN.md section 9).
 //     The bookkeeping of every pool is the cache model's
 //     (kvcache.Model, rows from Config.CacheLayout): the engine reserves,
 //     commits with the accepted lengths, rolls back and finishes it as

@@ -169,15 +169,15 @@ func Example_server() {
 	fmt.Println("live sequences:", e.Sequences())
 	// Output:
 	// attention binds to: q k_cache extra_k_cache block_table extra_block_table cache_seqlens seqlens_q cached cu_seqlens_q cu_seqlens_k cu_q_rows batch_header tile_id_counter scale_bmm1 scale_bmm2
-	// step 0: prefill 1 [0,64); attention 1: 64 window + 16 ratio-4; free swa 44/48 ratio-4 5/6 ratio-128 2/2 state 11/12
-	// step 1: prefill 1 [64,128), prefill 2 [0,40); attention 1: 128 window + 32 ratio-4, 2: 40 window + 10 ratio-4; free swa 37/48 ratio-4 4/6 ratio-128 1/2 state 10/12
-	// step 2: prefill 1 [128,170), prefill 3 [0,64), prefill 4 [0,19), decode 2 +2; attention 1: 128 window + 42 ratio-4, 3: 64 window + 16 ratio-4, 4: 19 window + 4 ratio-4, 2: 43 window + 10 ratio-4; free swa 30/48 ratio-4 2/6 ratio-128 1/2 state 8/12
-	// step 3: prefill 3 [64,128), prefill 4 [19,30), decode 1 +2, decode 2 +3; attention 3: 128 window + 32 ratio-4, 4: 30 window + 7 ratio-4, 1: 128 window + 43 ratio-4, 2: 45 window + 11 ratio-4; free swa 26/48 ratio-4 2/6 ratio-128 0/2 state 8/12
-	// step 4: prefill 3 [128,192), decode 1 +3, decode 2 +1, finish 2 at 46, decode 4 +3; attention 3: 128 window + 48 ratio-4, 1: 128 window + 43 ratio-4, 2: 48 window + 12 ratio-4, 4: 33 window + 8 ratio-4; free swa 28/48 ratio-4 3/6 ratio-128 0/2 state 9/12
-	// step 5: prefill 3 [192,256), decode 1 +1, decode 4 +1, finish 4 at 34; attention 3: 128 window + 64 ratio-4, 1: 128 window + 44 ratio-4, 4: 36 window + 9 ratio-4; free swa 32/48 ratio-4 4/6 ratio-128 0/2 state 10/12
-	// step 6: prefill 3 [256,270), decode 1 +2, finish 1 at 178; attention 3: 128 window + 67 ratio-4, 1: 128 window + 44 ratio-4; free swa 39/48 ratio-4 4/6 ratio-128 1/2 state 11/12
-	// step 7: decode 3 +2; attention 3: 128 window + 68 ratio-4; free swa 40/48 ratio-4 4/6 ratio-128 1/2 state 11/12
-	// step 8: decode 3 +3, finish 3 at 275; attention 3: 128 window + 68 ratio-4; free swa 48/48 ratio-4 6/6 ratio-128 2/2 state 12/12
+	// step 0: prefill 1 [0,64); attention 1: 64 window + 16 ratio-4; free swa 44/48 ratio-4 5/6 indexer 5/6 ratio-128 2/2 state 7/8
+	// step 1: prefill 1 [64,128), prefill 2 [0,40); attention 1: 128 window + 32 ratio-4, 2: 40 window + 10 ratio-4; free swa 37/48 ratio-4 4/6 indexer 4/6 ratio-128 1/2 state 6/8
+	// step 2: prefill 1 [128,170), prefill 3 [0,64), prefill 4 [0,19), decode 2 +2; attention 1: 128 window + 42 ratio-4, 3: 64 window + 16 ratio-4, 4: 19 window + 4 ratio-4, 2: 43 window + 10 ratio-4; free swa 30/48 ratio-4 2/6 indexer 2/6 ratio-128 1/2 state 4/8
+	// step 3: prefill 3 [64,128), prefill 4 [19,30), decode 1 +2, decode 2 +3; attention 3: 128 window + 32 ratio-4, 4: 30 window + 7 ratio-4, 1: 128 window + 43 ratio-4, 2: 45 window + 11 ratio-4; free swa 26/48 ratio-4 2/6 indexer 2/6 ratio-128 0/2 state 4/8
+	// step 4: prefill 3 [128,192), decode 1 +3, decode 2 +1, finish 2 at 46, decode 4 +3; attention 3: 128 window + 48 ratio-4, 1: 128 window + 43 ratio-4, 2: 48 window + 12 ratio-4, 4: 33 window + 8 ratio-4; free swa 28/48 ratio-4 3/6 indexer 3/6 ratio-128 0/2 state 5/8
+	// step 5: prefill 3 [192,256), decode 1 +1, decode 4 +1, finish 4 at 34; attention 3: 128 window + 64 ratio-4, 1: 128 window + 44 ratio-4, 4: 36 window + 9 ratio-4; free swa 32/48 ratio-4 4/6 indexer 4/6 ratio-128 0/2 state 6/8
+	// step 6: prefill 3 [256,270), decode 1 +2, finish 1 at 178; attention 3: 128 window + 67 ratio-4, 1: 128 window + 44 ratio-4; free swa 39/48 ratio-4 4/6 indexer 4/6 ratio-128 1/2 state 7/8
+	// step 7: decode 3 +2; attention 3: 128 window + 68 ratio-4; free swa 40/48 ratio-4 4/6 indexer 4/6 ratio-128 1/2 state 7/8
+	// step 8: decode 3 +3, finish 3 at 275; attention 3: 128 window + 68 ratio-4; free swa 48/48 ratio-4 6/6 indexer 6/6 ratio-128 2/2 state 8/8
 	// live sequences: 0
 }
 
@@ -206,7 +206,7 @@ func fits(cfg engine.Config, pools []engine.PoolUsage, running []*serverRequest,
 	}
 	for _, p := range pools {
 		if p.Slots {
-			if p.Free < 2 { // a fresh slot, and one more for a later chunk
+			if p.Free < 1 { // no more sequences may take a state slot (their chunks' moves have slots of their own)
 				return false
 			}
 			continue

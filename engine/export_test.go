@@ -1,5 +1,7 @@
 package engine
 
+import "github.com/dsv4mla/prologue/attention/mla"
+
 // VerifyKeptRows makes every Begin of e compare the metadata it uploaded
 // with the full encoding, and its block-table rows with their page lists
 // (the rows a build kept, and the ones an upload skipped, must change
@@ -15,3 +17,12 @@ func KeptRows(e *Engine) int {
 	}
 	return rows - len(rebuilt)
 }
+
+// IndexerStepArgs is indexerStepArgs, for the tests of the indexer cache's
+// accessors.
+func IndexerStepArgs(e *Engine, layer int) (mla.CompressStepArgs, bool) {
+	return e.indexerStepArgs(layer)
+}
+
+// IndexerBuffers is indexerBuffers.
+func IndexerBuffers(e *Engine, layer int) (cache, ring mla.Buffer) { return e.indexerBuffers(layer) }

@@ -38,6 +38,8 @@ type Footprint struct {
 	Bookkeeping int64 // the page free list
 	Compressed  int64 // Compressor: each compressed layer's pool of its ratio's pages
 	StateBound  int64 // Compressor: each compressed layer's ring of states, Compressor.MaxSequences slots and one per chunk a batch can move
+	Indexer     int64 // Compressor with the indexer (Config.IndexerEnabled): each ratio-4 layer's key cache, Compressor.Ratio4Pages pages of 64 68-byte entries
+	IdxStates   int64 // the indexer's compressor states in each ratio-4 layer, at the compressor's slots
 	CompWeights int64 // Compressor with Input = hidden: each compressed layer's wkv, wgate (bf16) and ape
 	CompBuffers int64 // Compressor: the projection rows (MaxTokens), the plans, the norm weights, the compressed block tables (MaxSeqs rows, and their host mirror)
 }
@@ -69,6 +71,8 @@ func (f Footprint) parts() []footprintPart {
 		{"page bookkeeping", "Cache.NumPages", f.Bookkeeping},
 		{"compressed pools", "Compressor.Ratio4Pages", f.Compressed},
 		{"compressor states", "Compressor.MaxSequences", f.StateBound},
+		{"indexer caches", "Compressor.Ratio4Pages", f.Indexer},
+		{"indexer states", "Compressor.MaxSequences", f.IdxStates},
 		{"compressor weights", "Layers", f.CompWeights},
 		{"compressor buffers", "MaxTokens", f.CompBuffers},
 	}
@@ -168,6 +172,10 @@ func (c Config) footprint() (Footprint, error) {
 			f.Pools = addSat(f.Pools, b)
 		case s.Kind == kvcache.PoolEntries:
 			f.Compressed = addSat(f.Compressed, b)
+		case s.Name == kvcache.DSv4Indexer:
+			f.Indexer = addSat(f.Indexer, b)
+		case s.Name == kvcache.DSv4IndexerState:
+			f.IdxStates = addSat(f.IdxStates, b)
 		default:
 			f.StateBound = addSat(f.StateBound, b)
 		}
@@ -200,6 +208,9 @@ func (c Config) footprint() (Footprint, error) {
 			mostJobs = max(mostJobs, jobs)
 		}
 		f.CompBuffers = addSat(f.CompBuffers, int64(mla.CompressScratchBytes(mostJobs)))
+		if c.IndexerEnabled() {
+			f.CompBuffers = addSat(f.CompBuffers, int64(mla.CompressScratchBytes(mla.MaxCompressJobs(kvcache.DSv4IndexerRatio, c.MaxSeqs, c.MaxTokens))))
+		}
 		f.CompBuffers = addSat(f.CompBuffers, tokens*2*int64(width)*4)
 		f.CompBuffers = addSat(f.CompBuffers, 2*int64(c.compTableBytes())) // on the backend and its host mirror
 		for l := range c.Layers {

@@ -251,9 +251,9 @@ func mulSat(a, b int64) int64 {
 type PoolUsage struct {
 	Name      string // the row's PoolSpec.Name: "swa", "ratio-4", "indexer", "state-4", ...
 	Layers    int    // layers with a buffer of this pool (each holds Pages pages)
-	Pages     int    // pages (or state slots) per layer
+	Pages     int    // pages per layer (state slots: the most sequences holding one, PoolSpec.Live)
 	PageBytes int    // one page (or slot) of one layer
-	Free      int    // pages (or slots) no sequence holds
+	Free      int    // pages no sequence holds (state slots: how many more sequences may take one)
 	Slots     bool   // the pool counts state slots, not pages
 }
 

@@ -326,9 +326,11 @@ func TestSlotPoolLive(t *testing.T) {
 		sr := r.(*SlotReservation)
 		require.NotEqual(t, sr.From(0), sr.To(0))
 		require.NotEqual(t, sr.From(1), sr.To(1))
-		require.Zero(t, p.Usage().Free)
+		require.Zero(t, p.FreeSlots())
+		require.Zero(t, p.Usage().Free, "no sequence more may take a slot")
 		require.NoError(t, r.CommitLengths(nil))
-		require.Equal(t, 2, p.Usage().Free)
+		require.Equal(t, 2, p.FreeSlots())
+		require.Zero(t, p.Usage().Free)
 		require.NoError(t, p.CheckLive(map[uint64]int{1: 8, 2: 8}))
 	}
 	// A pending creation counts against Live.

@@ -336,11 +336,22 @@ func (p *SlotPool) checkLocked() error {
 	return nil
 }
 
-// Usage counts slots as pages (Pool).
+// Usage counts slots as pages, as a scheduler admits sequences (Pool):
+// Pages is Live, Free how many more sequences may take a slot. The slots
+// kept for moves are not counted: a batch of live sequences always finds
+// them (Slots and FreeSlots count every slot).
 func (p *SlotPool) Usage() PoolUsage {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return PoolUsage{Pages: p.slots, Free: len(p.free)}
+	return PoolUsage{Pages: p.live, Free: p.live - len(p.owner) - p.creates}
+}
+
+// FreeSlots is the number of slots neither held nor taken by a pending
+// reservation, those kept for moves included.
+func (p *SlotPool) FreeSlots() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.free)
 }
 
 // CheckLive checks that every live sequence holds a slot of its own,

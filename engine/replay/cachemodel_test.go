@@ -106,7 +106,7 @@ func TestLongRandomReplay(t *testing.T) {
 
 // TestSequenceMemoryFlash pins DESIGN.md section 8's figures for V4-Flash
 // at 1M tokens: about 3.3 GB per sequence with the window and the
-// compressed caches, against about 25.7 GB (in decimal units, 27 GB) when
+// compressed caches (3.7 GB with the indexer's keys of section 9), against about 25.7 GB (in decimal units, 27 GB) when
 // every layer keeps every token.
 func TestSequenceMemoryFlash(t *testing.T) {
 	cfg := engine.Config{
@@ -122,7 +122,12 @@ func TestSequenceMemoryFlash(t *testing.T) {
 	require.Equal(t, 21*4096*pageBytes, m.Ratio[4])             // 262144 entries, 21 layers
 	require.Equal(t, 20*128*pageBytes, m.Ratio[128])            // 8192 entries, 20 layers
 	require.Equal(t, int64(21*16*1024*8+20*136*512*8), m.State) // (8 + 7 + 1) and (128 + 7 + 1) rows
-	require.InDelta(t, 3.33e9, float64(m.Total()), 0.05e9)
+	require.InDelta(t, 3.33e9, float64(m.Total()-m.Indexer-m.IndexerState), 0.05e9)
+	// Section 9: the indexer's keys, 68 bytes an entry (374 MB), and its
+	// compressor's states (16 rows of 2*256 float32), 21 layers.
+	require.Equal(t, int64(21*4096*64*68), m.Indexer)
+	require.Equal(t, int64(21*16*256*8), m.IndexerState)
+	require.InDelta(t, 3.71e9, float64(m.Total()), 0.05e9)
 	full := cfg
 	full.Cache.Window = 0
 	full.Compressor = engine.CompressorConfig{}
