@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+
+	"github.com/dsv4mla/prologue/metadata"
 )
 
 // The indexer's top-k selection (DESIGN.md section 9, "Selection"): for
@@ -87,6 +89,23 @@ type TopKPlanSeq struct {
 // without overlap; rows no sequence covers are padding (written -1).
 type TopKPlan struct {
 	Seqs []TopKPlanSeq
+}
+
+// SetFromMetadata makes p the selection of an iteration's batch, reusing
+// p's memory: batch sequence b's tokens are rows [CuQ[b], CuQ[b+1]) at
+// positions [Cached[b], KVLen[b]), the same rows and positions as the
+// prologue's (metadata.Metadata.Row), and tables[b] is its ratio-4 block
+// table (by entry index, as the compressor's plan reads it). Rows past
+// m.Tokens are padding.
+func (p *TopKPlan) SetFromMetadata(m *metadata.Metadata, tables [][]int32) error {
+	if len(tables) != m.NumSeqs {
+		return fmt.Errorf("mla: top-k plan of %d sequences given %d block tables", m.NumSeqs, len(tables))
+	}
+	p.Seqs = p.Seqs[:0]
+	for b := range m.NumSeqs {
+		p.Seqs = append(p.Seqs, TopKPlanSeq{Row: int(m.CuQ[b]), Rows: int(m.QLen[b]), Start: int(m.Cached[b]), Table: tables[b]})
+	}
+	return nil
 }
 
 // Words of the encoded plan (int32 little-endian): a header, then MaxSeqs
