@@ -1,25 +1,22 @@
 package compressor
 
 import (
-	"bufio"
 	"crypto/sha256"
 	"encoding/binary"
-	"flag"
 	"fmt"
 	"math"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/cockroachdb/datadriven"
 	"github.com/stretchr/testify/require"
 )
 
-var update = flag.Bool("update", false, "rewrite the expected outputs of testdata/*.txt")
-
-// The files under testdata/ are scripts: a command line, a "----" line, the
-// expected output, a blank line; lines starting with # are comments.
+// The files under testdata/ are github.com/cockroachdb/datadriven scripts
+// (run with -rewrite to print the actual output into them; every rewritten
+// expectation must then be checked by hand).
 // Tokens are a pure function of (position, variant), so the same entry
 // reached by different paths prints the same digest. Commands:
 //
@@ -55,43 +52,14 @@ type script struct {
 }
 
 func runScript(t *testing.T, file string) {
-	data, err := os.ReadFile(file)
-	require.NoError(t, err)
-	var out strings.Builder
 	st := &script{}
-	sc := bufio.NewScanner(strings.NewReader(string(data)))
-	lineNo := 0
-	for sc.Scan() {
-		lineNo++
-		line := sc.Text()
-		if strings.TrimSpace(line) == "" || strings.HasPrefix(line, "#") {
-			out.WriteString(line + "\n")
-			continue
-		}
-		if !sc.Scan() || sc.Text() != "----" {
-			t.Fatalf("%s:%d: command %q is not followed by ----", file, lineNo, line)
-		}
-		lineNo++
-		var want []string
-		for sc.Scan() {
-			lineNo++
-			if sc.Text() == "" {
-				break
-			}
-			want = append(want, sc.Text())
-		}
-		got, err := st.run(strings.Fields(line))
+	datadriven.RunTest(t, file, func(t *testing.T, d *datadriven.TestData) string {
+		got, err := st.run(strings.Fields(d.FullCmd()))
 		if err != nil {
-			t.Fatalf("%s:%d: %s: %v", file, lineNo, line, err)
+			d.Fatalf(t, "%v", err)
 		}
-		if !*update && got != strings.Join(want, "\n") {
-			t.Errorf("%s: %s\ngot:\n%s\nwant:\n%s", file, line, got, strings.Join(want, "\n"))
-		}
-		fmt.Fprintf(&out, "%s\n----\n%s\n\n", line, got)
-	}
-	if *update {
-		require.NoError(t, os.WriteFile(file, []byte(strings.TrimRight(out.String(), "\n")+"\n"), 0o644))
-	}
+		return got
+	})
 }
 
 // scriptToken is the projection of the token at pos: each value a

@@ -1,23 +1,21 @@
 package kvcache
 
 import (
-	"bufio"
-	"flag"
 	"fmt"
 	"maps"
-	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/cockroachdb/datadriven"
 	"github.com/stretchr/testify/require"
 )
 
-// The files under testdata/ are scripts of test cases, each a command line,
-// a "----" line and the expected output, ended by a blank line. Lines
-// starting with # between cases are comments. Commands:
+// The files under testdata/ are github.com/cockroachdb/datadriven scripts
+// (run with -rewrite to print the actual output into them; every rewritten
+// expectation must then be checked by hand). Commands:
 //
 //	init page-size=P pages=N [format=F] [window=W]
 //	                                       new cache; prints the counters
@@ -42,56 +40,12 @@ func TestDataDriven(t *testing.T) {
 	require.NotEmpty(t, files)
 	for _, file := range files {
 		t.Run(filepath.Base(file), func(t *testing.T) {
-			runScript(t, file)
+			st := &scriptState{reservations: map[string]*Reservation{}}
+			datadriven.RunTest(t, file, func(t *testing.T, d *datadriven.TestData) string {
+				return st.step(t, d)
+			})
 		})
 	}
-}
-
-// Run with -rewrite to print the actual output into the files; every
-// rewritten expectation must then be checked by hand.
-var rewrite = flag.Bool("rewrite", false, "rewrite testdata expectations with the actual output")
-
-type scriptCase struct {
-	line    int
-	command string
-	want    string
-	// the expected output's lines, [wantFrom, wantTo) 0-based, for -rewrite
-	wantFrom, wantTo int
-}
-
-func parseScript(t *testing.T, file string) []scriptCase {
-	f, err := os.Open(file)
-	require.NoError(t, err)
-	defer f.Close()
-	var cases []scriptCase
-	sc := bufio.NewScanner(f)
-	lineNo := 0
-	for sc.Scan() {
-		lineNo++
-		line := sc.Text()
-		if strings.TrimSpace(line) == "" || strings.HasPrefix(line, "#") {
-			continue
-		}
-		c := scriptCase{line: lineNo, command: line}
-		if !sc.Scan() || sc.Text() != "----" {
-			t.Fatalf("%s:%d: command %q is not followed by ----", file, lineNo, line)
-		}
-		lineNo++
-		c.wantFrom = lineNo
-		var out []string
-		for sc.Scan() {
-			lineNo++
-			if sc.Text() == "" {
-				break
-			}
-			out = append(out, sc.Text())
-		}
-		c.wantTo = c.wantFrom + len(out)
-		c.want = strings.Join(out, "\n")
-		cases = append(cases, c)
-	}
-	require.NoError(t, sc.Err())
-	return cases
 }
 
 type scriptState struct {
@@ -99,52 +53,30 @@ type scriptState struct {
 	reservations map[string]*Reservation
 }
 
-func runScript(t *testing.T, file string) {
-	st := &scriptState{reservations: map[string]*Reservation{}}
-	var lines []string
-	if *rewrite {
-		raw, err := os.ReadFile(file)
-		require.NoError(t, err)
-		lines = strings.Split(strings.TrimSuffix(string(raw), "\n"), "\n")
+// step runs one command and checks the invariants after it.
+func (st *scriptState) step(t *testing.T, d *datadriven.TestData) string {
+	fields := strings.Fields(d.FullCmd())
+	mutating := slices.Contains([]string{"reserve", "commit", "rollback", "finish", "retire"}, fields[0])
+	var before string
+	if st.cache != nil {
+		before = dumpState(st.cache)
 	}
-	var rewritten []string
-	last := 0
-	defer func() {
-		if *rewrite && !t.Failed() {
-			rewritten = append(rewritten, lines[last:]...)
-			require.NoError(t, os.WriteFile(file, []byte(strings.Join(rewritten, "\n")+"\n"), 0o644))
-		}
-	}()
-	for _, c := range parseScript(t, file) {
-		fields := strings.Fields(c.command)
-		mutating := slices.Contains([]string{"reserve", "commit", "rollback", "finish", "retire"}, fields[0])
-		var before string
-		if st.cache != nil {
-			before = dumpState(st.cache)
-		}
-		got, failed, err := st.run(fields)
-		if err != nil {
-			t.Fatalf("%s:%d: %s: %v", file, c.line, c.command, err)
-		}
-		if *rewrite {
-			rewritten = append(rewritten, lines[last:c.wantFrom]...)
-			rewritten = append(rewritten, strings.Split(got, "\n")...)
-			last = c.wantTo
-		} else if got != c.want {
-			t.Errorf("%s:%d: %s\ngot:\n%s\nwant:\n%s", file, c.line, c.command, got, c.want)
-		}
-		if st.cache == nil {
-			continue
-		}
-		if err := st.cache.CheckInvariants(); err != nil {
-			t.Fatalf("%s:%d: %s: %v", file, c.line, c.command, err)
-		}
-		if mutating && failed {
-			if after := dumpState(st.cache); after != before {
-				t.Fatalf("%s:%d: refused %s changed the state\nbefore:\n%s\nafter:\n%s", file, c.line, c.command, before, after)
-			}
+	got, failed, err := st.run(fields)
+	if err != nil {
+		d.Fatalf(t, "%v", err)
+	}
+	if st.cache == nil {
+		return got
+	}
+	if err := st.cache.CheckInvariants(); err != nil {
+		d.Fatalf(t, "%v", err)
+	}
+	if mutating && failed {
+		if after := dumpState(st.cache); after != before {
+			d.Fatalf(t, "refused %s changed the state\nbefore:\n%s\nafter:\n%s", d.Cmd, before, after)
 		}
 	}
+	return got
 }
 
 // run executes one command. It returns the output, whether the cache refused

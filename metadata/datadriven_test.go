@@ -1,21 +1,20 @@
 package metadata
 
 import (
-	"bufio"
 	"errors"
-	"flag"
 	"fmt"
 	"math"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/cockroachdb/datadriven"
+
 	"github.com/dsv4mla/prologue/kvcache"
 )
 
-// The testdata/*.txt files hold cases in the pebble datadriven style:
+// The testdata/*.txt files are github.com/cockroachdb/datadriven scripts:
 //
 //	# comment
 //	run heads=2 page=64 maxpos=4096 [pad=N] [maxpages=N] [qdeq=F kvdeq=F qscaling=F oscale=F]
@@ -30,8 +29,6 @@ import (
 // Run with -rewrite to print the actual output into the files; every
 // rewritten expectation must then be checked by hand.
 
-var rewrite = flag.Bool("rewrite", false, "rewrite testdata expectations with the actual output")
-
 // errLookupFailed and errBlockTableFailed are what the test lookups wrap, so
 // the dumps can show that errors.Is sees through NewPlan's and Build's
 // wrapping.
@@ -39,66 +36,6 @@ var (
 	errLookupFailed     = errors.New("lookup failed")
 	errBlockTableFailed = errors.New("block table failed")
 )
-
-type ddCase struct {
-	file    string
-	line    int    // line of the command
-	command string // the command line
-	input   []string
-	want    string
-	// span of the expected output in the file's lines, for -rewrite
-	wantFrom, wantTo int
-}
-
-// parseDataDriven splits a file into cases.
-func parseDataDriven(t *testing.T, path string) ([]ddCase, []string) {
-	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	var lines []string
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		lines = append(lines, sc.Text())
-	}
-	if err := sc.Err(); err != nil {
-		t.Fatal(err)
-	}
-	var cases []ddCase
-	for i := 0; i < len(lines); {
-		l := strings.TrimSpace(lines[i])
-		if l == "" || strings.HasPrefix(l, "#") {
-			i++
-			continue
-		}
-		c := ddCase{file: path, line: i + 1, command: l}
-		i++
-		for i < len(lines) && strings.TrimSpace(lines[i]) != "----" {
-			in := strings.TrimSpace(lines[i])
-			if in == "" {
-				t.Fatalf("%s:%d: blank line before ---- in the case at line %d", path, i+1, c.line)
-			}
-			c.input = append(c.input, in)
-			i++
-		}
-		if i == len(lines) {
-			t.Fatalf("%s:%d: case has no ---- separator", path, c.line)
-		}
-		i++ // ----
-		c.wantFrom = i
-		var want []string
-		for i < len(lines) && strings.TrimSpace(lines[i]) != "" {
-			want = append(want, lines[i])
-			i++
-		}
-		c.wantTo = i
-		c.want = strings.Join(want, "\n")
-		cases = append(cases, c)
-	}
-	return cases, lines
-}
 
 // kv parses "k=v" fields after the directive word.
 func kv(t *testing.T, where string, fields []string) map[string]string {
@@ -195,13 +132,13 @@ type pageEntry struct {
 }
 
 // runCase executes one case and returns its dump.
-func runCase(t *testing.T, c ddCase) string {
+func runCase(t *testing.T, d *datadriven.TestData) string {
 	t.Helper()
-	cmd := strings.Fields(c.command)
+	cmd := strings.Fields(d.FullCmd())
+	where := d.Pos
 	if cmd[0] != "run" {
-		t.Fatalf("%s:%d: unknown command %q", c.file, c.line, cmd[0])
+		t.Fatalf("%s: unknown command %q", where, cmd[0])
 	}
-	where := fmt.Sprintf("%s:%d", c.file, c.line)
 	a := newArgReader(t, where, cmd[1:])
 	def := DefaultSchedulerParams()
 	p := Params{
@@ -222,9 +159,16 @@ func runCase(t *testing.T, c ddCase) string {
 	var reqs []Request
 	cache := map[uint64]cacheEntry{}
 	pages := map[uint64]pageEntry{}
-	for k, in := range c.input {
+	var input []string
+	if d.Input != "" {
+		input = strings.Split(d.Input, "\n")
+	}
+	for k, in := range input {
 		f := strings.Fields(in)
-		w := fmt.Sprintf("%s:%d", c.file, c.line+1+k)
+		if len(f) == 0 {
+			t.Fatalf("%s: blank input line %d", where, k+1)
+		}
+		w := fmt.Sprintf("%s (input line %d)", where, k+1)
 		r := newArgReader(t, w, f[1:])
 		switch f[0] {
 		case "req":
@@ -409,29 +353,13 @@ func TestDataDriven(t *testing.T) {
 	}
 	for _, path := range files {
 		t.Run(filepath.Base(path), func(t *testing.T) {
-			cases, lines := parseDataDriven(t, path)
-			if len(cases) == 0 {
+			cases := 0
+			datadriven.RunTest(t, path, func(t *testing.T, d *datadriven.TestData) string {
+				cases++
+				return runCase(t, d)
+			})
+			if cases == 0 {
 				t.Fatalf("%s: no cases", path)
-			}
-			var rewritten []string
-			last := 0
-			for _, c := range cases {
-				got := strings.TrimRight(runCase(t, c), "\n")
-				if *rewrite {
-					rewritten = append(rewritten, lines[last:c.wantFrom]...)
-					rewritten = append(rewritten, strings.Split(got, "\n")...)
-					last = c.wantTo
-					continue
-				}
-				if got != c.want {
-					t.Errorf("%s:%d: %s\ngot:\n%s\nwant:\n%s", c.file, c.line, c.command, got, c.want)
-				}
-			}
-			if *rewrite {
-				rewritten = append(rewritten, lines[last:]...)
-				if err := os.WriteFile(path, []byte(strings.Join(rewritten, "\n")+"\n"), 0o644); err != nil {
-					t.Fatal(err)
-				}
 			}
 		})
 	}
