@@ -485,8 +485,7 @@ func TestNormQuant(t *testing.T, b QuantBackend) { testQuant(t, b, true) }
 func testQuant(t *testing.T, b QuantBackend, norm bool) {
 	for _, s := range QuantShapes() {
 		t.Run(s.Name, func(t *testing.T) {
-			seed := rand.Uint64()
-			t.Logf("seed %d", seed)
+			seed := Seed(t)
 			if err := CheckQuant(b, s, norm, seed); err != nil {
 				t.Fatal(err)
 			}
@@ -499,8 +498,7 @@ func testQuant(t *testing.T, b QuantBackend, norm bool) {
 // of zero rows writes nothing either.
 func TestQuantRefusals(t *testing.T, b QuantBackend) {
 	s := QuantShape{Name: "refusals", Rows: 5, K: 256, XOffset: 16, XStride: 264, ScaleStride: 7, Eps: 1e-6}
-	seed := rand.Uint64()
-	t.Logf("seed %d", seed)
+	seed := Seed(t)
 	c := newQuantCase(s, seed)
 	qb, err := c.upload(b)
 	if err != nil {

@@ -151,8 +151,7 @@ func TestCompressStep(t *testing.T, b mla.Backend) {
 	}
 	for _, s := range CompressScenarios() {
 		t.Run(s.Name, func(t *testing.T) {
-			seed := rand.Uint64()
-			t.Logf("seed %d", seed)
+			seed := Seed(t)
 			if err := CheckCompressStep(b, s, seed); err != nil {
 				t.Fatal(err)
 			}
@@ -160,8 +159,7 @@ func TestCompressStep(t *testing.T, b mla.Backend) {
 	}
 	for _, c := range CompressChunkings() {
 		t.Run("chunks/"+c.Name, func(t *testing.T) {
-			seed := rand.Uint64()
-			t.Logf("seed %d", seed)
+			seed := Seed(t)
 			if err := CheckCompressChunking(b, c, seed); err != nil {
 				t.Fatal(err)
 			}

@@ -321,8 +321,7 @@ func firstLine(err error) string {
 // TestCompressCompareReportsOneByte: a single flipped byte of the ring or
 // the pool is reported with where it lies.
 func TestCompressCompareReportsOneByte(t *testing.T) {
-	seed := rand.Uint64()
-	t.Logf("seed %d", seed)
+	seed := mlatest.Seed(t)
 	var s mlatest.CompressScenario
 	for _, c := range mlatest.CompressScenarios() {
 		if c.Name == "r4/page-edge" {

@@ -1,6 +1,7 @@
 // Package mlatest is the conformance suite every mla.Backend runs, in the
-// manner of gonum's blas/testblas: fresh random inputs (the seed is logged),
-// outputs poisoned before each run, and every byte of the Q buffer, the
+// manner of gonum's blas/testblas: fresh random inputs (each case logs its
+// seed; -mlatest.seed=N, with -run narrowed to the case, replays it), outputs
+// poisoned before each run, and every byte of the Q buffer, the
 // cache pool and the scheduler scalars compared with a slow scalar reference
 // written straight from docs/DESIGN.md. TestActQuant, TestNormQuant and
 // TestQuantRefusals do the same for the chain's bit-exact kernels

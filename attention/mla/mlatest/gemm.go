@@ -341,8 +341,7 @@ func TestGEMM(t *testing.T, b GEMMBackend) { TestGEMMShapes(t, b, FlashGEMMs) }
 func TestGEMMShapes(t *testing.T, b GEMMBackend, shapes []GEMMShape) {
 	for _, c := range GEMMCases(shapes) {
 		t.Run(c.String(), func(t *testing.T) {
-			seed := rand.Uint64()
-			t.Logf("seed %d", seed)
+			seed := Seed(t)
 			cmp, err := CheckGEMM(b, c, seed)
 			if err != nil {
 				t.Fatal(err)

@@ -243,8 +243,7 @@ func TestIndexerQuery(t *testing.T, b mla.Backend) {
 	}
 	for _, s := range Scenarios() {
 		t.Run(s.Name, func(t *testing.T) {
-			seed := rand.Uint64()
-			t.Logf("seed %d", seed)
+			seed := Seed(t)
 			c, err := NewIndexerQueryCase(s, seed)
 			if err != nil {
 				t.Fatal(err)
@@ -290,8 +289,7 @@ func TestIndexerRotation(t *testing.T, b mla.Backend) {
 	if !ok1 || !ok2 {
 		t.Skipf("backend %s lacks the indexer query or the compressor step", b.Name())
 	}
-	seed := rand.Uint64()
-	t.Logf("seed %d", seed)
+	seed := Seed(t)
 	if err := CheckIndexerRotation(b, seed); err != nil {
 		t.Fatal(err)
 	}

@@ -1,7 +1,6 @@
 package mlatest
 
 import (
-	"math/rand/v2"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -21,8 +20,7 @@ func MixedEqualsParts(t *testing.T, b mla.Backend) {
 		}
 		for _, c := range Configs() {
 			t.Run(s.Name+"/"+c.String(), func(t *testing.T) {
-				seed := rand.Uint64()
-				t.Logf("seed %d", seed)
+				seed := Seed(t)
 				cs, err := NewCase(s, c, seed)
 				require.NoError(t, err)
 				whole := mla.Plan(cs.M)

@@ -147,8 +147,7 @@ func Test(t *testing.T, b mla.Backend) {
 	for _, s := range Scenarios() {
 		for ci, c := range Configs() {
 			t.Run(s.Name+"/"+c.String(), func(t *testing.T) {
-				seed := rand.Uint64()
-				t.Logf("seed %d", seed)
+				seed := Seed(t)
 				if err := Check(b, s, c, seed); err != nil {
 					t.Fatal(err)
 				}
@@ -161,8 +160,7 @@ func Test(t *testing.T, b mla.Backend) {
 					break
 				}
 				t.Run(s.Name+"/"+c.String()+"/"+hc.name, func(t *testing.T) {
-					seed := rand.Uint64()
-					t.Logf("seed %d", seed)
+					seed := Seed(t)
 					cs, err := NewCase(s, c, seed)
 					if err != nil {
 						t.Fatal(err)

@@ -511,8 +511,7 @@ func TestTopK(t *testing.T, b mla.Backend) {
 	}
 	for _, s := range TopKScenarios() {
 		t.Run(s.Name, func(t *testing.T) {
-			seed := rand.Uint64()
-			t.Logf("seed %d", seed)
+			seed := Seed(t)
 			if err := CheckTopK(b, s, seed); err != nil {
 				t.Fatal(err)
 			}
