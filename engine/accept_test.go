@@ -73,6 +73,7 @@ func TestAcceptEqualsNeverSpeculated(t *testing.T) {
 	rng := rand.New(rand.NewPCG(seed, 3))
 	cfg := smallConfig()
 	cfg.Cache = kvcache.Config{PageSize: 16, NumPages: 64, Window: 32}
+	cfg.FullCache = false
 	cfg.RopePositions = 4096
 	spec, plain := newEngine(t, cfg), newEngine(t, cfg)
 	seqs := []uint64{3, 4, 5}

@@ -57,7 +57,7 @@ func init() {
 func TestAsyncUploads(t *testing.T) {
 	seed := testSeed(t)
 	cfg := compConfig()
-	cfg.UseGraphs = true
+	cfg.Eager = false
 	ref := newEngine(t, cfg)
 	cfg.Backend = "test-async"
 	testAsyncOn.Store(true)

@@ -17,16 +17,17 @@ import (
 type InputMode uint8
 
 const (
-	// InputProjected (the zero value): the server runs the A and q_b
-	// projections itself and hands the engine their outputs (SetInputs or
-	// Engine.Inputs); the engine runs the prologue.
-	InputProjected InputMode = iota
-	// InputHidden: the engine starts from each layer's hidden states
-	// (SetHidden or Engine.HiddenInput) and runs the whole chain of
-	// DESIGN.md section 7 on the checkpoint's weights: act_quant, the fused
-	// [wq_a; wkv] GEMM, q_norm with its act_quant, the wq_b GEMM, then the
-	// prologue (the KV side on a second stream where the backend has one).
-	InputHidden
+	// InputHidden (the zero value): the engine starts from each layer's
+	// hidden states (SetHidden or Engine.HiddenInput) and runs the whole
+	// chain of DESIGN.md section 7 on the checkpoint's weights: act_quant,
+	// the fused [wq_a; wkv] GEMM, q_norm with its act_quant, the wq_b GEMM,
+	// then the prologue (the KV side on a second stream where the backend
+	// has one).
+	InputHidden InputMode = iota
+	// InputProjected: the server runs the A and q_b projections itself and
+	// hands the engine their outputs (SetInputs or Engine.Inputs); the
+	// engine runs the prologue.
+	InputProjected
 )
 
 func (m InputMode) String() string {
@@ -173,7 +174,7 @@ func (e *Engine) newChain(alloc func(what string, n int, fill byte) (mla.Buffer,
 		if err != nil {
 			return err
 		}
-		if cfg.Compressor.Enabled && w.Compressor != nil {
+		if cfg.Compresses() && w.Compressor != nil {
 			if e.compWeights == nil {
 				e.compWeights = map[int]*weights.Compressor{}
 			}

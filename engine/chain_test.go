@@ -37,6 +37,9 @@ func chainConfig(m dsv4.Config) engine.Config {
 		Input:            engine.InputHidden,
 		MaxSeqs:          8,
 		MaxTokens:        160,
+		FullCache:        true,
+		Compressor:       engine.CompressorConfig{Off: true},
+		Eager:            true,
 	}
 }
 

@@ -26,17 +26,21 @@ const CompressedPageSize = kvcache.DSv4CompressedPageSize
 // DefaultMaxDrafts is CompressorConfig.MaxDrafts's default.
 const DefaultMaxDrafts = 7
 
-// CompressorConfig turns on DSv4's KV compressor and its compressed caches
-// (DESIGN.md section 8) in every layer whose compress ratio is 4 or 128.
+// CompressorConfig is DSv4's KV compressor and its compressed caches
+// (DESIGN.md section 8) in every layer whose compress ratio is 4 or 128:
+// on unless Off (an engine none of whose layers has one runs none).
 type CompressorConfig struct {
-	// Enabled runs the compressor; false (the zero value) keeps the engine
-	// a plain KV prologue.
-	Enabled bool
+	// Off leaves the compressor out: the engine is a plain KV prologue (a
+	// test of it, or another MLA model); the other fields must then be 0.
+	Off bool
 	// Ratio4Pages and Ratio128Pages are the pages of each ratio's
 	// compressed pool (CompressedPageSize entries each). Every layer of a
 	// ratio has its own pool of that size; the block tables (by entry
 	// index) are shared by the layers of the ratio. A ratio the engine's
-	// layers use needs at least 1; one they do not use must be 0.
+	// layers do not use must be 0. 0 for one they use = room for as many
+	// tokens as the SWA pool's pages cover (Cache.NumPages*PageSize, over
+	// all sequences) plus a partly filled page per live sequence
+	// (MaxSequences): ceil(NumPages*PageSize/(ratio*64)) + MaxSequences.
 	Ratio4Pages, Ratio128Pages int
 	// MaxDrafts is the most MTP drafts of a generation step (a deeper step
 	// is refused): each state keeps that many positions more, so Accept can
@@ -79,13 +83,31 @@ func (c Config) compressedRatios() []int {
 	return out
 }
 
+// Compresses reports whether an engine of c runs the compressor: it is not
+// Off, and a layer of the engine has compress ratio 4 or 128.
+func (c Config) Compresses() bool {
+	if c.Compressor.Off {
+		return false
+	}
+	layers := c.Layers
+	if layers == 0 {
+		layers = c.Model.NumAttentionLayers()
+	}
+	for l := range layers {
+		if r, err := c.Model.CompressRatio(l); err == nil && compressor.Overlap(r) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // resolveCompressor checks Compressor against the layers and fills its
 // defaults. A resolved config's layers all have a compressor or ratio 0.
 func (c Config) resolveCompressor() (Config, error) {
 	cc := &c.Compressor
-	if !cc.Enabled {
-		if *cc != (CompressorConfig{}) {
-			return c, fieldError("Compressor.Enabled", "false, but other Compressor fields are set (%+v): set Enabled, or leave them zero", *cc)
+	if cc.Off {
+		if *cc != (CompressorConfig{Off: true}) {
+			return c, fieldError("Compressor.Off", "set, but other Compressor fields are set too (%+v): leave them zero, or the compressor on", *cc)
 		}
 		return c, nil
 	}
@@ -95,20 +117,39 @@ func (c Config) resolveCompressor() (Config, error) {
 			return c, &ConfigError{Field: "Model", Err: err}
 		}
 		if r != 0 && compressor.Overlap(r) == 0 {
-			return c, fieldError("Compressor.Enabled", "layer %d has compress ratio %d, which has no compressor (want 0, 4 or 128)", l, r)
+			return c, fieldError("Model", "layer %d has compress ratio %d, which has no compressor (want 0, 4 or 128; or set Compressor.Off)", l, r)
 		}
 	}
 	ratios := c.compressedRatios()
+	if len(ratios) == 0 {
+		if *cc != (CompressorConfig{}) {
+			return c, fieldError("Compressor", "%+v set, but no layer of the engine has compress ratio 4 or 128: leave it zero", *cc)
+		}
+		return c, nil
+	}
+	if cc.MaxSequences == 0 {
+		cc.MaxSequences = 2 * c.MaxSeqs
+	}
+	if cc.MaxSequences < 0 || cc.MaxSequences > 1<<20 {
+		return c, fieldError("Compressor.MaxSequences", "%d, must be in [1, %d] (0: 2*MaxSeqs)", cc.MaxSequences, 1<<20)
+	}
 	for _, r := range []int{4, 128} {
 		n := cc.pagesFor(r)
 		used := slices.Contains(ratios, r)
 		switch {
 		case n < 0 || n > math.MaxInt32:
 			return c, fieldError(pagesField(r), "%d, must be in [0, %d]", n, math.MaxInt32)
-		case used && n == 0:
-			return c, fieldError(pagesField(r), "0, but the engine's layers include ratio-%d layers: give their compressed pool at least 1 page", r)
 		case !used && n != 0:
 			return c, fieldError(pagesField(r), "%d, but no layer of the engine has ratio %d: leave it 0", n, r)
+		case used && n == 0:
+			tokens := int64(c.Cache.NumPages) * int64(c.Cache.PageSize)
+			per := int64(r) * CompressedPageSize
+			n := min((tokens+per-1)/per+int64(cc.MaxSequences), math.MaxInt32)
+			if r == 4 {
+				cc.Ratio4Pages = int(n)
+			} else {
+				cc.Ratio128Pages = int(n)
+			}
 		}
 	}
 	if cc.MaxDrafts == 0 {
@@ -116,12 +157,6 @@ func (c Config) resolveCompressor() (Config, error) {
 	}
 	if cc.MaxDrafts < 0 || cc.MaxDrafts >= compressor.MaxDraftsLimit {
 		return c, fieldError("Compressor.MaxDrafts", "%d, must be in [1, %d] (0: %d)", cc.MaxDrafts, compressor.MaxDraftsLimit-1, DefaultMaxDrafts)
-	}
-	if cc.MaxSequences == 0 {
-		cc.MaxSequences = 2 * c.MaxSeqs
-	}
-	if cc.MaxSequences < 0 || cc.MaxSequences > 1<<20 {
-		return c, fieldError("Compressor.MaxSequences", "%d, must be in [1, %d] (0: 2*MaxSeqs)", cc.MaxSequences, 1<<20)
 	}
 	return c, nil
 }
@@ -194,7 +229,7 @@ func (c Config) SequenceMemory(length int) (SequenceMemory, error) {
 // compressor on, ratio-4 layers among the engine's and the model's
 // index_n_heads > 0.
 func (c Config) IndexerEnabled() bool {
-	return c.Compressor.Enabled && c.Model.IndexNHeads > 0 && slices.Contains(c.compressedRatios(), kvcache.DSv4IndexerRatio)
+	return c.Compresses() && c.Model.IndexNHeads > 0 && slices.Contains(c.compressedRatios(), kvcache.DSv4IndexerRatio)
 }
 
 // indexerWidth is the float32 values of one K or G row of the indexer's
@@ -246,7 +281,7 @@ func (c Config) newModel() (*kvcache.Model, error) {
 // cacheLayout is CacheLayout of a resolved config.
 func (c Config) cacheLayout() kvcache.Layout {
 	p := kvcache.DSv4Pools{SWA: c.Cache, Layers: c.Layers}
-	if c.Compressor.Enabled {
+	if c.Compresses() {
 		p.RatioLayers, p.RatioPages, p.StateBytes = map[int]int{}, map[int]int{}, map[int]int64{}
 		for l := range c.Layers {
 			r, _ := c.Model.CompressRatio(l)
@@ -548,7 +583,7 @@ func (e *Engine) compLayer(layer int) (*compLayer, error) {
 		return nil, err
 	}
 	if e.comp == nil {
-		return nil, fmt.Errorf("engine: layer %d: the compressor is off (Config.Compressor.Enabled)", layer)
+		return nil, fmt.Errorf("engine: layer %d: the compressor is off (Config.Compressor.Off, or no compressed layer)", layer)
 	}
 	cl := e.comp.layers[layer]
 	if cl == nil {

@@ -24,9 +24,10 @@ func compConfig() engine.Config {
 	cfg.Model.NumHeads = 1
 	cfg.Layers = 4
 	cfg.Cache = kvcache.Config{PageSize: 16, NumPages: 64, Window: 32}
+	cfg.FullCache = false
 	cfg.RopePositions = 2048
 	cfg.MaxTokens = 512
-	cfg.Compressor = engine.CompressorConfig{Enabled: true, Ratio4Pages: 24, Ratio128Pages: 8}
+	cfg.Compressor = engine.CompressorConfig{Ratio4Pages: 24, Ratio128Pages: 8}
 	return cfg
 }
 

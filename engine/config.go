@@ -22,7 +22,14 @@ const (
 )
 
 // Config describes an engine. The zero value of every optional field picks
-// the documented default; New reports a bad field by name and value.
+// the documented default, and with Model set the zero Config is
+// DeepSeek-V4's real attention layer: hidden-state input (the engine runs
+// the GEMM chain on Checkpoint's weights), the 128-token sliding window,
+// the KV compressor and its compressed caches in the ratio-4 and ratio-128
+// layers, and CUDA graphs for generation-only iterations where the backend
+// captures them. What other MLA models or tests need is asked for by
+// name: InputProjected, FullCache, Compressor.Off, Eager. New reports a
+// bad field by name and value.
 type Config struct {
 	// Model supplies heads, q_lora_rank, the RoPE parameters and the
 	// per-layer compress ratios (dsv4.Flash, dsv4.Pro or dsv4.Load).
@@ -30,11 +37,18 @@ type Config struct {
 	// Cache is the KV cache pool: format, page size, number of pages (and
 	// KVScale for fp8_pertensor). Every layer has its own pool of this
 	// size; the page bookkeeping (block tables) is shared by all layers.
-	// Cache.Window is the sliding window: kvcache.DSv4Window (128) for
-	// DeepSeek-V4, whose attention reads raw KV of the last 128 positions
-	// only, so the pages behind it go back to the pool when an iteration
-	// ends; 0 keeps every token (DeepSeek-V3's MLA).
+	// Cache.PageSize 0 = kvcache.DefaultPageSize (64). Cache.Window is the
+	// sliding window: 0 = kvcache.DSv4Window (128), DeepSeek-V4's, whose
+	// attention reads raw KV of the last 128 positions only, so the pages
+	// behind it go back to the pool when an iteration ends (FullCache keeps
+	// every token instead). Cache.NumPages 0 = room for the windows of
+	// 2*MaxSeqs live sequences and one full batch: 2*MaxSeqs*(ceil(W/P)+1)
+	// + ceil(MaxTokens/P) + MaxSeqs pages (with FullCache it must be set).
 	Cache kvcache.Config
+	// FullCache keeps every token's KV for the life of its sequence (no
+	// sliding window: DeepSeek-V3's MLA, or a test of the plain prologue);
+	// Cache.Window must then be 0 and Cache.NumPages set.
+	FullCache bool
 
 	// Backend is "auto" (or ""), "cpu", or a registered name ("cuda" once
 	// attention/mla/cuda is linked in). See mla.Register.
@@ -89,14 +103,15 @@ type Config struct {
 	// refuses to run before every layer has them, ErrNoWeights).
 	SyntheticWeights *SyntheticWeights
 
-	// UseGraphs runs generation-only iterations through CUDA graphs when the
+	// Eager runs every iteration launch by launch. Without it (the zero
+	// value) generation-only iterations go through CUDA graphs where the
 	// backend can capture them (mla.GraphCapturer): such a batch is padded
 	// to the smallest power-of-two bucket of at least 16 tokens that holds
 	// it (at most MaxTokens), its launches read their counts from the
 	// device header (mla.Launch.FromHeader), and each layer replays a graph
 	// captured once per (layer, bucket). Context and mixed batches, and
-	// backends without graphs, run launch by launch as before.
-	UseGraphs bool
+	// backends without graphs (cpu), run launch by launch either way.
+	Eager bool
 
 	// MemoryLimit bounds, in bytes, what New allocates (Config.Footprint):
 	// pools, metadata, RoPE tables, weights, inputs and the Q output, on the
@@ -106,17 +121,18 @@ type Config struct {
 	// 0 = DefaultMemoryLimit.
 	MemoryLimit int64
 
-	// Compressor turns on DSv4's KV compressor and compressed caches in the
-	// ratio-4 and ratio-128 layers (DESIGN.md section 8); the zero value
-	// leaves it off.
+	// Compressor is DSv4's KV compressor and its compressed caches in the
+	// ratio-4 and ratio-128 layers (DESIGN.md section 8): on, with pools
+	// sized by its defaults, unless Compressor.Off.
 	Compressor CompressorConfig
 
 	// Logger receives the engine's logs; the zero value discards them.
 	Logger zerolog.Logger
 
-	// Input is where a layer starts: InputProjected (the zero value: the
-	// server hands over the projections' outputs) or InputHidden (the
-	// engine runs the GEMM chain from the hidden states; see chain.go).
+	// Input is where a layer starts: InputHidden (the zero value: the
+	// engine runs the GEMM chain from the hidden states on the layer's
+	// weights; see chain.go) or InputProjected (the server hands over the
+	// projections' outputs and the engine runs the prologue alone).
 	Input InputMode
 	// Checkpoint is a DeepSeek-V4 checkpoint directory whose attention
 	// weights the hidden-state chain runs on (read for the engine's layers
@@ -217,6 +233,22 @@ func (c Config) resolve(checkMemory bool) (Config, error) {
 		return c, fieldError("Model", "num_hidden_layers %d + num_nextn_predict_layers %d, must be at most %d layers",
 			c.Model.NumLayers, c.Model.NumMTPLayers, maxLayers)
 	}
+	if c.MaxSeqs == 0 {
+		c.MaxSeqs = DefaultMaxSeqs
+	}
+	if c.MaxTokens == 0 {
+		c.MaxTokens = DefaultMaxTokens
+	}
+	if c.MaxSeqs < 0 || c.MaxSeqs > maxSeqsLimit {
+		return c, fieldError("MaxSeqs", "%d, must be in [1, %d] (0: %d)", c.MaxSeqs, maxSeqsLimit, DefaultMaxSeqs)
+	}
+	if c.MaxTokens < 0 || c.MaxTokens > maxTokensLimit || int64(c.MaxTokens)*int64(c.Model.NumHeads) > math.MaxInt32 {
+		return c, fieldError("MaxTokens", "%d, must be in [1, %d] (0: %d) with MaxTokens*heads (%d) within int32",
+			c.MaxTokens, maxTokensLimit, DefaultMaxTokens, c.Model.NumHeads)
+	}
+	if c, err = c.resolveCache(); err != nil {
+		return c, err
+	}
 	if err := c.Cache.Validate(); err != nil {
 		return c, &ConfigError{Field: "Cache." + cacheField(c.Cache), Err: err}
 	}
@@ -241,19 +273,6 @@ func (c Config) resolve(checkMemory bool) (Config, error) {
 	}
 	if c.CPUWorkers < 0 || c.CPUWorkers > maxCPUWorkers {
 		return c, fieldError("CPUWorkers", "%d, must be in [0, %d] (0: GOMAXPROCS)", c.CPUWorkers, maxCPUWorkers)
-	}
-	if c.MaxSeqs == 0 {
-		c.MaxSeqs = DefaultMaxSeqs
-	}
-	if c.MaxTokens == 0 {
-		c.MaxTokens = DefaultMaxTokens
-	}
-	if c.MaxSeqs < 0 || c.MaxSeqs > maxSeqsLimit {
-		return c, fieldError("MaxSeqs", "%d, must be in [1, %d] (0: %d)", c.MaxSeqs, maxSeqsLimit, DefaultMaxSeqs)
-	}
-	if c.MaxTokens < 0 || c.MaxTokens > maxTokensLimit || int64(c.MaxTokens)*int64(c.Model.NumHeads) > math.MaxInt32 {
-		return c, fieldError("MaxTokens", "%d, must be in [1, %d] (0: %d) with MaxTokens*heads (%d) within int32",
-			c.MaxTokens, maxTokensLimit, DefaultMaxTokens, c.Model.NumHeads)
 	}
 	if c, err = c.resolveCompressor(); err != nil {
 		return c, err
@@ -294,6 +313,32 @@ func (c Config) resolve(checkMemory bool) (Config, error) {
 		field, what := fp.largest()
 		return c, &ConfigError{Field: field, Err: fmt.Errorf("%w: the engine would allocate %s (%s), more than MemoryLimit %s; the largest is %s: lower %s, or raise MemoryLimit",
 			ErrMemoryLimit, FormatBytes(total), fp, FormatBytes(c.MemoryLimit), what, field)}
+	}
+	return c, nil
+}
+
+// resolveCache fills the SWA pool's defaults: the page size, the window
+// (none with FullCache) and the pages (see Config.Cache).
+func (c Config) resolveCache() (Config, error) {
+	if c.Cache.PageSize == 0 {
+		c.Cache.PageSize = kvcache.DefaultPageSize
+	}
+	if c.FullCache {
+		if c.Cache.Window != 0 {
+			return c, fieldError("FullCache", "set with Cache.Window = %d: a full-token cache has no window (leave Window 0)", c.Cache.Window)
+		}
+		if c.Cache.NumPages == 0 {
+			return c, fieldError("Cache.NumPages", "0 with FullCache: every token stays in the pool, so size it to the tokens served")
+		}
+		return c, nil
+	}
+	if c.Cache.Window == 0 {
+		c.Cache.Window = kvcache.DSv4Window
+	}
+	if c.Cache.NumPages == 0 && c.Cache.PageSize > 0 && c.Cache.PageSize <= kvcache.MaxPageSize && c.Cache.Window > 0 {
+		p := int64(c.Cache.PageSize)
+		n := 2*int64(c.MaxSeqs)*((int64(c.Cache.Window)+p-1)/p+1) + (int64(c.MaxTokens)+p-1)/p + int64(c.MaxSeqs)
+		c.Cache.NumPages = int(min(n, math.MaxInt32))
 	}
 	return c, nil
 }

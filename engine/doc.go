@@ -4,26 +4,33 @@
 // kv_a_layernorm weights and the fixed-address buffers a CUDA graph can
 // replay, and runs one iteration at a time:
 //
+//	e, err := engine.New(ctx, engine.Config{Model: dsv4.Flash(), Checkpoint: dir})
 //	it, err := e.Begin(ctx, batch)   // validate, reserve pages, metadata once
 //	for layer := range e.Layers() {
-//		it.SetInputs(layer, fusedA, q) // or write Engine.Inputs on the device
+//		it.SetHidden(layer, rows)    // or write HiddenInput on the device
 //		it.RunLayer(ctx, layer)
 //	}
 //	err = it.End(ctx)                // wait, commit the new tokens
 //
-// With Config.Input = InputHidden the engine starts from the hidden states
-// instead (DESIGN.md section 7): it holds each layer's attention weights
-// (Config.Checkpoint, or synthetic ones when Config.SyntheticWeights asks), the server calls
-// it.SetHidden(layer, rows) (or writes HiddenInput on the device), and
-// RunLayer runs act_quant, the fused [wq_a; wkv] GEMM, q_norm, the wq_b
-// GEMM and the prologue, the KV side on a second stream where the backend
-// has one (mla.KVForker). Config.HeadBegin and HeadEnd shard the Q heads
-// for tensor parallelism.
+// The zero Config with Model set is DeepSeek-V4's real layer: every
+// default below is on, and what other MLA models or tests need is asked
+// for by name. The engine starts from the hidden states (DESIGN.md section
+// 7): it holds each layer's attention weights (Config.Checkpoint, or
+// generated ones when Config.SyntheticWeights asks; there are no silent
+// random weights, ErrNoWeights), and RunLayer runs act_quant, the fused
+// [wq_a; wkv] GEMM, q_norm, the wq_b GEMM and the prologue, the KV side on
+// a second stream where the backend has one (mla.KVForker).
+// Config.Input = InputProjected takes the projections' outputs instead
+// (it.SetInputs, or Engine.Inputs on the device) and runs the prologue
+// alone. Config.HeadBegin and HeadEnd shard the Q heads for tensor
+// parallelism. Generation-only iterations replay CUDA graphs where the
+// backend captures them (Config.Eager launches everything eagerly).
 //
-// DeepSeek-V4's cache model (DESIGN.md section 8) is opt-in, so the plain
-// prologue keeps its behaviour:
+// DeepSeek-V4's cache model (DESIGN.md section 8) is the default;
+// Config.FullCache keeps every token (DeepSeek-V3's MLA, no window) and
+// Config.Compressor.Off leaves the compressor out:
 //
-//   - Config.Cache.Window (kvcache.DSv4Window = 128) frees, when an
+//   - The sliding window (Cache.Window 0 = kvcache.DSv4Window = 128) frees, when an
 //     iteration ends, every page whose positions all lie below
 //     committed_len - 128; block tables, slots and metadata stay by
 //     absolute position (freed entries are -1). Set RopePositions to the
@@ -32,8 +39,8 @@
 //     sequence's 1+MTP tokens were accepted; End commits cached + n and
 //     rolls everything past it back (pages, window, compressed entries,
 //     compressor state), as if the rejected drafts never ran.
-//   - Config.Compressor runs the KV compressor of the ratio-4 and ratio-128
-//     layers: a compressed pool per layer (584-byte entries, 64 a page,
+//   - The KV compressor (Config.Compressor) runs in the ratio-4 and
+//     ratio-128 layers: a compressed pool per layer (584-byte entries, 64 a page,
 //     one block table per ratio by entry index), reserved with the SWA
 //     pages all or nothing, and the compressor states on the backend: a
 //     ring of state slots per compressed layer, one slot per live sequence

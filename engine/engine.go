@@ -67,7 +67,7 @@ type Engine struct {
 	allocated  []mla.Buffer // everything to free on Close
 
 	chain *chainState    // nil on the projected path (Config.Input)
-	comp  *compressState // nil unless Config.Compressor.Enabled
+	comp  *compressState // nil unless Config.Compresses()
 	// compTables is the backend copy of the compressed block tables (nil
 	// without compressed layers); handoff describes the buffers attention
 	// reads.
@@ -76,7 +76,7 @@ type Engine struct {
 	// compWeights holds the compressor weights the chain's weight source
 	// read, until newCompressor takes them.
 	compWeights map[int]*weights.Compressor
-	capturer    mla.GraphCapturer      // nil unless UseGraphs and the backend captures graphs
+	capturer    mla.GraphCapturer      // nil when Eager or the backend captures no graphs
 	graphs      map[graphKey]mla.Graph // captured per (layer, bucket); replayed by graph iterations
 
 	mu      sync.Mutex
@@ -131,7 +131,7 @@ func New(ctx context.Context, cfg Config) (_ *Engine, err error) {
 		return nil, err
 	}
 	e := &Engine{cfg: cfg, log: cfg.Logger.With().Str("component", "engine").Logger(), backend: b, params: cfg.params()}
-	if gc, ok := b.(mla.GraphCapturer); ok && cfg.UseGraphs {
+	if gc, ok := b.(mla.GraphCapturer); ok && !cfg.Eager {
 		e.capturer, e.graphs = gc, map[graphKey]mla.Graph{}
 	}
 	defer func() {
@@ -225,7 +225,7 @@ func New(ctx context.Context, cfg Config) (_ *Engine, err error) {
 			return nil, err
 		}
 	}
-	if cfg.Compressor.Enabled {
+	if cfg.Compresses() {
 		var proj func(int) (*compressor.Projection, []float32, error)
 		if cfg.Input == InputHidden {
 			proj = e.compressorWeights

@@ -179,7 +179,7 @@ func init() {
 		})
 }
 
-// With UseGraphs on a backend that captures graphs, generation-only
+// Without Eager, on a backend that captures graphs, generation-only
 // iterations are padded to a power-of-two bucket and each layer replays a
 // graph captured once per (layer, bucket); later batches of another size in
 // the same bucket reuse it, reading their counts from the device header.
@@ -189,7 +189,7 @@ func TestGraphPathMatchesEager(t *testing.T) {
 	cfg := smallConfig()
 	cfg.QFormat = mla.QBF16
 	eager := newEngine(t, cfg)
-	cfg.Backend, cfg.UseGraphs = "test-graphs", true
+	cfg.Backend, cfg.Eager = "test-graphs", false
 	testGraphsOn.Store(true)
 	graphs := newEngine(t, cfg)
 	testGraphsOn.Store(false)
@@ -417,7 +417,13 @@ func TestConfigErrors(t *testing.T) {
 		}, "Model", "num_nextn_predict_layers 1099511627776, must be at most 1024 layers"},
 		{"page size", func(c *engine.Config) { c.Cache.PageSize = 48 }, "Cache.PageSize", "PageSize 48"},
 		{"page size too big", func(c *engine.Config) { c.Cache.PageSize = 2 * kvcache.MaxPageSize }, "Cache.PageSize", "PageSize 2097152"},
-		{"pages", func(c *engine.Config) { c.Cache.NumPages = 0 }, "Cache.NumPages", "NumPages 0"},
+		{"pages", func(c *engine.Config) { c.Cache.NumPages = -1 }, "Cache.NumPages", "NumPages -1"},
+		{"no pages with the full cache", func(c *engine.Config) { c.Cache.NumPages = 0 }, "Cache.NumPages", "Config.Cache.NumPages: 0 with FullCache"},
+		{"a window with the full cache", func(c *engine.Config) { c.Cache.Window = 64 }, "FullCache", "Config.FullCache: set with Cache.Window = 64"},
+		{"compressor off with pools", func(c *engine.Config) { c.Compressor.Ratio4Pages = 3 }, "Compressor.Off", "Config.Compressor.Off: set, but other Compressor fields are set too"},
+		{"compressor pools without a compressed layer", func(c *engine.Config) {
+			c.Layers, c.FullCache, c.Compressor = 2, false, engine.CompressorConfig{Ratio4Pages: 3}
+		}, "Compressor", "no layer of the engine has compress ratio 4 or 128"},
 		{"cache format", func(c *engine.Config) { c.Cache.Format = 7 }, "Cache.Format", "Format 7"},
 		{"kv scale", func(c *engine.Config) { c.Cache.Format, c.Cache.KVScale = kvcache.FormatFP8PerTensor, -1 }, "Cache.KVScale", "KVScale -1"},
 		{"layers", func(c *engine.Config) { c.Layers = 45 }, "Layers", "Config.Layers: 45, must be in [1, 44]"},
@@ -707,6 +713,10 @@ func BenchmarkDecodeIteration(b *testing.B) {
 				SyntheticWeights: &engine.SyntheticWeights{},
 				Model:            dsv4.Flash(), Cache: kvcache.Config{PageSize: 64, NumPages: 1024},
 				Backend: engine.BackendCPU, Layers: 1, MaxSeqs: streams, MaxTokens: 4 * streams,
+				Input:      engine.InputProjected,
+				FullCache:  true,
+				Compressor: engine.CompressorConfig{Off: true},
+				Eager:      true,
 			}
 			e := newEngine(b, cfg)
 			var prompt, decode []metadata.Request

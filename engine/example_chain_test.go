@@ -35,6 +35,9 @@ func Example_hiddenStates() {
 		Layers:           2,
 		MaxSeqs:          4,
 		MaxTokens:        64,
+		FullCache:        true,
+		Compressor:       engine.CompressorConfig{Off: true},
+		Eager:            true,
 	})
 	if err != nil {
 		fmt.Println(err)

@@ -50,10 +50,11 @@ func Example_server() {
 		// A server names its checkpoint (Checkpoint); an example asks for
 		// synthetic weights by name.
 		SyntheticWeights: &engine.SyntheticWeights{Seed: 7},
-		Compressor:       engine.CompressorConfig{Enabled: true, Ratio4Pages: 6, Ratio128Pages: 2},
+		Compressor:       engine.CompressorConfig{Ratio4Pages: 6, Ratio128Pages: 2},
 		MaxSeqs:          4,
 		MaxTokens:        128,
 		RopePositions:    2048,
+		Eager:            true,
 	})
 	if err != nil {
 		fmt.Println(err)

@@ -27,6 +27,10 @@ func Example() {
 		Layers:           2,
 		MaxSeqs:          4,
 		MaxTokens:        64,
+		Input:            engine.InputProjected,
+		FullCache:        true,
+		Compressor:       engine.CompressorConfig{Off: true},
+		Eager:            true,
 	})
 	if err != nil {
 		fmt.Println(err)
@@ -107,6 +111,10 @@ func ExampleConfig_Footprint() {
 		Backend:          engine.BackendCPU,
 		Layers:           2,
 		MaxTokens:        4096,
+		Input:            engine.InputProjected,
+		FullCache:        true,
+		Compressor:       engine.CompressorConfig{Off: true},
+		Eager:            true,
 	}
 	fp, err := cfg.Footprint()
 	if err != nil {
@@ -136,7 +144,10 @@ func ExampleIteration_Accept() {
 	e, err := engine.New(ctx, engine.Config{
 		SyntheticWeights: &engine.SyntheticWeights{},
 		Model:            m, Backend: engine.BackendCPU, Layers: 1, MaxSeqs: 2, MaxTokens: 300,
-		Cache: kvcache.Config{PageSize: 64, NumPages: 16, Window: kvcache.DSv4Window},
+		Cache:      kvcache.Config{PageSize: 64, NumPages: 16, Window: kvcache.DSv4Window},
+		Input:      engine.InputProjected,
+		Compressor: engine.CompressorConfig{Off: true},
+		Eager:      true,
 	})
 	if err != nil {
 		panic(err)

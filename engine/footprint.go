@@ -199,7 +199,7 @@ func (c Config) footprint() (Footprint, error) {
 	f.Metadata = int64(mb.Size)
 	f.Weights = 2 * layers * numerics.HeadDim * 4
 	f.Bookkeeping = int64(c.Cache.NumPages) * 4
-	if c.Compressor.Enabled {
+	if c.Compresses() {
 		width, mostJobs := 0, 0
 		for _, r := range c.compressedRatios() {
 			width = max(width, compressor.Overlap(r)*compressor.Dim)

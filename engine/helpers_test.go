@@ -47,6 +47,10 @@ func smallConfig() engine.Config {
 		Layers:           3, // layers 0, 1 plain RoPE; layer 2 YaRN
 		MaxSeqs:          8,
 		MaxTokens:        256,
+		Input:            engine.InputProjected,
+		FullCache:        true,
+		Compressor:       engine.CompressorConfig{Off: true},
+		Eager:            true,
 	}
 }
 

@@ -78,7 +78,9 @@ func BenchmarkBegin(b *testing.B) {
 					MaxSeqs:          nb,
 					MaxTokens:        max(nb*(1+mtp), prefill),
 					RopePositions:    perSeq * pageSize,
-					UseGraphs:        true,
+					Input:            engine.InputProjected,
+					FullCache:        true,
+					Compressor:       engine.CompressorConfig{Off: true},
 				}
 				hostOnlyOpening = true
 				e := newEngine(b, cfg)

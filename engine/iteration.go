@@ -21,7 +21,7 @@ type Iteration struct {
 	index    int
 	meta     *metadata.Metadata
 	launches []mla.Launch
-	graph    bool                      // layers replay captured graphs (Config.UseGraphs)
+	graph    bool                      // layers replay captured graphs (Config.Eager unset)
 	res      *kvcache.Reservation      // the SWA pages' part of mres
 	mres     *kvcache.ModelReservation // every pool's
 	ran      []bool                    // layers whose prologue ran

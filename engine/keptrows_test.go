@@ -25,6 +25,7 @@ func TestKeptRows(t *testing.T) {
 	for _, window := range []int{0, kvcache.DSv4Window} {
 		cfg := smallConfig()
 		cfg.Cache = kvcache.Config{PageSize: 16, NumPages: 96, Window: window}
+		cfg.FullCache = window == 0
 		cfg.Layers = 1
 		e := newEngine(t, cfg)
 		seqs := []uint64{1, 2, 3, 4, 5}

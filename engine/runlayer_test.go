@@ -26,6 +26,10 @@ func eagerIteration(tb testing.TB, layers, nb int) *engine.Iteration {
 		MaxSeqs:          nb,
 		MaxTokens:        nb * 8,
 		RopePositions:    perSeq * pageSize,
+		Input:            engine.InputProjected,
+		FullCache:        true,
+		Compressor:       engine.CompressorConfig{Off: true},
+		Eager:            true,
 	}
 	hostOnlyOpening = true
 	e := newEngine(tb, cfg)

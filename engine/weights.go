@@ -103,7 +103,7 @@ func (s *syntheticSource) Layer(layer int) (*weights.Layer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("engine: synthetic weights of layer %d: %w", layer, err)
 	}
-	if !s.cfg.Compressor.Enabled {
+	if !s.cfg.Compresses() {
 		l.Compressor = nil // not read by the chain; let it go
 	}
 	l.WQB = headRows(l.WQB, s.cfg.HeadBegin, s.cfg.HeadEnd)

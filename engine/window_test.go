@@ -43,7 +43,7 @@ func TestWindowEngine(t *testing.T) {
 		cfg.Cache = kvcache.Config{PageSize: 64, NumPages: 24}
 		cfg.MaxTokens = 1024
 		full := newEngine(t, cfg)
-		cfg.Cache.Window = kvcache.DSv4Window
+		cfg.Cache.Window, cfg.FullCache = kvcache.DSv4Window, false
 		win := newEngine(t, cfg)
 		rngFull, rngWin := rand.New(rand.NewPCG(seed, uint64(prompt))), rand.New(rand.NewPCG(seed, uint64(prompt)))
 		run := func(reqs ...metadata.Request) {
@@ -94,6 +94,7 @@ func TestWindowLongChunk(t *testing.T) {
 	rng := rand.New(rand.NewPCG(testSeed(t), 2))
 	cfg := smallConfig()
 	cfg.Cache = kvcache.Config{PageSize: 64, NumPages: 12, Window: kvcache.DSv4Window}
+	cfg.FullCache = false
 	cfg.MaxTokens = 1024
 	cfg.RopePositions = 2048 // the pool no longer bounds a sequence's length
 	e := newEngine(t, cfg)

@@ -119,6 +119,9 @@ func chainOptions(steps []trace.Step, backend string, seed uint64) replay.Option
 			MaxTokens:        st.MaxTokens,
 			Input:            engine.InputHidden,
 			SyntheticWeights: &engine.SyntheticWeights{Seed: seed},
+			FullCache:        true,
+			Compressor:       engine.CompressorConfig{Off: true},
+			Eager:            true,
 		},
 		Seed:   seed,
 		Verify: true,
@@ -220,7 +223,7 @@ func TestChainCUDAVerify(t *testing.T) {
 				case "pro":
 					opts.Engine.Model, opts.Engine.Layers = dsv4.Pro(), 1
 				}
-				opts.Engine.UseGraphs = graphs
+				opts.Engine.Eager = !graphs
 				opts.Engine.MaxTokens = 256
 				r, err := replay.New(context.Background(), opts)
 				require.NoError(t, err)
@@ -248,7 +251,9 @@ func TestChainTwoGPUs(t *testing.T) {
 		cfg := engine.Config{
 			Model: m, Cache: kvcache.Config{PageSize: 64, NumPages: 8}, Backend: "cuda", Device: d,
 			Layers: 2, MaxSeqs: 4, MaxTokens: 128, Input: engine.InputHidden, SyntheticWeights: &engine.SyntheticWeights{Seed: seed},
-			HeadBegin: d * m.NumHeads / 2, HeadEnd: (d + 1) * m.NumHeads / 2, UseGraphs: true,
+			HeadBegin: d * m.NumHeads / 2, HeadEnd: (d + 1) * m.NumHeads / 2,
+			FullCache:  true,
+			Compressor: engine.CompressorConfig{Off: true},
 		}
 		e, err := engine.New(ctx, cfg)
 		require.NoError(t, err)

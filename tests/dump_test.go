@@ -191,7 +191,7 @@ func TestDumpIsSelfContained(t *testing.T) {
 			opts.Engine.Layers = 3 // Flash layer 2 uses YaRN
 			opts.Engine.Cache.Format, opts.Engine.Cache.KVScale = c.format, c.kvScale
 			opts.Engine.QFormat, opts.Engine.QScale = c.q, c.qScale
-			opts.Engine.UseGraphs = c.graphs
+			opts.Engine.Eager = !c.graphs
 			opts.DumpDir = dir
 			r, err := replay.New(context.Background(), opts)
 			require.NoError(t, err)

@@ -60,8 +60,7 @@ func handoffConfig(backend string, seed uint64) engine.Config {
 		MaxTokens:        512,
 		RopePositions:    4096,
 		Input:            engine.InputHidden,
-		Compressor:       engine.CompressorConfig{Enabled: true, Ratio4Pages: 16, Ratio128Pages: 4},
-		UseGraphs:        true,
+		Compressor:       engine.CompressorConfig{Ratio4Pages: 16, Ratio128Pages: 4},
 		SyntheticWeights: &engine.SyntheticWeights{Seed: seed},
 	}
 }

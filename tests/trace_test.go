@@ -31,6 +31,10 @@ func replayOptions(t *testing.T, steps []trace.Step, pages int) replay.Options {
 			Layers:           2,
 			MaxSeqs:          st.MaxSeqs,
 			MaxTokens:        st.MaxTokens,
+			Input:            engine.InputProjected,
+			FullCache:        true,
+			Compressor:       engine.CompressorConfig{Off: true},
+			Eager:            true,
 		},
 		Seed: 1,
 	}

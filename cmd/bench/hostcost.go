@@ -43,9 +43,11 @@ func (p hostCostPlan) config() engine.Config {
 		MaxSeqs:       maxB,
 		MaxTokens:     max(maxB*(1+p.MTP), min(p.Prefill, 4096)),
 		RopePositions: perSeq * pageSize,
-		UseGraphs:     true,
 		// The host cost does not depend on the weights' values.
 		SyntheticWeights: &engine.SyntheticWeights{},
+		Input:            engine.InputProjected,
+		FullCache:        true,
+		Compressor:       engine.CompressorConfig{Off: true},
 	}
 }
 

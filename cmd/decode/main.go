@@ -121,7 +121,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.dumpIters, "dump-iters", "0", "iterations to dump: all, or a list like 0,5,10-12")
 	fs.StringVar(&o.dumpLayers, "dump-layers", "all", "layers to dump: all, or a list like 0,2")
 	fs.BoolVar(&o.jsonOut, "json", false, "print a JSON report on stdout instead of text")
-	fs.BoolVar(&o.graph, "graph", true, "replay generation-only iterations through CUDA graphs, padded to power-of-two buckets (engine Config.UseGraphs; no effect on the cpu backend)")
+	fs.BoolVar(&o.graph, "graph", true, "replay generation-only iterations through CUDA graphs, padded to power-of-two buckets (engine Config.Eager unset; an error with --backend cpu, which captures none)")
 	fs.TextVar(&o.input, "input", engine.InputHidden, "where each layer starts: hidden (hidden states through the GEMM chain on the checkpoint's weights) or projected (synthetic A and q_b projection outputs, the prologue alone)")
 	fs.StringVar(&o.checkpoint, "checkpoint", "", "DeepSeek-V4 checkpoint directory whose attention weights --input hidden runs on (its config.json must match --model); empty: synthetic weights from --weight-seed, asked for by name (engine Config.SyntheticWeights)")
 	fs.Uint64Var(&o.weightSeed, "weight-seed", 1, "seed of the synthetic weights without --checkpoint (the generator of the synthetic checkpoint writer; the kv_a_layernorm and compressor norm weights with --input projected); an error with --checkpoint")
@@ -295,7 +295,9 @@ var flagOf = map[string]string{
 	"Compressor.Ratio128Pages": "--compressed-pages-128",
 	"Compressor.MaxDrafts":     "--max-drafts",
 	"Compressor.MaxSequences":  "--compressor-sequences",
-	"Compressor.Enabled":       "--compress",
+	"Compressor.Off":           "--compress",
+	"FullCache":                "--window",
+	"Eager":                    "--graph",
 	"Layers":                   "--layers",
 	"QFormat":                  "--q-format",
 	"QScale":                   "--q-scale",
@@ -353,6 +355,9 @@ func (o *options) config(log zerolog.Logger) (replay.Options, []trace.Step, stri
 	if err != nil {
 		return ro, nil, "", usageError{err}
 	}
+	if o.pages <= 0 {
+		return ro, nil, "", usageError{fmt.Errorf("--pages %d: must be positive (the pool the trace replays in)", o.pages)}
+	}
 	if o.layers < 0 {
 		return ro, nil, "", usageError{fmt.Errorf("--layers %d: must be 0 (all) or positive", o.layers)}
 	}
@@ -394,7 +399,8 @@ func (o *options) config(log zerolog.Logger) (replay.Options, []trace.Step, stri
 		MaxTokens:     o.maxTokens,
 		RopePositions: o.ropePos,
 		RopeMode:      o.ropeMode,
-		UseGraphs:     o.graph,
+		Eager:         !o.graph,
+		FullCache:     o.window == 0,
 		MemoryLimit:   limit,
 		Logger:        log,
 		Input:         o.input,
@@ -410,6 +416,7 @@ func (o *options) config(log zerolog.Logger) (replay.Options, []trace.Step, stri
 	// trace is read.
 	probe := cfg
 	probe.MaxSeqs, probe.MaxTokens = max(cfg.MaxSeqs, 1), max(cfg.MaxTokens, 1)
+	probe.Compressor = engine.CompressorConfig{Off: true} // its pools are the trace's too
 	resolved, err := probe.Resolve()
 	if err != nil {
 		return ro, nil, "", flagError(err)
@@ -440,8 +447,9 @@ func (o *options) config(log zerolog.Logger) (replay.Options, []trace.Step, stri
 				return ro, nil, "", err
 			}
 		}
+		cfg.Compressor.Off = true
 	}
-	if cfg.Compressor.Enabled {
+	if cfg.Compresses() {
 		drafts := cfg.Compressor.MaxDrafts
 		if drafts == 0 {
 			drafts = engine.DefaultMaxDrafts
@@ -640,7 +648,6 @@ func compressorConfig(o *options, model dsv4.Config, steps []trace.Step) (engine
 			return cc, usageError{fmt.Errorf("--compressed-pages-%d %d does nothing: no layer among --layers %d has ratio %d", r, n, layers, r)}
 		}
 	}
-	cc.Enabled = true
 	for r := range used {
 		n := flags[r]
 		if n == 0 {

@@ -234,8 +234,8 @@ func TestBadFlagValuesExitWithUsage(t *testing.T) {
 	}{
 		{[]string{"--page-size", "48"}, "--page-size: engine: Config.Cache.PageSize: kvcache: Config.PageSize 48 must be a power of two"},
 		{[]string{"--page-size", "2097152"}, "--page-size: engine: Config.Cache.PageSize"},
-		{[]string{"--pages", "0"}, "--pages: engine: Config.Cache.NumPages"},
-		{[]string{"--pages", "-4"}, "--pages: engine: Config.Cache.NumPages"},
+		{[]string{"--pages", "0"}, "--pages 0: must be positive"},
+		{[]string{"--pages", "-4"}, "--pages -4: must be positive"},
 		{[]string{"--cache-format", "fp8_pertensor", "--kv-scale", "0"}, "--kv-scale: engine: Config.Cache.KVScale"},
 		{[]string{"--q-scale", "-1"}, "--q-scale: engine: Config.QScale: -1"},
 		{[]string{"--layers", "9"}, "--layers: engine: Config.Layers: 9, must be in [1, 4]"},

@@ -47,7 +47,9 @@ func TestLongRandomReplay(t *testing.T) {
 			SyntheticWeights: &engine.SyntheticWeights{},
 			Model:            m, Cache: kvcache.Config{PageSize: 16, NumPages: 32, Window: 32},
 			Backend: engine.BackendCPU, Layers: 4, MaxSeqs: 16, MaxTokens: 1024, RopePositions: 4096,
-			Compressor: engine.CompressorConfig{Enabled: true, Ratio4Pages: 8, Ratio128Pages: 12, MaxDrafts: 3},
+			Compressor: engine.CompressorConfig{Ratio4Pages: 8, Ratio128Pages: 12, MaxDrafts: 3},
+			Input:      engine.InputProjected,
+			Eager:      true,
 		},
 		Seed:   seed,
 		Verify: true,
@@ -113,7 +115,9 @@ func TestSequenceMemoryFlash(t *testing.T) {
 		SyntheticWeights: &engine.SyntheticWeights{},
 		Model:            dsv4.Flash(), Cache: kvcache.Config{PageSize: 64, NumPages: 64, Window: kvcache.DSv4Window},
 		Backend: engine.BackendCPU, MaxSeqs: 1, MaxTokens: 64, RopePositions: 64,
-		Compressor: engine.CompressorConfig{Enabled: true, Ratio4Pages: 1, Ratio128Pages: 1},
+		Compressor: engine.CompressorConfig{Ratio4Pages: 1, Ratio128Pages: 1},
+		Input:      engine.InputProjected,
+		Eager:      true,
 	}
 	m, err := cfg.SequenceMemory(1 << 20)
 	require.NoError(t, err)
@@ -129,8 +133,8 @@ func TestSequenceMemoryFlash(t *testing.T) {
 	require.Equal(t, int64(21*16*256*8), m.IndexerState)
 	require.InDelta(t, 3.71e9, float64(m.Total()), 0.05e9)
 	full := cfg
-	full.Cache.Window = 0
-	full.Compressor = engine.CompressorConfig{}
+	full.Cache.Window, full.FullCache = 0, true
+	full.Compressor = engine.CompressorConfig{Off: true}
 	f, err := full.SequenceMemory(1 << 20)
 	require.NoError(t, err)
 	require.Equal(t, 44*16384*pageBytes, f.Total())
@@ -143,9 +147,11 @@ func TestSequenceMemoryBounds(t *testing.T) {
 	for _, window := range []int{0, kvcache.DSv4Window} {
 		cfg := engine.Config{
 			SyntheticWeights: &engine.SyntheticWeights{},
-			Model:            dsv4.Flash(), Cache: kvcache.Config{PageSize: 64, NumPages: 64, Window: window},
+			Model:            dsv4.Flash(), Cache: kvcache.Config{PageSize: 64, NumPages: 64, Window: window}, FullCache: window == 0,
 			Backend: engine.BackendCPU, MaxSeqs: 1, MaxTokens: 64, RopePositions: 64,
-			Compressor: engine.CompressorConfig{Enabled: true, Ratio4Pages: 1, Ratio128Pages: 1},
+			Compressor: engine.CompressorConfig{Ratio4Pages: 1, Ratio128Pages: 1},
+			Input:      engine.InputProjected,
+			Eager:      true,
 		}
 		longest := cfg.Model.MaxPositionEmbeddings
 		for _, n := range []int{-1, longest + 1, math.MaxInt - 63, math.MaxInt} {

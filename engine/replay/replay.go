@@ -89,13 +89,13 @@ func New(ctx context.Context, opts Options) (*Replayer, error) {
 		QFormat:     cfg.QFormat.String(),
 		Seed:        opts.Seed,
 		Verify:      opts.Verify,
-		UseGraphs:   cfg.UseGraphs,
+		UseGraphs:   !cfg.Eager,
 		Input:       cfg.Input.String(),
 		HeadBegin:   cfg.HeadBegin,
 		HeadEnd:     cfg.HeadEnd,
 		Checkpoint:  cfg.Checkpoint,
 		Window:      cfg.Cache.Window,
-		Compressor:  cfg.Compressor.Enabled,
+		Compressor:  cfg.Compresses(),
 	}
 	return r, nil
 }
