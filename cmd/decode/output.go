@@ -71,11 +71,12 @@ func writeSummary(w io.Writer, rep *replay.Report, traceName string) {
 	}
 	fmt.Fprintf(w, "cache:    fewest free pages %d of %d; %d sequences finished\n", s.MinFreePages, rep.Pages, s.Finished)
 	for _, p := range rep.Pools {
-		unit := "pages"
-		if p.Slots {
-			unit = "state slots"
+		if p.Slots { // counted in sequences: the rings also keep a slot for each chunk a batch can move
+			fmt.Fprintf(w, "pool %-9s %d layers x state slots of %s for %d sequences; %d free at the end\n", p.Name+":", p.Layers,
+				engine.FormatBytes(int64(p.PageBytes)), p.Pages, p.Free)
+			continue
 		}
-		fmt.Fprintf(w, "pool %-9s %d layers x %d %s of %s (%s per layer); %d free at the end\n", p.Name+":", p.Layers, p.Pages, unit,
+		fmt.Fprintf(w, "pool %-9s %d layers x %d pages of %s (%s per layer); %d free at the end\n", p.Name+":", p.Layers, p.Pages,
 			engine.FormatBytes(int64(p.PageBytes)), engine.FormatBytes(int64(p.Pages)*int64(p.PageBytes)), p.Free)
 	}
 	for _, m := range rep.SequenceMemory {
@@ -87,6 +88,9 @@ func writeSummary(w io.Writer, rep *replay.Report, traceName string) {
 		}
 		if m.State > 0 {
 			parts = append(parts, "state "+engine.FormatBytes(m.State))
+		}
+		if m.Indexer+m.IndexerState > 0 {
+			parts = append(parts, "indexer "+engine.FormatBytes(m.Indexer+m.IndexerState))
 		}
 		fmt.Fprintf(w, "sequence at %d tokens: %s (%s)\n", m.Length, engine.FormatBytes(m.Total()), strings.Join(parts, ", "))
 	}
