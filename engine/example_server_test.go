@@ -42,11 +42,13 @@ func (r *serverRequest) length() int { return r.prefilled + r.output }
 // and an MTP layer.
 func Example_server() {
 	ctx := context.Background()
+	// The zero Config is DeepSeek-V4's layer: hidden-state input, the
+	// 128-token window, the compressor, CUDA graphs where the backend has
+	// them. The pools are sized small here so that admission matters.
 	e, err := engine.New(ctx, engine.Config{
 		Model:   weights.TinyConfig(), // hidden 256: small GEMMs
-		Cache:   kvcache.Config{PageSize: 16, NumPages: 48, Window: kvcache.DSv4Window},
+		Cache:   kvcache.Config{PageSize: 16, NumPages: 48},
 		Backend: engine.BackendCPU,
-		Input:   engine.InputHidden,
 		// A server names its checkpoint (Checkpoint); an example asks for
 		// synthetic weights by name.
 		SyntheticWeights: &engine.SyntheticWeights{Seed: 7},
@@ -54,7 +56,6 @@ func Example_server() {
 		MaxSeqs:          4,
 		MaxTokens:        128,
 		RopePositions:    2048,
-		Eager:            true,
 	})
 	if err != nil {
 		fmt.Println(err)
