@@ -108,3 +108,46 @@ func ExampleCache_Retire() {
 	// true kvcache: unknown sequence 7
 	// true kvcache: finished sequence 7: needs[0] cannot create it again
 }
+
+// A DSv4 cache model: the SWA pages, the ratio-4 entries with the
+// indexer's keys on their table, and the state slots, reserved as one. An
+// MTP step committed with its accepted length drops the entries past it;
+// a batch that does not fit one pool is refused naming it, nothing changed.
+func ExampleModel() {
+	m, err := kvcache.NewModel(kvcache.DSv4Layout(kvcache.DSv4Pools{
+		SWA: kvcache.Config{PageSize: 64, NumPages: 8, Window: kvcache.DSv4Window}, Layers: 3,
+		RatioLayers: map[int]int{4: 1}, RatioPages: map[int]int{4: 2}, StateBytes: map[int]int64{4: 64 << 10},
+		Live: 2, Slots: 3, InPlace: 4, IndexerStateBytes: 16 << 10,
+	}))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	step := func(b *kvcache.Batch, accepted map[uint64]int) {
+		r, err := m.Reserve(b)
+		if err != nil {
+			fmt.Println("refused:", err)
+			return
+		}
+		if err := r.CommitLengths(accepted); err != nil {
+			fmt.Println(err)
+		}
+	}
+	step(&kvcache.Batch{Needs: []kvcache.Need{{ID: 1, NewLength: 130, Create: true}}, Cached: []int{0}}, nil)
+	// 1 + 3 drafts, one accepted: 131 tokens, 32 entries.
+	step(&kvcache.Batch{Needs: []kvcache.Need{{ID: 1, NewLength: 134}}, Cached: []int{130}}, map[uint64]int{1: 131})
+	n, _ := m.Pool(1).(*kvcache.EntryCache).Cache().Lookup(1)
+	fmt.Println("ratio-4 entries:", n)
+	step(&kvcache.Batch{Needs: []kvcache.Need{{ID: 2, NewLength: 260, Create: true}}, Cached: []int{0}}, nil)
+	for _, u := range m.Usage() {
+		fmt.Printf("%s %d/%d free\n", u.Name, u.Free, u.Pages)
+	}
+	// Output:
+	// ratio-4 entries: 32
+	// refused: ratio-4 compressed pool and indexer pool: kvcache: cache full: need 2 pages, 1 free of 2
+	// swa 5/8 free
+	// ratio-4 1/2 free
+	// indexer 1/2 free
+	// state-4 1/2 free
+	// indexer-state 1/2 free
+}
