@@ -9,6 +9,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/dsv4mla/prologue/attention/mla"
+	"github.com/dsv4mla/prologue/attention/mla/cpu"
 	"github.com/dsv4mla/prologue/kvcache"
 	"github.com/dsv4mla/prologue/metadata"
 	"github.com/dsv4mla/prologue/model/dsv4"
@@ -118,8 +119,15 @@ type Config struct {
 	// backend and their host copies. A configuration past it is refused
 	// before anything is allocated, with an error (wrapping ErrMemoryLimit)
 	// that says how much it would take and which field drives the most.
-	// 0 = DefaultMemoryLimit.
+	// 0 = what the machine has: the backend's free memory when New opens it
+	// (mla.MemoryReporter: the device's free memory on CUDA; on the cpu
+	// backend the host's available memory, cpu.AvailableMemory: MemAvailable
+	// within the cgroup's limit), or FallbackMemoryLimit (32 GiB) for a
+	// backend that cannot say (cpu where /proc/meminfo cannot be read).
+	// Resolve fills it for the cpu backend; for another it stays 0 until New.
 	MemoryLimit int64
+	// limitFrom says where a MemoryLimit of 0 was taken from, for errors.
+	limitFrom string
 
 	// Compressor is DSv4's KV compressor and its compressed caches in the
 	// ratio-4 and ratio-128 layers (DESIGN.md section 8): on, with pools
@@ -299,22 +307,49 @@ func (c Config) resolve(checkMemory bool) (Config, error) {
 		func(uint64) (int, bool, error) { return 0, false, nil }, c.params()); err != nil {
 		return c, &ConfigError{Field: "Scheduler", Err: err}
 	}
-	if c.MemoryLimit == 0 {
-		c.MemoryLimit = DefaultMemoryLimit
-	}
 	if c.MemoryLimit < 0 {
-		return c, fieldError("MemoryLimit", "%d, must be >= 0 (0: %s)", c.MemoryLimit, FormatBytes(DefaultMemoryLimit))
+		return c, fieldError("MemoryLimit", "%d, must be >= 0 (0: the backend's free memory)", c.MemoryLimit)
+	}
+	if c.MemoryLimit == 0 && c.Backend == BackendCPU {
+		c = c.defaultLimit(cpu.New(1))
 	}
 	fp, err := c.footprint()
 	if err != nil {
 		return c, err
 	}
-	if total := fp.Total(); checkMemory && total > c.MemoryLimit {
-		field, what := fp.largest()
-		return c, &ConfigError{Field: field, Err: fmt.Errorf("%w: the engine would allocate %s (%s), more than MemoryLimit %s; the largest is %s: lower %s, or raise MemoryLimit",
-			ErrMemoryLimit, FormatBytes(total), fp, FormatBytes(c.MemoryLimit), what, field)}
+	if checkMemory {
+		return c, c.checkMemory(fp)
 	}
 	return c, nil
+}
+
+// defaultLimit fills a MemoryLimit of 0 from what b says it can allocate,
+// or FallbackMemoryLimit.
+func (c Config) defaultLimit(b mla.Backend) Config {
+	c.MemoryLimit, c.limitFrom = FallbackMemoryLimit, fmt.Sprintf("(0: the fallback, backend %s cannot say how much memory it has)", b.Name())
+	if r, ok := b.(mla.MemoryReporter); ok {
+		if n, err := r.FreeMemory(); err == nil {
+			c.MemoryLimit, c.limitFrom = n, fmt.Sprintf("(0: the %s backend's free memory)", b.Name())
+		} else {
+			c.limitFrom = fmt.Sprintf("(0: the fallback: %v)", err)
+		}
+	}
+	return c
+}
+
+// checkMemory refuses a footprint past MemoryLimit (0: not known yet,
+// New checks once the backend is open).
+func (c Config) checkMemory(fp Footprint) error {
+	if total := fp.Total(); c.MemoryLimit > 0 && total > c.MemoryLimit {
+		field, what := fp.largest()
+		limit := FormatBytes(c.MemoryLimit)
+		if c.limitFrom != "" {
+			limit += " " + c.limitFrom
+		}
+		return &ConfigError{Field: field, Err: fmt.Errorf("%w: the engine would allocate %s (%s), more than MemoryLimit %s; the largest is %s: lower %s, or raise MemoryLimit",
+			ErrMemoryLimit, FormatBytes(total), fp, limit, what, field)}
+	}
+	return nil
 }
 
 // resolveCache fills the SWA pool's defaults: the page size, the window

@@ -25,6 +25,8 @@
 // alone. Config.HeadBegin and HeadEnd shard the Q heads for tensor
 // parallelism. Generation-only iterations replay CUDA graphs where the
 // backend captures them (Config.Eager launches everything eagerly).
+// Config.MemoryLimit defaults to what the machine has: the backend's free
+// memory (the device's on CUDA, the host's available memory on cpu).
 //
 // DeepSeek-V4's cache model (DESIGN.md section 8) is the default;
 // Config.FullCache keeps every token (DeepSeek-V3's MLA, no window) and

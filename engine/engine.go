@@ -130,6 +130,16 @@ func New(ctx context.Context, cfg Config) (_ *Engine, err error) {
 	if err != nil {
 		return nil, err
 	}
+	if cfg.MemoryLimit == 0 { // now that the backend can say what it has
+		cfg = cfg.defaultLimit(b)
+		fp, err := cfg.footprint()
+		if err == nil {
+			err = cfg.checkMemory(fp)
+		}
+		if err != nil {
+			return nil, errors.Join(err, b.Close())
+		}
+	}
 	e := &Engine{cfg: cfg, log: cfg.Logger.With().Str("component", "engine").Logger(), backend: b, params: cfg.params()}
 	if gc, ok := b.(mla.GraphCapturer); ok && !cfg.Eager {
 		e.capturer, e.graphs = gc, map[graphKey]mla.Graph{}
@@ -267,7 +277,7 @@ func New(ctx context.Context, cfg Config) (_ *Engine, err error) {
 	e.log.Info().Str("backend", b.Name()).Str("model", cfg.Model.Name).Int("layers", cfg.Layers).
 		Int("heads", heads).Stringer("cache_format", cfg.Cache.Format).Int("page_size", cfg.Cache.PageSize).
 		Int("pages", cfg.Cache.NumPages).Int("max_seqs", cfg.MaxSeqs).Int("max_tokens", cfg.MaxTokens).
-		Int("rope_positions", cfg.RopePositions).Stringer("rope_mode", cfg.RopeMode).Int("bytes", total).Msg("engine ready")
+		Int("rope_positions", cfg.RopePositions).Stringer("rope_mode", cfg.RopeMode).Int("bytes", total).Int64("memory_limit", cfg.MemoryLimit).Msg("engine ready")
 	return e, nil
 }
 

@@ -475,8 +475,10 @@ func TestMemoryLimit(t *testing.T) {
 			"the engine would allocate 144.0 GiB (input buffers 112.0 GiB, Q output 32.0 GiB"},
 		{"a billion pages", func(c *engine.Config) { c.Cache.NumPages, c.RopePositions = 1<<30, 1024 }, "Cache.NumPages",
 			"the largest is the KV cache pools, 28.7 TiB: lower Cache.NumPages, or raise MemoryLimit"},
-		{"every layer of a large pool", func(c *engine.Config) { c.Layers, c.Cache.NumPages = 0, 1<<17 }, "Cache.NumPages",
-			"more than MemoryLimit 32.0 GiB"},
+		{"every layer of a large pool", func(c *engine.Config) { c.Layers, c.Cache.NumPages, c.MemoryLimit = 0, 1<<17, 32<<30 }, "Cache.NumPages",
+			"more than MemoryLimit 32.0 GiB; the largest"},
+		{"past the host's memory", func(c *engine.Config) { c.Layers, c.Cache.NumPages = 0, 1<<22 }, "Cache.NumPages",
+			"(0: the cpu backend's free memory); the largest is the KV cache pools, 1.6 TiB"},
 		{"a small limit", func(c *engine.Config) { c.MemoryLimit = 1 << 20 }, "MaxTokens",
 			"the engine would allocate 3.9 MiB (input buffers 1.8 MiB, KV cache pools 918.0 KiB, RoPE tables 768.0 KiB"},
 	} {

@@ -13,11 +13,10 @@ import (
 	"github.com/dsv4mla/prologue/numerics"
 )
 
-// DefaultMemoryLimit is the MemoryLimit of a zero Config: 32 GiB, far above
-// the default capacity of any DeepSeek-V4 configuration and below the memory
-// of the machines it runs on. A server that gives the KV cache more sets
-// MemoryLimit.
-const DefaultMemoryLimit = 32 << 30
+// FallbackMemoryLimit is the MemoryLimit of a zero Config on a backend
+// that cannot say how much memory it has (not an mla.MemoryReporter, or
+// one whose FreeMemory fails): 32 GiB.
+const FallbackMemoryLimit = 32 << 30
 
 // ErrMemoryLimit: the buffers of a Config would pass its MemoryLimit. New
 // returns it inside a *ConfigError before allocating anything.

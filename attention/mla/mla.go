@@ -269,6 +269,14 @@ type Graph interface {
 	Close() error
 }
 
+// MemoryReporter is an optional interface of backends that can say how
+// much memory they can still allocate: the device's free memory on an
+// accelerator, the host's available memory on the CPU backend. The engine
+// takes it as its default MemoryLimit.
+type MemoryReporter interface {
+	FreeMemory() (int64, error)
+}
+
 // GraphCapturer is an optional interface of backends that can record the
 // launches a function issues and replay them (CUDA graphs).
 type GraphCapturer interface {

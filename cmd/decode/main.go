@@ -126,7 +126,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.checkpoint, "checkpoint", "", "DeepSeek-V4 checkpoint directory whose attention weights --input hidden runs on (its config.json must match --model); empty: synthetic weights from --weight-seed, asked for by name (engine Config.SyntheticWeights)")
 	fs.Uint64Var(&o.weightSeed, "weight-seed", 1, "seed of the synthetic weights without --checkpoint (the generator of the synthetic checkpoint writer; the kv_a_layernorm and compressor norm weights with --input projected); an error with --checkpoint")
 	fs.StringVar(&o.heads, "heads", "", "head range h0:h1 this engine computes (head-sharded tensor parallelism); empty: all heads")
-	fs.StringVar(&o.memoryLimit, "memory-limit", "0", "most memory the engine may allocate (and as much again for --verify's reference), like 64GiB; 0: the engine's default, "+engine.FormatBytes(engine.DefaultMemoryLimit))
+	fs.StringVar(&o.memoryLimit, "memory-limit", "0", "most memory the engine may allocate (and as much again for --verify's reference), like 64GiB; 0: what the machine has (the backend's free memory: the device's on CUDA, the host's available memory on cpu)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	fs.BoolVar(&o.noIterations, "summary-only", false, "print only the summary, not a line per iteration")
 	fs.Usage = func() {
@@ -483,7 +483,10 @@ func (o *options) config(log zerolog.Logger) (replay.Options, []trace.Step, stri
 		if err != nil {
 			return ro, nil, "", flagError(err)
 		}
-		if lim := resolved.MemoryLimit; fp.Total() > lim/2 {
+		// Known here for an explicit limit and for the cpu backend, where
+		// both engines take host memory; another backend's own New checks
+		// its free memory, and the reference's the host's.
+		if lim := resolved.MemoryLimit; lim > 0 && fp.Total() > lim/2 {
 			return ro, nil, "", usageError{fmt.Errorf("--verify: the engine and its cpu reference would allocate %s, more than --memory-limit %s (%s each: %s)",
 				engine.FormatBytes(2*fp.Total()), engine.FormatBytes(lim), engine.FormatBytes(fp.Total()), fp)}
 		}
@@ -519,7 +522,7 @@ func parseBytes(s string) (int64, error) {
 	}
 	v, err := strconv.ParseInt(num, 10, 64)
 	if err != nil || v < 0 || v > math.MaxInt64>>shift {
-		return 0, fmt.Errorf("want a size like 0 (the default %s), 2147483648, 512MiB or 64GiB", engine.FormatBytes(engine.DefaultMemoryLimit))
+		return 0, fmt.Errorf("want a size like 0 (the backend's free memory), 2147483648, 512MiB or 64GiB")
 	}
 	return v << shift, nil
 }

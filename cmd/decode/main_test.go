@@ -258,8 +258,13 @@ func TestBadFlagValuesExitWithUsage(t *testing.T) {
 		// The chain's buffers count too.
 		{[]string{"--max-tokens", "16777216", "--memory-limit", "1GiB"},
 			"--max-tokens: engine: Config.MaxTokens: more memory than MemoryLimit: the engine would allocate 82.2 GiB (input buffers 52.0 GiB, Q output 16.0 GiB, chain buffers 14.2 GiB"},
-		{[]string{"--pages", "1000000", "--layers", "0"},
+		{[]string{"--pages", "1000000", "--layers", "0", "--memory-limit", "32GiB"},
 			"--pages: engine: Config.Cache.NumPages: more memory than MemoryLimit: the engine would allocate 141.0 GiB (KV cache pools 139.5 GiB"},
+		// The default is the host's available memory (the cpu backend):
+		// 4 million pages of every layer pass any host.
+		{[]string{"--pages", "4000000", "--layers", "0"},
+			"--pages: engine: Config.Cache.NumPages: more memory than MemoryLimit: the engine would allocate"},
+		{[]string{"--pages", "4000000", "--layers", "0"}, "(0: the cpu backend's free memory)"},
 		{[]string{"--verify", "--pages", "300000", "--memory-limit", "24GiB"},
 			"--verify: the engine and its cpu reference would allocate 44.9 GiB, more than --memory-limit 24.0 GiB (22.4 GiB each"},
 	} {

@@ -202,6 +202,18 @@ func (b *Backend) Stream() *driver.Stream { return b.stream }
 // Props describes the device.
 func (b *Backend) Props() driver.DeviceProps { return b.ctx.Props() }
 
+var _ mla.MemoryReporter = (*Backend)(nil)
+
+// FreeMemory implements mla.MemoryReporter: the device's free memory
+// (cuMemGetInfo), the engine's default MemoryLimit.
+func (b *Backend) FreeMemory() (int64, error) {
+	free, _, err := b.ctx.MemInfo()
+	if err != nil {
+		return 0, fmt.Errorf("cuda: free device memory: %w", err)
+	}
+	return int64(min(free, 1<<62)), nil
+}
+
 // Alloc allocates device memory.
 func (b *Backend) Alloc(n int) (mla.Buffer, error) {
 	if n <= 0 {
