@@ -669,6 +669,33 @@ func (d Debug) CompressedBlockTable(ratio int, seq uint64) ([]int32, error) {
 	return e.comp.entries[ratio].Cache().BlockTable(seq)
 }
 
+// CompressedBlockTables returns copies of the open iteration's block
+// tables of a compress ratio's pools, one row per batch sequence (in
+// Metadata().Seqs order): the page of entry i is row[i/CompressedPageSize],
+// for every entry up to the iteration's end, as Begin reserved them (a
+// sequence of the ratio's layers that holds no entry has an empty row).
+// The device copy is what Engine.Handoff's compressed block table holds.
+func (d IterationDebug) CompressedBlockTables(ratio int) ([][]int32, error) {
+	it := d.it
+	e := it.e
+	if it.done {
+		return nil, fmt.Errorf("engine: CompressedBlockTables: iteration %d: %w", it.index, ErrIterationDone)
+	}
+	ri := -1
+	if e.comp != nil {
+		ri = slices.Index(e.comp.ratios, ratio)
+	}
+	if ri < 0 || it.comp == nil {
+		return nil, fmt.Errorf("engine: CompressedBlockTables: no compressed pool of ratio %d", ratio)
+	}
+	rows := e.compressedTables(ri)
+	out := make([][]int32, it.meta.NumSeqs)
+	for b := range out {
+		out[b] = slices.Clone(rows[b])
+	}
+	return out, nil
+}
+
 // CompressedEntries returns how many compressed entries of a ratio seq
 // holds (committed iterations only): floor(length/ratio).
 func (d Debug) CompressedEntries(ratio int, seq uint64) (int, error) {

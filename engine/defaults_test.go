@@ -64,6 +64,7 @@ func TestZeroConfigRunsDSv4(t *testing.T) {
 	testGraphsOn.Store(false)
 	t.Cleanup(func() { *testGraphs = graphCPU{Backend: testGraphs.Backend} })
 	ctx := context.Background()
+	reserved := map[int][][]int32{}
 	run := func(reqs ...metadata.Request) *engine.Iteration {
 		it, err := e.Begin(ctx, reqs)
 		require.NoError(t, err)
@@ -71,7 +72,15 @@ func TestZeroConfigRunsDSv4(t *testing.T) {
 			require.NoError(t, it.SetHidden(l, randomBF16(rng, it.Tokens()*e.HiddenSize())))
 			require.NoError(t, it.RunLayer(ctx, l))
 		}
+		for _, r := range []int{4, 128} {
+			reserved[r], err = it.Debug().CompressedBlockTables(r)
+			require.NoError(t, err)
+		}
+		_, err = it.Debug().CompressedBlockTables(16)
+		require.ErrorContains(t, err, "no compressed pool of ratio 16")
 		require.NoError(t, it.End(ctx))
+		_, err = it.Debug().CompressedBlockTables(4)
+		require.ErrorIs(t, err, engine.ErrIterationDone)
 		return it
 	}
 	require.False(t, run(ctxReq(1, 200)).Debug().GraphPath())
@@ -82,6 +91,13 @@ func TestZeroConfigRunsDSv4(t *testing.T) {
 		n, err := e.Debug().CompressedEntries(ratio, 1)
 		require.NoError(t, err)
 		require.Equal(t, want, n, "ratio %d", ratio)
+	}
+	for r, tables := range reserved { // an iteration's tables are what it commits, here all accepted
+		committed, err := e.Debug().CompressedBlockTable(r, 1)
+		require.NoError(t, err)
+		require.Len(t, tables, 1)
+		require.Equal(t, committed, tables[0], "ratio %d", r)
+		require.Len(t, committed, map[int]int{4: 1, 128: 1}[r], "50 ratio-4 entries fill one page of 64")
 	}
 	require.Equal(t, 1, e.Debug().CompressorSequences())
 	require.True(t, run(genReq(1, 3)).Debug().GraphPath(), "a generation-only batch replays graphs")

@@ -4,11 +4,14 @@ import (
 	"encoding/binary"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/dsv4mla/prologue/attention/mla"
 	"github.com/dsv4mla/prologue/engine"
 	"github.com/dsv4mla/prologue/internal/safetensors"
+	"github.com/dsv4mla/prologue/kvcache"
 	"github.com/dsv4mla/prologue/numerics"
 )
 
@@ -34,8 +37,12 @@ func i64s[T int64 | uint64](v []T) []byte {
 }
 
 // dump writes the inputs and outputs of one layer of the open iteration
-// (the tensor names are listed in the README, "cmd/decode dump tensors").
-func (r *Replayer) dump(it *engine.Iteration, line, layer int) (string, error) {
+// (the tensor names are listed in the README, "cmd/decode dump tensors"),
+// the cache model's part of it included: the window and the line's accept
+// list (accepted: nil for all) in the metadata, and in a compressed layer
+// the entries written, the pages holding them, the block tables, the
+// state slots and the norm weight.
+func (r *Replayer) dump(it *engine.Iteration, line, layer int, accepted map[uint64]int) (string, error) {
 	e := r.eng
 	cfg := e.Config()
 	m := it.Metadata()
@@ -105,6 +112,19 @@ func (r *Replayer) dump(it *engine.Iteration, line, layer int) (string, error) {
 		{Name: "cache_page_ids", DType: "I32", Shape: []int{len(pages)}, Data: i32s(pages)},
 		{Name: "cache_pages", DType: "U8", Shape: []int{len(pages), cfg.Cache.PageBytes()}, Data: pageBytes},
 	}
+	counts := make([]int32, B) // tokens each sequence keeps of this iteration
+	for b, seq := range m.Seqs {
+		counts[b] = m.QLen[b]
+		if n, ok := accepted[seq]; ok {
+			counts[b] = int32(n)
+		}
+	}
+	tensors = append(tensors, safetensors.Tensor{Name: "accepted", DType: "I32", Shape: []int{B}, Data: i32s(counts)})
+	comp, compMeta, err := compressorTensors(e, it, layer)
+	if err != nil {
+		return "", err
+	}
+	tensors = append(tensors, comp...)
 	if cfg.Input == engine.InputHidden {
 		chain, err := chainTensors(it, cfg.Model.HiddenSize, cfg.Model.QLoraRank)
 		if err != nil {
@@ -143,6 +163,11 @@ func (r *Replayer) dump(it *engine.Iteration, line, layer int) (string, error) {
 		"input":           cfg.Input.String(),
 		"head_begin":      strconv.Itoa(cfg.HeadBegin),
 		"head_end":        strconv.Itoa(cfg.HeadEnd),
+		"window":          strconv.Itoa(cfg.Cache.Window),
+		"accept":          acceptList(m.Seqs, accepted),
+	}
+	for k, v := range compMeta {
+		meta[k] = v
 	}
 	if cfg.Input == engine.InputHidden {
 		meta["hidden_size"] = strconv.Itoa(cfg.Model.HiddenSize)
@@ -185,4 +210,96 @@ func chainTensors(it *engine.Iteration, hidden, qLora int) ([]safetensors.Tensor
 		out = append(out, safetensors.Tensor{Name: s.t.String(), DType: s.dtype, Shape: s.shape, Data: data})
 	}
 	return out, nil
+}
+
+// acceptList is the line's accept list as the metadata records it: "all",
+// or seq:accepted for every sequence it names, in batch order.
+func acceptList(seqs []uint64, accepted map[uint64]int) string {
+	if accepted == nil {
+		return "all"
+	}
+	var parts []string
+	for _, seq := range seqs {
+		if n, ok := accepted[seq]; ok {
+			parts = append(parts, fmt.Sprintf("%d:%d", seq, n))
+		}
+	}
+	return strings.Join(parts, ",")
+}
+
+// compressorTensors are a compressed layer's part of the cache model in
+// the open iteration (none for a layer without a compressor): the entries
+// it wrote (comp_entries: batch index, entry index, page; entry i of a
+// sequence is written when the iteration's tokens reach (i+1)*ratio), the
+// pages holding them (comp_page_ids, comp_pages, in the fp8_ue8m0 layout
+// of CompressedPageSize entries), the ratio's block tables by entry index
+// (comp_block_tables, -1 past a row's end), each sequence's state slot as
+// the layer left it (comp_states: mla.RingRows rows of K then G, Width
+// float32 each) and the entry norm weight (comp_norm).
+func compressorTensors(e *engine.Engine, it *engine.Iteration, layer int) ([]safetensors.Tensor, map[string]string, error) {
+	ratio, width := e.CompressRatio(layer), e.CompressorWidth(layer)
+	if ratio == 0 {
+		return nil, nil, nil
+	}
+	cfg := e.Config()
+	m := it.Metadata()
+	B := m.NumSeqs
+	tables, err := it.Debug().CompressedBlockTables(ratio)
+	if err != nil {
+		return nil, nil, err
+	}
+	cols := 1
+	for _, row := range tables {
+		cols = max(cols, len(row))
+	}
+	flat := slices.Repeat([]int32{-1}, B*cols)
+	var entries, pages []int32
+	for b, row := range tables {
+		copy(flat[b*cols:], row)
+		for i := int(m.Cached[b]) / ratio; i < int(m.KVLen[b])/ratio; i++ {
+			page := row[i/engine.CompressedPageSize]
+			entries = append(entries, int32(b), int32(i), page)
+			pages = append(pages, page)
+		}
+	}
+	slices.Sort(pages)
+	pages = slices.Compact(pages)
+	pool, err := e.Debug().ReadCompressedPool(layer)
+	if err != nil {
+		return nil, nil, err
+	}
+	pageBytes := kvcache.FormatFP8UE8M0.PageBytes(engine.CompressedPageSize)
+	var pageData []byte
+	for _, p := range pages {
+		pageData = append(pageData, pool[int(p)*pageBytes:(int(p)+1)*pageBytes]...)
+	}
+	rows := mla.RingRows(ratio, cfg.Compressor.MaxDrafts)
+	var states []byte
+	for _, seq := range m.Seqs {
+		st, err := it.Debug().ReadCompressorSlot(layer, seq)
+		if err != nil {
+			return nil, nil, err
+		}
+		states = append(states, st...)
+	}
+	norm, err := e.Debug().CompressorNorm(layer)
+	if err != nil {
+		return nil, nil, err
+	}
+	tensors := []safetensors.Tensor{
+		{Name: "comp_entries", DType: "I32", Shape: []int{len(entries) / 3, 3}, Data: i32s(entries)},
+		{Name: "comp_page_ids", DType: "I32", Shape: []int{len(pages)}, Data: i32s(pages)},
+		{Name: "comp_pages", DType: "U8", Shape: []int{len(pages), pageBytes}, Data: pageData},
+		{Name: "comp_block_tables", DType: "I32", Shape: []int{B, cols}, Data: i32s(flat)},
+		{Name: "comp_states", DType: "F32", Shape: []int{B, rows, 2, width}, Data: states},
+		{Name: "comp_norm", DType: "F32", Shape: []int{numerics.HeadDim}, Data: numerics.F32Bytes(norm)},
+	}
+	meta := map[string]string{
+		"compress_ratio":       strconv.Itoa(ratio),
+		"compressed_page_size": strconv.Itoa(engine.CompressedPageSize),
+		"max_drafts":           strconv.Itoa(cfg.Compressor.MaxDrafts),
+		"state_rows":           strconv.Itoa(rows),
+		"compressor_width":     strconv.Itoa(width),
+	}
+	return tensors, meta, nil
 }

@@ -291,7 +291,7 @@ func (r *Replayer) iterate(ctx context.Context, s trace.Step, ir *IterationRepor
 			}
 		}
 		if r.dumpSelected(it.Index(), layer) {
-			path, err := r.dump(it, s.Line, layer)
+			path, err := r.dump(it, s.Line, layer, s.Accepted())
 			if err != nil {
 				return err
 			}
