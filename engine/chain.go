@@ -180,6 +180,12 @@ func (e *Engine) newChain(alloc func(what string, n int, fill byte) (mla.Buffer,
 			}
 			e.compWeights[l] = w.Compressor
 		}
+		if cfg.indexerRunning() && w.Indexer != nil {
+			if e.idxWeights == nil {
+				e.idxWeights = map[int]*weights.IndexerWeights{}
+			}
+			e.idxWeights[l] = w.Indexer
+		}
 		cl, err := e.uploadLayer(l, w, alloc)
 		if err != nil {
 			return err
@@ -383,7 +389,10 @@ func (e *Engine) runChain(ctx context.Context, layer int, launches []mla.Launch)
 				return err
 			}
 		}
-		return mla.QOnly(ctx, e.backend, launches, a)
+		if err := mla.QOnly(ctx, e.backend, launches, a); err != nil {
+			return err
+		}
+		return e.indexerQuery(ctx, layer, launches)
 	}()
 	if c.forker != nil {
 		// Join even after a failure: a graph capture must end joined, and
@@ -430,6 +439,14 @@ func (d IterationDebug) RunStage(ctx context.Context, layer int, s Stage) error 
 			if err := e.compressStep(ctx, layer); err != nil {
 				it.fail(err)
 				return fmt.Errorf("engine: RunStage(%d): compressor step: %w", layer, err)
+			}
+			if err := e.indexerKeys(ctx, layer, launchRows(it.launches)); err != nil {
+				it.fail(err)
+				return fmt.Errorf("engine: RunStage(%d): %w", layer, err)
+			}
+			if err := e.indexerQuery(ctx, layer, it.launches); err != nil {
+				it.fail(err)
+				return fmt.Errorf("engine: RunStage(%d): %w", layer, err)
 			}
 		}
 		it.markRan(layer)

@@ -60,7 +60,11 @@
 //     With the model's index_n_heads > 0 (Config.IndexerEnabled) each
 //     ratio-4 layer also holds the lightning indexer's key cache (68-byte
 //     entries on the ratio-4 block table) and its compressor's states, at
-//     the same slots (DESIGN.md section 9).
+//     the same slots (DESIGN.md section 9). On the hidden-state path the
+//     layer computes them too (indexer.go): the indexer compressor's
+//     projection and step beside the main compressor's, and after the Q
+//     prologue the indexer's wq_b and weights_proj GEMMs and its query
+//     step, into the query and head-weight buffers of Engine.IndexerQuery.
 //     The bookkeeping of every pool is the cache model's
 //     (kvcache.Model, rows from Config.CacheLayout): the engine reserves,
 //     commits with the accepted lengths, rolls back and finishes it as

@@ -76,8 +76,13 @@ type Engine struct {
 	// compWeights holds the compressor weights the chain's weight source
 	// read, until newCompressor takes them.
 	compWeights map[int]*weights.Compressor
-	capturer    mla.GraphCapturer      // nil when Eager or the backend captures no graphs
-	graphs      map[graphKey]mla.Graph // captured per (layer, bucket); replayed by graph iterations
+	// idxWeights holds the ratio-4 layers' indexer weights the chain's
+	// weight source gave, until newIndexer uploads them; idx is the
+	// indexer's compute (indexer.go), nil when it is off.
+	idxWeights map[int]*weights.IndexerWeights
+	idx        *indexerCompute
+	capturer   mla.GraphCapturer      // nil when Eager or the backend captures no graphs
+	graphs     map[graphKey]mla.Graph // captured per (layer, bucket); replayed by graph iterations
 
 	mu      sync.Mutex
 	weights [][]float32 // host copies of the kv_a_layernorm weights (nil: never set)
@@ -247,6 +252,10 @@ func New(ctx context.Context, cfg Config) (_ *Engine, err error) {
 			return nil, err
 		}
 		e.compWeights = nil
+		if err := e.newIndexer(alloc); err != nil {
+			return nil, err
+		}
+		e.idxWeights = nil
 	}
 
 	for l := range cfg.Layers {

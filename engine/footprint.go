@@ -41,6 +41,8 @@ type Footprint struct {
 	IdxStates   int64 // the indexer's compressor states in each ratio-4 layer, at the compressor's slots
 	CompWeights int64 // Compressor with Input = hidden: each compressed layer's wkv, wgate (bf16) and ape
 	CompBuffers int64 // Compressor: the projection rows (MaxTokens), the plans, the norm weights, the compressed block tables (MaxSeqs rows, and their host mirror)
+	IdxWeights  int64 // the indexer with Input = hidden: each ratio-4 layer's indexer wq_b (and scales), weights_proj, compressor wkv, wgate, ape and norm
+	IdxBuffers  int64 // the indexer with Input = hidden: its wq_b, weights_proj and projection outputs, the query and the head weights (MaxTokens rows)
 }
 
 // Total is the sum of every buffer, saturating at math.MaxInt64.
@@ -72,6 +74,8 @@ func (f Footprint) parts() []footprintPart {
 		{"compressor states", "Compressor.MaxSequences", f.StateBound},
 		{"indexer caches", "Compressor.Ratio4Pages", f.Indexer},
 		{"indexer states", "Compressor.MaxSequences", f.IdxStates},
+		{"indexer weights", "Layers", f.IdxWeights},
+		{"indexer buffers", "MaxTokens", f.IdxBuffers},
 		{"compressor weights", "Layers", f.CompWeights},
 		{"compressor buffers", "MaxTokens", f.CompBuffers},
 	}
@@ -234,6 +238,14 @@ func (c Config) footprint() (Footprint, error) {
 		perLayer := fused*hidden + (fused+127)/128*((hidden+127)/128)*4 +
 			wqb*q + (wqb+127)/128*((q+127)/128)*4 + q*4
 		f.ChainWeight = mulSat(layers, perLayer)
+	}
+	if c.indexerRunning() {
+		f.IdxBuffers = indexerBufferBytes(tokens)
+		for l := range c.Layers {
+			if r, _ := c.Model.CompressRatio(l); r == kvcache.DSv4IndexerRatio {
+				f.IdxWeights = addSat(f.IdxWeights, indexerWeightBytes(int64(c.Model.HiddenSize), int64(c.Model.QLoraRank)))
+			}
+		}
 	}
 	return f, nil
 }

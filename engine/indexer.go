@@ -1,0 +1,253 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/dsv4mla/prologue/attention/mla"
+	"github.com/dsv4mla/prologue/kvcache"
+	"github.com/dsv4mla/prologue/numerics"
+	"github.com/dsv4mla/prologue/weights"
+)
+
+// The lightning indexer's compute in the ratio-4 layers (DESIGN.md section
+// 9), with Config.IndexerEnabled and Input = hidden: beside the main
+// compressor, on its stream, the indexer compressor's projection (a bf16
+// GEMM of the hidden rows, 2*256 outputs) and its step (mla.EntryIndexer,
+// the ratio-4 plan, into the cache model's indexer cache and states:
+// indexerStepArgs); after the Q prologue, the indexer's wq_b GEMM (FP8, on
+// q_norm's activation; two GEMMs measured as fast as one fused
+// [wq_b; indexer wq_b] at 128 rows and faster at 4096), the weights_proj
+// GEMM (bf16, of the hidden rows) and the query step (mla.IndexerQuerier).
+// All of it is inside the layer's run, so a captured graph replays it. The
+// query and the head weights land in fixed-address buffers shared by the
+// ratio-4 layers (IndexerQuery), as the Q output is shared by every layer.
+
+// indexerCompute is the indexer's weights and buffers on the backend.
+type indexerCompute struct {
+	iq     mla.IndexerQuerier
+	qIn    mla.Buffer // [MaxTokens][64*128] bf16: the indexer wq_b GEMM's output
+	kg     mla.Buffer // [MaxTokens][2*256] float32: the indexer compressor's projections, K then G (no ape)
+	wp     mla.Buffer // [MaxTokens][64] float32: weights_proj's output
+	qOut   mla.Buffer // [MaxTokens][64][68]: the MXFP4 query
+	wOut   mla.Buffer // [MaxTokens][64] bf16: the head weights
+	layers map[int]*indexerLayerWeights
+}
+
+// indexerLayerWeights is one ratio-4 layer's indexer weights on the backend.
+type indexerLayerWeights struct {
+	wqB   mla.FP8Weight // [64*128][q_lora_rank] e4m3 with block scales
+	wproj mla.Buffer    // [64][hidden] bf16
+	wkvg  mla.Buffer    // [2*256][hidden] bf16: the compressor's wkv rows, then wgate's
+	ape   mla.Buffer    // [4][256] float32
+	norm  mla.Buffer    // [128] float32: compressor.norm.weight
+}
+
+// indexerRunning reports whether New sets up the indexer's compute.
+func (c Config) indexerRunning() bool { return c.IndexerEnabled() && c.Input == InputHidden }
+
+// indexerQueryBytes is the shared buffers' bytes for MaxTokens rows: the
+// wq_b output, the projections, weights_proj's output, the query and the
+// head weights.
+func indexerBufferBytes(tokens int64) int64 {
+	const heads = mla.IndexerHeads
+	return tokens * (heads*mla.IndexerDim*2 + 2*int64(indexerWidth())*4 + heads*4 + heads*mla.IndexerEntryBytes + heads*2)
+}
+
+// indexerWeightBytes is one ratio-4 layer's indexer weights on the backend.
+func indexerWeightBytes(hidden, q int64) int64 {
+	n := int64(mla.IndexerHeads * mla.IndexerDim)
+	w := int64(indexerWidth())
+	return n*q + (n+127)/128*((q+127)/128)*4 + mla.IndexerHeads*hidden*2 + 2*w*hidden*2 +
+		kvcache.DSv4IndexerRatio*w*4 + mla.IndexerDim*4
+}
+
+// newIndexer uploads the ratio-4 layers' indexer weights (held in
+// e.idxWeights by newChain) and allocates the shared buffers.
+func (e *Engine) newIndexer(alloc func(what string, n int, fill byte) (mla.Buffer, error)) error {
+	cfg := e.cfg
+	if !cfg.indexerRunning() || e.comp == nil {
+		return nil
+	}
+	iq, ok := e.backend.(mla.IndexerQuerier)
+	if !ok {
+		return fmt.Errorf("engine: the indexer: backend %s has no indexer query step (mla.IndexerQuerier)", e.backend.Name())
+	}
+	x := &indexerCompute{iq: iq, layers: map[int]*indexerLayerWeights{}}
+	T, H, Q := cfg.MaxTokens, cfg.Model.HiddenSize, cfg.Model.QLoraRank
+	const heads = mla.IndexerHeads
+	var err error
+	for _, b := range []struct {
+		dst  *mla.Buffer
+		what string
+		n    int
+	}{
+		{&x.qIn, "indexer wq_b output", T * heads * mla.IndexerDim * 2},
+		{&x.kg, "indexer compressor projections", T * 2 * indexerWidth() * 4},
+		{&x.wp, "indexer weights_proj output", T * heads * 4},
+		{&x.qOut, "indexer query", T * heads * mla.IndexerEntryBytes},
+		{&x.wOut, "indexer head weights", T * heads * 2},
+	} {
+		if *b.dst, err = alloc(b.what, b.n, 0); err != nil {
+			return err
+		}
+	}
+	for l, cl := range e.comp.layers {
+		if cl == nil || cl.idxPool == nil {
+			continue
+		}
+		w := e.idxWeights[l]
+		if err := checkIndexerWeights(l, w, H, Q); err != nil {
+			return err
+		}
+		lw := &indexerLayerWeights{}
+		up := func(what string, raw []byte) (mla.Buffer, error) {
+			return e.upload(alloc, fmt.Sprintf("layer %d indexer %s", l, what), raw)
+		}
+		lw.wqB = mla.FP8Weight{N: w.WQB.N, K: w.WQB.K}
+		if lw.wqB.Data, err = up("wq_b", w.WQB.Data); err != nil {
+			return err
+		}
+		if lw.wqB.Scale, err = up("wq_b scales", numerics.F32Bytes(w.WQB.Scale)); err != nil {
+			return err
+		}
+		if lw.wproj, err = up("weights_proj", appendU16s(nil, w.WeightsProj.Data)); err != nil {
+			return err
+		}
+		c := &w.Compressor
+		if lw.wkvg, err = up("compressor wkv and wgate", appendU16s(appendU16s(nil, c.WKV.Data), c.WGate.Data)); err != nil {
+			return err
+		}
+		if lw.ape, err = up("compressor ape", numerics.F32Bytes(c.APE)); err != nil {
+			return err
+		}
+		if lw.norm, err = up("compressor norm weight", numerics.F32Bytes(c.Norm)); err != nil {
+			return err
+		}
+		x.layers[l] = lw
+	}
+	e.idx = x
+	return nil
+}
+
+// checkIndexerWeights refuses a layer's indexer weights of another shape
+// than the engine runs, naming the tensor.
+func checkIndexerWeights(layer int, w *weights.IndexerWeights, hidden, q int) error {
+	if w == nil {
+		return fmt.Errorf("engine: layer %d: the weights have no indexer (layers.%d.attn.indexer.*), which Config.IndexerEnabled needs", layer, layer)
+	}
+	wd := indexerWidth()
+	c := &w.Compressor
+	for _, s := range []struct {
+		what         string
+		ok           bool
+		got, wantDim string
+	}{
+		{"index_n_heads, index_head_dim", w.Heads == mla.IndexerHeads && w.HeadDim == mla.IndexerDim, fmt.Sprint(w.Heads, w.HeadDim), fmt.Sprint(mla.IndexerHeads, mla.IndexerDim)},
+		{"wq_b", w.WQB.N == mla.IndexerHeads*mla.IndexerDim && w.WQB.K == q, fmt.Sprint(w.WQB.N, w.WQB.K), fmt.Sprint(mla.IndexerHeads*mla.IndexerDim, q)},
+		{"weights_proj", w.WeightsProj.N == mla.IndexerHeads && w.WeightsProj.K == hidden, fmt.Sprint(w.WeightsProj.N, w.WeightsProj.K), fmt.Sprint(mla.IndexerHeads, hidden)},
+		{"compressor.wkv", c.WKV.N == wd && c.WKV.K == hidden, fmt.Sprint(c.WKV.N, c.WKV.K), fmt.Sprint(wd, hidden)},
+		{"compressor.wgate", c.WGate.N == wd && c.WGate.K == hidden, fmt.Sprint(c.WGate.N, c.WGate.K), fmt.Sprint(wd, hidden)},
+		{"compressor.ape", len(c.APE) == kvcache.DSv4IndexerRatio*wd, fmt.Sprint(len(c.APE)), fmt.Sprint(kvcache.DSv4IndexerRatio * wd)},
+		{"compressor.norm", len(c.Norm) == mla.IndexerDim, fmt.Sprint(len(c.Norm)), fmt.Sprint(mla.IndexerDim)},
+	} {
+		if !s.ok {
+			return fmt.Errorf("engine: layer %d indexer %s is [%s], the engine needs [%s]", layer, s.what, s.got, s.wantDim)
+		}
+	}
+	return nil
+}
+
+// indexerKeys issues a ratio-4 layer's indexer compressor: the projection
+// GEMM of the hidden rows and the step into the indexer cache and states,
+// on the stream the caller chose (the main compressor's); nothing for a
+// layer without the indexer.
+func (e *Engine) indexerKeys(ctx context.Context, layer, rows int) error {
+	x := e.idx
+	if x == nil || x.layers[layer] == nil {
+		return nil
+	}
+	lw := x.layers[layer]
+	w := indexerWidth()
+	if err := e.comp.gemm.BF16GEMM(ctx, &mla.BF16GEMMArgs{Rows: rows, N: 2 * w, K: e.cfg.Model.HiddenSize,
+		X: e.chain.hidden, XStride: e.cfg.Model.HiddenSize, W: lw.wkvg, Y: x.kg, YStride: 2 * w}); err != nil {
+		return fmt.Errorf("indexer compressor projection: %w", err)
+	}
+	a, ok := e.indexerStepArgs(layer)
+	if !ok {
+		return fmt.Errorf("layer %d has no indexer cache", layer)
+	}
+	a.KG, a.KGRows, a.APE, a.NormWeight = x.kg, e.cfg.MaxTokens, lw.ape, lw.norm
+	if err := e.comp.stepper.CompressStep(ctx, &a); err != nil {
+		return fmt.Errorf("indexer compressor step: %w", err)
+	}
+	return nil
+}
+
+// indexerQuery issues a ratio-4 layer's indexer query after q_norm: the
+// indexer's wq_b GEMM, weights_proj and the query step over the launches;
+// nothing for a layer without the indexer.
+func (e *Engine) indexerQuery(ctx context.Context, layer int, launches []mla.Launch) error {
+	x := e.idx
+	if x == nil || x.layers[layer] == nil {
+		return nil
+	}
+	lw := x.layers[layer]
+	rows := launchRows(launches)
+	qn := e.chain.qn
+	qn.Rows, qn.ScaleStride = rows, rows
+	const n = mla.IndexerHeads * mla.IndexerDim
+	if err := e.chain.cb.GEMM(ctx, &mla.GEMMArgs{X: qn, W: &lw.wqB, Y: x.qIn, YStride: n}); err != nil {
+		return fmt.Errorf("indexer wq_b GEMM: %w", err)
+	}
+	if err := e.comp.gemm.BF16GEMM(ctx, &mla.BF16GEMMArgs{Rows: rows, N: mla.IndexerHeads, K: e.cfg.Model.HiddenSize,
+		X: e.chain.hidden, XStride: e.cfg.Model.HiddenSize, W: lw.wproj, Y: x.wp, YStride: mla.IndexerHeads}); err != nil {
+		return fmt.Errorf("indexer weights_proj GEMM: %w", err)
+	}
+	a := e.args[layer]
+	if err := mla.RunIndexerQuery(ctx, x.iq, launches, &mla.IndexerQueryArgs{
+		Q: x.qIn, QStride: n, W: x.wp, WStride: mla.IndexerHeads, QOut: x.qOut, WOut: x.wOut,
+		Rope: a.Rope, RopePositions: a.RopePositions, Meta: a.Meta,
+	}); err != nil {
+		return fmt.Errorf("indexer query: %w", err)
+	}
+	return nil
+}
+
+// IndexerQuery returns the indexer's query and head-weight buffers
+// (Config.IndexerEnabled with Input = hidden; nil, nil otherwise), written
+// by every ratio-4 layer's run and read by its selection before the next
+// ratio-4 layer runs: query [MaxTokens][64][68] bytes (head h of token row
+// t at (t*64+h)*68: 64 bytes of MXFP4 nibbles, low nibble the even value,
+// then 4 UE8M0 scale bytes), head weights [MaxTokens][64] bf16; padding
+// rows are zeros (DESIGN.md section 9). The buffers never move.
+func (e *Engine) IndexerQuery() (query, headWeights mla.Buffer) {
+	if e.idx == nil {
+		return nil, nil
+	}
+	return e.idx.qOut, e.idx.wOut
+}
+
+// ReadIndexerQuery returns host copies of the real rows (Tokens()) of the
+// indexer's query and head weights, after the work issued so far: the
+// ratio-4 layer run last.
+func (d IterationDebug) ReadIndexerQuery() (query, headWeights []byte, err error) {
+	it := d.it
+	x := it.e.idx
+	if x == nil {
+		return nil, nil, fmt.Errorf("engine: ReadIndexerQuery: the indexer's compute is off (it needs Config.IndexerEnabled and Input = hidden)")
+	}
+	T := it.meta.Tokens
+	if err := it.e.backend.Synchronize(context.Background()); err != nil {
+		return nil, nil, err
+	}
+	query = make([]byte, T*mla.IndexerHeads*mla.IndexerEntryBytes)
+	headWeights = make([]byte, T*mla.IndexerHeads*2)
+	if err := it.e.backend.Read(query, x.qOut, 0); err != nil {
+		return nil, nil, fmt.Errorf("engine: reading the indexer query: %w", err)
+	}
+	if err := it.e.backend.Read(headWeights, x.wOut, 0); err != nil {
+		return nil, nil, fmt.Errorf("engine: reading the indexer head weights: %w", err)
+	}
+	return query, headWeights, nil
+}
