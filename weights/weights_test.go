@@ -16,6 +16,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/dsv4mla/prologue/internal/race"
 	"github.com/dsv4mla/prologue/internal/safetensors"
 	"github.com/dsv4mla/prologue/model/dsv4"
 	"github.com/dsv4mla/prologue/numerics"
@@ -777,8 +778,8 @@ func FuzzParseIndex(f *testing.F) {
 // TestFullFlashLayers writes and loads two full-size V4-Flash layers (a
 // ratio-4 and a ratio-128 one, about 70 MB), as the GPU runs use them.
 func TestFullFlashLayers(t *testing.T) {
-	if testing.Short() {
-		t.Skip("writes ~70 MB")
+	if testing.Short() || race.Enabled {
+		t.Skip("writes ~70 MB (-race: the tiny configs run the same code; .ci/run's non-race step runs it)")
 	}
 	cfg := dsv4.Flash()
 	seed := testSeed(t)

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/dsv4mla/prologue/attention/mla"
+	"github.com/dsv4mla/prologue/internal/race"
 	"github.com/dsv4mla/prologue/numerics"
 )
 
@@ -45,6 +46,9 @@ func QuantShapes() []QuantShape {
 	var out []QuantShape
 	for _, k := range []int{128, 1024, 1536, 4096, 7168} {
 		for _, rows := range []int{1, 2, 33, 300} {
+			if rows == 300 && k > 1024 && race.Enabled {
+				continue // big-dimension: .ci/run's non-race step runs it; K 128 and 1024 keep 300 rows under -race
+			}
 			out = append(out,
 				QuantShape{Name: fmt.Sprintf("K%d/rows%d/dense", k, rows), Rows: rows, K: k, XStride: k, ScaleStride: rows, Eps: 1e-6},
 				QuantShape{Name: fmt.Sprintf("K%d/rows%d/strided-special", k, rows), Rows: rows, K: k,

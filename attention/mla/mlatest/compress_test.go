@@ -239,6 +239,7 @@ var _ mla.CompressStepper = hostStepper{}
 // TestCompressStepHost runs the suite on the second formulation: the
 // reference and package compressor's entry math agree on every scenario.
 func TestCompressStepHost(t *testing.T) {
+	skipUnderRace(t)
 	mlatest.TestCompressStep(t, hostStepper{Backend: cpu.New(0)})
 }
 
@@ -257,6 +258,7 @@ func TestCompressStepSkipsWithoutStepper(t *testing.T) {
 // TestCompressStepCatchesDefects: every deliberate bug fails some scenario
 // of the suite.
 func TestCompressStepCatchesDefects(t *testing.T) {
+	skipUnderRace(t)
 	defects := []string{
 		"no-ape", "ape-on-ring", "entry0-reads-ring", "new-rows-only", "reads-to", "rope-at-last-token",
 		"pad-byte", "default-eps", "descending-e", "descending-s", "fma", "plan-at-0", "capacity-ignored",
@@ -279,6 +281,7 @@ func TestCompressStepCatchesDefects(t *testing.T) {
 // TestCompressChunkingsCatchDefects: the step series fail a backend that
 // keeps the wrong rows in the ring, even though only the pool is compared.
 func TestCompressChunkingsCatchDefects(t *testing.T) {
+	skipUnderRace(t)
 	for _, d := range []string{"no-ring-writes", "new-rows-only", "reads-to", "entry0-reads-ring", "no-ape"} {
 		t.Run(d, func(t *testing.T) {
 			bad := hostStepper{Backend: cpu.New(0), defect: d}
@@ -297,6 +300,7 @@ func TestCompressChunkingsCatchDefects(t *testing.T) {
 // TestCompressCancelCatchesOrder: the cancelling scenarios fail, on every
 // seed, a backend that sums in another order or fuses a multiply-add.
 func TestCompressCancelCatchesOrder(t *testing.T) {
+	skipUnderRace(t)
 	for _, s := range mlatest.CompressScenarios() {
 		if !s.Cancel || s.Indexer { // hostStepper's defects are the main compressor's
 			continue

@@ -36,6 +36,7 @@ func (b epsIgnoring) QNormRopeQuant(ctx context.Context, l mla.Launch, a *mla.La
 // backend that ignores it, in every configuration, and there are such
 // scenarios of every phase.
 func TestSuiteCatchesIgnoredEps(t *testing.T) {
+	skipUnderRace(t)
 	bad := epsIgnoring{cpu.New(0)}
 	phases := map[string]bool{}
 	for _, s := range mlatest.Scenarios() {
