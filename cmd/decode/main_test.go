@@ -6,13 +6,17 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
+	"github.com/dsv4mla/prologue/engine"
 	"github.com/dsv4mla/prologue/engine/replay"
 	"github.com/dsv4mla/prologue/internal/safetensors"
+	"github.com/dsv4mla/prologue/kvcache"
 )
 
 // tiny runs the command with the 2-head test model on the cpu backend.
@@ -21,7 +25,8 @@ func tiny(t *testing.T, args ...string) (code int, stdout, stderr string) {
 	var out, errb bytes.Buffer
 	// A small pool: allocating and clearing the default one is slow under
 	// the race detector.
-	base := []string{"--model", "testdata/tiny_config.json", "--backend", "cpu", "--log-level", "warn", "--pages", "64"}
+	// Two layers (ratios 0 and 4) unless a test asks for more.
+	base := []string{"--model", "testdata/tiny_config.json", "--backend", "cpu", "--log-level", "warn", "--pages", "64", "--layers", "2"}
 	code = run(context.Background(), append(base, args...), &out, &errb)
 	return code, out.String(), errb.String()
 }
@@ -313,4 +318,52 @@ func TestParseSelection(t *testing.T) {
 		_, _, err := parseSelection("--x", bad)
 		require.Error(t, err, bad)
 	}
+}
+
+// TestDefaultRunShowsTheCacheModel: with no flags but the model, decode
+// replays the embedded chain trace from hidden states through layers of
+// ratio 4 and 128 with the compressor and the window, and its summary gives
+// the accepted tokens, their rate and one longest-sequence figure. (The
+// default model, V4-Flash, runs the same flags: its first four layers have
+// ratios 0, 0, 4, 128.)
+func TestDefaultRunShowsTheCacheModel(t *testing.T) {
+	o, err := parseFlags(nil, &bytes.Buffer{})
+	require.NoError(t, err)
+	ro, steps, name, err := o.config(zerolog.Nop())
+	require.NoError(t, err)
+	require.Equal(t, "embedded chain trace", name)
+	r, err := ro.Engine.Resolve()
+	require.NoError(t, err)
+	require.Equal(t, engine.InputHidden, r.Input)
+	require.Equal(t, kvcache.DSv4Window, r.Cache.Window)
+	require.True(t, r.Compresses())
+	var ratios []int
+	for l := range r.Layers {
+		n, err := r.Model.CompressRatio(l)
+		require.NoError(t, err)
+		ratios = append(ratios, n)
+	}
+	require.Equal(t, []int{0, 0, 4, 128}, ratios, "V4-Flash's first four layers")
+	accepts := 0
+	for _, s := range steps {
+		if s.Generation != nil && s.Generation.Accept != nil {
+			accepts++
+		}
+	}
+	require.Positive(t, accepts, "the trace has accept lists")
+
+	code, out, errOut := tiny(t, "--summary-only", "--layers", strconv.Itoa(o.layers))
+	require.Equal(t, exitOK, code, errOut)
+	for _, want := range []string{
+		"replayed embedded chain trace: 8 lines, 8 iterations",
+		"tiny-dsv4, 4 layers",
+		"tokens:   context 238, generation 60, total 298; accepted 274 (24 MTP drafts rejected)",
+		" accepted tokens/s",
+		"(window 128 tokens)",
+		"pool ratio-4:", "pool ratio-128:",
+		"longest sequence: 212 tokens:",
+	} {
+		require.Contains(t, out, want)
+	}
+	require.Equal(t, 1, strings.Count(out, "longest sequence"), "one longest-sequence figure")
 }

@@ -61,15 +61,20 @@ func writeSummary(w io.Writer, rep *replay.Report, traceName string) {
 	fmt.Fprintf(w, "\nreplayed %s: %d lines, %d iterations (%s)\n", traceName, s.Lines, s.Iterations, strings.Join(kinds, ", "))
 	fmt.Fprintf(w, "engine:   %s backend, %s, %d layers, %d heads, %s cache (%d pages of %d tokens), Q %s\n",
 		rep.Backend, rep.Model, rep.Layers, rep.Heads, rep.CacheFormat, rep.Pages, rep.PageSize, rep.QFormat)
-	fmt.Fprintf(w, "tokens:   context %d, generation %d, total %d\n", s.ContextTokens, s.GenerationTokens, s.ContextTokens+s.GenerationTokens)
+	fmt.Fprintf(w, "tokens:   context %d, generation %d, total %d; accepted %d (%d MTP drafts rejected)\n", s.ContextTokens, s.GenerationTokens,
+		s.ContextTokens+s.GenerationTokens, s.AcceptedTokens, s.ContextTokens+s.GenerationTokens-s.AcceptedTokens)
 	fmt.Fprintf(w, "launches: context KV %d, context Q %d, generation KV %d, generation Q %d, total %d\n",
 		s.Launches.ContextKV, s.Launches.ContextQ, s.Launches.GenerationKV, s.Launches.GenerationQ, s.Launches.Total())
-	fmt.Fprintf(w, "wall:     %s total; per iteration p50 %s, p99 %s, max %s; %.0f tokens/s\n",
-		dur(s.WallNS), dur(s.WallP50NS), dur(s.WallP99NS), dur(s.WallMaxNS), s.TokensPerSecond)
+	fmt.Fprintf(w, "wall:     %s total; per iteration p50 %s, p99 %s, max %s; %.0f tokens/s, %.0f accepted tokens/s\n",
+		dur(s.WallNS), dur(s.WallP50NS), dur(s.WallP99NS), dur(s.WallMaxNS), s.TokensPerSecond, s.AcceptedPerSecond)
 	if s.HasDevice {
 		fmt.Fprintf(w, "device:   %s total\n", dur(s.DeviceNS))
 	}
-	fmt.Fprintf(w, "cache:    fewest free pages %d of %d; %d sequences finished\n", s.MinFreePages, rep.Pages, s.Finished)
+	window := "no window"
+	if rep.Window > 0 {
+		window = fmt.Sprintf("window %d tokens", rep.Window)
+	}
+	fmt.Fprintf(w, "cache:    fewest free pages %d of %d (%s); %d sequences finished\n", s.MinFreePages, rep.Pages, window, s.Finished)
 	for _, p := range rep.Pools {
 		if p.Slots { // counted in sequences: the rings also keep a slot for each chunk a batch can move
 			fmt.Fprintf(w, "pool %-9s %d layers x state slots of %s for %d sequences; %d free at the end\n", p.Name+":", p.Layers,
@@ -80,23 +85,37 @@ func writeSummary(w io.Writer, rep *replay.Report, traceName string) {
 			engine.FormatBytes(int64(p.PageBytes)), engine.FormatBytes(int64(p.Pages)*int64(p.PageBytes)), p.Free)
 	}
 	for _, m := range rep.SequenceMemory {
-		parts := []string{"SWA " + engine.FormatBytes(m.SWA)}
-		for _, r := range []int{4, 128} {
-			if b, ok := m.Ratio[r]; ok {
-				parts = append(parts, fmt.Sprintf("ratio %d %s", r, engine.FormatBytes(b)))
-			}
+		if m.Length == s.LongestSequence && m.Length != 1<<10 && m.Length != 128<<10 && m.Length != 1<<20 {
+			continue // the longest sequence's figure is printed last, once
 		}
-		if m.State > 0 {
-			parts = append(parts, "state "+engine.FormatBytes(m.State))
+		writeSequenceMemory(w, "sequence at", m)
+	}
+	for _, m := range rep.SequenceMemory {
+		if m.Length == s.LongestSequence {
+			writeSequenceMemory(w, "longest sequence:", m)
+			break
 		}
-		if m.Indexer+m.IndexerState > 0 {
-			parts = append(parts, "indexer "+engine.FormatBytes(m.Indexer+m.IndexerState))
-		}
-		fmt.Fprintf(w, "sequence at %d tokens: %s (%s)\n", m.Length, engine.FormatBytes(m.Total()), strings.Join(parts, ", "))
 	}
 	if rep.Verify {
 		fmt.Fprintf(w, "verify:   %d iterations byte-identical to the cpu reference (Q output after every layer, every cache page written, every compressed pool)\n", s.Verified)
 	}
+}
+
+// writeSequenceMemory prints what one sequence of m.Length tokens holds.
+func writeSequenceMemory(w io.Writer, label string, m engine.SequenceMemory) {
+	parts := []string{"SWA " + engine.FormatBytes(m.SWA)}
+	for _, r := range []int{4, 128} {
+		if b, ok := m.Ratio[r]; ok {
+			parts = append(parts, fmt.Sprintf("ratio %d %s", r, engine.FormatBytes(b)))
+		}
+	}
+	if m.State > 0 {
+		parts = append(parts, "state "+engine.FormatBytes(m.State))
+	}
+	if m.Indexer+m.IndexerState > 0 {
+		parts = append(parts, "indexer "+engine.FormatBytes(m.Indexer+m.IndexerState))
+	}
+	fmt.Fprintf(w, "%s %d tokens: %s (%s)\n", label, m.Length, engine.FormatBytes(m.Total()), strings.Join(parts, ", "))
 }
 
 // parseSelection parses "all" or a comma-separated list of numbers and

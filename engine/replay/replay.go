@@ -141,6 +141,7 @@ func (r *Replayer) Report() *Report {
 	rep := r.report
 	rep.Iterations = append([]IterationReport(nil), r.report.Iterations...)
 	rep.Summary = summarize(rep.Iterations, r.timed)
+	rep.Summary.LongestSequence = r.longest
 	rep.Pools = r.eng.Pools()
 	rep.SequenceMemory = nil
 	for _, n := range []int{1 << 10, 128 << 10, 1 << 20, r.longest} {
@@ -177,6 +178,11 @@ func (r *Replayer) Step(ctx context.Context, s trace.Step) (*IterationReport, er
 			return nil, lineErr(err)
 		}
 	}
+	for _, q := range s.Requests() { // before the finishes, which forget the lengths
+		if n, err := r.eng.SequenceLength(q.Seq); err == nil {
+			r.longest = max(r.longest, n)
+		}
+	}
 	for _, seq := range s.Finish {
 		if err := r.eng.Finish(seq); err != nil {
 			return nil, lineErr(err)
@@ -185,11 +191,6 @@ func (r *Replayer) Step(ctx context.Context, s trace.Step) (*IterationReport, er
 			if err := r.ref.Finish(seq); err != nil {
 				return nil, lineErr(fmt.Errorf("reference engine: %w", err))
 			}
-		}
-	}
-	for _, q := range s.Requests() {
-		if n, err := r.eng.SequenceLength(q.Seq); err == nil {
-			r.longest = max(r.longest, n)
 		}
 	}
 	ir.Finished = append([]uint64(nil), s.Finish...)
@@ -224,6 +225,16 @@ func (r *Replayer) iterate(ctx context.Context, s trace.Step, ir *IterationRepor
 	ir.Batch = true
 	ir.ContextSeqs, ir.ContextTokens = m.NumCtx, m.CtxTokens
 	ir.GenerationSeqs, ir.GenerationTokens = m.NumGen, m.GenTokens
+	ir.AcceptedTokens = m.CtxTokens
+	if g := s.Generation; g != nil {
+		for i := range g.Seqs {
+			if g.Accept != nil {
+				ir.AcceptedTokens += g.Accept[i]
+			} else {
+				ir.AcceptedTokens += 1 + g.MTP
+			}
+		}
+	}
 	if m.NumGen > 0 {
 		ir.MTP = m.GenSeqLen - 1
 	}
@@ -334,16 +345,20 @@ func (r *Replayer) dumpSelected(index, layer int) bool {
 
 // IterationReport is what one trace line did.
 type IterationReport struct {
-	Index            int        `json:"index"` // iteration number; -1 for a line that only finishes
-	Line             int        `json:"line"`
-	Batch            bool       `json:"batch"`
-	ContextSeqs      int        `json:"context_seqs"`
-	ContextTokens    int        `json:"context_tokens"`
-	GenerationSeqs   int        `json:"generation_seqs"`
-	GenerationTokens int        `json:"generation_tokens"`
-	MTP              int        `json:"mtp"`
-	Rows             int        `json:"rows"` // token rows launched, padding included
-	Launches         mla.Census `json:"launches"`
+	Index            int  `json:"index"` // iteration number; -1 for a line that only finishes
+	Line             int  `json:"line"`
+	Batch            bool `json:"batch"`
+	ContextSeqs      int  `json:"context_seqs"`
+	ContextTokens    int  `json:"context_tokens"`
+	GenerationSeqs   int  `json:"generation_seqs"`
+	GenerationTokens int  `json:"generation_tokens"`
+	// AcceptedTokens is what the iteration's sequences kept: every context
+	// token, and per generation sequence its accepted count (the line's
+	// accept list; without one all 1+MTP).
+	AcceptedTokens int        `json:"accepted_tokens"`
+	MTP            int        `json:"mtp"`
+	Rows           int        `json:"rows"` // token rows launched, padding included
+	Launches       mla.Census `json:"launches"`
 	// WallNS is the host time of Begin, each layer's launches and the wait
 	// for them, and End; input synthesis, upload, verify and dump are
 	// excluded.

@@ -54,9 +54,16 @@ type Summary struct {
 	DeviceNS         int64      `json:"device_ns,omitempty"`
 	HasDevice        bool       `json:"has_device"`
 	TokensPerSecond  float64    `json:"tokens_per_second"` // real tokens over wall time
-	MinFreePages     int        `json:"min_free_pages"`
-	Finished         int        `json:"finished"`
-	Verified         int        `json:"verified_iterations"`
+	// AcceptedTokens are the tokens the sequences kept (context tokens and
+	// accepted generation tokens; rejected MTP drafts excluded), and
+	// AcceptedPerSecond them over wall time: a server's throughput.
+	AcceptedTokens    int     `json:"accepted_tokens"`
+	AcceptedPerSecond float64 `json:"accepted_tokens_per_second"`
+	// LongestSequence is the longest committed length of any sequence.
+	LongestSequence int `json:"longest_sequence"`
+	MinFreePages    int `json:"min_free_pages"`
+	Finished        int `json:"finished"`
+	Verified        int `json:"verified_iterations"`
 }
 
 // KindStat aggregates the iterations of one batch shape.
@@ -84,6 +91,7 @@ func summarize(its []IterationReport, hasDevice bool) Summary {
 		s.Iterations++
 		s.ContextTokens += ir.ContextTokens
 		s.GenerationTokens += ir.GenerationTokens
+		s.AcceptedTokens += ir.AcceptedTokens
 		s.Launches.ContextKV += ir.Launches.ContextKV
 		s.Launches.ContextQ += ir.Launches.ContextQ
 		s.Launches.GenerationKV += ir.Launches.GenerationKV
@@ -116,6 +124,7 @@ func summarize(its []IterationReport, hasDevice bool) Summary {
 	}
 	if s.WallNS > 0 {
 		s.TokensPerSecond = float64(s.ContextTokens+s.GenerationTokens) / (float64(s.WallNS) / 1e9)
+		s.AcceptedPerSecond = float64(s.AcceptedTokens) / (float64(s.WallNS) / 1e9)
 	}
 	if s.MinFreePages < 0 {
 		s.MinFreePages = 0

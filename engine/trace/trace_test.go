@@ -328,3 +328,34 @@ func FuzzParseLine(f *testing.F) {
 		}
 	})
 }
+
+// The embedded chain trace, cmd/decode's default, is what its generator
+// writes, and shows DeepSeek-V4's cache model: an accept list on every
+// generation step, some rejecting drafts, and a sequence long enough for
+// the window to free a page of 64 (past 192 tokens) and for a ratio-128
+// entry.
+func TestChainTraceIsGeneratedAndShowsTheCacheModel(t *testing.T) {
+	p := trace.ChainGenParams()
+	steps, err := trace.Generate(p)
+	require.NoError(t, err)
+	var buf bytes.Buffer
+	require.NoError(t, trace.Write(&buf, trace.ChainComments(p), steps))
+	embedded, err := trace.DefaultChain()
+	require.NoError(t, err)
+	var again bytes.Buffer
+	require.NoError(t, trace.Write(&again, trace.ChainComments(p), embedded))
+	require.Equal(t, buf.String(), again.String(), "engine/trace/chain.jsonl is stale: run go generate ./engine/trace")
+
+	rejected := 0
+	for _, s := range embedded {
+		if g := s.Generation; g != nil {
+			require.NotNil(t, g.Accept, "line %d: every generation step has an accept list", s.Line)
+			for _, n := range g.Accept {
+				rejected += 1 + g.MTP - n
+			}
+		}
+	}
+	require.Positive(t, rejected, "some drafts are rejected")
+	_, longest := trace.Footprint(embedded, 64, 128)
+	require.Greater(t, longest, 192)
+}
