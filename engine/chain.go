@@ -260,6 +260,12 @@ const (
 	// (TensorCompressorKG) from the hidden rows; nothing for other layers.
 	// RunLayer runs it on the side stream, under the other GEMMs.
 	StageCompressorGEMM
+	// StageIndexerGEMMs writes a ratio-4 layer's indexer GEMM outputs
+	// (TensorIndexerQIn, TensorIndexerWeightsProj, TensorIndexerKG: its
+	// wq_b on q_norm's activation, so after StageQNorm, weights_proj and its
+	// compressor's projection of the hidden rows); nothing for a layer
+	// without the indexer. StagePrologue then runs the indexer's steps.
+	StageIndexerGEMMs
 )
 
 func (s Stage) String() string {
@@ -276,6 +282,8 @@ func (s Stage) String() string {
 		return "prologue"
 	case StageCompressorGEMM:
 		return "compressor GEMM"
+	case StageIndexerGEMMs:
+		return "indexer GEMMs"
 	}
 	return fmt.Sprintf("Stage(%d)", uint8(s))
 }
@@ -332,6 +340,12 @@ func (e *Engine) runStage(ctx context.Context, s Stage, layer int, launches []ml
 	case StageCompressorGEMM:
 		if e.comp != nil {
 			err = e.compressProject(ctx, layer, rows)
+		}
+	case StageIndexerGEMMs:
+		if e.idx != nil && e.idx.layers[layer] != nil {
+			if err = e.indexerQueryGEMMs(ctx, layer, rows); err == nil {
+				err = e.indexerProject(ctx, layer, rows)
+			}
 		}
 	default:
 		err = fmt.Errorf("unknown stage %v", s)
@@ -392,7 +406,7 @@ func (e *Engine) runChain(ctx context.Context, layer int, launches []mla.Launch)
 		if err := mla.QOnly(ctx, e.backend, launches, a); err != nil {
 			return err
 		}
-		return e.indexerQuery(ctx, layer, launches)
+		return e.indexerQuery(ctx, layer, launches, true)
 	}()
 	if c.forker != nil {
 		// Join even after a failure: a graph capture must end joined, and
@@ -429,6 +443,8 @@ func (d IterationDebug) RunStage(ctx context.Context, layer int, s Stage) error 
 		if it.comp != nil {
 			it.comp.projected = layer
 		}
+	case StageIndexerGEMMs:
+		it.idxProjected = layer
 	case StagePrologue:
 		if e.comp != nil && e.comp.layers[layer] != nil {
 			if it.comp.projected != layer {
@@ -440,11 +456,16 @@ func (d IterationDebug) RunStage(ctx context.Context, layer int, s Stage) error 
 				it.fail(err)
 				return fmt.Errorf("engine: RunStage(%d): compressor step: %w", layer, err)
 			}
-			if err := e.indexerKeys(ctx, layer, launchRows(it.launches)); err != nil {
+			if e.idx != nil && e.idx.layers[layer] != nil && it.idxProjected != layer {
+				err := fmt.Errorf("engine: RunStage(%d, %v): layer %d has the indexer: run %v first", layer, s, layer, StageIndexerGEMMs)
+				it.fail(err)
+				return err
+			}
+			if err := e.indexerKeys(ctx, layer, launchRows(it.launches), false); err != nil {
 				it.fail(err)
 				return fmt.Errorf("engine: RunStage(%d): %w", layer, err)
 			}
-			if err := e.indexerQuery(ctx, layer, it.launches); err != nil {
+			if err := e.indexerQuery(ctx, layer, it.launches, false); err != nil {
 				it.fail(err)
 				return fmt.Errorf("engine: RunStage(%d): %w", layer, err)
 			}
@@ -478,6 +499,15 @@ const (
 	// TensorCompressorKG is a compressed layer's projections (the compressor
 	// GEMM's output), [Tokens][2*Width] float32: K then G without ape.
 	TensorCompressorKG
+	// TensorIndexerQIn is the indexer's wq_b GEMM output, [Tokens][64][128]
+	// bf16 (the query step's input).
+	TensorIndexerQIn
+	// TensorIndexerWeightsProj is weights_proj's output, [Tokens][64]
+	// float32 (unrounded: the query step rounds it to bf16).
+	TensorIndexerWeightsProj
+	// TensorIndexerKG is the indexer compressor's projections,
+	// [Tokens][2*256] float32: K then G without ape.
+	TensorIndexerKG
 )
 
 func (t ChainTensor) String() string {
@@ -498,6 +528,12 @@ func (t ChainTensor) String() string {
 		return "q_in"
 	case TensorCompressorKG:
 		return "compressor_kg"
+	case TensorIndexerQIn:
+		return "indexer_q_in"
+	case TensorIndexerWeightsProj:
+		return "indexer_weights_proj"
+	case TensorIndexerKG:
+		return "indexer_kg"
 	}
 	return fmt.Sprintf("ChainTensor(%d)", uint8(t))
 }
@@ -520,6 +556,9 @@ func (d IterationDebug) ReadChain(t ChainTensor) ([]byte, error) {
 		return nil, fmt.Errorf("engine: ReadChain(%v): Config.Input is %v; the chain's buffers need Config.Input = hidden", t, e.cfg.Input)
 	}
 	c := e.chain
+	if buf, n := e.indexerTensor(t, T); buf != nil {
+		return it.read(t, buf, 0, n)
+	}
 	switch t {
 	case TensorCompressorKG:
 		if it.comp == nil || it.comp.projected < 0 {
@@ -584,6 +623,11 @@ func (d IterationDebug) WriteChain(layer int, t ChainTensor, rows []byte) error 
 			return fmt.Errorf("engine: WriteChain(layer %d, %v): the layer has no compressor", layer, t)
 		}
 		buf, want = e.comp.kg, it.meta.Tokens*2*e.CompressorWidth(layer)*4
+	case TensorIndexerQIn, TensorIndexerWeightsProj, TensorIndexerKG:
+		if e.idx == nil || e.idx.layers[layer] == nil {
+			return fmt.Errorf("engine: WriteChain(layer %d, %v): the layer runs no indexer", layer, t)
+		}
+		buf, want = e.indexerTensor(t, it.meta.Tokens)
 	default:
 		return fmt.Errorf("engine: WriteChain(%v): only %v, %v and %v can be written", t, TensorFusedA, TensorQIn, TensorCompressorKG)
 	}

@@ -991,7 +991,7 @@ func (e *Engine) compressLayer(ctx context.Context, layer, rows int) (onSide boo
 		if err := e.compressStep(ctx, layer); err != nil {
 			return fmt.Errorf("compressor step: %w", err)
 		}
-		return e.indexerKeys(ctx, layer, rows)
+		return e.indexerKeys(ctx, layer, rows, true)
 	}
 	if c.side != nil {
 		return true, c.side.Side(ctx, run)

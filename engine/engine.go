@@ -671,8 +671,8 @@ func (e *Engine) Begin(ctx context.Context, reqs []metadata.Request) (_ *Iterati
 		graph:     graph,
 		res:       res,
 		mres:      mres,
-		inputsFor: -1,
-		comp:      ic,
+		inputsFor: -1, idxProjected: -1,
+		comp: ic,
 	}
 	it.launches = mla.AppendPlan(it.launchMem[:0], m)
 	if graph {

@@ -159,19 +159,19 @@ func checkIndexerWeights(layer int, w *weights.IndexerWeights, hidden, q int) er
 }
 
 // indexerKeys issues a ratio-4 layer's indexer compressor: the projection
-// GEMM of the hidden rows and the step into the indexer cache and states,
-// on the stream the caller chose (the main compressor's); nothing for a
-// layer without the indexer.
-func (e *Engine) indexerKeys(ctx context.Context, layer, rows int) error {
+// GEMM of the hidden rows (when project) and the step into the indexer
+// cache and states, on the stream the caller chose (the main
+// compressor's); nothing for a layer without the indexer.
+func (e *Engine) indexerKeys(ctx context.Context, layer, rows int, project bool) error {
 	x := e.idx
 	if x == nil || x.layers[layer] == nil {
 		return nil
 	}
 	lw := x.layers[layer]
-	w := indexerWidth()
-	if err := e.comp.gemm.BF16GEMM(ctx, &mla.BF16GEMMArgs{Rows: rows, N: 2 * w, K: e.cfg.Model.HiddenSize,
-		X: e.chain.hidden, XStride: e.cfg.Model.HiddenSize, W: lw.wkvg, Y: x.kg, YStride: 2 * w}); err != nil {
-		return fmt.Errorf("indexer compressor projection: %w", err)
+	if project {
+		if err := e.indexerProject(ctx, layer, rows); err != nil {
+			return err
+		}
 	}
 	a, ok := e.indexerStepArgs(layer)
 	if !ok {
@@ -184,26 +184,49 @@ func (e *Engine) indexerKeys(ctx context.Context, layer, rows int) error {
 	return nil
 }
 
-// indexerQuery issues a ratio-4 layer's indexer query after q_norm: the
-// indexer's wq_b GEMM, weights_proj and the query step over the launches;
-// nothing for a layer without the indexer.
-func (e *Engine) indexerQuery(ctx context.Context, layer int, launches []mla.Launch) error {
+// indexerProject issues the indexer compressor's projection GEMM of the
+// hidden rows.
+func (e *Engine) indexerProject(ctx context.Context, layer, rows int) error {
 	x := e.idx
-	if x == nil || x.layers[layer] == nil {
-		return nil
+	w := indexerWidth()
+	if err := e.comp.gemm.BF16GEMM(ctx, &mla.BF16GEMMArgs{Rows: rows, N: 2 * w, K: e.cfg.Model.HiddenSize,
+		X: e.chain.hidden, XStride: e.cfg.Model.HiddenSize, W: x.layers[layer].wkvg, Y: x.kg, YStride: 2 * w}); err != nil {
+		return fmt.Errorf("indexer compressor projection: %w", err)
 	}
+	return nil
+}
+
+// indexerQueryGEMMs issues the indexer's wq_b GEMM on q_norm's activation
+// and weights_proj on the hidden rows.
+func (e *Engine) indexerQueryGEMMs(ctx context.Context, layer, rows int) error {
+	x := e.idx
 	lw := x.layers[layer]
-	rows := launchRows(launches)
 	qn := e.chain.qn
 	qn.Rows, qn.ScaleStride = rows, rows
-	const n = mla.IndexerHeads * mla.IndexerDim
-	if err := e.chain.cb.GEMM(ctx, &mla.GEMMArgs{X: qn, W: &lw.wqB, Y: x.qIn, YStride: n}); err != nil {
+	if err := e.chain.cb.GEMM(ctx, &mla.GEMMArgs{X: qn, W: &lw.wqB, Y: x.qIn, YStride: mla.IndexerHeads * mla.IndexerDim}); err != nil {
 		return fmt.Errorf("indexer wq_b GEMM: %w", err)
 	}
 	if err := e.comp.gemm.BF16GEMM(ctx, &mla.BF16GEMMArgs{Rows: rows, N: mla.IndexerHeads, K: e.cfg.Model.HiddenSize,
 		X: e.chain.hidden, XStride: e.cfg.Model.HiddenSize, W: lw.wproj, Y: x.wp, YStride: mla.IndexerHeads}); err != nil {
 		return fmt.Errorf("indexer weights_proj GEMM: %w", err)
 	}
+	return nil
+}
+
+// indexerQuery issues a ratio-4 layer's indexer query after q_norm: the
+// indexer's wq_b GEMM and weights_proj (when project) and the query step
+// over the launches; nothing for a layer without the indexer.
+func (e *Engine) indexerQuery(ctx context.Context, layer int, launches []mla.Launch, project bool) error {
+	x := e.idx
+	if x == nil || x.layers[layer] == nil {
+		return nil
+	}
+	if project {
+		if err := e.indexerQueryGEMMs(ctx, layer, launchRows(launches)); err != nil {
+			return err
+		}
+	}
+	const n = mla.IndexerHeads * mla.IndexerDim
 	a := e.args[layer]
 	if err := mla.RunIndexerQuery(ctx, x.iq, launches, &mla.IndexerQueryArgs{
 		Q: x.qIn, QStride: n, W: x.wp, WStride: mla.IndexerHeads, QOut: x.qOut, WOut: x.wOut,
@@ -213,6 +236,72 @@ func (e *Engine) indexerQuery(ctx context.Context, layer int, launches []mla.Lau
 	}
 	return nil
 }
+
+// indexerTensor is the buffer and the real rows' bytes of an indexer chain
+// tensor, or nil when t is none or the indexer's compute is off.
+func (e *Engine) indexerTensor(t ChainTensor, tokens int) (mla.Buffer, int) {
+	x := e.idx
+	if x == nil {
+		return nil, 0
+	}
+	switch t {
+	case TensorIndexerQIn:
+		return x.qIn, tokens * mla.IndexerHeads * mla.IndexerDim * 2
+	case TensorIndexerWeightsProj:
+		return x.wp, tokens * mla.IndexerHeads * 4
+	case TensorIndexerKG:
+		return x.kg, tokens * 2 * indexerWidth() * 4
+	}
+	return nil, 0
+}
+
+// IndexerWeights returns host copies of a ratio-4 layer's indexer GEMM
+// weights as the backend holds them: wq_b (e4m3 with block scales),
+// weights_proj and the compressor's [wkv; wgate] (bf16, row-major). A
+// verifier bounds another backend's GEMM outputs with them (package gemm).
+func (d Debug) IndexerWeights(layer int) (wqB weights.FP8Matrix, weightsProj, wkvg []uint16, err error) {
+	e := d.e
+	if e.idx == nil || e.idx.layers[layer] == nil {
+		return wqB, nil, nil, fmt.Errorf("engine: IndexerWeights(%d): the layer runs no indexer", layer)
+	}
+	lw := e.idx.layers[layer]
+	read := func(buf mla.Buffer) ([]byte, error) {
+		out := make([]byte, buf.Len())
+		if err := e.backend.Read(out, buf, 0); err != nil {
+			return nil, fmt.Errorf("engine: reading layer %d indexer weights: %w", layer, err)
+		}
+		return out, nil
+	}
+	wqB = weights.FP8Matrix{N: lw.wqB.N, K: lw.wqB.K}
+	if wqB.Data, err = read(lw.wqB.Data); err != nil {
+		return
+	}
+	raw, err := read(lw.wqB.Scale)
+	if err != nil {
+		return
+	}
+	wqB.Scale = numerics.F32sFromBytes(raw)
+	if raw, err = read(lw.wproj); err != nil {
+		return
+	}
+	weightsProj = u16s(raw)
+	if raw, err = read(lw.wkvg); err != nil {
+		return
+	}
+	return wqB, weightsProj, u16s(raw), nil
+}
+
+func u16s(b []byte) []uint16 {
+	out := make([]uint16, len(b)/2)
+	for i := range out {
+		out[i] = uint16(b[2*i]) | uint16(b[2*i+1])<<8
+	}
+	return out
+}
+
+// RunsIndexer reports whether the engine computes layer's indexer (a
+// ratio-4 layer with Config.IndexerEnabled on the hidden-state path).
+func (e *Engine) RunsIndexer(layer int) bool { return e.idx != nil && e.idx.layers[layer] != nil }
 
 // IndexerQuery returns the indexer's query and head-weight buffers
 // (Config.IndexerEnabled with Input = hidden; nil, nil otherwise), written

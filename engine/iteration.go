@@ -30,12 +30,15 @@ type Iteration struct {
 	launchMem [2]mla.Launch
 	ranMem    [64]bool
 	inputsFor int // layer of the last SetInputs, -1 before any
-	census    mla.Census
-	err       error           // the first RunLayer failure
-	lengths   map[uint64]int  // Accept: the lengths End commits (cached + accepted), nil for all
-	comp      *iterComp       // the compressor's part; nil when it is off
-	created   map[uint64]bool // sequences this iteration creates; nil when none
-	done      bool
+	// idxProjected is the layer of the last StageIndexerGEMMs, -1 before
+	// any.
+	idxProjected int
+	census       mla.Census
+	err          error           // the first RunLayer failure
+	lengths      map[uint64]int  // Accept: the lengths End commits (cached + accepted), nil for all
+	comp         *iterComp       // the compressor's part; nil when it is off
+	created      map[uint64]bool // sequences this iteration creates; nil when none
+	done         bool
 
 	// The layer RunLayer hands to the backend's owner thread (mla.Batch):
 	// batched is runBatched, bound on first use, so that the hand-over of

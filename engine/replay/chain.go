@@ -163,6 +163,8 @@ func (r *Replayer) verifyChain(ctx context.Context, it, rit *engine.Iteration, l
 		},
 		func() error { return rit.Debug().RunStage(ctx, layer, engine.StageCompressorGEMM) },
 		func() error { return r.verifyCompressorGEMM(it, rit, layer, hidden) },
+		func() error { return rit.Debug().RunStage(ctx, layer, engine.StageIndexerGEMMs) },
+		func() error { return r.verifyIndexerGEMMs(it, rit, layer, hidden) },
 		func() error { return rit.Debug().RunStage(ctx, layer, engine.StagePrologue) },
 	}
 	for _, s := range steps {
@@ -208,6 +210,70 @@ func (r *Replayer) verifyCompressorGEMM(it, rit *engine.Iteration, layer int, hi
 	}
 	if err := rit.Debug().WriteChain(layer, engine.TensorCompressorKG, got); err != nil {
 		return fmt.Errorf("reference engine: %w", err)
+	}
+	return nil
+}
+
+// verifyIndexerGEMMs checks a ratio-4 layer's indexer GEMM outputs within
+// package gemm's bounds of the reference's (wq_b: FP8, from the q_norm
+// activation; weights_proj and the indexer compressor's projection: bf16,
+// from the hidden rows), then makes the reference continue from the
+// engine's, so the indexer's query, head weights, entries and states
+// compare byte for byte.
+func (r *Replayer) verifyIndexerGEMMs(it, rit *engine.Iteration, layer int, hidden []byte) error {
+	if !r.eng.RunsIndexer(layer) {
+		return nil
+	}
+	ref := func(err error) error { return fmt.Errorf("reference engine: %w", err) }
+	wqB, wproj, wkvg, err := r.ref.Debug().IndexerWeights(layer)
+	if err != nil {
+		return ref(err)
+	}
+	T, H := it.Tokens(), r.ref.HiddenSize()
+	for _, s := range []engine.ChainTensor{engine.TensorIndexerQIn, engine.TensorIndexerWeightsProj, engine.TensorIndexerKG} {
+		got, err := it.Debug().ReadChain(s)
+		if err != nil {
+			return err
+		}
+		want, err := rit.Debug().ReadChain(s)
+		if err != nil {
+			return ref(err)
+		}
+		if !bytes.Equal(got, want) {
+			var c gemm.Comparison
+			switch s {
+			case engine.TensorIndexerQIn:
+				data, err := rit.Debug().ReadChain(engine.TensorQNormFP8)
+				if err != nil {
+					return ref(err)
+				}
+				sb, err := rit.Debug().ReadChain(engine.TensorQNormScale)
+				if err != nil {
+					return ref(err)
+				}
+				x := &gemm.Activations{Rows: T, K: wqB.K, Data: data, Scale: numerics.F32sFromBytes(sb), ScaleStride: T}
+				c, err = gemm.Compare(x, &wqB, u16sFrom(want), u16sFrom(got))
+				if err != nil {
+					return fmt.Errorf("verify: indexer wq_b GEMM: %w", err)
+				}
+			default:
+				w := wproj
+				if s == engine.TensorIndexerKG {
+					w = wkvg
+				}
+				o := &gemm.BF16Operands{Rows: T, N: len(w) / H, K: H, X: u16sFrom(hidden), XStride: H, W: w}
+				c, err = gemm.CompareF32(o, numerics.F32sFromBytes(want), numerics.F32sFromBytes(got))
+				if err != nil {
+					return fmt.Errorf("verify: %v GEMM: %w", s, err)
+				}
+			}
+			if c.Violations > 0 {
+				return &GEMMError{Iteration: it.Index(), Layer: layer, Backend: r.eng.Backend().Name(), GEMM: s.String(), Comparison: c}
+			}
+		}
+		if err := rit.Debug().WriteChain(layer, s, got); err != nil {
+			return ref(err)
+		}
 	}
 	return nil
 }

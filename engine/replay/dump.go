@@ -294,6 +294,13 @@ func compressorTensors(e *engine.Engine, it *engine.Iteration, layer int) ([]saf
 		{Name: "comp_states", DType: "F32", Shape: []int{B, rows, 2, width}, Data: states},
 		{Name: "comp_norm", DType: "F32", Shape: []int{numerics.HeadDim}, Data: numerics.F32Bytes(norm)},
 	}
+	if e.RunsIndexer(layer) {
+		idx, err := indexerTensors(e, it, layer, pages, rows)
+		if err != nil {
+			return nil, nil, err
+		}
+		tensors = append(tensors, idx...)
+	}
 	meta := map[string]string{
 		"compress_ratio":       strconv.Itoa(ratio),
 		"compressed_page_size": strconv.Itoa(engine.CompressedPageSize),
@@ -302,4 +309,41 @@ func compressorTensors(e *engine.Engine, it *engine.Iteration, layer int) ([]saf
 		"compressor_width":     strconv.Itoa(width),
 	}
 	return tensors, meta, nil
+}
+
+// indexerTensors are a ratio-4 layer's indexer outputs (DESIGN.md section
+// 9): the query [T][64][68] bytes and head weights [T][64] bf16 of the
+// iteration's tokens, the indexer cache's pages of the ratio-4 page ids
+// the iteration wrote (pages, as comp_page_ids), and the indexer states of
+// the batch's sequences.
+func indexerTensors(e *engine.Engine, it *engine.Iteration, layer int, pages []int32, rows int) ([]safetensors.Tensor, error) {
+	m := it.Metadata()
+	q, w, err := it.Debug().ReadIndexerQuery()
+	if err != nil {
+		return nil, err
+	}
+	cache, err := e.Debug().ReadIndexerCache(layer)
+	if err != nil {
+		return nil, err
+	}
+	pb := engine.CompressedPageSize * mla.IndexerEntryBytes
+	var pageData []byte
+	for _, p := range pages {
+		pageData = append(pageData, cache[int(p)*pb:(int(p)+1)*pb]...)
+	}
+	var states []byte
+	for _, seq := range m.Seqs {
+		st, err := it.Debug().ReadIndexerSlot(layer, seq)
+		if err != nil {
+			return nil, err
+		}
+		states = append(states, st...)
+	}
+	T := m.Tokens
+	return []safetensors.Tensor{
+		{Name: "indexer_query", DType: "U8", Shape: []int{T, mla.IndexerHeads, mla.IndexerEntryBytes}, Data: q},
+		{Name: "indexer_weights", DType: "BF16", Shape: []int{T, mla.IndexerHeads}, Data: w},
+		{Name: "indexer_pages", DType: "U8", Shape: []int{len(pages), pb}, Data: pageData},
+		{Name: "indexer_states", DType: "F32", Shape: []int{m.NumSeqs, rows, 2, 2 * mla.IndexerDim}, Data: states},
+	}, nil
 }

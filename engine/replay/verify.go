@@ -117,6 +117,11 @@ func (r *Replayer) compare(it, rit *engine.Iteration, layer int) error {
 			return mk(fmt.Sprintf("ratio-%d compressed pool page %d", r.eng.CompressRatio(layer), off/pb), off, n, len(w),
 				"entry "+describePage(off%pb, cc), g, w)
 		}
+		if r.eng.RunsIndexer(layer) {
+			if err := r.compareIndexer(it, rit, layer, mk); err != nil {
+				return err
+			}
+		}
 		// The state slots the iteration wrote, sequence by sequence.
 		for _, seq := range it.Metadata().Seqs {
 			g, err := it.Debug().ReadCompressorSlot(layer, seq)
@@ -180,4 +185,52 @@ func describePage(off int, c kvcache.Config) string {
 		part = "rope"
 	}
 	return fmt.Sprintf("token offset %d, %s %s value %d", tok, strings.ReplaceAll(f.String(), "_pertensor", ""), part, elem)
+}
+
+// compareIndexer checks a ratio-4 layer's indexer outputs: the query and
+// head weights of the iteration's tokens, the whole indexer cache (both
+// engines hand out the same pages) and the indexer states the iteration
+// wrote.
+func (r *Replayer) compareIndexer(it, rit *engine.Iteration, layer int, mk func(buffer string, off, differ, size int, where string, g, w []byte) *VerifyError) error {
+	gq, gw, err := it.Debug().ReadIndexerQuery()
+	if err != nil {
+		return err
+	}
+	wq, ww, err := rit.Debug().ReadIndexerQuery()
+	if err != nil {
+		return fmt.Errorf("reference engine: %w", err)
+	}
+	if off, n := compareBytes(gq, wq); off >= 0 {
+		row := off / 68
+		return mk("indexer query", off, n, len(wq), fmt.Sprintf("token %d head %d byte %d", row/64, row%64, off%68), gq, wq)
+	}
+	if off, n := compareBytes(gw, ww); off >= 0 {
+		return mk("indexer head weights", off, n, len(ww), fmt.Sprintf("token %d head %d", off/128, off/2%64), gw, ww)
+	}
+	g, err := r.eng.Debug().ReadIndexerCache(layer)
+	if err != nil {
+		return err
+	}
+	w, err := r.ref.Debug().ReadIndexerCache(layer)
+	if err != nil {
+		return fmt.Errorf("reference engine: %w", err)
+	}
+	if off, n := compareBytes(g, w); off >= 0 {
+		pb := engine.CompressedPageSize * 68
+		return mk(fmt.Sprintf("indexer cache page %d", off/pb), off, n, len(w), fmt.Sprintf("entry %d byte %d", off%pb/68, off%68), g, w)
+	}
+	for _, seq := range it.Metadata().Seqs {
+		g, err := it.Debug().ReadIndexerSlot(layer, seq)
+		if err != nil {
+			return err
+		}
+		w, err := rit.Debug().ReadIndexerSlot(layer, seq)
+		if err != nil {
+			return fmt.Errorf("reference engine: %w", err)
+		}
+		if off, n := compareBytes(g, w); off >= 0 {
+			return mk(fmt.Sprintf("indexer state of sequence %d", seq), off, n, len(w), fmt.Sprintf("ring row %d", off/(2*256*4)), g, w)
+		}
+	}
+	return nil
 }

@@ -1,0 +1,82 @@
+package replay
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/dsv4mla/prologue/attention/mla"
+	"github.com/dsv4mla/prologue/engine"
+	"github.com/dsv4mla/prologue/engine/trace"
+	"github.com/dsv4mla/prologue/internal/safetensors"
+	"github.com/dsv4mla/prologue/kvcache"
+	"github.com/dsv4mla/prologue/weights"
+)
+
+// TestIndexerVerifyAndDump: on the hidden-state path the replay verifies
+// the indexer of the ratio-4 layer (its GEMMs within the bounds, its
+// query, head weights, cache and states byte for byte from the engine's
+// GEMM outputs) and dumps its indexer_* tensors: the query and head
+// weights the engine holds, the cache pages of the ratio-4 page ids the
+// iteration wrote, the states of the batch.
+func TestIndexerVerifyAndDump(t *testing.T) {
+	m := weights.TinyConfig() // layers 0, 4, 128 and an MTP layer
+	steps, err := trace.Parse(strings.NewReader(`
+{"context":[{"seq":1,"tokens":23},{"seq":2,"tokens":6}]}
+{"context":[{"seq":2,"tokens":5}],"generation":{"mtp":3,"seqs":[1],"accept":[2]}}
+`))
+	require.NoError(t, err)
+	dir := t.TempDir()
+	r, err := New(context.Background(), Options{
+		Engine: engine.Config{
+			Model: m, Cache: kvcache.Config{PageSize: 16, NumPages: 64, Window: 32},
+			Backend: engine.BackendCPU, Layers: 3, MaxSeqs: 4, MaxTokens: 64, RopePositions: 256,
+			Compressor:       engine.CompressorConfig{Ratio4Pages: 4, Ratio128Pages: 2, MaxDrafts: 3},
+			Input:            engine.InputHidden,
+			SyntheticWeights: &engine.SyntheticWeights{Seed: 5},
+		},
+		Seed: 9, Verify: true, DumpDir: dir, DumpLayer: func(l int) bool { return l >= 1 },
+	})
+	require.NoError(t, err)
+	defer r.Close()
+	_, err = r.Run(context.Background(), steps, nil)
+	require.NoError(t, err)
+	e := r.Engine()
+	require.True(t, e.RunsIndexer(1))
+	raw, err := os.ReadFile(filepath.Join(dir, DumpFileName(1, 1)))
+	require.NoError(t, err)
+	tensors, _, err := safetensors.Read(raw)
+	require.NoError(t, err)
+	byName := map[string]safetensors.Tensor{}
+	for _, tn := range tensors {
+		byName[tn.Name] = tn
+	}
+	q, w := byName["indexer_query"], byName["indexer_weights"]
+	tokens := 5 + 4
+	require.Equal(t, []int{tokens, mla.IndexerHeads, mla.IndexerEntryBytes}, q.Shape)
+	require.Equal(t, []int{tokens, mla.IndexerHeads}, w.Shape)
+	require.NotEqual(t, make([]byte, len(q.Data)), q.Data)
+	ids := readI32s(byName["comp_page_ids"].Data)
+	require.NotEmpty(t, ids)
+	cache, err := e.Debug().ReadIndexerCache(1)
+	require.NoError(t, err)
+	pb := engine.CompressedPageSize * mla.IndexerEntryBytes
+	pages := byName["indexer_pages"].Data
+	require.Len(t, pages, len(ids)*pb)
+	for j, p := range ids {
+		require.Equal(t, cache[int(p)*pb:(int(p)+1)*pb], pages[j*pb:(j+1)*pb], "page %d", p)
+	}
+	st := byName["indexer_states"]
+	require.Equal(t, []int{2, 8 + 3 + 1, 2, 256}, st.Shape)
+	raw, err = os.ReadFile(filepath.Join(dir, DumpFileName(1, 2))) // the ratio-128 layer
+	require.NoError(t, err)
+	tensors, _, err = safetensors.Read(raw)
+	require.NoError(t, err)
+	for _, tn := range tensors {
+		require.NotContains(t, tn.Name, "indexer", "a ratio-128 layer has no indexer")
+	}
+}
