@@ -82,7 +82,7 @@ func TestFinishedIDsKeepTheHeapFlat(t *testing.T) {
 // TestFinishedRunsAreBounded: ids that never touch (every other id) make
 // one run each; past MaxFinishedRuns the cache merges runs across their
 // smallest gaps, so memory stays bounded, and still no finished id comes
-// back: the first one, id 0, is refused after 65,537 and after 8*65,536
+// back: the first one, id 0, is refused after 65,537 and after 4*65,536
 // finishes, as is every id in between.
 func TestFinishedRunsAreBounded(t *testing.T) {
 	skipUnderInvariants(t)
@@ -96,7 +96,7 @@ func TestFinishedRunsAreBounded(t *testing.T) {
 	require.ErrorIs(t, err, ErrFinishedSequence, "id 0 after %d finishes", MaxFinishedRuns+1)
 	churn(t, c, MaxFinishedRuns-1, 0, next, first)
 	before := heapAfterGC()
-	churn(t, c, 6*MaxFinishedRuns, 0, next, first)
+	churn(t, c, 2*MaxFinishedRuns, 0, next, first) // four compactions
 	after := heapAfterGC()
 	runtime.KeepAlive(c)
 	// The runs' slice is at most twice MaxFinishedRuns long, whatever
@@ -131,14 +131,14 @@ func TestFinishedCompactionKeepsLiveIDs(t *testing.T) {
 	// Live odd ids inside the gaps of the finished even ids.
 	var live []uint64
 	for k := range uint64(1000) {
-		live = append(live, 1+2*(k*3*MaxFinishedRuns/1000)) // odd, spread over the finished range
+		live = append(live, 1+2*(k*3*MaxFinishedRuns/2/1000)) // odd, spread over the finished range
 	}
 	for _, v := range live {
 		r, err := c.Reserve([]Need{{ID: v, NewLength: 1, Create: true}})
 		require.NoError(t, err)
 		require.NoError(t, r.Commit())
 	}
-	for v := uint64(0); v < 6*MaxFinishedRuns; v += 2 {
+	for v := uint64(0); v < 3*MaxFinishedRuns; v += 2 { // one compaction
 		r, err := c.Reserve([]Need{{ID: v, NewLength: 1, Create: true}})
 		require.NoError(t, err)
 		require.NoError(t, r.Commit())
@@ -146,6 +146,7 @@ func TestFinishedCompactionKeepsLiveIDs(t *testing.T) {
 	}
 	require.NoError(t, c.CheckInvariants())
 	require.LessOrEqual(t, len(c.finished.runs), MaxFinishedRuns+len(live))
+	require.Less(t, len(c.finished.runs), 3*MaxFinishedRuns/2, "a compaction merged runs")
 	for _, v := range live {
 		n, err := c.Lookup(v)
 		require.NoError(t, err, "live id %d", v)
