@@ -17,6 +17,9 @@ import (
 // The whole life of a request on the CPU backend: a 100-token prompt in
 // two chunked-prefill pieces, two generation steps with 3 MTP drafts each
 // (4 tokens per step), then Finish, after which the sequence is refused.
+// It is the plain prologue, each part asked for by name: the projections'
+// outputs in (InputProjected), every token kept (FullCache), no compressor,
+// eager launches; the zero Config is DeepSeek-V4's layer (Example_server).
 func Example() {
 	ctx := context.Background()
 	e, err := engine.New(ctx, engine.Config{
