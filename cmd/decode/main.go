@@ -444,7 +444,7 @@ func (o *options) config(log zerolog.Logger) (replay.Options, []trace.Step, stri
 			return ro, nil, "", err
 		}
 	} else {
-		for _, name := range []string{"compressed-pages-4", "compressed-pages-128", "max-drafts"} {
+		for _, name := range []string{"compressed-pages-4", "compressed-pages-128", "max-drafts", "compressor-sequences"} {
 			if err := o.idleFlag(name, "with --compress=false"); err != nil {
 				return ro, nil, "", err
 			}
@@ -641,7 +641,7 @@ func compressorConfig(o *options, model dsv4.Config, steps []trace.Step) (engine
 	}
 	if len(used) == 0 {
 		why := fmt.Sprintf("without a compressed layer among --layers %d (the first ratio-4 or ratio-128 layer of %s is layer %d)", o.layers, model.Name, firstCompressed(model))
-		for _, name := range []string{"compressed-pages-4", "compressed-pages-128", "max-drafts"} {
+		for _, name := range []string{"compressed-pages-4", "compressed-pages-128", "max-drafts", "compressor-sequences"} {
 			if err := o.idleFlag(name, why); err != nil {
 				return cc, err
 			}

@@ -193,6 +193,8 @@ func TestIdleFlagsAreRefused(t *testing.T) {
 	}{
 		{[]string{"--compress=false", "--compressed-pages-4", "8"}, "--compressed-pages-4 does nothing with --compress=false"},
 		{[]string{"--compress=false", "--max-drafts", "3"}, "--max-drafts does nothing with --compress=false"},
+		{[]string{"--compress=false", "--compressor-sequences", "9"}, "--compressor-sequences does nothing with --compress=false"},
+		{[]string{"--layers", "1", "--compressor-sequences", "9"}, "--compressor-sequences does nothing without a compressed layer"},
 		{[]string{"--layers", "1", "--compressed-pages-128", "8"}, "--compressed-pages-128 does nothing without a compressed layer among --layers 1 (the first ratio-4 or ratio-128 layer of tiny-dsv4 is layer 1)"},
 		{[]string{"--layers", "1", "--max-drafts", "3"}, "--max-drafts does nothing without a compressed layer"},
 		{[]string{"--layers", "2", "--compressed-pages-128", "8"}, "--compressed-pages-128 8 does nothing: no layer among --layers 2 has ratio 128"},
