@@ -415,7 +415,13 @@ func (e *Engine) runChain(ctx context.Context, layer int, launches []mla.Launch)
 			err = errors.Join(err, fmt.Errorf("joining the KV prologue: %w", jerr))
 		}
 	}
-	return err
+	if err != nil {
+		return err
+	}
+	// The selection last, on the main stream after the join: it reads the
+	// query step's output and the entries the side stream's indexer key
+	// step wrote this iteration.
+	return e.indexerTopK(ctx, layer)
 }
 
 // RunStage issues one step of the chain of a layer (Config.Input = hidden),
@@ -466,6 +472,10 @@ func (d IterationDebug) RunStage(ctx context.Context, layer int, s Stage) error 
 				return fmt.Errorf("engine: RunStage(%d): %w", layer, err)
 			}
 			if err := e.indexerQuery(ctx, layer, it.launches, false); err != nil {
+				it.fail(err)
+				return fmt.Errorf("engine: RunStage(%d): %w", layer, err)
+			}
+			if err := e.indexerTopK(ctx, layer); err != nil {
 				it.fail(err)
 				return fmt.Errorf("engine: RunStage(%d): %w", layer, err)
 			}

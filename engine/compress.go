@@ -58,7 +58,21 @@ type CompressorConfig struct {
 	// (kvcache.SlotsFor). So a batch of live sequences is never refused
 	// for want of a state slot, whatever their chunks.
 	MaxSequences int
+	// IndexerTopKScratch is the indexer's top-k selection's scratch space,
+	// in 4-byte keys (mla.TopKShape.ScratchEntries): a batch's rows that
+	// see more than index_topk entries need as many keys as they see
+	// (rounded up to 4 per row, mla.TopKPlan.ScratchEntries), and a batch
+	// needing more is refused by Begin (mla.ErrTopKScratch), nothing
+	// changed. 0 = MaxTokens rows seeing the most entries the RoPE table's
+	// positions allow, capped at DefaultTopKScratchCap keys; it must be 0
+	// without the indexer's compute (Config.IndexerEnabled, Input = hidden).
+	IndexerTopKScratch int
 }
+
+// DefaultTopKScratchCap caps CompressorConfig.IndexerTopKScratch's default:
+// 2^26 keys, 256 MiB (a batch of 64 rows at 1M positions each, or 4096
+// rows at 64K).
+const DefaultTopKScratchCap = 1 << 26
 
 // pagesFor returns the configured pages of a ratio's pool.
 func (c CompressorConfig) pagesFor(ratio int) int {
@@ -157,6 +171,9 @@ func (c Config) resolveCompressor() (Config, error) {
 	}
 	if cc.MaxDrafts < 0 || cc.MaxDrafts >= compressor.MaxDraftsLimit {
 		return c, fieldError("Compressor.MaxDrafts", "%d, must be in [1, %d] (0: %d)", cc.MaxDrafts, compressor.MaxDraftsLimit-1, DefaultMaxDrafts)
+	}
+	if n := cc.IndexerTopKScratch; n < 0 || n > mla.MaxTopKScratchEntries || (n != 0 && !c.indexerRunning()) {
+		return c, fieldError("Compressor.IndexerTopKScratch", "%d, must be in [0, %d], and 0 without the indexer's compute (IndexerEnabled and Input = hidden)", n, mla.MaxTopKScratchEntries)
 	}
 	return c, nil
 }

@@ -645,6 +645,9 @@ func (e *Engine) Begin(ctx context.Context, reqs []metadata.Request) (_ *Iterati
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("engine: Begin: %w", err)
 	}
+	if err := e.planTopK(m); err != nil {
+		return nil, err
+	}
 	// The uploads: on an mla.AsyncWriter backend (CUDA) they are enqueued
 	// on the stream without a wait, and this iteration's launches, issued
 	// after them, read the new bytes; End (or Abort) waits for the stream
@@ -708,6 +711,9 @@ func (e *Engine) uploadIteration(ic *iterComp, m *metadata.Metadata) error {
 			return err
 		}
 		if err := e.uploadCompTables(m.NumSeqs); err != nil {
+			return err
+		}
+		if err := e.uploadTopK(); err != nil {
 			return err
 		}
 	}

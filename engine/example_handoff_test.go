@@ -42,6 +42,7 @@ func ExampleEngine_Handoff() {
 	// k_cache           uint8   [32 9792]      persistent
 	// extra_k_cache     uint8   [4 37440]      persistent
 	// extra_k_cache     uint8   [2 37440]      persistent
+	// indices           int32   [64 512]       per-layer
 	// block_table       int32   [4 64]         per-iteration
 	// extra_block_table int32   [4 4]          per-iteration
 	// extra_block_table int32   [4 1]          per-iteration

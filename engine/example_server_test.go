@@ -170,7 +170,7 @@ func Example_server() {
 	}
 	fmt.Println("live sequences:", e.Sequences())
 	// Output:
-	// attention binds to: q k_cache extra_k_cache block_table extra_block_table cache_seqlens seqlens_q cached cu_seqlens_q cu_seqlens_k cu_q_rows batch_header tile_id_counter scale_bmm1 scale_bmm2
+	// attention binds to: q k_cache extra_k_cache indices block_table extra_block_table cache_seqlens seqlens_q cached cu_seqlens_q cu_seqlens_k cu_q_rows batch_header tile_id_counter scale_bmm1 scale_bmm2
 	// step 0: prefill 1 [0,64); attention 1: 64 window + 16 ratio-4; free swa 44/48 ratio-4 5/6 indexer 5/6 ratio-128 2/2 state 7/8
 	// step 1: prefill 1 [64,128), prefill 2 [0,40); attention 1: 128 window + 32 ratio-4, 2: 40 window + 10 ratio-4; free swa 37/48 ratio-4 4/6 indexer 4/6 ratio-128 1/2 state 6/8
 	// step 2: prefill 1 [128,170), prefill 3 [0,64), prefill 4 [0,19), decode 2 +2; attention 1: 128 window + 42 ratio-4, 3: 64 window + 16 ratio-4, 4: 19 window + 4 ratio-4, 2: 43 window + 10 ratio-4; free swa 30/48 ratio-4 2/6 indexer 2/6 ratio-128 1/2 state 4/8

@@ -43,6 +43,7 @@ type Footprint struct {
 	CompBuffers int64 // Compressor: the projection rows (MaxTokens), the plans, the norm weights, the compressed block tables (MaxSeqs rows, and their host mirror)
 	IdxWeights  int64 // the indexer with Input = hidden: each ratio-4 layer's indexer wq_b (and scales), weights_proj, compressor wkv, wgate, ape and norm
 	IdxBuffers  int64 // the indexer with Input = hidden: its wq_b, weights_proj and projection outputs, the query and the head weights (MaxTokens rows)
+	IdxTopK     int64 // the indexer's top-k selection: its plan, its scratch (Compressor.IndexerTopKScratch keys) and each ratio-4 layer's [MaxTokens][index_topk] int32 indices
 }
 
 // Total is the sum of every buffer, saturating at math.MaxInt64.
@@ -76,6 +77,7 @@ func (f Footprint) parts() []footprintPart {
 		{"indexer states", "Compressor.MaxSequences", f.IdxStates},
 		{"indexer weights", "Layers", f.IdxWeights},
 		{"indexer buffers", "MaxTokens", f.IdxBuffers},
+		{"indexer top-k", "Compressor.IndexerTopKScratch", f.IdxTopK},
 		{"compressor weights", "Layers", f.CompWeights},
 		{"compressor buffers", "MaxTokens", f.CompBuffers},
 	}
@@ -241,6 +243,7 @@ func (c Config) footprint() (Footprint, error) {
 	}
 	if c.indexerRunning() {
 		f.IdxBuffers = indexerBufferBytes(tokens)
+		f.IdxTopK = c.topkBytes()
 		for l := range c.Layers {
 			if r, _ := c.Model.CompressRatio(l); r == kvcache.DSv4IndexerRatio {
 				f.IdxWeights = addSat(f.IdxWeights, indexerWeightBytes(int64(c.Model.HiddenSize), int64(c.Model.QLoraRank)))

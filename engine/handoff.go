@@ -147,6 +147,16 @@ func (t Tensor) Bytes() int {
 //     entries [0, floor((p+1)/r)); after layer l ran, sequence b holds
 //     floor(kv_len[b]/r) of them (DESIGN.md section 8). The indexer's
 //     top-k picks among them in the ratio-4 layers.
+//   - indices (FlashMLA's sparse attention; the indexer's top-k, DESIGN.md
+//     section 9): Indices[l] of a ratio-4 layer with the indexer's compute
+//     (the zero Tensor otherwise), [MaxTokens][index_topk] int32: row t
+//     the entry indices token row t selects among its sequence's ratio-4
+//     entries, ascending, then -1 (fewer visible entries than index_topk);
+//     padding rows all -1. Entry i of batch sequence b is compressed slot
+//     ExtraBlockTable[4][b][i >> 6]*64 + (i & 63) of ExtraKCache[l].
+//     RunLayer(l) writes it, last of the layer's work on the engine's
+//     stream (after the indexer's query and, joined, its key step); it
+//     keeps its contents until the next iteration's RunLayer(l).
 //   - block_table: [MaxSeqs][PageStride] int32, row b the pages of batch
 //     sequence b by position (page j covers positions [jP, (j+1)P)); -1
 //     for a page the window freed and past the sequence's kv_len; rows
@@ -201,6 +211,7 @@ type Handoff struct {
 	Q           Tensor
 	KCache      []Tensor // per layer: k_cache
 	ExtraKCache []Tensor // per layer: extra_k_cache; the zero Tensor (nil Buffer) for a layer without a compressor
+	Indices     []Tensor // per layer: indices; the zero Tensor for a layer without the indexer's selection
 	BlockTable  Tensor
 	// ExtraBlockTable holds, per compress ratio the engine's layers use
 	// (4, 128), the compressed pages' block tables; empty without the
@@ -224,6 +235,11 @@ func (h *Handoff) Tensors() []Tensor {
 	out := []Tensor{h.Q}
 	out = append(out, h.KCache...)
 	for _, t := range h.ExtraKCache {
+		if t.Buffer != nil {
+			out = append(out, t)
+		}
+	}
+	for _, t := range h.Indices {
 		if t.Buffer != nil {
 			out = append(out, t)
 		}
@@ -274,6 +290,17 @@ func (e *Engine) buildHandoff() *Handoff {
 			Strides: []int{entryPage, 1}, Lifetime: Persistent,
 			Layout: fmt.Sprintf("layer %d, ratio %d: pages of %d fp8_ue8m0 entries (DESIGN.md sections 3, 8), entry i at extra_block_table[%d][b][i/%d]*%d + i%%%d",
 				l, ratio, CompressedPageSize, ratio, CompressedPageSize, CompressedPageSize, CompressedPageSize)}
+	}
+	h.Indices = make([]Tensor, cfg.Layers)
+	for l := range cfg.Layers {
+		buf := e.IndexerTopK(l)
+		if buf == nil {
+			continue
+		}
+		k := e.IndexTopK()
+		h.Indices[l] = Tensor{Name: "indices", Buffer: buf, DType: Int32, Shape: []int{cfg.MaxTokens, k}, Strides: []int{k, 1},
+			Lifetime: PerLayer, Layout: fmt.Sprintf("layer %d: each token row's %d selected ratio-4 entry indices, ascending, then -1; padding rows -1; entry i at extra_block_table[4][b][i/%d]*%d + i%%%d (DESIGN.md section 9); kept until the layer's next RunLayer",
+				l, k, CompressedPageSize, CompressedPageSize, CompressedPageSize)}
 	}
 	mb := e.meta
 	i32 := func(name string, off int, n int, layout string) Tensor {

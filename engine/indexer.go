@@ -32,6 +32,7 @@ type indexerCompute struct {
 	qOut   mla.Buffer // [MaxTokens][64][68]: the MXFP4 query
 	wOut   mla.Buffer // [MaxTokens][64] bf16: the head weights
 	layers map[int]*indexerLayerWeights
+	topk   *topkState // the selection (topk.go)
 }
 
 // indexerLayerWeights is one ratio-4 layer's indexer weights on the backend.
@@ -127,7 +128,7 @@ func (e *Engine) newIndexer(alloc func(what string, n int, fill byte) (mla.Buffe
 		x.layers[l] = lw
 	}
 	e.idx = x
-	return nil
+	return e.newTopK(alloc)
 }
 
 // checkIndexerWeights refuses a layer's indexer weights of another shape

@@ -273,7 +273,7 @@ func TestBadFlagValuesExitWithUsage(t *testing.T) {
 			"--pages: engine: Config.Cache.NumPages: more memory than MemoryLimit: the engine would allocate"},
 		{[]string{"--pages", "4000000", "--layers", "0"}, "(0: the cpu backend's free memory)"},
 		{[]string{"--verify", "--pages", "300000", "--memory-limit", "24GiB"},
-			"--verify: the engine and its cpu reference would allocate 44.9 GiB, more than --memory-limit 24.0 GiB (22.4 GiB each"},
+			"--verify: the engine and its cpu reference would allocate 45.1 GiB, more than --memory-limit 24.0 GiB (22.5 GiB each"},
 	} {
 		code, _, errOut := tiny(t, append([]string{"--trace", "testdata/small.jsonl"}, c.args...)...)
 		require.Equal(t, exitUsage, code, "%v: %s", c.args, errOut)
@@ -364,6 +364,7 @@ func TestDefaultRunShowsTheCacheModel(t *testing.T) {
 		"(window 128 tokens)",
 		"pool ratio-4:", "pool ratio-128:",
 		"longest sequence: 212 tokens:",
+		" indexer entries selected (over the token rows of the ratio-4 layers)",
 	} {
 		require.Contains(t, out, want)
 	}

@@ -63,6 +63,9 @@ func writeSummary(w io.Writer, rep *replay.Report, traceName string) {
 		rep.Backend, rep.Model, rep.Layers, rep.Heads, rep.CacheFormat, rep.Pages, rep.PageSize, rep.QFormat)
 	fmt.Fprintf(w, "tokens:   context %d, generation %d, total %d; accepted %d (%d MTP drafts rejected)\n", s.ContextTokens, s.GenerationTokens,
 		s.ContextTokens+s.GenerationTokens, s.AcceptedTokens, s.ContextTokens+s.GenerationTokens-s.AcceptedTokens)
+	if s.TopKSelected > 0 {
+		fmt.Fprintf(w, "top-k:    %d indexer entries selected (over the token rows of the ratio-4 layers)\n", s.TopKSelected)
+	}
 	fmt.Fprintf(w, "launches: context KV %d, context Q %d, generation KV %d, generation Q %d, total %d\n",
 		s.Launches.ContextKV, s.Launches.ContextQ, s.Launches.GenerationKV, s.Launches.GenerationQ, s.Launches.Total())
 	fmt.Fprintf(w, "wall:     %s total; per iteration p50 %s, p99 %s, max %s; %.0f tokens/s, %.0f accepted tokens/s\n",

@@ -22,9 +22,12 @@ import (
 // query, head weights, cache and states byte for byte from the engine's
 // GEMM outputs) and dumps its indexer_* tensors: the query and head
 // weights the engine holds, the cache pages of the ratio-4 page ids the
-// iteration wrote, the states of the batch.
+// iteration wrote, the states of the batch, and the top-k selection's
+// indices (the verify recomputes every index on the reference engine; the
+// dump's are the engine's).
 func TestIndexerVerifyAndDump(t *testing.T) {
 	m := weights.TinyConfig() // layers 0, 4, 128 and an MTP layer
+	m.IndexTopK = 4           // the drafts of sequence 1 at 23..26 see 6 entries: scored
 	steps, err := trace.Parse(strings.NewReader(`
 {"context":[{"seq":1,"tokens":23},{"seq":2,"tokens":6}]}
 {"context":[{"seq":2,"tokens":5}],"generation":{"mtp":3,"seqs":[1],"accept":[2]}}
@@ -70,6 +73,17 @@ func TestIndexerVerifyAndDump(t *testing.T) {
 	for j, p := range ids {
 		require.Equal(t, cache[int(p)*pb:(int(p)+1)*pb], pages[j*pb:(j+1)*pb], "page %d", p)
 	}
+	topk := byName["indexer_topk"]
+	require.Equal(t, "I32", topk.DType)
+	require.Equal(t, []int{tokens, 4}, topk.Shape)
+	held := make([]byte, tokens*4*4)
+	require.NoError(t, e.Backend().Read(held, e.IndexerTopK(1), 0))
+	require.Equal(t, held, topk.Data)
+	idx := readI32s(topk.Data)
+	// Row 5 is sequence 1's token at 23 (after sequence 2's 5 context
+	// rows): 6 visible entries, 4 selected; row 0 (sequence 2 at 6) sees 1.
+	require.NotContains(t, idx[5*4:6*4], int32(-1))
+	require.Equal(t, []int32{0, -1, -1, -1}, idx[0:4])
 	st := byName["indexer_states"]
 	require.Equal(t, []int{2, 8 + 3 + 1, 2, 256}, st.Shape)
 	raw, err = os.ReadFile(filepath.Join(dir, DumpFileName(1, 2))) // the ratio-128 layer

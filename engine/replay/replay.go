@@ -240,6 +240,20 @@ func (r *Replayer) iterate(ctx context.Context, s trace.Step, ir *IterationRepor
 	}
 	ir.Rows = m.PaddedTokens
 	ir.HasDevice = r.timed
+	if k := r.eng.IndexTopK(); k > 0 {
+		// What the selections keep, from the positions: each row selects
+		// min(index_topk, floor((p+1)/4)) entries in each ratio-4 layer.
+		per := 0
+		for row := range m.Tokens {
+			_, pos, _ := m.Row(row)
+			per += min(k, mla.TopKVisible(pos))
+		}
+		for l := range r.eng.Layers() {
+			if r.eng.RunsIndexer(l) {
+				ir.TopKSelected += per
+			}
+		}
+	}
 	cfg := r.eng.Config()
 	backend := r.eng.Backend()
 	hiddenInput := cfg.Input == engine.InputHidden
@@ -355,10 +369,13 @@ type IterationReport struct {
 	// AcceptedTokens is what the iteration's sequences kept: every context
 	// token, and per generation sequence its accepted count (the line's
 	// accept list; without one all 1+MTP).
-	AcceptedTokens int        `json:"accepted_tokens"`
-	MTP            int        `json:"mtp"`
-	Rows           int        `json:"rows"` // token rows launched, padding included
-	Launches       mla.Census `json:"launches"`
+	AcceptedTokens int `json:"accepted_tokens"`
+	// TopKSelected is the entries the indexer's top-k selected, over the
+	// token rows and the ratio-4 layers (min(index_topk, visible) a row).
+	TopKSelected int        `json:"topk_selected,omitempty"`
+	MTP          int        `json:"mtp"`
+	Rows         int        `json:"rows"` // token rows launched, padding included
+	Launches     mla.Census `json:"launches"`
 	// WallNS is the host time of Begin, each layer's launches and the wait
 	// for them, and End; input synthesis, upload, verify and dump are
 	// excluded.

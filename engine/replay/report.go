@@ -64,6 +64,8 @@ type Summary struct {
 	MinFreePages    int `json:"min_free_pages"`
 	Finished        int `json:"finished"`
 	Verified        int `json:"verified_iterations"`
+	// TopKSelected is the iterations' IterationReport.TopKSelected.
+	TopKSelected int `json:"topk_selected,omitempty"`
 }
 
 // KindStat aggregates the iterations of one batch shape.
@@ -92,6 +94,7 @@ func summarize(its []IterationReport, hasDevice bool) Summary {
 		s.ContextTokens += ir.ContextTokens
 		s.GenerationTokens += ir.GenerationTokens
 		s.AcceptedTokens += ir.AcceptedTokens
+		s.TopKSelected += ir.TopKSelected
 		s.Launches.ContextKV += ir.Launches.ContextKV
 		s.Launches.ContextQ += ir.Launches.ContextQ
 		s.Launches.GenerationKV += ir.Launches.GenerationKV

@@ -189,8 +189,9 @@ func describePage(off int, c kvcache.Config) string {
 
 // compareIndexer checks a ratio-4 layer's indexer outputs: the query and
 // head weights of the iteration's tokens, the whole indexer cache (both
-// engines hand out the same pages) and the indexer states the iteration
-// wrote.
+// engines hand out the same pages), the indexer states the iteration
+// wrote, and every index of the top-k selection (the reference's own
+// selection on the same query and cache).
 func (r *Replayer) compareIndexer(it, rit *engine.Iteration, layer int, mk func(buffer string, off, differ, size int, where string, g, w []byte) *VerifyError) error {
 	gq, gw, err := it.Debug().ReadIndexerQuery()
 	if err != nil {
@@ -231,6 +232,19 @@ func (r *Replayer) compareIndexer(it, rit *engine.Iteration, layer int, mk func(
 		if off, n := compareBytes(g, w); off >= 0 {
 			return mk(fmt.Sprintf("indexer state of sequence %d", seq), off, n, len(w), fmt.Sprintf("ring row %d", off/(2*256*4)), g, w)
 		}
+	}
+	gi, err := it.Debug().ReadIndexerTopK(layer)
+	if err != nil {
+		return err
+	}
+	wi, err := rit.Debug().ReadIndexerTopK(layer)
+	if err != nil {
+		return fmt.Errorf("reference engine: %w", err)
+	}
+	gb, wb := i32s(gi), i32s(wi)
+	if off, n := compareBytes(gb, wb); off >= 0 {
+		k := 4 * r.eng.IndexTopK()
+		return mk("indexer top-k indices", off, n, len(wb), fmt.Sprintf("token %d slot %d", off/k, off%k/4), gb, wb)
 	}
 	return nil
 }
