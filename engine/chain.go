@@ -421,7 +421,7 @@ func (e *Engine) runChain(ctx context.Context, layer int, launches []mla.Launch)
 	// The selection last, on the main stream after the join: it reads the
 	// query step's output and the entries the side stream's indexer key
 	// step wrote this iteration.
-	return e.indexerTopK(ctx, layer)
+	return e.indexerTopK(ctx, layer, launchRows(launches))
 }
 
 // RunStage issues one step of the chain of a layer (Config.Input = hidden),
@@ -475,7 +475,7 @@ func (d IterationDebug) RunStage(ctx context.Context, layer int, s Stage) error 
 				it.fail(err)
 				return fmt.Errorf("engine: RunStage(%d): %w", layer, err)
 			}
-			if err := e.indexerTopK(ctx, layer); err != nil {
+			if err := e.indexerTopK(ctx, layer, launchRows(it.launches)); err != nil {
 				it.fail(err)
 				return fmt.Errorf("engine: RunStage(%d): %w", layer, err)
 			}

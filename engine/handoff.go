@@ -152,7 +152,7 @@ func (t Tensor) Bytes() int {
 //     (the zero Tensor otherwise), [MaxTokens][index_topk] int32: row t
 //     the entry indices token row t selects among its sequence's ratio-4
 //     entries, ascending, then -1 (fewer visible entries than index_topk);
-//     padding rows all -1. Entry i of batch sequence b is compressed slot
+//     padding rows [Tokens, Rows) all -1, rows past Rows not written. Entry i of batch sequence b is compressed slot
 //     ExtraBlockTable[4][b][i >> 6]*64 + (i & 63) of ExtraKCache[l].
 //     RunLayer(l) writes it, last of the layer's work on the engine's
 //     stream (after the indexer's query and, joined, its key step); it

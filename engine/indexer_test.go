@@ -241,10 +241,24 @@ func TestIndexerFootprint(t *testing.T) {
 	require.Equal(t, tokens*(64*128*2+2*256*4+64*4+64*68+64*2), fp.IdxBuffers)
 	hidden, q := int64(256), int64(cfg.Model.QLoraRank)
 	require.Equal(t, 8192*q+64*(q/128)*4+64*hidden*2+512*hidden*2+4*256*4+128*4, fp.IdxWeights)
+	// The top-k plan (header, MaxSeqs sequences of 8 words and 4 table
+	// entries: Ratio4Pages), no scratch (at 2048 positions no token sees
+	// more than index_topk = 512 entries), layer 2's indices.
+	plan := int64(4 * (4 + cfg.MaxSeqs*(8+4)))
+	require.Equal(t, plan+tokens*512*4, fp.IdxTopK)
+	small := cfg
+	small.Model.IndexTopK = 8 // now the last position's 512 entries need keys, every row
+	fp, err = small.Footprint()
+	require.NoError(t, err)
+	require.Equal(t, plan+4*tokens*512+tokens*8*4, fp.IdxTopK)
+	small.Compressor.IndexerTopKScratch = 100
+	fp, err = small.Footprint()
+	require.NoError(t, err)
+	require.Equal(t, plan+4*100+tokens*8*4, fp.IdxTopK)
 	proj := compConfig()
 	fp, err = proj.Footprint()
 	require.NoError(t, err)
-	require.Zero(t, fp.IdxBuffers+fp.IdxWeights)
+	require.Zero(t, fp.IdxBuffers+fp.IdxWeights+fp.IdxTopK)
 	e := newEngine(t, proj)
 	qb, wb := e.IndexerQuery()
 	require.Nil(t, qb)

@@ -165,23 +165,28 @@ func (e *Engine) uploadTopK() error {
 	return nil
 }
 
-// topkArgs is a ratio-4 layer's selection.
-func (e *Engine) topkArgs(layer int) *mla.TopKArgs {
+// topkArgs is a ratio-4 layer's selection over the launch's rows (the
+// iteration's padded rows, which a graph's key includes): the plan and the
+// scratch do not depend on the rows, so the plan Begin encoded for
+// MaxTokens serves every row count.
+func (e *Engine) topkArgs(layer, rows int) *mla.TopKArgs {
 	tk := e.idx.topk
 	cache, _ := e.indexerBuffers(layer)
-	return &mla.TopKArgs{TopKShape: tk.shape, Q: e.idx.qOut, W: e.idx.wOut, Cache: cache,
+	a := &mla.TopKArgs{TopKShape: tk.shape, Q: e.idx.qOut, W: e.idx.wOut, Cache: cache,
 		Plan: tk.plan, Scratch: tk.scratch, Out: tk.out[layer]}
+	a.Rows = rows
+	return a
 }
 
-// indexerTopK issues a ratio-4 layer's selection on the main stream, after
-// its query step and its key step (the caller has joined the side stream);
-// nothing for a layer without the indexer.
-func (e *Engine) indexerTopK(ctx context.Context, layer int) error {
+// indexerTopK issues a ratio-4 layer's selection over rows rows on the
+// main stream, after its query step and its key step (the caller has
+// joined the side stream); nothing for a layer without the indexer.
+func (e *Engine) indexerTopK(ctx context.Context, layer, rows int) error {
 	x := e.idx
 	if x == nil || x.topk == nil || x.layers[layer] == nil {
 		return nil
 	}
-	if err := x.topk.sel.IndexerTopK(ctx, e.topkArgs(layer)); err != nil {
+	if err := x.topk.sel.IndexerTopK(ctx, e.topkArgs(layer, rows)); err != nil {
 		return fmt.Errorf("indexer top-k: %w", err)
 	}
 	return nil
@@ -192,7 +197,8 @@ func (e *Engine) indexerTopK(ctx context.Context, layer int) error {
 // int32, row t the entry indices token row t of the iteration selects
 // among its sequence's compressed entries (entry i of batch sequence b is
 // compressed slot ExtraBlockTable[4][b][i/64]*64 + i%64), ascending, then
-// -1; padding rows are all -1. The layer's RunLayer writes it on the
+// -1; padding rows [Tokens(), Rows()) are all -1, and rows past Rows() are
+// not written by the iteration. The layer's RunLayer writes it on the
 // engine's stream after the layer's indexer query and key steps; it keeps
 // its contents until the layer's next RunLayer (the next iteration's). The
 // buffer never moves.

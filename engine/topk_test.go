@@ -75,11 +75,32 @@ func recomputeTopK(t *testing.T, e *engine.Engine, it *engine.Iteration, layer i
 // rejected drafts crossed a ratio-4 boundary (Accept), the step that
 // redoes those positions, and decode; after each iteration's ratio-4 layer
 // the engine's indices equal, element for element, a selection recomputed
-// from the debug reads, and the hand-off names the same buffer.
+// from the debug reads, and the hand-off names the same buffer. On the
+// graph path the generation-only iterations replay the layer's captured
+// graph (the selection with it, over the padded rows: those are all -1).
 func TestIndexerTopK(t *testing.T) {
+	for _, graphs := range []bool{false, true} {
+		name := "eager"
+		if graphs {
+			name = "graphs"
+		}
+		t.Run(name, func(t *testing.T) { testIndexerTopK(t, graphs) })
+	}
+}
+
+func testIndexerTopK(t *testing.T, graphs bool) {
 	seed := testSeed(t)
 	cfg := topkConfig(seed)
-	e := newEngine(t, cfg)
+	var e *engine.Engine
+	if graphs {
+		cfg.Backend, cfg.Eager = "test-graphs", false
+		testGraphsOn.Store(true)
+		e = newEngine(t, cfg)
+		testGraphsOn.Store(false)
+		t.Cleanup(func() { *testGraphs = graphCPU{Backend: testGraphs.Backend} })
+	} else {
+		e = newEngine(t, cfg)
+	}
 	const layer = 2
 	require.True(t, e.RunsIndexer(layer))
 	k := e.IndexTopK()
@@ -109,7 +130,7 @@ func TestIndexerTopK(t *testing.T) {
 		{"decode", []metadata.Request{genReq(1, 0), genReq(2, 0)}, nil},
 		{"mixed", []metadata.Request{ctxReq(3, 50), genReq(1, 1), genReq(2, 1)}, nil},
 	}
-	scored, padded := 0, 0
+	scored, padded, replayed, padRows := 0, 0, 0, 0
 	for _, s := range steps {
 		it, err := e.Begin(ctx, s.reqs)
 		require.NoError(t, err, s.name)
@@ -127,6 +148,15 @@ func TestIndexerTopK(t *testing.T) {
 				require.Equal(t, want[i], got[i], "%s: row %d slot %d", s.name, i/k, i%k)
 			}
 			m := it.Metadata()
+			if it.Debug().GraphPath() {
+				replayed++
+				padRows += it.Rows() - it.Tokens()
+				all := make([]byte, 4*it.Rows()*k)
+				require.NoError(t, e.Backend().Read(all, e.IndexerTopK(layer), 0))
+				for i := 4 * it.Tokens() * k; i < len(all); i++ {
+					require.Equal(t, byte(0xFF), all[i], "%s: padding row %d", s.name, i/(4*k))
+				}
+			}
 			for r := range it.Tokens() {
 				_, pos, _ := m.Row(r)
 				row := got[r*k : (r+1)*k]
@@ -153,6 +183,11 @@ func TestIndexerTopK(t *testing.T) {
 	}
 	require.Positive(t, scored, "no row saw more entries than index_topk")
 	require.Positive(t, padded, "no row saw fewer entries than index_topk")
+	if graphs {
+		require.Positive(t, replayed, "no iteration replayed a graph")
+		require.Positive(t, padRows, "no graph iteration had padding rows")
+		require.Positive(t, testGraphs.launches, "no graph replayed")
+	}
 }
 
 // TestIndexerTopKScratchRefusal: a batch whose scores do not fit
