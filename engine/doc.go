@@ -64,7 +64,10 @@
 //     layer computes them too (indexer.go): the indexer compressor's
 //     projection and step beside the main compressor's, and after the Q
 //     prologue the indexer's wq_b and weights_proj GEMMs and its query
-//     step, into the query and head-weight buffers of Engine.IndexerQuery.
+//     step, into the query and head-weight buffers of Engine.IndexerQuery;
+//     last, after the join, the top-k selection (topk.go) into the layer's
+//     [MaxTokens][index_topk] int32 indices (Engine.IndexerTopK, the
+//     hand-off's indices), from the plan Begin writes.
 //     The bookkeeping of every pool is the cache model's
 //     (kvcache.Model, rows from Config.CacheLayout): the engine reserves,
 //     commits with the accepted lengths, rolls back and finishes it as

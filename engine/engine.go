@@ -23,7 +23,9 @@ import (
 // Errors of the engine; test with errors.Is. The cache's errors
 // (kvcache.ErrCacheFull, kvcache.ErrUnknownSequence,
 // kvcache.ErrFinishedSequence, kvcache.ErrPositionOutOfRange) come through
-// wrapped, whether the cache or the metadata pass refused.
+// wrapped, whether the cache or the metadata pass refused, and so do the
+// indexer's top-k refusals of a batch (mla.ErrTopKScratch: its scores do
+// not fit Compressor.IndexerTopKScratch; mla.ErrTopKContext).
 var (
 	// ErrCacheFull is kvcache.ErrCacheFull: the free pages cannot hold the
 	// batch. Nothing was allocated.
