@@ -69,6 +69,7 @@ type options struct {
 	compPages128 int
 	maxDrafts    int
 	compSeqs     int
+	topkScratch  int
 	ropePos      int
 	ropeMode     dsv4.RopeMode
 	maxSeqs      int
@@ -111,6 +112,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.compPages128, "compressed-pages-128", 0, "pages of 64 entries in each ratio-128 layer's compressed pool (0: what the trace needs at its peak)")
 	fs.IntVar(&o.maxDrafts, "max-drafts", 0, "most MTP drafts of a generation step the compressor can roll back (0: the engine's default, 7)")
 	fs.IntVar(&o.compSeqs, "compressor-sequences", 0, "most live sequences the compressor holds state for; the rings add one slot per chunk a batch can move (0: 2 x --max-seqs)")
+	fs.IntVar(&o.topkScratch, "topk-scratch", 0, "the indexer's top-k scratch space in 4-byte keys; a batch whose scores need more is refused (0: --max-tokens rows at the RoPE table's last position, at most 2^26)")
 	fs.IntVar(&o.window, "window", kvcache.DSv4Window, "sliding window in tokens: pages whose positions all lie below length-window go back to the pool when an iteration ends (128: DeepSeek-V4; 0: keep every token)")
 	fs.IntVar(&o.ropePos, "rope-positions", 0, "RoPE table length (0: min(max_position_embeddings, pages*page-size))")
 	fs.TextVar(&o.ropeMode, "rope-mode", dsv4.RopeReference, "RoPE table: reference (float32 angles, as DeepSeek's reference code) or exact (float64)")
@@ -293,27 +295,28 @@ var flagOf = map[string]string{
 	"Cache.KVScale":  "--kv-scale",
 	"Cache.Window":   "--window",
 
-	"Compressor.Ratio4Pages":   "--compressed-pages-4",
-	"Compressor.Ratio128Pages": "--compressed-pages-128",
-	"Compressor.MaxDrafts":     "--max-drafts",
-	"Compressor.MaxSequences":  "--compressor-sequences",
-	"Compressor.Off":           "--compress",
-	"FullCache":                "--window",
-	"Eager":                    "--graph",
-	"Layers":                   "--layers",
-	"QFormat":                  "--q-format",
-	"QScale":                   "--q-scale",
-	"Device":                   "--device",
-	"CPUWorkers":               "--cpu-workers",
-	"MaxSeqs":                  "--max-seqs",
-	"MaxTokens":                "--max-tokens",
-	"RopePositions":            "--rope-positions",
-	"MemoryLimit":              "--memory-limit",
-	"HeadBegin":                "--heads",
-	"HeadEnd":                  "--heads",
-	"Input":                    "--input",
-	"Checkpoint":               "--checkpoint",
-	"SyntheticWeights":         "--weight-seed",
+	"Compressor.Ratio4Pages":        "--compressed-pages-4",
+	"Compressor.Ratio128Pages":      "--compressed-pages-128",
+	"Compressor.MaxDrafts":          "--max-drafts",
+	"Compressor.MaxSequences":       "--compressor-sequences",
+	"Compressor.IndexerTopKScratch": "--topk-scratch",
+	"Compressor.Off":                "--compress",
+	"FullCache":                     "--window",
+	"Eager":                         "--graph",
+	"Layers":                        "--layers",
+	"QFormat":                       "--q-format",
+	"QScale":                        "--q-scale",
+	"Device":                        "--device",
+	"CPUWorkers":                    "--cpu-workers",
+	"MaxSeqs":                       "--max-seqs",
+	"MaxTokens":                     "--max-tokens",
+	"RopePositions":                 "--rope-positions",
+	"MemoryLimit":                   "--memory-limit",
+	"HeadBegin":                     "--heads",
+	"HeadEnd":                       "--heads",
+	"Input":                         "--input",
+	"Checkpoint":                    "--checkpoint",
+	"SyntheticWeights":              "--weight-seed",
 }
 
 // flagError words an engine configuration error in flags: a usage error
@@ -444,7 +447,7 @@ func (o *options) config(log zerolog.Logger) (replay.Options, []trace.Step, stri
 			return ro, nil, "", err
 		}
 	} else {
-		for _, name := range []string{"compressed-pages-4", "compressed-pages-128", "max-drafts", "compressor-sequences"} {
+		for _, name := range []string{"compressed-pages-4", "compressed-pages-128", "max-drafts", "compressor-sequences", "topk-scratch"} {
 			if err := o.idleFlag(name, "with --compress=false"); err != nil {
 				return ro, nil, "", err
 			}
@@ -626,7 +629,7 @@ func compressorConfig(o *options, model dsv4.Config, steps []trace.Step) (engine
 	if layers == 0 {
 		layers = model.NumAttentionLayers()
 	}
-	cc := engine.CompressorConfig{MaxDrafts: o.maxDrafts, MaxSequences: o.compSeqs}
+	cc := engine.CompressorConfig{MaxDrafts: o.maxDrafts, MaxSequences: o.compSeqs, IndexerTopKScratch: o.topkScratch}
 	flags := map[int]int{4: o.compPages4, 128: o.compPages128}
 	for r, n := range flags {
 		if n < 0 {
@@ -641,7 +644,7 @@ func compressorConfig(o *options, model dsv4.Config, steps []trace.Step) (engine
 	}
 	if len(used) == 0 {
 		why := fmt.Sprintf("without a compressed layer among --layers %d (the first ratio-4 or ratio-128 layer of %s is layer %d)", o.layers, model.Name, firstCompressed(model))
-		for _, name := range []string{"compressed-pages-4", "compressed-pages-128", "max-drafts", "compressor-sequences"} {
+		for _, name := range []string{"compressed-pages-4", "compressed-pages-128", "max-drafts", "compressor-sequences", "topk-scratch"} {
 			if err := o.idleFlag(name, why); err != nil {
 				return cc, err
 			}
