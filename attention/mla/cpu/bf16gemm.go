@@ -46,22 +46,46 @@ func (b *Backend) BF16GEMM(ctx context.Context, a *mla.BF16GEMMArgs) error {
 			x[r*a.K+k] = numerics.F32FromBF16(binary.LittleEndian.Uint16(row[2*k:]))
 		}
 	}
-	return b.parallel(ctx, a.Rows*a.N, func(i int) {
-		r, n := i/a.N, i%a.N
-		v := dotBF16Bytes(x[r*a.K:(r+1)*a.K], w[2*n*a.K:2*(n+1)*a.K])
-		binary.LittleEndian.PutUint32(y[4*(r*a.YStride+n):], math.Float32bits(v))
+	// A task is a group of bf16Lanes weight rows against every X row: the
+	// group's weights (the large operand) stay in cache across the rows,
+	// and its independent sums interleave. Each output is still one
+	// ascending-k sum, so the bits are those of gemm.DotBF16. Validate
+	// requires N to be a multiple of 8, so the groups are whole.
+	return b.parallel(ctx, a.N/bf16Lanes, func(g int) {
+		n0 := g * bf16Lanes
+		wg := w[2*n0*a.K : 2*(n0+bf16Lanes)*a.K]
+		for r := 0; r < a.Rows; r++ {
+			v := dotBF16Bytes4(x[r*a.K:(r+1)*a.K], wg)
+			out := y[4*(r*a.YStride+n0):]
+			for j, vj := range v {
+				binary.LittleEndian.PutUint32(out[4*j:], math.Float32bits(vj))
+			}
+		}
 	})
 }
 
-// dotBF16Bytes is gemm.DotBF16 over little-endian bf16 bytes: sum fl(x_k *
-// w_k) over ascending k, accumulated in float32.
-func dotBF16Bytes(x []float32, w []byte) float32 {
-	var acc float32
-	for k := range x {
-		wk := math.Float32frombits(uint32(binary.LittleEndian.Uint16(w[2*k:])) << 16)
-		acc = float32(acc + float32(x[k]*wk))
+// bf16Lanes is how many outputs dotBF16Bytes4 sums side by side.
+const bf16Lanes = 4
+
+// dotBF16Bytes4 is gemm.DotBF16 of x against four consecutive weight rows
+// of len(x) little-endian bf16 values each (w holds all four): four
+// independent float32 sums of fl(x_k * w_k) over ascending k, in one pass
+// over x.
+func dotBF16Bytes4(x []float32, w []byte) [bf16Lanes]float32 {
+	k := len(x)
+	w0, w1, w2, w3 := w[:2*k], w[2*k:4*k], w[4*k:6*k], w[6*k:8*k]
+	var a0, a1, a2, a3 float32
+	for i, xi := range x {
+		b0 := math.Float32frombits(uint32(binary.LittleEndian.Uint16(w0[2*i:])) << 16)
+		b1 := math.Float32frombits(uint32(binary.LittleEndian.Uint16(w1[2*i:])) << 16)
+		b2 := math.Float32frombits(uint32(binary.LittleEndian.Uint16(w2[2*i:])) << 16)
+		b3 := math.Float32frombits(uint32(binary.LittleEndian.Uint16(w3[2*i:])) << 16)
+		a0 = float32(a0 + float32(xi*b0))
+		a1 = float32(a1 + float32(xi*b1))
+		a2 = float32(a2 + float32(xi*b2))
+		a3 = float32(a3 + float32(xi*b3))
 	}
-	return acc
+	return [bf16Lanes]float32{a0, a1, a2, a3}
 }
 
 var _ mla.BF16GEMMBackend = (*Backend)(nil)
