@@ -5,10 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"os"
 	"path/filepath"
-	"syscall"
 
+	"github.com/dsv4mla/prologue/internal/regularfile"
 	"github.com/dsv4mla/prologue/model/dsv4"
 )
 
@@ -26,8 +25,15 @@ var (
 	ErrBadScale = errors.New("not a finite positive block scale")
 	// ErrNotRegular is a checkpoint file that is not a regular file (a
 	// FIFO, a device, a directory): reading one could block or never end.
-	// It is dsv4's, which refuses a config.json the same way.
-	ErrNotRegular = dsv4.ErrNotRegular
+	// Every file is opened through regularfile.Open, which checks before
+	// and after a non-blocking open, so a FIFO never blocks a load. It is
+	// dsv4's too, which refuses a config.json the same way. Symbolic
+	// links are followed wherever they point: HuggingFace's hub cache
+	// keeps a snapshot as links into ../../blobs/, outside the snapshot
+	// directory. The index's own file names must still be local
+	// (ParseIndex); what a link in the directory points at is the
+	// directory owner's choice, and only its target's kind is checked.
+	ErrNotRegular = regularfile.ErrNotRegular
 )
 
 // CheckFinite returns an error wrapping ErrNonFinite that names the
@@ -73,38 +79,6 @@ func firstE4M3NaN(b []byte) (int, bool) {
 		return i, true
 	}
 	return min(i, j), true
-}
-
-// openRegular opens a checkpoint file for reading without ever blocking:
-// it refuses anything but a regular file before opening it (open(2) of a
-// FIFO waits for a writer), opens non-blocking in case the path was swapped
-// meanwhile, and checks the opened file again.
-//
-// Symbolic links are followed wherever they point: HuggingFace's hub cache
-// keeps a snapshot as links into ../../blobs/, outside the snapshot
-// directory. The index's own file names must still be local (ParseIndex);
-// what a link in the directory points at is the directory owner's choice,
-// and only its target's kind is checked.
-func openRegular(path string) (*os.File, os.FileInfo, error) {
-	st, err := os.Stat(path)
-	if err != nil {
-		return nil, nil, err
-	}
-	if !st.Mode().IsRegular() {
-		return nil, nil, fmt.Errorf("%s: %w (%v)", path, ErrNotRegular, st.Mode().Type())
-	}
-	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
-	if err != nil {
-		return nil, nil, err
-	}
-	if st, err = f.Stat(); err != nil || !st.Mode().IsRegular() {
-		f.Close()
-		if err == nil {
-			err = fmt.Errorf("%s: %w (%v)", path, ErrNotRegular, st.Mode().Type())
-		}
-		return nil, nil, err
-	}
-	return f, st, nil
 }
 
 // readConfig reads and parses dir's config.json (dsv4.Load never blocks on

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"sort"
 
+	"github.com/dsv4mla/prologue/internal/regularfile"
 	"github.com/dsv4mla/prologue/internal/safetensors"
 )
 
@@ -130,7 +131,7 @@ func topLevel(data []byte) (map[string]json.RawMessage, error) {
 // is indexed from its header.
 func ReadIndex(dir string) (*Index, error) {
 	path := filepath.Join(dir, IndexFile)
-	f, _, err := openRegular(path)
+	f, _, err := regularfile.Open(path)
 	if errors.Is(err, os.ErrNotExist) {
 		x, serr := singleFileIndex(dir)
 		if errors.Is(serr, os.ErrNotExist) {
@@ -160,7 +161,7 @@ func ReadIndex(dir string) (*Index, error) {
 }
 
 func singleFileIndex(dir string) (*Index, error) {
-	f, st, err := openRegular(filepath.Join(dir, SingleFile))
+	f, st, err := regularfile.Open(filepath.Join(dir, SingleFile))
 	if err != nil {
 		return nil, err
 	}

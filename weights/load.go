@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/dsv4mla/prologue/internal/regularfile"
 	"github.com/dsv4mla/prologue/internal/safetensors"
 	"github.com/dsv4mla/prologue/model/dsv4"
 	"github.com/dsv4mla/prologue/numerics"
@@ -236,7 +237,7 @@ func (l *loader) shard(file, tensor string) (*shard, error) {
 		return s, nil
 	}
 	fail := func(err error) (*shard, error) { return nil, &TensorError{Tensor: tensor, File: file, Err: err} }
-	f, st, err := openRegular(filepath.Join(l.dir, file))
+	f, st, err := regularfile.Open(filepath.Join(l.dir, file))
 	if err != nil {
 		return fail(fmt.Errorf("the index names this shard but it cannot be opened: %w", err))
 	}

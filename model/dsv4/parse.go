@@ -7,14 +7,14 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"os"
 	"strconv"
-	"syscall"
+
+	"github.com/dsv4mla/prologue/internal/regularfile"
 )
 
 // ErrNotRegular is a config.json that is not a regular file (a FIFO, a
 // device, a directory): reading one could block or never end.
-var ErrNotRegular = errors.New("not a regular file")
+var ErrNotRegular = regularfile.ErrNotRegular
 
 // maxConfigBytes bounds the config.json read into memory; a real one is a
 // few kB.
@@ -35,28 +35,14 @@ func Load(path string) (Config, error) {
 	return c, nil
 }
 
-// readRegular reads a regular file of at most maxConfigBytes. It checks the
-// kind before opening (open(2) of a FIFO waits for a writer), opens
-// non-blocking in case the path was swapped meanwhile, and checks again.
+// readRegular reads a regular file of at most maxConfigBytes, never
+// blocking (regularfile.Open).
 func readRegular(path string) ([]byte, error) {
-	st, err := os.Stat(path)
-	if err != nil {
-		return nil, err
-	}
-	if !st.Mode().IsRegular() {
-		return nil, fmt.Errorf("%s: %w (%v)", path, ErrNotRegular, st.Mode().Type())
-	}
-	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	f, _, err := regularfile.Open(path)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	if st, err = f.Stat(); err != nil {
-		return nil, err
-	}
-	if !st.Mode().IsRegular() {
-		return nil, fmt.Errorf("%s: %w (%v)", path, ErrNotRegular, st.Mode().Type())
-	}
 	data, err := io.ReadAll(io.LimitReader(f, maxConfigBytes+1))
 	if err != nil {
 		return nil, err
