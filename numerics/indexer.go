@@ -70,16 +70,7 @@ func MXFP4Exponent(amax float32) uint8 {
 	if !(a >= MXFP4Floor) { // also catches NaN, though callers pass none
 		a = MXFP4Floor
 	}
-	t := float32(a * MXFP4InvSix)
-	bits := math.Float32bits(t)
-	e := bits >> 23 & 0xFF
-	if bits&0x7FFFFF != 0 {
-		e++
-	}
-	if e > 254 {
-		e = 254
-	}
-	return uint8(e)
+	return ceilExponent(float32(a * MXFP4InvSix))
 }
 
 // E2M1FromF32 returns the e2m1 nibble of x: round to nearest, ties to even,

@@ -77,16 +77,21 @@ func UE8M0(amax float32) (exp uint8, inv float32) {
 	if !(a >= UE8M0Floor) { // also catches NaN, though callers pass none
 		a = UE8M0Floor
 	}
-	t := float32(a / E4M3Max)
+	e := ceilExponent(float32(a / E4M3Max))
+	return e, Pow2(127 - int(e))
+}
+
+// ceilExponent is section 4.5's scale exponent of a non-negative t: the
+// biased exponent of t, plus one when its mantissa is non-zero (so 2^(e-127)
+// is the least power of two >= t for normal t), clamped to 254. UE8M0 and
+// MXFP4Exponent share it.
+func ceilExponent(t float32) uint8 {
 	bits := math.Float32bits(t)
 	e := bits >> 23 & 0xFF
 	if bits&0x7FFFFF != 0 {
 		e++
 	}
-	if e > 254 {
-		e = 254
-	}
-	return uint8(e), Pow2(127 - int(e))
+	return uint8(min(e, 254))
 }
 
 // UE8M0ExponentBits returns the exponent byte of UE8M0(amax) from the bits
