@@ -3,6 +3,8 @@ package kvcache
 import (
 	"fmt"
 	"slices"
+
+	"github.com/dsv4mla/prologue/numerics"
 )
 
 // DeepSeek-V4's cache model as a table (DESIGN.md sections 8 and 9): the
@@ -20,7 +22,7 @@ const (
 	DSv4CompressedFormat = FormatFP8UE8M0
 	// DSv4IndexerEntryBytes is one indexer key: 128 MXFP4 values as 64
 	// bytes of nibbles, then the 4 scale bytes of its 32-value blocks.
-	DSv4IndexerEntryBytes = 68
+	DSv4IndexerEntryBytes = numerics.MXFP4RowBytes
 	// DSv4IndexerRatio is the ratio of the layers with an indexer.
 	DSv4IndexerRatio = 4
 )

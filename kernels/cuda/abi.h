@@ -112,10 +112,8 @@ enum {
     FP8_PERTENSOR_TOKEN_BYTES = 512,
 };
 
-// Indexer top-k (mla.TopK*, mla.Indexer*).
+// Indexer top-k (mla.TopK*; the row sizes are the indexer's above).
 enum {
-    IX_HEADS            = 64,      // index_n_heads
-    IX_ROW_BYTES        = 68,      // one MXFP4 row of 128 values: 64 nibble bytes, 4 scale bytes
     MAX_TOPK_POSITIONS  = 1048576, // max_position_embeddings
     TOPK_PLAN_HDR_SEQS  = 0,       // header: the sequences
     TOPK_PLAN_HDR_WORDS = 4,
@@ -170,8 +168,8 @@ static_assert(sizeof(Params) == 176, "Params differs from the Go table in kernel
 // Launch parameters of the indexer top-k kernels (mla.TopKArgs), passed by value.
 // Layout (offset: member): natural alignment, 80 bytes.
 struct TopKParams {
-    const u8* q;         //   0: [rows][IX_HEADS][IX_ROW_BYTES] MXFP4 query rows
-    const u16* w;        //   8: [rows][IX_HEADS] bf16 head weights
+    const u8* q;         //   0: [rows][INDEXER_HEADS][MXFP4_ROW_BYTES] MXFP4 query rows
+    const u16* w;        //   8: [rows][INDEXER_HEADS] bf16 head weights
     const u8* cache;     //  16: num_pages pages of page_size MXFP4 entries
     const int* plan;     //  24: the encoded plan (TOPK_PLAN_* words), offset applied
     u32* scratch;        //  32: scratch_entries keys of the rows' scores

@@ -110,9 +110,9 @@ __device__ __forceinline__ u32 tk_key(float f) {
 #define TK_KW 17 // 32-bit words of one 68-byte entry
 
 extern "C" __global__ void __launch_bounds__(TOPK_SCORE_THREADS) topk_score(const TopKParams p) {
-    __shared__ u32 qs[IX_HEADS * 32];  // doubled query values: head h, block b at [h*32 + b*8, +8)
-    __shared__ int qe[IX_HEADS * 4];   // query scale bytes
-    __shared__ float qw[IX_HEADS];     // head weights
+    __shared__ u32 qs[INDEXER_HEADS * 32];  // doubled query values: head h, block b at [h*32 + b*8, +8)
+    __shared__ int qe[INDEXER_HEADS * 4];   // query scale bytes
+    __shared__ float qw[INDEXER_HEADS];     // head weights
     __shared__ u32 ks[TOPK_SCORE_THREADS * TK_KW]; // the tile's entries as stored
     tk_pdl_wait();
     tk_pdl_trigger();
@@ -124,19 +124,19 @@ extern "C" __global__ void __launch_bounds__(TOPK_SCORE_THREADS) topk_score(cons
     const int ntiles = (n + TOPK_SCORE_THREADS - 1) / TOPK_SCORE_THREADS;
     if ((int)blockIdx.y >= ntiles) return;
     const int* table = p.plan + TOPK_PLAN_HDR_WORDS + p.max_seqs * TOPK_SEQ_WORDS + (long long)t.seq * p.page_stride;
-    const u8* qrow = p.q + (size_t)r * (IX_HEADS * IX_ROW_BYTES);
-    for (int i = threadIdx.x; i < IX_HEADS * 16; i += TOPK_SCORE_THREADS) {
+    const u8* qrow = p.q + (size_t)r * (INDEXER_HEADS * MXFP4_ROW_BYTES);
+    for (int i = threadIdx.x; i < INDEXER_HEADS * 16; i += TOPK_SCORE_THREADS) {
         int h = i >> 4, j = i & 15; // word j of head h: elements [8j, 8j+8), block j/4
         u32 lo, hi;
-        tk_decode(*(const u32*)(qrow + h * IX_ROW_BYTES + 4 * j), lo, hi);
+        tk_decode(*(const u32*)(qrow + h * MXFP4_ROW_BYTES + 4 * j), lo, hi);
         qs[h * 32 + 2 * j] = lo;
         qs[h * 32 + 2 * j + 1] = hi;
     }
-    for (int i = threadIdx.x; i < IX_HEADS * 4; i += TOPK_SCORE_THREADS) qe[i] = qrow[(i >> 2) * IX_ROW_BYTES + 64 + (i & 3)];
-    for (int i = threadIdx.x; i < IX_HEADS; i += TOPK_SCORE_THREADS)
-        qw[i] = __uint_as_float((u32)p.w[(size_t)r * IX_HEADS + i] << 16);
+    for (int i = threadIdx.x; i < INDEXER_HEADS * 4; i += TOPK_SCORE_THREADS) qe[i] = qrow[(i >> 2) * MXFP4_ROW_BYTES + 64 + (i & 3)];
+    for (int i = threadIdx.x; i < INDEXER_HEADS; i += TOPK_SCORE_THREADS)
+        qw[i] = __uint_as_float((u32)p.w[(size_t)r * INDEXER_HEADS + i] << 16);
     u32* keys = p.scratch + t.keys;
-    const size_t page_bytes = (size_t)p.page_size * IX_ROW_BYTES;
+    const size_t page_bytes = (size_t)p.page_size * MXFP4_ROW_BYTES;
     for (int tile = blockIdx.y; tile < ntiles; tile += gridDim.y) {
         const int s0 = tile * TOPK_SCORE_THREADS;
         const int cnt = min(TOPK_SCORE_THREADS, n - s0);
@@ -146,7 +146,7 @@ extern "C" __global__ void __launch_bounds__(TOPK_SCORE_THREADS) topk_score(cons
             int s = s0 + e;
             int pg = tk_page(p, table, s);
             u32 v = 0;
-            if (pg >= 0) v = *(const u32*)(p.cache + (size_t)pg * page_bytes + (size_t)(s % p.page_size) * IX_ROW_BYTES + 4 * wd);
+            if (pg >= 0) v = *(const u32*)(p.cache + (size_t)pg * page_bytes + (size_t)(s % p.page_size) * MXFP4_ROW_BYTES + 4 * wd);
             ks[i] = v;
         }
         __syncthreads();
@@ -163,7 +163,7 @@ extern "C" __global__ void __launch_bounds__(TOPK_SCORE_THREADS) topk_score(cons
 #pragma unroll
                 for (int b = 0; b < 4; b++) ke[b] = (int)((sc >> (8 * b)) & 0xFFu) - 256;
                 float score = 0.f;
-                for (int h = 0; h < IX_HEADS; h++) {
+                for (int h = 0; h < INDEXER_HEADS; h++) {
                     float dot = 0.f;
 #pragma unroll
                     for (int b = 0; b < 4; b++) {
@@ -221,9 +221,9 @@ __device__ __forceinline__ float tk_scale_fast(int d, u32 mb) {
 // tk_scale_fast, others by tk_scale.
 extern "C" __global__ void __launch_bounds__(TOPK_SCORE_THREADS) topk_score_mma(const TopKParams p) {
     __shared__ uint4 qf[16 * 32];     // A fragments: (head group, block) x lane
-    __shared__ u32 qbase[IX_HEADS * 4]; // query scale byte << 23, per (head, block)
+    __shared__ u32 qbase[INDEXER_HEADS * 4]; // query scale byte << 23, per (head, block)
     __shared__ int qmn[4], qmx[4];    // the row's least and largest query scale byte per block
-    __shared__ float qw[IX_HEADS];    // head weights
+    __shared__ float qw[INDEXER_HEADS];    // head weights
     __shared__ u32 ks[TOPK_SCORE_THREADS * TK_KW];
     __shared__ float terms[TOPK_SCORE_THREADS / 32][32 * TK_TW];
     tk_pdl_wait();
@@ -236,15 +236,15 @@ extern "C" __global__ void __launch_bounds__(TOPK_SCORE_THREADS) topk_score_mma(
     const int ntiles = (n + TOPK_SCORE_THREADS - 1) / TOPK_SCORE_THREADS;
     if ((int)blockIdx.y >= ntiles) return;
     const int* table = p.plan + TOPK_PLAN_HDR_WORDS + p.max_seqs * TOPK_SEQ_WORDS + (long long)t.seq * p.page_stride;
-    const u8* qrow = p.q + (size_t)r * (IX_HEADS * IX_ROW_BYTES);
+    const u8* qrow = p.q + (size_t)r * (INDEXER_HEADS * MXFP4_ROW_BYTES);
     if (threadIdx.x < 4) {
         qmn[threadIdx.x] = 255;
         qmx[threadIdx.x] = 0;
     }
     for (int i = threadIdx.x; i < 16 * 32; i += TOPK_SCORE_THREADS) {
         const int hg = i >> 7, b = (i >> 5) & 3, ln = i & 31, g = ln >> 2, tig = ln & 3;
-        const u8* h0 = qrow + (hg * 16 + g) * IX_ROW_BYTES + 16 * b;
-        const u8* h1 = h0 + 8 * IX_ROW_BYTES;
+        const u8* h0 = qrow + (hg * 16 + g) * MXFP4_ROW_BYTES + 16 * b;
+        const u8* h1 = h0 + 8 * MXFP4_ROW_BYTES;
         uint4 a;
         a.x = tk_word(*(const u32*)(h0 + 4 * (tig >> 1)), tig);
         a.y = tk_word(*(const u32*)(h1 + 4 * (tig >> 1)), tig);
@@ -252,16 +252,16 @@ extern "C" __global__ void __launch_bounds__(TOPK_SCORE_THREADS) topk_score_mma(
         a.w = tk_word(*(const u32*)(h1 + 4 * (2 + (tig >> 1))), tig);
         qf[i] = a;
     }
-    for (int i = threadIdx.x; i < IX_HEADS; i += TOPK_SCORE_THREADS) qw[i] = __uint_as_float((u32)p.w[(size_t)r * IX_HEADS + i] << 16);
+    for (int i = threadIdx.x; i < INDEXER_HEADS; i += TOPK_SCORE_THREADS) qw[i] = __uint_as_float((u32)p.w[(size_t)r * INDEXER_HEADS + i] << 16);
     __syncthreads(); // qmn, qmx initialized
-    for (int i = threadIdx.x; i < IX_HEADS * 4; i += TOPK_SCORE_THREADS) {
-        const int e = qrow[(i >> 2) * IX_ROW_BYTES + 64 + (i & 3)];
+    for (int i = threadIdx.x; i < INDEXER_HEADS * 4; i += TOPK_SCORE_THREADS) {
+        const int e = qrow[(i >> 2) * MXFP4_ROW_BYTES + 64 + (i & 3)];
         qbase[i] = (u32)e << 23;
         atomicMin(&qmn[i & 3], e);
         atomicMax(&qmx[i & 3], e);
     }
     u32* keys = p.scratch + t.keys;
-    const size_t page_bytes = (size_t)p.page_size * IX_ROW_BYTES;
+    const size_t page_bytes = (size_t)p.page_size * MXFP4_ROW_BYTES;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tig = lane & 3;
     float* tw = terms[warp];
     for (int tile = blockIdx.y; tile < ntiles; tile += gridDim.y) {
@@ -274,7 +274,7 @@ extern "C" __global__ void __launch_bounds__(TOPK_SCORE_THREADS) topk_score_mma(
             u32 v = 0;
             if (e < cnt) {
                 int pg = tk_page(p, table, s);
-                if (pg >= 0) v = *(const u32*)(p.cache + (size_t)pg * page_bytes + (size_t)(s % p.page_size) * IX_ROW_BYTES + 4 * wd);
+                if (pg >= 0) v = *(const u32*)(p.cache + (size_t)pg * page_bytes + (size_t)(s % p.page_size) * MXFP4_ROW_BYTES + 4 * wd);
             }
             ks[i] = v;
         }

@@ -29,8 +29,8 @@ var TopKParams = &Struct{
 }
 
 var topkFields = [numTopKFields]Field{
-	TopKQ:              {"q", Ptr, "const u8*", "[rows][IX_HEADS][IX_ROW_BYTES] MXFP4 query rows"},
-	TopKW:              {"w", Ptr, "const u16*", "[rows][IX_HEADS] bf16 head weights"},
+	TopKQ:              {"q", Ptr, "const u8*", "[rows][INDEXER_HEADS][MXFP4_ROW_BYTES] MXFP4 query rows"},
+	TopKW:              {"w", Ptr, "const u16*", "[rows][INDEXER_HEADS] bf16 head weights"},
 	TopKCache:          {"cache", Ptr, "const u8*", "num_pages pages of page_size MXFP4 entries"},
 	TopKPlan:           {"plan", Ptr, "const int*", "the encoded plan (TOPK_PLAN_* words), offset applied"},
 	TopKScratch:        {"scratch", Ptr, "u32*", "scratch_entries keys of the rows' scores"},
@@ -56,9 +56,7 @@ const (
 // that defines it.
 func topkConstants() []ConstGroup {
 	return []ConstGroup{
-		{"Indexer top-k (mla.TopK*, mla.Indexer*).", []Const{
-			{"IX_HEADS", mla.IndexerHeads, "index_n_heads"},
-			{"IX_ROW_BYTES", mla.IndexerEntryBytes, "one MXFP4 row of 128 values: 64 nibble bytes, 4 scale bytes"},
+		{"Indexer top-k (mla.TopK*; the row sizes are the indexer's above).", []Const{
 			{"MAX_TOPK_POSITIONS", mla.MaxTopKPositions, "max_position_embeddings"},
 			{"TOPK_PLAN_HDR_SEQS", mla.TopKPlanHdrSeqs, "header: the sequences"},
 			{"TOPK_PLAN_HDR_WORDS", mla.TopKPlanHdrWords, ""},
