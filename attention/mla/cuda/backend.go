@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"math/bits"
-	"strconv"
 	"sync"
 	"time"
 
@@ -130,24 +129,6 @@ func NewTuned(opts Options, k cudatune.Knobs) (*Backend, error) {
 	return b, nil
 }
 
-// compileOptions are the NVRTC options of the prologue source: the
-// pipeline shape is compiled in.
-func (b *Backend) compileOptions() driver.CompileOptions {
-	opts := driver.CompileOptions{
-		Arch: b.ctx.Props().Arch(),
-		Defines: map[string]string{
-			"PIPE_WARPS":        strconv.Itoa(b.knobs.Warps),
-			"KV_DEPTH":          strconv.Itoa(b.knobs.KVDepth),
-			"Q_DEPTH":           strconv.Itoa(b.knobs.QDepth),
-			"Q_CHUNK":           strconv.Itoa(b.knobs.QChunk),
-			"DIRECT_WARPS":      strconv.Itoa(b.knobs.DirectWarps),
-			"DIRECT_QROWS":      strconv.Itoa(b.knobs.DirectQRows),
-			"DIRECT_MIN_BLOCKS": strconv.Itoa(b.knobs.DirectMinBlocks),
-		},
-	}
-	return opts
-}
-
 // loadModule compiles (or fetches from the cache) and loads one of the
 // backend's sources, adding ptxas's resource report to CompileLog when
 // Knobs.Verbose (compiling without the cache then).
@@ -166,7 +147,7 @@ func (b *Backend) loadModule(src, program string, opts driver.CompileOptions) (*
 
 func (b *Backend) init() error {
 	var err error
-	if b.mod, err = b.loadModule(kernels.PrologueSource(), "prologue.cu", b.compileOptions()); err != nil {
+	if b.mod, err = b.load(prologueProgram); err != nil {
 		return err
 	}
 	for _, k := range abi.Kernels() {

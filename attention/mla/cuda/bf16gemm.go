@@ -9,7 +9,6 @@ import (
 	"sync/atomic"
 
 	"github.com/dsv4mla/prologue/attention/mla"
-	kernels "github.com/dsv4mla/prologue/kernels/cuda"
 	"github.com/dsv4mla/prologue/kernels/cuda/cublaslt"
 	"github.com/dsv4mla/prologue/kernels/cuda/driver"
 )
@@ -126,7 +125,7 @@ func (b *Backend) InitBF16GEMM() error {
 func (b *Backend) initBF16GEMM() error {
 	g := &b.bf16
 	var err error
-	if g.mod, err = b.ctx.CompileModule(kernels.BF16GEMMSource(), "gemm_bf16.cu", driver.CompileOptions{NoFMAD: true}); err != nil {
+	if g.mod, err = b.compileModule(bf16GEMMProgram); err != nil {
 		return fmt.Errorf("cuda: bf16 GEMM kernel: %w", err)
 	}
 	if g.fn, err = g.mod.Function("gemm_bf16_f32"); err != nil {
@@ -149,7 +148,7 @@ func (b *Backend) initBF16MMA() error {
 		return nil
 	}
 	var err error
-	if g.mmaMod, err = b.ctx.CompileModule(kernels.BF16MMAGEMMSource(), "gemm_bf16_mma.cu", driver.CompileOptions{NoFMAD: true}); err != nil {
+	if g.mmaMod, err = b.compileModule(bf16MMAProgram); err != nil {
 		return fmt.Errorf("cuda: tensor-core bf16 GEMM kernel: %w", err)
 	}
 	if g.mmaFn, err = g.mmaMod.Function("gemm_bf16_mma"); err != nil {

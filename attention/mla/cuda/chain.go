@@ -4,7 +4,6 @@ import (
 	"context"
 
 	"github.com/dsv4mla/prologue/attention/mla"
-	kernels "github.com/dsv4mla/prologue/kernels/cuda"
 	"github.com/dsv4mla/prologue/kernels/cuda/driver"
 )
 
@@ -17,7 +16,7 @@ var chainKernelNames = []string{"act_quant", "norm_quant"}
 // up its kernels.
 func (b *Backend) loadChain() error {
 	var err error
-	if b.chainMod, err = b.loadModule(kernels.ChainSource(), "chain.cu", driver.CompileOptions{Arch: b.ctx.Props().Arch()}); err != nil {
+	if b.chainMod, err = b.load(chainProgram); err != nil {
 		return err
 	}
 	for _, n := range chainKernelNames {

@@ -1,8 +1,9 @@
 package cuda_test
 
 import (
-	"github.com/dsv4mla/prologue/internal/cudatune"
 	"testing"
+
+	"github.com/dsv4mla/prologue/internal/cudatune"
 
 	"github.com/stretchr/testify/require"
 

@@ -10,7 +10,6 @@ import (
 
 	"github.com/dsv4mla/prologue/attention/mla"
 	"github.com/dsv4mla/prologue/compressor"
-	kernels "github.com/dsv4mla/prologue/kernels/cuda"
 	"github.com/dsv4mla/prologue/kernels/cuda/abi"
 	"github.com/dsv4mla/prologue/kernels/cuda/driver"
 	"github.com/dsv4mla/prologue/kvcache"
@@ -214,13 +213,6 @@ func packJobs(jobs []CompressJob, candidates int) []byte {
 	return buf
 }
 
-// compressCompileOptions are the NVRTC options of the compressor's
-// program: --fmad=false guards the softmax's explicit roundings (every
-// operation is already an _rn intrinsic).
-func (b *Backend) compressCompileOptions() driver.CompileOptions {
-	return driver.CompileOptions{Arch: b.ctx.Props().Arch(), NoFMAD: true}
-}
-
 // LoadCompressor compiles (or loads from the cache) the compressor's module
 // if it is not loaded yet. CompressEntries and LaunchCompress call it; an
 // engine calls it at setup so that no module loads during a graph capture.
@@ -229,7 +221,7 @@ func (b *Backend) LoadCompressor() error {
 	if c.fn != nil || c.err != nil {
 		return c.err
 	}
-	mod, err := b.loadModule(kernels.CompressSource(), "compress.cu", b.compressCompileOptions())
+	mod, err := b.load(compressProgram)
 	if err != nil {
 		c.err = fmt.Errorf("cuda: compressor kernels: %w", err)
 		return c.err

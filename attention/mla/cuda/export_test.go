@@ -22,7 +22,7 @@ func PathFor(k cudatune.Knobs, l mla.Launch, heads int, q mla.QFormat) abi.Path 
 // backend's options, and loads the module.
 func (b *Backend) CompileWithTestKernels(file, src string) (*driver.Module, error) {
 	full := kernels.PrologueSource() + "\n#line 1 " + strconv.Quote(file) + "\n" + src
-	return b.ctx.CompileModule(full, file, b.compileOptions())
+	return b.ctx.CompileModule(full, file, b.options(prologueProgram))
 }
 
 // CompileWithChainKernels compiles the chain's program (chain.cu) followed
@@ -30,7 +30,7 @@ func (b *Backend) CompileWithTestKernels(file, src string) (*driver.Module, erro
 // backend compiles chain.cu with, and loads the module.
 func (b *Backend) CompileWithChainKernels(file, src string) (*driver.Module, error) {
 	full := kernels.ChainSource() + "\n#line 1 " + strconv.Quote(file) + "\n" + src
-	return b.ctx.CompileModule(full, file, driver.CompileOptions{Arch: b.ctx.Props().Arch()})
+	return b.ctx.CompileModule(full, file, b.options(chainProgram))
 }
 
 // CompileWithCompressKernels compiles the compressor's program
@@ -39,7 +39,7 @@ func (b *Backend) CompileWithChainKernels(file, src string) (*driver.Module, err
 // and loads the module.
 func (b *Backend) CompileWithCompressKernels(file, src string) (*driver.Module, error) {
 	full := kernels.CompressSource() + "\n#line 1 " + strconv.Quote(file) + "\n" + src
-	return b.ctx.CompileModule(full, file, b.compressCompileOptions())
+	return b.ctx.CompileModule(full, file, b.options(compressProgram))
 }
 
 // PackCompressJobs is the job list CompressEntries uploads: int32 {index,

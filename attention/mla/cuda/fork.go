@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+
 	"github.com/dsv4mla/prologue/kernels/cuda/abi"
 
 	"github.com/dsv4mla/prologue/attention/mla"

@@ -8,7 +8,6 @@ import (
 	"sync/atomic"
 
 	"github.com/dsv4mla/prologue/attention/mla"
-	kernels "github.com/dsv4mla/prologue/kernels/cuda"
 	"github.com/dsv4mla/prologue/kernels/cuda/cublaslt"
 	"github.com/dsv4mla/prologue/kernels/cuda/driver"
 )
@@ -68,7 +67,7 @@ func (b *Backend) initGEMM() error {
 		return fmt.Errorf("cuda: the FP8 GEMM kernel needs compute capability 8.9 or newer (e4m3 MMA), the device is %d.%d", p.Major, p.Minor)
 	}
 	var err error
-	if g.mod, err = b.ctx.CompileModule(kernels.GEMMSource(), "gemm_fp8.cu", driver.CompileOptions{}); err != nil {
+	if g.mod, err = b.compileModule(fp8GEMMProgram); err != nil {
 		return err
 	}
 	for _, f := range []struct {

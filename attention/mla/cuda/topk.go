@@ -40,7 +40,7 @@ func (b *Backend) LoadTopK() error {
 	if s.mod != nil || s.err != nil {
 		return s.err
 	}
-	mod, err := b.loadModule(kernels.TopKSource(), "topk.cu", driver.CompileOptions{Arch: b.ctx.Props().Arch(), NoFMAD: true})
+	mod, err := b.load(topkProgram)
 	if err != nil {
 		s.err = fmt.Errorf("cuda: top-k kernels: %w", err)
 		return s.err
