@@ -225,20 +225,47 @@ func (c Config) SequenceMemory(length int) (SequenceMemory, error) {
 	layout := r.cacheLayout()
 	for i, s := range layout {
 		b := layout.SequenceBytes(i, length)
-		switch {
-		case s.Kind == kvcache.PoolPositions:
+		switch partOf(s) {
+		case partSWA:
 			m.SWA = addSat(m.SWA, b)
-		case s.Kind == kvcache.PoolEntries:
+		case partCompressed:
 			m.Ratio[s.Ratio] = addSat(m.Ratio[s.Ratio], b)
-		case s.Name == kvcache.DSv4Indexer:
+		case partIndexer:
 			m.Indexer = addSat(m.Indexer, b)
-		case s.Name == kvcache.DSv4IndexerState:
+		case partIndexerState:
 			m.IndexerState = addSat(m.IndexerState, b)
 		default:
 			m.State = addSat(m.State, b)
 		}
 	}
 	return m, nil
+}
+
+// poolPart is the part of SequenceMemory and Footprint a row of the cache
+// model counts in; partOf is the one classification both use.
+type poolPart int
+
+const (
+	partSWA          poolPart = iota // window (or full-token) pages
+	partCompressed                   // a ratio's compressed entries
+	partIndexer                      // the indexer's key entries
+	partIndexerState                 // the indexer compressor's states
+	partState                        // the main compressors' states
+)
+
+func partOf(s kvcache.PoolSpec) poolPart {
+	switch {
+	case s.Kind == kvcache.PoolPositions:
+		return partSWA
+	case s.Kind == kvcache.PoolEntries:
+		return partCompressed
+	case s.Name == kvcache.DSv4Indexer:
+		return partIndexer
+	case s.Name == kvcache.DSv4IndexerState:
+		return partIndexerState
+	default:
+		return partState
+	}
 }
 
 // IndexerEnabled reports whether the engine keeps the lightning indexer's

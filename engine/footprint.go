@@ -172,14 +172,14 @@ func (c Config) footprint() (Footprint, error) {
 	layout := c.cacheLayout()
 	for i, s := range layout {
 		b := layout.Footprint(i)
-		switch {
-		case s.Kind == kvcache.PoolPositions:
+		switch partOf(s) {
+		case partSWA:
 			f.Pools = addSat(f.Pools, b)
-		case s.Kind == kvcache.PoolEntries:
+		case partCompressed:
 			f.Compressed = addSat(f.Compressed, b)
-		case s.Name == kvcache.DSv4Indexer:
+		case partIndexer:
 			f.Indexer = addSat(f.Indexer, b)
-		case s.Name == kvcache.DSv4IndexerState:
+		case partIndexerState:
 			f.IdxStates = addSat(f.IdxStates, b)
 		default:
 			f.StateBound = addSat(f.StateBound, b)
