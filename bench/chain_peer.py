@@ -379,24 +379,9 @@ class ChainBench:
         return entry
 
     def graph_time(self, body, reps):
-        """body warmed up on a side stream (compiles there), captured in one CUDA graph, replayed
-        with the L2 flushed before each replay; median microseconds."""
-        warm = torch.cuda.Stream(device=self.device)
-        warm.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(warm):
-            for _ in range(2):
-                body()
-        torch.cuda.current_stream().wait_stream(warm)
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            body()
-        torch.cuda.synchronize()
-        try:
-            us, _ = P.time_us(graph.replay, lambda i: (), self.flush, **reps)
-        finally:
-            del graph
-        return us
+        """body captured in one CUDA graph (peers.graph_time: warmed up, and so compiled, on a
+        side stream first), replayed with the L2 flushed before each replay; median microseconds."""
+        return P.graph_time(body, reps, self.flush)
 
     def eager_time(self, body):
         """Off CUDA (a dry run of the plumbing): one warm call, then the wall time of one."""

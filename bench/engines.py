@@ -44,7 +44,6 @@ import glob
 import importlib.util
 import json
 import os
-import statistics
 import sys
 import time
 import traceback
@@ -86,36 +85,12 @@ class Timer:
         self.flush = torch.empty(int(3 * args.l2_mb * 1e6) // 4, dtype=torch.int32, device=device)
 
     def replays(self, body, flush):
-        """Median microseconds of one replay of a CUDA graph holding body(), CUDA events around
-        each replay; with flush, the L2 is flushed (a memset of 3x its size) before each."""
-        a = self.args
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                body()
-        torch.cuda.current_stream().wait_stream(side)
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            body()
-        torch.cuda.synchronize()
-        for _ in range(3):
-            graph.replay()
-        torch.cuda.synchronize()
-        pairs = []
-        for _ in range(a.graph_reps):
-            start = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
-            if flush:
-                self.flush.zero_()
-            start.record()
-            graph.replay()
-            end.record()
-            pairs.append((start, end))
-        torch.cuda.synchronize()
-        del graph
-        return statistics.median(s.elapsed_time(e) * 1000.0 for s, e in pairs)
+        """Median microseconds of one replay of a CUDA graph holding body() (peers.graph_time),
+        the replays queued back to back as cmd/bench's timeGraph does; with flush, the L2 is
+        flushed (a memset of 3x its size) before each."""
+        n = self.args.graph_reps
+        return peers.graph_time(body, dict(min_reps=n, max_reps=n, target_s=0.0),
+                                self.flush if flush else None, idle_start=False)
 
 
 def layer_inputs(model, phase, batch, mtp, T, sets, page_size, device):

@@ -625,12 +625,16 @@ def pool_pages(phase, batch, tokens, page_size, fmt, min_pool_bytes):
 IDLE_START = True
 
 
-def time_us(fn, args_for, flush, min_reps, max_reps, target_s, warmup=3):
+def time_us(fn, args_for, flush, min_reps, max_reps, target_s, warmup=3, idle_start=None):
     """Median microseconds of fn(*args_for(i)) over repetitions, with CUDA events.
 
     Each repetition starts on an idle GPU (after an optional L2 flush and a synchronize), so the
     time includes the launch cost of every kernel the call issues: the latency a caller sees.
+    With idle_start False (default: not --back-to-back) the repetitions are queued without a
+    synchronize, each after its flush, as cmd/bench times a graph: the launch overlaps the flush.
     """
+    if idle_start is None:
+        idle_start = IDLE_START
     i = 0
     for _ in range(warmup):
         fn(*args_for(i))
@@ -650,22 +654,43 @@ def time_us(fn, args_for, flush, min_reps, max_reps, target_s, warmup=3):
         i += 1
         if flush is not None:
             flush.zero_()
-        if IDLE_START:
+        if idle_start:
             torch.cuda.synchronize()
         start.record()
         fn(*args)
         end.record()
-        if IDLE_START:
+        if idle_start:
             end.synchronize()
             times.append(start.elapsed_time(end) * 1000.0)
         else:
             pairs.append((start, end))
             start = torch.cuda.Event(enable_timing=True)
             end = torch.cuda.Event(enable_timing=True)
-    if not IDLE_START:
+    if not idle_start:
         torch.cuda.synchronize()
         times = [s.elapsed_time(e) * 1000.0 for s, e in pairs]
     return round(statistics.median(times), 2), reps
+
+
+def graph_time(body, reps, flush=None, idle_start=None):
+    """Median microseconds of one replay of a CUDA graph holding body()'s launches (time_us over
+    graph.replay with reps = dict(min_reps=, max_reps=, target_s=)); body runs twice on a side
+    stream first, so lazy initialization stays out of the capture. bench/engines.py times the
+    engines' kernels with it too."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            body()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        body()
+    torch.cuda.synchronize()
+    us, _ = time_us(graph.replay, lambda i: (), flush, idle_start=idle_start, **reps)
+    del graph
+    return us
 
 
 def _graph_count():
@@ -987,7 +1012,7 @@ class Bench:
         eager_step = self._layer_step(inputs, self.layer_fn(q_format, False)(inputs["qlr"]))
         if iteration is not None:
             for field, body in (("eager_us", lambda: time_us(eager_step, lambda i: (), None, **reps)[0]),
-                                ("graph_us", lambda: self._graph_time(eager_step, reps))):
+                                ("graph_us", lambda: graph_time(eager_step, reps))):
                 try:
                     iteration[field] = body()
                 except Exception as e:
@@ -1007,10 +1032,10 @@ class Bench:
             entry["check"] = self._layer_check(inputs, fn, q_format)
             if iteration is not None:
                 iteration["compile_us"], _ = time_us(step, lambda i: (), None, **reps)
-                iteration["compile_graph_us"] = self._graph_time(step, reps)
+                iteration["compile_graph_us"] = graph_time(step, reps)
                 iteration["compile_s"] = entry["compile_s"]
                 iteration["check"] = entry["check"]
-            entry["graph_us"] = self._graph_time(step, reps, flush=self.flush)
+            entry["graph_us"] = graph_time(step, reps, flush=self.flush)
             entry["us_per_layer"] = round(entry["graph_us"] / dims["layers"], 3)
         except Exception as e:
             entry["errors"]["compile"] = _error_text(e)
@@ -1047,22 +1072,6 @@ class Bench:
                  f"compile {_fmt_us(entry['compile_us'])}, compile + graph {_fmt_us(entry['compile_graph_us'])}"
                  + (f" errors {entry['errors']}" if entry["errors"] else ""))
         return entry, lg
-
-    def _graph_time(self, body, reps, flush=None):
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                body()
-        torch.cuda.current_stream().wait_stream(side)
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            body()
-        torch.cuda.synchronize()
-        us, _ = time_us(graph.replay, lambda i: (), flush, **reps)
-        del graph
-        return us
 
 
 def _fmt_us(v):
