@@ -630,8 +630,9 @@ def time_us(fn, args_for, flush, min_reps, max_reps, target_s, warmup=3, idle_st
 
     Each repetition starts on an idle GPU (after an optional L2 flush and a synchronize), so the
     time includes the launch cost of every kernel the call issues: the latency a caller sees.
-    With idle_start False (default: not --back-to-back) the repetitions are queued without a
-    synchronize, each after its flush, as cmd/bench times a graph: the launch overlaps the flush.
+    idle_start (default IDLE_START: true unless --back-to-back) False queues the repetitions
+    without a synchronize, each after its flush, as cmd/bench times a graph: the launch overlaps
+    the flush instead of landing in the timed span.
     """
     if idle_start is None:
         idle_start = IDLE_START
