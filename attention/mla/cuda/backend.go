@@ -306,38 +306,62 @@ func (b *Backend) Close() error {
 // (abi.Params.Size() bytes) and returns them: in, out and weight are the
 // KV or Q part's buffers, scale its per-tensor scale.
 func launchParams(dst []byte, l mla.Launch, a *mla.LayerArgs, in, out, weight driver.DevicePtr, inStride uint64, scale float32) ([]byte, error) {
-	meta, err := dev(a.Meta.Buf)
-	if err != nil {
-		return nil, err
-	}
 	rope, err := dev(a.Rope)
 	if err != nil {
 		return nil, err
 	}
-	m := meta.ptr
-	at := func(off int) uint64 { return uint64(m + driver.DevicePtr(off)) }
+	cfg, s := a.CacheConfig, a.Scheduler
+	return packParams(dst, l, a.Meta, paramFields{
+		in: in, out: out, weight: weight, rope: rope.ptr, inStride: inStride,
+		heads: a.Heads, ropePositions: a.RopePositions,
+		pageSizeLog2: bits.TrailingZeros(uint(cfg.PageSize)), pageBytes: cfg.Format.PageBytes(cfg.PageSize), numPages: cfg.NumPages,
+		scale: scale, qDeq: s.QDeq, kvDeq: s.KVDeq, qScaling: s.QScaling, oScale: s.OScale, eps: a.Eps,
+	})
+}
+
+// paramFields are the Params fields a kernel's launches choose; packParams
+// derives the rest from the launch and the metadata.
+type paramFields struct {
+	in, out, weight, rope                driver.DevicePtr
+	inStride                             uint64 // bytes between the input's tokens
+	heads, ropePositions                 int
+	pageSizeLog2, pageBytes, numPages    int
+	scale, qDeq, kvDeq, qScaling, oScale float32
+	eps                                  float32
+}
+
+// packParams packs the Params (kernels/cuda/abi) of launch l into dst
+// (abi.Params.Size() bytes) and returns them: f's fields, the metadata's
+// pointers (the scheduler's only for a launch that writes it), and the
+// launch's rows, sequences and header flag, which every kernel reading
+// Params resolves a row's sequence and position from (with_header,
+// resolve).
+func packParams(dst []byte, l mla.Launch, m *mla.MetadataBuffers, f paramFields) ([]byte, error) {
+	meta, err := dev(m.Buf)
+	if err != nil {
+		return nil, err
+	}
+	at := func(off int) uint64 { return uint64(meta.ptr + driver.DevicePtr(off)) }
 	var sched uint64
 	if l.WriteScheduler {
-		sched = at(a.Meta.OffScheduler)
+		sched = at(m.OffScheduler)
 	}
 	seqLenLog2 := int32(-1)
 	if l.SeqLen > 0 && l.SeqLen&(l.SeqLen-1) == 0 {
 		seqLenLog2 = int32(bits.TrailingZeros(uint(l.SeqLen)))
 	}
-	cfg := a.CacheConfig
-	s := a.Scheduler
 	p := abi.Params.PackInto(dst)
-	p.Ptr(abi.ParamIn, uint64(in))
-	p.Ptr(abi.ParamOut, uint64(out))
-	p.Ptr(abi.ParamWeight, uint64(weight))
-	p.Ptr(abi.ParamRope, uint64(rope.ptr))
-	p.Ptr(abi.ParamCuQ, at(a.Meta.OffCuQ))
-	p.Ptr(abi.ParamCached, at(a.Meta.OffCached))
-	p.Ptr(abi.ParamKVLen, at(a.Meta.OffKVLen))
-	p.Ptr(abi.ParamBlockTables, at(a.Meta.OffBlockTables))
+	p.Ptr(abi.ParamIn, uint64(f.in))
+	p.Ptr(abi.ParamOut, uint64(f.out))
+	p.Ptr(abi.ParamWeight, uint64(f.weight))
+	p.Ptr(abi.ParamRope, uint64(f.rope))
+	p.Ptr(abi.ParamCuQ, at(m.OffCuQ))
+	p.Ptr(abi.ParamCached, at(m.OffCached))
+	p.Ptr(abi.ParamKVLen, at(m.OffKVLen))
+	p.Ptr(abi.ParamBlockTables, at(m.OffBlockTables))
 	p.Ptr(abi.ParamSched, sched)
-	p.Ptr(abi.ParamHdr, at(a.Meta.OffHeader))
-	p.U64(abi.ParamInStride, inStride)
+	p.Ptr(abi.ParamHdr, at(m.OffHeader))
+	p.U64(abi.ParamInStride, f.inStride)
 	p.I32(abi.ParamRowBegin, int32(l.RowBegin))
 	p.I32(abi.ParamRows, int32(l.Rows))
 	p.I32(abi.ParamValidRows, int32(l.ValidRows))
@@ -345,18 +369,18 @@ func launchParams(dst []byte, l mla.Launch, a *mla.LayerArgs, in, out, weight dr
 	p.I32(abi.ParamNumSeqs, int32(l.NumSeqs))
 	p.I32(abi.ParamSeqLen, int32(l.SeqLen))
 	p.I32(abi.ParamSeqLenLog2, seqLenLog2)
-	p.I32(abi.ParamHeads, int32(a.Heads))
-	p.I32(abi.ParamRopePositions, int32(a.RopePositions))
-	p.I32(abi.ParamPageStride, int32(a.Meta.PageStride))
-	p.I32(abi.ParamPageSizeLog2, int32(bits.TrailingZeros(uint(cfg.PageSize))))
-	p.I32(abi.ParamPageBytes, int32(cfg.Format.PageBytes(cfg.PageSize)))
-	p.I32(abi.ParamNumPages, int32(cfg.NumPages))
-	p.F32(abi.ParamScale, scale)
-	p.F32(abi.ParamQDeq, s.QDeq)
-	p.F32(abi.ParamKVDeq, s.KVDeq)
-	p.F32(abi.ParamQScaling, s.QScaling)
-	p.F32(abi.ParamOScale, s.OScale)
-	p.F32(abi.ParamEps, a.Eps)
+	p.I32(abi.ParamHeads, int32(f.heads))
+	p.I32(abi.ParamRopePositions, int32(f.ropePositions))
+	p.I32(abi.ParamPageStride, int32(m.PageStride))
+	p.I32(abi.ParamPageSizeLog2, int32(f.pageSizeLog2))
+	p.I32(abi.ParamPageBytes, int32(f.pageBytes))
+	p.I32(abi.ParamNumPages, int32(f.numPages))
+	p.F32(abi.ParamScale, f.scale)
+	p.F32(abi.ParamQDeq, f.qDeq)
+	p.F32(abi.ParamKVDeq, f.kvDeq)
+	p.F32(abi.ParamQScaling, f.qScaling)
+	p.F32(abi.ParamOScale, f.oScale)
+	p.F32(abi.ParamEps, f.eps)
 	p.Bool(abi.ParamWriteSched, l.WriteScheduler)
 	p.Bool(abi.ParamFromHdr, l.FromHeader)
 	return p.Bytes()

@@ -16,7 +16,8 @@ import (
 // TestLaunchParamsPacking packs the KV and Q Params of launches on the CPU
 // (fake device addresses, no GPU) and reads every field back through the
 // abi table: each LayerArgs and Launch value lands in the field the kernels
-// read, the config's eps included.
+// read, the config's eps included; the indexer query's Params (one packer
+// with them) carry its own buffers and the same launch fields.
 func TestLaunchParamsPacking(t *testing.T) {
 	fake := func(addr, n int) *Buffer { return &Buffer{ptr: driver.DevicePtr(addr), n: n} }
 	meta, err := mla.MetadataLayout(5, 7)
@@ -86,6 +87,28 @@ func TestLaunchParamsPacking(t *testing.T) {
 				require.True(t, ok, "test has no expectation for field %s", abi.Params.Fields[id].Name)
 				require.Equal(t, want, abi.Params.Raw(c.packed, id), "%s launch %v: field %s", name, l, abi.Params.Fields[id].Name)
 			}
+		}
+		// The indexer query's launch: the same launch and metadata fields
+		// (never the scheduler), its own buffers, 64 heads, no cache.
+		ix := &mla.IndexerQueryArgs{
+			Q: fake(0x800000, 1<<20), QOffset: 4096, QStride: 8192 + 16, W: fake(0x900000, 1<<20), WOffset: 64,
+			QOut: fake(0xa00000, 1<<20), Rope: fake(0x600000, 1<<20), RopePositions: 777, Meta: meta,
+		}
+		packed, err := indexerParams(make([]byte, abi.Params.Size()), l, ix)
+		require.NoError(t, err)
+		own := map[abi.FieldID]uint64{
+			abi.ParamIn: 0x800000 + 4096, abi.ParamOut: 0xa00000, abi.ParamWeight: 0x900000 + 64, abi.ParamInStride: (8192 + 16) * 2,
+			abi.ParamSched: 0, abi.ParamWriteSched: 0, abi.ParamHeads: mla.IndexerHeads, abi.ParamRopePositions: 777,
+			abi.ParamPageSizeLog2: 0, abi.ParamPageBytes: 0, abi.ParamNumPages: 0, abi.ParamScale: f(1),
+			abi.ParamQDeq: 0, abi.ParamKVDeq: 0, abi.ParamQScaling: 0, abi.ParamOScale: 0, abi.ParamEps: 0,
+		}
+		for fid := range abi.Params.Fields {
+			id := abi.FieldID(fid)
+			want, ok := own[id]
+			if !ok {
+				want = common[id]
+			}
+			require.Equal(t, want, abi.Params.Raw(packed, id), "indexer launch %v: field %s", l, abi.Params.Fields[id].Name)
 		}
 	}
 }
