@@ -350,6 +350,244 @@ extern "C" __global__ void __launch_bounds__(TOPK_SCORE_THREADS) topk_score_mma(
     }
 }
 
+// 2^e as a float32, e in [-149, 127] (subnormal below -126).
+__device__ __forceinline__ float tk_pow2(int e) {
+    return e >= -126 ? __int_as_float((e + 127) << 23) : __int_as_float(1 << (e + 149));
+}
+
+// D = A . B + C over one 32-value block: A 16 entries, B 8 columns (four
+// rows, two heads each), C {c.x, c.y} for the two heads; exact int32.
+__device__ __forceinline__ void tk_mma_c(int d[4], const uint4 a, const uint2 b, const uint2 c) {
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%11,%12,%13};\n"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b.x), "r"(b.y), "r"(c.x), "r"(c.y), "r"(c.x), "r"(c.y));
+}
+
+#define TK4_QC 264 // words between the rows of qc: 4 x 64 and 8, so the rows' LDS.64 hit distinct banks
+#define TK4_QW 72  // floats between the rows of qw, likewise
+
+// topk_score_mma4 is topk_score_mma for TOPK_SCORE4_ROWS consecutive rows
+// of one sequence at a time, the same keys out. Block (x, y) takes rows
+// 4x..4x+3 (a pass for each sequence among them: one in decode with MTP
+// 3) and the tiles y, y + gridDim.y, ... of TOPK_SCORE4_THREADS entries,
+// each entry read from the cache once for all the rows; a warp scores 32
+// of them. The mma (m16n8k32) has the entries as M and (row, head) pairs
+// as N: column 2t + c of n-tile j is row t's head 2j + c, so lane (g, t)
+// holds row t's heads in ascending pairs for its entries g and g + 8 and
+// runs their head sums itself, in order, with no exchange.
+//
+// The epilogue of a block partial is two float instructions instead of a
+// conversion and a scaling: the mma's C is M_b = 1.5 * 2^(eq_b - 104)'s
+// bits, so D's bits are the float M_b + d * 2^(eq_b - 127) exactly (|d| <=
+// 4608 stays inside the mantissa); subtracting M_b (same binade) leaves
+// d * 2^(eq_b - 127) exactly, and fma(that, 2^(ek_b - 129), dot) is
+// fl(P_b + dot) with P_b = d * 2^(eq_b + ek_b - 256) exact whenever
+// eq_b + ek_b lies in [107, 371] (no subnormal bits lost, no overflow).
+// A warp whose entries keep every eq_b + ek_b of the pass's rows in that
+// range, with every eq_b <= 231 (M_b a float), takes this path; others
+// take tk_scale's on d = D - C.
+extern "C" __global__ void __launch_bounds__(TOPK_SCORE4_THREADS, 4) topk_score_mma4(const TopKParams p) {
+    __shared__ uint2 qf[32 * 4 * 32];         // B fragments: (head pair j, block b) x lane
+    __shared__ __align__(16) u32 qc[TOPK_SCORE4_ROWS * TK4_QC];   // C: row t, block b, head h at t*TK4_QC + b*64 + h; 0 where eq > 231
+    __shared__ __align__(16) float qw[TOPK_SCORE4_ROWS * TK4_QW]; // head weights: row t, head h at t*TK4_QW + h
+    __shared__ u32 ks[TOPK_SCORE4_THREADS * TK_KW]; // the tile's entries as stored
+    __shared__ long long eoff[TOPK_SCORE4_THREADS]; // the tile's entries' byte offsets in the cache, -1 without a page
+    __shared__ int rseq[TOPK_SCORE4_ROWS], rvis[TOPK_SCORE4_ROWS];
+    __shared__ long long rkeys[TOPK_SCORE4_ROWS];
+    __shared__ int qmn[4], qmx[4]; // the pass's least and largest query scale byte per block
+    tk_pdl_wait();
+    tk_pdl_trigger();
+    const int r0 = blockIdx.x * TOPK_SCORE4_ROWS;
+    if (r0 >= p.rows) return;
+    if (threadIdx.x < TOPK_SCORE4_ROWS) {
+        const int r = r0 + threadIdx.x;
+        TkRow t = {0, 0, 0, 0};
+        if (r < p.rows) t = tk_resolve(p, r);
+        const bool scored = t.valid && t.visible > p.top_k; // else topk_select needs no keys
+        rseq[threadIdx.x] = scored ? t.seq : -1;
+        rvis[threadIdx.x] = scored ? t.visible : 0;
+        rkeys[threadIdx.x] = t.keys;
+    }
+    __syncthreads();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tq = lane & 3;
+    const size_t page_bytes = (size_t)p.page_size * MXFP4_ROW_BYTES;
+    int done = 0; // rows of earlier passes (bit t)
+    for (;;) {
+        // The pass: the first row left with keys to write, and every other
+        // one of its sequence.
+        int seq = -1;
+        for (int t = 0; t < TOPK_SCORE4_ROWS; t++)
+            if (!((done >> t) & 1) && rseq[t] >= 0) {
+                seq = rseq[t];
+                break;
+            }
+        if (seq < 0) break;
+        int act = 0, n = 0;
+        for (int t = 0; t < TOPK_SCORE4_ROWS; t++)
+            if (rseq[t] == seq) {
+                act |= 1 << t;
+                n = max(n, rvis[t]);
+            }
+        done |= act;
+        const int ntiles = (n + TOPK_SCORE4_THREADS - 1) / TOPK_SCORE4_THREADS;
+        if ((int)blockIdx.y >= ntiles) continue; // block-uniform
+        __syncthreads(); // the previous pass is done with qf, qc, qw, qmn, qmx
+        if (threadIdx.x < 4) {
+            qmn[threadIdx.x] = 255;
+            qmx[threadIdx.x] = 0;
+        }
+        for (int i = threadIdx.x; i < 32 * 4 * 32; i += TOPK_SCORE4_THREADS) {
+            const int j = i >> 7, b = (i >> 5) & 3, ln = i & 31, gg = ln >> 2, tt = ln & 3;
+            const int t = gg >> 1, h = 2 * j + (gg & 1); // B column gg
+            uint2 v = make_uint2(0u, 0u);
+            if ((act >> t) & 1) {
+                const u8* raw = p.q + ((size_t)(r0 + t) * INDEXER_HEADS + h) * MXFP4_ROW_BYTES + 16 * b;
+                v.x = tk_word(*(const u32*)(raw + 4 * (tt >> 1)), tt);
+                v.y = tk_word(*(const u32*)(raw + 4 * (2 + (tt >> 1))), tt);
+            }
+            qf[i] = v;
+        }
+        for (int i = threadIdx.x; i < TOPK_SCORE4_ROWS * INDEXER_HEADS; i += TOPK_SCORE4_THREADS) {
+            const int t = i >> 6, h = i & 63;
+            qw[t * TK4_QW + h] = (act >> t) & 1 ? __uint_as_float((u32)p.w[(size_t)(r0 + t) * INDEXER_HEADS + h] << 16) : 0.f;
+        }
+        __syncthreads(); // qmn, qmx initialized
+        for (int i = threadIdx.x; i < TOPK_SCORE4_ROWS * 4 * INDEXER_HEADS; i += TOPK_SCORE4_THREADS) {
+            const int t = i >> 8, b = (i >> 6) & 3, h = i & 63;
+            u32 c = 0u;
+            if ((act >> t) & 1) {
+                const int e = p.q[((size_t)(r0 + t) * INDEXER_HEADS + h) * MXFP4_ROW_BYTES + 64 + b];
+                atomicMin(&qmn[b], e);
+                atomicMax(&qmx[b], e);
+                if (e <= 231) c = ((u32)(e + 23) << 23) | 0x400000u;
+            }
+            qc[t * TK4_QC + b * 64 + h] = c;
+        }
+        const int* table = p.plan + TOPK_PLAN_HDR_WORDS + p.max_seqs * TOPK_SEQ_WORDS + (long long)seq * p.page_stride;
+        const bool mine = (act >> tq) & 1; // this lane's row is in the pass
+        const int vis = rvis[tq];
+        u32* keys = p.scratch + rkeys[tq];
+        const u8* qrow = p.q + (size_t)(r0 + tq) * (INDEXER_HEADS * MXFP4_ROW_BYTES);
+        const u32* qcr = qc + tq * TK4_QC;
+        const float* qwr = qw + tq * TK4_QW;
+        for (int tile = blockIdx.y; tile < ntiles; tile += gridDim.y) {
+            const int s0 = tile * TOPK_SCORE4_THREADS;
+            const int cnt = min(TOPK_SCORE4_THREADS, n - s0);
+            __syncthreads(); // the previous tile's entries are read (first: the pass's query is in place)
+            {
+                const int e = threadIdx.x, s = s0 + e;
+                long long o = -1;
+                if (e < cnt) {
+                    const int pg = tk_page(p, table, s);
+                    if (pg >= 0) o = (long long)pg * (long long)page_bytes + (long long)(s % p.page_size) * MXFP4_ROW_BYTES;
+                }
+                eoff[e] = o;
+            }
+            __syncthreads();
+            for (int i = threadIdx.x; i < TOPK_SCORE4_THREADS * TK_KW; i += TOPK_SCORE4_THREADS) {
+                const int e = i / TK_KW;
+                const long long o = eoff[e];
+                ks[i] = o >= 0 ? *(const u32*)(p.cache + o + 4 * (i - e * TK_KW)) : 0u;
+            }
+            __syncthreads();
+            const int wb = warp * 32;
+            if (wb >= cnt) continue; // warp-uniform; the next barrier is the next tile's
+            // A fragments of the m-tiles (entries wb + 16 mt + m), this lane's
+            // entries' scale words (c: entry g, g + 8) and key scales 2^(ek - 129).
+            uint4 a[2][4];
+            u32 ksc[2][2];
+            float sk[2][2][4];
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++) {
+                const u32* k0 = ks + (wb + mt * 16 + g) * TK_KW;
+                const u32* k1 = k0 + 8 * TK_KW;
+#pragma unroll
+                for (int b = 0; b < 4; b++) {
+                    a[mt][b].x = tk_word(k0[4 * b + (tq >> 1)], tq);
+                    a[mt][b].y = tk_word(k1[4 * b + (tq >> 1)], tq);
+                    a[mt][b].z = tk_word(k0[4 * b + 2 + (tq >> 1)], tq);
+                    a[mt][b].w = tk_word(k1[4 * b + 2 + (tq >> 1)], tq);
+                }
+                ksc[mt][0] = k0[16];
+                ksc[mt][1] = k1[16];
+#pragma unroll
+                for (int c = 0; c < 2; c++)
+#pragma unroll
+                    for (int b = 0; b < 4; b++) sk[mt][c][b] = tk_pow2((int)((ksc[mt][c] >> (8 * b)) & 0xFFu) - 129);
+            }
+            bool ok = true; // entry wb + lane keeps the fast path exact (one without a page, or past the tile, does not count)
+            if (wb + lane < cnt && eoff[wb + lane] >= 0) {
+                const u32 sc = ks[(wb + lane) * TK_KW + 16];
+#pragma unroll
+                for (int b = 0; b < 4; b++) {
+                    const int ek = (int)((sc >> (8 * b)) & 0xFFu);
+                    ok = ok && qmx[b] <= 231 && ek + qmn[b] >= 107 && ek + qmx[b] <= 371;
+                }
+            }
+            const bool fast = __all_sync(0xFFFFFFFFu, ok);
+            float acc[2][2] = {{0.f, 0.f}, {0.f, 0.f}}; // the head sums of (m-tile, entry c)
+#pragma unroll 1
+            for (int j = 0; j < 32; j++) {
+                uint2 cq[4];
+                int d[2][4][4];
+#pragma unroll
+                for (int b = 0; b < 4; b++) {
+                    const uint2 bq = qf[(j * 4 + b) * 32 + lane];
+                    cq[b] = *(const uint2*)(qcr + b * 64 + 2 * j);
+#pragma unroll
+                    for (int mt = 0; mt < 2; mt++) tk_mma_c(d[mt][b], a[mt][b], bq, cq[b]);
+                }
+                const float2 wq = *(const float2*)(qwr + 2 * j);
+                // D element i: entry c = i >> 1 (g, g + 8), head 2j + (i & 1);
+                // each (mt, c) sum takes head 2j, then 2j + 1.
+                if (fast) {
+#pragma unroll
+                    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                        for (int i = 0; i < 4; i++) {
+                            const int c = i >> 1, hp = i & 1;
+                            float dot = 0.f;
+#pragma unroll
+                            for (int b = 0; b < 4; b++) {
+                                const float pq = __fsub_rn(__int_as_float(d[mt][b][i]), __uint_as_float(hp ? cq[b].y : cq[b].x));
+                                dot = b == 0 ? __fmul_rn(pq, sk[mt][c][b]) : __fmaf_rn(pq, sk[mt][c][b], dot);
+                            }
+                            // fmaxf may keep a -0 dot as -0: w * -0 is a zero (or
+                            // NaN, as w * +0), and a head sum is never -0, so
+                            // adding it is adding +0.
+                            acc[mt][c] = __fadd_rn(acc[mt][c], __fmul_rn(hp ? wq.y : wq.x, fmaxf(dot, 0.f)));
+                        }
+                } else {
+#pragma unroll
+                    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                        for (int i = 0; i < 4; i++) {
+                            const int c = i >> 1, hp = i & 1, h = 2 * j + hp;
+                            float dot = 0.f;
+#pragma unroll
+                            for (int b = 0; b < 4; b++) {
+                                const int dd = d[mt][b][i] - (int)(hp ? cq[b].y : cq[b].x);
+                                const int eq = mine ? (int)qrow[h * MXFP4_ROW_BYTES + 64 + b] : 0;
+                                const int ek = (int)((ksc[mt][c] >> (8 * b)) & 0xFFu);
+                                const float pb = tk_scale(dd, eq + ek - 256);
+                                dot = b == 0 ? pb : __fadd_rn(dot, pb);
+                            }
+                            const float rl = dot > 0.f ? dot : 0.f;
+                            acc[mt][c] = __fadd_rn(acc[mt][c], __fmul_rn(hp ? wq.y : wq.x, rl));
+                        }
+                }
+            }
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                for (int c = 0; c < 2; c++) {
+                    const int e = wb + mt * 16 + c * 8 + g, s = s0 + e;
+                    if (mine && s < vis) keys[s] = eoff[e] >= 0 ? tk_key(acc[mt][c]) : 0u; // an entry without a page scores NaN
+                }
+        }
+    }
+}
+
 // Block-wide exclusive prefix sum of v over TOPK_SELECT_THREADS threads;
 // *total receives the sum. Every thread must call it.
 __device__ __forceinline__ int tk_scan(int v, int* warp_sums, int* total) {

@@ -7,9 +7,10 @@ var topkSource string
 
 // TopK kernels the host loads from TopKSource.
 const (
-	TopKScoreKernel    = "topk_score"
-	TopKScoreMMAKernel = "topk_score_mma"
-	TopKSelectKernel   = "topk_select"
+	TopKScoreKernel     = "topk_score"
+	TopKScoreMMAKernel  = "topk_score_mma"
+	TopKScoreMMA4Kernel = "topk_score_mma4"
+	TopKSelectKernel    = "topk_select"
 )
 
 // TopKSource returns the compilable source of the indexer's top-k module

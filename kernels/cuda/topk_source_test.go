@@ -20,7 +20,7 @@ func TestTopKSourceCompiles(t *testing.T) {
 	c, err := driver.CompileDetailed(kernels.TopKSource(), "topk.cu", driver.CompileOptions{Arch: "sm_90", NoFMAD: true, NoCache: true})
 	require.NoError(t, err)
 	t.Logf("NVRTC log: %q", c.Log)
-	for _, k := range []string{kernels.TopKScoreKernel, kernels.TopKScoreMMAKernel, kernels.TopKSelectKernel} {
+	for _, k := range []string{kernels.TopKScoreKernel, kernels.TopKScoreMMAKernel, kernels.TopKScoreMMA4Kernel, kernels.TopKSelectKernel} {
 		require.True(t, bytes.Contains(c.Cubin, []byte(k)), "the cubin has no %s", k)
 	}
 }
@@ -30,7 +30,7 @@ func TestTopKSourceCompiles(t *testing.T) {
 func TestTopKSourceLayout(t *testing.T) {
 	src := kernels.TopKSource()
 	require.True(t, strings.HasPrefix(src, kernels.ABIHeader()+"#line 1 \"topk.cu\"\n"))
-	for _, k := range []string{kernels.TopKScoreKernel, kernels.TopKScoreMMAKernel, kernels.TopKSelectKernel} {
+	for _, k := range []string{kernels.TopKScoreKernel, kernels.TopKScoreMMAKernel, kernels.TopKScoreMMA4Kernel, kernels.TopKSelectKernel} {
 		require.Contains(t, src, `extern "C" __global__ void __launch_bounds__`)
 		require.Regexp(t, `\) `+k+`\(const TopKParams p\)`, src)
 	}

@@ -76,14 +76,18 @@ func (b *Backend) KernelSharedBytes(name string) (int, error) {
 	return b.fns[name].Attribute(driver.FuncSharedSizeBytes)
 }
 
-// SetTopKScore picks the top-k score kernel: "dp4a" (topk_score) or "mma"
-// (topk_score_mma, the default).
+// SetTopKScore picks the top-k score kernel: "dp4a" (topk_score), "mma"
+// (topk_score_mma), "mma4" (topk_score_mma4) or "default".
 func (b *Backend) SetTopKScore(kernel string) {
 	switch kernel {
+	case "default":
+		b.topk.kernel = topkScoreDefault
 	case "dp4a":
-		b.topk.dp4a = true
+		b.topk.kernel = topkScoreDP4A
 	case "mma":
-		b.topk.dp4a = false
+		b.topk.kernel = topkScoreMMA
+	case "mma4":
+		b.topk.kernel = topkScoreMMA4
 	default:
 		panic("cuda: SetTopKScore(" + kernel + ")")
 	}

@@ -18,19 +18,40 @@ import (
 
 // topkState is the top-k module.
 type topkState struct {
-	mod                      *driver.Module
-	score, scoreMMA, select_ *driver.Function
-	err                      error // a failed load, returned by every later call
-	// dp4a scores with topk_score (dp4a) instead of topk_score_mma (the
-	// tensor cores); both write the same keys.
-	dp4a bool
+	mod                                 *driver.Module
+	score, scoreMMA, scoreMMA4, select_ *driver.Function
+	err                                 error // a failed load, returned by every later call
+	// kernel is the score kernel the backend launches; every one writes
+	// the same keys.
+	kernel topkScore
 }
 
-// topkTileBlocksPerSM sets topk_score's grid: about this many blocks a
-// multiprocessor over the launch's rows (each block loops over the tiles
-// of its row), so that a decode batch fills the device whatever its
-// context and a prefill batch's many rows take one block each.
+// topkScore names a score kernel of topk.cu.
+type topkScore int
+
+const (
+	topkScoreDefault topkScore = iota // topkDefaultScore
+	topkScoreMMA                      // topk_score_mma: one row a block, int8 mma.sync block dots
+	topkScoreDP4A                     // topk_score: one row a block, one entry a thread, dp4a
+	topkScoreMMA4                     // topk_score_mma4: four rows of a sequence a block, mma.sync
+)
+
+// topkDefaultScore is the score kernel IndexerTopK launches unless a test
+// picks another.
+const topkDefaultScore = topkScoreMMA
+
+// topkTileBlocksPerSM sets topk_score's and topk_score_mma's grid: about
+// this many blocks a multiprocessor over the launch's rows (each block
+// loops over the tiles of its row), so that a decode batch fills the
+// device whatever its context and a prefill batch's many rows take one
+// block each.
 const topkTileBlocksPerSM = 16
+
+// topkMMA4BlocksPerSM is topk_score_mma4's resident blocks a
+// multiprocessor (its __launch_bounds__ minimum): its grid is at most one
+// wave of them over the launch's row groups, so that each block scores
+// many tiles for the one decoding of its rows' queries.
+const topkMMA4BlocksPerSM = 4
 
 // LoadTopK compiles (or loads from the cache) the top-k module if it is
 // not loaded yet. IndexerTopK calls it; an engine calls it at setup so
@@ -55,12 +76,17 @@ func (b *Backend) LoadTopK() error {
 		s.err = errors.Join(fmt.Errorf("cuda: top-k kernels: %w", err), mod.Unload())
 		return s.err
 	}
+	scoreMMA4, err := mod.Function(kernels.TopKScoreMMA4Kernel)
+	if err != nil {
+		s.err = errors.Join(fmt.Errorf("cuda: top-k kernels: %w", err), mod.Unload())
+		return s.err
+	}
 	sel, err := mod.Function(kernels.TopKSelectKernel)
 	if err != nil {
 		s.err = errors.Join(fmt.Errorf("cuda: top-k kernels: %w", err), mod.Unload())
 		return s.err
 	}
-	s.mod, s.score, s.scoreMMA, s.select_ = mod, score, scoreMMA, sel
+	s.mod, s.score, s.scoreMMA, s.scoreMMA4, s.select_ = mod, score, scoreMMA, scoreMMA4, sel
 	return nil
 }
 
@@ -71,7 +97,18 @@ func topkGrid(sms, rows int) int {
 	return max(1, min(maxTiles, (topkTileBlocksPerSM*sms+rows-1)/max(rows, 1)))
 }
 
-// IndexerTopK implements mla.TopKSelector: topk_score_mma then topk_select on
+// topkGrid4 is topk_score_mma4's grid for a launch of rows rows: a block
+// for each group of TopKScore4Rows rows, and tile blocks a group so that
+// all of them are resident at once (at least 1, at most the tiles of a row
+// at MaxTopKEntries).
+func topkGrid4(sms, rows int) (groups, tiles int) {
+	groups = (rows + abi.TopKScore4Rows - 1) / abi.TopKScore4Rows
+	maxTiles := (mla.MaxTopKEntries + abi.TopKScore4Threads - 1) / abi.TopKScore4Threads
+	return groups, max(1, min(maxTiles, topkMMA4BlocksPerSM*sms/max(groups, 1)))
+}
+
+// IndexerTopK implements mla.TopKSelector: a score kernel (topk_score_mma
+// unless a test picks another) then topk_select on
 // the backend's current stream, with programmatic dependent launch like
 // the other kernels. The grids depend on the shape only (Rows), so a CUDA
 // graph captures them once for every plan; the kernels read the rows'
@@ -141,14 +178,22 @@ func (b *Backend) indexerTopK(ctx context.Context, a *mla.TopKArgs, scoring, sel
 	if err != nil {
 		return err
 	}
-	tiles := topkGrid(b.ctx.Props().SMCount, a.Rows)
-	score := b.topk.scoreMMA
-	if b.topk.dp4a {
-		score = b.topk.score
-	}
 	if scoring {
-		if err := b.launch(score, driver.Dim3{uint32(a.Rows), uint32(tiles), 1}, driver.Dim3{abi.TopKScoreThreads, 1, 1}, driver.Bytes(params)); err != nil {
-			return fmt.Errorf("cuda: topk_score: %w", err)
+		sms := b.ctx.Props().SMCount
+		kernel := b.topk.kernel
+		if kernel == topkScoreDefault {
+			kernel = topkDefaultScore
+		}
+		fn, grid, block := b.topk.scoreMMA, driver.Dim3{uint32(a.Rows), uint32(topkGrid(sms, a.Rows)), 1}, uint32(abi.TopKScoreThreads)
+		switch kernel {
+		case topkScoreDP4A:
+			fn = b.topk.score
+		case topkScoreMMA4:
+			groups, tiles := topkGrid4(sms, a.Rows)
+			fn, grid, block = b.topk.scoreMMA4, driver.Dim3{uint32(groups), uint32(tiles), 1}, abi.TopKScore4Threads
+		}
+		if err := b.launch(fn, grid, driver.Dim3{block, 1, 1}, driver.Bytes(params)); err != nil {
+			return fmt.Errorf("cuda: top-k score: %w", err)
 		}
 	}
 	if !selecting {
@@ -166,7 +211,7 @@ func (b *Backend) closeTopK() error {
 		return nil
 	}
 	err := b.topk.mod.Unload()
-	b.topk.mod, b.topk.score, b.topk.scoreMMA, b.topk.select_ = nil, nil, nil, nil
+	b.topk.mod, b.topk.score, b.topk.scoreMMA, b.topk.scoreMMA4, b.topk.select_ = nil, nil, nil, nil, nil
 	return err
 }
 

@@ -16,16 +16,16 @@ import (
 	"github.com/dsv4mla/prologue/attention/mla/mlatest"
 )
 
-// topkKernels are the score kernels, each test run with both (the shared
-// backend is left on the default, "mma").
-var topkKernels = []string{"mma", "dp4a"}
+// topkKernels are the score kernels, each test run with every one (the
+// shared backend is left on the default).
+var topkKernels = []string{"mma", "dp4a", "mma4"}
 
 func TestCUDATopKConformance(t *testing.T) {
 	b := backend(t)
 	for _, k := range topkKernels {
 		t.Run(k, func(t *testing.T) {
 			b.SetTopKScore(k)
-			defer b.SetTopKScore("mma")
+			defer b.SetTopKScore("default")
 			mlatest.TestTopK(t, b)
 		})
 	}
@@ -61,7 +61,7 @@ func TestCUDATopKLarge(t *testing.T) {
 		{Name: "1M/pro", TopK: 1024, PageSize: 64, Seqs: []mlatest.TopKSeqSpec{{Start: mla.MaxTopKPositions - 2, Rows: 2}}},
 		{Name: "1M-planted/flash", TopK: 512, PageSize: 64, Planted: true, Seqs: []mlatest.TopKSeqSpec{{Start: mla.MaxTopKPositions - 1, Rows: 1}}},
 	}
-	defer b.SetTopKScore("mma")
+	defer b.SetTopKScore("default")
 	for _, s := range scenarios {
 		t.Run(s.Name, func(t *testing.T) {
 			if testing.Short() && s.Seqs[0].Start > 100_000 {
@@ -84,11 +84,22 @@ func TestCUDATopKLarge(t *testing.T) {
 
 // TestCUDATopKGraph captures one selection in a CUDA graph and replays it
 // after rewriting the plan, the queries and the weights in their buffers
-// (the shape unchanged): each replay's indices equal the CPU backend's on
-// that iteration's inputs.
+// (the shape unchanged), with each score kernel: each replay's indices
+// equal the CPU backend's on that iteration's inputs.
 func TestCUDATopKGraph(t *testing.T) {
 	b := backend(t)
 	require.NoError(t, b.LoadTopK())
+	for _, k := range topkKernels {
+		t.Run(k, func(t *testing.T) {
+			b.SetTopKScore(k)
+			defer b.SetTopKScore("default")
+			testTopKGraph(t, b)
+		})
+	}
+}
+
+// testTopKGraph is TestCUDATopKGraph with the backend's score kernel.
+func testTopKGraph(t *testing.T, b *cuda.Backend) {
 	host := cpu.New(0)
 	seed := rand.Uint64()
 	t.Logf("seed %d", seed)
@@ -188,7 +199,7 @@ func BenchmarkCUDATopK(bm *testing.B) {
 	for _, ctxLen := range []int{8 << 10, 64 << 10, 128 << 10, 1 << 20} {
 		kernels := topkKernels
 		if ctxLen > 64<<10 {
-			kernels = []string{"mma"}
+			kernels = []string{"mma", "mma4"}
 		}
 		for _, topk := range []int{512, 1024} {
 			cases = append(cases, benchCase{fmt.Sprintf("decode-b32-mtp3/ctx=%dK/topk=%d", ctxLen>>10, topk), topk, kernels,
@@ -196,78 +207,82 @@ func BenchmarkCUDATopK(bm *testing.B) {
 		}
 	}
 	for _, topk := range []int{512, 1024} {
-		cases = append(cases, benchCase{fmt.Sprintf("prefill=16K/topk=%d", topk), topk, []string{"mma"},
+		cases = append(cases, benchCase{fmt.Sprintf("prefill=16K/topk=%d", topk), topk, []string{"mma", "mma4"},
 			func(*rand.Rand) []mlatest.TopKSeqSpec { return []mlatest.TopKSeqSpec{{Start: 0, Rows: 16 << 10}} }})
 	}
 	ctx := context.Background()
 	for _, bc := range cases {
-		r := rand.New(rand.NewPCG(uint64(len(bc.name)), uint64(bc.topk)))
-		s := mlatest.TopKScenario{Name: bc.name, TopK: bc.topk, PageSize: 64, Seqs: bc.seqs(r)}
-		c, err := mlatest.NewTopKCase(s, 7)
-		require.NoError(bm, err)
-		var bufs []mla.Buffer
-		alloc := func(data []byte) mla.Buffer {
-			buf, err := b.Alloc(len(data))
+		// The case is drawn inside its sub-benchmark, so that -test.bench
+		// skips building the ones it does not run.
+		bm.Run(bc.name, func(bm *testing.B) {
+			r := rand.New(rand.NewPCG(uint64(len(bc.name)), uint64(bc.topk)))
+			s := mlatest.TopKScenario{Name: bc.name, TopK: bc.topk, PageSize: 64, Seqs: bc.seqs(r)}
+			c, err := mlatest.NewTopKCase(s, 7)
 			require.NoError(bm, err)
-			bufs = append(bufs, buf)
-			require.NoError(bm, b.Write(buf, 0, data))
-			return buf
-		}
-		plan, err := c.Plan.Encode(&c.Shape)
-		require.NoError(bm, err)
-		a := &mla.TopKArgs{TopKShape: c.Shape}
-		a.Q, a.W, a.Cache, a.Plan = alloc(c.Q), alloc(c.W), alloc(c.Cache), alloc(plan)
-		a.Scratch = alloc(make([]byte, 4*c.Shape.ScratchEntries))
-		a.Out = alloc(make([]byte, 4*c.Shape.Rows*c.Shape.TopK))
-		entries, pairs := 0, 0
-		for _, q := range c.Plan.Seqs {
-			entries += mla.TopKVisible(q.Start + q.Rows - 1)
-			for i := range q.Rows {
-				pairs += mla.TopKVisible(q.Start + i)
+			var bufs []mla.Buffer
+			alloc := func(data []byte) mla.Buffer {
+				buf, err := b.Alloc(len(data))
+				require.NoError(bm, err)
+				bufs = append(bufs, buf)
+				require.NoError(bm, b.Write(buf, 0, data))
+				return buf
 			}
-		}
-		cacheFloor := float64(entries*mla.IndexerEntryBytes) / copyRate
-		mmaFloor := float64(pairs) * 64 * 128 * 2 / 1979e12
-		for _, kernel := range bc.kernels {
-			bm.Run(bc.name+"/"+kernel, func(bm *testing.B) {
-				b.SetTopKScore(kernel)
-				defer b.SetTopKScore("mma")
-				const reps = 10
-				timed := func(f func() error) float64 {
-					d, err := b.Time(ctx, func() error {
-						for range reps {
-							if err := f(); err != nil {
-								return err
+			plan, err := c.Plan.Encode(&c.Shape)
+			require.NoError(bm, err)
+			a := &mla.TopKArgs{TopKShape: c.Shape}
+			a.Q, a.W, a.Cache, a.Plan = alloc(c.Q), alloc(c.W), alloc(c.Cache), alloc(plan)
+			a.Scratch = alloc(make([]byte, 4*c.Shape.ScratchEntries))
+			a.Out = alloc(make([]byte, 4*c.Shape.Rows*c.Shape.TopK))
+			entries, pairs := 0, 0
+			for _, q := range c.Plan.Seqs {
+				entries += mla.TopKVisible(q.Start + q.Rows - 1)
+				for i := range q.Rows {
+					pairs += mla.TopKVisible(q.Start + i)
+				}
+			}
+			cacheFloor := float64(entries*mla.IndexerEntryBytes) / copyRate
+			mmaFloor := float64(pairs) * 64 * 128 * 2 / 1979e12
+			for _, kernel := range bc.kernels {
+				bm.Run(kernel, func(bm *testing.B) {
+					b.SetTopKScore(kernel)
+					defer b.SetTopKScore("default")
+					const reps = 10
+					timed := func(f func() error) float64 {
+						d, err := b.Time(ctx, func() error {
+							for range reps {
+								if err := f(); err != nil {
+									return err
+								}
 							}
-						}
-						return nil
-					})
-					require.NoError(bm, err)
-					return d.Seconds() / reps
-				}
-				whole := func() error { return b.IndexerTopK(ctx, a) }
-				timed(whole) // warm
-				bm.ResetTimer()
-				best := 0.0
-				for i := 0; i < bm.N; i++ {
-					if d := timed(whole); i == 0 || d < best {
-						best = d
+							return nil
+						})
+						require.NoError(bm, err)
+						return d.Seconds() / reps
 					}
-				}
-				bm.StopTimer()
-				scoreT := timed(func() error { return b.TopKStage(ctx, a, true) })
-				selectT := timed(func() error { return b.TopKStage(ctx, a, false) })
-				bm.ReportMetric(best*1e6, "us/layer")
-				bm.ReportMetric(selectT*1e6, "us-select")
-				bm.ReportMetric(cacheFloor*1e6, "us-cache-floor")
-				bm.ReportMetric(mmaFloor*1e6, "us-int8-floor")
-				bm.Logf("%s %s: %.1f us a layer (score alone %.1f, select alone %.1f); floors: cache %d bytes %.2f us, int8 %.2f us (%d row-entry pairs)",
-					bc.name, kernel, best*1e6, scoreT*1e6, selectT*1e6, entries*mla.IndexerEntryBytes, cacheFloor*1e6, mmaFloor*1e6, pairs)
-			})
-		}
-		for _, buf := range bufs {
-			_ = b.Free(buf)
-		}
+					whole := func() error { return b.IndexerTopK(ctx, a) }
+					timed(whole) // warm
+					bm.ResetTimer()
+					best := 0.0
+					for i := 0; i < bm.N; i++ {
+						if d := timed(whole); i == 0 || d < best {
+							best = d
+						}
+					}
+					bm.StopTimer()
+					scoreT := timed(func() error { return b.TopKStage(ctx, a, true) })
+					selectT := timed(func() error { return b.TopKStage(ctx, a, false) })
+					bm.ReportMetric(best*1e6, "us/layer")
+					bm.ReportMetric(selectT*1e6, "us-select")
+					bm.ReportMetric(cacheFloor*1e6, "us-cache-floor")
+					bm.ReportMetric(mmaFloor*1e6, "us-int8-floor")
+					bm.Logf("%s %s: %.1f us a layer (score alone %.1f, select alone %.1f); floors: cache %d bytes %.2f us, int8 %.2f us (%d row-entry pairs)",
+						bc.name, kernel, best*1e6, scoreT*1e6, selectT*1e6, entries*mla.IndexerEntryBytes, cacheFloor*1e6, mmaFloor*1e6, pairs)
+				})
+			}
+			for _, buf := range bufs {
+				_ = b.Free(buf)
+			}
+		})
 	}
 }
 

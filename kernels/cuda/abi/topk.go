@@ -46,9 +46,13 @@ var topkFields = [numTopKFields]Field{
 
 // Launch shapes of the top-k kernels: a topk_score block scores
 // TopKScoreThreads entries of one row at a time (a thread each), a
-// topk_select block selects one row.
+// topk_score_mma4 block TopKScore4Threads entries (32 a warp) of
+// TopKScore4Rows consecutive rows at a time, a topk_select block selects
+// one row.
 const (
 	TopKScoreThreads  = 256
+	TopKScore4Threads = 128
+	TopKScore4Rows    = 4
 	TopKSelectThreads = 1024
 )
 
@@ -67,6 +71,8 @@ func topkConstants() []ConstGroup {
 			{"TOPK_SEQ_STRIDE", mla.TopKPlanSeqStride, "scratch entries between rows"},
 			{"TOPK_SEQ_WORDS", mla.TopKPlanSeqWords, ""},
 			{"TOPK_SCORE_THREADS", TopKScoreThreads, "threads of a topk_score block, one entry each"},
+			{"TOPK_SCORE4_THREADS", TopKScore4Threads, "threads of a topk_score_mma4 block, 32 entries a warp"},
+			{"TOPK_SCORE4_ROWS", TopKScore4Rows, "rows of a topk_score_mma4 block: the mma's four column pairs"},
 			{"TOPK_SELECT_THREADS", TopKSelectThreads, "threads of a topk_select block, one row"},
 		}},
 	}
