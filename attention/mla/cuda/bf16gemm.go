@@ -297,10 +297,7 @@ func (b *Backend) bf16MMA(x, w, y driver.DevicePtr, a *mla.BF16GEMMArgs) error {
 	g := &b.bf16
 	m, n, k := a.Rows, a.N, a.K
 	p := planBF16MMA(m, n, k, b.ctx.Props().SMCount, bf16MMAPartBytes)
-	part := g.parts[0]
-	if b.stream == b.fork.stream {
-		part = g.parts[1]
-	}
+	part := g.parts[b.streamSlot()]
 	out, outStride := y, a.YStride
 	if p.splits > 1 {
 		out, outStride = part, n

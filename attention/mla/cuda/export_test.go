@@ -2,6 +2,8 @@ package cuda
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"strconv"
 
 	"github.com/dsv4mla/prologue/attention/mla"
@@ -96,4 +98,142 @@ func (b *Backend) SetTopKScore(kernel string) {
 // TopKStage runs the selection's score kernel or its select kernel alone.
 func (b *Backend) TopKStage(ctx context.Context, a *mla.TopKArgs, score bool) error {
 	return b.indexerTopK(ctx, a, score, !score)
+}
+
+// RewriteGEMM is the f16-conversion rewrite of the FP8 GEMM kernel
+// (5fe1622..508f76b, merged in 9842e64, backed out in be55dcc: it failed
+// the tiny model's chain verify through CUDA graphs), launched as 508f76b's
+// gemm.go launched it, so that TestCUDAGEMMChainReplay can run the design
+// that failed beside the current one. Its source is
+// testdata/gemm_fp8_f16_rewrite_508f76b.cu, unchanged.
+type RewriteGEMM struct {
+	b            *Backend
+	mod          *driver.Module
+	fn, reduce   *driver.Function
+	smem         int
+	OneWorkspace bool // every split-K GEMM takes the main stream's workspace, as 508f76b's single one
+}
+
+// rewriteBlockRows and rewriteBlockTokens are the rewrite's tile
+// (GEMM_ROWS, GEMM_MT): a block computes 256 rows of W for 64 tokens.
+const (
+	rewriteBlockRows   = 256
+	rewriteBlockTokens = 64
+)
+
+// rewriteStages is 508f76b's gemmStages: the deepest weight ring (2 to 4
+// K blocks) whose shared memory fits maxShared bytes, with that size.
+func rewriteStages(maxShared int) (stages, bytes int) {
+	size := func(s int) int { return 8*s*4096 + 2*rewriteBlockTokens*272 + 2*rewriteBlockTokens*4 }
+	for s := 4; s >= 2; s-- {
+		if size(s) <= maxShared {
+			return s, size(s)
+		}
+	}
+	return 0, size(2)
+}
+
+// rewritePlan is 508f76b's planOwnGEMM: token chunks x 256-row blocks x
+// splits of K, split where waves of blocks x K blocks a split (plus one
+// for the reduction) is shorter than unsplit.
+func rewritePlan(m, n, k, sms, partBytes int) (chunks, rowBlocks, splits, kbPerSplit int) {
+	kbn := k / 128
+	chunks, rowBlocks, splits, kbPerSplit = (m+rewriteBlockTokens-1)/rewriteBlockTokens, (n+rewriteBlockRows-1)/rewriteBlockRows, 1, kbn
+	blocks := chunks * rowBlocks
+	waves := func(b int) int { return (b + sms - 1) / sms }
+	best := waves(blocks) * kbn
+	maxSplits := min(kbn, max(1, k/(4*m)), max(1, partBytes/(4*m*n)))
+	for s := 2; s <= maxSplits; s++ {
+		kbp := (kbn + s - 1) / s
+		sp := (kbn + kbp - 1) / kbp
+		if cost := waves(blocks*sp)*kbp + 1; cost < best {
+			best, splits, kbPerSplit = cost, sp, kbp
+		}
+	}
+	return chunks, rowBlocks, splits, kbPerSplit
+}
+
+// LoadRewriteGEMM compiles the rewrite (src: its source) for the device.
+func (b *Backend) LoadRewriteGEMM(src string) (*RewriteGEMM, error) {
+	if err := b.InitGEMM(); err != nil {
+		return nil, err
+	}
+	p := b.ctx.Props()
+	if p.Major*10+p.Minor < 89 {
+		return nil, fmt.Errorf("the rewrite needs compute capability 8.9 (e4m3 to f16 conversion), the device is %d.%d", p.Major, p.Minor)
+	}
+	stages, smem := rewriteStages(p.MaxSharedBytesOptin)
+	if stages == 0 {
+		return nil, fmt.Errorf("the rewrite needs %d bytes of shared memory a block, the device allows %d", smem, p.MaxSharedBytesOptin)
+	}
+	opts := b.options(fp8GEMMProgram)
+	opts.Defines = map[string]string{"GEMM_STAGES": strconv.Itoa(stages)}
+	mod, err := b.ctx.CompileModule(src, "gemm_fp8_f16_rewrite_508f76b.cu", opts)
+	if err != nil {
+		return nil, err
+	}
+	r := &RewriteGEMM{b: b, mod: mod, smem: smem}
+	if r.fn, err = mod.Function("gemm_fp8"); err == nil {
+		if r.reduce, err = mod.Function("gemm_fp8_reduce"); err == nil {
+			err = r.fn.SetAttribute(driver.FuncMaxDynamicSharedSizeBytes, smem)
+		}
+	}
+	if err != nil {
+		return nil, errors.Join(err, mod.Unload())
+	}
+	return r, nil
+}
+
+// Close unloads the rewrite's module.
+func (r *RewriteGEMM) Close() error { return r.mod.Unload() }
+
+// GEMM runs a on the rewrite, on the backend's stream (as Backend.GEMM's
+// own-kernel path: same spans, N and K multiples of 128).
+func (r *RewriteGEMM) GEMM(ctx context.Context, a *mla.GEMMArgs) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := a.Validate(); err != nil {
+		return err
+	}
+	m, n, k := a.X.Rows, a.W.N, a.W.K
+	if n%128 != 0 || m == 0 {
+		return fmt.Errorf("rewrite GEMM: m = %d, n = %d", m, n)
+	}
+	var w, ws, x, xs, y driver.DevicePtr
+	var err error
+	for _, s := range []struct {
+		dst       *driver.DevicePtr
+		buf       mla.Buffer
+		off, size int
+	}{
+		{&w, a.W.Data, 0, n * k}, {&ws, a.W.Scale, 0, 4 * (n / 128) * (k / 128)}, {&x, a.X.Data, 0, m * k},
+		{&xs, a.X.Scale, 0, 4 * ((k/128-1)*a.X.ScaleStride + m)}, {&y, a.Y, a.YOffset, 2 * ((m-1)*a.YStride + n)},
+	} {
+		if *s.dst, err = span(s.buf, s.off, s.size); err != nil {
+			return err
+		}
+	}
+	b := r.b
+	chunks, rowBlocks, splits, kbp := rewritePlan(m, n, k, b.ctx.Props().SMCount, gemmPartBytes)
+	var part driver.DevicePtr
+	if splits > 1 {
+		part = b.gemm.parts[b.streamSlot()]
+		if r.OneWorkspace {
+			part = b.gemm.parts[0]
+		}
+	}
+	block := driver.Dim3{256, 1, 1}
+	return b.ctx.Do(func() error {
+		if err := b.launchShared(r.fn, driver.Dim3{uint32(chunks), uint32(rowBlocks), uint32(splits)}, block, r.smem,
+			w, ws, x, xs, y, part, int32(m), int32(n), int32(k), int32(a.X.ScaleStride), int32(a.YStride), int32(kbp)); err != nil {
+			return err
+		}
+		if splits == 1 {
+			return nil
+		}
+		threads := m * n / 4
+		return b.launch(r.reduce, driver.Dim3{uint32((threads + 255) / 256), 1, 1}, block,
+			part, y, int32(m), int32(n), int32(a.YStride), int32(splits))
+	})
 }

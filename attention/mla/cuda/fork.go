@@ -49,6 +49,16 @@ func (s *sideStream) close() error {
 	return errors.Join(errs...)
 }
 
+// streamSlot is the index of the stream launches go to now among the
+// per-stream resources (the GEMMs' split-K workspaces): 0 for the main
+// stream, 1 for the side stream (inside Side).
+func (b *Backend) streamSlot() int {
+	if b.fork.stream != nil && b.stream == b.fork.stream {
+		return 1
+	}
+	return 0
+}
+
 // syncAll waits for the work of both streams, in one hand-over to the
 // driver thread (End waits here on every iteration).
 func (b *Backend) syncAll() error {

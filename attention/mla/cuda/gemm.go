@@ -20,9 +20,12 @@ import (
 // (or InitGEMM); without cuBLASLt the kernel runs every batch.
 //
 // (A rewrite of the kernel that converts each operand to f16 once and runs
-// f16 MMAs measured 2-4x faster from 32 rows up, but failed the chain's
-// verify on the tiny model through CUDA graphs; it waits on branch
-// gemmperf until that failure is understood.)
+// f16 MMAs, 5fe1622..508f76b, measured 2-4x faster from 32 rows up but
+// failed the chain's verify on the tiny model through CUDA graphs; it was
+// merged in 9842e64 and backed out in be55dcc; no branch keeps it, its
+// kernel is testdata/gemm_fp8_f16_rewrite_508f76b.cu. The failure and
+// what it can and cannot have been: docs/gemm-rewrite-failure.md;
+// TestCUDAGEMMChainReplay is the check a kernel like it must pass first.)
 
 // ownGEMMDefault is the default choice of the own kernel over cuBLASLt for
 // an M x N GEMM, from the H200's graph-timed, L2-flushed measurements
@@ -33,7 +36,11 @@ import (
 // 4 rows, which it refuses, the own kernel.
 func ownGEMMDefault(m, n int) bool { return m <= 8 || (n <= 4096 && m <= 32) }
 
-// gemmPartBytes is the split-K workspace: float32 partials of every split.
+// gemmPartBytes is a split-K workspace: float32 partials of every split.
+// Each stream has its own (streamSlot): GEMMs on one stream take turns with
+// it (a kernel writes partials only after its programmatic-dependent-launch
+// wait, when the reduction before it is done), but a GEMM on the side
+// stream may run while one on the main stream does.
 const gemmPartBytes = 32 << 20
 
 // gemmState is the backend's GEMM machinery, set up once.
@@ -43,14 +50,14 @@ type gemmState struct {
 	mod            *driver.Module
 	mt64, mt128    *driver.Function
 	reduce         *driver.Function
-	part           driver.DevicePtr
+	parts          [2]driver.DevicePtr // the split-K workspaces of the main and the side stream
 	ltOnce         sync.Once
 	lt             *cublaslt.Handle // shared with the bf16 GEMM (bf16gemm.go)
 	ltErr          error            // why cuBLASLt is not used (absent, or Options.NoCuBLASLt)
 	own, cublasRun atomic.Int64
 }
 
-// InitGEMM compiles the GEMM kernels, allocates the split-K workspace and
+// InitGEMM compiles the GEMM kernels, allocates the split-K workspaces (one a stream) and
 // opens cuBLASLt (unless Options.NoCuBLASLt); GEMM calls it on first use.
 // Call it, and run each GEMM shape once, before capturing a CUDA graph that
 // contains GEMMs: a capture may not allocate.
@@ -78,8 +85,10 @@ func (b *Backend) initGEMM() error {
 			return err
 		}
 	}
-	if g.part, err = b.ctx.Alloc(gemmPartBytes); err != nil {
-		return err
+	for i := range g.parts {
+		if g.parts[i], err = b.ctx.Alloc(gemmPartBytes); err != nil {
+			return err
+		}
 	}
 	b.openCuBLASLt()
 	return nil
@@ -108,9 +117,11 @@ func (b *Backend) closeGEMM() error {
 		errs = append(errs, g.lt.Close())
 		g.lt = nil
 	}
-	if g.part != 0 {
-		errs = append(errs, b.ctx.Free(g.part))
-		g.part = 0
+	for i, p := range g.parts {
+		if p != 0 {
+			errs = append(errs, b.ctx.Free(p))
+			g.parts[i] = 0
+		}
 	}
 	if g.mod != nil {
 		errs = append(errs, g.mod.Unload())
@@ -245,7 +256,7 @@ func (b *Backend) ownGEMM(w, ws, x, xs, y driver.DevicePtr, m, n, k, xsStride, y
 	}
 	var part driver.DevicePtr
 	if p.splits > 1 {
-		part = g.part
+		part = g.parts[b.streamSlot()]
 	}
 	grid := driver.Dim3{uint32(p.chunks), uint32(n / 128), uint32(p.splits)}
 	block := driver.Dim3{256, 1, 1}

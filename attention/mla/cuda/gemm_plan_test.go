@@ -4,6 +4,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/dsv4mla/prologue/kernels/cuda/driver"
 )
 
 // TestPlanOwnGEMM checks the own kernel's launch shapes without a GPU:
@@ -45,4 +47,44 @@ func TestOwnGEMMDefault(t *testing.T) {
 			t.Errorf("ownGEMMDefault(%d, %d) = %v, want %v", c.m, c.n, got, c.own)
 		}
 	}
+}
+
+// TestRewriteFailureFacts pins the plan arithmetic that
+// docs/gemm-rewrite-failure.md rests on. The f16 rewrite (508f76b) never
+// splits K for the tiny model's GEMMs (K = 256, two K blocks: a split of
+// two costs waves + 1 = 2, as much as none), so no split-K workspace took
+// part in its failure, and each of those GEMMs ends with its own bf16
+// epilogue; the current kernel splits them in two, so a reduction writes
+// Y there. V4-Flash's fused A splits in both designs, its wq_b in neither.
+func TestRewriteFailureFacts(t *testing.T) {
+	for m := 1; m <= 256; m++ {
+		for _, n := range []int{768, 1024, 2048} { // fused A; wq_b with 2 and 4 heads
+			_, _, splits, _ := rewritePlan(m, n, 256, 132, gemmPartBytes)
+			require.Equal(t, 1, splits, "m %d n %d", m, n)
+		}
+	}
+	for _, n := range []int{768, 2048} {
+		require.Equal(t, 2, planOwnGEMM(16, n, 256, 132, gemmPartBytes).splits, "n %d", n)
+	}
+	_, _, splits, _ := rewritePlan(16, 1536, 4096, 132, gemmPartBytes)
+	require.Greater(t, splits, 1)
+	require.Greater(t, planOwnGEMM(16, 1536, 4096, 132, gemmPartBytes).splits, 1)
+	_, _, splits, _ = rewritePlan(16, 32768, 1024, 132, gemmPartBytes)
+	require.Equal(t, 1, splits)
+	require.Equal(t, 1, planOwnGEMM(8, 32768, 1024, 132, gemmPartBytes).splits)
+}
+
+// TestStreamSlot: launches on the side stream (inside Side) take the side
+// stream's split-K workspaces, everything else the main stream's, so two
+// GEMMs in flight at once on the two streams never share partials.
+func TestStreamSlot(t *testing.T) {
+	main, side := &driver.Stream{}, &driver.Stream{}
+	b := &Backend{stream: main, main: main}
+	require.Equal(t, 0, b.streamSlot(), "no side stream")
+	b.fork.stream = side
+	require.Equal(t, 0, b.streamSlot())
+	b.stream = side
+	require.Equal(t, 1, b.streamSlot())
+	b.stream = main
+	require.Equal(t, 0, b.streamSlot())
 }

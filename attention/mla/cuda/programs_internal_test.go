@@ -1,6 +1,8 @@
 package cuda
 
 import (
+	"os"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -33,4 +35,22 @@ func TestProgramsCompile(t *testing.T) {
 		})
 	}
 	require.Len(t, files, len(programs), "each program once")
+}
+
+// TestRewriteSourceCompiles compiles the backed-out f16 rewrite of the FP8
+// GEMM that TestCUDAGEMMChainReplay -gemm.rewrite runs (testdata), with the
+// options LoadRewriteGEMM uses, so the device run does not find it broken.
+func TestRewriteSourceCompiles(t *testing.T) {
+	if err := driver.NVRTCAvailable(); err != nil {
+		t.Skipf("NVRTC not found: %v", err)
+	}
+	src, err := os.ReadFile("testdata/gemm_fp8_f16_rewrite_508f76b.cu")
+	require.NoError(t, err)
+	stages, _ := rewriteStages(227 << 10) // the H200's opt-in shared memory a block
+	require.Equal(t, 4, stages)
+	opts := fp8GEMMProgram.opts("sm_90", cudatune.Knobs{}.Defaults())
+	opts.Defines = map[string]string{"GEMM_STAGES": strconv.Itoa(stages)}
+	ptx, err := driver.CompilePTX(string(src), "gemm_fp8_f16_rewrite_508f76b.cu", opts)
+	require.NoError(t, err)
+	require.Contains(t, ptx, ".entry gemm_fp8(")
 }
