@@ -71,6 +71,70 @@ func (e CompressEntry) Dim() int {
 // entries: entry off at byte off*IndexerEntryBytes.
 func IndexerPageBytes(pageSize int) int { return pageSize * IndexerEntryBytes }
 
+// IndexerQueryFormat is how the indexer query and its head weights are
+// stored (DESIGN.md section 9). The zero value is the default, MXFP4.
+type IndexerQueryFormat uint8
+
+const (
+	// IndexerQueryMXFP4 (the default, the reference's numerics): each
+	// head's row is 68 bytes of MXFP4 (numerics.QuantizeMXFP4), the head
+	// weights bf16 [rows][64]. The top-k selection (TopKSelector) reads
+	// this format only.
+	IndexerQueryMXFP4 IndexerQueryFormat = iota
+	// IndexerQueryFP8 (what vLLM and SGLang hand DeepGEMM's
+	// fp8_mqa_logits): each head's row is 128 e4m3 bytes with one UE8M0
+	// power-of-two scale per (token, head) (section 4.5's rule over the
+	// row's 128 values), and the scale folded into the head weights,
+	// float32 [rows][64]: fl(fl(bf16(W) * IndexerWeightScale) * scale).
+	IndexerQueryFP8
+)
+
+func (f IndexerQueryFormat) String() string {
+	switch f {
+	case IndexerQueryMXFP4:
+		return "mxfp4"
+	case IndexerQueryFP8:
+		return "fp8"
+	}
+	return fmt.Sprintf("IndexerQueryFormat(%d)", uint8(f))
+}
+
+// ParseIndexerQueryFormat is the inverse of String.
+func ParseIndexerQueryFormat(s string) (IndexerQueryFormat, error) {
+	switch s {
+	case "mxfp4":
+		return IndexerQueryMXFP4, nil
+	case "fp8":
+		return IndexerQueryFP8, nil
+	}
+	return 0, fmt.Errorf("%w: indexer query format %q: want mxfp4 or fp8", ErrIndexerArgs, s)
+}
+
+// RowBytes is one (token, head) row of the query buffer: 68 (MXFP4) or
+// 128 (FP8); 0 for an unknown format.
+func (f IndexerQueryFormat) RowBytes() int {
+	switch f {
+	case IndexerQueryMXFP4:
+		return IndexerEntryBytes
+	case IndexerQueryFP8:
+		return IndexerDim
+	}
+	return 0
+}
+
+// WeightBytes is one (token, head) head weight: 2 (bf16, MXFP4) or 4
+// (float32 with the query's scale folded in, FP8); 0 for an unknown
+// format.
+func (f IndexerQueryFormat) WeightBytes() int {
+	switch f {
+	case IndexerQueryMXFP4:
+		return 2
+	case IndexerQueryFP8:
+		return 4
+	}
+	return 0
+}
+
 // IndexerQueryArgs are one ratio-4 layer's indexer query and head-weight
 // inputs and outputs. Row t of every token-indexed buffer is token t of the
 // batch; positions come from Meta as for the Q prologue.
@@ -82,12 +146,22 @@ func IndexerPageBytes(pageSize int) int { return pageSize * IndexerEntryBytes }
 //	    weights_proj GEMM's unrounded float32 output (BF16GEMMArgs' Y,
 //	    possibly a column slice of a wider GEMM).
 //
-// For each real token t at position pos and head h: QOut[t][h] is the
-// 68-byte MXFP4 row of Hadamard(RoPE(Q[t][h])) (RoPE on dims [64, 128)
-// with the table's row pos, section 4.4's rounding), and WOut[t][h] =
-// bf16(fl(bf16(W[t][h]) * IndexerWeightScale)). Padding rows, and tokens
-// whose position is outside the table, are written as zeros in both.
+// For each real token t at position pos and head h, with y the 128 bf16
+// values Hadamard(RoPE(Q[t][h])) (RoPE on dims [64, 128) with the table's
+// row pos, section 4.4's rounding):
+//   - Format MXFP4: QOut[t][h] is y's 68-byte MXFP4 row, and WOut[t][h] =
+//     bf16(fl(bf16(W[t][h]) * IndexerWeightScale)).
+//   - Format FP8: with e the UE8M0 exponent of y's 128 values
+//     (numerics.UE8M0 of their absolute maximum, NaN ignored), QOut[t][h]
+//     is the 128 bytes e4m3(fl(y_i * 2^(127-e))), value i at byte i, and
+//     WOut[t][h] the float32 fl(fl(bf16(W[t][h]) * IndexerWeightScale) *
+//     2^(e-127)).
+//
+// Padding rows, and tokens whose position is outside the table, are written
+// as zeros in both.
 type IndexerQueryArgs struct {
+	Format IndexerQueryFormat
+
 	Q       Buffer
 	QOffset int // bytes, a multiple of 16
 	QStride int // elements between tokens, >= 64*128 and a multiple of 8
@@ -95,8 +169,8 @@ type IndexerQueryArgs struct {
 	WOffset int // bytes, a multiple of 16
 	WStride int // elements between tokens, >= 64 and a multiple of 4
 
-	QOut Buffer // [rows][64][68] bytes
-	WOut Buffer // [rows][64] bf16
+	QOut Buffer // [rows][64][Format.RowBytes()] bytes
+	WOut Buffer // [rows][64] bf16 (MXFP4) or float32 (FP8)
 
 	Rope          Buffer // [RopePositions][32]{cos, sin} float32: the layer's table
 	RopePositions int
@@ -115,6 +189,8 @@ func (a *IndexerQueryArgs) Validate(rows int) error {
 		return fmt.Errorf("%w: %s", ErrIndexerArgs, fmt.Sprintf(format, args...))
 	}
 	switch {
+	case a.Format.RowBytes() == 0:
+		return bad("Format = %v, want mxfp4 or fp8", a.Format)
 	case rows < 0 || rows > math.MaxInt32/IndexerHeads:
 		return bad("%d rows out of range", rows)
 	case a.QOffset < 0 || a.QOffset%16 != 0:
@@ -140,8 +216,8 @@ func (a *IndexerQueryArgs) Validate(rows int) error {
 	}{
 		{"Q", a.Q, int64(a.QOffset) + 2*(int64(rows-1)*int64(a.QStride)+IndexerHeads*IndexerDim)},
 		{"W", a.W, int64(a.WOffset) + 4*(int64(rows-1)*int64(a.WStride)+IndexerHeads)},
-		{"QOut", a.QOut, int64(rows) * IndexerHeads * IndexerEntryBytes},
-		{"WOut", a.WOut, int64(rows) * IndexerHeads * 2},
+		{"QOut", a.QOut, int64(rows) * IndexerHeads * int64(a.Format.RowBytes())},
+		{"WOut", a.WOut, int64(rows) * IndexerHeads * int64(a.Format.WeightBytes())},
 		{"Rope", a.Rope, int64(a.RopePositions) * numerics.RopeDim * 4},
 	}
 	for _, n := range need {

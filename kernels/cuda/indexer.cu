@@ -136,33 +136,60 @@ extern "C" __global__ void __launch_bounds__(32 * CFIN_WARPS)
     }
 }
 
+// The FP8 query layout's store of the warp's row (DESIGN.md section 9):
+// one UE8M0 exponent e over the 128 values (section 4.5's rule: max |v|
+// with NaN ignored over the whole warp, ue8m0_exp), the 128 bytes
+// e4m3(fl(v_i * 2^(127-e))) at dst (value i at byte i: lane j's four at
+// 4j), and e returned to every lane.
+__device__ __forceinline__ int warp_fp8_store(u8* dst, const float v[4], int lane) {
+    float a = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));  // fmaxf drops a NaN operand
+#pragma unroll
+    for (int d = 1; d <= 16; d <<= 1) a = fmaxf(a, __shfl_xor_sync(FULL, a, d));
+    const int e = ue8m0_exp(a);
+    const float inv = pow2i(127 - e);
+    const u32 lo = e4m3x2(__fmul_rn(v[1], inv), __fmul_rn(v[0], inv));
+    const u32 hi = e4m3x2(__fmul_rn(v[3], inv), __fmul_rn(v[2], inv));
+    *reinterpret_cast<u32*>(dst + 4 * lane) = (lo & 0xffffu) | (hi << 16);
+    return e;
+}
+
 // indexer_query: one warp per (token, head) row of the launch (Params of
 // the Q prologue: in = the indexer's wq_b output at its offset, in_stride
-// its token stride in bytes, out = the query buffer [rows][64][68], weight
-// = the weights_proj GEMM's float32 output at its offset, w_stride its
-// token stride in values, heads = 64), grid-stride. A real token at
-// position pos: RoPE of the rope half with the table's row pos, Hadamard,
-// MXFP4 into out; lane 0 writes the head weight bf16(fl(bf16(W) * wscale))
-// (wscale = mla.IndexerWeightScale). Padding rows and positions outside the
-// table write zeros to both.
+// its token stride in bytes, out = the query buffer, weight = the
+// weights_proj GEMM's float32 output at its offset, w_stride its token
+// stride in values, heads = 64), grid-stride. A real token at position
+// pos: RoPE of the rope half with the table's row pos, Hadamard, then the
+// format's store (mla.IndexerQueryFormat): fp8 = 0 (MXFP4) writes the
+// 68-byte MXFP4 row into out [rows][64][68] and lane 0 the bf16 head
+// weight bf16(fl(bf16(W) * wscale)) (wscale = mla.IndexerWeightScale);
+// fp8 = 1 writes 128 e4m3 bytes into out [rows][64][128] and lane 0 the
+// float32 head weight fl(fl(bf16(W) * wscale) * 2^(e-127)), the row's
+// scale folded in. Padding rows and positions outside the table write
+// zeros to both.
 extern "C" __global__ void __launch_bounds__(32 * IQ_WARPS)
-    indexer_query(const Params p0, u16* w_out, int w_stride, float hscale, float wscale) {
+    indexer_query(const Params p0, void* w_out, int w_stride, float hscale, float wscale, int fp8) {
     pdl_wait();
     pdl_trigger();
     const Params p = with_header(p0);
     const int lane = threadIdx.x % 32;
     const int warps = gridDim.x * IQ_WARPS;
     const float* wproj = p.weight;
+    const int row_bytes = fp8 ? INDEXER_DIM : MXFP4_ROW_BYTES;
     for (int unit = blockIdx.x * IQ_WARPS + threadIdx.x / 32; unit < p.rows * INDEXER_HEADS; unit += warps) {
         const int local = unit / INDEXER_HEADS, h = unit % INDEXER_HEADS;
         const int t = p.row_begin + local;
-        u8* dst = p.out + ((size_t)t * INDEXER_HEADS + h) * MXFP4_ROW_BYTES;
-        u16* wdst = w_out + (size_t)t * INDEXER_HEADS + h;
+        const size_t row = (size_t)t * INDEXER_HEADS + h;
+        u8* dst = p.out + row * row_bytes;
         int b, pos;
         if (!resolve(p, local, b, pos)) {
-            *reinterpret_cast<u16*>(dst + 2 * lane) = 0;
-            if (lane < 4) dst[INDEXER_DIM / 2 + lane] = 0;
-            if (lane == 0) *wdst = 0;
+            if (fp8) {
+                *reinterpret_cast<u32*>(dst + 4 * lane) = 0;
+                if (lane == 0) static_cast<float*>(w_out)[row] = 0.f;
+            } else {
+                *reinterpret_cast<u16*>(dst + 2 * lane) = 0;
+                if (lane < 4) dst[INDEXER_DIM / 2 + lane] = 0;
+                if (lane == 0) static_cast<u16*>(w_out)[row] = 0;
+            }
             continue;
         }
         const uint2 raw = *reinterpret_cast<const uint2*>(p.in + (size_t)t * p.in_stride + ((size_t)h * INDEXER_DIM + 4 * lane) * 2);
@@ -170,11 +197,20 @@ extern "C" __global__ void __launch_bounds__(32 * IQ_WARPS)
                       bf16_to_f32(raw.y >> 16)};
         indexer_rope(v, p.rope, pos, lane);
         warp_hadamard(v, hscale, lane);
+        if (fp8) {
+            const int e = warp_fp8_store(dst, v, lane);
+            if (lane == 0) {
+                const float wv = __ldg(wproj + (size_t)t * w_stride + h);
+                const float ws = __fmul_rn(__uint_as_float(bf16x2_rn(wv, 0.f) << 16), wscale);
+                static_cast<float*>(w_out)[row] = __fmul_rn(ws, pow2i(e - 127));
+            }
+            continue;
+        }
         warp_mxfp4_store(dst, v, lane);
         if (lane == 0) {
             const float wv = __ldg(wproj + (size_t)t * w_stride + h);
             const u32 wr = bf16x2_rn(wv, 0.f) << 16;
-            *wdst = (u16)(bf16x2_rn(__fmul_rn(__uint_as_float(wr), wscale), 0.f) & 0xffffu);
+            static_cast<u16*>(w_out)[row] = (u16)(bf16x2_rn(__fmul_rn(__uint_as_float(wr), wscale), 0.f) & 0xffffu);
         }
     }
 }

@@ -11,7 +11,8 @@ import (
 
 // IndexerQuery implements mla.IndexerQuerier: indexer_query of
 // kernels/cuda/indexer.cu (in the compressor's module) on the backend's
-// current stream, one warp per (token, head) row, with the Q prologue's
+// current stream, one warp per (token, head) row in a's Format (the
+// kernel's fp8 argument), with the Q prologue's
 // Params (kernels/cuda/abi) for the token's position: the grid depends on
 // the launch's Rows only, so a CUDA graph replays it for any batch of its
 // padded size (FromHeader launches).
@@ -38,8 +39,12 @@ func (b *Backend) IndexerQuery(ctx context.Context, l mla.Launch, a *mla.Indexer
 	}
 	warps := l.Rows * mla.IndexerHeads
 	blocks := b.chainGrid((warps + abi.IndexerQueryWarps - 1) / abi.IndexerQueryWarps)
+	fp8 := int32(0)
+	if a.Format == mla.IndexerQueryFP8 {
+		fp8 = 1
+	}
 	return b.launchShared(b.comp.iquery, driver.Dim3{blocks, 1, 1}, driver.Dim3{32 * abi.IndexerQueryWarps, 1, 1}, 0,
-		driver.Bytes(p), wout.ptr, int32(a.WStride), numerics.HadamardScale, mla.IndexerWeightScale)
+		driver.Bytes(p), wout.ptr, int32(a.WStride), numerics.HadamardScale, mla.IndexerWeightScale, fp8)
 }
 
 // indexerParams packs the Params of one indexer query launch into dst: in

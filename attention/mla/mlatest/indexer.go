@@ -20,15 +20,22 @@ import (
 
 // IndexerQueryCase is one scenario's metadata with random indexer inputs.
 type IndexerQueryCase struct {
-	S                  Scenario
-	Seed               uint64
-	M                  *metadata.Metadata
-	qOffset, qStride   int
-	wOffset, wStride   int
-	q, w, rope         []byte
-	ropePositions      int
-	qOutBytes, wOutLen int
+	S    Scenario
+	Seed uint64
+	M    *metadata.Metadata
+	// Format is the query layout the case runs and expects (the zero
+	// value, MXFP4, unless the caller sets it).
+	Format           mla.IndexerQueryFormat
+	qOffset, qStride int
+	wOffset, wStride int
+	q, w, rope       []byte
+	ropePositions    int
+	rows             int // the output buffers' token rows
 }
+
+// qOutBytes and wOutLen are the output buffers' sizes in the case's format.
+func (c *IndexerQueryCase) qOutBytes() int { return c.rows * mla.IndexerHeads * c.Format.RowBytes() }
+func (c *IndexerQueryCase) wOutLen() int   { return c.rows * mla.IndexerHeads * c.Format.WeightBytes() }
 
 // IndexerQueryOutputs are the query rows and head weights read back.
 type IndexerQueryOutputs struct{ Q, W []byte }
@@ -80,8 +87,7 @@ func NewIndexerQueryCase(s Scenario, seed uint64) (*IndexerQueryCase, error) {
 		return nil, err
 	}
 	c.rope = table
-	c.qOutBytes = rows * mla.IndexerHeads * mla.IndexerEntryBytes
-	c.wOutLen = rows * mla.IndexerHeads * 2
+	c.rows = rows
 	return c, nil
 }
 
@@ -131,7 +137,7 @@ func (c *IndexerQueryCase) Run(b mla.Backend, launches []mla.Launch) (*IndexerQu
 	if err := b.Synchronize(ctx); err != nil {
 		return nil, err
 	}
-	out := &IndexerQueryOutputs{Q: make([]byte, c.qOutBytes), W: make([]byte, c.wOutLen)}
+	out := &IndexerQueryOutputs{Q: make([]byte, c.qOutBytes()), W: make([]byte, c.wOutLen())}
 	if err := b.Read(out.Q, a.QOut, 0); err != nil {
 		return nil, err
 	}
@@ -156,21 +162,21 @@ func (c *IndexerQueryCase) Upload(b mla.Backend) (*mla.IndexerQueryArgs, func(),
 
 func (c *IndexerQueryCase) upload(dev *deviceBuffers) (*mla.IndexerQueryArgs, error) {
 	b := dev.b
-	a := &mla.IndexerQueryArgs{QOffset: c.qOffset, QStride: c.qStride, WOffset: c.wOffset, WStride: c.wStride, RopePositions: c.ropePositions}
+	a := &mla.IndexerQueryArgs{Format: c.Format, QOffset: c.qOffset, QStride: c.qStride, WOffset: c.wOffset, WStride: c.wStride, RopePositions: c.ropePositions}
 	var err error
 	for _, u := range []struct {
 		dst  *mla.Buffer
 		n    int
 		data []byte
-	}{{&a.Q, len(c.q), c.q}, {&a.W, len(c.w), c.w}, {&a.Rope, len(c.rope), c.rope}, {&a.QOut, c.qOutBytes, nil}, {&a.WOut, c.wOutLen, nil}} {
+	}{{&a.Q, len(c.q), c.q}, {&a.W, len(c.w), c.w}, {&a.Rope, len(c.rope), c.rope}, {&a.QOut, c.qOutBytes(), nil}, {&a.WOut, c.wOutLen(), nil}} {
 		if *u.dst, err = dev.alloc(u.n, u.data); err != nil {
 			return nil, err
 		}
 	}
-	if err := b.Fill(a.QOut, 0, c.qOutBytes, 0xA5); err != nil {
+	if err := b.Fill(a.QOut, 0, c.qOutBytes(), 0xA5); err != nil {
 		return nil, err
 	}
-	if err := b.Fill(a.WOut, 0, c.wOutLen, 0xA5); err != nil {
+	if err := b.Fill(a.WOut, 0, c.wOutLen(), 0xA5); err != nil {
 		return nil, err
 	}
 	if a.Meta, err = mla.NewMetadataBuffers(b, c.M.NumSeqs, c.M.MaxPages+1); err != nil {
@@ -186,7 +192,7 @@ func (c *IndexerQueryCase) upload(dev *deviceBuffers) (*mla.IndexerQueryArgs, er
 // Expected computes the reference outputs: padding rows (and tokens past
 // the table) are zeros.
 func (c *IndexerQueryCase) Expected() *IndexerQueryOutputs {
-	out := &IndexerQueryOutputs{Q: make([]byte, c.qOutBytes), W: make([]byte, c.wOutLen)}
+	out := &IndexerQueryOutputs{Q: make([]byte, c.qOutBytes()), W: make([]byte, c.wOutLen())}
 	for t := 0; t < c.M.PaddedTokens; t++ {
 		_, pos, ok := c.M.Row(t)
 		if !ok || pos >= c.ropePositions {
@@ -194,8 +200,16 @@ func (c *IndexerQueryCase) Expected() *IndexerQueryOutputs {
 		}
 		for h := 0; h < mla.IndexerHeads; h++ {
 			row := c.q[c.qOffset+(t*c.qStride+h*128)*2:]
-			copy(out.Q[(t*mla.IndexerHeads+h)*68:], refIndexerQueryRow(row, c.rope, pos, true))
-			copy(out.W[(t*mla.IndexerHeads+h)*2:], refIndexerWeight(f32At(c.w, c.wOffset/4+t*c.wStride+h)))
+			w := f32At(c.w, c.wOffset/4+t*c.wStride+h)
+			i := t*mla.IndexerHeads + h
+			if c.Format == mla.IndexerQueryFP8 {
+				q, wf := refIndexerQueryFP8(row, c.rope, pos, w)
+				copy(out.Q[i*128:], q)
+				copy(out.W[i*4:], wf)
+				continue
+			}
+			copy(out.Q[i*68:], refIndexerQueryRow(row, c.rope, pos, true))
+			copy(out.W[i*2:], refIndexerWeight(w))
 		}
 	}
 	return out
@@ -206,13 +220,17 @@ func (c *IndexerQueryCase) Compare(got, want *IndexerQueryOutputs) error {
 	const limit = 8
 	var shown []string
 	count := 0
+	rb, wb := c.Format.RowBytes(), c.Format.WeightBytes()
 	for i := range want.Q {
 		if got.Q[i] != want.Q[i] {
 			count++
 			if len(shown) < limit {
-				row, b := i/68, i%68
+				row, b := i/rb, i%rb
 				what := fmt.Sprintf("nibbles of values %d, %d", 2*b, 2*b+1)
-				if b >= 64 {
+				switch {
+				case c.Format == mla.IndexerQueryFP8:
+					what = fmt.Sprintf("e4m3 value %d", b)
+				case b >= 64:
 					what = fmt.Sprintf("scale %d", b-64)
 				}
 				shown = append(shown, fmt.Sprintf("query byte %d (token %d head %d, %s): got %#02x want %#02x", i, row/64, row%64, what, got.Q[i], want.Q[i]))
@@ -223,18 +241,18 @@ func (c *IndexerQueryCase) Compare(got, want *IndexerQueryOutputs) error {
 		if got.W[i] != want.W[i] {
 			count++
 			if len(shown) < limit {
-				shown = append(shown, fmt.Sprintf("weight byte %d (token %d head %d): got %#02x want %#02x", i, i/128, i/2%64, got.W[i], want.W[i]))
+				shown = append(shown, fmt.Sprintf("weight byte %d (token %d head %d): got %#02x want %#02x", i, i/(64*wb), i/wb%64, got.W[i], want.W[i]))
 			}
 		}
 	}
 	if count == 0 {
 		return nil
 	}
-	return fmt.Errorf("indexer query %s (seed %d): %d differing bytes; first:\n  %s", c.S.Name, c.Seed, count, joinLines(shown))
+	return fmt.Errorf("indexer query %s, %v (seed %d): %d differing bytes; first:\n  %s", c.S.Name, c.Format, c.Seed, count, joinLines(shown))
 }
 
-// TestIndexerQuery runs every scenario's batch through b's indexer query
-// (it skips when b does not implement mla.IndexerQuerier); generation-only
+// TestIndexerQuery runs every scenario's batch through b's indexer query in
+// both formats (it skips when b does not implement mla.IndexerQuerier); generation-only
 // batches again with the launch reading the device header under each of
 // headerCounts' launch counts.
 func TestIndexerQuery(t *testing.T, b mla.Backend) {
@@ -242,34 +260,39 @@ func TestIndexerQuery(t *testing.T, b mla.Backend) {
 		t.Skipf("backend %s does not implement mla.IndexerQuerier", b.Name())
 	}
 	for _, s := range Scenarios() {
-		t.Run(s.Name, func(t *testing.T) {
-			seed := Seed(t)
-			c, err := NewIndexerQueryCase(s, seed)
-			if err != nil {
-				t.Fatal(err)
-			}
-			got, err := c.Run(b, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := c.Compare(got, c.Expected()); err != nil {
-				t.Fatal(err)
-			}
-			if !generationOnly(s) {
-				return
-			}
-			for _, hc := range headerCounts {
-				ls := mla.FromHeader(mla.Plan(c.M))
-				hc.set(&ls[0])
-				got, err := c.Run(b, ls)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if err := c.Compare(got, c.Expected()); err != nil {
-					t.Fatalf("%s: %v", hc.name, err)
-				}
-			}
-		})
+		for _, f := range []mla.IndexerQueryFormat{mla.IndexerQueryMXFP4, mla.IndexerQueryFP8} {
+			t.Run(s.Name+"/"+f.String(), func(t *testing.T) { testIndexerQuery(t, b, s, f) })
+		}
+	}
+}
+
+func testIndexerQuery(t *testing.T, b mla.Backend, s Scenario, f mla.IndexerQueryFormat) {
+	seed := Seed(t)
+	c, err := NewIndexerQueryCase(s, seed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Format = f
+	got, err := c.Run(b, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Compare(got, c.Expected()); err != nil {
+		t.Fatal(err)
+	}
+	if !generationOnly(s) {
+		return
+	}
+	for _, hc := range headerCounts {
+		ls := mla.FromHeader(mla.Plan(c.M))
+		hc.set(&ls[0])
+		got, err := c.Run(b, ls)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Compare(got, c.Expected()); err != nil {
+			t.Fatalf("%s: %v", hc.name, err)
+		}
 	}
 }
 
@@ -343,7 +366,7 @@ func CheckIndexerRotation(b mla.Backend, seed uint64) error {
 	}
 	const hd = mla.IndexerHeads * mla.IndexerDim
 	c := &IndexerQueryCase{S: Scenario{Name: "rotation"}, Seed: seed, M: m, qStride: hd, wStride: mla.IndexerHeads,
-		ropePositions: tokens, qOutBytes: tokens * mla.IndexerHeads * 68, wOutLen: tokens * mla.IndexerHeads * 2}
+		ropePositions: tokens, rows: tokens}
 	c.q = make([]byte, tokens*hd*2)
 	for t, e := range planted {
 		for h := 0; h < mla.IndexerHeads; h++ {

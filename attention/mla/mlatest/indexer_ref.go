@@ -180,6 +180,43 @@ func refIndexerWeight(w float32) []byte {
 	return out
 }
 
+// refIndexerQueryFP8 is one (token, head) row in the FP8 layout (DESIGN.md
+// section 9): RoPE at pos and Hadamard as refIndexerQueryRow, then one
+// power-of-two scale over the 128 values: a = max |y| (NaN ignored) floored
+// at 1e-4, t = fl(a / 448), e = t's biased exponent plus one for a non-zero
+// mantissa, at most 254; the 128 bytes e4m3(fl(y_i * 2^(127-e))), and the
+// head weight fl(fl(bf16(w) * fl32(2^-6.5)) * 2^(e-127)) as float32 bits.
+func refIndexerQueryFP8(in []byte, table []byte, pos int, w float32) (q, wf []byte) {
+	y := make([]float32, 128)
+	for i := range y {
+		y[i] = bf16At(in, i)
+	}
+	refIndexerRope(y, table, pos)
+	y = refHadamard(y)
+	var amax float32
+	for _, v := range y {
+		if a := float32(math.Abs(float64(v))); a > amax { // false for NaN
+			amax = a
+		}
+	}
+	amax = max(amax, 1e-4)
+	tb := math.Float32bits(float32(amax / 448))
+	e := int(tb >> 23 & 0xFF)
+	if tb&0x7FFFFF != 0 {
+		e++
+	}
+	e = min(e, 254)
+	inv := float32(math.Ldexp(1, 127-e))
+	q = make([]byte, 128)
+	for i, v := range y {
+		q[i] = numerics.E4M3FromF32(float32(v * inv))
+	}
+	c := float32(math.Pow(2, -6.5))
+	ws := float32(numerics.RoundBF16(w) * c)
+	wf = binary.LittleEndian.AppendUint32(nil, math.Float32bits(float32(ws*float32(math.Ldexp(1, e-127)))))
+	return q, wf
+}
+
 // refDequantMXFP4 decodes a 68-byte row to 128 float64 values.
 func refDequantMXFP4(row []byte) []float64 {
 	grid := []float64{0, 0.5, 1, 1.5, 2, 3, 4, 6}
