@@ -67,6 +67,18 @@ type CompressorConfig struct {
 	// positions allow, capped at DefaultTopKScratchCap keys; it must be 0
 	// without the indexer's compute (Config.IndexerEnabled, Input = hidden).
 	IndexerTopKScratch int
+	// IndexerQueryFormat is the layout of the indexer's query and head
+	// weights (Engine.IndexerQuery; DESIGN.md section 9): the zero value,
+	// mla.IndexerQueryMXFP4, is the reference's numerics, which the
+	// engine's own top-k selection reads. mla.IndexerQueryFP8 (128 e4m3
+	// bytes a head, the scale folded into float32 head weights, what an
+	// FP8 logits kernel such as DeepGEMM's fp8_mqa_logits takes) is for a
+	// server that runs its own selection: the engine then runs none (no
+	// indices: Engine.IndexerTopK is nil, IndexTopK 0, the hand-off has no
+	// "indices"), and IndexerTopKScratch must be 0. It must be the zero
+	// value without the indexer's compute (IndexerEnabled and Input =
+	// hidden).
+	IndexerQueryFormat mla.IndexerQueryFormat
 }
 
 // DefaultTopKScratchCap caps CompressorConfig.IndexerTopKScratch's default:
@@ -174,6 +186,14 @@ func (c Config) resolveCompressor() (Config, error) {
 	}
 	if n := cc.IndexerTopKScratch; n < 0 || n > mla.MaxTopKScratchEntries || (n != 0 && !c.indexerRunning()) {
 		return c, fieldError("Compressor.IndexerTopKScratch", "%d, must be in [0, %d], and 0 without the indexer's compute (IndexerEnabled and Input = hidden)", n, mla.MaxTopKScratchEntries)
+	}
+	switch f := cc.IndexerQueryFormat; {
+	case f.RowBytes() == 0:
+		return c, fieldError("Compressor.IndexerQueryFormat", "%v, want mxfp4 or fp8", f)
+	case f != mla.IndexerQueryMXFP4 && !c.indexerRunning():
+		return c, fieldError("Compressor.IndexerQueryFormat", "%v without the indexer's compute (IndexerEnabled and Input = hidden)", f)
+	case f == mla.IndexerQueryFP8 && cc.IndexerTopKScratch != 0:
+		return c, fieldError("Compressor.IndexerTopKScratch", "%d with IndexerQueryFormat fp8, which runs no top-k selection: must be 0", cc.IndexerTopKScratch)
 	}
 	return c, nil
 }

@@ -242,7 +242,7 @@ func (c Config) footprint() (Footprint, error) {
 		f.ChainWeight = mulSat(layers, perLayer)
 	}
 	if c.indexerRunning() {
-		f.IdxBuffers = indexerBufferBytes(tokens)
+		f.IdxBuffers = indexerBufferBytes(tokens, c.Compressor.IndexerQueryFormat)
 		f.IdxTopK = c.topkBytes()
 		for l := range c.Layers {
 			if r, _ := c.Model.CompressRatio(l); r == kvcache.DSv4IndexerRatio {

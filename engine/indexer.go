@@ -47,12 +47,12 @@ type indexerLayerWeights struct {
 // indexerRunning reports whether New sets up the indexer's compute.
 func (c Config) indexerRunning() bool { return c.IndexerEnabled() && c.Input == InputHidden }
 
-// indexerQueryBytes is the shared buffers' bytes for MaxTokens rows: the
+// indexerBufferBytes is the shared buffers' bytes for MaxTokens rows: the
 // wq_b output, the projections, weights_proj's output, the query and the
-// head weights.
-func indexerBufferBytes(tokens int64) int64 {
+// head weights in format f.
+func indexerBufferBytes(tokens int64, f mla.IndexerQueryFormat) int64 {
 	const heads = mla.IndexerHeads
-	return tokens * (heads*mla.IndexerDim*2 + 2*int64(indexerWidth())*4 + heads*4 + heads*mla.IndexerEntryBytes + heads*2)
+	return tokens * (heads*mla.IndexerDim*2 + 2*int64(indexerWidth())*4 + heads*4 + heads*int64(f.RowBytes()) + heads*int64(f.WeightBytes()))
 }
 
 // indexerWeightBytes is one ratio-4 layer's indexer weights on the backend.
@@ -77,6 +77,7 @@ func (e *Engine) newIndexer(alloc func(what string, n int, fill byte) (mla.Buffe
 	x := &indexerCompute{iq: iq, layers: map[int]*indexerLayerWeights{}}
 	T, H, Q := cfg.MaxTokens, cfg.Model.HiddenSize, cfg.Model.QLoraRank
 	const heads = mla.IndexerHeads
+	f := cfg.Compressor.IndexerQueryFormat
 	var err error
 	for _, b := range []struct {
 		dst  *mla.Buffer
@@ -86,8 +87,8 @@ func (e *Engine) newIndexer(alloc func(what string, n int, fill byte) (mla.Buffe
 		{&x.qIn, "indexer wq_b output", T * heads * mla.IndexerDim * 2},
 		{&x.kg, "indexer compressor projections", T * 2 * indexerWidth() * 4},
 		{&x.wp, "indexer weights_proj output", T * heads * 4},
-		{&x.qOut, "indexer query", T * heads * mla.IndexerEntryBytes},
-		{&x.wOut, "indexer head weights", T * heads * 2},
+		{&x.qOut, "indexer query", T * heads * f.RowBytes()},
+		{&x.wOut, "indexer head weights", T * heads * f.WeightBytes()},
 	} {
 		if *b.dst, err = alloc(b.what, b.n, 0); err != nil {
 			return err
@@ -230,7 +231,7 @@ func (e *Engine) indexerQuery(ctx context.Context, layer int, launches []mla.Lau
 	const n = mla.IndexerHeads * mla.IndexerDim
 	a := e.args[layer]
 	if err := mla.RunIndexerQuery(ctx, x.iq, launches, &mla.IndexerQueryArgs{
-		Q: x.qIn, QStride: n, W: x.wp, WStride: mla.IndexerHeads, QOut: x.qOut, WOut: x.wOut,
+		Format: e.cfg.Compressor.IndexerQueryFormat, Q: x.qIn, QStride: n, W: x.wp, WStride: mla.IndexerHeads, QOut: x.qOut, WOut: x.wOut,
 		Rope: a.Rope, RopePositions: a.RopePositions, Meta: a.Meta,
 	}); err != nil {
 		return fmt.Errorf("indexer query: %w", err)
@@ -307,10 +308,14 @@ func (e *Engine) RunsIndexer(layer int) bool { return e.idx != nil && e.idx.laye
 // IndexerQuery returns the indexer's query and head-weight buffers
 // (Config.IndexerEnabled with Input = hidden; nil, nil otherwise), written
 // by every ratio-4 layer's run and read by its selection before the next
-// ratio-4 layer runs: query [MaxTokens][64][68] bytes (head h of token row
-// t at (t*64+h)*68: 64 bytes of MXFP4 nibbles, low nibble the even value,
-// then 4 UE8M0 scale bytes), head weights [MaxTokens][64] bf16; padding
-// rows are zeros (DESIGN.md section 9). The buffers never move.
+// ratio-4 layer runs. In the default format (Compressor.IndexerQueryFormat
+// mxfp4): query [MaxTokens][64][68] bytes (head h of token row t at
+// (t*64+h)*68: 64 bytes of MXFP4 nibbles, low nibble the even value, then 4
+// UE8M0 scale bytes), head weights [MaxTokens][64] bf16. In fp8: query
+// [MaxTokens][64][128] e4m3 bytes (value i of head h at (t*64+h)*128+i),
+// head weights [MaxTokens][64] float32 with each row's power-of-two scale
+// folded in. Padding rows are zeros (DESIGN.md section 9). The buffers
+// never move.
 func (e *Engine) IndexerQuery() (query, headWeights mla.Buffer) {
 	if e.idx == nil {
 		return nil, nil
@@ -331,8 +336,9 @@ func (d IterationDebug) ReadIndexerQuery() (query, headWeights []byte, err error
 	if err := it.e.backend.Synchronize(context.Background()); err != nil {
 		return nil, nil, err
 	}
-	query = make([]byte, T*mla.IndexerHeads*mla.IndexerEntryBytes)
-	headWeights = make([]byte, T*mla.IndexerHeads*2)
+	f := it.e.cfg.Compressor.IndexerQueryFormat
+	query = make([]byte, T*mla.IndexerHeads*f.RowBytes())
+	headWeights = make([]byte, T*mla.IndexerHeads*f.WeightBytes())
 	if err := it.e.backend.Read(query, x.qOut, 0); err != nil {
 		return nil, nil, fmt.Errorf("engine: reading the indexer query: %w", err)
 	}

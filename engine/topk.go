@@ -37,7 +37,7 @@ type topkState struct {
 
 // topkScratch is Compressor.IndexerTopKScratch with its default resolved.
 func (c Config) topkScratch() int {
-	if n := c.Compressor.IndexerTopKScratch; n != 0 || !c.indexerRunning() {
+	if n := c.Compressor.IndexerTopKScratch; n != 0 || !c.topkRunning() {
 		return n
 	}
 	visible := mla.TopKVisible(min(c.RopePositions, mla.MaxTopKPositions) - 1)
@@ -45,6 +45,12 @@ func (c Config) topkScratch() int {
 		return 0
 	}
 	return int(min(int64(c.MaxTokens)*int64((visible+3)&^3), DefaultTopKScratchCap))
+}
+
+// topkRunning reports whether the engine runs the top-k selection: with the
+// indexer's compute in the MXFP4 query format, the only one it reads.
+func (c Config) topkRunning() bool {
+	return c.indexerRunning() && c.Compressor.IndexerQueryFormat == mla.IndexerQueryMXFP4
 }
 
 // topkShape is the selection's capacities for the config.
@@ -57,7 +63,7 @@ func (c Config) topkShape() mla.TopKShape {
 // topkBytes is the selection's backend memory: the plan, the scratch and
 // each ratio-4 layer's indices.
 func (c Config) topkBytes() int64 {
-	if !c.indexerRunning() {
+	if !c.topkRunning() {
 		return 0
 	}
 	s := c.topkShape()
@@ -74,7 +80,7 @@ func (c Config) topkBytes() int64 {
 // checked before anything is allocated.
 func (e *Engine) newTopK(alloc func(what string, n int, fill byte) (mla.Buffer, error)) error {
 	x := e.idx
-	if x == nil {
+	if x == nil || !e.cfg.topkRunning() {
 		return nil
 	}
 	sel, ok := e.backend.(mla.TopKSelector)

@@ -231,3 +231,48 @@ func TestIndexerTopKScratchRefusal(t *testing.T) {
 	_, err = engine.New(ctx, bad)
 	require.ErrorContains(t, err, "IndexerTopKScratch")
 }
+
+// TestIndexerQueryFormatConfig: the fp8 query format runs the indexer
+// without the top-k selection (no indices, IndexTopK 0, no selection
+// memory in the footprint, the query and head-weight buffers of its row
+// sizes); it is refused with a top-k scratch, without the indexer's
+// compute, and an unknown format is refused, each naming the field.
+func TestIndexerQueryFormatConfig(t *testing.T) {
+	seed := testSeed(t)
+	ctx := context.Background()
+	cfg := topkConfig(seed)
+	cfg.Compressor.IndexerQueryFormat = mla.IndexerQueryFP8
+	e := newEngine(t, cfg)
+	q, w := e.IndexerQuery()
+	require.Equal(t, cfg.MaxTokens*mla.IndexerHeads*128, q.Len())
+	require.Equal(t, cfg.MaxTokens*mla.IndexerHeads*4, w.Len())
+	for l := range e.Layers() {
+		require.Nil(t, e.IndexerTopK(l), "layer %d", l)
+	}
+	require.Zero(t, e.IndexTopK())
+	fp, err := cfg.Footprint()
+	require.NoError(t, err)
+	require.Zero(t, fp.IdxTopK)
+	it, err := e.Begin(ctx, []metadata.Request{ctxReq(1, 40)}) // rows seeing up to 10 > index_topk entries: no selection runs
+	require.NoError(t, err)
+	for l := range e.Layers() {
+		require.NoError(t, it.SetHidden(l, indexerHidden(seed, e, it, l)))
+		require.NoError(t, it.RunLayer(ctx, l))
+	}
+	require.NoError(t, it.End(ctx))
+
+	for _, c := range []struct {
+		mod  func(*engine.Config)
+		want string
+	}{
+		{func(c *engine.Config) { c.Compressor.IndexerTopKScratch = 64 }, "Compressor.IndexerTopKScratch: 64 with IndexerQueryFormat fp8"},
+		{func(c *engine.Config) { c.Input = engine.InputProjected }, "Compressor.IndexerQueryFormat: fp8 without the indexer's compute"},
+		{func(c *engine.Config) { c.Compressor.IndexerQueryFormat = 9 }, "Compressor.IndexerQueryFormat: IndexerQueryFormat(9)"},
+	} {
+		bad := topkConfig(seed)
+		bad.Compressor.IndexerQueryFormat = mla.IndexerQueryFP8
+		c.mod(&bad)
+		_, err := engine.New(ctx, bad)
+		require.ErrorContains(t, err, c.want)
+	}
+}

@@ -70,6 +70,7 @@ type options struct {
 	maxDrafts    int
 	compSeqs     int
 	topkScratch  int
+	idxFormat    string
 	ropePos      int
 	ropeMode     dsv4.RopeMode
 	maxSeqs      int
@@ -113,6 +114,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.maxDrafts, "max-drafts", 0, "most MTP drafts of a generation step the compressor can roll back (0: the engine's default, 7)")
 	fs.IntVar(&o.compSeqs, "compressor-sequences", 0, "most live sequences the compressor holds state for; the rings add one slot per chunk a batch can move (0: 2 x --max-seqs)")
 	fs.IntVar(&o.topkScratch, "topk-scratch", 0, "the indexer's top-k scratch space in 4-byte keys; a batch whose scores need more is refused (0: --max-tokens rows at the RoPE table's last position, at most 2^26)")
+	fs.StringVar(&o.idxFormat, "indexer-query-format", "mxfp4", "the indexer query's layout: mxfp4 (the reference's numerics, read by the engine's top-k selection) or fp8 (128 e4m3 bytes a head, the scale folded into float32 head weights, for a server's own FP8 selection: the engine then selects nothing)")
 	fs.IntVar(&o.window, "window", kvcache.DSv4Window, "sliding window in tokens: pages whose positions all lie below length-window go back to the pool when an iteration ends (128: DeepSeek-V4; 0: keep every token)")
 	fs.IntVar(&o.ropePos, "rope-positions", 0, "RoPE table length (0: min(max_position_embeddings, pages*page-size))")
 	fs.TextVar(&o.ropeMode, "rope-mode", dsv4.RopeReference, "RoPE table: reference (float32 angles, as DeepSeek's reference code) or exact (float64)")
@@ -300,6 +302,7 @@ var flagOf = map[string]string{
 	"Compressor.MaxDrafts":          "--max-drafts",
 	"Compressor.MaxSequences":       "--compressor-sequences",
 	"Compressor.IndexerTopKScratch": "--topk-scratch",
+	"Compressor.IndexerQueryFormat": "--indexer-query-format",
 	"Compressor.Off":                "--compress",
 	"FullCache":                     "--window",
 	"Eager":                         "--graph",
@@ -447,7 +450,7 @@ func (o *options) config(log zerolog.Logger) (replay.Options, []trace.Step, stri
 			return ro, nil, "", err
 		}
 	} else {
-		for _, name := range []string{"compressed-pages-4", "compressed-pages-128", "max-drafts", "compressor-sequences", "topk-scratch"} {
+		for _, name := range []string{"compressed-pages-4", "compressed-pages-128", "max-drafts", "compressor-sequences", "topk-scratch", "indexer-query-format"} {
 			if err := o.idleFlag(name, "with --compress=false"); err != nil {
 				return ro, nil, "", err
 			}
@@ -630,6 +633,11 @@ func compressorConfig(o *options, model dsv4.Config, steps []trace.Step) (engine
 		layers = model.NumAttentionLayers()
 	}
 	cc := engine.CompressorConfig{MaxDrafts: o.maxDrafts, MaxSequences: o.compSeqs, IndexerTopKScratch: o.topkScratch}
+	f, err := mla.ParseIndexerQueryFormat(o.idxFormat)
+	if err != nil {
+		return cc, usageError{fmt.Errorf("--indexer-query-format %q: want mxfp4 or fp8", o.idxFormat)}
+	}
+	cc.IndexerQueryFormat = f
 	flags := map[int]int{4: o.compPages4, 128: o.compPages128}
 	for r, n := range flags {
 		if n < 0 {
@@ -644,7 +652,7 @@ func compressorConfig(o *options, model dsv4.Config, steps []trace.Step) (engine
 	}
 	if len(used) == 0 {
 		why := fmt.Sprintf("without a compressed layer among --layers %d (the first ratio-4 or ratio-128 layer of %s is layer %d)", o.layers, model.Name, firstCompressed(model))
-		for _, name := range []string{"compressed-pages-4", "compressed-pages-128", "max-drafts", "compressor-sequences", "topk-scratch"} {
+		for _, name := range []string{"compressed-pages-4", "compressed-pages-128", "max-drafts", "compressor-sequences", "topk-scratch", "indexer-query-format"} {
 			if err := o.idleFlag(name, why); err != nil {
 				return cc, err
 			}

@@ -196,6 +196,7 @@ func TestIdleFlagsAreRefused(t *testing.T) {
 		{[]string{"--compress=false", "--compressor-sequences", "9"}, "--compressor-sequences does nothing with --compress=false"},
 		{[]string{"--layers", "1", "--compressor-sequences", "9"}, "--compressor-sequences does nothing without a compressed layer"},
 		{[]string{"--compress=false", "--topk-scratch", "64"}, "--topk-scratch does nothing with --compress=false"},
+		{[]string{"--compress=false", "--indexer-query-format", "fp8"}, "--indexer-query-format does nothing with --compress=false"},
 		{[]string{"--layers", "1", "--compressed-pages-128", "8"}, "--compressed-pages-128 does nothing without a compressed layer among --layers 1 (the first ratio-4 or ratio-128 layer of tiny-dsv4 is layer 1)"},
 		{[]string{"--layers", "1", "--max-drafts", "3"}, "--max-drafts does nothing without a compressed layer"},
 		{[]string{"--layers", "2", "--compressed-pages-128", "8"}, "--compressed-pages-128 8 does nothing: no layer among --layers 2 has ratio 128"},
@@ -275,6 +276,10 @@ func TestBadFlagValuesExitWithUsage(t *testing.T) {
 		{[]string{"--pages", "4000000", "--layers", "0"}, "(0: the cpu backend's free memory)"},
 		{[]string{"--topk-scratch", "-1"}, "--topk-scratch: engine: Config.Compressor.IndexerTopKScratch: -1"},
 		{[]string{"--input", "projected", "--topk-scratch", "64"}, "--topk-scratch: engine: Config.Compressor.IndexerTopKScratch: 64"},
+		{[]string{"--indexer-query-format", "fp4"}, `--indexer-query-format "fp4": want mxfp4 or fp8`},
+		{[]string{"--input", "projected", "--indexer-query-format", "fp8"}, "--indexer-query-format: engine: Config.Compressor.IndexerQueryFormat: fp8 without the indexer's compute"},
+		// The fp8 query format runs no top-k selection: no scratch for it.
+		{[]string{"--indexer-query-format", "fp8", "--topk-scratch", "64"}, "--topk-scratch: engine: Config.Compressor.IndexerTopKScratch: 64 with IndexerQueryFormat fp8, which runs no top-k selection"},
 		{[]string{"--verify", "--pages", "300000", "--memory-limit", "24GiB"},
 			"--verify: the engine and its cpu reference would allocate 45.1 GiB, more than --memory-limit 24.0 GiB (22.5 GiB each"},
 	} {

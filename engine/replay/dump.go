@@ -313,10 +313,12 @@ func compressorTensors(e *engine.Engine, it *engine.Iteration, layer int) ([]saf
 
 // indexerTensors are a ratio-4 layer's indexer outputs (DESIGN.md section
 // 9): the query [T][64][68] bytes and head weights [T][64] bf16 of the
-// iteration's tokens, the indexer cache's pages of the ratio-4 page ids
-// the iteration wrote (pages, as comp_page_ids), the indexer states of
-// the batch's sequences, and the top-k selection's indices [T][index_topk]
-// int32 (ascending entry indices, then -1).
+// iteration's tokens (in the fp8 query format [T][64][128] e4m3 bytes and
+// float32 weights), the indexer cache's pages of the ratio-4 page ids the
+// iteration wrote (pages, as comp_page_ids), the indexer states of the
+// batch's sequences, and the top-k selection's indices [T][index_topk]
+// int32 (ascending entry indices, then -1; none in the fp8 format, where
+// the engine selects nothing).
 func indexerTensors(e *engine.Engine, it *engine.Iteration, layer int, pages []int32, rows int) ([]safetensors.Tensor, error) {
 	m := it.Metadata()
 	q, w, err := it.Debug().ReadIndexerQuery()
@@ -340,16 +342,24 @@ func indexerTensors(e *engine.Engine, it *engine.Iteration, layer int, pages []i
 		}
 		states = append(states, st...)
 	}
+	T := m.Tokens
+	f := e.Config().Compressor.IndexerQueryFormat
+	wtype := "BF16"
+	if f == mla.IndexerQueryFP8 {
+		wtype = "F32"
+	}
+	out := []safetensors.Tensor{
+		{Name: "indexer_query", DType: "U8", Shape: []int{T, mla.IndexerHeads, f.RowBytes()}, Data: q},
+		{Name: "indexer_weights", DType: wtype, Shape: []int{T, mla.IndexerHeads}, Data: w},
+		{Name: "indexer_pages", DType: "U8", Shape: []int{len(pages), pb}, Data: pageData},
+		{Name: "indexer_states", DType: "F32", Shape: []int{m.NumSeqs, rows, 2, 2 * mla.IndexerDim}, Data: states},
+	}
+	if e.IndexerTopK(layer) == nil { // the fp8 query format: no selection
+		return out, nil
+	}
 	topk, err := it.Debug().ReadIndexerTopK(layer)
 	if err != nil {
 		return nil, err
 	}
-	T := m.Tokens
-	return []safetensors.Tensor{
-		{Name: "indexer_query", DType: "U8", Shape: []int{T, mla.IndexerHeads, mla.IndexerEntryBytes}, Data: q},
-		{Name: "indexer_weights", DType: "BF16", Shape: []int{T, mla.IndexerHeads}, Data: w},
-		{Name: "indexer_pages", DType: "U8", Shape: []int{len(pages), pb}, Data: pageData},
-		{Name: "indexer_states", DType: "F32", Shape: []int{m.NumSeqs, rows, 2, 2 * mla.IndexerDim}, Data: states},
-		{Name: "indexer_topk", DType: "I32", Shape: []int{T, e.IndexTopK()}, Data: i32s(topk)},
-	}, nil
+	return append(out, safetensors.Tensor{Name: "indexer_topk", DType: "I32", Shape: []int{T, e.IndexTopK()}, Data: i32s(topk)}), nil
 }

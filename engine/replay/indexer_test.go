@@ -2,6 +2,8 @@ package replay
 
 import (
 	"context"
+	"encoding/binary"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -14,6 +16,7 @@ import (
 	"github.com/dsv4mla/prologue/engine/trace"
 	"github.com/dsv4mla/prologue/internal/safetensors"
 	"github.com/dsv4mla/prologue/kvcache"
+	"github.com/dsv4mla/prologue/numerics"
 	"github.com/dsv4mla/prologue/weights"
 )
 
@@ -93,4 +96,89 @@ func TestIndexerVerifyAndDump(t *testing.T) {
 	for _, tn := range tensors {
 		require.NotContains(t, tn.Name, "indexer", "a ratio-128 layer has no indexer")
 	}
+}
+
+// TestIndexerFP8QueryFormat: with Compressor.IndexerQueryFormat fp8 the
+// replay of TestIndexerVerifyAndDump's trace verifies (query, head weights,
+// cache, states), the engine runs no top-k selection (no indices buffer,
+// no indexer_topk tensor), and the dump's indexer_query is [T, 64, 128]
+// e4m3 bytes with float32 indexer_weights. Against the same run in the
+// MXFP4 format: each fp8 head weight is the MXFP4 one times a power of two
+// s (to bf16 rounding), and the fp8 values times s approximate the MXFP4
+// values (within MXFP4's own rounding of its block): the scale is folded,
+// and both formats quantize the same rotated query.
+func TestIndexerFP8QueryFormat(t *testing.T) {
+	m := weights.TinyConfig()
+	m.IndexTopK = 4
+	steps, err := trace.Parse(strings.NewReader(`
+{"context":[{"seq":1,"tokens":23},{"seq":2,"tokens":6}]}
+{"context":[{"seq":2,"tokens":5}],"generation":{"mtp":3,"seqs":[1],"accept":[2]}}
+`))
+	require.NoError(t, err)
+	dump := map[mla.IndexerQueryFormat]map[string]safetensors.Tensor{}
+	for _, f := range []mla.IndexerQueryFormat{mla.IndexerQueryMXFP4, mla.IndexerQueryFP8} {
+		dir := t.TempDir()
+		r, err := New(context.Background(), Options{
+			Engine: engine.Config{
+				Model: m, Cache: kvcache.Config{PageSize: 16, NumPages: 64, Window: 32},
+				Backend: engine.BackendCPU, Layers: 2, MaxSeqs: 4, MaxTokens: 64, RopePositions: 256,
+				Compressor:       engine.CompressorConfig{Ratio4Pages: 4, MaxDrafts: 3, IndexerQueryFormat: f},
+				Input:            engine.InputHidden,
+				SyntheticWeights: &engine.SyntheticWeights{Seed: 5},
+			},
+			Seed: 9, Verify: true, DumpDir: dir, DumpLayer: func(l int) bool { return l == 1 },
+		})
+		require.NoError(t, err, "%v", f)
+		_, err = r.Run(context.Background(), steps, nil)
+		require.NoError(t, err, "%v", f)
+		require.True(t, r.Engine().RunsIndexer(1))
+		require.Equal(t, f == mla.IndexerQueryMXFP4, r.Engine().IndexerTopK(1) != nil, "%v", f)
+		raw, err := os.ReadFile(filepath.Join(dir, DumpFileName(1, 1)))
+		require.NoError(t, err)
+		tensors, _, err := safetensors.Read(raw)
+		require.NoError(t, err)
+		dump[f] = map[string]safetensors.Tensor{}
+		for _, tn := range tensors {
+			dump[f][tn.Name] = tn
+		}
+		require.NoError(t, r.Close())
+	}
+	const tokens = 5 + 4
+	fq, fw := dump[mla.IndexerQueryFP8]["indexer_query"], dump[mla.IndexerQueryFP8]["indexer_weights"]
+	require.Equal(t, []int{tokens, mla.IndexerHeads, 128}, fq.Shape)
+	require.Equal(t, "F32", fw.DType)
+	require.Equal(t, []int{tokens, mla.IndexerHeads}, fw.Shape)
+	require.NotContains(t, dump[mla.IndexerQueryFP8], "indexer_topk")
+	require.Contains(t, dump[mla.IndexerQueryMXFP4], "indexer_topk")
+	require.Equal(t, dump[mla.IndexerQueryMXFP4]["indexer_pages"].Data, dump[mla.IndexerQueryFP8]["indexer_pages"].Data, "the keys do not depend on the query's format")
+	mq, mw := dump[mla.IndexerQueryMXFP4]["indexer_query"].Data, dump[mla.IndexerQueryMXFP4]["indexer_weights"].Data
+	ws := numerics.F32sFromBytes(fw.Data)
+	checked := 0
+	for row := range tokens * mla.IndexerHeads {
+		wm := numerics.F32FromBF16(binary.LittleEndian.Uint16(mw[2*row:]))
+		if wm == 0 || math.IsInf(float64(wm), 0) || math.IsNaN(float64(wm)) {
+			continue
+		}
+		// s = 2^round(log2(w' / wm)); w' / s rounds to wm in bf16.
+		k := int(math.Round(math.Log2(float64(ws[row]) / float64(wm))))
+		s := math.Ldexp(1, k)
+		require.Equal(t, wm, numerics.RoundBF16(float32(float64(ws[row])/s)), "row %d: fp8 weight %g, mxfp4 %g", row, ws[row], wm)
+		mx := make([]float32, 128)
+		numerics.DequantizeMXFP4(mx, mq[row*68:(row+1)*68])
+		for b := range 4 {
+			var amax float64
+			for _, v := range mx[32*b : 32*b+32] {
+				amax = max(amax, math.Abs(float64(v)))
+			}
+			for i := 32 * b; i < 32*b+32; i++ {
+				v := float64(numerics.F32FromE4M3(fq.Data[row*128+i])) * s
+				// MXFP4 is off by at most a quarter of its block's
+				// largest value (e2m1's coarsest step at 4..6 is 2),
+				// e4m3 by 1/16 of the value.
+				require.InDelta(t, float64(mx[i]), v, amax/3+math.Abs(v)/16+1e-30, "row %d value %d", row, i)
+			}
+		}
+		checked++
+	}
+	require.Greater(t, checked, tokens*mla.IndexerHeads/2)
 }

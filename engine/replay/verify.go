@@ -191,7 +191,7 @@ func describePage(off int, c kvcache.Config) string {
 // head weights of the iteration's tokens, the whole indexer cache (both
 // engines hand out the same pages), the indexer states the iteration
 // wrote, and every index of the top-k selection (the reference's own
-// selection on the same query and cache).
+// selection on the same query and cache), where the engine runs one.
 func (r *Replayer) compareIndexer(it, rit *engine.Iteration, layer int, mk func(buffer string, off, differ, size int, where string, g, w []byte) *VerifyError) error {
 	gq, gw, err := it.Debug().ReadIndexerQuery()
 	if err != nil {
@@ -201,12 +201,14 @@ func (r *Replayer) compareIndexer(it, rit *engine.Iteration, layer int, mk func(
 	if err != nil {
 		return fmt.Errorf("reference engine: %w", err)
 	}
+	f := r.eng.Config().Compressor.IndexerQueryFormat
+	rb, wsz := f.RowBytes(), f.WeightBytes()
 	if off, n := compareBytes(gq, wq); off >= 0 {
-		row := off / 68
-		return mk("indexer query", off, n, len(wq), fmt.Sprintf("token %d head %d byte %d", row/64, row%64, off%68), gq, wq)
+		row := off / rb
+		return mk("indexer query", off, n, len(wq), fmt.Sprintf("token %d head %d byte %d", row/64, row%64, off%rb), gq, wq)
 	}
 	if off, n := compareBytes(gw, ww); off >= 0 {
-		return mk("indexer head weights", off, n, len(ww), fmt.Sprintf("token %d head %d", off/128, off/2%64), gw, ww)
+		return mk("indexer head weights", off, n, len(ww), fmt.Sprintf("token %d head %d", off/(64*wsz), off/wsz%64), gw, ww)
 	}
 	g, err := r.eng.Debug().ReadIndexerCache(layer)
 	if err != nil {
@@ -232,6 +234,9 @@ func (r *Replayer) compareIndexer(it, rit *engine.Iteration, layer int, mk func(
 		if off, n := compareBytes(g, w); off >= 0 {
 			return mk(fmt.Sprintf("indexer state of sequence %d", seq), off, n, len(w), fmt.Sprintf("ring row %d", off/(2*256*4)), g, w)
 		}
+	}
+	if r.eng.IndexerTopK(layer) == nil { // the fp8 query format: no selection
+		return nil
 	}
 	gi, err := it.Debug().ReadIndexerTopK(layer)
 	if err != nil {

@@ -154,8 +154,9 @@ func TestCUDACompressStep(t *testing.T) {
 }
 
 // TestCUDAIndexerQuery runs the indexer query's conformance suite
-// (DESIGN.md section 9): every batch shape, every byte of the MXFP4 query
-// rows and the head weights against mlatest's scalar reference.
+// (DESIGN.md section 9): every batch shape in both query formats (MXFP4
+// and FP8), every byte of the query rows and the head weights against
+// mlatest's scalar reference.
 func TestCUDAIndexerQuery(t *testing.T) {
 	mlatest.TestIndexerQuery(t, backend(t))
 }
