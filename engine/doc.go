@@ -67,7 +67,9 @@
 //     step, into the query and head-weight buffers of Engine.IndexerQuery;
 //     last, after the join, the top-k selection (topk.go) into the layer's
 //     [MaxTokens][index_topk] int32 indices (Engine.IndexerTopK, the
-//     hand-off's indices), from the plan Begin writes.
+//     hand-off's indices), from the plan Begin writes. With
+//     Compressor.IndexerQueryFormat fp8 the query is written in the FP8
+//     layout a server's own FP8 selection reads, and no selection runs.
 //     The bookkeeping of every pool is the cache model's
 //     (kvcache.Model, rows from Config.CacheLayout): the engine reserves,
 //     commits with the accepted lengths, rolls back and finishes it as

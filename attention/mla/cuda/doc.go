@@ -51,7 +51,9 @@
 // The indexer's prologue (DESIGN.md section 9) lives in the compressor's
 // module (kernels/cuda/indexer.cu): indexer_query (IndexerQuery: one warp
 // per (token, head) row with the Q prologue's Params for positions; RoPE,
-// the canonical Hadamard by xor shuffles, MXFP4 and the head weight) and
+// the canonical Hadamard by xor shuffles, then MXFP4 and the bf16 head
+// weight, or in mla.IndexerQueryFP8 e4m3 with one UE8M0 scale a row folded
+// into a float32 head weight) and
 // indexer_step_finish (CompressStep with mla.EntryIndexer, after
 // compress_step at width 128).
 //
