@@ -37,8 +37,11 @@ type device struct {
 	contiguousLatent bool
 }
 
-// flushBytes evicts the H200's 50 MB L2 several times over.
-const flushBytes = 256 << 20
+// flushBytes is the memset that evicts the device's L2 (l2 bytes, as the
+// driver reports it) before a cold launch: five times over, and 256 MiB at
+// least (the H200's 50 MB L2 gets the 256 MiB every result was measured
+// with).
+func flushBytes(l2 int) int { return max(256<<20, 5*l2) }
 
 func newDevice(opts cuda.Options, knobs cudatune.Knobs, reps int, contiguousLatent bool) (*device, error) {
 	be, err := cuda.NewTuned(opts, knobs)
@@ -58,7 +61,7 @@ func newDevice(opts cuda.Options, knobs cudatune.Knobs, reps int, contiguousLate
 			return nil, err
 		}
 	}
-	if d.flush, err = be.Alloc(flushBytes); err != nil {
+	if d.flush, err = be.Alloc(flushBytes(be.Props().L2Bytes)); err != nil {
 		return nil, err
 	}
 	return d, nil

@@ -1,15 +1,19 @@
 package cudatune
 
 import (
+	"math"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 )
 
 func TestDefaults(t *testing.T) {
-	require.Equal(t, Knobs{Warps: 8, KVDepth: 4, QDepth: 4, QChunk: DefaultQChunk, BlocksPerSM: DefaultBlocksPerSM,
-		DirectMaxRows: DefaultDirectMaxRows, DirectMaxRowsBF16: DefaultDirectMaxRowsBF16, DirectMinRows: DefaultDirectMinRows, DirectWarps: 4, DirectHalfBlockRows: DefaultDirectHalfBlockRows, DirectQRows: 2, DirectMinBlocks: 1,
-		BF16MMAMaxRows: DefaultBF16MMAMaxRows}, Knobs{}.Defaults())
+	// The H200's shapes, as they were before they moved into SM90.
+	h200 := Knobs{Warps: 8, KVDepth: 4, QDepth: 4, QChunk: 8, BlocksPerSM: 2,
+		DirectMaxRows: 1 << 19, DirectMaxRowsBF16: math.MaxInt32, DirectMinRows: 1, DirectWarps: 4, DirectHalfBlockRows: 8192, DirectQRows: 2, DirectMinBlocks: 1,
+		BF16MMAMaxRows: 64}
+	require.Equal(t, h200, Knobs{}.Defaults())
+	require.Equal(t, h200, SM90.Knobs)
 	set := Knobs{Warps: 3, KVDepth: 1, QDepth: 5, QChunk: 3, BlocksPerSM: 2, MaxBlocks: 1, DirectMaxRows: 7, DirectMaxRowsBF16: 8, DirectMinRows: 2, DirectWarps: 2, DirectHalfBlockRows: 5,
 		DirectQRows: 3, DirectMinBlocks: 6, BF16MMAMaxRows: 9, SeparateLaunches: true, Verbose: true}
 	require.Equal(t, set, set.Defaults(), "set fields stay")
@@ -28,11 +32,11 @@ func TestDirect(t *testing.T) {
 		wantFP8, wantB bool // FP8 Q, bf16 Q
 	}{
 		{"default, V4-Flash b=32 MTP 3", 0, 0, 0, 32 * 4 * 64, true, true},
-		{"default, at the threshold", 0, 0, 0, DefaultDirectMaxRows, true, true},
-		{"default, one past: FP8 Q streams", 0, 0, 0, DefaultDirectMaxRows + 1, false, true},
+		{"default, at the threshold", 0, 0, 0, SM90.Knobs.DirectMaxRows, true, true},
+		{"default, one past: FP8 Q streams", 0, 0, 0, SM90.Knobs.DirectMaxRows + 1, false, true},
 		{"default, V4-Pro 64K context tokens", 0, 0, 0, 65536 * 128, false, true},
-		{"default, at the minimum", 0, 0, 0, DefaultDirectMinRows, true, true},
-		{"default, one below the minimum", 0, 0, 0, DefaultDirectMinRows - 1, false, false},
+		{"default, at the minimum", 0, 0, 0, SM90.Knobs.DirectMinRows, true, true},
+		{"default, one below the minimum", 0, 0, 0, SM90.Knobs.DirectMinRows - 1, false, false},
 		{"at the threshold", 98, 98, 1, 98, true, true},
 		{"one past the threshold", 98, 98, 1, 99, false, false},
 		{"thresholds apart", 98, 50, 1, 60, true, false},
@@ -59,8 +63,8 @@ func TestDirectBlockWarps(t *testing.T) {
 	}{
 		{"default, V4-Flash b=32 MTP 3 (one wave)", 0, 0, 32 * 4 * 64, 4},
 		{"default, V4-Pro b=32 MTP 3 (two waves)", 0, 0, 32 * 4 * 128, 2},
-		{"default, at the threshold", 0, 0, DefaultDirectHalfBlockRows, 4},
-		{"default, one past", 0, 0, DefaultDirectHalfBlockRows + 1, 2},
+		{"default, at the threshold", 0, 0, SM90.Knobs.DirectHalfBlockRows, 4},
+		{"default, one past", 0, 0, SM90.Knobs.DirectHalfBlockRows + 1, 2},
 		{"odd warps round down", 3, 10, 11, 1},
 		{"one warp stays one", 1, 10, 11, 1},
 		{"never", 4, -1, 1 << 30, 4},
@@ -70,5 +74,43 @@ func TestDirectBlockWarps(t *testing.T) {
 			k := Knobs{DirectWarps: c.warps, DirectHalfBlockRows: c.half}.Defaults()
 			require.Equal(t, c.wantOut, k.DirectBlockWarps(c.rows))
 		})
+	}
+}
+
+// TestForDevice: a device's reported resources replace the table's, the
+// choices stay the measured ones; an H200's report gives SM90 itself, and
+// another architecture is named as borrowing sm_90's choices.
+func TestForDevice(t *testing.T) {
+	require.Equal(t, SM90, ForDevice(9, 0, 132, 227<<10, 50<<20))
+	require.Equal(t, SM90, ForDevice(9, 0, 0, 0, 0), "nothing reported: the table")
+	require.Equal(t, 264, SM90.CompressStoreBlocksPerSM*SM90.SMs, "compress_step's ring-store blocks, as before the move")
+	a := ForDevice(9, 0, 114, 200<<10, 60<<20)
+	require.Equal(t, 114, a.SMs)
+	require.Equal(t, 200<<10, a.SharedPerBlockOptin)
+	require.Equal(t, 60<<20, a.L2Bytes)
+	require.Equal(t, SM90.FP8, a.FP8)
+	require.Equal(t, SM90.Knobs, a.Knobs)
+	b := ForDevice(8, 9, 128, 99<<10, 0)
+	require.Equal(t, [2]int{8, 9}, [2]int{b.Major, b.Minor})
+	require.Contains(t, b.Name, "sm_89")
+	require.Contains(t, b.Name, SM90.Name)
+	require.Equal(t, SM90.L2Bytes, b.L2Bytes)
+}
+
+// TestOwnKernel: the measured FP8 GEMM choice by shape (the own kernel up
+// to 32 rows for N up to 4096, up to 8 above), and the rules' sources named.
+func TestOwnKernel(t *testing.T) {
+	for _, c := range []struct {
+		m, n int
+		own  bool
+	}{
+		{1, 32768, true}, {8, 32768, true}, {9, 32768, false}, {8, 4097, true}, {9, 4097, false},
+		{32, 4096, true}, {33, 4096, false}, {32, 1536, true}, {33, 1536, false}, {512, 128, false},
+	} {
+		require.Equal(t, c.own, SM90.FP8.OwnKernel(c.m, c.n), "m %d n %d", c.m, c.n)
+	}
+	require.True(t, FP8GEMMArch{}.OwnKernel(4096, 4096), "no rule: the own kernel")
+	for _, r := range SM90.FP8.Own {
+		require.Contains(t, r.Source, "bench/results/")
 	}
 }

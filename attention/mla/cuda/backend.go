@@ -40,9 +40,9 @@ type Options struct {
 	// which a kernel's launch overlaps the tail of the one before it.
 	NoPDL bool
 	// GEMMOwnMaxM: GEMMs of up to this many rows run the weight-streaming
-	// kernel, larger ones cuBLASLt (0: the measured per-shape default of
-	// gemm.go; -1: cuBLASLt for
-	// every batch it accepts). See gemm.go.
+	// kernel, larger ones cuBLASLt (0: the choice measured per shape in the
+	// device's architecture description, internal/cudatune's Arch; -1:
+	// cuBLASLt for every batch it accepts). See gemm.go.
 	GEMMOwnMaxM int
 	// NoCuBLASLt runs every GEMM on the own kernel (cuBLASLt is not loaded).
 	NoCuBLASLt bool
@@ -63,6 +63,7 @@ type Backend struct {
 	log        zerolog.Logger
 	opts       Options
 	knobs      cudatune.Knobs
+	arch       cudatune.Arch // the device's architecture description: resources, GEMM tiles and choices
 	clog       string
 	fork       sideStream    // the chain's second stream (fork.go)
 	gemm       gemmState     // gemm.go
@@ -118,13 +119,14 @@ func NewTuned(opts Options, k cudatune.Knobs) (*Backend, error) {
 	if err != nil {
 		return nil, err
 	}
-	b := &Backend{ctx: c, log: opts.Logger, opts: opts, knobs: k, fns: map[string]*driver.Function{}}
+	p := c.Props()
+	b := &Backend{ctx: c, log: opts.Logger, opts: opts, knobs: k, fns: map[string]*driver.Function{},
+		arch: cudatune.ForDevice(p.Major, p.Minor, p.SMCount, p.MaxSharedBytesOptin, p.L2Bytes)}
 	b.layerCalls.New = b.newLayerCall
 	if err := b.init(); err != nil {
 		_ = c.Close()
 		return nil, err
 	}
-	p := c.Props()
 	b.log.Debug().Str("device", p.Name).Str("arch", p.Arch()).Int("sms", p.SMCount).Msg("cuda backend ready")
 	return b, nil
 }

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 
 	"github.com/dsv4mla/prologue/attention/mla"
+	"github.com/dsv4mla/prologue/internal/cudatune"
 	"github.com/dsv4mla/prologue/kernels/cuda/cublaslt"
 	"github.com/dsv4mla/prologue/kernels/cuda/driver"
 )
@@ -75,10 +76,6 @@ const (
 	// turns with it: the next kernel writes partials only after its
 	// programmatic-dependent-launch wait, when the reduction before is done.
 	bf16MMAPartBytes = 8 << 20
-	// bf16MMABlocksPerSM is the grid the split of K aims for: with four
-	// blocks resident a multiprocessor, two a multiprocessor keep every
-	// SM streaming without a second wave.
-	bf16MMABlocksPerSM = 2
 )
 
 // bf16MMAPlan is the tensor-core kernel's launch shape for one GEMM.
@@ -88,15 +85,15 @@ type bf16MMAPlan struct {
 	kChunk, shared int // k of X staged in shared memory at a time, and its bytes
 }
 
-// planBF16MMA splits K until the grid has about bf16MMABlocksPerSM blocks
+// planBF16MMA splits K until the grid has about a.SplitBlocksPerSM blocks
 // a multiprocessor, as long as every split keeps a stage, the partials fit
 // the workspace and stay within half the weight's bytes; a split's X is
 // staged in as few equal chunks as the shared memory cap allows.
-func planBF16MMA(m, n, k, sms, partBytes int) bf16MMAPlan {
+func planBF16MMA(a cudatune.BF16GEMMArch, m, n, k, sms, partBytes int) bf16MMAPlan {
 	p := bf16MMAPlan{tiles: (n + bf16MMARows - 1) / bf16MMARows, chunks: (m + bf16MMATokens - 1) / bf16MMATokens}
 	stages := k / bf16MMAStage
 	splits := 1
-	if blocks, want := p.tiles*p.chunks, bf16MMABlocksPerSM*sms; blocks < want {
+	if blocks, want := p.tiles*p.chunks, a.SplitBlocksPerSM*sms; blocks < want {
 		splits = (want + blocks - 1) / blocks
 	}
 	splits = max(1, min(splits, stages, partBytes/4/m/n, k/(4*m)))
@@ -296,7 +293,7 @@ func (b *Backend) BF16GEMM(ctx context.Context, a *mla.BF16GEMMArgs) error {
 func (b *Backend) bf16MMA(x, w, y driver.DevicePtr, a *mla.BF16GEMMArgs) error {
 	g := &b.bf16
 	m, n, k := a.Rows, a.N, a.K
-	p := planBF16MMA(m, n, k, b.ctx.Props().SMCount, bf16MMAPartBytes)
+	p := planBF16MMA(b.arch.BF16, m, n, k, b.arch.SMs, bf16MMAPartBytes)
 	part := g.parts[b.streamSlot()]
 	out, outStride := y, a.YStride
 	if p.splits > 1 {

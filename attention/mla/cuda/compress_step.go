@@ -15,10 +15,6 @@ import (
 const (
 	// compressStepThreads is a compress_step block.
 	compressStepThreads = abi.CompressStepThreads
-	// compressStepStoreBlocks bounds the blocks that write the ring rows, a
-	// chunk of compressStoreRows rows of one sequence at a time (a
-	// grid-stride loop over the chunks).
-	compressStepStoreBlocks = 264
 	// compressFinishWarps is the warps of a compress_step_finish block, one
 	// entry each.
 	compressFinishWarps = abi.CompressFinishWarps
@@ -84,7 +80,9 @@ func (b *Backend) CompressStep(ctx context.Context, a *mla.CompressStepArgs) err
 		return fmt.Errorf("cuda: compress step: Scratch: %w", err)
 	}
 	jobBlocks := int(b.chainGrid(a.MaxJobs * abi.CompressStepTilesDim(a.Ratio, dim)))
-	storeBlocks := min(a.MaxSeqs*((a.RingRows+compressStoreRows-1)/compressStoreRows), compressStepStoreBlocks)
+	// The blocks that write the ring rows, a chunk of compressStoreRows rows
+	// of one sequence at a time, capped by the architecture description.
+	storeBlocks := min(a.MaxSeqs*((a.RingRows+compressStoreRows-1)/compressStoreRows), b.arch.CompressStoreBlocksPerSM*b.arch.SMs)
 	if err := b.launchShared(b.comp.step, driver.Dim3{uint32(jobBlocks + storeBlocks), 1, 1}, driver.Dim3{compressStepThreads, 1, 1}, 0,
 		kg, int32(a.KGRows), ape, ring, int32(a.RingRows), int32(a.Slots),
 		plan, int32(a.MaxSeqs), int32(a.MaxJobs), int32(a.Ratio), int32(w), int32(dim), int32(a.RopePositions),

@@ -62,7 +62,7 @@ func TestCUDALargeContext(t *testing.T) {
 		t.Skip("-short: about a gigabyte of rows")
 	}
 	const heads = 64
-	tokens := cudatune.DefaultDirectMaxRows/heads + 77 // 8269: 77 tokens past the FP8 threshold
+	tokens := cudatune.SM90.Knobs.DirectMaxRows/heads + 77 // 8269: 77 tokens past the FP8 threshold
 	s := mlatest.Scenario{Name: "context/large", Heads: heads, PageSize: 64, Cached: map[uint64]int{2: 45}, Reqs: []metadata.Request{
 		{Seq: 1, Phase: metadata.Context, NewTokens: tokens - 3001},
 		{Seq: 2, Phase: metadata.Context, NewTokens: 3001},

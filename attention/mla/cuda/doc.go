@@ -67,5 +67,9 @@
 // graph replays them for any batch of the shape.
 //
 // Options hold what a user chooses (device, logger, PDL); the launch-shape
-// knobs the tests and cmd/bench vary live in internal/cudatune (NewTuned).
+// knobs the tests and cmd/bench vary live in internal/cudatune (NewTuned),
+// and so does the one description of the device's architecture every
+// launch choice reads (cudatune.Arch: the multiprocessors and shared memory
+// the device reports, the GEMM kernels' tiles, the GEMM choices measured
+// per shape with the result folders that chose them, the knobs' defaults).
 package cuda

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 
 	"github.com/dsv4mla/prologue/attention/mla"
+	"github.com/dsv4mla/prologue/internal/cudatune"
 	"github.com/dsv4mla/prologue/kernels/cuda/cublaslt"
 	"github.com/dsv4mla/prologue/kernels/cuda/driver"
 )
@@ -16,7 +17,8 @@ import (
 // implementations: the weight-streaming kernel of kernels/cuda/gemm_fp8.cu
 // for small batches (cuBLASLt refuses M = 1 and 2 and is far from the
 // weight-bandwidth floor below a few hundred rows), and cuBLASLt above
-// Options.GEMMOwnMaxM rows. Both are compiled or loaded at the first GEMM
+// Options.GEMMOwnMaxM rows, by default the choice measured per shape in the
+// device's architecture description (cudatune.Arch's FP8.Own). Both are compiled or loaded at the first GEMM
 // (or InitGEMM); without cuBLASLt the kernel runs every batch.
 //
 // (A rewrite of the kernel that converts each operand to f16 once and runs
@@ -26,15 +28,6 @@ import (
 // kernel is testdata/gemm_fp8_f16_rewrite_508f76b.cu. The failure and
 // what it can and cannot have been: docs/gemm-rewrite-failure.md;
 // TestCUDAGEMMChainReplay is the check a kernel like it must pass first.)
-
-// ownGEMMDefault is the default choice of the own kernel over cuBLASLt for
-// an M x N GEMM, from the H200's graph-timed, L2-flushed measurements
-// (TestGEMMTimes): the own kernel up to 8 rows (V4-Flash wq_b at 8 rows
-// 15.8 us against cuBLASLt's 16.8; V4-Pro's 38.5 against 46.5), and up to
-// 32 rows for the narrow fused [wq_a; wkv] (V4-Flash at 32 rows 12.7 us
-// against 14.1; at 128 rows 29.4 against 14.3); cuBLASLt above, and below
-// 4 rows, which it refuses, the own kernel.
-func ownGEMMDefault(m, n int) bool { return m <= 8 || (n <= 4096 && m <= 32) }
 
 // gemmPartBytes is a split-K workspace: float32 partials of every split.
 // Each stream has its own (streamSlot): GEMMs on one stream take turns with
@@ -48,7 +41,7 @@ type gemmState struct {
 	once           sync.Once
 	err            error
 	mod            *driver.Module
-	mt64, mt128    *driver.Function
+	byTile         map[int]*driver.Function // the own kernel per token tile (cudatune.FP8GEMMArch.TokenTiles)
 	reduce         *driver.Function
 	parts          [2]driver.DevicePtr // the split-K workspaces of the main and the side stream
 	ltOnce         sync.Once
@@ -77,13 +70,14 @@ func (b *Backend) initGEMM() error {
 	if g.mod, err = b.compileModule(fp8GEMMProgram); err != nil {
 		return err
 	}
-	for _, f := range []struct {
-		dst  **driver.Function
-		name string
-	}{{&g.mt64, "gemm_fp8_mt64"}, {&g.mt128, "gemm_fp8_mt128"}, {&g.reduce, "gemm_fp8_reduce"}} {
-		if *f.dst, err = g.mod.Function(f.name); err != nil {
+	g.byTile = map[int]*driver.Function{}
+	for _, mt := range b.arch.FP8.TokenTiles {
+		if g.byTile[mt], err = g.mod.Function(fmt.Sprintf("gemm_fp8_mt%d", mt)); err != nil {
 			return err
 		}
+	}
+	if g.reduce, err = g.mod.Function("gemm_fp8_reduce"); err != nil {
+		return err
 	}
 	for i := range g.parts {
 		if g.parts[i], err = b.ctx.Alloc(gemmPartBytes); err != nil {
@@ -171,20 +165,25 @@ type ownGEMMPlan struct {
 	mt, chunks, splits, kbPerSplit int
 }
 
-// planOwnGEMM picks the token chunk (64, or 128 when wide N already fills
-// the device) and the split of K: narrow N (the fused [wq_a; wkv]) splits
-// K until the grid has about two blocks per SM, as long as the float32
-// partials stay within the workspace and no larger than the weight.
-func planOwnGEMM(m, n, k, sms, partBytes int) ownGEMMPlan {
-	kbn, tiles := k/128, n/128
-	p := ownGEMMPlan{mt: 64, splits: 1}
-	if m > 64 && tiles*((m+127)/128) >= sms {
-		p.mt = 128
+// planOwnGEMM picks the token tile (the smallest of a.TokenTiles, or a
+// larger one when M exceeds the one below it and wide N already fills the
+// device with it) and the split of K: with the smallest tile, narrow N
+// (the fused [wq_a; wkv]) splits K until the grid has about
+// a.SplitBlocksPerSM blocks an SM, as long as the float32 partials stay
+// within the workspace and no larger than the weight.
+func planOwnGEMM(a cudatune.FP8GEMMArch, m, n, k, sms, partBytes int) ownGEMMPlan {
+	kbn, tiles := k/128, n/a.RowTile
+	p := ownGEMMPlan{mt: a.TokenTiles[0], splits: 1}
+	for i := 1; i < len(a.TokenTiles); i++ {
+		t := a.TokenTiles[i]
+		if m > a.TokenTiles[i-1] && tiles*((m+t-1)/t) >= sms {
+			p.mt = t
+		}
 	}
 	p.chunks = (m + p.mt - 1) / p.mt
 	blocks := p.chunks * tiles
-	if p.mt == 64 && blocks < sms {
-		s := (2*sms + blocks - 1) / blocks
+	if want := a.SplitBlocksPerSM * sms; p.mt == a.TokenTiles[0] && blocks < sms {
+		s := (want + blocks - 1) / blocks
 		s = min(s, kbn, max(1, k/(4*m)), max(1, partBytes/(4*m*n)))
 		p.splits = max(1, s)
 	}
@@ -230,7 +229,7 @@ func (b *Backend) GEMM(ctx context.Context, a *mla.GEMMArgs) error {
 		return err
 	}
 	g := &b.gemm
-	own := ownGEMMDefault(m, n)
+	own := b.arch.FP8.OwnKernel(m, n)
 	if b.opts.GEMMOwnMaxM != 0 {
 		own = m <= b.opts.GEMMOwnMaxM
 	}
@@ -249,11 +248,8 @@ func (b *Backend) GEMM(ctx context.Context, a *mla.GEMMArgs) error {
 
 func (b *Backend) ownGEMM(w, ws, x, xs, y driver.DevicePtr, m, n, k, xsStride, yStride int) error {
 	g := &b.gemm
-	p := planOwnGEMM(m, n, k, b.ctx.Props().SMCount, gemmPartBytes)
-	fn := g.mt64
-	if p.mt == 128 {
-		fn = g.mt128
-	}
+	p := planOwnGEMM(b.arch.FP8, m, n, k, b.arch.SMs, gemmPartBytes)
+	fn := g.byTile[p.mt]
 	var part driver.DevicePtr
 	if p.splits > 1 {
 		part = g.parts[b.streamSlot()]

@@ -53,24 +53,21 @@ func engineGEMMs() []engineGEMM {
 	return out
 }
 
-// h200SMs is the H200's multiprocessor count, the device the table was
-// recorded for.
-const h200SMs = 132
-
 // gemmChoice describes what the backend chooses for an M-row GEMM of
 // shape s on the H200 with the default knobs: the implementation and the
 // own kernel's launch shape.
 func gemmChoice(s engineGEMM, m int) string {
+	a := cudatune.ForDevice(9, 0, 132, 227<<10, 50<<20) // what an H200 reports
 	if s.bf16 {
-		if m <= cudatune.DefaultBF16MMAMaxRows && s.n%16 == 0 && s.k%bf16MMAStage == 0 {
-			p := planBF16MMA(m, s.n, s.k, h200SMs, bf16MMAPartBytes)
+		if m <= a.Knobs.BF16MMAMaxRows && s.n%16 == 0 && s.k%bf16MMAStage == 0 {
+			p := planBF16MMA(a.BF16, m, s.n, s.k, a.SMs, bf16MMAPartBytes)
 			return fmt.Sprintf("mma tiles=%d chunks=%d splits=%d ksplit=%d kchunk=%d shared=%d", p.tiles, p.chunks, p.splits, p.kSplit, p.kChunk, p.shared)
 		}
 		return "cublaslt-or-simple"
 	}
-	p := planOwnGEMM(m, s.n, s.k, h200SMs, gemmPartBytes)
+	p := planOwnGEMM(a.FP8, m, s.n, s.k, a.SMs, gemmPartBytes)
 	plan := fmt.Sprintf("mt=%d chunks=%d splits=%d kb=%d", p.mt, p.chunks, p.splits, p.kbPerSplit)
-	if ownGEMMDefault(m, s.n) {
+	if a.FP8.OwnKernel(m, s.n) {
 		return "own " + plan
 	}
 	return "cublaslt (own where refused: " + plan + ")"
@@ -81,7 +78,8 @@ func gemmChoice(s engineGEMM, m int) string {
 // implementation and launch shape of each, as recorded in
 // testdata/gemm_choices_h200.txt (runs of M with the same choice on one
 // line). The table was written by the code before the GEMM choices moved
-// into one architecture description, so the move keeps them.
+// into one architecture description (cudatune.Arch; the table is cfeb712's), so
+// the move keeps them.
 func TestGEMMChoicesH200(t *testing.T) {
 	var b strings.Builder
 	for _, s := range engineGEMMs() {

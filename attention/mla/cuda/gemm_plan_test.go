@@ -5,6 +5,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/dsv4mla/prologue/internal/cudatune"
+
 	"github.com/dsv4mla/prologue/kernels/cuda/driver"
 )
 
@@ -15,7 +17,7 @@ func TestPlanOwnGEMM(t *testing.T) {
 	for _, s := range []struct{ n, k int }{{1536, 4096}, {32768, 1024}, {2048, 7168}, {65536, 1536}, {128, 128}, {256, 384}} {
 		for _, m := range []int{1, 2, 3, 8, 16, 33, 64, 65, 127, 128, 129, 256, 300, 512, 1024, 4096} {
 			for _, sms := range []int{1, 78, 132} {
-				p := planOwnGEMM(m, s.n, s.k, sms, gemmPartBytes)
+				p := planOwnGEMM(cudatune.SM90.FP8, m, s.n, s.k, sms, gemmPartBytes)
 				kbn := s.k / 128
 				require.Contains(t, []int{64, 128}, p.mt)
 				require.Equal(t, (m+p.mt-1)/p.mt, p.chunks)
@@ -30,23 +32,9 @@ func TestPlanOwnGEMM(t *testing.T) {
 		}
 	}
 	// V4-Flash's fused A projection at one token: 12 row blocks split 16 ways.
-	require.Equal(t, ownGEMMPlan{mt: 64, chunks: 1, splits: 16, kbPerSplit: 2}, planOwnGEMM(1, 1536, 4096, 132, gemmPartBytes))
+	require.Equal(t, ownGEMMPlan{mt: 64, chunks: 1, splits: 16, kbPerSplit: 2}, planOwnGEMM(cudatune.SM90.FP8, 1, 1536, 4096, 132, gemmPartBytes))
 	// wq_b at 128 tokens: 256 row blocks fill the device without a split.
-	require.Equal(t, ownGEMMPlan{mt: 128, chunks: 1, splits: 1, kbPerSplit: 8}, planOwnGEMM(128, 32768, 1024, 132, gemmPartBytes))
-}
-
-func TestOwnGEMMDefault(t *testing.T) {
-	for _, c := range []struct {
-		m, n int
-		own  bool
-	}{
-		{1, 32768, true}, {8, 32768, true}, {9, 32768, false}, {128, 32768, false},
-		{32, 1536, true}, {33, 1536, false}, {32, 2048, true}, {128, 2048, false},
-	} {
-		if got := ownGEMMDefault(c.m, c.n); got != c.own {
-			t.Errorf("ownGEMMDefault(%d, %d) = %v, want %v", c.m, c.n, got, c.own)
-		}
-	}
+	require.Equal(t, ownGEMMPlan{mt: 128, chunks: 1, splits: 1, kbPerSplit: 8}, planOwnGEMM(cudatune.SM90.FP8, 128, 32768, 1024, 132, gemmPartBytes))
 }
 
 // TestRewriteFailureFacts pins the plan arithmetic that
@@ -64,14 +52,14 @@ func TestRewriteFailureFacts(t *testing.T) {
 		}
 	}
 	for _, n := range []int{768, 2048} {
-		require.Equal(t, 2, planOwnGEMM(16, n, 256, 132, gemmPartBytes).splits, "n %d", n)
+		require.Equal(t, 2, planOwnGEMM(cudatune.SM90.FP8, 16, n, 256, 132, gemmPartBytes).splits, "n %d", n)
 	}
 	_, _, splits, _ := rewritePlan(16, 1536, 4096, 132, gemmPartBytes)
 	require.Greater(t, splits, 1)
-	require.Greater(t, planOwnGEMM(16, 1536, 4096, 132, gemmPartBytes).splits, 1)
+	require.Greater(t, planOwnGEMM(cudatune.SM90.FP8, 16, 1536, 4096, 132, gemmPartBytes).splits, 1)
 	_, _, splits, _ = rewritePlan(16, 32768, 1024, 132, gemmPartBytes)
 	require.Equal(t, 1, splits)
-	require.Equal(t, 1, planOwnGEMM(8, 32768, 1024, 132, gemmPartBytes).splits)
+	require.Equal(t, 1, planOwnGEMM(cudatune.SM90.FP8, 8, 32768, 1024, 132, gemmPartBytes).splits)
 }
 
 // TestStreamSlot: launches on the side stream (inside Side) take the side

@@ -156,8 +156,8 @@ var gemmTimes = flag.Bool("gemm.times", false, "TestGEMMTimes: time the GEMM imp
 // and the weight bandwidth of the cold time. Run with
 // -gemm.times. The first column is the own kernel forced (NoCuBLASLt), the
 // second cuBLASLt wherever it accepts the shape (GEMMOwnMaxM = -1; its
-// path column says "own" where cuBLASLt refused): together they choose
-// the default choice (ownGEMMDefault).
+// path column says "own" where cuBLASLt refused): together they are what
+// the architecture description's choice (cudatune.SM90.FP8.Own) is read from.
 func TestGEMMTimes(t *testing.T) {
 	if !*gemmTimes {
 		t.Skip("run with -gemm.times")

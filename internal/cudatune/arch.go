@@ -1,0 +1,208 @@
+package cudatune
+
+import (
+	"fmt"
+	"math"
+)
+
+// Arch describes one GPU architecture for the CUDA backend's launch
+// choices, in one place, as DeepGEMM keeps its per-architecture
+// heuristics: the device's resources, the GEMM kernels' tile candidates,
+// the choices measured per shape on it (each naming the measurement, a
+// folder under bench/results where one holds it, that chose it) and the
+// prologue kernels' launch-shape defaults. ForDevice takes the resources a
+// device reports from the device and the rest from the table.
+type Arch struct {
+	Name         string
+	Major, Minor int // compute capability
+	// The resources, as on the device the choices were measured on; the
+	// device's own count and limit replace SMs and SharedPerBlockOptin
+	// (ForDevice).
+	SMs                 int // multiprocessors
+	SharedPerBlockOptin int // bytes of shared memory a block reaches by opting in
+	SharedPerSM         int // bytes of shared memory a multiprocessor
+	RegistersPerSM      int // 32-bit registers a multiprocessor
+	L2Bytes             int
+	FP8                 FP8GEMMArch
+	BF16                BF16GEMMArch
+	// CompressStoreBlocksPerSM caps compress_step's blocks that write the
+	// ring rows (a grid-stride loop over the chunks) at this many a
+	// multiprocessor.
+	CompressStoreBlocksPerSM int
+	// Knobs are the prologue kernels' launch shapes measured best on the
+	// architecture, and the projection GEMM's row threshold: the defaults
+	// the zero Knobs take (Knobs.Defaults).
+	Knobs Knobs
+}
+
+// FP8GEMMArch is the chain's FP8 GEMM on an architecture: the own
+// weight-streaming kernel's tiles (attention/mla/cuda/gemm.go,
+// kernels/cuda/gemm_fp8.cu) and the measured choice between it and
+// cuBLASLt.
+type FP8GEMMArch struct {
+	// TokenTiles are the own kernel's token chunks, smallest first, one
+	// kernel each (gemm_fp8_mt<T>); a block owns RowTile rows of W.
+	TokenTiles []int
+	RowTile    int
+	// SplitBlocksPerSM: narrow N splits K until the grid has about this
+	// many blocks a multiprocessor (the smallest token tile's kernel holds
+	// two a multiprocessor).
+	SplitBlocksPerSM int
+	// Own is the measured choice of the own kernel over cuBLASLt by shape:
+	// the first rule whose MaxN is at least N decides.
+	Own []OwnRule
+}
+
+// OwnRule: GEMMs of at most MaxN outputs run the own kernel up to MaxM
+// rows, cuBLASLt above.
+type OwnRule struct {
+	MaxN, MaxM int
+	Source     string // the measurement that chose it
+}
+
+// OwnKernel reports whether the own kernel is the measured choice over
+// cuBLASLt for an M x N GEMM; without a rule for N, it is.
+func (a FP8GEMMArch) OwnKernel(m, n int) bool {
+	for _, r := range a.Own {
+		if n <= r.MaxN {
+			return m <= r.MaxM
+		}
+	}
+	return true
+}
+
+// BF16GEMMArch is the projection GEMM's tensor-core kernel on an
+// architecture (attention/mla/cuda/bf16gemm.go); the rows it takes are
+// Knobs.BF16MMAMaxRows.
+type BF16GEMMArch struct {
+	// SplitBlocksPerSM is the grid the split of K aims for: with four
+	// blocks resident a multiprocessor, two a multiprocessor keep every
+	// SM streaming without a second wave.
+	SplitBlocksPerSM int
+}
+
+// gemmTimes is where the FP8 GEMM's choices were measured.
+const gemmTimes = "bench/results/2026-11-30-h200-b/diagnostic/gemm-times-old-kernel.txt (TestGEMMTimes, graph-timed, L2 flushed)"
+
+// SM90 is the H200 (sm_90, 132 multiprocessors), the architecture every
+// choice of the backend was measured on.
+var SM90 = Arch{
+	Name: "sm_90 (H200)", Major: 9, Minor: 0,
+	SMs: 132, SharedPerBlockOptin: 227 << 10, SharedPerSM: 228 << 10, RegistersPerSM: 64 << 10, L2Bytes: 50 << 20,
+	FP8: FP8GEMMArch{
+		TokenTiles: []int{64, 128}, RowTile: 128, SplitBlocksPerSM: 2,
+		Own: []OwnRule{
+			// The narrow fused [wq_a; wkv]: V4-Flash at 32 rows 12.7 us
+			// against cuBLASLt's 14.1, at 128 rows 29.4 against 14.3.
+			{MaxN: 4096, MaxM: 32, Source: gemmTimes},
+			// wq_b: V4-Flash at 8 rows 15.8 us against 16.8, V4-Pro 38.5
+			// against 46.5; cuBLASLt above (and it refuses M = 1, 2: the own
+			// kernel runs those whatever the rule).
+			{MaxN: math.MaxInt, MaxM: 8, Source: gemmTimes},
+		},
+	},
+	BF16: BF16GEMMArch{SplitBlocksPerSM: 2},
+	// 264 blocks on the H200 since the kernel came (d614e60); not measured
+	// against other caps.
+	CompressStoreBlocksPerSM: 2,
+	Knobs: Knobs{
+		// The streaming pipeline: 8 warps a block, 4 rows in flight a warp.
+		Warps: 8, KVDepth: 4, QDepth: 4,
+		// QChunk: the streaming Q pipeline's chunk. The grid's warps take
+		// chunks of 8 consecutive rows in turn, so the rows in flight at once lie
+		// close together in memory, as a copy's do. Cold single launches, FP8 Q,
+		// % of the copy bandwidth at 16K / 64K context tokens (H200, 2026-12-01,
+		// A/B in one call, two rounds): V4-Flash 95.5-95.9 / 96.7 against
+		// 91.2-91.3 / 94.4-94.5 with a contiguous range a warp, V4-Pro 97.0 /
+		// 96.7-97.0 against 93.3-93.4 / 94.7-94.8. Chunks of 16 read 93.4-95.9, of
+		// 4 84.6-94.3 and of 2 79.4-85.6 (more token resolutions), of 64 about the
+		// contiguous ranges.
+		QChunk: 8,
+		// BlocksPerSM caps a streaming grid at two blocks of 8 warps a
+		// multiprocessor: the KV and fused layer kernels take 110 registers a
+		// thread, so two is all that is resident at once (a cap of 4 left half the
+		// grid for a second wave), and the Q kernel, which fits four, streamed
+		// faster with two too. Cold single launches on the H200 (2026-12-01), 4
+		// against 2: KV at 16K tokens 18.98 against 16.70 us, at 64K 48.06 against
+		// 46.56 us; V4-Flash FP8 Q at 16K 427.2 against 410.5 us, at 64K 1653
+		// against 1602 us; V4-Pro FP8 Q at 16K 836 against 810 us.
+		BlocksPerSM: 2,
+		// DirectMaxRows: the largest launch with FP8 Q, in Q rows (tokens
+		// x heads), that takes the direct path by default: every decode batch, and
+		// context batches up to 8192 V4-Flash or 4096 V4-Pro tokens. Measured on
+		// the H200 (2026-12-01, time per layer in a many-layer CUDA graph,
+		// streaming against direct): V4-Flash b=256 MTP 3 30.8 against 27.9 us, 4096 context tokens
+		// 114.7 against 107.8 us; V4-Pro b=256 MTP 3 60.1 against 53.6 us, 4096
+		// tokens 220.2 against 210.5 us. At 16K tokens and more the streaming
+		// pipeline keeps the KV kernel ahead (V4-Flash 16K, cold: 16.5 against
+		// 17.2 us) and V4-Pro's Q (824 against 854 us).
+		DirectMaxRows: 1 << 19,
+		// DirectMaxRowsBF16: DirectMaxRows for a launch whose Q
+		// output is bf16: every launch, however large, takes the direct path. A
+		// bf16 Q row writes as many bytes as it reads, like a copy, and the
+		// direct grid (one pass, every warp its own two rows, no rings) moves
+		// that mix faster than the streaming pipeline. Cold single launches on the
+		// H200 (2026-12-01, % of the 1 GiB cuMemcpyDtoD rate, two rounds in one
+		// call), direct against streaming: V4-Flash at 16K / 64K context tokens
+		// 98.4 / 99.2-99.5 against 92.1-92.7 / 94.4; V4-Pro 98.8-99.0 / 99.2-99.5
+		// against 93.6-93.8 / 93.7-94.2. Time per layer in an 8-layer graph:
+		// V4-Flash 16K 519.8 against 557.2 us, 64K 2070 against 2198 us; V4-Pro
+		// 1027 against 1096 us, 4095 against 4373 us. (FP8 Q, a third of its
+		// bytes written, streams faster from 16K tokens: DirectMaxRows.)
+		DirectMaxRowsBF16: math.MaxInt32,
+		// DirectMinRows: the smallest launch, in Q rows, that takes the
+		// direct path by default: every one. Since its warps ask L2 for their rows
+		// ahead of the programmatic-launch wait, the direct path beats the
+		// streaming pipeline at every decode size measured on the H200 (many-layer
+		// CUDA graph, time per layer, 2026-12-01: V4-Flash b=1 2.40 against 1.45
+		// us, b=16 MTP 3 4.10 against 2.98 us; V4-Pro b=1 2.77 against 1.61 us,
+		// b=8 MTP 3 3.66 against 3.14 us); without the prefetch the pipeline was
+		// faster below 6144 rows.
+		DirectMinRows: 1,
+		// The direct path's block: 4 warps, 2 (token, head) rows a Q warp,
+		// the registers left to the compiler.
+		DirectWarps: 4, DirectQRows: 2, DirectMinBlocks: 1,
+		// DirectHalfBlockRows: the largest direct launch, in Q rows, that
+		// runs blocks of DirectWarps warps; a larger one runs blocks of half as
+		// many. Above it a decode grid takes more than one wave of resident warps
+		// on the H200 (36 warps a multiprocessor at the direct kernels' 56
+		// registers, 132 multiprocessors, 2 Q rows a warp: about 9500 rows), and
+		// smaller blocks let the second wave and the next layer's blocks in as
+		// soon as each pair of warps is done. Measured on the H200 (2026-12-01,
+		// decode iteration through the graph, b=32 MTP 3, three runs each, blocks
+		// of 4 against 2 warps): V4-Pro (16384 rows) 460.2-461.1 against
+		// 451.2-452.2 us; V4-Flash (8192 rows, one wave) 184.6-186.3 against
+		// 188.6-189.2 us.
+		DirectHalfBlockRows: 8192,
+		// BF16MMAMaxRows: the largest projection GEMM (the KV
+		// compressor's bf16 GEMM), in X rows, that the tensor-core weight-streaming
+		// kernel runs by default; cuBLASLt runs larger ones. At decode the GEMM is
+		// the time to read its weights once, which cuBLASLt's large tiles leave
+		// most SMs idle for. Chosen with the kernel (43d2295, 2026-11-30); no
+		// folder under bench/results keeps that measurement.
+		BF16MMAMaxRows: 64,
+	},
+}
+
+// ForDevice is the description for a device of compute capability
+// major.minor with sms multiprocessors, sharedOptin bytes of shared memory
+// a block and l2 bytes of L2 (each as the driver reports it; 0: not
+// reported, the table's). Only sm_90 is measured: any other architecture
+// gets its choices, named as borrowed.
+func ForDevice(major, minor, sms, sharedOptin, l2 int) Arch {
+	a := SM90
+	if major != a.Major || minor != a.Minor {
+		a.Name = fmt.Sprintf("sm_%d%d (the choices measured on %s)", major, minor, SM90.Name)
+		a.Major, a.Minor = major, minor
+	}
+	if sms > 0 {
+		a.SMs = sms
+	}
+	if sharedOptin > 0 {
+		a.SharedPerBlockOptin = sharedOptin
+	}
+	if l2 > 0 {
+		a.L2Bytes = l2
+	}
+	return a
+}
