@@ -19,11 +19,15 @@ import (
 )
 
 // indexerConfig is compConfig on the hidden-state path with small hidden
-// rows: layer 2 is the ratio-4 layer, so the indexer runs there.
+// rows and q_lora_rank (one and two 128-wide scale blocks: the indexer's
+// 8192-wide query GEMM and the compressor projections were these tests'
+// cost under -race, and no cache or window edge depends on either width):
+// layer 2 is the ratio-4 layer, so the indexer runs there.
 func indexerConfig(seed uint64) engine.Config {
 	cfg := compConfig()
 	cfg.Input = engine.InputHidden
-	cfg.Model.HiddenSize = 256
+	cfg.Model.HiddenSize = 128
+	cfg.Model.QLoraRank = 256
 	cfg.SyntheticWeights = &engine.SyntheticWeights{Seed: seed}
 	cfg.Compressor.Ratio4Pages, cfg.Compressor.Ratio128Pages = 4, 1
 	return cfg
@@ -239,7 +243,7 @@ func TestIndexerFootprint(t *testing.T) {
 	require.NoError(t, err)
 	tokens := int64(cfg.MaxTokens)
 	require.Equal(t, tokens*(64*128*2+2*256*4+64*4+64*68+64*2), fp.IdxBuffers)
-	hidden, q := int64(256), int64(cfg.Model.QLoraRank)
+	hidden, q := int64(cfg.Model.HiddenSize), int64(cfg.Model.QLoraRank)
 	require.Equal(t, 8192*q+64*(q/128)*4+64*hidden*2+512*hidden*2+4*256*4+128*4, fp.IdxWeights)
 	// The top-k plan (header, MaxSeqs sequences of 8 words and 4 table
 	// entries: Ratio4Pages), no scratch (at 2048 positions no token sees

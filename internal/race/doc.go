@@ -4,4 +4,8 @@
 // goroutines a run starts, not in how many iterations or how wide a shape
 // it takes, and it slows the arithmetic of those cases tenfold. .ci/run runs
 // the full cases in a step without -race (see the README).
+//
+// Read lets a hot loop be left out of the detector's instrumentation
+// (//go:norace) without leaving its reads unchecked: the caller reports the
+// whole slice the loop reads, one range check instead of one per element.
 package race

@@ -7,6 +7,7 @@ import (
 	"math"
 
 	"github.com/dsv4mla/prologue/attention/mla"
+	"github.com/dsv4mla/prologue/internal/race"
 	"github.com/dsv4mla/prologue/numerics"
 )
 
@@ -54,8 +55,11 @@ func (b *Backend) BF16GEMM(ctx context.Context, a *mla.BF16GEMMArgs) error {
 	return b.parallel(ctx, a.N/bf16Lanes, func(g int) {
 		n0 := g * bf16Lanes
 		wg := w[2*n0*a.K : 2*(n0+bf16Lanes)*a.K]
+		race.Read(wg)
 		for r := 0; r < a.Rows; r++ {
-			v := dotBF16Bytes4(x[r*a.K:(r+1)*a.K], wg)
+			xr := x[r*a.K : (r+1)*a.K]
+			race.Read(xr)
+			v := dotBF16Bytes4(xr, wg)
 			out := y[4*(r*a.YStride+n0):]
 			for j, vj := range v {
 				binary.LittleEndian.PutUint32(out[4*j:], math.Float32bits(vj))
@@ -71,6 +75,14 @@ const bf16Lanes = 4
 // of len(x) little-endian bf16 values each (w holds all four): four
 // independent float32 sums of fl(x_k * w_k) over ascending k, in one pass
 // over x.
+//
+// The race detector does not instrument it (the caller reports its reads
+// of x and w as whole ranges), nor checkptr its Float32frombits: under
+// -race those per-element checks made it ten times slower and the
+// hidden-state tests' largest cost.
+//
+//go:norace
+//go:nocheckptr
 func dotBF16Bytes4(x []float32, w []byte) [bf16Lanes]float32 {
 	k := len(x)
 	w0, w1, w2, w3 := w[:2*k], w[2*k:4*k], w[4*k:6*k], w[6*k:8*k]

@@ -3,6 +3,8 @@ package cpu_test
 import (
 	"testing"
 
+	"github.com/stretchr/testify/require"
+
 	"github.com/dsv4mla/prologue/attention/mla/cpu"
 	"github.com/dsv4mla/prologue/attention/mla/mlatest"
 	"github.com/dsv4mla/prologue/internal/race"
@@ -47,4 +49,29 @@ func TestIndexerQuery(t *testing.T) {
 // TestIndexerRotation is "rotate both or neither" on the CPU backend.
 func TestIndexerRotation(t *testing.T) {
 	mlatest.TestIndexerRotation(t, cpu.New(0))
+}
+
+// TestFill: Fill sets exactly the n bytes at off, for lengths around the
+// powers of two its doubling copies cross, and leaves the rest as it was.
+func TestFill(t *testing.T) {
+	b := cpu.New(0)
+	for _, c := range []struct{ off, n int }{{0, 0}, {0, 1}, {3, 2}, {1, 3}, {5, 63}, {0, 64}, {7, 65}, {2, 1000}} {
+		buf, err := b.Alloc(c.off + c.n + 9)
+		require.NoError(t, err)
+		mem := cpu.Bytes(buf)
+		for i := range mem {
+			mem[i] = byte(i*7 + 1)
+		}
+		require.NoError(t, b.Fill(buf, c.off, c.n, 0xA5))
+		for i, v := range mem {
+			want := byte(i*7 + 1)
+			if i >= c.off && i < c.off+c.n {
+				want = 0xA5
+			}
+			require.Equal(t, want, v, "off %d n %d: byte %d", c.off, c.n, i)
+		}
+	}
+	buf, err := b.Alloc(8)
+	require.NoError(t, err)
+	require.Error(t, b.Fill(buf, 4, 5, 1), "past the end")
 }
