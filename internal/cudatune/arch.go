@@ -15,16 +15,11 @@ import (
 type Arch struct {
 	Name         string
 	Major, Minor int // compute capability
-	// The resources, as on the device the choices were measured on; the
-	// device's own count and limit replace SMs and SharedPerBlockOptin
-	// (ForDevice).
-	SMs                 int // multiprocessors
-	SharedPerBlockOptin int // bytes of shared memory a block reaches by opting in
-	SharedPerSM         int // bytes of shared memory a multiprocessor
-	RegistersPerSM      int // 32-bit registers a multiprocessor
-	L2Bytes             int
-	FP8                 FP8GEMMArch
-	BF16                BF16GEMMArch
+	// The resources, as on the device the choices were measured on; what
+	// a device reports replaces them (ForDevice).
+	Resources
+	FP8  FP8GEMMArch
+	BF16 BF16GEMMArch
 	// CompressStoreBlocksPerSM caps compress_step's blocks that write the
 	// ring rows (a grid-stride loop over the chunks) at this many a
 	// multiprocessor.
@@ -33,6 +28,15 @@ type Arch struct {
 	// architecture, and the projection GEMM's row threshold: the defaults
 	// the zero Knobs take (Knobs.Defaults).
 	Knobs Knobs
+}
+
+// Resources are a device's, as the driver reports them (0: not reported).
+type Resources struct {
+	SMs                 int // multiprocessors
+	SharedPerBlockOptin int // bytes of shared memory a block reaches by opting in
+	SharedPerSM         int // bytes of shared memory a multiprocessor
+	RegistersPerSM      int // 32-bit registers a multiprocessor
+	L2Bytes             int
 }
 
 // FP8GEMMArch is the chain's FP8 GEMM on an architecture: the own
@@ -88,7 +92,7 @@ const gemmTimes = "bench/results/2026-11-30-h200-b/diagnostic/gemm-times-old-ker
 // choice of the backend was measured on.
 var SM90 = Arch{
 	Name: "sm_90 (H200)", Major: 9, Minor: 0,
-	SMs: 132, SharedPerBlockOptin: 227 << 10, SharedPerSM: 228 << 10, RegistersPerSM: 64 << 10, L2Bytes: 50 << 20,
+	Resources: Resources{SMs: 132, SharedPerBlockOptin: 227 << 10, SharedPerSM: 228 << 10, RegistersPerSM: 64 << 10, L2Bytes: 50 << 20},
 	FP8: FP8GEMMArch{
 		TokenTiles: []int{64, 128}, RowTile: 128, SplitBlocksPerSM: 2,
 		Own: []OwnRule{
@@ -185,24 +189,25 @@ var SM90 = Arch{
 }
 
 // ForDevice is the description for a device of compute capability
-// major.minor with sms multiprocessors, sharedOptin bytes of shared memory
-// a block and l2 bytes of L2 (each as the driver reports it; 0: not
-// reported, the table's). Only sm_90 is measured: any other architecture
-// gets its choices, named as borrowed.
-func ForDevice(major, minor, sms, sharedOptin, l2 int) Arch {
+// major.minor whose driver reports r: each resource it reports replaces
+// the table's. Only sm_90 is measured: any other architecture gets its
+// choices, named as borrowed.
+func ForDevice(major, minor int, r Resources) Arch {
 	a := SM90
 	if major != a.Major || minor != a.Minor {
 		a.Name = fmt.Sprintf("sm_%d%d (the choices measured on %s)", major, minor, SM90.Name)
 		a.Major, a.Minor = major, minor
 	}
-	if sms > 0 {
-		a.SMs = sms
-	}
-	if sharedOptin > 0 {
-		a.SharedPerBlockOptin = sharedOptin
-	}
-	if l2 > 0 {
-		a.L2Bytes = l2
+	for _, f := range []struct {
+		dst *int
+		v   int
+	}{
+		{&a.SMs, r.SMs}, {&a.SharedPerBlockOptin, r.SharedPerBlockOptin}, {&a.SharedPerSM, r.SharedPerSM},
+		{&a.RegistersPerSM, r.RegistersPerSM}, {&a.L2Bytes, r.L2Bytes},
+	} {
+		if f.v > 0 {
+			*f.dst = f.v
+		}
 	}
 	return a
 }

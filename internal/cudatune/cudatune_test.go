@@ -81,16 +81,14 @@ func TestDirectBlockWarps(t *testing.T) {
 // choices stay the measured ones; an H200's report gives SM90 itself, and
 // another architecture is named as borrowing sm_90's choices.
 func TestForDevice(t *testing.T) {
-	require.Equal(t, SM90, ForDevice(9, 0, 132, 227<<10, 50<<20))
-	require.Equal(t, SM90, ForDevice(9, 0, 0, 0, 0), "nothing reported: the table")
+	require.Equal(t, SM90, ForDevice(9, 0, Resources{SMs: 132, SharedPerBlockOptin: 227 << 10, SharedPerSM: 228 << 10, RegistersPerSM: 65536, L2Bytes: 50 << 20}))
+	require.Equal(t, SM90, ForDevice(9, 0, Resources{}), "nothing reported: the table")
 	require.Equal(t, 264, SM90.CompressStoreBlocksPerSM*SM90.SMs, "compress_step's ring-store blocks, as before the move")
-	a := ForDevice(9, 0, 114, 200<<10, 60<<20)
-	require.Equal(t, 114, a.SMs)
-	require.Equal(t, 200<<10, a.SharedPerBlockOptin)
-	require.Equal(t, 60<<20, a.L2Bytes)
+	a := ForDevice(9, 0, Resources{SMs: 114, SharedPerBlockOptin: 200 << 10, SharedPerSM: 201 << 10, RegistersPerSM: 1 << 15, L2Bytes: 60 << 20})
+	require.Equal(t, Resources{SMs: 114, SharedPerBlockOptin: 200 << 10, SharedPerSM: 201 << 10, RegistersPerSM: 1 << 15, L2Bytes: 60 << 20}, a.Resources)
 	require.Equal(t, SM90.FP8, a.FP8)
 	require.Equal(t, SM90.Knobs, a.Knobs)
-	b := ForDevice(8, 9, 128, 99<<10, 0)
+	b := ForDevice(8, 9, Resources{SMs: 128, SharedPerBlockOptin: 99 << 10})
 	require.Equal(t, [2]int{8, 9}, [2]int{b.Major, b.Minor})
 	require.Contains(t, b.Name, "sm_89")
 	require.Contains(t, b.Name, SM90.Name)

@@ -121,7 +121,8 @@ func NewTuned(opts Options, k cudatune.Knobs) (*Backend, error) {
 	}
 	p := c.Props()
 	b := &Backend{ctx: c, log: opts.Logger, opts: opts, knobs: k, fns: map[string]*driver.Function{},
-		arch: cudatune.ForDevice(p.Major, p.Minor, p.SMCount, p.MaxSharedBytesOptin, p.L2Bytes)}
+		arch: cudatune.ForDevice(p.Major, p.Minor, cudatune.Resources{SMs: p.SMCount, SharedPerBlockOptin: p.MaxSharedBytesOptin,
+			SharedPerSM: p.SharedBytesPerSM, RegistersPerSM: p.RegistersPerSM, L2Bytes: p.L2Bytes})}
 	b.layerCalls.New = b.newLayerCall
 	if err := b.init(); err != nil {
 		_ = c.Close()

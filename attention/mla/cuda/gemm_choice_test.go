@@ -57,7 +57,7 @@ func engineGEMMs() []engineGEMM {
 // shape s on the H200 with the default knobs: the implementation and the
 // own kernel's launch shape.
 func gemmChoice(s engineGEMM, m int) string {
-	a := cudatune.ForDevice(9, 0, 132, 227<<10, 50<<20) // what an H200 reports
+	a := cudatune.ForDevice(9, 0, cudatune.Resources{SMs: 132, SharedPerBlockOptin: 227 << 10, SharedPerSM: 228 << 10, RegistersPerSM: 65536, L2Bytes: 50 << 20}) // what an H200 reports
 	if s.bf16 {
 		if m <= a.Knobs.BF16MMAMaxRows && s.n%16 == 0 && s.k%bf16MMAStage == 0 {
 			p := planBF16MMA(a.BF16, m, s.n, s.k, a.SMs, bf16MMAPartBytes)

@@ -109,6 +109,8 @@ CUresult cuDeviceGetAttribute(int* v, int attr, CUdevice d) {
     case 38: *v = 52428800; return 0;  // L2 bytes
     case 75: *v = 9; return 0;
     case 76: *v = 0; return 0;
+    case 81: *v = 233472; return 0;    // shared per multiprocessor
+    case 82: *v = 65536; return 0;     // registers per multiprocessor
     case 97: *v = 232448; return 0;    // shared per block opt-in
     }
     return CUDA_ERROR_INVALID_VALUE;

@@ -20,6 +20,8 @@ const (
 	attrL2CacheSize            = 38
 	attrComputeCapabilityMajor = 75
 	attrComputeCapabilityMinor = 76
+	attrMaxSharedPerSM         = 81
+	attrMaxRegistersPerSM      = 82
 	attrMaxSharedPerBlockOptin = 97
 )
 
@@ -33,6 +35,8 @@ type DeviceProps struct {
 	MaxThreadsPerBlock   int    //
 	WarpSize             int    //
 	MaxSharedBytesOptin  int    // per-block shared memory reachable with cuFuncSetAttribute
+	SharedBytesPerSM     int    // shared memory a multiprocessor
+	RegistersPerSM       int    // 32-bit registers a multiprocessor
 	TotalMemBytes        uint64 // device memory
 	DriverVersion        int    // 1000*major + 10*minor of the CUDA version the driver supports
 	DriverLibrary        string // the libcuda path that was loaded
@@ -205,7 +209,8 @@ func (c *Context) queryProps(ordinal int) (DeviceProps, error) {
 		{attrComputeCapabilityMajor, &p.Major}, {attrComputeCapabilityMinor, &p.Minor},
 		{attrMultiprocessorCount, &p.SMCount}, {attrL2CacheSize, &p.L2Bytes},
 		{attrMaxThreadsPerBlock, &p.MaxThreadsPerBlock}, {attrWarpSize, &p.WarpSize},
-		{attrMaxSharedPerBlockOptin, &p.MaxSharedBytesOptin},
+		{attrMaxSharedPerBlockOptin, &p.MaxSharedBytesOptin}, {attrMaxSharedPerSM, &p.SharedBytesPerSM},
+		{attrMaxRegistersPerSM, &p.RegistersPerSM},
 	} {
 		var v int32
 		if err := a.check(fmt.Sprintf("cuDeviceGetAttribute(%d)", q.attr), a.cuDeviceGetAttr(&v, q.attr, c.device)); err != nil {

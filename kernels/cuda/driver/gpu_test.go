@@ -114,6 +114,8 @@ func TestGPUDeviceProps(t *testing.T) {
 	require.Equal(t, 32, p.WarpSize)
 	require.GreaterOrEqual(t, p.MaxThreadsPerBlock, 512)
 	require.GreaterOrEqual(t, p.MaxSharedBytesOptin, 48<<10)
+	require.GreaterOrEqual(t, p.SharedBytesPerSM, p.MaxSharedBytesOptin)
+	require.GreaterOrEqual(t, p.RegistersPerSM, 32<<10)
 	require.Positive(t, p.TotalMemBytes)
 	require.GreaterOrEqual(t, p.DriverVersion, 12000)
 	require.Regexp(t, `^sm_[0-9]+$`, p.Arch())
