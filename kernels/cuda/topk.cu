@@ -7,6 +7,9 @@
 //                (mla.TopKKey) to the row's keys in the scratch space.
 //   topk_score_mma  topk_score with the block dots on the int8 tensor
 //                cores: the same keys.
+//   topk_score_mma4  grid (row groups of 4, tile blocks): topk_score_mma
+//                for four rows of a sequence at a time (decode's 1+MTP
+//                tokens), each entry read once for them: the same keys.
 //   topk_select  grid (rows): block r finds the threshold key by a radix
 //                select over row r's keys (4 passes of 8 bits from the
 //                top), then writes the entries above it and the first
@@ -355,12 +358,25 @@ __device__ __forceinline__ float tk_pow2(int e) {
     return e >= -126 ? __int_as_float((e + 127) << 23) : __int_as_float(1 << (e + 149));
 }
 
+// The four int8 of x times 2^s (s in [0, 3], every |byte| * 2^s <= 127):
+// the word shifted, less the bits each byte pushed into the next.
+__device__ __forceinline__ u32 tk_shl4(u32 x, int s) {
+    return (x << s) & (((0xFFu << s) & 0xFFu) * 0x01010101u);
+}
+
 // D = A . B + C over one 32-value block: A 16 entries, B 8 columns (four
 // rows, two heads each), C {c.x, c.y} for the two heads; exact int32.
 __device__ __forceinline__ void tk_mma_c(int d[4], const uint4 a, const uint2 b, const uint2 c) {
     asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%11,%12,%13};\n"
         : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
         : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b.x), "r"(b.y), "r"(c.x), "r"(c.y), "r"(c.x), "r"(c.y));
+}
+
+// D += A . B over one 32-value block, exact int32.
+__device__ __forceinline__ void tk_mma_acc(int d[4], const uint4 a, const uint2 b) {
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+        : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b.x), "r"(b.y));
 }
 
 #define TK4_QC 264 // words between the rows of qc: 4 x 64 and 8, so the rows' LDS.64 hit distinct banks
@@ -376,25 +392,40 @@ __device__ __forceinline__ void tk_mma_c(int d[4], const uint4 a, const uint2 b,
 // holds row t's heads in ascending pairs for its entries g and g + 8 and
 // runs their head sums itself, in order, with no exchange.
 //
-// The epilogue of a block partial is two float instructions instead of a
-// conversion and a scaling: the mma's C is M_b = 1.5 * 2^(eq_b - 104)'s
-// bits, so D's bits are the float M_b + d * 2^(eq_b - 127) exactly (|d| <=
-// 4608 stays inside the mantissa); subtracting M_b (same binade) leaves
-// d * 2^(eq_b - 127) exactly, and fma(that, 2^(ek_b - 129), dot) is
-// fl(P_b + dot) with P_b = d * 2^(eq_b + ek_b - 256) exact whenever
-// eq_b + ek_b lies in [107, 371] (no subnormal bits lost, no overflow).
-// A warp whose entries keep every eq_b + ek_b of the pass's rows in that
-// range, with every eq_b <= 231 (M_b a float), takes this path; others
-// take tk_scale's on d = D - C.
+// A head's query values are stored times 2^(eq_b - E_b), E_b its least
+// scale byte where its four lie within 3 of it (every block's |value| * 8
+// fits an int8), else E_b = eq_b; the mma's C is the bits of M_b = 1.5 *
+// 2^(E_b - 104), so D's bits are the float M_b + d_b * 2^(eq_b - 127)
+// exactly (|d_b| * 8 stays inside the mantissa), whatever the path:
+//
+// - exact (a warp whose every (head, entry) has both sides' block scales
+//   within 3 of their least, E and ek_min, and the ranges below): the four
+//   blocks accumulate in one int32 D = C + sum_b d_b 2^(sq_b + sk_b), the
+//   key values shifted likewise. The contract's ordered block sum is then
+//   exact (the partial sums are multiples of 2^x, x = E + ek_min - 256 in
+//   [-149, 106], below 2^(x+21)), so dot = (D - C) 2^x. relu is max(D, C)
+//   on the integers, and with dot' = dot / 2^(ek_min - 129) the term
+//   fl(w dot') is one fma(w, float(D), -w M) (w M exact); the head sum runs
+//   in that scale and is scaled back once, exact wherever every term and
+//   sum keeps its bits in both scales: |w| * 2^E's exponent in [1, 225]
+//   and ek_min in [130 - that, 354 - that]. Three instructions a (pair,
+//   head).
+// - fast (every eq_b <= 231 and eq_b + ek_b in [107, 371]): per block,
+//   float(D) - M_b is d_b * 2^(eq_b - 127) exactly and fma(that,
+//   2^(ek_b - 129), dot) is fl(P_b + dot), P_b exact; then relu, the term
+//   and the sum as the contract writes them. Eleven a (pair, head).
+// - otherwise tk_scale on D - C, as topk_score_mma does.
 extern "C" __global__ void __launch_bounds__(TOPK_SCORE4_THREADS, 4) topk_score_mma4(const TopKParams p) {
     __shared__ uint2 qf[32 * 4 * 32];         // B fragments: (head pair j, block b) x lane
-    __shared__ __align__(16) u32 qc[TOPK_SCORE4_ROWS * TK4_QC];   // C: row t, block b, head h at t*TK4_QC + b*64 + h; 0 where eq > 231
+    __shared__ __align__(16) u32 qc[TOPK_SCORE4_ROWS * TK4_QC];   // C: row t, block b, head h at t*TK4_QC + b*64 + h; 0 where E_b > 231
     __shared__ __align__(16) float qw[TOPK_SCORE4_ROWS * TK4_QW]; // head weights: row t, head h at t*TK4_QW + h
     __shared__ u32 ks[TOPK_SCORE4_THREADS * TK_KW]; // the tile's entries as stored
     __shared__ long long eoff[TOPK_SCORE4_THREADS]; // the tile's entries' byte offsets in the cache, -1 without a page
+    __shared__ u8 qbase[TOPK_SCORE4_ROWS * INDEXER_HEADS]; // row t, head h: E where its blocks are shifted, else 255
     __shared__ int rseq[TOPK_SCORE4_ROWS], rvis[TOPK_SCORE4_ROWS];
     __shared__ long long rkeys[TOPK_SCORE4_ROWS];
     __shared__ int qmn[4], qmx[4]; // the pass's least and largest query scale byte per block
+    __shared__ int klo, khi, xbad;  // the exact path: ek_min's range, and whether some query head rules it out
     tk_pdl_wait();
     tk_pdl_trigger();
     const int r0 = blockIdx.x * TOPK_SCORE4_ROWS;
@@ -431,37 +462,77 @@ extern "C" __global__ void __launch_bounds__(TOPK_SCORE4_THREADS, 4) topk_score_
         done |= act;
         const int ntiles = (n + TOPK_SCORE4_THREADS - 1) / TOPK_SCORE4_THREADS;
         if ((int)blockIdx.y >= ntiles) continue; // block-uniform
-        __syncthreads(); // the previous pass is done with qf, qc, qw, qmn, qmx
+        __syncthreads(); // the previous pass is done with the query arrays
         if (threadIdx.x < 4) {
             qmn[threadIdx.x] = 255;
             qmx[threadIdx.x] = 0;
         }
-        for (int i = threadIdx.x; i < 32 * 4 * 32; i += TOPK_SCORE4_THREADS) {
-            const int j = i >> 7, b = (i >> 5) & 3, ln = i & 31, gg = ln >> 2, tt = ln & 3;
-            const int t = gg >> 1, h = 2 * j + (gg & 1); // B column gg
-            uint2 v = make_uint2(0u, 0u);
-            if ((act >> t) & 1) {
-                const u8* raw = p.q + ((size_t)(r0 + t) * INDEXER_HEADS + h) * MXFP4_ROW_BYTES + 16 * b;
-                v.x = tk_word(*(const u32*)(raw + 4 * (tt >> 1)), tt);
-                v.y = tk_word(*(const u32*)(raw + 4 * (2 + (tt >> 1))), tt);
-            }
-            qf[i] = v;
+        if (threadIdx.x == 0) {
+            klo = -1024;
+            khi = 1024;
+            xbad = 0;
         }
         for (int i = threadIdx.x; i < TOPK_SCORE4_ROWS * INDEXER_HEADS; i += TOPK_SCORE4_THREADS) {
             const int t = i >> 6, h = i & 63;
             qw[t * TK4_QW + h] = (act >> t) & 1 ? __uint_as_float((u32)p.w[(size_t)(r0 + t) * INDEXER_HEADS + h] << 16) : 0.f;
         }
-        __syncthreads(); // qmn, qmx initialized
-        for (int i = threadIdx.x; i < TOPK_SCORE4_ROWS * 4 * INDEXER_HEADS; i += TOPK_SCORE4_THREADS) {
-            const int t = i >> 8, b = (i >> 6) & 3, h = i & 63;
-            u32 c = 0u;
+        __syncthreads(); // qmn, qmx, klo, khi, xbad initialized
+        for (int i = threadIdx.x; i < TOPK_SCORE4_ROWS * INDEXER_HEADS; i += TOPK_SCORE4_THREADS) {
+            const int t = i >> 6, h = i & 63;
+            int base = 255;
             if ((act >> t) & 1) {
-                const int e = p.q[((size_t)(r0 + t) * INDEXER_HEADS + h) * MXFP4_ROW_BYTES + 64 + b];
-                atomicMin(&qmn[b], e);
-                atomicMax(&qmx[b], e);
-                if (e <= 231) c = ((u32)(e + 23) << 23) | 0x400000u;
+                const u8* row = p.q + ((size_t)(r0 + t) * INDEXER_HEADS + h) * MXFP4_ROW_BYTES;
+                int eq[4], mn = 255, mx = 0;
+#pragma unroll
+                for (int b = 0; b < 4; b++) {
+                    eq[b] = row[64 + b];
+                    mn = min(mn, eq[b]);
+                    mx = max(mx, eq[b]);
+                    atomicMin(&qmn[b], eq[b]);
+                    atomicMax(&qmx[b], eq[b]);
+                }
+                const bool shifted = mx - mn <= 3 && mx <= 231;
+#pragma unroll
+                for (int b = 0; b < 4; b++) {
+                    const int e = shifted ? mn : eq[b];
+                    qc[t * TK4_QC + b * 64 + h] = e <= 231 ? ((u32)(e + 23) << 23) | 0x400000u : 0u;
+                }
+                if (shifted) base = mn;
+                // The exact path's ranges: a zero weight's terms are zeros in
+                // any scale; a subnormal, Inf or NaN one rules the path out.
+                const u32 wb = p.w[(size_t)(r0 + t) * INDEXER_HEADS + h];
+                const int ef = (int)((wb >> 7) & 0xFFu);
+                const bool wzero = (wb & 0x7FFFu) == 0u;
+                bool bad = !shifted || ef == 255 || (ef == 0 && !wzero);
+                int lo = 107 - mn, hi = 362 - mn;
+                if (!bad && !wzero) {
+                    const int we = ef - 127 + mn;
+                    bad = we < 1 || we > 225;
+                    lo = max(lo, 130 - we);
+                    hi = min(hi, 354 - we);
+                }
+                if (bad) atomicMax(&xbad, 1);
+                atomicMax(&klo, lo);
+                atomicMin(&khi, hi);
+            } else {
+#pragma unroll
+                for (int b = 0; b < 4; b++) qc[t * TK4_QC + b * 64 + h] = 0u;
             }
-            qc[t * TK4_QC + b * 64 + h] = c;
+            qbase[i] = (u8)base;
+        }
+        __syncthreads(); // qbase written
+        for (int i = threadIdx.x; i < 32 * 4 * 32; i += TOPK_SCORE4_THREADS) {
+            const int j = i >> 7, b = (i >> 5) & 3, ln = i & 31, gg = ln >> 2, tt = ln & 3;
+            const int t = gg >> 1, h = 2 * j + (gg & 1); // B column gg
+            uint2 v = make_uint2(0u, 0u);
+            if ((act >> t) & 1) {
+                const u8* raw = p.q + ((size_t)(r0 + t) * INDEXER_HEADS + h) * MXFP4_ROW_BYTES;
+                const int base = qbase[t * INDEXER_HEADS + h];
+                const int sh = base == 255 ? 0 : raw[64 + b] - base;
+                v.x = tk_shl4(tk_word(*(const u32*)(raw + 16 * b + 4 * (tt >> 1)), tt), sh);
+                v.y = tk_shl4(tk_word(*(const u32*)(raw + 16 * b + 4 * (2 + (tt >> 1))), tt), sh);
+            }
+            qf[i] = v;
         }
         const int* table = p.plan + TOPK_PLAN_HDR_WORDS + p.max_seqs * TOPK_SEQ_WORDS + (long long)seq * p.page_stride;
         const bool mine = (act >> tq) & 1; // this lane's row is in the pass
@@ -492,89 +563,153 @@ extern "C" __global__ void __launch_bounds__(TOPK_SCORE4_THREADS, 4) topk_score_
             __syncthreads();
             const int wb = warp * 32;
             if (wb >= cnt) continue; // warp-uniform; the next barrier is the next tile's
-            // A fragments of the m-tiles (entries wb + 16 mt + m), this lane's
-            // entries' scale words (c: entry g, g + 8) and key scales 2^(ek - 129).
+            // The paths entry wb + lane allows (one without a page, or past
+            // the tile, allows any: its key is not computed from the score).
+            bool fok = true, xok = true;
+            if (wb + lane < cnt && eoff[wb + lane] >= 0) {
+                const u32 sc = ks[(wb + lane) * TK_KW + 16];
+                int mn = 255, mx = 0;
+#pragma unroll
+                for (int b = 0; b < 4; b++) {
+                    const int ek = (int)((sc >> (8 * b)) & 0xFFu);
+                    fok = fok && qmx[b] <= 231 && ek + qmn[b] >= 107 && ek + qmx[b] <= 371;
+                    mn = min(mn, ek);
+                    mx = max(mx, ek);
+                }
+                xok = mx - mn <= 3 && mn >= klo && mn <= khi;
+            }
+            const bool exact = __all_sync(0xFFFFFFFFu, xok) && xbad == 0;
+            const bool fast = __all_sync(0xFFFFFFFFu, fok);
+            // A fragments of the m-tiles (entries wb + 16 mt + m), shifted by
+            // sk_b on the exact path, and this lane's entries' scale words
+            // (c: entry g, g + 8).
             uint4 a[2][4];
             u32 ksc[2][2];
-            float sk[2][2][4];
 #pragma unroll
             for (int mt = 0; mt < 2; mt++) {
                 const u32* k0 = ks + (wb + mt * 16 + g) * TK_KW;
                 const u32* k1 = k0 + 8 * TK_KW;
-#pragma unroll
-                for (int b = 0; b < 4; b++) {
-                    a[mt][b].x = tk_word(k0[4 * b + (tq >> 1)], tq);
-                    a[mt][b].y = tk_word(k1[4 * b + (tq >> 1)], tq);
-                    a[mt][b].z = tk_word(k0[4 * b + 2 + (tq >> 1)], tq);
-                    a[mt][b].w = tk_word(k1[4 * b + 2 + (tq >> 1)], tq);
-                }
                 ksc[mt][0] = k0[16];
                 ksc[mt][1] = k1[16];
+                int m0 = 0, m1 = 0;
+                if (exact) {
+                    m0 = 255;
+                    m1 = 255;
 #pragma unroll
-                for (int c = 0; c < 2; c++)
-#pragma unroll
-                    for (int b = 0; b < 4; b++) sk[mt][c][b] = tk_pow2((int)((ksc[mt][c] >> (8 * b)) & 0xFFu) - 129);
-            }
-            bool ok = true; // entry wb + lane keeps the fast path exact (one without a page, or past the tile, does not count)
-            if (wb + lane < cnt && eoff[wb + lane] >= 0) {
-                const u32 sc = ks[(wb + lane) * TK_KW + 16];
+                    for (int b = 0; b < 4; b++) {
+                        m0 = min(m0, (int)((ksc[mt][0] >> (8 * b)) & 0xFFu));
+                        m1 = min(m1, (int)((ksc[mt][1] >> (8 * b)) & 0xFFu));
+                    }
+                }
 #pragma unroll
                 for (int b = 0; b < 4; b++) {
-                    const int ek = (int)((sc >> (8 * b)) & 0xFFu);
-                    ok = ok && qmx[b] <= 231 && ek + qmn[b] >= 107 && ek + qmx[b] <= 371;
+                    const int s0b = exact ? (int)((ksc[mt][0] >> (8 * b)) & 0xFFu) - m0 : 0;
+                    const int s1b = exact ? (int)((ksc[mt][1] >> (8 * b)) & 0xFFu) - m1 : 0;
+                    a[mt][b].x = tk_shl4(tk_word(k0[4 * b + (tq >> 1)], tq), s0b);
+                    a[mt][b].y = tk_shl4(tk_word(k1[4 * b + (tq >> 1)], tq), s1b);
+                    a[mt][b].z = tk_shl4(tk_word(k0[4 * b + 2 + (tq >> 1)], tq), s0b);
+                    a[mt][b].w = tk_shl4(tk_word(k1[4 * b + 2 + (tq >> 1)], tq), s1b);
                 }
             }
-            const bool fast = __all_sync(0xFFFFFFFFu, ok);
             float acc[2][2] = {{0.f, 0.f}, {0.f, 0.f}}; // the head sums of (m-tile, entry c)
-#pragma unroll 1
-            for (int j = 0; j < 32; j++) {
-                uint2 cq[4];
-                int d[2][4][4];
+            if (exact) {
+#pragma unroll 2 // two head pairs: four independent mma chains a warp
+                for (int j = 0; j < 32; j++) {
+                    const uint2 cm = *(const uint2*)(qcr + 2 * j); // a shifted head's C, one for its four blocks
+                    int d[2][4];
 #pragma unroll
-                for (int b = 0; b < 4; b++) {
-                    const uint2 bq = qf[(j * 4 + b) * 32 + lane];
-                    cq[b] = *(const uint2*)(qcr + b * 64 + 2 * j);
+                    for (int mt = 0; mt < 2; mt++) {
+                        d[mt][0] = (int)cm.x;
+                        d[mt][1] = (int)cm.y;
+                        d[mt][2] = (int)cm.x;
+                        d[mt][3] = (int)cm.y;
+                    }
 #pragma unroll
-                    for (int mt = 0; mt < 2; mt++) tk_mma_c(d[mt][b], a[mt][b], bq, cq[b]);
-                }
-                const float2 wq = *(const float2*)(qwr + 2 * j);
-                // D element i: entry c = i >> 1 (g, g + 8), head 2j + (i & 1);
-                // each (mt, c) sum takes head 2j, then 2j + 1.
-                if (fast) {
+                    for (int b = 0; b < 4; b++) {
+                        const uint2 bq = qf[(j * 4 + b) * 32 + lane];
+#pragma unroll
+                        for (int mt = 0; mt < 2; mt++) tk_mma_acc(d[mt], a[mt][b], bq);
+                    }
+                    const float2 wq = *(const float2*)(qwr + 2 * j);
+                    const float nmx = __fmul_rn(-wq.x, __uint_as_float(cm.x)), nmy = __fmul_rn(-wq.y, __uint_as_float(cm.y));
 #pragma unroll
                     for (int mt = 0; mt < 2; mt++)
 #pragma unroll
-                        for (int i = 0; i < 4; i++) {
+                        for (int i = 0; i < 4; i++) { // D element i: entry c = i >> 1, head 2j + (i & 1)
                             const int c = i >> 1, hp = i & 1;
-                            float dot = 0.f;
-#pragma unroll
-                            for (int b = 0; b < 4; b++) {
-                                const float pq = __fsub_rn(__int_as_float(d[mt][b][i]), __uint_as_float(hp ? cq[b].y : cq[b].x));
-                                dot = b == 0 ? __fmul_rn(pq, sk[mt][c][b]) : __fmaf_rn(pq, sk[mt][c][b], dot);
-                            }
-                            // fmaxf may keep a -0 dot as -0: w * -0 is a zero (or
-                            // NaN, as w * +0), and a head sum is never -0, so
-                            // adding it is adding +0.
-                            acc[mt][c] = __fadd_rn(acc[mt][c], __fmul_rn(hp ? wq.y : wq.x, fmaxf(dot, 0.f)));
+                            const float f = __int_as_float(max(d[mt][i], (int)(hp ? cm.y : cm.x)));
+                            acc[mt][c] = __fadd_rn(acc[mt][c], __fmaf_rn(hp ? wq.y : wq.x, f, hp ? nmy : nmx));
                         }
-                } else {
+                }
 #pragma unroll
-                    for (int mt = 0; mt < 2; mt++)
+                for (int mt = 0; mt < 2; mt++)
 #pragma unroll
-                        for (int i = 0; i < 4; i++) {
-                            const int c = i >> 1, hp = i & 1, h = 2 * j + hp;
-                            float dot = 0.f;
+                    for (int c = 0; c < 2; c++) {
+                        int mn = 255;
 #pragma unroll
-                            for (int b = 0; b < 4; b++) {
-                                const int dd = d[mt][b][i] - (int)(hp ? cq[b].y : cq[b].x);
-                                const int eq = mine ? (int)qrow[h * MXFP4_ROW_BYTES + 64 + b] : 0;
-                                const int ek = (int)((ksc[mt][c] >> (8 * b)) & 0xFFu);
-                                const float pb = tk_scale(dd, eq + ek - 256);
-                                dot = b == 0 ? pb : __fadd_rn(dot, pb);
+                        for (int b = 0; b < 4; b++) mn = min(mn, (int)((ksc[mt][c] >> (8 * b)) & 0xFFu));
+                        acc[mt][c] = __fmul_rn(acc[mt][c], tk_pow2(mn - 129));
+                    }
+            } else {
+                float sk[2][2][4]; // 2^(ek_b - 129) of this lane's entries
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                    for (int c = 0; c < 2; c++)
+#pragma unroll
+                        for (int b = 0; b < 4; b++) sk[mt][c][b] = tk_pow2((int)((ksc[mt][c] >> (8 * b)) & 0xFFu) - 129);
+#pragma unroll 1
+                for (int j = 0; j < 32; j++) {
+                    uint2 cq[4];
+                    int d[2][4][4];
+#pragma unroll
+                    for (int b = 0; b < 4; b++) {
+                        const uint2 bq = qf[(j * 4 + b) * 32 + lane];
+                        cq[b] = *(const uint2*)(qcr + b * 64 + 2 * j);
+#pragma unroll
+                        for (int mt = 0; mt < 2; mt++) tk_mma_c(d[mt][b], a[mt][b], bq, cq[b]);
+                    }
+                    const float2 wq = *(const float2*)(qwr + 2 * j);
+                    // D element i: entry c = i >> 1 (g, g + 8), head 2j + (i & 1);
+                    // each (mt, c) sum takes head 2j, then 2j + 1.
+                    if (fast) {
+#pragma unroll
+                        for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                            for (int i = 0; i < 4; i++) {
+                                const int c = i >> 1, hp = i & 1;
+                                float dot = 0.f;
+#pragma unroll
+                                for (int b = 0; b < 4; b++) {
+                                    const float pq = __fsub_rn(__int_as_float(d[mt][b][i]), __uint_as_float(hp ? cq[b].y : cq[b].x));
+                                    dot = b == 0 ? __fmul_rn(pq, sk[mt][c][b]) : __fmaf_rn(pq, sk[mt][c][b], dot);
+                                }
+                                // fmaxf may keep a -0 dot as -0: w * -0 is a zero (or
+                                // NaN, as w * +0), and a head sum is never -0, so
+                                // adding it is adding +0.
+                                acc[mt][c] = __fadd_rn(acc[mt][c], __fmul_rn(hp ? wq.y : wq.x, fmaxf(dot, 0.f)));
                             }
-                            const float rl = dot > 0.f ? dot : 0.f;
-                            acc[mt][c] = __fadd_rn(acc[mt][c], __fmul_rn(hp ? wq.y : wq.x, rl));
-                        }
+                    } else {
+#pragma unroll
+                        for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                            for (int i = 0; i < 4; i++) {
+                                const int c = i >> 1, hp = i & 1, h = 2 * j + hp;
+                                float dot = 0.f;
+#pragma unroll
+                                for (int b = 0; b < 4; b++) {
+                                    // D - C is d_b 2^(eq_b - E_b); C = 0 where E_b = eq_b > 231.
+                                    const u32 cb = hp ? cq[b].y : cq[b].x;
+                                    const int dd = d[mt][b][i] - (int)cb;
+                                    const int e = cb != 0u ? (int)(cb >> 23) - 23 : (mine ? (int)qrow[h * MXFP4_ROW_BYTES + 64 + b] : 0);
+                                    const int ek = (int)((ksc[mt][c] >> (8 * b)) & 0xFFu);
+                                    const float pb = tk_scale(dd, e + ek - 256);
+                                    dot = b == 0 ? pb : __fadd_rn(dot, pb);
+                                }
+                                const float rl = dot > 0.f ? dot : 0.f;
+                                acc[mt][c] = __fadd_rn(acc[mt][c], __fmul_rn(hp ? wq.y : wq.x, rl));
+                            }
+                    }
                 }
             }
 #pragma unroll

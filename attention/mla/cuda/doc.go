@@ -63,8 +63,10 @@
 // doubled e2m1 values as exact int32 by dp4a, scaled and summed in the
 // contract's float32 order) into the scratch space as order-preserving
 // keys, and topk_select radix-selects each row's threshold key and writes
-// the indices ascending. Both read the plan from device memory, so a CUDA
-// graph replays them for any batch of the shape.
+// the indices ascending. topk_score_mma (the default) and topk_score_mma4
+// (four rows of a sequence a block) compute the same keys on the int8
+// tensor cores. All read the plan from device memory, so a CUDA graph
+// replays them for any batch of the shape.
 //
 // Options hold what a user chooses (device, logger, PDL); the launch-shape
 // knobs the tests and cmd/bench vary live in internal/cudatune (NewTuned),

@@ -37,7 +37,8 @@ const (
 )
 
 // topkDefaultScore is the score kernel IndexerTopK launches unless a test
-// picks another.
+// picks another. topkScoreMMA4 computes the same keys; it becomes the
+// default once the device has shown it bit-exact and faster.
 const topkDefaultScore = topkScoreMMA
 
 // topkTileBlocksPerSM sets topk_score's and topk_score_mma's grid: about
@@ -107,8 +108,8 @@ func topkGrid4(sms, rows int) (groups, tiles int) {
 	return groups, max(1, min(maxTiles, topkMMA4BlocksPerSM*sms/max(groups, 1)))
 }
 
-// IndexerTopK implements mla.TopKSelector: a score kernel (topk_score_mma
-// unless a test picks another) then topk_select on
+// IndexerTopK implements mla.TopKSelector: a score kernel
+// (topkDefaultScore unless a test picks another) then topk_select on
 // the backend's current stream, with programmatic dependent launch like
 // the other kernels. The grids depend on the shape only (Rows), so a CUDA
 // graph captures them once for every plan; the kernels read the rows'

@@ -43,9 +43,10 @@ func topkDecode(r *rand.Rand, seqs, mtp, ctx int) []mlatest.TopKSeqSpec {
 
 // TestCUDATopKLarge: batches the conformance suite's small ones do not
 // reach, every index against the CPU backend: decode b=32 MTP 3 at 8K
-// context for both models' index_topk, a 256-token prefill chunk at a
-// cached offset of 8K, a mixed batch, and one sequence at the model's
-// 1M-token limit (262,144 entries, pages shuffled).
+// context for both models' index_topk (and with the narrow scales of
+// rotated vectors), a 256-token prefill chunk at a cached offset of 8K, a
+// mixed batch, and one sequence at the model's 1M-token limit (262,144
+// entries, pages shuffled).
 func TestCUDATopKLarge(t *testing.T) {
 	b := backend(t)
 	host := cpu.New(0)
@@ -58,6 +59,7 @@ func TestCUDATopKLarge(t *testing.T) {
 		{Name: "prefill-256-at-8k/pro", TopK: 1024, PageSize: 64, Seqs: []mlatest.TopKSeqSpec{{Start: 8000 + r.IntN(100), Rows: 256}}},
 		{Name: "mixed/flash", TopK: 512, PageSize: 64, PadRows: 5,
 			Seqs: append([]mlatest.TopKSeqSpec{{Start: 3000, Rows: 100}, {Start: 0, Rows: 64}}, topkDecode(r, 8, 1, 6000)...)},
+		{Name: "decode-b32-mtp3-8k-narrow/flash", TopK: 512, PageSize: 64, Keys: mlatest.KeysNarrow, Seqs: topkDecode(r, 32, 3, 8192)},
 		{Name: "1M/pro", TopK: 1024, PageSize: 64, Seqs: []mlatest.TopKSeqSpec{{Start: mla.MaxTopKPositions - 2, Rows: 2}}},
 		{Name: "1M-planted/flash", TopK: 512, PageSize: 64, Planted: true, Seqs: []mlatest.TopKSeqSpec{{Start: mla.MaxTopKPositions - 1, Rows: 1}}},
 	}
@@ -172,9 +174,10 @@ func testTopKGraph(t *testing.T, b *cuda.Backend) {
 }
 
 // BenchmarkCUDATopK times the selection of a layer: decode b=32 MTP 3
-// (128 query rows) at 8K, 64K, 128K and 1M context a sequence, and a 16K
-// prefill from position 0, V4-Flash's and V4-Pro's index_topk, each score
-// kernel (the dp4a one at 8K and 64K only): the device time per call, the
+// (128 query rows) at 8K, 64K, 128K and 1M context a sequence (scale
+// bytes drawn in [124, 130], and V4-Flash's with the narrow scales of
+// rotated vectors), and a 16K prefill from position 0, V4-Flash's and
+// V4-Pro's index_topk, each score kernel (the dp4a one at 8K and 64K only): the device time per call, the
 // score and select kernels alone, and two floors: the indexer cache bytes
 // the batch reads at the device-to-device copy rate measured here, and
 // the score's multiply-adds at the H200's nominal dense int8 tensor-core
@@ -194,6 +197,7 @@ func BenchmarkCUDATopK(bm *testing.B) {
 		topk    int
 		kernels []string
 		seqs    func(r *rand.Rand) []mlatest.TopKSeqSpec
+		keys    mlatest.TopKKeys
 	}
 	var cases []benchCase
 	for _, ctxLen := range []int{8 << 10, 64 << 10, 128 << 10, 1 << 20} {
@@ -203,12 +207,16 @@ func BenchmarkCUDATopK(bm *testing.B) {
 		}
 		for _, topk := range []int{512, 1024} {
 			cases = append(cases, benchCase{fmt.Sprintf("decode-b32-mtp3/ctx=%dK/topk=%d", ctxLen>>10, topk), topk, kernels,
-				func(r *rand.Rand) []mlatest.TopKSeqSpec { return topkDecode(r, 32, 3, ctxLen) }})
+				func(r *rand.Rand) []mlatest.TopKSeqSpec { return topkDecode(r, 32, 3, ctxLen) }, mlatest.KeysRandom})
 		}
+		// The scales of rotated vectors (each row's four within 2), which
+		// topk_score_mma4's exact path takes.
+		cases = append(cases, benchCase{fmt.Sprintf("decode-b32-mtp3-narrow/ctx=%dK/topk=512", ctxLen>>10), 512, []string{"mma", "mma4"},
+			func(r *rand.Rand) []mlatest.TopKSeqSpec { return topkDecode(r, 32, 3, ctxLen) }, mlatest.KeysNarrow})
 	}
 	for _, topk := range []int{512, 1024} {
 		cases = append(cases, benchCase{fmt.Sprintf("prefill=16K/topk=%d", topk), topk, []string{"mma", "mma4"},
-			func(*rand.Rand) []mlatest.TopKSeqSpec { return []mlatest.TopKSeqSpec{{Start: 0, Rows: 16 << 10}} }})
+			func(*rand.Rand) []mlatest.TopKSeqSpec { return []mlatest.TopKSeqSpec{{Start: 0, Rows: 16 << 10}} }, mlatest.KeysRandom})
 	}
 	ctx := context.Background()
 	for _, bc := range cases {
@@ -216,7 +224,7 @@ func BenchmarkCUDATopK(bm *testing.B) {
 		// skips building the ones it does not run.
 		bm.Run(bc.name, func(bm *testing.B) {
 			r := rand.New(rand.NewPCG(uint64(len(bc.name)), uint64(bc.topk)))
-			s := mlatest.TopKScenario{Name: bc.name, TopK: bc.topk, PageSize: 64, Seqs: bc.seqs(r)}
+			s := mlatest.TopKScenario{Name: bc.name, TopK: bc.topk, PageSize: 64, Seqs: bc.seqs(r), Keys: bc.keys}
 			c, err := mlatest.NewTopKCase(s, 7)
 			require.NoError(bm, err)
 			var bufs []mla.Buffer

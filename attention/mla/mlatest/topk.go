@@ -27,6 +27,11 @@ const (
 	// KeysExtreme: scale bytes anywhere in [0, 255] in queries and keys
 	// (subnormal and overflowing block partials, Inf and NaN scores).
 	KeysExtreme
+	// KeysNarrow: as KeysRandom, but the four scale bytes of a row (query
+	// head or key) within 2 of a base drawn per row in [122, 127], as the
+	// blocks of a Hadamard-rotated vector have them, except one key in 512
+	// drawn as KeysRandom draws them.
+	KeysNarrow
 )
 
 // TopKWeights says how a scenario draws the head weights.
@@ -68,7 +73,8 @@ type TopKScenario struct {
 // index_topk (512, 1024), decode with and without MTP, chunked prefill
 // from a cached offset, mixed batches with padding, page sizes whose
 // edges the contexts cross, fewer visible entries than index_topk, exact
-// ties, equal scores, NaN and Inf head weights and extreme scales.
+// ties, equal scores, NaN and Inf head weights, extreme scales and the
+// narrow ones of rotated vectors.
 func TopKScenarios() []TopKScenario {
 	return []TopKScenario{
 		{Name: "decode/flash/planted", TopK: 512, PageSize: 64, Planted: true,
@@ -95,6 +101,8 @@ func TopKScenarios() []TopKScenario {
 			Seqs: []TopKSeqSpec{{2600, 2}, {2100, 2}}},
 		{Name: "few-visible/pro", TopK: 1024, PageSize: 64, PadRows: 2,
 			Seqs: []TopKSeqSpec{{0, 5}, {1, 3}, {2, 2}, {4000, 4}, {4092, 4}}},
+		{Name: "narrow-scales/flash", TopK: 512, PageSize: 64, Keys: KeysNarrow, PadRows: 1,
+			Seqs: []TopKSeqSpec{{4603, 4}, {3001, 4}, {2300, 2}}},
 	}
 }
 
@@ -154,9 +162,22 @@ func NewTopKCase(s TopKScenario, seed uint64) (*TopKCase, error) {
 		}
 		return uint8(r.IntN(256))
 	}
+	// narrow draws a row's four scale bytes in turn (randomMXFP4Row's
+	// calls) around a base drawn for the row.
+	narrowBase, narrowLeft := 0, 0
+	narrow := func() uint8 {
+		if narrowLeft == 0 {
+			narrowBase, narrowLeft = 122+r.IntN(6), 4
+		}
+		narrowLeft--
+		return uint8(narrowBase + r.IntN(3))
+	}
 	qScale := normal
-	if s.Keys == KeysExtreme {
+	switch s.Keys {
+	case KeysExtreme:
 		qScale = extreme
+	case KeysNarrow:
+		qScale = narrow
 	}
 	for i := 0; i < len(c.Q); i += mla.IndexerEntryBytes {
 		randomMXFP4Row(r, c.Q[i:i+mla.IndexerEntryBytes], qScale)
@@ -213,6 +234,12 @@ func NewTopKCase(s TopKScenario, seed uint64) (*TopKCase, error) {
 				randomMXFP4Row(r, entry(e), keyScale)
 			case KeysExtreme:
 				randomMXFP4Row(r, entry(e), extreme)
+			case KeysNarrow:
+				if r.IntN(512) == 0 {
+					randomMXFP4Row(r, entry(e), normal)
+				} else {
+					randomMXFP4Row(r, entry(e), narrow)
+				}
 			case KeysTies:
 				copy(entry(e), pool[r.IntN(len(pool))][:])
 			case KeysEqual:
