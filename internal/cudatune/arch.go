@@ -45,7 +45,9 @@ type Resources struct {
 // cuBLASLt.
 type FP8GEMMArch struct {
 	// TokenTiles are the own kernel's token chunks, smallest first, one
-	// kernel each (gemm_fp8_mt<T>); a block owns RowTile rows of W.
+	// kernel each (gemm_fp8_mt<T>: the backend fails to load without it); a
+	// block owns RowTile rows of W (the kernels' 128, one row of weight
+	// scale blocks).
 	TokenTiles []int
 	RowTile    int
 	// SplitBlocksPerSM: narrow N splits K until the grid has about this

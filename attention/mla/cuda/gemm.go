@@ -254,7 +254,7 @@ func (b *Backend) ownGEMM(w, ws, x, xs, y driver.DevicePtr, m, n, k, xsStride, y
 	if p.splits > 1 {
 		part = g.parts[b.streamSlot()]
 	}
-	grid := driver.Dim3{uint32(p.chunks), uint32(n / 128), uint32(p.splits)}
+	grid := driver.Dim3{uint32(p.chunks), uint32(n / b.arch.FP8.RowTile), uint32(p.splits)}
 	block := driver.Dim3{256, 1, 1}
 	return b.ctx.Do(func() error {
 		if err := b.launch(fn, grid, block, w, ws, x, xs, y, part,
