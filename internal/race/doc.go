@@ -5,7 +5,7 @@
 // it takes, and it slows the arithmetic of those cases tenfold. .ci/run runs
 // the full cases in a step without -race (see the README).
 //
-// Read lets a hot loop be left out of the detector's instrumentation
-// (//go:norace) without leaving its reads unchecked: the caller reports the
-// whole slice the loop reads, one range check instead of one per element.
+// Read and Write let a hot loop (//go:norace) or a clear, which the
+// detector does not instrument, stay checked: the caller reports the whole
+// slice read or written, one range check instead of one per element.
 package race

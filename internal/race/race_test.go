@@ -25,27 +25,34 @@ func TestEnabledMatchesTheBuild(t *testing.T) {
 	require.Equal(t, built, race.Enabled)
 }
 
-// TestReadIsSeen: a goroutine writing one element of a slice while another
-// reports its Read of the whole slice is a data race the detector reports
-// (a child process runs the race: the report fails the test that has it).
-func TestReadIsSeen(t *testing.T) {
+// TestRangesAreSeen: a goroutine writing one element of a slice while
+// another reports its Read, or its Write, of the whole slice is a data race
+// the detector reports (a child process runs each race: the report fails
+// the test that has it).
+func TestRangesAreSeen(t *testing.T) {
 	if !race.Enabled {
 		t.Skip("the race detector is off")
 	}
-	if os.Getenv("RACE_READ_CHILD") == "1" {
+	if mode := os.Getenv("RACE_RANGE_CHILD"); mode != "" {
 		s := make([]uint16, 64)
 		done := make(chan struct{})
 		go func() { s[37] = 1; close(done) }()
-		race.Read(s)
+		if mode == "read" {
+			race.Read(s)
+		} else {
+			race.Write(s)
+		}
 		<-done
 		race.Read([]float32{})
-		race.Read[int](nil)
+		race.Write[int](nil)
 		return
 	}
-	cmd := exec.Command(os.Args[0], "-test.run=^TestReadIsSeen$", "-test.count=1")
-	cmd.Env = append(os.Environ(), "RACE_READ_CHILD=1")
-	out, err := cmd.CombinedOutput()
-	require.Error(t, err, "%s", out)
-	require.Contains(t, string(out), "WARNING: DATA RACE")
-	require.Contains(t, string(out), "racereadrange")
+	for _, mode := range []string{"read", "write"} {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestRangesAreSeen$", "-test.count=1")
+		cmd.Env = append(os.Environ(), "RACE_RANGE_CHILD="+mode)
+		out, err := cmd.CombinedOutput()
+		require.Error(t, err, "%s: %s", mode, out)
+		require.Contains(t, string(out), "WARNING: DATA RACE", mode)
+		require.Contains(t, string(out), "race"+mode+"range", mode)
+	}
 }

@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/dsv4mla/prologue/attention/mla"
+	"github.com/dsv4mla/prologue/internal/race"
 	"github.com/dsv4mla/prologue/kvcache"
 	"github.com/dsv4mla/prologue/metadata"
 	"github.com/dsv4mla/prologue/numerics"
@@ -98,10 +99,14 @@ func (*Backend) Fill(dst mla.Buffer, off, n int, v byte) error {
 	if err != nil {
 		return err
 	}
-	// By doubling copies, not byte stores: the same bytes, but under -race
-	// one range check per copy instead of one per byte (the engine fills
-	// every buffer it allocates).
-	if len(s) > 0 {
+	// Not byte stores: under -race each was a check, and the engine fills
+	// every buffer it allocates (megabytes an engine). clear is not
+	// instrumented, so its write is reported as one range; copy reports its
+	// own.
+	if v == 0 {
+		clear(s)
+		race.Write(s)
+	} else if len(s) > 0 {
 		s[0] = v
 		for n := 1; n < len(s); n *= 2 {
 			copy(s[n:], s[:n])

@@ -51,24 +51,27 @@ func TestIndexerRotation(t *testing.T) {
 	mlatest.TestIndexerRotation(t, cpu.New(0))
 }
 
-// TestFill: Fill sets exactly the n bytes at off, for lengths around the
-// powers of two its doubling copies cross, and leaves the rest as it was.
+// TestFill: Fill sets exactly the n bytes at off, zero (cleared) or not
+// (doubling copies), for lengths around the powers of two those copies
+// cross, and leaves the rest as it was.
 func TestFill(t *testing.T) {
 	b := cpu.New(0)
-	for _, c := range []struct{ off, n int }{{0, 0}, {0, 1}, {3, 2}, {1, 3}, {5, 63}, {0, 64}, {7, 65}, {2, 1000}} {
-		buf, err := b.Alloc(c.off + c.n + 9)
-		require.NoError(t, err)
-		mem := cpu.Bytes(buf)
-		for i := range mem {
-			mem[i] = byte(i*7 + 1)
-		}
-		require.NoError(t, b.Fill(buf, c.off, c.n, 0xA5))
-		for i, v := range mem {
-			want := byte(i*7 + 1)
-			if i >= c.off && i < c.off+c.n {
-				want = 0xA5
+	for _, v := range []byte{0xA5, 0} {
+		for _, c := range []struct{ off, n int }{{0, 0}, {0, 1}, {3, 2}, {1, 3}, {5, 63}, {0, 64}, {7, 65}, {2, 1000}} {
+			buf, err := b.Alloc(c.off + c.n + 9)
+			require.NoError(t, err)
+			mem := cpu.Bytes(buf)
+			for i := range mem {
+				mem[i] = byte(i*7 + 1)
 			}
-			require.Equal(t, want, v, "off %d n %d: byte %d", c.off, c.n, i)
+			require.NoError(t, b.Fill(buf, c.off, c.n, v))
+			for i, got := range mem {
+				want := byte(i*7 + 1)
+				if i >= c.off && i < c.off+c.n {
+					want = v
+				}
+				require.Equal(t, want, got, "value %#02x off %d n %d: byte %d", v, c.off, c.n, i)
+			}
 		}
 	}
 	buf, err := b.Alloc(8)
