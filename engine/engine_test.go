@@ -484,6 +484,7 @@ func TestMemoryLimit(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			cfg := smallConfig()
+			cfg.Model.QLoraRank = dsv4.Flash().QLoraRank // the sizes above are of Flash's fused rows
 			c.edit(&cfg)
 			e, err := engine.New(context.Background(), cfg)
 			if e != nil {

@@ -30,11 +30,15 @@ func testSeed(t testing.TB) uint64 {
 	return s
 }
 
-// smallModel is V4-Flash with 4 heads: the per-layer RoPE pattern and the
-// fused row layout of the real model, at a size the race detector can run.
+// smallModel is V4-Flash with 4 heads and q_lora_rank 128: the per-layer
+// RoPE pattern and the fused row layout of the real model, at a size the
+// race detector can run (the projected path reads only the latent at byte
+// 2*q_lora_rank of a fused row: Flash's 1024 made the tests draw and upload
+// 1024 values a row that nothing reads, half their cost under -race).
 func smallModel() dsv4.Config {
 	m := dsv4.Flash()
 	m.NumHeads = 4
+	m.QLoraRank = 128
 	return m
 }
 

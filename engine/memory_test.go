@@ -52,7 +52,7 @@ func TestMemoryLimitDefault(t *testing.T) {
 	testMemOn.Store(true)
 	defer testMemOn.Store(false)
 	ctx := context.Background()
-	cfg := smallConfig() // about 3.9 MiB
+	cfg := smallConfig() // about 3.5 MiB
 	fp, err := cfg.Footprint()
 	require.NoError(t, err)
 
