@@ -773,17 +773,9 @@ extern "C" __global__ void __launch_bounds__(TOPK_SELECT_THREADS) topk_select(co
     for (int shift = 24; shift >= 0; shift -= 8) {
         for (int i = threadIdx.x; i < 256; i += TOPK_SELECT_THREADS) hist[i] = 0u;
         __syncthreads();
-        // The lanes of a warp whose keys fall in one bin add their count
-        // once: a row's keys share their top bits, and atomics on one
-        // address serialize.
-        for (int b0 = threadIdx.x & ~31; b0 < n; b0 += TOPK_SELECT_THREADS) { // warp-uniform
-            const int lane = threadIdx.x & 31, i = b0 + lane;
-            const u32 k = i < n ? keys[i] : 0u;
-            const bool in = i < n && (k & mask) == prefix;
-            const u32 bin = (k >> shift) & 0xFFu;
-            if (!__any_sync(0xFFFFFFFFu, in)) continue; // the later passes' usual case
-            const unsigned peers = __match_any_sync(0xFFFFFFFFu, in ? bin : 256u + lane);
-            if (in && (peers & ((1u << lane) - 1u)) == 0u) atomicAdd(&hist[bin], (u32)__popc(peers));
+        for (int i = threadIdx.x; i < n; i += TOPK_SELECT_THREADS) {
+            u32 k = keys[i];
+            if ((k & mask) == prefix) atomicAdd(&hist[(k >> shift) & 0xFFu], 1u);
         }
         __syncthreads();
         if (threadIdx.x < 32) {
@@ -822,11 +814,9 @@ extern "C" __global__ void __launch_bounds__(TOPK_SELECT_THREADS) topk_select(co
     // the lowest indices first, with every key above it.
     int placed = 0;
     int eq_left = (int)remain;
-    u32 k = (int)threadIdx.x < n ? keys[threadIdx.x] : 0u;
     for (int base = 0; base < n && placed < p.top_k; base += TOPK_SELECT_THREADS) {
         const int i = base + threadIdx.x;
-        const int inext = i + TOPK_SELECT_THREADS;
-        const u32 knext = inext < n ? keys[inext] : 0u; // in flight through this chunk's scans
+        const u32 k = i < n ? keys[i] : 0u;
         const int gt = i < n && k > prefix, eq = i < n && k == prefix;
         int eq_total, take_total;
         const int eq_rank = tk_scan(eq, warp_sums, &eq_total);
@@ -835,6 +825,5 @@ extern "C" __global__ void __launch_bounds__(TOPK_SELECT_THREADS) topk_select(co
         if (take) out[placed + pos] = i;
         placed += take_total;
         eq_left -= min(eq_total, eq_left);
-        k = knext;
     }
 }
