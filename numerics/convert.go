@@ -20,6 +20,20 @@ func BF16FromF32(f float32) uint16 {
 	return uint16(u >> 16)
 }
 
+// F32NaN is the float32 bits of the one float32 NaN every backend writes
+// where an output is float32 (the FP8 indexer query's head weights): the
+// GPU's arithmetic returns it for any NaN operand, while x86 keeps the
+// operand's payload (a bf16 NaN widened is 0x7FFF0000).
+const F32NaN = 0x7FFFFFFF
+
+// CanonicalF32 is f, or the float32 with bits F32NaN when f is a NaN.
+func CanonicalF32(f float32) float32 {
+	if f != f {
+		return math.Float32frombits(F32NaN)
+	}
+	return f
+}
+
 // F32FromBF16 widens a bf16 exactly.
 func F32FromBF16(b uint16) float32 { return math.Float32frombits(uint32(b) << 16) }
 

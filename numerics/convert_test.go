@@ -180,3 +180,15 @@ func TestBF16FromF32(t *testing.T) {
 		require.Equal(t, uint16(b), BF16FromF32(f))
 	}
 }
+
+// TestCanonicalF32: every float32 NaN, whatever its sign and payload,
+// becomes F32NaN; every other value, -0 and the infinities included, is
+// kept bit for bit.
+func TestCanonicalF32(t *testing.T) {
+	for _, bits := range []uint32{0x7FC00000, 0xFFC00000, 0x7F800001, 0x7FFF0000, 0xFFFFFFFF, 0x7FFFFFFF} {
+		require.Equal(t, uint32(F32NaN), math.Float32bits(CanonicalF32(math.Float32frombits(bits))), "NaN %#x", bits)
+	}
+	for _, bits := range []uint32{0, 0x80000000, 0x7F800000, 0xFF800000, 0x00000001, 0x3F800000, 0x7F7FFFFF} {
+		require.Equal(t, bits, math.Float32bits(CanonicalF32(math.Float32frombits(bits))), "%#x", bits)
+	}
+}

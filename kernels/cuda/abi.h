@@ -83,6 +83,7 @@ enum {
     MXFP4_ROW_BYTES  = 68,         // one 128-value row: 64 nibble bytes, then 4 scale bytes
     MXFP4_FLOOR_BITS = 29360128,   // float32 bits of the amax floor 6*2^-126
     MXFP4_INV6_BITS  = 1042983595, // float32 bits of fl32(1/6)
+    F32_NAN_BITS     = 2147483647, // the float32 NaN a float32 output holds (the fp8 query's head weights)
     ENTRY_KV         = 0,          // mla.CompressEntry: the main compressor
     ENTRY_INDEXER    = 1,          // mla.CompressEntry: the indexer's compressor
     IQ_WARPS         = 8,          // warps of an indexer_query block, one (token, head) row each

@@ -202,7 +202,9 @@ extern "C" __global__ void __launch_bounds__(32 * IQ_WARPS)
             if (lane == 0) {
                 const float wv = __ldg(wproj + (size_t)t * w_stride + h);
                 const float ws = __fmul_rn(__uint_as_float(bf16x2_rn(wv, 0.f) << 16), wscale);
-                static_cast<float*>(w_out)[row] = __fmul_rn(ws, pow2i(e - 127));
+                const float wf = __fmul_rn(ws, pow2i(e - 127));
+                // A NaN is written as F32_NAN_BITS whatever the arithmetic returned.
+                static_cast<float*>(w_out)[row] = wf != wf ? __uint_as_float((u32)F32_NAN_BITS) : wf;
             }
             continue;
         }

@@ -66,7 +66,7 @@ func (c *Backend) IndexerQuery(ctx context.Context, l mla.Launch, a *mla.Indexer
 		for i, x := range v {
 			out[i] = numerics.E4M3FromF32(float32(x * inv))
 		}
-		binary.LittleEndian.PutUint32(wo, math.Float32bits(float32(ws*numerics.UE8M0Scale(e))))
+		binary.LittleEndian.PutUint32(wo, math.Float32bits(numerics.CanonicalF32(ws*numerics.UE8M0Scale(e))))
 	})
 }
 

@@ -185,7 +185,8 @@ func refIndexerWeight(w float32) []byte {
 // power-of-two scale over the 128 values: a = max |y| (NaN ignored) floored
 // at 1e-4, t = fl(a / 448), e = t's biased exponent plus one for a non-zero
 // mantissa, at most 254; the 128 bytes e4m3(fl(y_i * 2^(127-e))), and the
-// head weight fl(fl(bf16(w) * fl32(2^-6.5)) * 2^(e-127)) as float32 bits.
+// head weight fl(fl(bf16(w) * fl32(2^-6.5)) * 2^(e-127)) as float32 bits,
+// a NaN as 0x7FFFFFFF.
 func refIndexerQueryFP8(in []byte, table []byte, pos int, w float32) (q, wf []byte) {
 	y := make([]float32, 128)
 	for i := range y {
@@ -213,7 +214,12 @@ func refIndexerQueryFP8(in []byte, table []byte, pos int, w float32) (q, wf []by
 	}
 	c := float32(math.Pow(2, -6.5))
 	ws := float32(numerics.RoundBF16(w) * c)
-	wf = binary.LittleEndian.AppendUint32(nil, math.Float32bits(float32(ws*float32(math.Ldexp(1, e-127)))))
+	wv := ws * float32(math.Ldexp(1, e-127))
+	wb := math.Float32bits(wv)
+	if math.IsNaN(float64(wv)) {
+		wb = 0x7FFFFFFF // section 9: a NaN head weight is the float32 NaN 0x7FFFFFFF
+	}
+	wf = binary.LittleEndian.AppendUint32(nil, wb)
 	return q, wf
 }
 

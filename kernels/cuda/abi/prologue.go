@@ -218,6 +218,7 @@ func Constants() []ConstGroup {
 			{"MXFP4_ROW_BYTES", numerics.MXFP4RowBytes, "one 128-value row: 64 nibble bytes, then 4 scale bytes"},
 			{"MXFP4_FLOOR_BITS", int(math.Float32bits(numerics.MXFP4Floor)), "float32 bits of the amax floor 6*2^-126"},
 			{"MXFP4_INV6_BITS", int(math.Float32bits(numerics.MXFP4InvSix)), "float32 bits of fl32(1/6)"},
+			{"F32_NAN_BITS", numerics.F32NaN, "the float32 NaN a float32 output holds (the fp8 query's head weights)"},
 			{"ENTRY_KV", int(mla.EntryKV), "mla.CompressEntry: the main compressor"},
 			{"ENTRY_INDEXER", int(mla.EntryIndexer), "mla.CompressEntry: the indexer's compressor"},
 			{"IQ_WARPS", IndexerQueryWarps, "warps of an indexer_query block, one (token, head) row each"},
