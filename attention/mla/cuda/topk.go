@@ -37,9 +37,11 @@ const (
 )
 
 // topkDefaultScore is the score kernel IndexerTopK launches unless a test
-// picks another. topkScoreMMA4 computes the same keys; it becomes the
-// default once the device has shown it bit-exact and faster.
-const topkDefaultScore = topkScoreMMA
+// picks another: topk_score_mma4, bit-exact with the CPU backend on the
+// H200 and 2.7x faster than topk_score_mma at decode b=32 MTP 3 and 64K
+// (287 against 767 us a layer, score alone 212 against 695;
+// bench/results/2026-12-02-h200). The other two compute the same keys.
+const topkDefaultScore = topkScoreMMA4
 
 // topkTileBlocksPerSM sets topk_score's and topk_score_mma's grid: about
 // this many blocks a multiprocessor over the launch's rows (each block
