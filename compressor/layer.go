@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/dsv4mla/prologue/internal/race"
 	"github.com/dsv4mla/prologue/kvcache"
 	"github.com/dsv4mla/prologue/model/dsv4"
 	"github.com/dsv4mla/prologue/numerics"
@@ -155,8 +156,17 @@ func (e *Entry) Store(page []byte, pageSize, off int) {
 //
 // A GPU thread per channel runs the same loops; recomputing e_j in the
 // last loop instead of keeping it gives the same bits.
+//
+// Its loops are left out of the race detector's per-element
+// instrumentation; it reports its reads of logits and values as two
+// ranges instead.
+//
+//go:norace
+//go:nocheckptr
 func PoolChannel(logits, values []float32) float32 {
 	values = values[:len(logits)]
+	race.Read(logits)
+	race.Read(values)
 	m := float32(math.Inf(-1))
 	for _, g := range logits {
 		if g > m {
@@ -193,7 +203,10 @@ func (l *Layer) pool(i int, src rowSource, out *[Dim]float32) {
 // the main compressor, 128 for the indexer's) into out[:dim]: ratio 4
 // (coff 2), the previous window's "A" half [0, dim), absent for i = 0, then
 // the current window's "B" half [dim, 2*dim); ratio 128, columns [0, dim)
-// of the window's tokens.
+// of the window's tokens. Uninstrumented under -race like PoolChannel: it
+// reports each row it reads and the out it writes as ranges.
+//
+//go:norace
 func poolDim(ratio, coff, dim, i int, src rowSource, out []float32) {
 	n := coff * ratio
 	ks := make([][]float32, 0, n)
@@ -215,6 +228,11 @@ func poolDim(ratio, coff, dim, i int, src rowSource, out []float32) {
 			ks, gs = append(ks, k[:dim]), append(gs, g[:dim])
 		}
 	}
+	for j := range ks {
+		race.Read(ks[j])
+		race.Read(gs[j])
+	}
+	race.Write(out[:dim])
 	logits := make([]float32, len(ks))
 	values := make([]float32, len(ks))
 	for c := range dim {
