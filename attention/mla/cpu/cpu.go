@@ -184,10 +184,10 @@ func (c *Backend) parallel(ctx context.Context, n int, f func(i int)) error {
 	return g.Wait()
 }
 
-// loadRow, ropeTail and storeQ are the per-row loops of the two prologue
-// kernels, left out of the race detector's per-element instrumentation:
-// their callers report the rows they read and write as whole ranges
-// (race.Read, race.Write), so a race on them is still seen.
+// loadRow, ropeTail, normRopeRow and storeQ are the per-row loops of the
+// two prologue kernels, left out of the race detector's per-element
+// instrumentation: their callers report the rows they read and write as
+// whole ranges (race.Read, race.Write), so a race on them is still seen.
 //
 //go:norace
 //go:nocheckptr
@@ -235,16 +235,11 @@ func (c *Backend) KVNormRopeStore(ctx context.Context, l mla.Launch, a *mla.Laye
 			return
 		}
 		t := l.RowBegin + local
-		var x, y [d]float32
+		var y [d]float32
 		src, rp := latent[a.LatentOffset+t*a.LatentStride*2:][:2*d], rope[pos*numerics.RopeDim*4:][:numerics.RopeDim*4]
 		race.Read(src)
 		race.Read(rp)
-		loadRow(&x, src)
-		r := numerics.RMSInv(numerics.SumSquares(x[:]), a.Eps)
-		for i := range y {
-			y[i] = numerics.RoundBF16(float32(float32(x[i]*r) * w[i]))
-		}
-		ropeTail(&y, rp)
+		normRopeRow(&y, src, rp, &w, a.Eps)
 		pg := cache[int(page)*pageBytes : (int(page)+1)*pageBytes]
 		if err := kvcache.EncodeToken(cfg.Format, pg, cfg.PageSize, pos&(cfg.PageSize-1), &y, cfg.KVScale); err != nil {
 			panic(err) // unreachable: LayerArgs.Validate checked the cache config, and page and offset are in range
@@ -268,19 +263,35 @@ func (c *Backend) QNormRopeQuant(ctx context.Context, l mla.Launch, a *mla.Layer
 			clear(out)
 			return
 		}
-		var x, y [d]float32
+		var y [d]float32
 		src, rp := qin[(t*a.Heads+h)*d*2:][:2*d], rope[pos*numerics.RopeDim*4:][:numerics.RopeDim*4]
 		race.Read(src)
 		race.Read(rp)
-		loadRow(&x, src)
-		r := numerics.RMSInv(numerics.SumSquares(x[:]), a.Eps)
-		for i := range y {
-			y[i] = numerics.RoundBF16(float32(x[i] * r))
-		}
-		ropeTail(&y, rp)
+		normRopeRow(&y, src, rp, nil, a.Eps)
 		race.Write(out)
 		storeQ(out, &y, a.QFormat == mla.QBF16, a.QScale)
 	})
+}
+
+// normRopeRow is a row's RMSNorm (times the weight w, nil for the Q
+// heads', which have none), bf16 rounding and RoPE tail into y.
+//
+//go:norace
+//go:nocheckptr
+func normRopeRow(y *[d]float32, src, rope []byte, w *[d]float32, eps float32) {
+	var x [d]float32
+	loadRow(&x, src)
+	r := numerics.RMSInv(numerics.SumSquares(x[:]), eps)
+	if w != nil {
+		for i := range y {
+			y[i] = numerics.RoundBF16(float32(float32(x[i]*r) * w[i]))
+		}
+	} else {
+		for i := range y {
+			y[i] = numerics.RoundBF16(float32(x[i] * r))
+		}
+	}
+	ropeTail(y, rope)
 }
 
 //go:norace
