@@ -4,6 +4,7 @@
 //	bench [flags]            the measurements (needs a GPU); writes JSON
 //	bench host [flags]       only the engine's host cost, on any backend (cpu works anywhere)
 //	bench report [flags]     plots (PNG and SVG) from the JSON, anywhere
+//	bench topk --log PATH... the indexer top-k against the context, from BenchmarkCUDATopK logs
 //
 // The measurements: every kernel as a cold single launch (L2 flushed,
 // median of many) over generation and context shapes, for V4-Flash and

@@ -31,8 +31,10 @@ func main() {
 		err = hostMain(args, os.Stdout, os.Stderr)
 	case "report":
 		err = reportMain(args, os.Stdout, os.Stderr)
+	case "topk":
+		err = topkMain(args, os.Stdout, os.Stderr)
 	default:
-		err = fmt.Errorf("unknown subcommand %q (want host or report, or flags for the measurements)", sub)
+		err = fmt.Errorf("unknown subcommand %q (want host, report or topk, or flags for the measurements)", sub)
 	}
 	switch {
 	case errors.Is(err, flag.ErrHelp):

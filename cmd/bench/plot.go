@@ -36,6 +36,7 @@ type series struct {
 	Label  string
 	Kind   seriesKind
 	Points []point
+	Color  color.Color // a ceiling's colour where several must be told apart; nil: gray
 }
 
 // peerReport is the part of bench/peers.py's JSON the plots read.
@@ -325,12 +326,21 @@ func phaseLabel(phase string, mtp int) string {
 // drawPlot writes the series as a log-log plot to each path (the
 // extension picks the format: .png, .svg, .pdf).
 func drawPlot(title, ylabel string, ss []series, paths ...string) error {
+	return drawPlotAxes(title, "tokens in the batch", ylabel, nil, ss, paths...)
+}
+
+// drawPlotAxes is drawPlot with the x axis named, and its ticks where
+// xticks is not nil (powers of ten otherwise).
+func drawPlotAxes(title, xlabel, ylabel string, xticks plot.Ticker, ss []series, paths ...string) error {
 	p := plot.New()
 	p.Title.Text = title
-	p.X.Label.Text = "tokens in the batch"
+	p.X.Label.Text = xlabel
 	p.Y.Label.Text = ylabel
 	p.X.Scale, p.Y.Scale = plot.LogScale{}, plot.LogScale{}
 	p.X.Tick.Marker, p.Y.Tick.Marker = plot.LogTicks{Prec: -1}, plot.LogTicks{Prec: -1}
+	if xticks != nil {
+		p.X.Tick.Marker = xticks
+	}
 	p.Legend.Top, p.Legend.Left = true, true
 	p.Legend.TextStyle.Font.Size = vg.Points(7)
 	p.Add(plotter.NewGrid())
@@ -351,6 +361,9 @@ func drawPlot(title, ylabel string, ss []series, paths ...string) error {
 				return fmt.Errorf("%s: %w", s.Label, err)
 			}
 			l.Color = color.Gray{Y: 90}
+			if s.Color != nil {
+				l.Color = s.Color
+			}
 			l.Dashes = []vg.Length{vg.Points(4), vg.Points(3)}
 			p.Add(l)
 			p.Legend.Add(s.Label, l)

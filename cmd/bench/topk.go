@@ -1,0 +1,303 @@
+package main
+
+import (
+	"bufio"
+	"cmp"
+	"errors"
+	"flag"
+	"fmt"
+	"image/color"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+
+	"gonum.org/v1/plot"
+)
+
+// topkReading is one line BenchmarkCUDATopK logs: one shape's selection
+// with one score kernel, in microseconds of device time a layer.
+type topkReading struct {
+	Batch   string // the shape before its context: "decode-b32-mtp3", "prefill=16K"
+	Context int    // context tokens (ctx=64K is 65536); 0 where the shape names none
+	TopK    int
+	Kernel  string
+	Us      float64 // the whole selection
+	ScoreUs float64 // the score kernel alone
+	// SelectUs is the select kernel alone; CacheBytes the indexer-cache
+	// bytes the batch reads and CacheFloorUs them at the log's copy rate;
+	// Int8FloorUs the score's multiply-adds at the int8 peak.
+	SelectUs     float64
+	CacheBytes   int64
+	CacheFloorUs float64
+	Int8FloorUs  float64
+	Pairs        int64
+}
+
+// errTopKLine is a line that carries the benchmark's marker but not its form.
+var errTopKLine = errors.New("malformed top-k benchmark line")
+
+// topkMarker is in every line of the benchmark's and in no other.
+const topkMarker = " us a layer (score alone "
+
+// topkLineRE is the benchmark's line, after testing's "file.go:N: " prefix
+// (present in `go test` output, absent where a script printed the line).
+var topkLineRE = regexp.MustCompile(`^\s*(?:[\w.-]+\.go:\d+: )?(\S+)/topk=(\d+) (\w+): ([\d.]+) us a layer \(score alone ([\d.]+), select alone ([\d.]+)\); floors: cache (\d+) bytes ([\d.]+) us, int8 ([\d.]+) us \((\d+) row-entry pairs\)\s*$`)
+
+// parseTopKLine reads one log line: ok is false for a line that is not the
+// benchmark's, and the error is errTopKLine for one that has its marker but
+// does not parse.
+func parseTopKLine(line string) (r topkReading, ok bool, err error) {
+	if !strings.Contains(line, topkMarker) {
+		return r, false, nil
+	}
+	m := topkLineRE.FindStringSubmatch(line)
+	if m == nil {
+		return r, false, fmt.Errorf("%w: %q", errTopKLine, strings.TrimSpace(line))
+	}
+	shape := m[1]
+	r.Batch = shape
+	if b, ctx, found := strings.Cut(shape, "/ctx="); found {
+		r.Batch = b
+		if r.Context, err = parseTokens(ctx); err != nil {
+			return r, false, fmt.Errorf("%w: context %q: %v", errTopKLine, ctx, err)
+		}
+	}
+	r.Kernel = m[3]
+	ints := []struct {
+		s   string
+		dst *int64
+	}{{m[7], &r.CacheBytes}, {m[10], &r.Pairs}}
+	for _, f := range ints {
+		if *f.dst, err = strconv.ParseInt(f.s, 10, 64); err != nil {
+			return r, false, fmt.Errorf("%w: %v", errTopKLine, err)
+		}
+	}
+	if r.TopK, err = strconv.Atoi(m[2]); err != nil {
+		return r, false, fmt.Errorf("%w: %v", errTopKLine, err)
+	}
+	floats := []struct {
+		s   string
+		dst *float64
+	}{{m[4], &r.Us}, {m[5], &r.ScoreUs}, {m[6], &r.SelectUs}, {m[8], &r.CacheFloorUs}, {m[9], &r.Int8FloorUs}}
+	for _, f := range floats {
+		if *f.dst, err = strconv.ParseFloat(f.s, 64); err != nil {
+			return r, false, fmt.Errorf("%w: %v", errTopKLine, err)
+		}
+	}
+	return r, true, nil
+}
+
+// parseTokens reads a token count as the benchmark names it: 8K, 1024K, 1M, 500.
+func parseTokens(s string) (int, error) {
+	mult := 1
+	switch {
+	case strings.HasSuffix(s, "K"):
+		mult, s = 1<<10, strings.TrimSuffix(s, "K")
+	case strings.HasSuffix(s, "M"):
+		mult, s = 1<<20, strings.TrimSuffix(s, "M")
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n <= 0 {
+		return 0, fmt.Errorf("not a token count: %q", s)
+	}
+	return n * mult, nil
+}
+
+// topkLog is one benchmark log under the label its plot lines carry.
+type topkLog struct {
+	Label    string
+	Readings []topkReading
+}
+
+// readTopKLog reads every benchmark line of a log; a malformed one is an
+// error naming its line, as is a log without any.
+func readTopKLog(path, label string) (topkLog, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return topkLog{}, err
+	}
+	defer f.Close()
+	lg := topkLog{Label: label}
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
+	for n := 1; sc.Scan(); n++ {
+		r, ok, err := parseTopKLine(sc.Text())
+		if err != nil {
+			return topkLog{}, fmt.Errorf("%s:%d: %w", path, n, err)
+		}
+		if ok {
+			lg.Readings = append(lg.Readings, r)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return topkLog{}, fmt.Errorf("%s: %w", path, err)
+	}
+	if len(lg.Readings) == 0 {
+		return topkLog{}, fmt.Errorf("%s: no BenchmarkCUDATopK lines", path)
+	}
+	return lg, nil
+}
+
+// minAt keeps the least value at each context: the best of a shape's readings.
+type minAt map[int]float64
+
+func (m minAt) add(ctx int, v float64) {
+	if old, ok := m[ctx]; !ok || v < old {
+		m[ctx] = v
+	}
+}
+
+func (m minAt) series(label string, kind seriesKind, c color.Color) series {
+	s := series{Label: label, Kind: kind, Color: c}
+	for ctx, v := range m {
+		if ctx > 0 && v > 0 {
+			s.Points = append(s.Points, point{float64(ctx), v})
+		}
+	}
+	slices.SortFunc(s.Points, func(a, b point) int { return cmp.Compare(a.Tokens, b.Tokens) })
+	return s
+}
+
+// topkSeries is the selection against the context for one batch and
+// index_topk: per log, one line per score kernel (in the order the log
+// names them) and the select alone, each point the best of its readings;
+// then the two floors over every context any log has. The cache floor is
+// redrawn from the bytes at the fastest copy rate any of the logs implies
+// (bytes over its floor), so a log that divided by a slower rate (the
+// bytes read, not moved: 2026-12-01-h200-topk) does not raise it.
+func topkSeries(logs []topkLog, batch string, topk int) []series {
+	var out []series
+	cacheBytes := map[int]int64{}
+	int8Floor := minAt{}
+	rate := 0.0 // bytes a microsecond
+	for _, lg := range logs {
+		var kernels []string
+		byKernel := map[string]minAt{}
+		sel := minAt{}
+		for _, r := range lg.Readings {
+			if r.Batch != batch || r.TopK != topk || r.Context <= 0 {
+				continue
+			}
+			if byKernel[r.Kernel] == nil {
+				byKernel[r.Kernel] = minAt{}
+				kernels = append(kernels, r.Kernel)
+			}
+			byKernel[r.Kernel].add(r.Context, r.Us)
+			sel.add(r.Context, r.SelectUs)
+			int8Floor.add(r.Context, r.Int8FloorUs)
+			cacheBytes[r.Context] = r.CacheBytes
+			if r.CacheFloorUs > 0 {
+				rate = math.Max(rate, float64(r.CacheBytes)/r.CacheFloorUs)
+			}
+		}
+		for _, k := range kernels {
+			out = append(out, byKernel[k].series(fmt.Sprintf("%s, %s", k, lg.Label), measured, nil))
+		}
+		if len(sel) > 0 {
+			out = append(out, sel.series("select alone, "+lg.Label, measured, nil))
+		}
+	}
+	if rate > 0 {
+		cache := minAt{}
+		for ctx, b := range cacheBytes {
+			cache.add(ctx, float64(b)/rate)
+		}
+		out = append(out, cache.series(fmt.Sprintf("cache floor: the indexer-cache bytes at %.2f TB/s (the fastest copy in the logs)", rate/1e6),
+			ceiling, color.Gray{Y: 120}))
+	}
+	if len(int8Floor) > 0 {
+		out = append(out, int8Floor.series("int8 floor: the score's multiply-adds at the int8 peak", ceiling, color.Black))
+	}
+	return out
+}
+
+// topkMain is the topk subcommand: the indexer's top-k selection against
+// the context, drawn from BenchmarkCUDATopK logs.
+func topkMain(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("bench topk", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var logs []string
+	fs.Func("log", "a BenchmarkCUDATopK log, as PATH (labelled with its folder's name) or LABEL=PATH; repeat for several", func(s string) error {
+		logs = append(logs, s)
+		return nil
+	})
+	batch := fs.String("batch", "decode-b32-mtp3", "the batch shape, as the benchmark names it before /ctx=")
+	topk := fs.Int("topk", 512, "index_topk")
+	outDir := fs.String("out-dir", "", "where the plot goes (default: beside the last --log)")
+	name := fs.String("name", "topk-vs-context", "file name: NAME.png and NAME.svg")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("topk: unexpected argument %q", fs.Arg(0))
+	}
+	if len(logs) == 0 {
+		return fmt.Errorf("topk: no --log given")
+	}
+	var read []topkLog
+	path := ""
+	for _, s := range logs {
+		label, p, found := strings.Cut(s, "=")
+		if !found {
+			p, label = s, filepath.Base(filepath.Dir(s))
+		}
+		lg, err := readTopKLog(p, label)
+		if err != nil {
+			return err
+		}
+		read = append(read, lg)
+		path = p
+	}
+	ss := topkSeries(read, *batch, *topk)
+	if !hasMeasured(ss) {
+		return fmt.Errorf("topk: the logs have no %s at index_topk %d with a context", *batch, *topk)
+	}
+	dir := *outDir
+	if dir == "" {
+		dir = filepath.Dir(path)
+	}
+	base := filepath.Join(dir, *name)
+	paths := []string{base + ".png", base + ".svg"}
+	title := fmt.Sprintf("Indexer top-k selection, %s, index_topk %d: device time a layer (best of the readings)", *batch, *topk)
+	if err := drawPlotAxes(title, "context tokens", "µs a layer", contextTicks(ss), ss, paths...); err != nil {
+		return err
+	}
+	for _, f := range paths {
+		fmt.Fprintln(stdout, "wrote", f)
+	}
+	return nil
+}
+
+// contextTicks marks the x axis at the contexts drawn, named as the
+// benchmark names them (8K, 64K, 1M).
+func contextTicks(ss []series) plot.ConstantTicks {
+	var at []float64
+	for _, s := range ss {
+		for _, p := range s.Points {
+			at = append(at, p.Tokens)
+		}
+	}
+	slices.Sort(at)
+	at = slices.Compact(at)
+	ticks := make(plot.ConstantTicks, len(at))
+	for i, x := range at {
+		ticks[i] = plot.Tick{Value: x, Label: tokensLabel(int(x))}
+	}
+	return ticks
+}
+
+// tokensLabel is parseTokens' inverse: 1M, 64K, 500.
+func tokensLabel(n int) string {
+	switch {
+	case n >= 1<<20 && n%(1<<20) == 0:
+		return fmt.Sprintf("%dM", n>>20)
+	case n >= 1<<10 && n%(1<<10) == 0:
+		return fmt.Sprintf("%dK", n>>10)
+	}
+	return strconv.Itoa(n)
+}

@@ -1,0 +1,167 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"image/png"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestParseTopKLine(t *testing.T) {
+	decode64K := topkReading{Batch: "decode-b32-mtp3", Context: 64 << 10, TopK: 512, Kernel: "mma", Us: 737.3, ScoreUs: 700.3,
+		SelectUs: 25.6, CacheBytes: 35572568, CacheFloorUs: 19.69, Int8FloorUs: 17.32, Pairs: 2092462}
+	mma4 := decode64K
+	mma4.Kernel, mma4.Us, mma4.ScoreUs, mma4.SelectUs, mma4.CacheFloorUs = "mma4", 287.2, 212.2, 46.1, 10.18
+	for _, c := range []struct {
+		name, line string
+		want       topkReading
+		ok         bool
+		err        bool
+	}{
+		{"go test prefix", "    topk_test.go:261: decode-b32-mtp3/ctx=64K/topk=512 mma: 737.3 us a layer (score alone 700.3, select alone 25.6); floors: cache 35572568 bytes 19.69 us, int8 17.32 us (2092462 row-entry pairs)", decode64K, true, false},
+		{"no prefix", "decode-b32-mtp3/ctx=64K/topk=512 mma4: 287.2 us a layer (score alone 212.2, select alone 46.1); floors: cache 35572568 bytes 10.18 us, int8 17.32 us (2092462 row-entry pairs)", mma4, true, false},
+		{"1M as 1024K", "    topk_test.go:286: decode-b32-mtp3/ctx=1024K/topk=1024 dp4a: 11617.7 us a layer (score alone 11004.4, select alone 498.4); floors: cache 570344492 bytes 315.74 us, int8 277.76 us (33549631 row-entry pairs)",
+			topkReading{Batch: "decode-b32-mtp3", Context: 1 << 20, TopK: 1024, Kernel: "dp4a", Us: 11617.7, ScoreUs: 11004.4, SelectUs: 498.4,
+				CacheBytes: 570344492, CacheFloorUs: 315.74, Int8FloorUs: 277.76, Pairs: 33549631}, true, false},
+		{"prefill, no context", "prefill=16K/topk=512 mma: 9667.0 us a layer (score alone 9096.3, select alone 514.5); floors: cache 278528 bytes 0.15 us, int8 277.76 us (33550336 row-entry pairs)",
+			topkReading{Batch: "prefill=16K", TopK: 512, Kernel: "mma", Us: 9667.0, ScoreUs: 9096.3, SelectUs: 514.5,
+				CacheBytes: 278528, CacheFloorUs: 0.15, Int8FloorUs: 277.76, Pairs: 33550336}, true, false},
+		{"another line", "BenchmarkCUDATopK/decode-b32-mtp3/ctx=8K/topk=512/mma-16  3  1084677 ns/op  96.46 us/layer", topkReading{}, false, false},
+		{"empty", "", topkReading{}, false, false},
+		{"cut short", "decode-b32-mtp3/ctx=64K/topk=512 mma: 737.3 us a layer (score alone 700.3, select alone 25.6); floors: cache 35572568 bytes", topkReading{}, false, true},
+		{"bad number", "decode-b32-mtp3/ctx=64K/topk=512 mma: 7.3.7 us a layer (score alone 700.3, select alone 25.6); floors: cache 35572568 bytes 19.69 us, int8 17.32 us (2092462 row-entry pairs)", topkReading{}, false, true},
+		{"bad context", "decode-b32-mtp3/ctx=64G/topk=512 mma: 737.3 us a layer (score alone 700.3, select alone 25.6); floors: cache 35572568 bytes 19.69 us, int8 17.32 us (2092462 row-entry pairs)", topkReading{}, false, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			got, ok, err := parseTopKLine(c.line)
+			if c.err {
+				assert.ErrorIs(t, err, errTopKLine)
+				assert.False(t, ok)
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, c.ok, ok)
+			if ok {
+				assert.Equal(t, c.want, got)
+			}
+		})
+	}
+}
+
+// topkFixture writes a log in either form: two readings of each shape
+// (the best is the smaller), shapes of another batch and index_topk that
+// the plot leaves out, and lines of other kinds around them. cacheFloor is
+// the 64K shape's cache floor, which sets the copy rate the log implies.
+func topkFixture(t *testing.T, prefix string, cacheFloor float64) string {
+	t.Helper()
+	const line = "%sdecode-b32-mtp3/ctx=%s/topk=%d %s: %.1f us a layer (score alone 1.0, select alone %.1f); floors: cache %d bytes %.2f us, int8 %.2f us (100 row-entry pairs)"
+	lines := []string{
+		"goos: linux",
+		"BenchmarkCUDATopK/decode-b32-mtp3/ctx=8K/topk=512/mma-16 3 1084677 ns/op 96.46 us/layer",
+		fmt.Sprintf(line, prefix, "8K", 512, "mma", 97.5, 8.8, 4000000, 2.0, 2.13),
+		fmt.Sprintf(line, prefix, "8K", 512, "mma", 96.5, 9.1, 4000000, 2.0, 2.13),
+		fmt.Sprintf(line, prefix, "64K", 512, "mma", 736.9, 25.6, 32000000, cacheFloor, 17.32),
+		fmt.Sprintf(line, prefix, "64K", 512, "mma", 737.3, 25.3, 32000000, cacheFloor, 17.32),
+		fmt.Sprintf(line, prefix, "64K", 512, "dp4a", 828.3, 24.9, 32000000, cacheFloor, 17.32),
+		fmt.Sprintf(line, prefix, "64K", 1024, "mma", 5.0, 1.0, 32000000, cacheFloor, 17.32),
+		strings.Replace(fmt.Sprintf(line, prefix, "64K", 512, "mma4", 5.0, 1.0, 32000000, cacheFloor, 17.32), "mtp3/", "mtp3-narrow/", 1),
+		prefix + "prefill=16K/topk=512 mma: 9667.0 us a layer (score alone 9096.3, select alone 514.5); floors: cache 278528 bytes 0.15 us, int8 277.76 us (33550336 row-entry pairs)",
+		"PASS",
+	}
+	path := filepath.Join(t.TempDir(), "bench.log")
+	require.NoError(t, os.WriteFile(path, []byte(strings.Join(lines, "\n")+"\n"), 0o644))
+	return path
+}
+
+func TestTopKSeries(t *testing.T) {
+	a, err := readTopKLog(topkFixture(t, "    topk_test.go:261: ", 16), "first")
+	require.NoError(t, err)
+	b, err := readTopKLog(topkFixture(t, "", 8), "second")
+	require.NoError(t, err)
+	require.Len(t, a.Readings, 8)
+	by := map[string]series{}
+	var labels []string
+	for _, s := range topkSeries([]topkLog{a, b}, "decode-b32-mtp3", 512) {
+		by[s.Label] = s
+		labels = append(labels, s.Label)
+	}
+	assert.Equal(t, []string{"mma, first", "dp4a, first", "select alone, first", "mma, second", "dp4a, second", "select alone, second",
+		"cache floor: the indexer-cache bytes at 4.00 TB/s (the fastest copy in the logs)",
+		"int8 floor: the score's multiply-adds at the int8 peak"}, labels)
+	assert.Equal(t, []point{{8192, 96.5}, {65536, 736.9}}, by["mma, first"].Points, "the best reading of each shape")
+	assert.Equal(t, []point{{65536, 828.3}}, by["dp4a, second"].Points)
+	assert.Equal(t, []point{{8192, 8.8}, {65536, 24.9}}, by["select alone, first"].Points, "the best select over every kernel's readings")
+	cache := by["cache floor: the indexer-cache bytes at 4.00 TB/s (the fastest copy in the logs)"]
+	assert.Equal(t, ceiling, cache.Kind)
+	// 4e6 bytes at the second log's 32e6 bytes / 8 us, not the first's 16 us.
+	assert.Equal(t, []point{{8192, 1}, {65536, 8}}, cache.Points)
+	assert.Equal(t, []point{{8192, 2.13}, {65536, 17.32}}, by["int8 floor: the score's multiply-adds at the int8 peak"].Points)
+
+	assert.False(t, hasMeasured(topkSeries([]topkLog{a}, "decode-b8-mtp1", 512)), "no shape of another batch")
+}
+
+func TestTopKWritesPlots(t *testing.T) {
+	dir := t.TempDir()
+	var out bytes.Buffer
+	require.NoError(t, topkMain([]string{"--log", "one=" + topkFixture(t, "    topk_test.go:261: ", 16), "--log", topkFixture(t, "", 8),
+		"--out-dir", dir}, &out, &bytes.Buffer{}))
+	for _, ext := range []string{".png", ".svg"} {
+		assert.Contains(t, out.String(), filepath.Join(dir, "topk-vs-context"+ext))
+	}
+	f, err := os.Open(filepath.Join(dir, "topk-vs-context.png"))
+	require.NoError(t, err)
+	img, err := png.Decode(f)
+	f.Close()
+	require.NoError(t, err)
+	assert.Greater(t, img.Bounds().Dx(), 500)
+	svg, err := os.ReadFile(filepath.Join(dir, "topk-vs-context.svg"))
+	require.NoError(t, err)
+	assert.Contains(t, string(svg), "<svg")
+	assert.Contains(t, string(svg), "mma, one", "the label given")
+	assert.Contains(t, string(svg), "64K", "the context ticks")
+}
+
+func TestTopKErrors(t *testing.T) {
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.log")
+	require.NoError(t, os.WriteFile(bad, []byte("ok\ndecode-b32-mtp3/ctx=64K/topk=512 mma: 737.3 us a layer (score alone 700.3, select\n"), 0o644))
+	none := filepath.Join(dir, "none.log")
+	require.NoError(t, os.WriteFile(none, []byte("PASS\n"), 0o644))
+	good := topkFixture(t, "", 8)
+	for _, c := range []struct {
+		args []string
+		err  string
+	}{
+		{nil, "no --log"},
+		{[]string{"--log", filepath.Join(dir, "missing.log")}, "missing.log"},
+		{[]string{"--log", bad}, "bad.log:2: malformed"},
+		{[]string{"--log", none}, "no BenchmarkCUDATopK lines"},
+		{[]string{"--log", good, "--topk", "2048", "--out-dir", dir}, "no decode-b32-mtp3 at index_topk 2048"},
+		{[]string{"--log", good, "extra"}, "unexpected argument"},
+	} {
+		err := topkMain(c.args, &bytes.Buffer{}, &bytes.Buffer{})
+		require.Error(t, err, c.args)
+		assert.Contains(t, err.Error(), c.err)
+	}
+	assert.True(t, errors.Is(func() error { _, err := readTopKLog(bad, "x"); return err }(), errTopKLine))
+}
+
+func TestTokensLabel(t *testing.T) {
+	for _, n := range []int{500, 8 << 10, 64 << 10, 128 << 10, 1 << 20, 3 << 20} {
+		got, err := parseTokens(tokensLabel(n))
+		require.NoError(t, err)
+		assert.Equal(t, n, got, tokensLabel(n))
+	}
+	assert.Equal(t, "1M", tokensLabel(1024<<10))
+	for _, s := range []string{"", "K", "-8K", "8G", "x"} {
+		_, err := parseTokens(s)
+		assert.Error(t, err, s)
+	}
+}
