@@ -2,6 +2,7 @@ package driver
 
 import (
 	"fmt"
+	"runtime"
 	"strings"
 	"unsafe"
 
@@ -51,11 +52,21 @@ func bindAll(handle uintptr, library string, bindings []binding) error {
 func openFirst(what string, candidates []string) (handle uintptr, path string, err error) {
 	var reasons []string
 	for _, c := range candidates {
+		// dlerror's message is per OS thread: purego reads it in a second
+		// call after dlopen, so the goroutine must not move between them
+		// (CI once saw an empty reason). Locks nest, so the owner
+		// goroutine stays locked.
+		runtime.LockOSThread()
 		h, err := purego.Dlopen(c, purego.RTLD_NOW|purego.RTLD_LOCAL)
+		runtime.UnlockOSThread()
 		if err == nil {
 			return h, c, nil
 		}
-		reasons = append(reasons, err.Error())
+		reason := err.Error()
+		if !strings.Contains(reason, c) {
+			reason = c + ": " + reason
+		}
+		reasons = append(reasons, reason)
 	}
 	if len(candidates) == 0 {
 		return 0, "", fmt.Errorf("load %s: no candidate paths", what)
