@@ -2,7 +2,6 @@ package main
 
 import (
 	"bufio"
-	"cmp"
 	"errors"
 	"flag"
 	"fmt"
@@ -143,23 +142,19 @@ func readTopKLog(path, label string) (topkLog, error) {
 	return lg, nil
 }
 
-// minAt keeps the least value at each context: the best of a shape's readings.
-type minAt map[int]float64
-
-func (m minAt) add(ctx int, v float64) {
-	if old, ok := m[ctx]; !ok || v < old {
-		m[ctx] = v
-	}
-}
-
-func (m minAt) series(label string, kind seriesKind, c color.Color) series {
-	s := series{Label: label, Kind: kind, Color: c}
-	for ctx, v := range m {
-		if ctx > 0 && v > 0 {
-			s.Points = append(s.Points, point{float64(ctx), v})
+// leastAtTokens keeps the least value at each token count of a series
+// sorted by tokens: the best of a shape's readings.
+func leastAtTokens(s series) series {
+	var out []point
+	for _, p := range s.Points {
+		switch n := len(out); {
+		case n == 0 || out[n-1].Tokens != p.Tokens:
+			out = append(out, p)
+		case p.Us < out[n-1].Us:
+			out[n-1] = p
 		}
 	}
-	slices.SortFunc(s.Points, func(a, b point) int { return cmp.Compare(a.Tokens, b.Tokens) })
+	s.Points = out
 	return s
 }
 
@@ -171,50 +166,49 @@ func (m minAt) series(label string, kind seriesKind, c color.Color) series {
 // (bytes over its floor), so a log that divided by a slower rate (the
 // bytes read, not moved: 2026-12-01-h200-topk) does not raise it.
 func topkSeries(logs []topkLog, batch string, topk int) []series {
-	var out []series
-	cacheBytes := map[int]int64{}
-	int8Floor := minAt{}
+	var lines, floors groupSeries // floors after every log's lines in the legend
+	var kept []topkReading
 	rate := 0.0 // bytes a microsecond
 	for _, lg := range logs {
-		var kernels []string
-		byKernel := map[string]minAt{}
-		sel := minAt{}
+		var sel []topkReading
 		for _, r := range lg.Readings {
 			if r.Batch != batch || r.TopK != topk || r.Context <= 0 {
 				continue
 			}
-			if byKernel[r.Kernel] == nil {
-				byKernel[r.Kernel] = minAt{}
-				kernels = append(kernels, r.Kernel)
-			}
-			byKernel[r.Kernel].add(r.Context, r.Us)
-			sel.add(r.Context, r.SelectUs)
-			int8Floor.add(r.Context, r.Int8FloorUs)
-			cacheBytes[r.Context] = r.CacheBytes
+			lines.add(fmt.Sprintf("%s, %s", r.Kernel, lg.Label), measured, r.Context, r.Us)
+			sel = append(sel, r)
 			if r.CacheFloorUs > 0 {
 				rate = math.Max(rate, float64(r.CacheBytes)/r.CacheFloorUs)
 			}
 		}
-		for _, k := range kernels {
-			out = append(out, byKernel[k].series(fmt.Sprintf("%s, %s", k, lg.Label), measured, nil))
+		for _, r := range sel { // after the log's kernels
+			lines.add("select alone, "+lg.Label, measured, r.Context, r.SelectUs)
 		}
-		if len(sel) > 0 {
-			out = append(out, sel.series("select alone, "+lg.Label, measured, nil))
+		kept = append(kept, sel...)
+	}
+	cacheLabel := fmt.Sprintf("cache floor: the indexer-cache bytes at %.2f TB/s (the fastest copy in the logs)", rate/1e6)
+	for _, r := range kept {
+		if rate > 0 {
+			floors.add(cacheLabel, ceiling, r.Context, float64(r.CacheBytes)/rate)
 		}
 	}
-	if rate > 0 {
-		cache := minAt{}
-		for ctx, b := range cacheBytes {
-			cache.add(ctx, float64(b)/rate)
-		}
-		out = append(out, cache.series(fmt.Sprintf("cache floor: the indexer-cache bytes at %.2f TB/s (the fastest copy in the logs)", rate/1e6),
-			ceiling, color.Gray{Y: 120}))
+	for _, r := range kept {
+		floors.add(int8Label, ceiling, r.Context, r.Int8FloorUs)
 	}
-	if len(int8Floor) > 0 {
-		out = append(out, int8Floor.series("int8 floor: the score's multiply-adds at the int8 peak", ceiling, color.Black))
+	out := append(lines.list(), floors.list()...)
+	for i := range out {
+		out[i] = leastAtTokens(out[i])
+		switch out[i].Label {
+		case cacheLabel:
+			out[i].Color = color.Gray{Y: 120}
+		case int8Label:
+			out[i].Color = color.Black
+		}
 	}
 	return out
 }
+
+const int8Label = "int8 floor: the score's multiply-adds at the int8 peak"
 
 // topkMain is the topk subcommand: the indexer's top-k selection against
 // the context, drawn from BenchmarkCUDATopK logs.
