@@ -3,8 +3,9 @@
 // The host/device contract of the CUDA kernels, written from the Go table in
 // kernels/cuda/abi: the parameter struct the host packs byte by byte, the ids
 // and layout constants both sides use, and the kernel names the host loads.
-// The host prepends this file to each source it compiles (NVRTC has no
-// include path to this folder).
+// Every kernel source includes it through common.cuh; the host hands both to
+// NVRTC as in-memory headers (kernels/cuda.Headers: NVRTC has no include path
+// to this folder).
 
 #ifndef DSV4_PROLOGUE_ABI_H
 #define DSV4_PROLOGUE_ABI_H

@@ -86,8 +86,15 @@ func TestParseKernelsCatchesDrift(t *testing.T) {
 	}, defs)
 }
 
-func TestPrologueSourceStartsWithHeader(t *testing.T) {
-	src := kernels.PrologueSource()
-	require.Equal(t, kernels.ABIHeader(), src[:len(kernels.ABIHeader())])
-	require.Equal(t, "#line 1 \"prologue.cu\"\n"+kernels.PrologueFile(), src[len(kernels.ABIHeader()):])
+// TestHeadersIncludeABI: common.cuh includes abi.h, and Headers hands
+// NVRTC both, byte for byte the embedded files.
+func TestHeadersIncludeABI(t *testing.T) {
+	require.Contains(t, kernels.CommonHeader(), "\n#include \"abi.h\"\n")
+	byName := map[string]string{}
+	for _, h := range kernels.Headers() {
+		byName[h.Name] = h.Source
+	}
+	require.Equal(t, kernels.ABIHeader(), byName["abi.h"])
+	require.Equal(t, kernels.CommonHeader(), byName["common.cuh"])
+	require.Equal(t, kernels.PrologueFile(), byName["prologue.cu"])
 }

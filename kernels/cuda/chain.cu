@@ -3,43 +3,14 @@
 // RMSNorm over q_lora_rank values) fused with act_quant. Compiled by NVRTC
 // at first use, like prologue.cu and with its rules: every float operation
 // is an explicit _rn intrinsic (no fused multiply-add), and no -ftz (the
-// inverse scale 2^-127 is a subnormal). The conversion helpers repeat
-// prologue.cu's: the two programs are separate modules.
+// inverse scale 2^-127 is a subnormal). The conversion helpers are
+// common.cuh's, the same as prologue.cu's.
 //
 // Outputs: Data [rows][k] e4m3 row-major; Scale [k/128][scale_stride]
 // float32, the scale of row r's block b at b*scale_stride + r (the M-major
 // layout cuBLASLt's block-scaled FP8 mode reads), value 2^(e-127).
 
-typedef unsigned char u8;
-typedef unsigned short u16;
-typedef unsigned int u32;
-typedef unsigned long long u64;
-
-#define FULL 0xffffffffu
-
-__device__ __forceinline__ float bf16_to_f32(u32 h) { return __uint_as_float(h << 16); }
-
-// Two float32 rounded to bf16 (nearest even, every NaN to 0x7fff), packed
-// with lo in the low half: cvt.rn.bf16x2.f32, as prologue.cu.
-__device__ __forceinline__ u32 bf16x2_rn(float lo, float hi) {
-    u32 r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
-
-// Round a and b to bf16 in place (widened back exactly).
-__device__ __forceinline__ void round2(float& a, float& b) {
-    u32 r = bf16x2_rn(a, b);
-    a = __uint_as_float(r << 16);
-    b = __uint_as_float(r & 0xffff0000u);
-}
-
-// Two float32 to two e4m3 with the hardware conversion: hi goes to the upper byte.
-__device__ __forceinline__ u32 e4m3x2(float hi, float lo) {
-    u16 r;
-    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
-    return r;
-}
+#include "common.cuh"
 
 // Four values times inv, to four e4m3 bytes in memory order (v0 lowest).
 __device__ __forceinline__ u32 quant4(float v0, float v1, float v2, float v3, float inv) {
@@ -47,32 +18,6 @@ __device__ __forceinline__ u32 quant4(float v0, float v1, float v2, float v3, fl
     u32 hi = e4m3x2(__fmul_rn(v3, inv), __fmul_rn(v2, inv));
     return lo | (hi << 16);
 }
-
-// 2^k exactly for k in [-149, 127].
-__device__ __forceinline__ float pow2i(int k) {
-    if (k >= -126) return __uint_as_float((u32)(k + 127) << 23);
-    return __uint_as_float(1u << (k + 149));
-}
-
-// The UE8M0 exponent byte of a block whose max |value| (NaN ignored) is a
-// (DESIGN.md section 4.5): t = fl(max(a, 1e-4)/448), its biased exponent,
-// plus one when its mantissa is non-zero, at most 254. Read from a's bits
-// without the division, as prologue.cu's ue8m0_exp (448 = 1.75 * 2^8): a's
-// biased exponent - 8, plus one when its mantissa exceeds 1.75's
-// (0x600000); +Inf gives the cap 254, which no finite a reaches.
-// numerics.UE8M0ExponentBits, checked against the division on every
-// float32 (TestUE8M0ExponentBitsExhaustive).
-__device__ __forceinline__ int ue8m0_exp(float a) {
-    const u32 b = __float_as_uint(fmaxf(a, 1e-4f));
-    if (b >= 0x7f800000u) return 254;
-    return (int)(b >> 23) - 8 + ((b & 0x7fffffu) > 0x600000u ? 1 : 0);
-}
-
-// Programmatic dependent launch: wait for the previous grid's memory before
-// reading its output; let the next grid start launching (its own wait still
-// waits for this grid to finish). Both are no-ops without PDL.
-__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
-__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;"); }
 
 // act_quant: one half-warp quantizes one 128-value block. Lane l of the half
 // loads values [8l, 8l+8) of the block (16 bytes), the 16 lanes reduce the

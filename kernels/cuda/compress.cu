@@ -1,10 +1,11 @@
 // DSv4's KV compressor on the device (DESIGN.md section 8): the gated
 // pooling of a window's projections into one compressed entry, bit-identical
 // to package compressor (compressor.PoolChannel, then Layer.FinishEntry).
-// NVRTC compiles it after abi.h, prologue.cu with PROLOGUE_HELPERS_ONLY (its
-// helpers, none of its kernels) and exp32.cuh, as one program
-// (kernels/cuda.CompressSource). Same rules as prologue.cu: every float
-// operation is an explicit _rn intrinsic, no -ftz.
+// NVRTC compiles it with prologue.cu's helpers (PROLOGUE_HELPERS_ONLY: none
+// of its kernels), exp32.cuh and indexer.cu, as one program
+// (kernels/cuda.CompressSource; the includes are in-memory headers). Same
+// rules as prologue.cu: every float operation is an explicit _rn
+// intrinsic, no -ftz.
 //
 // compress_entries: one block of 512 threads per entry (a grid-stride loop
 // over the jobs). Thread c pools channel c over the entry's candidates in
@@ -35,6 +36,11 @@
 //   A job whose index, page, offset or candidate codes are out of range
 //   is skipped (nothing written); the host refuses such jobs before the
 //   launch, so this only keeps a bad launch from touching foreign memory.
+
+#include "common.cuh"
+#define PROLOGUE_HELPERS_ONLY  // prologue.cu's helpers, none of its kernels
+#include "prologue.cu"
+#include "exp32.cuh"
 
 #define COMPRESS_THREADS 512
 static_assert(COMPRESS_THREADS == HEAD_DIM, "one thread per channel of the pooled row");

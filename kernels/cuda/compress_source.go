@@ -12,14 +12,11 @@ var compressSource string
 var indexerSource string
 
 // CompressSource returns the compilable source of the compressor's module
-// (DESIGN.md section 8) and the indexer's (section 9): abi.h, prologue.cu's
-// helpers (with PROLOGUE_HELPERS_ONLY: none of its kernels, whose behaviour
-// stays theirs alone), exp32.cuh, compress.cu and indexer.cu, each under a
-// #line directive so that
-// NVRTC's messages name the file and its own line numbers.
+// (DESIGN.md section 8) and the indexer's (section 9): compress.cu, which
+// includes prologue.cu's helpers (with PROLOGUE_HELPERS_ONLY: none of its
+// kernels, whose behaviour stays theirs alone) and exp32.cuh, then
+// indexer.cu under a #line directive so that NVRTC's messages name the
+// file and its own line numbers. Compile it with Headers.
 func CompressSource() string {
-	return "#define PROLOGUE_HELPERS_ONLY\n" + PrologueSource() +
-		"\n#line 1 \"exp32.cuh\"\n" + exp32Source +
-		"\n#line 1 \"compress.cu\"\n" + compressSource +
-		"\n#line 1 \"indexer.cu\"\n" + indexerSource
+	return compressSource + "\n#line 1 \"indexer.cu\"\n" + indexerSource
 }

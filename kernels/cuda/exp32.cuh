@@ -4,9 +4,8 @@
 // constants are the Go file's bit patterns, and 2^k is built from its bits,
 // so the result is bit-identical to the Go function for every input.
 // Self-contained: no typedefs or other includes needed. NVRTC has no
-// include path here: kernels/cuda.CompressSource pastes it into the
-// compressor's program (an include guard, since #pragma once in a main file
-// draws a warning).
+// include path here: it is one of the in-memory headers every program is
+// compiled with (kernels/cuda.Headers); compress.cu includes it.
 #ifndef EXP32_CUH
 #define EXP32_CUH
 

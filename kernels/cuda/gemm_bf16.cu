@@ -18,16 +18,12 @@
 // multiples (YOffset % 16, YStride % 4) and n0 % 8 == 0: every load is a
 // 16-byte vector, every store two.
 
-typedef unsigned short u16;
-typedef unsigned int u32;
+#include "common.cuh"
 
 #define BF16_GEMM_WARPS 8
 
-__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
-__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;"); }
-
 // The two bf16 of a little-endian 32-bit word, widened exactly.
-__device__ __forceinline__ float bf16_lo(u32 v) { return __uint_as_float(v << 16); }
+__device__ __forceinline__ float bf16_lo(u32 v) { return bf16_to_f32(v); }
 __device__ __forceinline__ float bf16_hi(u32 v) { return __uint_as_float(v & 0xffff0000u); }
 
 // acc + x[0]*w[0] + ... + x[7]*w[7], in that order, each operation rounded

@@ -49,26 +49,13 @@
 // rows whole; warps past N idle), Y rows at 16-byte multiples for the
 // reduction's float4 stores (YOffset % 16, YStride % 4).
 
-typedef unsigned short u16;
-typedef unsigned int u32;
+#include "common.cuh"
 
 #define BF16_MMA_WARPS 4                    // warps a block
 #define BF16_MMA_ROWS (16 * BF16_MMA_WARPS)  // W rows (outputs) a block owns
 #define BF16_MMA_TOKENS 64                  // X rows (tokens) a block owns
 #define BF16_MMA_STAGE 64                   // k a pipeline stage
 #define BF16_MMA_PAD 32                     // bf16 past each shared X row
-
-__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
-__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;"); }
-
-// Weights are read once: no L1 allocation, prefetch the next 256 bytes to L2.
-__device__ __forceinline__ uint4 ld_stream(const u16* p) {
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
-}
 
 __device__ __forceinline__ void mma_bf16(float d[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
     asm volatile(
@@ -193,23 +180,9 @@ extern "C" __global__ void __launch_bounds__(BF16_MMA_WARPS * 32, 4)
 }
 
 // Split-K finish: Y[r][c..c+3] = part[0][r][c..] + part[1][r][c..] + ...,
-// the splits added in order. One thread per 4 outputs (n % 4 == 0).
+// the splits added in order (common.cuh's splitk_reduce). One thread per 4
+// outputs (n % 4 == 0).
 extern "C" __global__ void gemm_bf16_mma_reduce(const float* __restrict__ part, float* __restrict__ y, int m, int n,
                                                 int y_stride, int splits) {
-    pdl_wait();
-    const int per_row = n >> 2;
-    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < (long long)m * per_row) {
-        const int r = (int)(i / per_row), c = (int)(i - (long long)r * per_row) * 4;
-        float4 s = __ldg(reinterpret_cast<const float4*>(part + (size_t)r * n + c));
-        for (int z = 1; z < splits; z++) {
-            const float4 v = __ldg(reinterpret_cast<const float4*>(part + ((size_t)z * m + r) * n + c));
-            s.x = __fadd_rn(s.x, v.x);
-            s.y = __fadd_rn(s.y, v.y);
-            s.z = __fadd_rn(s.z, v.z);
-            s.w = __fadd_rn(s.w, v.w);
-        }
-        *reinterpret_cast<float4*>(y + (size_t)r * y_stride + c) = s;
-    }
-    pdl_trigger();
+    splitk_reduce(part, y, m, n, y_stride, splits);
 }

@@ -17,7 +17,7 @@ func TestBF16GEMMSourceCompiles(t *testing.T) {
 	if err := driver.NVRTCAvailable(); err != nil {
 		t.Skipf("no NVRTC: %v", err)
 	}
-	c, err := driver.CompileDetailed(kernels.BF16GEMMSource(), "gemm_bf16.cu", driver.CompileOptions{Arch: "sm_90", NoFMAD: true, NoCache: true})
+	c, err := driver.CompileDetailed(kernels.BF16GEMMSource(), "gemm_bf16.cu", driver.CompileOptions{Arch: "sm_90", NoFMAD: true, NoCache: true, Headers: kernels.Headers()})
 	require.NoError(t, err)
 	require.Empty(t, c.Log, "NVRTC log")
 	require.True(t, bytes.Contains(c.Cubin, []byte("gemm_bf16_f32")), "the cubin has no gemm_bf16_f32")
@@ -31,14 +31,14 @@ func TestBF16MMAGEMMSourceCompiles(t *testing.T) {
 	if err := driver.NVRTCAvailable(); err != nil {
 		t.Skipf("no NVRTC: %v", err)
 	}
-	c, err := driver.CompileDetailed(kernels.BF16MMAGEMMSource(), "gemm_bf16_mma.cu", driver.CompileOptions{Arch: "sm_90", NoFMAD: true, NoCache: true})
+	c, err := driver.CompileDetailed(kernels.BF16MMAGEMMSource(), "gemm_bf16_mma.cu", driver.CompileOptions{Arch: "sm_90", NoFMAD: true, NoCache: true, Headers: kernels.Headers()})
 	require.NoError(t, err)
 	require.Empty(t, c.Log, "NVRTC log")
 	for _, name := range []string{"gemm_bf16_mma", "gemm_bf16_mma_reduce"} {
 		require.True(t, bytes.Contains(c.Cubin, []byte(name)), "the cubin has no %s", name)
 	}
 	v, err := driver.CompileDetailed(kernels.BF16MMAGEMMSource(), "gemm_bf16_mma.cu",
-		driver.CompileOptions{Arch: "sm_90", NoFMAD: true, NoCache: true, Extra: []string{"--ptxas-options=-v"}})
+		driver.CompileOptions{Arch: "sm_90", NoFMAD: true, NoCache: true, Headers: kernels.Headers(), Extra: []string{"--ptxas-options=-v"}})
 	require.NoError(t, err)
 	t.Logf("ptxas:\n%s", v.Log)
 	for _, name := range []string{"gemm_bf16_mma", "gemm_bf16_mma_reduce"} {

@@ -25,24 +25,9 @@
 // adds them in a fixed order (deterministic), then rounds to bf16 with the
 // hardware conversion (nearest even, every NaN the canonical 0x7fff).
 
-typedef unsigned char u8;
-typedef unsigned short u16;
-typedef unsigned int u32;
-typedef unsigned long long u64;
+#include "common.cuh"
 
 #define GEMM_WARPS 8
-
-__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
-__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;"); }
-
-// Weights are read once: no L1 allocation, prefetch the next 256 bytes to L2.
-__device__ __forceinline__ uint4 ld_stream(const u8* p) {
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
-}
 
 __device__ __forceinline__ uint4 ld_x(const u8* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
 
@@ -52,13 +37,6 @@ __device__ __forceinline__ void mma_e4m3(float d[4], u32 a0, u32 a1, u32 a2, u32
         "{%0,%1,%2,%3};"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-// Two float32 to bf16 (nearest even, canonical NaN), lo in the low half.
-__device__ __forceinline__ u32 bf16x2_rn(float lo, float hi) {
-    u32 r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
 }
 
 // One warp's weight fragment of a 128-block: rows g and g+8, halves 0 and 1.
@@ -202,24 +180,8 @@ GEMM_KERNEL(gemm_fp8_mt64, 64, 2)
 GEMM_KERNEL(gemm_fp8_mt128, 128, 1)
 
 // Split-K finish: Y[r][c..c+3] = bf16(part[0][r][c..] + part[1][r][c..] + ...),
-// the splits added in order. One thread per 4 outputs.
+// the splits added in order (common.cuh's splitk_reduce). One thread per 4 outputs.
 extern "C" __global__ void gemm_fp8_reduce(const float* __restrict__ part, u8* __restrict__ y, int m, int n,
                                            int y_stride, int splits) {
-    pdl_wait();
-    const int per_row = n >> 2;
-    const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < m * per_row) {
-        const int r = i / per_row, c = (i - r * per_row) * 4;
-        float4 s = __ldg(reinterpret_cast<const float4*>(part + (size_t)r * n + c));
-        for (int z = 1; z < splits; z++) {
-            const float4 v = __ldg(reinterpret_cast<const float4*>(part + ((size_t)z * m + r) * n + c));
-            s.x = __fadd_rn(s.x, v.x);
-            s.y = __fadd_rn(s.y, v.y);
-            s.z = __fadd_rn(s.z, v.z);
-            s.w = __fadd_rn(s.w, v.w);
-        }
-        uint2 out = make_uint2(bf16x2_rn(s.x, s.y), bf16x2_rn(s.z, s.w));
-        *reinterpret_cast<uint2*>(y + ((size_t)r * y_stride + c) * 2) = out;
-    }
-    pdl_trigger();
+    splitk_reduce(part, reinterpret_cast<u16*>(y), m, n, y_stride, splits);
 }

@@ -7,6 +7,8 @@ var gemmSource string
 
 // GEMMSource returns the CUDA source of the FP8 block-scaled GEMM kernels
 // for small batches (weight streaming, split-K, the split-K reduction).
+// Like every source of this folder it includes common.cuh: compile it with
+// Headers.
 func GEMMSource() string { return gemmSource }
 
 //go:embed gemm_bf16.cu

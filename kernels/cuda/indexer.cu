@@ -17,6 +17,8 @@
 // result once, so the order of the stages is all that matters, and it is
 // the contract's.
 
+#include "common.cuh"  // already in through compress.cu: the guard makes it a no-op
+
 static_assert(INDEXER_DIM == 32 * 4 && MXFP4_BLOCK == 8 * 4 && MXFP4_ROW_BYTES == INDEXER_DIM / 2 + INDEXER_DIM / MXFP4_BLOCK,
               "the warp-per-row mapping needs 128 values, 4 a lane, 32-value MXFP4 blocks");
 

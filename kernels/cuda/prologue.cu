@@ -1,7 +1,8 @@
 // DSv4 MLA prologue kernels: KV norm-RoPE-quant-store and the fused Q
 // norm/RoPE/quant. Compiled by NVRTC at first use (attention/mla/cuda),
-// after abi.h (generated from kernels/cuda/abi: the Params struct, the
-// format ids, the metadata header indices and the layout constants).
+// with common.cuh (the shared helpers) and abi.h (generated from
+// kernels/cuda/abi: the Params struct, the format ids, the metadata header
+// indices and the layout constants) as in-memory headers.
 //
 // Every float operation uses an explicit _rn intrinsic so that no multiply
 // and add are fused: the result must equal the Go reference byte for byte
@@ -15,7 +16,7 @@
 // With PROLOGUE_HELPERS_ONLY defined, only the helpers are compiled (no
 // kernel): the compressor's module (compress.cu) is built on them.
 
-#define FULL 0xffffffffu
+#include "common.cuh"
 
 // The kernels assume the row layout below: lane j of a warp holds values
 // [16j, 16j+16) of a 512-value row.
@@ -55,34 +56,9 @@ __device__ __forceinline__ Params with_header(const Params& p0) {
     return p;
 }
 
-__device__ __forceinline__ float bf16_to_f32(u32 h) { return __uint_as_float(h << 16); }
-
-// Two float32 rounded to bf16 (nearest even; every NaN becomes the
-// canonical 0x7fff, as numerics.BF16FromF32 does) and packed, lo in the low
-// half: the hardware conversion, one instruction for both.
-__device__ __forceinline__ u32 bf16x2_rn(float lo, float hi) {
-    u32 r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
-
-// Round a and b to bf16 in place (widened back exactly).
-__device__ __forceinline__ void round2(float& a, float& b) {
-    u32 r = bf16x2_rn(a, b);
-    a = __uint_as_float(r << 16);
-    b = __uint_as_float(r & 0xffff0000u);
-}
-
 // Pack two values that are already exact bf16.
 __device__ __forceinline__ u32 pack2(float lo, float hi) {
     return __byte_perm(__float_as_uint(lo), __float_as_uint(hi), 0x7632);
-}
-
-// Two float32 to two e4m3 with the hardware conversion: hi goes to the upper byte.
-__device__ __forceinline__ u32 e4m3x2(float hi, float lo) {
-    u16 r;
-    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
-    return r;
 }
 
 __device__ __forceinline__ float4 ld_f4(const float* p) { return __ldg(reinterpret_cast<const float4*>(p)); }
@@ -108,12 +84,6 @@ __device__ __forceinline__ void st_e4m3x16(u8* dst, const float y[16], float sca
         w[i] = lo | (hi << 16);
     }
     st_u4(dst, make_uint4(w[0], w[1], w[2], w[3]));
-}
-
-__device__ __forceinline__ float pow2i(int k) {
-    // 2^k exactly for k in [-149, 127].
-    if (k >= -126) return __uint_as_float((u32)(k + 127) << 23);
-    return __uint_as_float(1u << (k + 149));
 }
 
 // unpack 16 bf16 from two 16-byte words
@@ -215,18 +185,6 @@ __device__ __forceinline__ void st_bf16x16(u8* dst, const float y[16]) {
     st_u4(dst + 16, make_uint4(w[4], w[5], w[6], w[7]));
 }
 
-// The UE8M0 exponent byte of a group whose max |value| (NaN ignored) is a:
-// the biased exponent of t = fl(max(a, 1e-4)/448), plus one when t's
-// mantissa is non-zero, at most 254 (DESIGN.md section 4.5). Read from a's
-// bits without the division (448 = 1.75 * 2^8): a's biased exponent - 8,
-// plus one when its mantissa exceeds 1.75's (0x600000); +Inf gives the cap
-// 254, which no finite a reaches. numerics.UE8M0ExponentBits, checked
-// against the division on every float32 (TestUE8M0ExponentBitsExhaustive).
-__device__ __forceinline__ int ue8m0_exp(float a) {
-    const u32 b = __float_as_uint(fmaxf(a, 1e-4f));
-    if (b >= 0x7f800000u) return 254;
-    return (int)(b >> 23) - 8 + ((b & 0x7fffffu) > 0x600000u ? 1 : 0);
-}
 
 // The nope part of the fp8_ue8m0 store of one 512-value row held by a warp
 // (lane j: values [16j, 16j+16)): the 448 nope values as e4m3 with one
@@ -309,12 +267,6 @@ __device__ __forceinline__ void kv_store_rope_pair(const Params& p, u8* page, in
     else  // FP8_UE8M0
         reinterpret_cast<u32*>(row + UE8M0_ROPE_OFFSET)[lane] = pack2(a, c);
 }
-
-// Programmatic dependent launch: wait for the previous grid's memory before
-// reading inputs it may have produced, and let the next grid start launching
-// once every block of this one is running. Both are no-ops without PDL.
-__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
-__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;"); }
 
 __device__ __forceinline__ void load_rope(float cs[16], const float* rope, int pos, int lane) {
     const float* src = rope + (size_t)pos * 64 + (lane - 28) * 16;

@@ -2,13 +2,17 @@ package cuda
 
 import (
 	_ "embed"
-	"strconv"
+
+	"github.com/dsv4mla/prologue/kernels/cuda/driver"
 )
 
 //go:generate go run ./abi/gen -o abi.h
 
 //go:embed abi.h
 var abiHeader string
+
+//go:embed common.cuh
+var commonHeader string
 
 //go:embed prologue.cu
 var prologueSource string
@@ -17,17 +21,27 @@ var prologueSource string
 // table in kernels/cuda/abi (go generate ./kernels/cuda).
 func ABIHeader() string { return abiHeader }
 
-// WithABI returns a kernel source preceded by abi.h, ready for NVRTC (which
-// has no include path to this folder). A #line directive makes NVRTC's
-// messages name the source file and its own line numbers.
-func WithABI(file, src string) string {
-	return abiHeader + "#line 1 " + strconv.Quote(file) + "\n" + src
+// CommonHeader returns common.cuh, the device helpers every program shares
+// (it includes abi.h).
+func CommonHeader() string { return commonHeader }
+
+// Headers are the in-memory include files every program of this folder is
+// compiled with (driver.CompileOptions.Headers; NVRTC has no include path
+// here): abi.h, common.cuh, exp32.cuh and prologue.cu (whose helpers the
+// compressor's program includes). Each call returns a new slice.
+func Headers() []driver.Header {
+	return []driver.Header{
+		{Name: "abi.h", Source: abiHeader},
+		{Name: "common.cuh", Source: commonHeader},
+		{Name: "exp32.cuh", Source: exp32Source},
+		{Name: "prologue.cu", Source: prologueSource},
+	}
 }
 
-// PrologueFile returns prologue.cu as written, without the header.
+// PrologueFile returns prologue.cu as written.
 func PrologueFile() string { return prologueSource }
 
 // PrologueSource returns the compilable source of the prologue kernels (KV
-// and Q norm/RoPE/quantize/store and the fused layer grids): abi.h, then
-// prologue.cu.
-func PrologueSource() string { return WithABI("prologue.cu", prologueSource) }
+// and Q norm/RoPE/quantize/store and the fused layer grids): prologue.cu,
+// which includes common.cuh (compile it with Headers).
+func PrologueSource() string { return prologueSource }

@@ -24,6 +24,8 @@
 // entries selects them all: neither kernel reads its keys or the cache.
 // Both kernels read the plan as mla.ResolveTopKRow and mla.TopKPage do.
 
+#include "common.cuh"
+
 __device__ __forceinline__ void tk_pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ void tk_pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;"); }
 

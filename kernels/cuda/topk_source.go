@@ -14,5 +14,6 @@ const (
 )
 
 // TopKSource returns the compilable source of the indexer's top-k module
-// (DESIGN.md section 9, "Selection"): abi.h, then topk.cu.
-func TopKSource() string { return WithABI("topk.cu", topkSource) }
+// (DESIGN.md section 9, "Selection"): topk.cu, which includes common.cuh
+// (compile it with Headers).
+func TopKSource() string { return topkSource }

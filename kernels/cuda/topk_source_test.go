@@ -2,7 +2,6 @@ package cuda_test
 
 import (
 	"bytes"
-	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -23,7 +22,7 @@ func TestTopKSourceCompiles(t *testing.T) {
 	if major, minor, _, _ := driver.NVRTCVersion(); major < 12 {
 		t.Skipf("NVRTC %d.%d: the backend needs 12 or later to build a cubin; attention/mla/cuda's TestProgramsCompile checks the source", major, minor)
 	}
-	c, err := driver.CompileDetailed(kernels.TopKSource(), "topk.cu", driver.CompileOptions{Arch: "sm_90", NoFMAD: true, NoCache: true})
+	c, err := driver.CompileDetailed(kernels.TopKSource(), "topk.cu", driver.CompileOptions{Arch: "sm_90", NoFMAD: true, NoCache: true, Headers: kernels.Headers()})
 	require.NoError(t, err)
 	t.Logf("NVRTC log: %q", c.Log)
 	for _, k := range []string{kernels.TopKScoreKernel, kernels.TopKScoreMMAKernel, kernels.TopKScoreMMA4Kernel, kernels.TopKSelectKernel} {
@@ -31,11 +30,11 @@ func TestTopKSourceCompiles(t *testing.T) {
 	}
 }
 
-// TestTopKSourceLayout: the module is abi.h then topk.cu, which defines
-// the kernels the host loads by name and takes TopKParams.
+// TestTopKSourceLayout: the module is topk.cu (including common.cuh), which
+// defines the kernels the host loads by name and takes TopKParams.
 func TestTopKSourceLayout(t *testing.T) {
 	src := kernels.TopKSource()
-	require.True(t, strings.HasPrefix(src, kernels.ABIHeader()+"#line 1 \"topk.cu\"\n"))
+	require.Contains(t, src, "\n#include \"common.cuh\"\n")
 	for _, k := range []string{kernels.TopKScoreKernel, kernels.TopKScoreMMAKernel, kernels.TopKScoreMMA4Kernel, kernels.TopKSelectKernel} {
 		require.Contains(t, src, `extern "C" __global__ void __launch_bounds__`)
 		require.Regexp(t, `\) `+k+`\(const TopKParams p\)`, src)

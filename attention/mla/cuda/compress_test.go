@@ -507,7 +507,7 @@ func TestExp32TestKernelsCompile(t *testing.T) {
 		t.Skipf("no NVRTC: %v", err)
 	}
 	src := kernels.CompressSource() + "\n#line 1 \"exp32.cu\"\n" + exp32TestSource
-	c, err := driver.CompileDetailed(src, "exp32.cu", driver.CompileOptions{Arch: "sm_90", NoFMAD: true, NoCache: true})
+	c, err := driver.CompileDetailed(src, "exp32.cu", driver.CompileOptions{Arch: "sm_90", NoFMAD: true, NoCache: true, Headers: kernels.Headers()})
 	require.NoError(t, err)
 	for _, k := range []string{"exp32_hash", "exp32_values", "compress_entries"} {
 		require.True(t, bytes.Contains(c.Cubin, []byte(k)), "the cubin has no %s", k)

@@ -19,7 +19,7 @@ func PathFor(k cudatune.Knobs, l mla.Launch, heads int, q mla.QFormat) abi.Path 
 	return pathFor(k.Defaults(), l, heads, q)
 }
 
-// CompileWithTestKernels compiles abi.h and prologue.cu followed by a
+// CompileWithTestKernels compiles prologue.cu (with its headers) followed by a
 // test-only source (its kernels may use the production helpers) with the
 // backend's options, and loads the module.
 func (b *Backend) CompileWithTestKernels(file, src string) (*driver.Module, error) {
@@ -36,8 +36,8 @@ func (b *Backend) CompileWithChainKernels(file, src string) (*driver.Module, err
 }
 
 // CompileWithCompressKernels compiles the compressor's program
-// (kernels/cuda.CompressSource: abi.h, prologue.cu's helpers, exp32.cuh and
-// compress.cu) followed by a test-only source that may use its helpers,
+// (kernels/cuda.CompressSource: compress.cu with prologue.cu's helpers and
+// exp32.cuh, then indexer.cu) followed by a test-only source that may use its helpers,
 // and loads the module.
 func (b *Backend) CompileWithCompressKernels(file, src string) (*driver.Module, error) {
 	full := kernels.CompressSource() + "\n#line 1 " + strconv.Quote(file) + "\n" + src

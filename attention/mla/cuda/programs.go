@@ -51,6 +51,14 @@ func archOnly(noFMAD bool) func(string, cudatune.Knobs) driver.CompileOptions {
 	}
 }
 
+// options is p's NVRTC options for an architecture and knobs, with the
+// in-memory headers every program includes (kernels/cuda.Headers).
+func (p program) options(arch string, k cudatune.Knobs) driver.CompileOptions {
+	o := p.opts(arch, k)
+	o.Headers = kernels.Headers()
+	return o
+}
+
 // load compiles (or fetches from the cache) and loads p for this backend's
 // device.
 func (b *Backend) load(p program) (*driver.Module, error) {
@@ -59,7 +67,7 @@ func (b *Backend) load(p program) (*driver.Module, error) {
 
 // options is p's NVRTC options for this backend's device and knobs.
 func (b *Backend) options(p program) driver.CompileOptions {
-	return p.opts(b.ctx.Props().Arch(), b.knobs)
+	return p.options(b.ctx.Props().Arch(), b.knobs)
 }
 
 // compileModule is load through the context's CompileModule, which also

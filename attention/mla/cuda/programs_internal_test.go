@@ -28,7 +28,7 @@ func TestProgramsCompile(t *testing.T) {
 	for _, p := range programs {
 		files[p.file] = true
 		t.Run(p.file, func(t *testing.T) {
-			opts := p.opts("sm_90", cudatune.Knobs{}.Defaults())
+			opts := p.options("sm_90", cudatune.Knobs{}.Defaults())
 			ptx, err := driver.CompilePTX(p.src(), p.file, opts)
 			require.NoError(t, err)
 			require.True(t, strings.Contains(ptx, ".entry"), "the PTX has kernels")

@@ -99,7 +99,7 @@ func TestUE8M0TestKernelCompiles(t *testing.T) {
 		{"chain.cu", kernels.ChainSource(), []string{"ue8m0_exp_sweep", "act_quant", "norm_quant"}},
 	} {
 		src := c.src + "\n#line 1 \"ue8m0.cu\"\n" + ue8m0Source
-		compiled, err := driver.CompileDetailed(src, "ue8m0.cu", driver.CompileOptions{Arch: "sm_90", NoCache: true})
+		compiled, err := driver.CompileDetailed(src, "ue8m0.cu", driver.CompileOptions{Arch: "sm_90", NoCache: true, Headers: kernels.Headers()})
 		require.NoError(t, err, c.name)
 		for _, k := range c.kernels {
 			require.True(t, bytes.Contains(compiled.Cubin, []byte(k)), "%s: the cubin has no %s", c.name, k)

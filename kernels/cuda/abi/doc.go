@@ -6,8 +6,8 @@
 // names of the kernels the host loads (Kernels).
 //
 // go generate ./kernels/cuda renders the table as kernels/cuda/abi.h
-// (Header), which kernels/cuda embeds and prepends to the sources it hands
-// to NVRTC. Tests keep the checked-in header equal to Header and check that
+// (Header), which kernels/cuda embeds and hands to NVRTC as an in-memory
+// header (common.cuh, which every kernel source includes, includes it). Tests keep the checked-in header equal to Header and check that
 // prologue.cu defines every kernel of Kernels with the ids of its formats,
 // so that drift shows on a machine without a GPU.
 package abi

@@ -11,8 +11,9 @@ const HeaderFile = "abi.h"
 
 // Header renders abi.h: the typedefs, the constants of Constants, the
 // Params struct with a static_assert on its size, and the list of kernels.
-// kernels/cuda embeds the rendered file and prepends it to every source it
-// hands to NVRTC; a test keeps the checked-in file equal to this.
+// kernels/cuda embeds the rendered file and hands it to NVRTC as an
+// in-memory header of every program; a test keeps the checked-in file equal
+// to this.
 func Header() string {
 	var b strings.Builder
 	w := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
@@ -21,8 +22,9 @@ func Header() string {
 	w("// The host/device contract of the CUDA kernels, written from the Go table in\n")
 	w("// kernels/cuda/abi: the parameter struct the host packs byte by byte, the ids\n")
 	w("// and layout constants both sides use, and the kernel names the host loads.\n")
-	w("// The host prepends this file to each source it compiles (NVRTC has no\n")
-	w("// include path to this folder).\n\n")
+	w("// Every kernel source includes it through common.cuh; the host hands both to\n")
+	w("// NVRTC as in-memory headers (kernels/cuda.Headers: NVRTC has no include path\n")
+	w("// to this folder).\n\n")
 	w("#ifndef DSV4_PROLOGUE_ABI_H\n#define DSV4_PROLOGUE_ABI_H\n\n")
 	w("typedef unsigned char u8;\ntypedef unsigned short u16;\ntypedef unsigned int u32;\ntypedef unsigned long long u64;\n\n")
 	for _, g := range append(Constants(), topkConstants()...) {

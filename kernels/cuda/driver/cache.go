@@ -19,13 +19,14 @@ const cacheHeaderLen = len(cacheMagic) + sha256.Size
 
 // cacheKeyVersion changes whenever the key's inputs or the entry format
 // change, so stale entries are never read.
-const cacheKeyVersion = "prologue cubin cache v1"
+const cacheKeyVersion = "prologue cubin cache v2"
 
 // cacheKey hashes everything that determines the CUBIN: the NVRTC version,
-// the program name (it appears in diagnostics and debug info), the source
-// and the complete option list (which includes the architecture). Each field
-// is length-prefixed so no two different inputs can concatenate alike.
-func cacheKey(nvrtcVersion, program, src string, options []string) string {
+// the program name (it appears in diagnostics and debug info), the source,
+// the complete option list (which includes the architecture) and the
+// in-memory headers, names and texts, in order. Each field is
+// length-prefixed so no two different inputs can concatenate alike.
+func cacheKey(nvrtcVersion, program, src string, options []string, headers []Header) string {
 	h := sha256.New()
 	field := func(s string) {
 		var n [8]byte
@@ -40,6 +41,11 @@ func cacheKey(nvrtcVersion, program, src string, options []string) string {
 	field(fmt.Sprint(len(options)))
 	for _, o := range options {
 		field(o)
+	}
+	field(fmt.Sprint(len(headers)))
+	for _, hd := range headers {
+		field(hd.Name)
+		field(hd.Source)
 	}
 	return hex.EncodeToString(h.Sum(nil))
 }

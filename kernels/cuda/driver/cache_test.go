@@ -17,22 +17,28 @@ func TestCacheKey(t *testing.T) {
 	type input struct {
 		version, program, src string
 		options               []string
+		headers               []Header
 	}
-	base := input{"13.0", "prologue.cu", "extern \"C\" __global__ void k() {}", []string{"--gpu-architecture=sm_90", "-std=c++17"}}
-	key := func(in input) string { return cacheKey(in.version, in.program, in.src, in.options) }
+	hs := []Header{{"a.h", "int a;"}, {"b.h", "int b;"}}
+	base := input{"13.0", "prologue.cu", "extern \"C\" __global__ void k() {}", []string{"--gpu-architecture=sm_90", "-std=c++17"}, hs}
+	key := func(in input) string { return cacheKey(in.version, in.program, in.src, in.options, in.headers) }
 	require.Equal(t, key(base), key(base), "deterministic")
 	require.Len(t, key(base), 64, "hex SHA-256")
 
 	variants := map[string]input{
-		"nvrtc version":     {"13.1", base.program, base.src, base.options},
-		"program name":      {base.version, "other.cu", base.src, base.options},
-		"source":            {base.version, base.program, base.src + " ", base.options},
-		"architecture":      {base.version, base.program, base.src, []string{"--gpu-architecture=sm_100", "-std=c++17"}},
-		"option order":      {base.version, base.program, base.src, []string{"-std=c++17", "--gpu-architecture=sm_90"}},
-		"extra option":      {base.version, base.program, base.src, append(base.options[:2:2], "--fmad=false")},
-		"field boundary":    {base.version, base.program, base.src, []string{"--gpu-architecture=sm_90-std=c++17"}},
-		"option into src":   {base.version, base.program, base.src + "--gpu-architecture=sm_90", base.options[1:]},
-		"no options at all": {base.version, base.program, base.src, nil},
+		"nvrtc version":     {"13.1", base.program, base.src, base.options, hs},
+		"program name":      {base.version, "other.cu", base.src, base.options, hs},
+		"source":            {base.version, base.program, base.src + " ", base.options, hs},
+		"architecture":      {base.version, base.program, base.src, []string{"--gpu-architecture=sm_100", "-std=c++17"}, hs},
+		"option order":      {base.version, base.program, base.src, []string{"-std=c++17", "--gpu-architecture=sm_90"}, hs},
+		"extra option":      {base.version, base.program, base.src, append(base.options[:2:2], "--fmad=false"), hs},
+		"field boundary":    {base.version, base.program, base.src, []string{"--gpu-architecture=sm_90-std=c++17"}, hs},
+		"option into src":   {base.version, base.program, base.src + "--gpu-architecture=sm_90", base.options[1:], hs},
+		"no options at all": {base.version, base.program, base.src, nil, hs},
+		"header text":       {base.version, base.program, base.src, base.options, []Header{{"a.h", "int a; "}, {"b.h", "int b;"}}},
+		"header name":       {base.version, base.program, base.src, base.options, []Header{{"a.h", "int a;"}, {"c.h", "int b;"}}},
+		"header order":      {base.version, base.program, base.src, base.options, []Header{hs[1], hs[0]}},
+		"no headers":        {base.version, base.program, base.src, base.options, nil},
 	}
 	seen := map[string]string{key(base): "base"}
 	for name, in := range variants {
@@ -184,6 +190,6 @@ func BenchmarkCacheKey(b *testing.B) {
 	opts := []string{"--gpu-architecture=sm_90", "-std=c++17", "-default-device", "--fmad=false", "-DHEAD_DIM=512"}
 	b.SetBytes(int64(len(src)))
 	for b.Loop() {
-		cacheKey("13.0", "prologue.cu", src, opts)
+		cacheKey("13.0", "prologue.cu", src, opts, nil)
 	}
 }

@@ -162,10 +162,35 @@ type CompileOptions struct {
 	CUDAIncludes bool
 	// Extra options are passed through verbatim, last.
 	Extra []string
+	// Headers are in-memory files the source may #include by name
+	// (nvrtcCreateProgram's headers and includeNames): NVRTC looks them up
+	// before any include directory. They are part of the cache key.
+	Headers []Header
 	// CacheDir overrides $PROLOGUE_CACHE_DIR and the default cache directory.
 	CacheDir string
 	// NoCache compiles without reading or writing the cubin cache.
 	NoCache bool
+}
+
+// Header is one in-memory include file: `#include "Name"` reads Source.
+type Header struct {
+	Name, Source string
+}
+
+// validateHeaders refuses an empty or repeated name: NVRTC would take one
+// of two texts of a name without saying which.
+func validateHeaders(hs []Header) error {
+	seen := make(map[string]bool, len(hs))
+	for _, h := range hs {
+		if h.Name == "" {
+			return errors.New("CompileOptions.Headers: a header has no name")
+		}
+		if seen[h.Name] {
+			return fmt.Errorf("CompileOptions.Headers: %q given twice", h.Name)
+		}
+		seen[h.Name] = true
+	}
+	return nil
 }
 
 var (
@@ -208,6 +233,9 @@ func (o CompileOptions) nvrtcOptions(archOption string, env environment) ([]stri
 				strings.Join(searched, ", "), EnvCUDAInclude)
 		}
 		opts = append(opts, "-I"+dir)
+	}
+	if err := validateHeaders(o.Headers); err != nil {
+		return nil, err
 	}
 	return append(opts, o.Extra...), nil
 }
@@ -271,7 +299,7 @@ func CompileDetailed(src, program string, opts CompileOptions) (*Compiled, error
 			dir, out.CacheErr = CacheDir()
 		}
 		if dir != "" {
-			key := cacheKey(fmt.Sprintf("%d.%d", n.major, n.minor), program, src, options)
+			key := cacheKey(fmt.Sprintf("%d.%d", n.major, n.minor), program, src, options, opts.Headers)
 			out.CachePath = filepath.Join(dir, key+".cubin")
 			cubin, err := readCacheEntry(out.CachePath)
 			if err == nil {
@@ -283,7 +311,7 @@ func CompileDetailed(src, program string, opts CompileOptions) (*Compiled, error
 			}
 		}
 	}
-	cubin, log, err := n.compile(src, program, options, false)
+	cubin, log, err := n.compile(src, program, options, opts.Headers, false)
 	if err != nil {
 		return nil, err
 	}
@@ -311,7 +339,7 @@ func CompilePTX(src, program string, opts CompileOptions) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("CompilePTX %q: NVRTC unavailable: %w", program, err)
 	}
-	ptx, _, err := n.compile(src, program, options, true)
+	ptx, _, err := n.compile(src, program, options, opts.Headers, true)
 	if err != nil {
 		return "", err
 	}
@@ -319,7 +347,8 @@ func CompilePTX(src, program string, opts CompileOptions) (string, error) {
 }
 
 // compile runs one NVRTC program and returns the CUBIN (or PTX) and the log.
-func (n *nvrtcAPI) compile(src, program string, options []string, wantPTX bool) (image []byte, log string, err error) {
+// headers are the in-memory include files.
+func (n *nvrtcAPI) compile(src, program string, options []string, headers []Header, wantPTX bool) (image []byte, log string, err error) {
 	nvrtcMu.Lock()
 	defer nvrtcMu.Unlock()
 	var pin runtime.Pinner
@@ -329,8 +358,25 @@ func (n *nvrtcAPI) compile(src, program string, options []string, wantPTX bool) 
 	cname := append([]byte(program), 0)
 	pin.Pin(&csrc[0])
 	pin.Pin(&cname[0])
+	var hdrs, names unsafe.Pointer
+	if len(headers) > 0 {
+		texts := make([]string, len(headers))
+		incl := make([]string, len(headers))
+		for i, h := range headers {
+			texts[i], incl[i] = h.Source, h.Name
+		}
+		tbufs, tptrs := cStrings(texts)
+		nbufs, nptrs := cStrings(incl)
+		for i := range tbufs {
+			pin.Pin(&tbufs[i][0])
+			pin.Pin(&nbufs[i][0])
+		}
+		pin.Pin(&tptrs[0])
+		pin.Pin(&nptrs[0])
+		hdrs, names = unsafe.Pointer(&tptrs[0]), unsafe.Pointer(&nptrs[0])
+	}
 	var prog handle
-	if err := n.check("nvrtcCreateProgram", n.nvrtcCreateProgram(&prog, &csrc[0], &cname[0], 0, nil, nil)); err != nil {
+	if err := n.check("nvrtcCreateProgram", n.nvrtcCreateProgram(&prog, &csrc[0], &cname[0], int32(len(headers)), hdrs, names)); err != nil {
 		return nil, "", fmt.Errorf("compile %q: %w", program, err)
 	}
 	defer n.nvrtcDestroyProgram(&prog)

@@ -164,3 +164,28 @@ func TestNoFMADReachesTheCompiler(t *testing.T) {
 	require.Contains(t, separate, "mul.rn.f32")
 	require.Contains(t, separate, "add.rn.f32")
 }
+
+// TestHeadersReachTheCompiler: a source includes an in-memory header (which
+// includes another) by name; without it the include fails; a header named
+// twice or without a name is refused before NVRTC runs.
+func TestHeadersReachTheCompiler(t *testing.T) {
+	requireNVRTC(t)
+	src := "#include \"outer.h\"\nextern \"C\" __global__ void k(unsigned int* p) { p[0] = OUTER + INNER; }\n"
+	hs := []Header{
+		{"outer.h", "#include \"inner.h\"\n#define OUTER 0x5a000000u\n"},
+		{"inner.h", "#define INNER 0x00a5u\n"},
+	}
+	ptx, err := CompilePTX(src, "k.cu", CompileOptions{Arch: "sm_90", Headers: hs})
+	require.NoError(t, err)
+	require.Contains(t, ptx, "1509949605", "0x5a0000a5, the sum of the two headers' constants")
+
+	_, err = CompilePTX(src, "k.cu", CompileOptions{Arch: "sm_90"})
+	var ce *CompileError
+	require.ErrorAs(t, err, &ce)
+	require.Contains(t, ce.Log, "outer.h")
+
+	_, err = CompilePTX(src, "k.cu", CompileOptions{Arch: "sm_90", Headers: append(hs, Header{"inner.h", ""})})
+	require.ErrorContains(t, err, `CompileOptions.Headers: "inner.h" given twice`)
+	_, err = Compile(src, "k.cu", CompileOptions{Arch: "sm_90", Headers: []Header{{"", "x"}}})
+	require.ErrorContains(t, err, "CompileOptions.Headers: a header has no name")
+}
