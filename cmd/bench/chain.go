@@ -238,8 +238,12 @@ func (d *device) gemmPath(run func() error) (string, error) {
 //
 // With comp non-nil, the layer's compressor goes first on the side stream
 // (the engine's way; kv must be kvForked, whose join ends it), or alone
-// on the main stream with kvCompAlone.
-func (d *device) chainLayer(ctx context.Context, md model, cl *chainLayout, w *chainLayerWeights, l int, kv chainKV, paths *[2]string, comp *chainComp) (err error) {
+// on the main stream with kvCompAlone. With idx non-nil (and comp, the
+// ratio-4 compressor), the layer is a ratio-4 layer with the indexer, as
+// the engine issues it (engine/chain.go runChain): its keys after the
+// compressor on the side stream, its query after the Q prologue, and with
+// idx.topk the selection on the main stream after the join.
+func (d *device) chainLayer(ctx context.Context, md model, cl *chainLayout, w *chainLayerWeights, l int, kv chainKV, paths *[2]string, comp *chainComp, idx *chainIdxStep) (err error) {
 	cd := chainDimsOf(md)
 	set := l % len(cl.sets)
 	cs := &cl.sets[set]
@@ -254,11 +258,23 @@ func (d *device) chainLayer(ctx context.Context, md model, cl *chainLayout, w *c
 	if kv == kvCompAlone || kv == kvCompGEMM {
 		return d.compressLayer(ctx, md, cl, comp, l, kv == kvCompGEMM)
 	}
+	if idx != nil && comp == nil {
+		return errors.New("the indexer's keys follow the ratio-4 compressor on the side stream: no compressor given")
+	}
 	if comp != nil {
 		if kv != kvForked {
 			return fmt.Errorf("the compressor runs on the side stream: KV mode %v has no join", kv)
 		}
-		if err := d.be.Side(ctx, func() error { return d.compressLayer(ctx, md, cl, comp, l, false) }); err != nil {
+		side := func() error {
+			if err := d.compressLayer(ctx, md, cl, comp, l, false); err != nil {
+				return err
+			}
+			if idx != nil {
+				return idx.x.keys(ctx, d.be, l)
+			}
+			return nil
+		}
+		if err := d.be.Side(ctx, side); err != nil {
 			return errors.Join(err, d.be.JoinKV(ctx))
 		}
 	}
@@ -281,25 +297,37 @@ func (d *device) chainLayer(ctx context.Context, md model, cl *chainLayout, w *c
 		if err := d.be.ForkKV(ctx, launches, &a); err != nil {
 			return fmt.Errorf("forking the KV prologue: %w", err)
 		}
-		defer func() {
-			// Join even after a failure: a capture must end joined.
-			if jerr := d.be.JoinKV(ctx); jerr != nil {
-				err = errors.Join(err, fmt.Errorf("joining the KV prologue: %w", jerr))
-			}
-		}()
 	case kvSerial:
 		if err := mla.KVOnly(ctx, d.be, launches, &a); err != nil {
 			return err
 		}
 	}
-	if err := d.be.NormQuant(ctx, &mla.NormQuantArgs{X: a.Latent, XStride: a.LatentStride, Weight: w.qNorm,
-		Eps: float32(md.cfg.RMSNormEps), Out: cs.qn}); err != nil {
-		return fmt.Errorf("q_norm: %w", err)
+	err = func() error {
+		if err := d.be.NormQuant(ctx, &mla.NormQuantArgs{X: a.Latent, XStride: a.LatentStride, Weight: w.qNorm,
+			Eps: float32(md.cfg.RMSNormEps), Out: cs.qn}); err != nil {
+			return fmt.Errorf("q_norm: %w", err)
+		}
+		if err := gemm(1, &mla.GEMMArgs{X: cs.qn, W: &w.wqB, Y: a.QIn, YStride: cd.qN}); err != nil {
+			return fmt.Errorf("wq_b GEMM: %w", err)
+		}
+		if err := mla.QOnly(ctx, d.be, launches, &a); err != nil {
+			return err
+		}
+		if idx != nil {
+			return idx.x.query(ctx, d.be, l)
+		}
+		return nil
+	}()
+	if kv == kvForked {
+		// Join even after a failure: a capture must end joined.
+		if jerr := d.be.JoinKV(ctx); jerr != nil {
+			err = errors.Join(err, fmt.Errorf("joining the KV prologue: %w", jerr))
+		}
 	}
-	if err := gemm(1, &mla.GEMMArgs{X: cs.qn, W: &w.wqB, Y: a.QIn, YStride: cd.qN}); err != nil {
-		return fmt.Errorf("wq_b GEMM: %w", err)
+	if err != nil || idx == nil || !idx.topk {
+		return err
 	}
-	return mla.QOnly(ctx, d.be, launches, &a)
+	return idx.x.topk(ctx, d.be, l)
 }
 
 // chainShapes lists the chain's generation shapes (every batch at every
@@ -374,7 +402,7 @@ func chainShape(c *config, d *device, md model, w *chainWeights, s shape, copyGB
 	// One eager layer first: it runs each GEMM shape once (cuBLASLt plans
 	// its algorithm then; a capture may not), and records the GEMM paths.
 	var paths [2]string
-	if err := d.chainLayer(ctx, md, cl, &w.layers[0], 0, kvForked, &paths, nil); err != nil {
+	if err := d.chainLayer(ctx, md, cl, &w.layers[0], 0, kvForked, &paths, nil, nil); err != nil {
 		return r, fmt.Errorf("eager layer: %w", err)
 	}
 	if err := d.be.Synchronize(ctx); err != nil {
@@ -385,7 +413,7 @@ func chainShape(c *config, d *device, md model, w *chainWeights, s shape, copyGB
 	for _, kv := range []chainKV{kvForked, kvNone, kvSerial, kvAlone} {
 		total, err := d.timeGraph(c.GraphReps, func() error {
 			for l := range L {
-				if err := d.chainLayer(ctx, md, cl, &w.layers[l], l, kv, nil, nil); err != nil {
+				if err := d.chainLayer(ctx, md, cl, &w.layers[l], l, kv, nil, nil, nil); err != nil {
 					return fmt.Errorf("layer %d: %w", l, err)
 				}
 			}
@@ -446,7 +474,7 @@ func chainCompress(c *config, d *device, md model, cl *chainLayout, w *chainWeig
 	for _, kv := range []chainKV{kvForked, kvCompAlone, kvCompGEMM} {
 		total, err := d.timeGraph(c.GraphReps, func() error {
 			for l := range L {
-				if err := d.chainLayer(ctx, md, cl, &w.layers[l], l, kv, nil, comp); err != nil {
+				if err := d.chainLayer(ctx, md, cl, &w.layers[l], l, kv, nil, comp, nil); err != nil {
 					return fmt.Errorf("layer %d: %w", l, err)
 				}
 			}

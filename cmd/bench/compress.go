@@ -8,6 +8,7 @@ import (
 	"github.com/dsv4mla/prologue/compressor"
 	"github.com/dsv4mla/prologue/engine"
 	"github.com/dsv4mla/prologue/kvcache"
+	"github.com/dsv4mla/prologue/metadata"
 	"github.com/dsv4mla/prologue/numerics"
 )
 
@@ -84,20 +85,11 @@ func (d *device) setupComp(md model, cl *chainLayout, ratio, layers int) (_ *cha
 	}
 	// The plan: sequence b at its cached length in slot b, its entries at
 	// consecutive pages of one pool.
-	p := &mla.CompressPlan{}
-	for b := range m.NumSeqs {
-		start, rows := int(m.Cached[b]), int(m.QLen[b])
-		p.Seqs = append(p.Seqs, mla.CompressPlanSeq{Row: int(m.CuQ[b]), Rows: rows, Start: start, From: b, To: b})
-		entries := (start + rows) / ratio
-		table := make([]int32, (entries+engine.CompressedPageSize-1)/engine.CompressedPageSize+1)
-		for j := range table {
-			table[j] = int32(c.pages)
-			c.pages++
-		}
-		if err := p.PlanEntries(b, ratio, start, rows, table, engine.CompressedPageSize, c.pages); err != nil {
-			return nil, err
-		}
+	p, _, pages, err := ratioTables(m, ratio)
+	if err != nil {
+		return nil, err
 	}
+	c.pages = pages
 	raw, err := p.Encode(c.maxSeqs, c.maxJobs)
 	if err != nil {
 		return nil, err
@@ -112,6 +104,34 @@ func (d *device) setupComp(md model, cl *chainLayout, ratio, layers int) (_ *cha
 		return nil, err
 	}
 	return c, d.be.Synchronize(context.Background())
+}
+
+// ratioTables plans the ratio-r compressor step of m's batch as setupComp
+// does: sequence b at its cached length in ring slot b, its entries on
+// consecutive pages of one pool (one page more than its entries fill). It
+// returns the plan, each sequence's block table by entry index and the
+// pages used.
+func ratioTables(m *metadata.Metadata, ratio int) (*mla.CompressPlan, [][]int32, int, error) {
+	p := &mla.CompressPlan{}
+	tables := make([][]int32, m.NumSeqs)
+	pages := 0
+	for b := range m.NumSeqs {
+		start, rows := int(m.Cached[b]), int(m.QLen[b])
+		p.Seqs = append(p.Seqs, mla.CompressPlanSeq{Row: int(m.CuQ[b]), Rows: rows, Start: start, From: b, To: b})
+		entries := (start + rows) / ratio
+		table := make([]int32, (entries+engine.CompressedPageSize-1)/engine.CompressedPageSize+1)
+		for j := range table {
+			table[j] = int32(pages)
+			pages++
+		}
+		tables[b] = table
+	}
+	for b := range m.NumSeqs {
+		if err := p.PlanEntries(b, ratio, int(m.Cached[b]), int(m.QLen[b]), tables[b], engine.CompressedPageSize, pages); err != nil {
+			return nil, nil, 0, err
+		}
+	}
+	return p, tables, pages, nil
 }
 
 // compressLayer issues layer l's compressor (the projection GEMM of the

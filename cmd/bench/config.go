@@ -69,6 +69,15 @@ type config struct {
 	// compressor alone.
 	ChainCompress bool
 
+	// Indexer times a ratio-4 layer from hidden states without the
+	// indexer, with its prologue and with its top-k selection too (issue
+	// 23), and the indexer's work alone, over IndexerBatches at IndexerMTP
+	// and IndexerCtxTokens, in graphs of ChainLayers layers.
+	Indexer          bool
+	IndexerBatches   []int
+	IndexerMTP       int
+	IndexerCtxTokens []int
+
 	HostCost bool // the engine's Begin/End host cost
 	HostReps int
 	// HostPrefill is the context length each sequence of the host-cost
@@ -88,6 +97,10 @@ const (
 	defaultChainCtxTokens = "1024,4096,16384"
 	quickChainBatches     = "1,32"
 	quickChainCtxTokens   = "4096"
+	// Issue 23's shapes of the indexer.
+	defaultIndexerBatches   = "32"
+	defaultIndexerMTP       = 3
+	defaultIndexerCtxTokens = "4096,16384"
 )
 
 // parseFlags reads the run's command line (without the program name).
@@ -123,6 +136,11 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	chainBatches := fs.String("chain-batches", "", "generation batch sizes of the chain (default "+defaultChainBatches+"; --quick "+quickChainBatches+")")
 	chainCtx := fs.String("chain-ctx-tokens", "", "context batch sizes of the chain in tokens (default "+defaultChainCtxTokens+"; --quick "+quickChainCtxTokens+")")
 	only := fs.Bool("chain-only", false, "only the chain (and the copy ceiling): the same as --kernels=false --iteration=false --graph=false --host-cost=false")
+	fs.BoolVar(&c.Indexer, "indexer", false, "also time a ratio-4 layer from hidden states without the indexer, with its prologue and with its top-k (graphs of --chain-layers layers), and the indexer's work alone")
+	indexerOnly := fs.Bool("indexer-only", false, "only the indexer (and the copy ceiling): the same as --indexer --chain=false --kernels=false --iteration=false --graph=false --host-cost=false")
+	indexerBatches := fs.String("indexer-batches", defaultIndexerBatches, "generation batch sizes of the indexer ('none' for none)")
+	fs.IntVar(&c.IndexerMTP, "indexer-mtp", defaultIndexerMTP, "draft tokens per generation sequence of the indexer's shapes")
+	indexerCtx := fs.String("indexer-ctx-tokens", defaultIndexerCtxTokens, "context batch sizes of the indexer in tokens ('none' for none)")
 	fs.BoolVar(&c.HostCost, "host-cost", true, "measure the engine's Begin/End host cost on the CUDA backend")
 	fs.IntVar(&c.HostReps, "host-reps", 30, "iterations per batch size of the host-cost measurement")
 	fs.IntVar(&c.HostPrefill, "host-prefill", 2048, "tokens each host-cost sequence holds before its generation steps")
@@ -169,11 +187,30 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	if c.ChainCtxTokens, err = parseInts("chain-ctx-tokens", *chainCtx, 1, 1<<20); err != nil {
 		return c, err
 	}
+	if *only && *indexerOnly {
+		return c, errors.New("--chain-only and --indexer-only exclude each other")
+	}
 	if *only {
 		if !c.Chain {
 			return c, errors.New("--chain-only and --chain=false ask for nothing")
 		}
 		c.Kernels, c.Iteration, c.Graph, c.HostCost = false, false, false, false
+	}
+	if *indexerOnly {
+		c.Indexer = true
+		c.Chain, c.Kernels, c.Iteration, c.Graph, c.HostCost = false, false, false, false, false
+	}
+	if c.IndexerBatches, err = parseInts("indexer-batches", *indexerBatches, 1, 4096); err != nil {
+		return c, err
+	}
+	if c.IndexerCtxTokens, err = parseInts("indexer-ctx-tokens", *indexerCtx, 1, 1<<20); err != nil {
+		return c, err
+	}
+	if c.IndexerMTP < 0 || c.IndexerMTP > benchMaxDrafts {
+		return c, fmt.Errorf("--indexer-mtp = %d, must be in [0, %d] (the compressor rings hold %d drafts)", c.IndexerMTP, benchMaxDrafts, benchMaxDrafts)
+	}
+	if c.Indexer && len(c.IndexerBatches)+len(c.IndexerCtxTokens) == 0 {
+		return c, errors.New("--indexer with no shape: --indexer-batches and --indexer-ctx-tokens are both none")
 	}
 	if c.GenBatches, err = parseInts("gen-batches", *gen, 1, 4096); err != nil {
 		return c, err

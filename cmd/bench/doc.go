@@ -22,6 +22,16 @@
 // GEMMs, q_norm, the prologue with the KV side on a second stream), every
 // layer with its own weights in one CUDA graph, against the weight-streaming
 // floor and the PyTorch chain peer (bench/chain_peer.py).
+// With --indexer (or --indexer-only), issue 23's measurement: a ratio-4
+// layer from hidden states (the chain with its ratio-4 compressor forked)
+// without the lightning indexer, with its prologue (its wq_b and
+// weights_proj GEMMs and query step after the Q prologue, its compressor's
+// projection and step on the side stream) and with its top-k selection
+// too, every layer with its own weights in one CUDA graph, the L2 flushed
+// before each replay; beside them the indexer's work alone, the added
+// weights' streaming floor and the share (b-a)/a against the 15% goal, and
+// at 128 tokens the query step alone in both query formats beside vLLM's
+// quoted fused kernel.
 // With --check-dir it also writes small cases as safetensors for
 // bench/check_peers.py, after checking them byte for byte against the CPU
 // backend.

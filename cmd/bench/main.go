@@ -161,6 +161,14 @@ func run(c *config, command string) (err error) {
 			part("chain "+md.Name, func() error { return chains(c, main, md, &rep) })
 		}
 	}
+	if c.Indexer {
+		for _, md := range c.Models {
+			part("indexer "+md.Name, func() error { return indexers(c, main, md, &rep) })
+		}
+		if err := writeIndexerTable(os.Stdout, rep.Indexer, rep.IndexerQuery); err != nil {
+			return err
+		}
+	}
 	if len(rep.Errors) > 0 {
 		return fmt.Errorf("%d parts failed (listed in %s): %s", len(rep.Errors), c.Out, strings.Join(rep.Errors, "; "))
 	}

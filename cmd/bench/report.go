@@ -206,6 +206,11 @@ type Report struct {
 	ChainFloors       []ChainFloor  `json:"chain_floor,omitempty"`
 	HostCost          []HostCost    `json:"host_cost,omitempty"`
 	Chain             []ChainResult `json:"chain,omitempty"`
+	// Indexer is the ratio-4 layer with and without the indexer
+	// (--indexer), IndexerQuery the indexer's query step alone at 128
+	// tokens.
+	Indexer      []IndexerResult      `json:"indexer,omitempty"`
+	IndexerQuery []IndexerQueryResult `json:"indexer_query,omitempty"`
 	// ChainGEMM says whether cuBLASLt is in use for the chain's GEMMs.
 	ChainGEMM string   `json:"chain_gemm,omitempty"`
 	Checks    []string `json:"checks"`

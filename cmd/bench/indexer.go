@@ -1,0 +1,416 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+
+	"github.com/dsv4mla/prologue/attention/mla"
+	"github.com/dsv4mla/prologue/compressor"
+	"github.com/dsv4mla/prologue/engine"
+	"github.com/dsv4mla/prologue/kvcache"
+	"github.com/dsv4mla/prologue/metadata"
+)
+
+// The lightning indexer's cost in a ratio-4 layer (DESIGN.md section 9,
+// issue 23's goal: at most 15% added to the layer through the graph). A
+// ratio-4 layer without the indexer is the chain with its ratio-4 KV
+// compressor forked (chainComp, the engine's way); the indexer adds what
+// the engine issues (engine/indexer.go, engine/chain.go runChain):
+//   - on the side stream, after the main compressor: its compressor's
+//     projection GEMM of the hidden rows (bf16, [wkv; wgate], 2*256
+//     outputs) and its step (mla.EntryIndexer) into the layer's indexer
+//     cache;
+//   - on the main stream after the Q prologue: its wq_b GEMM (FP8, on
+//     q_norm's activation), weights_proj (bf16, of the hidden rows) and the
+//     query step (RoPE, Hadamard, MXFP4, head weights);
+//   - with the selection, after the join: the top-k over the layer's
+//     indexer cache.
+// Every layer of a graph has its own indexer weights, states, cache and
+// indices; the activations follow the chain's input sets.
+
+// idxMode is what a ratio-4 layer of an indexer graph runs.
+type idxMode int
+
+const (
+	idxOff        idxMode = iota // (a) the ratio-4 layer without the indexer
+	idxPrologue                  // (b) with the indexer's prologue
+	idxTopK                      // (c) with the prologue and the top-k selection
+	idxAlone                     // the indexer's prologue alone: its GEMMs and steps in order on one stream
+	idxQueryAlone                // the query step alone (no GEMM)
+	idxTopKAlone                 // the top-k selection alone
+)
+
+func (m idxMode) String() string {
+	switch m {
+	case idxOff:
+		return "without the indexer"
+	case idxPrologue:
+		return "with its prologue"
+	case idxTopK:
+		return "with prologue and top-k"
+	case idxAlone:
+		return "prologue alone"
+	case idxQueryAlone:
+		return "query step alone"
+	case idxTopKAlone:
+		return "top-k alone"
+	}
+	return fmt.Sprintf("idxMode(%d)", int(m))
+}
+
+// idxModes are the graphs timed per shape, in order.
+var idxModes = []idxMode{idxOff, idxPrologue, idxTopK, idxAlone, idxQueryAlone, idxTopKAlone}
+
+// idxWidth is one K or G row of the indexer compressor's projections.
+var idxWidth = compressor.Overlap(kvcache.DSv4IndexerRatio) * mla.IndexerDim
+
+// idxQueryN is the indexer wq_b GEMM's output width (64 heads of 128).
+const idxQueryN = mla.IndexerHeads * mla.IndexerDim
+
+// indexerWeightBytes is what one ratio-4 layer's indexer adds to the
+// layer's weights: wq_b (e4m3 with its 128x128 block scales), weights_proj
+// and the compressor's [wkv; wgate] (bf16), its ape and norm weight
+// (float32).
+func indexerWeightBytes(md model) int64 {
+	cd := chainDimsOf(md)
+	return fp8WeightBytes(idxQueryN, cd.qLora) + 2*int64(mla.IndexerHeads)*int64(cd.hidden) +
+		2*2*int64(idxWidth)*int64(cd.hidden) + 4*int64(kvcache.DSv4IndexerRatio*idxWidth) + 4*mla.IndexerDim
+}
+
+// compressWeightBytes is the ratio-4 KV compressor's projection weights
+// ([wkv; wgate] bf16), the part of a ratio-4 layer's weights beyond the
+// chain's.
+func compressWeightBytes(md model, ratio int) int64 {
+	return 2 * 2 * int64(compressor.Overlap(ratio)*compressor.Dim) * int64(chainDimsOf(md).hidden)
+}
+
+// bufMaker is what the indexer's setup needs of a device: the CUDA
+// device, or the CPU backend in tests.
+type bufMaker interface {
+	alloc(n int) (mla.Buffer, error)
+	write(dst mla.Buffer, off int, src []byte) error
+	randBF16(n, rowElems int) (mla.Buffer, error)
+	randF32(n int, lo, hi float32) (mla.Buffer, error)
+	randE4M3(n int) (mla.Buffer, error)
+}
+
+func (d *device) alloc(n int) (mla.Buffer, error)                 { return d.be.Alloc(n) }
+func (d *device) write(dst mla.Buffer, off int, src []byte) error { return d.be.Write(dst, off, src) }
+
+// idxBackend is what the indexer's launches need: the CUDA backend, or the
+// CPU backend in tests.
+type idxBackend interface {
+	GEMM(ctx context.Context, a *mla.GEMMArgs) error
+	BF16GEMM(ctx context.Context, a *mla.BF16GEMMArgs) error
+	CompressStep(ctx context.Context, a *mla.CompressStepArgs) error
+	mla.IndexerQuerier
+	mla.TopKSelector
+}
+
+// idxLayer is one ratio-4 layer's indexer weights, states, cache and
+// indices.
+type idxLayer struct {
+	wqB   mla.FP8Weight // [64*128][q_lora_rank]
+	wproj mla.Buffer    // [64][hidden] bf16
+	wkvg  mla.Buffer    // [2*256][hidden] bf16
+	ape   mla.Buffer    // [4][256] float32
+	norm  mla.Buffer    // [128] float32
+	ring  mla.Buffer    // slots of ringRows rows of 2*256 float32
+	pool  mla.Buffer    // pages of 64 MXFP4 entries
+	out   mla.Buffer    // [rows][index_topk] int32
+}
+
+// idxSet is one input set's indexer activations.
+type idxSet struct {
+	qIn  mla.Buffer // [rows][64*128] bf16: the wq_b GEMM's output
+	kg   mla.Buffer // [rows][2*256] float32: the compressor's projections
+	wp   mla.Buffer // [rows][64] float32: weights_proj's output
+	qOut mla.Buffer // [rows][64][128]: room for either query format
+	wOut mla.Buffer // [rows][64] float32-sized: either format's head weights
+}
+
+// idxInputs is what the indexer reads of a layer's chain: the shape's
+// metadata and launches, the RoPE table, and per input set the hidden rows
+// and q_norm's activation.
+type idxInputs struct {
+	m             *metadata.Metadata
+	launches      []mla.Launch
+	rows          int
+	rope          mla.Buffer
+	ropePositions int
+	meta          *mla.MetadataBuffers
+	hidden        []mla.Buffer
+	qn            []mla.FP8Activations
+	eps           float32
+}
+
+// chainIdx is one shape's indexer in every layer of a graph.
+type chainIdx struct {
+	md       model
+	in       idxInputs
+	layers   []idxLayer
+	sets     []idxSet
+	plan     mla.Buffer // the ratio-4 compressor plan (the main compressor's)
+	scratch  mla.Buffer
+	maxJobs  int
+	ringRows int
+	pages    int
+	tk       mla.TopKShape
+	tkPlan   mla.Buffer
+	tkScr    mla.Buffer
+	// Visible is the most entries a token of the shape sees, Scored the
+	// token rows that see more than index_topk (whose scores the selection
+	// computes; the others select every entry).
+	Visible, Scored int
+	bufs            []mla.Buffer
+}
+
+// topkPlan is the selection's plan and shape for m's batch over rows rows
+// with the ratio-4 block tables, and the most visible entries and the rows
+// that score (see chainIdx).
+func topkPlan(m *metadata.Metadata, rows, topK, pages int, tables [][]int32) (raw []byte, s mla.TopKShape, visible, scored int, err error) {
+	var p mla.TopKPlan
+	if err := p.SetFromMetadata(m, tables); err != nil {
+		return nil, s, 0, 0, err
+	}
+	stride := 1
+	for _, t := range tables {
+		stride = max(stride, len(t))
+	}
+	s = mla.TopKShape{TopK: topK, Rows: rows, MaxSeqs: max(m.NumSeqs, 1), PageStride: stride, PageSize: engine.CompressedPageSize,
+		NumPages: max(pages, 1), ScratchEntries: int(p.ScratchEntries(topK))}
+	for _, q := range p.Seqs {
+		for i := range q.Rows {
+			v := mla.TopKVisible(q.Start + i)
+			visible = max(visible, v)
+			if v > topK {
+				scored++
+			}
+		}
+	}
+	raw, err = p.Encode(&s)
+	return raw, s, visible, scored, err
+}
+
+// randomIndexerEntries is n pages' worth of MXFP4 entries: random nibbles,
+// scale bytes in [120, 127] (values of the order of a normalized key), as
+// the history a decode step's selection scores.
+func randomIndexerEntries(r *rand.Rand, n int) []byte {
+	out := make([]byte, n*mla.IndexerPageBytes(engine.CompressedPageSize))
+	for e := 0; e+mla.IndexerEntryBytes <= len(out); e += mla.IndexerEntryBytes {
+		for i := range 64 {
+			out[e+i] = byte(r.UintN(256))
+		}
+		for i := 64; i < mla.IndexerEntryBytes; i++ {
+			out[e+i] = byte(120 + r.UintN(8))
+		}
+	}
+	return out
+}
+
+// setupIndexer lays out the indexer of layers ratio-4 layers over in's
+// shape: every layer its own weights, states, cache (filled with random
+// entries) and indices, one set of activations per input set.
+func setupIndexer(mk bufMaker, md model, in idxInputs, layers int) (_ *chainIdx, err error) {
+	cd := chainDimsOf(md)
+	m := in.m
+	x := &chainIdx{md: md, in: in, ringRows: mla.RingRows(kvcache.DSv4IndexerRatio, benchMaxDrafts),
+		maxJobs: mla.MaxCompressJobs(kvcache.DSv4IndexerRatio, m.NumSeqs, in.rows)}
+	keep := func(buf mla.Buffer, err error) (mla.Buffer, error) {
+		if err == nil {
+			x.bufs = append(x.bufs, buf)
+		}
+		return buf, err
+	}
+	fail := func(what string, err error) (*chainIdx, error) {
+		return x, fmt.Errorf("indexer %s: %w", what, err)
+	}
+	plan, tables, pages, err := ratioTables(m, kvcache.DSv4IndexerRatio)
+	if err != nil {
+		return fail("plan", err)
+	}
+	x.pages = pages
+	raw, err := plan.Encode(m.NumSeqs, x.maxJobs)
+	if err != nil {
+		return fail("plan", err)
+	}
+	if x.plan, err = keep(mk.alloc(len(raw))); err != nil {
+		return fail("plan", err)
+	}
+	if err := mk.write(x.plan, 0, raw); err != nil {
+		return fail("plan", err)
+	}
+	if x.scratch, err = keep(mk.alloc(mla.CompressScratchBytes(x.maxJobs))); err != nil {
+		return fail("scratch", err)
+	}
+	tkRaw, tk, visible, scored, err := topkPlan(m, in.rows, md.cfg.IndexTopK, pages, tables)
+	if err != nil {
+		return fail("top-k plan", err)
+	}
+	x.tk, x.Visible, x.Scored = tk, visible, scored
+	if x.tkPlan, err = keep(mk.alloc(len(tkRaw))); err != nil {
+		return fail("top-k plan", err)
+	}
+	if err := mk.write(x.tkPlan, 0, tkRaw); err != nil {
+		return fail("top-k plan", err)
+	}
+	if tk.ScratchEntries > 0 {
+		if x.tkScr, err = keep(mk.alloc(4 * tk.ScratchEntries)); err != nil {
+			return fail("top-k scratch", err)
+		}
+	}
+	r := rand.New(rand.NewPCG(uint64(in.rows), uint64(pages)))
+	for l := range layers {
+		var il idxLayer
+		il.wqB = mla.FP8Weight{N: idxQueryN, K: cd.qLora}
+		steps := []struct {
+			what string
+			do   func() error
+		}{
+			{"wq_b", func() (err error) { il.wqB.Data, err = keep(mk.randE4M3(idxQueryN * cd.qLora)); return }},
+			{"wq_b scales", func() (err error) {
+				il.wqB.Scale, err = keep(mk.randF32(((idxQueryN+127)/128)*((cd.qLora+127)/128), 0.5/1024, 2.0/1024))
+				return
+			}},
+			{"weights_proj", func() (err error) { il.wproj, err = keep(mk.randBF16(mla.IndexerHeads*cd.hidden, cd.hidden)); return }},
+			{"compressor weights", func() (err error) { il.wkvg, err = keep(mk.randBF16(2*idxWidth*cd.hidden, cd.hidden)); return }},
+			{"compressor ape", func() (err error) {
+				il.ape, err = keep(mk.randF32(kvcache.DSv4IndexerRatio*idxWidth, -0.02, 0.02))
+				return
+			}},
+			{"compressor norm", func() (err error) { il.norm, err = keep(mk.randF32(mla.IndexerDim, 0.5, 1.5)); return }},
+			{"compressor states", func() (err error) {
+				il.ring, err = keep(mk.randF32(m.NumSeqs*x.ringRows*2*idxWidth, -1, 1))
+				return
+			}},
+			{"cache", func() (err error) {
+				if il.pool, err = keep(mk.alloc(pages * mla.IndexerPageBytes(engine.CompressedPageSize))); err != nil {
+					return err
+				}
+				return mk.write(il.pool, 0, randomIndexerEntries(r, pages))
+			}},
+			{"top-k indices", func() (err error) { il.out, err = keep(mk.alloc(4 * in.rows * tk.TopK)); return }},
+		}
+		for _, st := range steps {
+			if err := st.do(); err != nil {
+				return fail(fmt.Sprintf("layer %d %s", l, st.what), err)
+			}
+		}
+		x.layers = append(x.layers, il)
+	}
+	rows := in.rows
+	for i := range in.hidden {
+		var s idxSet
+		steps := []struct {
+			what string
+			dst  *mla.Buffer
+			n    int
+		}{
+			{"wq_b output", &s.qIn, rows * idxQueryN * 2},
+			{"compressor projections", &s.kg, rows * 2 * idxWidth * 4},
+			{"weights_proj output", &s.wp, rows * mla.IndexerHeads * 4},
+			{"query", &s.qOut, rows * mla.IndexerHeads * max(mla.IndexerQueryMXFP4.RowBytes(), mla.IndexerQueryFP8.RowBytes())},
+			{"head weights", &s.wOut, rows * mla.IndexerHeads * max(mla.IndexerQueryMXFP4.WeightBytes(), mla.IndexerQueryFP8.WeightBytes())},
+		}
+		for _, st := range steps {
+			if *st.dst, err = keep(mk.alloc(st.n)); err != nil {
+				return fail(fmt.Sprintf("input set %d %s", i, st.what), err)
+			}
+		}
+		x.sets = append(x.sets, s)
+	}
+	return x, nil
+}
+
+// keys issues layer l's indexer compressor: the projection GEMM of the
+// hidden rows and the step into the layer's cache.
+func (x *chainIdx) keys(ctx context.Context, be idxBackend, l int) error {
+	set := l % len(x.sets)
+	il, s := &x.layers[l], &x.sets[set]
+	hidden := chainDimsOf(x.md).hidden
+	if err := be.BF16GEMM(ctx, &mla.BF16GEMMArgs{Rows: x.in.rows, N: 2 * idxWidth, K: hidden, X: x.in.hidden[set],
+		XStride: hidden, W: il.wkvg, Y: s.kg, YStride: 2 * idxWidth}); err != nil {
+		return fmt.Errorf("indexer compressor projection: %w", err)
+	}
+	if err := be.CompressStep(ctx, &mla.CompressStepArgs{Ratio: kvcache.DSv4IndexerRatio, Entry: mla.EntryIndexer,
+		KG: s.kg, KGRows: x.in.rows, APE: il.ape, Ring: il.ring, RingRows: x.ringRows, Slots: x.in.m.NumSeqs,
+		Plan: x.plan, MaxSeqs: x.in.m.NumSeqs, MaxJobs: x.maxJobs, NormWeight: il.norm, Eps: x.in.eps,
+		Rope: x.in.rope, RopePositions: x.in.ropePositions, Pool: il.pool, PageSize: engine.CompressedPageSize,
+		NumPages: x.pages, Scratch: x.scratch}); err != nil {
+		return fmt.Errorf("indexer compressor step: %w", err)
+	}
+	return nil
+}
+
+// queryGEMMs issues layer l's wq_b GEMM on q_norm's activation and
+// weights_proj on the hidden rows.
+func (x *chainIdx) queryGEMMs(ctx context.Context, be idxBackend, l int) error {
+	set := l % len(x.sets)
+	il, s := &x.layers[l], &x.sets[set]
+	hidden := chainDimsOf(x.md).hidden
+	if err := be.GEMM(ctx, &mla.GEMMArgs{X: x.in.qn[set], W: &il.wqB, Y: s.qIn, YStride: idxQueryN}); err != nil {
+		return fmt.Errorf("indexer wq_b GEMM: %w", err)
+	}
+	if err := be.BF16GEMM(ctx, &mla.BF16GEMMArgs{Rows: x.in.rows, N: mla.IndexerHeads, K: hidden, X: x.in.hidden[set],
+		XStride: hidden, W: il.wproj, Y: s.wp, YStride: mla.IndexerHeads}); err != nil {
+		return fmt.Errorf("indexer weights_proj GEMM: %w", err)
+	}
+	return nil
+}
+
+// queryStep issues layer l's query step in format f over the launches.
+func (x *chainIdx) queryStep(ctx context.Context, be idxBackend, l int, f mla.IndexerQueryFormat) error {
+	s := &x.sets[l%len(x.sets)]
+	if err := mla.RunIndexerQuery(ctx, be, x.in.launches, &mla.IndexerQueryArgs{Format: f, Q: s.qIn, QStride: idxQueryN,
+		W: s.wp, WStride: mla.IndexerHeads, QOut: s.qOut, WOut: s.wOut, Rope: x.in.rope, RopePositions: x.in.ropePositions,
+		Meta: x.in.meta}); err != nil {
+		return fmt.Errorf("indexer query: %w", err)
+	}
+	return nil
+}
+
+// query issues layer l's indexer query: its GEMMs and the MXFP4 step.
+func (x *chainIdx) query(ctx context.Context, be idxBackend, l int) error {
+	if err := x.queryGEMMs(ctx, be, l); err != nil {
+		return err
+	}
+	return x.queryStep(ctx, be, l, mla.IndexerQueryMXFP4)
+}
+
+// topk issues layer l's selection over its cache into its indices.
+func (x *chainIdx) topk(ctx context.Context, be idxBackend, l int) error {
+	s := &x.sets[l%len(x.sets)]
+	a := &mla.TopKArgs{TopKShape: x.tk, Q: s.qOut, W: s.wOut, Cache: x.layers[l].pool, Plan: x.tkPlan,
+		Scratch: x.tkScr, Out: x.layers[l].out}
+	if err := be.IndexerTopK(ctx, a); err != nil {
+		return fmt.Errorf("indexer top-k: %w", err)
+	}
+	return nil
+}
+
+// alone issues layer l's indexer work of a mode without the chain: the
+// whole prologue in order (keys, then query), the query step, or the
+// selection.
+func (x *chainIdx) alone(ctx context.Context, be idxBackend, l int, mode idxMode) error {
+	switch mode {
+	case idxAlone:
+		if err := x.keys(ctx, be, l); err != nil {
+			return err
+		}
+		return x.query(ctx, be, l)
+	case idxQueryAlone:
+		return x.queryStep(ctx, be, l, mla.IndexerQueryMXFP4)
+	case idxTopKAlone:
+		return x.topk(ctx, be, l)
+	}
+	return fmt.Errorf("indexer mode %v does not run alone", mode)
+}
+
+// chainIdxStep is what chainLayer adds of the indexer: its keys after the
+// compressor on the side stream, its query after the Q prologue, and
+// with topk the selection after the join.
+type chainIdxStep struct {
+	x    *chainIdx
+	topk bool
+}

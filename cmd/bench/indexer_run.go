@@ -1,0 +1,344 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/dsv4mla/prologue/attention/mla"
+)
+
+// IndexerGoalPct is issue 23's goal: the indexer's prologue adds at most
+// this share to a ratio-4 layer's time through the graph.
+const IndexerGoalPct = 15
+
+// VLLMIndexerQueryUs is vLLM's fused indexer-query kernel as quoted by
+// issue 23 (vLLM PR #42899, GPU not named): 128 tokens, RoPE, FP8
+// quantization and the head-weight scaling after its separate GEMM, no
+// Hadamard. Quoted, not measured.
+const VLLMIndexerQueryUs = 7.84
+
+// IndexerResult is one shape's ratio-4 layer with and without the
+// indexer, every layer in one CUDA graph with its own weights, the L2
+// flushed before each replay (median), time per layer.
+type IndexerResult struct {
+	Model  string `json:"model"`
+	Phase  string `json:"phase"`
+	Batch  int    `json:"batch"`
+	MTP    int    `json:"mtp"`
+	Tokens int    `json:"tokens"`
+	Rows   int    `json:"rows"`
+	Layers int    `json:"layers"`
+	Sets   int    `json:"sets"`
+	// TopK is index_topk; Visible the most compressed entries a token of
+	// the shape sees; ScoredRows the token rows that see more than TopK
+	// (the others select every entry without a score).
+	TopK       int `json:"topk"`
+	Visible    int `json:"visible"`
+	ScoredRows int `json:"scored_rows"`
+	// ChainUs is the chain alone (no compressor, no indexer), for
+	// reference. BaseUs (a) is the ratio-4 layer without the indexer: the
+	// chain with its ratio-4 compressor forked. PrologueUs (b) adds the
+	// indexer's prologue, TopKUs (c) the selection too.
+	ChainUs    float64 `json:"chain_us"`
+	BaseUs     float64 `json:"base_us"`
+	PrologueUs float64 `json:"prologue_us"`
+	TopKUs     float64 `json:"topk_us"`
+	// AloneUs is the indexer's prologue alone in the same graph form (its
+	// three GEMMs and two steps in order on one stream); QueryAloneUs the
+	// query step alone, TopKAloneUs the selection alone.
+	AloneUs      float64 `json:"alone_us"`
+	QueryAloneUs float64 `json:"query_alone_us"`
+	TopKAloneUs  float64 `json:"topk_alone_us"`
+	// BaseWeightBytes is a ratio-4 layer's weights without the indexer
+	// (the chain's and the compressor's projection), AddedWeightBytes the
+	// indexer's; the floors are those bytes at the copy rate measured in
+	// the same run (the weight-streaming floors).
+	BaseWeightBytes  int64   `json:"base_weight_bytes"`
+	AddedWeightBytes int64   `json:"added_weight_bytes"`
+	BaseFloorUs      float64 `json:"base_floor_us"`
+	AddedFloorUs     float64 `json:"added_floor_us"`
+	// AddedUs = b - a and AddedPct = 100 (b - a) / a, against the goal;
+	// TopKAddedUs and TopKAddedPct the same for c.
+	AddedUs      float64 `json:"added_us"`
+	AddedPct     float64 `json:"added_pct"`
+	TopKAddedUs  float64 `json:"topk_added_us"`
+	TopKAddedPct float64 `json:"topk_added_pct"`
+	GoalPct      float64 `json:"goal_pct"`
+	GoalMet      bool    `json:"goal_met"`
+}
+
+// modeUs is where the time of a mode's graph goes.
+func (r *IndexerResult) modeUs(m idxMode) *float64 {
+	switch m {
+	case idxOff:
+		return &r.BaseUs
+	case idxPrologue:
+		return &r.PrologueUs
+	case idxTopK:
+		return &r.TopKUs
+	case idxAlone:
+		return &r.AloneUs
+	case idxQueryAlone:
+		return &r.QueryAloneUs
+	case idxTopKAlone:
+		return &r.TopKAloneUs
+	}
+	panic(fmt.Sprintf("no time for %v", m))
+}
+
+// derive fills in the floors, the ratios and the verdict from the times
+// and the bytes, at copyGBps.
+func (r *IndexerResult) derive(copyGBps float64) {
+	r.BaseFloorUs = safeDiv(float64(r.BaseWeightBytes), copyGBps*1e3)
+	r.AddedFloorUs = safeDiv(float64(r.AddedWeightBytes), copyGBps*1e3)
+	r.AddedUs = r.PrologueUs - r.BaseUs
+	r.AddedPct = safeDiv(100*r.AddedUs, r.BaseUs)
+	r.TopKAddedUs = r.TopKUs - r.BaseUs
+	r.TopKAddedPct = safeDiv(100*r.TopKAddedUs, r.BaseUs)
+	r.GoalPct = IndexerGoalPct
+	r.GoalMet = r.BaseUs > 0 && r.PrologueUs > 0 && r.AddedPct <= IndexerGoalPct
+}
+
+// IndexerQueryResult is the indexer's query step alone (RoPE, Hadamard,
+// quantization, head-weight scaling; no GEMM) over Tokens tokens in one
+// format, beside the quoted vLLM kernel.
+type IndexerQueryResult struct {
+	Model  string `json:"model"`
+	Format string `json:"format"`
+	Tokens int    `json:"tokens"`
+	Rows   int    `json:"rows"`
+	// GraphUs: Layers calls, each its own input and output buffers, in one
+	// graph, the L2 flushed before each replay (median), per call.
+	// WarmUs: WarmCalls calls on the same buffers in one graph (flushed
+	// once before the replay), per call: the inputs stay in L2, the way a
+	// kernel is timed back to back.
+	Layers    int     `json:"layers"`
+	GraphUs   float64 `json:"graph_us"`
+	WarmCalls int     `json:"warm_calls"`
+	WarmUs    float64 `json:"warm_us"`
+	// Bytes read and written; FloorUs those at the copy rate ((R+W)/2: a
+	// copy reads and writes each byte).
+	Bytes   int64   `json:"bytes"`
+	FloorUs float64 `json:"floor_us"`
+	VLLMUs  float64 `json:"vllm_quoted_us"`
+}
+
+// indexerQueryBytes is the query step's traffic over rows rows in format
+// f: the bf16 query rows and float32 weights_proj outputs read, the query
+// rows and head weights written.
+func indexerQueryBytes(rows int, f mla.IndexerQueryFormat) int64 {
+	return int64(rows) * mla.IndexerHeads * int64(mla.IndexerDim*2+4+f.RowBytes()+f.WeightBytes())
+}
+
+// indexerShapes lists the indexer's generation shapes (every batch at the
+// MTP) and then its context shapes.
+func (c *config) indexerShapes() []shape {
+	var out []shape
+	for _, nb := range c.IndexerBatches {
+		out = append(out, generationShape(nb, c.IndexerMTP))
+	}
+	for _, t := range c.IndexerCtxTokens {
+		out = append(out, contextShape(t))
+	}
+	return out
+}
+
+// indexers times every indexer shape of md. A shape that fails is
+// reported in rep.Errors and the next one runs.
+func indexers(c *config, d *device, md model, rep *Report) error {
+	if err := d.be.InitGEMM(); err != nil {
+		return err
+	}
+	// The kernels compile now: a graph capture may not.
+	if err := d.be.LoadCompressor(); err != nil {
+		return err
+	}
+	if err := d.be.LoadTopK(); err != nil {
+		return err
+	}
+	w, err := d.newChainWeights(md, c.ChainLayers)
+	if err != nil {
+		return fmt.Errorf("chain weights: %w", err)
+	}
+	defer d.freeBufs(w.bufs)
+	var failed int
+	for _, s := range c.indexerShapes() {
+		if err := indexerShape(c, d, md, w, s, rep); err != nil {
+			failed++
+			msg := fmt.Sprintf("indexer %s %s b=%d mtp=%d %d tokens: %v", md.Name, s.Phase, s.Batch, s.MTP, s.Tokens, err)
+			fmt.Println("bench:", msg)
+			rep.Errors = append(rep.Errors, msg)
+			continue
+		}
+		if err := rep.write(c.Out); err != nil {
+			return err
+		}
+	}
+	if failed > 0 {
+		return fmt.Errorf("%d indexer shapes of %s failed (listed above)", failed, md.Name)
+	}
+	return nil
+}
+
+// indexerShape times one shape's ratio-4 layer in every idxMode, and at
+// 128 tokens the query step alone in both formats.
+func indexerShape(c *config, d *device, md model, w *chainWeights, s shape, rep *Report) (err error) {
+	ctx := context.Background()
+	L := len(w.layers)
+	cl, err := d.setupChain(md, s, L, c.GraphMemBytes)
+	if err != nil {
+		return err
+	}
+	defer d.free(cl.ls)
+	comp, err := d.setupComp(md, cl, 4, L)
+	if err != nil {
+		return fmt.Errorf("ratio-4 compressor: %w", err)
+	}
+	defer d.freeComp(comp)
+	in := idxInputs{m: cl.ls.m, launches: cl.ls.launches, rows: cl.rows, rope: cl.ls.args[0].Rope,
+		ropePositions: cl.ls.args[0].RopePositions, meta: cl.ls.args[0].Meta, eps: float32(md.cfg.RMSNormEps)}
+	for _, cs := range cl.sets {
+		in.hidden = append(in.hidden, cs.hidden)
+		in.qn = append(in.qn, cs.qn)
+	}
+	x, err := setupIndexer(d, md, in, L)
+	defer d.freeBufs(x.bufs)
+	if err != nil {
+		return err
+	}
+	if err := d.be.Synchronize(ctx); err != nil {
+		return err
+	}
+	// One eager layer of the whole thing first: every GEMM shape plans its
+	// algorithm (a capture may not), and a wrong argument fails here.
+	if err := d.chainLayer(ctx, md, cl, &w.layers[0], 0, kvForked, nil, comp, &chainIdxStep{x: x, topk: true}); err != nil {
+		return fmt.Errorf("eager layer: %w", err)
+	}
+	if err := d.be.Synchronize(ctx); err != nil {
+		return fmt.Errorf("eager layer: %w", err)
+	}
+	graph := func(what string, layer func(l int) error) (float64, error) {
+		total, err := d.timeGraph(c.GraphReps, func() error {
+			for l := range L {
+				if err := layer(l); err != nil {
+					return fmt.Errorf("layer %d: %w", l, err)
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return 0, fmt.Errorf("graph (%s): %w", what, err)
+		}
+		return total / float64(L), nil
+	}
+	r := IndexerResult{Model: md.Name, Phase: s.Phase, Batch: s.Batch, MTP: s.MTP, Tokens: s.Tokens, Rows: cl.rows,
+		Layers: L, Sets: len(cl.sets), TopK: x.tk.TopK, Visible: x.Visible, ScoredRows: x.Scored,
+		BaseWeightBytes:  chainDimsOf(md).weightBytes() + compressWeightBytes(md, 4),
+		AddedWeightBytes: indexerWeightBytes(md)}
+	if r.ChainUs, err = graph("chain", func(l int) error {
+		return d.chainLayer(ctx, md, cl, &w.layers[l], l, kvForked, nil, nil, nil)
+	}); err != nil {
+		return err
+	}
+	for _, mode := range idxModes {
+		var idx *chainIdxStep
+		switch mode {
+		case idxPrologue:
+			idx = &chainIdxStep{x: x}
+		case idxTopK:
+			idx = &chainIdxStep{x: x, topk: true}
+		}
+		layer := func(l int) error { return d.chainLayer(ctx, md, cl, &w.layers[l], l, kvForked, nil, comp, idx) }
+		if mode >= idxAlone {
+			layer = func(l int) error { return x.alone(ctx, d.be, l, mode) }
+		}
+		us, err := graph(mode.String(), layer)
+		if err != nil {
+			return err
+		}
+		*r.modeUs(mode) = us
+	}
+	r.derive(rep.CopyGBps)
+	rep.Indexer = append(rep.Indexer, r)
+	fmt.Println(r.line())
+	if s.Tokens != 128 || s.Phase != "generation" {
+		return nil
+	}
+	for _, f := range []mla.IndexerQueryFormat{mla.IndexerQueryMXFP4, mla.IndexerQueryFP8} {
+		q := IndexerQueryResult{Model: md.Name, Format: f.String(), Tokens: s.Tokens, Rows: cl.rows, Layers: L,
+			WarmCalls: indexerWarmCalls, Bytes: indexerQueryBytes(cl.rows, f), VLLMUs: VLLMIndexerQueryUs}
+		q.FloorUs = safeDiv(float64(q.Bytes)/2, rep.CopyGBps*1e3)
+		if q.GraphUs, err = graph("query step "+f.String(), func(l int) error { return x.queryStep(ctx, d.be, l, f) }); err != nil {
+			return err
+		}
+		total, err := d.timeGraph(c.GraphReps, func() error {
+			for range indexerWarmCalls {
+				if err := x.queryStep(ctx, d.be, 0, f); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("graph (query step %v, back to back): %w", f, err)
+		}
+		q.WarmUs = total / indexerWarmCalls
+		rep.IndexerQuery = append(rep.IndexerQuery, q)
+		fmt.Println(q.line())
+	}
+	return nil
+}
+
+// indexerWarmCalls is the back-to-back query steps of one graph.
+const indexerWarmCalls = 20
+
+// line is the result's one-line summary.
+func (r *IndexerResult) line() string {
+	verdict := "goal met"
+	if !r.GoalMet {
+		verdict = "goal missed"
+	}
+	return fmt.Sprintf("indexer %-5s %-10s b=%-3d mtp=%d tokens=%-6d rows=%-6d: chain %8.2f, (a) ratio-4 layer %8.2f, (b) with the indexer's prologue %8.2f us/layer (%+7.2f us, %+6.1f%%: <= %g%% %s), (c) with top-k %8.2f (%+7.2f us, %+6.1f%%); alone: prologue %7.2f, query step %6.2f, top-k %7.2f; added weights %4.1f MB, floor %5.2f us (layer's %5.1f MB: %5.2f us); visible <= %d entries, %d rows score (top-k %d)",
+		r.Model, r.Phase, r.Batch, r.MTP, r.Tokens, r.Rows, r.ChainUs, r.BaseUs, r.PrologueUs, r.AddedUs, r.AddedPct, r.GoalPct, verdict,
+		r.TopKUs, r.TopKAddedUs, r.TopKAddedPct, r.AloneUs, r.QueryAloneUs, r.TopKAloneUs,
+		float64(r.AddedWeightBytes)/1e6, r.AddedFloorUs, float64(r.BaseWeightBytes)/1e6, r.BaseFloorUs, r.Visible, r.ScoredRows, r.TopK)
+}
+
+// line is the result's one-line summary.
+func (q *IndexerQueryResult) line() string {
+	return fmt.Sprintf("indexer query %-5s %-5s %d tokens (%d rows): %6.2f us a call in a graph of %d (L2 flushed), %6.2f us back to back (%d calls); copy floor %5.2f us; vLLM's fused kernel quoted at %.2f us (no Hadamard)",
+		q.Model, q.Format, q.Tokens, q.Rows, q.GraphUs, q.Layers, q.WarmUs, q.WarmCalls, q.FloorUs, q.VLLMUs)
+}
+
+// writeIndexerTable prints the results as a Markdown table (us a layer).
+func writeIndexerTable(w io.Writer, rs []IndexerResult, qs []IndexerQueryResult) error {
+	var b strings.Builder
+	if len(rs) > 0 {
+		b.WriteString("| model | shape | (a) ratio-4 layer | (b) + prologue | (b-a)/a | goal | (c) + top-k | (c-a)/a | prologue alone | added weights floor |\n")
+		b.WriteString("|---|---|---|---|---|---|---|---|---|---|\n")
+		for _, r := range rs {
+			shape := fmt.Sprintf("prefill %d", r.Tokens)
+			if r.Phase == "generation" {
+				shape = fmt.Sprintf("b=%d MTP %d", r.Batch, r.MTP)
+			}
+			verdict := "met"
+			if !r.GoalMet {
+				verdict = "missed"
+			}
+			fmt.Fprintf(&b, "| %s | %s | %.2f | %.2f | %+.1f%% | <= %g%%: %s | %.2f | %+.1f%% | %.2f | %.2f (%.1f MB) |\n",
+				r.Model, shape, r.BaseUs, r.PrologueUs, r.AddedPct, r.GoalPct, verdict, r.TopKUs, r.TopKAddedPct, r.AloneUs,
+				r.AddedFloorUs, float64(r.AddedWeightBytes)/1e6)
+		}
+	}
+	if len(qs) > 0 {
+		b.WriteString("\n| model | query format | tokens | in a graph, L2 flushed | back to back | copy floor | vLLM quoted |\n")
+		b.WriteString("|---|---|---|---|---|---|---|\n")
+		for _, q := range qs {
+			fmt.Fprintf(&b, "| %s | %s | %d | %.2f | %.2f | %.2f | %.2f |\n", q.Model, q.Format, q.Tokens, q.GraphUs, q.WarmUs, q.FloorUs, q.VLLMUs)
+		}
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}

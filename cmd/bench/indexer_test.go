@@ -1,0 +1,302 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"math"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/dsv4mla/prologue/attention/mla"
+	"github.com/dsv4mla/prologue/attention/mla/cpu"
+	"github.com/dsv4mla/prologue/numerics"
+)
+
+// cpuMaker is bufMaker on the CPU backend, with host random fills of the
+// same kinds as the device's.
+type cpuMaker struct {
+	be *cpu.Backend
+	r  *rand.Rand
+	// filled sums the bytes of every random fill (not the plain
+	// allocations and writes).
+	filled int64
+}
+
+func (c *cpuMaker) alloc(n int) (mla.Buffer, error) { return c.be.Alloc(n) }
+func (c *cpuMaker) write(dst mla.Buffer, off int, src []byte) error {
+	return c.be.Write(dst, off, src)
+}
+
+func (c *cpuMaker) put(raw []byte) (mla.Buffer, error) {
+	buf, err := c.be.Alloc(len(raw))
+	if err != nil {
+		return nil, err
+	}
+	c.filled += int64(len(raw))
+	return buf, c.be.Write(buf, 0, raw)
+}
+
+func (c *cpuMaker) randBF16(n, rowElems int) (mla.Buffer, error) {
+	raw := make([]byte, 2*n)
+	scale := float32(1)
+	for i := range n {
+		if i%rowElems == 0 {
+			scale = float32(math.Ldexp(1, c.r.IntN(4)-2))
+		}
+		binary.LittleEndian.PutUint16(raw[2*i:], numerics.BF16FromF32((2*c.r.Float32()-1)*scale))
+	}
+	return c.put(raw)
+}
+
+func (c *cpuMaker) randF32(n int, lo, hi float32) (mla.Buffer, error) {
+	v := make([]float32, n)
+	for i := range v {
+		v[i] = lo + (hi-lo)*c.r.Float32()
+	}
+	return c.put(numerics.F32Bytes(v))
+}
+
+func (c *cpuMaker) randE4M3(n int) (mla.Buffer, error) {
+	raw := make([]byte, n)
+	for i := range raw {
+		raw[i] = byte(c.r.UintN(0x70)) | byte(c.r.UintN(2))<<7 // exponent below 14: never NaN
+	}
+	return c.put(raw)
+}
+
+// smallFlash is V4-Flash with a narrow hidden row and q_lora_rank, so the
+// CPU GEMMs are quick; the indexer's own dimensions are the model's.
+func smallFlash(t *testing.T) model {
+	md, err := modelNamed("flash")
+	require.NoError(t, err)
+	md.cfg.HiddenSize, md.cfg.QLoraRank, md.QLora = 256, 128, 128
+	return md
+}
+
+func TestIndexerWeightBytes(t *testing.T) {
+	for _, name := range []string{"flash", "pro"} {
+		md, err := modelNamed(name)
+		require.NoError(t, err)
+		cd := chainDimsOf(md)
+		// Each tensor of DESIGN.md section 9, counted separately.
+		want := int64(8192*cd.qLora) + 4*int64(64*((cd.qLora+127)/128)) + // wq_b and its 128x128 block scales
+			2*int64(64*cd.hidden) + // weights_proj
+			2*2*int64(256*cd.hidden) + // compressor.wkv, compressor.wgate
+			4*4*256 + 4*128 // ape, norm
+		assert.Equal(t, want, indexerWeightBytes(md), name)
+		assert.Equal(t, int64(2*2*1024*cd.hidden), compressWeightBytes(md, 4), name)
+	}
+	md, _ := modelNamed("flash")
+	// Issue 23: "its weights add about 13 MB to the 40 MB of V4-Flash's chain weights".
+	assert.InDelta(t, 13e6, float64(indexerWeightBytes(md)), 0.5e6)
+	assert.InDelta(t, 40e6, float64(chainDimsOf(md).weightBytes()), 0.5e6)
+}
+
+func TestIndexerDerive(t *testing.T) {
+	r := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 23))
+	seed := r.Uint64()
+	t.Logf("seed %d", seed)
+	r = rand.New(rand.NewPCG(seed, 1))
+	for _, tc := range []struct {
+		name              string
+		base, pro, topk   float64
+		wantMet           bool
+		wantPct, wantTopK float64
+	}{
+		{"within", 100, 110, 140, true, 10, 40},
+		{"at the goal", 80, 92, 100, true, 15, 25},
+		{"past the goal", 80, 92.5, 100, false, 15.625, 25},
+		{"faster with it", 50, 49, 60, true, -2, 20},
+		{"not measured", 0, 0, 0, false, 0, 0},
+		{"base not measured", 0, 10, 20, false, 0, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			gbps := 3000 + 2000*r.Float64()
+			res := IndexerResult{BaseUs: tc.base, PrologueUs: tc.pro, TopKUs: tc.topk,
+				BaseWeightBytes: 1e6 + r.Int64N(1e8), AddedWeightBytes: 1e6 + r.Int64N(3e7)}
+			res.derive(gbps)
+			assert.Equal(t, tc.wantMet, res.GoalMet)
+			assert.InDelta(t, tc.wantPct, res.AddedPct, 1e-9)
+			assert.InDelta(t, tc.wantTopK, res.TopKAddedPct, 1e-9)
+			assert.InDelta(t, tc.pro-tc.base, res.AddedUs, 1e-9)
+			assert.InDelta(t, tc.topk-tc.base, res.TopKAddedUs, 1e-9)
+			// bytes / (GB/s) in us: bytes / (gbps * 1e9) * 1e6.
+			assert.InDelta(t, float64(res.AddedWeightBytes)/(gbps*1e9)*1e6, res.AddedFloorUs, 1e-9)
+			assert.InDelta(t, float64(res.BaseWeightBytes)/(gbps*1e9)*1e6, res.BaseFloorUs, 1e-9)
+			assert.Equal(t, float64(IndexerGoalPct), res.GoalPct)
+			assert.Contains(t, res.line(), map[bool]string{true: "goal met", false: "goal missed"}[tc.wantMet])
+		})
+	}
+	var zero IndexerResult
+	zero.derive(0)
+	assert.Zero(t, zero.AddedFloorUs, "no copy rate: no floor, not Inf")
+}
+
+func TestIndexerQueryBytes(t *testing.T) {
+	// bf16 query rows (256 B a head) and float32 weights_proj read; 68 + 2
+	// (MXFP4) or 128 + 4 (FP8) written a head.
+	assert.Equal(t, int64(128*64*(256+4+68+2)), indexerQueryBytes(128, mla.IndexerQueryMXFP4))
+	assert.Equal(t, int64(128*64*(256+4+128+4)), indexerQueryBytes(128, mla.IndexerQueryFP8))
+}
+
+func TestWriteIndexerTable(t *testing.T) {
+	rs := []IndexerResult{
+		{Model: "flash", Phase: "generation", Batch: 32, MTP: 3, BaseUs: 60, PrologueUs: 66, TopKUs: 90, AddedWeightBytes: 13e6},
+		{Model: "pro", Phase: "context", Tokens: 4096, BaseUs: 900, PrologueUs: 1100, TopKUs: 1200, AddedWeightBytes: 21e6},
+	}
+	for i := range rs {
+		rs[i].derive(4000)
+	}
+	qs := []IndexerQueryResult{{Model: "flash", Format: "fp8", Tokens: 128, GraphUs: 6.1, WarmUs: 5.2, VLLMUs: VLLMIndexerQueryUs}}
+	var b bytes.Buffer
+	require.NoError(t, writeIndexerTable(&b, rs, qs))
+	out := b.String()
+	t.Log("\n" + out)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	require.Len(t, lines, 2+len(rs)+1+2+len(qs))
+	for _, tbl := range [][]string{lines[:2+len(rs)], lines[3+len(rs):]} {
+		for _, l := range tbl {
+			assert.Equal(t, strings.Count(tbl[0], "|"), strings.Count(l, "|"), l)
+		}
+	}
+	assert.Contains(t, lines[2], "| flash | b=32 MTP 3 | 60.00 | 66.00 | +10.0% | <= 15%: met |")
+	assert.Contains(t, lines[3], "| pro | prefill 4096 | 900.00 | 1100.00 | +22.2% | <= 15%: missed |")
+	assert.Contains(t, lines[len(lines)-1], "| 7.84 |")
+}
+
+func TestParseFlagsIndexer(t *testing.T) {
+	c, err := parseFlags(nil, nil)
+	require.NoError(t, err)
+	assert.False(t, c.Indexer, "off unless asked")
+	assert.Equal(t, []int{32}, c.IndexerBatches)
+	assert.Equal(t, 3, c.IndexerMTP)
+	assert.Equal(t, []int{4096, 16384}, c.IndexerCtxTokens)
+	sh := c.indexerShapes()
+	require.Len(t, sh, 3)
+	assert.Equal(t, 128, sh[0].Tokens)
+	assert.Equal(t, "generation", sh[0].Phase)
+	assert.Equal(t, 16384, sh[2].Tokens)
+
+	c, err = parseFlags([]string{"--indexer-only", "--models", "flash", "--graph-reps", "20", "--indexer-ctx-tokens", "none"}, nil)
+	require.NoError(t, err)
+	assert.True(t, c.Indexer)
+	assert.False(t, c.Chain || c.Kernels || c.Iteration || c.Graph || c.HostCost)
+	assert.Empty(t, c.IndexerCtxTokens)
+	assert.Len(t, c.indexerShapes(), 1)
+
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--indexer-only", "--chain-only"}, "--chain-only and --indexer-only exclude each other"},
+		{[]string{"--indexer-mtp", "8"}, "--indexer-mtp = 8, must be in [0, 7]"},
+		{[]string{"--indexer", "--indexer-batches", "none", "--indexer-ctx-tokens", "none"}, "--indexer with no shape"},
+		{[]string{"--indexer-batches", "0"}, "--indexer-batches: 0 is outside"},
+	} {
+		_, err := parseFlags(tc.args, nil)
+		require.ErrorContains(t, err, tc.want, tc.args)
+	}
+}
+
+// TestIndexerLayerOnCPU issues a ratio-4 layer's indexer work, as the
+// device graphs do, on the CPU backend at a small batch: every argument
+// the launches take must pass their validation, the query must be written
+// (real rows) and zeroed (padding), and each selection must hold
+// min(index_topk, visible) ascending entries of the visible ones, then -1.
+func TestIndexerLayerOnCPU(t *testing.T) {
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	md := smallFlash(t)
+	be := cpu.New(2)
+	mk := &cpuMaker{be: be, r: rand.New(rand.NewPCG(seed, 2))}
+	s := generationShape(3, 3)
+	m, total, err := shapeMetadata(md, s, graphBucket(s.Tokens))
+	require.NoError(t, err)
+	rows := m.PaddedTokens
+	require.Greater(t, rows, m.Tokens, "the shape has padding rows")
+	meta, err := mla.NewMetadataBuffers(be, m.NumSeqs, m.MaxPages)
+	require.NoError(t, err)
+	require.NoError(t, meta.Upload(be, m, total))
+	rope, err := mk.randF32(ropePositions*64, -1, 1)
+	require.NoError(t, err)
+	cd := chainDimsOf(md)
+	in := idxInputs{m: m, launches: mla.FromHeader(mla.Plan(m)), rows: rows, rope: rope, ropePositions: ropePositions,
+		meta: meta, eps: numerics.DefaultEps}
+	const sets, layers = 2, 3
+	for range sets {
+		h, err := mk.randBF16(rows*cd.hidden, cd.hidden)
+		require.NoError(t, err)
+		qn := mla.FP8Activations{Rows: rows, K: cd.qLora, ScaleStride: rows}
+		qn.Data, err = mk.randE4M3(rows * cd.qLora)
+		require.NoError(t, err)
+		qn.Scale, err = mk.randF32(cd.qLora/128*rows, 1.0/64, 1.0/16)
+		require.NoError(t, err)
+		in.hidden, in.qn = append(in.hidden, h), append(in.qn, qn)
+	}
+	before := mk.filled
+	x, err := setupIndexer(mk, md, in, layers)
+	require.NoError(t, err)
+	require.Len(t, x.layers, layers)
+	require.Len(t, x.sets, sets)
+	assert.Positive(t, x.Scored, "some rows see more than index_topk entries: the selection scores them")
+	assert.Less(t, x.Scored, m.Tokens, "and some select every entry")
+	// The weights a layer adds are what indexerWeightBytes counts: the
+	// fills minus the states (the ring of every layer).
+	ring := int64(m.NumSeqs * x.ringRows * 2 * idxWidth * 4)
+	assert.Equal(t, int64(layers)*(indexerWeightBytes(md)+ring), mk.filled-before)
+
+	ctx := context.Background()
+	for l := range layers {
+		s := &x.sets[l%sets]
+		for _, b := range []mla.Buffer{s.qOut, s.wOut, x.layers[l].out} {
+			require.NoError(t, be.Fill(b, 0, b.Len(), 0xAB))
+		}
+		require.NoError(t, x.keys(ctx, be, l))
+		require.NoError(t, x.query(ctx, be, l))
+		require.NoError(t, x.topk(ctx, be, l))
+		for _, mode := range []idxMode{idxAlone, idxQueryAlone, idxTopKAlone} {
+			require.NoError(t, x.alone(ctx, be, l, mode), mode)
+		}
+		require.Error(t, x.alone(ctx, be, l, idxPrologue), "the prologue runs alone only as idxAlone")
+
+		q := make([]byte, rows*64*mla.IndexerEntryBytes)
+		require.NoError(t, be.Read(q, s.qOut, 0))
+		rowBytes := 64 * mla.IndexerEntryBytes
+		for r := range rows {
+			row := q[r*rowBytes : (r+1)*rowBytes]
+			if r >= m.Tokens {
+				assert.Equal(t, make([]byte, rowBytes), row, "layer %d padding row %d", l, r)
+			} else {
+				assert.NotEqual(t, bytes.Repeat([]byte{0xAB}, rowBytes), row, "layer %d row %d written", l, r)
+			}
+		}
+		out := make([]byte, 4*rows*x.tk.TopK)
+		require.NoError(t, be.Read(out, x.layers[l].out, 0))
+		for r := range rows {
+			visible := 0
+			if r < m.Tokens {
+				_, pos, ok := m.Row(r)
+				require.True(t, ok)
+				visible = mla.TopKVisible(pos)
+			}
+			want := min(visible, x.tk.TopK)
+			prev := int32(-1)
+			for k := range x.tk.TopK {
+				v := int32(binary.LittleEndian.Uint32(out[4*(r*x.tk.TopK+k):]))
+				if k >= want {
+					require.Equal(t, int32(-1), v, "layer %d row %d slot %d past the %d selected", l, r, k, want)
+					continue
+				}
+				require.Greater(t, v, prev, "layer %d row %d slot %d: ascending", l, r, k)
+				require.Less(t, int(v), visible, "layer %d row %d slot %d: a visible entry", l, r, k)
+				prev = v
+			}
+		}
+	}
+}
