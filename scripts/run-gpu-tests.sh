@@ -31,29 +31,29 @@ step() {
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee -a "$log"
 if want tests; then
 step .gpu/driver.test -test.v
-step .gpu/cuda.test -test.v -test.run 'Conformance|Mixed|Available|AsyncWrite'
-step .gpu/cuda.test -test.v -test.run 'Exhaustive'
+step env -C attention/mla/cuda ../../../.gpu/cuda.test -test.v -test.run 'Conformance|Mixed|Available|AsyncWrite'
+step env -C attention/mla/cuda ../../../.gpu/cuda.test -test.v -test.run 'Exhaustive'
 # A context batch past the FP8 Q direct-path threshold, both Q formats (bf16
 # Q on the direct path, FP8 Q streaming), every byte against the reference.
-step .gpu/cuda.test -test.v -test.run 'LargeContext'
+step env -C attention/mla/cuda ../../../.gpu/cuda.test -test.v -test.run 'LargeContext'
 # The KV compressor: compress_entries against package compressor, and
 # compress_step (the engine's) against mlatest's scalar reference of
 # DESIGN.md section 8; its projection GEMM within gemm.BoundBF16.
-step .gpu/cuda.test -test.v -test.run 'Compress'
+step env -C attention/mla/cuda ../../../.gpu/cuda.test -test.v -test.run 'Compress'
 # The lightning indexer (DESIGN.md section 9): its query and head weights
 # against mlatest's scalar reference over every batch shape, and "rotate
 # both or neither" with the device's cache entries and queries (its
 # compressor's entries run in the 'Compress' step above: indexer/...).
-step .gpu/cuda.test -test.v -test.run 'Indexer'
-step .gpu/cuda.test -test.v -test.run '^TestBF16GEMM'
+step env -C attention/mla/cuda ../../../.gpu/cuda.test -test.v -test.run 'Indexer'
+step env -C attention/mla/cuda ../../../.gpu/cuda.test -test.v -test.run '^TestBF16GEMM'
 # The indexer's top-k selection (DESIGN.md section 9): the conformance
 # scenarios, large batches (decode b=32 MTP 3, a prefill chunk, a 1M-token
 # context) and a CUDA graph replayed over new plans, every index against
 # the CPU backend.
-step .gpu/cuda.test -test.v -test.run 'TestCUDATopK'
+step env -C attention/mla/cuda ../../../.gpu/cuda.test -test.v -test.run 'TestCUDATopK'
 step .gpu/cublaslt.test -test.v
 # The chain's FP8 GEMMs: conformance within package gemm's bound, per implementation.
-step .gpu/cuda.test -test.v -test.run 'GEMM'
+step env -C attention/mla/cuda ../../../.gpu/cuda.test -test.v -test.run 'GEMM'
 # The hand-off to attention (engine.Handoff): a device kernel bound to the
 # handles alone gathers each layer's Q rows, every sequence's window rows
 # and compressed entries, on the engine's stream and on a stream of its own
@@ -97,10 +97,10 @@ if command -v compute-sanitizer >/dev/null; then
 		# the cuBLASLt subtests; memcheck runs them.
 		skip=()
 		[ "$tool" = racecheck ] && skip=(-test.skip 'TestCUDAGEMMPaths/cublaslt')
-		step compute-sanitizer --tool "$tool" --error-exitcode 9 .gpu/cuda.test -test.short -test.run 'TestCUDAConformance$|TestCUDAActQuant$|TestCUDANormQuant$|TestCUDAGEMMPaths$' "${skip[@]}"
-		step compute-sanitizer --tool "$tool" --error-exitcode 9 .gpu/cuda.test -test.short -test.run 'TestCUDACompressEntries|TestCUDACompressStep|TestCUDAIndexer'
-		step compute-sanitizer --tool "$tool" --error-exitcode 9 .gpu/tests.test -test.run 'TestHandoff/cuda'
-		step compute-sanitizer --tool "$tool" --error-exitcode 9 .gpu/cuda.test -test.short -test.run 'TestCUDATopK(Conformance|Graph)$'
+		step env -C attention/mla/cuda compute-sanitizer --tool "$tool" --error-exitcode 9 ../../../.gpu/cuda.test -test.short -test.run 'TestCUDAConformance$|TestCUDAActQuant$|TestCUDANormQuant$|TestCUDAGEMMPaths$' "${skip[@]}"
+		step env -C attention/mla/cuda compute-sanitizer --tool "$tool" --error-exitcode 9 ../../../.gpu/cuda.test -test.short -test.run 'TestCUDACompressEntries|TestCUDACompressStep|TestCUDAIndexer'
+		step env -C tests compute-sanitizer --tool "$tool" --error-exitcode 9 ../.gpu/tests.test -test.run 'TestHandoff/cuda'
+		step env -C attention/mla/cuda compute-sanitizer --tool "$tool" --error-exitcode 9 ../../../.gpu/cuda.test -test.short -test.run 'TestCUDATopK(Conformance|Graph)$'
 	done
 else
 	echo "compute-sanitizer not found" | tee -a "$log"

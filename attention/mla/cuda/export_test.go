@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 
 	"github.com/dsv4mla/prologue/attention/mla"
 	"github.com/dsv4mla/prologue/internal/cudatune"
@@ -112,6 +113,7 @@ type RewriteGEMM struct {
 	fn, reduce   *driver.Function
 	smem         int
 	OneWorkspace bool // every split-K GEMM takes the main stream's workspace, as 508f76b's single one
+	NoPDL        bool // launch the GEMM and its reduction without programmatic dependent launch
 }
 
 // rewriteBlockRows and rewriteBlockTokens are the rewrite's tile
@@ -224,8 +226,14 @@ func (r *RewriteGEMM) GEMM(ctx context.Context, a *mla.GEMMArgs) error {
 		}
 	}
 	block := driver.Dim3{256, 1, 1}
+	launch := b.launchShared
+	if r.NoPDL {
+		launch = func(fn *driver.Function, grid, block driver.Dim3, shared int, args ...any) error {
+			return b.ctx.Launch(fn, grid, block, uint32(shared), b.stream, args...)
+		}
+	}
 	return b.ctx.Do(func() error {
-		if err := b.launchShared(r.fn, driver.Dim3{uint32(chunks), uint32(rowBlocks), uint32(splits)}, block, r.smem,
+		if err := launch(r.fn, driver.Dim3{uint32(chunks), uint32(rowBlocks), uint32(splits)}, block, r.smem,
 			w, ws, x, xs, y, part, int32(m), int32(n), int32(k), int32(a.X.ScaleStride), int32(a.YStride), int32(kbp)); err != nil {
 			return err
 		}
@@ -233,7 +241,33 @@ func (r *RewriteGEMM) GEMM(ctx context.Context, a *mla.GEMMArgs) error {
 			return nil
 		}
 		threads := m * n / 4
-		return b.launch(r.reduce, driver.Dim3{uint32((threads + 255) / 256), 1, 1}, block,
+		return launch(r.reduce, driver.Dim3{uint32((threads + 255) / 256), 1, 1}, block, 0,
 			part, y, int32(m), int32(n), int32(a.YStride), int32(splits))
 	})
 }
+
+// CoherentLoads is the rewrite's source with its __ldg reads (of X, its
+// scales, the weight scales and the split-K partials) through L2
+// (ld.global.cg) instead of the read-only path: TestCUDAGEMMChainReplay's
+// "-coherent-loads" variant.
+func CoherentLoads(src string) string {
+	return coherentLoadDefs + strings.ReplaceAll(src, "__ldg(", "ld_coherent(")
+}
+
+const coherentLoadDefs = `
+__device__ __forceinline__ uint4 ld_coherent(const uint4* p) {
+    uint4 v;
+    asm volatile("ld.global.cg.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ float4 ld_coherent(const float4* p) {
+    float4 v;
+    asm volatile("ld.global.cg.v4.f32 {%0,%1,%2,%3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ float ld_coherent(const float* p) {
+    float v;
+    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
+    return v;
+}
+`

@@ -249,20 +249,33 @@ func TestCUDAGEMMChainReplay(t *testing.T) {
 		load func() (gemmFunc, func(), error)
 	}{{"current", func() (gemmFunc, func(), error) { return b.GEMM, func() {}, nil }}}
 	if *gemmRewrite {
-		for _, one := range []bool{true, false} {
-			name := "rewrite-508f76b"
-			if !one {
-				name += "-workspace-per-stream"
-			}
+		// The rewrite as 508f76b ran it, then with one change each, to
+		// place the failure: a split-K workspace per stream; no
+		// programmatic dependent launch for its kernels; its global reads
+		// through L2 (ld.global.cg) instead of the read-only path (__ldg).
+		variants := []struct {
+			suffix               string
+			one, noPDL, coherent bool
+		}{
+			{"", true, false, false},
+			{"-workspace-per-stream", false, false, false},
+			{"-no-pdl", false, true, false},
+			{"-coherent-loads", false, false, true},
+		}
+		for _, v := range variants {
 			impls = append(impls, struct {
 				name string
 				load func() (gemmFunc, func(), error)
-			}{name, func() (gemmFunc, func(), error) {
-				rw, err := b.LoadRewriteGEMM(rewriteSource)
+			}{"rewrite-508f76b" + v.suffix, func() (gemmFunc, func(), error) {
+				src := rewriteSource
+				if v.coherent {
+					src = cuda.CoherentLoads(src)
+				}
+				rw, err := b.LoadRewriteGEMM(src)
 				if err != nil {
 					return nil, nil, err
 				}
-				rw.OneWorkspace = one
+				rw.OneWorkspace, rw.NoPDL = v.one, v.noPDL
 				return rw.GEMM, func() { _ = rw.Close() }, nil
 			}})
 		}

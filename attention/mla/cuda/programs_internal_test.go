@@ -50,7 +50,9 @@ func TestRewriteSourceCompiles(t *testing.T) {
 	require.Equal(t, 4, stages)
 	opts := fp8GEMMProgram.opts("sm_90", cudatune.Knobs{}.Defaults())
 	opts.Defines = map[string]string{"GEMM_STAGES": strconv.Itoa(stages)}
-	ptx, err := driver.CompilePTX(string(src), "gemm_fp8_f16_rewrite_508f76b.cu", opts)
-	require.NoError(t, err)
-	require.Contains(t, ptx, ".entry gemm_fp8(")
+	for _, s := range []string{string(src), CoherentLoads(string(src))} {
+		ptx, err := driver.CompilePTX(s, "gemm_fp8_f16_rewrite_508f76b.cu", opts)
+		require.NoError(t, err)
+		require.Contains(t, ptx, ".entry gemm_fp8(")
+	}
 }
