@@ -120,7 +120,8 @@ type Config struct {
 	// before anything is allocated, with an error (wrapping ErrMemoryLimit)
 	// that says how much it would take and which field drives the most.
 	// 0 = what the machine has: the backend's free memory when New opens it
-	// (mla.MemoryReporter: the device's free memory on CUDA; on the cpu
+	// (mla.MemoryReporter: on CUDA the device's free memory less the GEMM
+	// workspaces the backend allocates at its first GEMMs; on the cpu
 	// backend the host's available memory, cpu.AvailableMemory: MemAvailable
 	// within the cgroup's limit), or FallbackMemoryLimit (32 GiB) for a
 	// backend that cannot say (cpu where /proc/meminfo cannot be read).

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/bits"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -15,6 +16,7 @@ import (
 	"github.com/dsv4mla/prologue/internal/cudatune"
 	kernels "github.com/dsv4mla/prologue/kernels/cuda"
 	"github.com/dsv4mla/prologue/kernels/cuda/abi"
+	"github.com/dsv4mla/prologue/kernels/cuda/cublaslt"
 	"github.com/dsv4mla/prologue/kernels/cuda/driver"
 	"github.com/dsv4mla/prologue/kvcache"
 )
@@ -74,6 +76,10 @@ type Backend struct {
 	comp     compressState // the compressor's kernels (compress.go), loaded at first use
 	topk     topkState     // the indexer's top-k kernels (topk.go), loaded at first use
 	staging  stagingState  // WriteAsync's page-locked memory (staging.go)
+	// workspaceSettled counts the bytes of the GEMMs' workspaces allocated
+	// so far, or known never to be (workspaceBytes is all of them):
+	// FreeMemory keeps the rest back.
+	workspaceSettled atomic.Int64
 }
 
 // Buffer is device memory.
@@ -189,13 +195,33 @@ func (b *Backend) Props() driver.DeviceProps { return b.ctx.Props() }
 var _ mla.MemoryReporter = (*Backend)(nil)
 
 // FreeMemory implements mla.MemoryReporter: the device's free memory
-// (cuMemGetInfo), the engine's default MemoryLimit.
+// (cuMemGetInfo) less the GEMM workspaces the backend has yet to allocate
+// at its first GEMMs (WorkspaceReserve), the engine's default MemoryLimit:
+// a configuration within it does not run out of memory at its first GEMM.
 func (b *Backend) FreeMemory() (int64, error) {
 	free, _, err := b.ctx.MemInfo()
 	if err != nil {
 		return 0, fmt.Errorf("cuda: free device memory: %w", err)
 	}
-	return int64(min(free, 1<<62)), nil
+	return max(0, int64(min(free, 1<<62))-b.WorkspaceReserve()), nil
+}
+
+// workspaceBytes is every workspace the GEMMs allocate for themselves on
+// first use: the FP8 and the bf16 kernels' split-K partials, one of each a
+// stream, and cuBLASLt's (unless Options.NoCuBLASLt).
+func (b *Backend) workspaceBytes() int64 {
+	n := int64(len(b.gemm.parts))*gemmPartBytes + int64(len(b.bf16.parts))*bf16MMAPartBytes
+	if !b.opts.NoCuBLASLt {
+		n += cublaslt.WorkspaceBytes
+	}
+	return n
+}
+
+// WorkspaceReserve is the part of the GEMMs' workspaces not allocated yet
+// (nor known to be unneeded), which FreeMemory keeps back: 112 MiB before
+// the first GEMM, 0 once the FP8 and bf16 GEMMs have run.
+func (b *Backend) WorkspaceReserve() int64 {
+	return max(0, b.workspaceBytes()-b.workspaceSettled.Load())
 }
 
 // Alloc allocates device memory.

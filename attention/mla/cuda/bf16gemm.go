@@ -142,6 +142,7 @@ func (b *Backend) initBF16MMA() error {
 	p := b.ctx.Props()
 	if p.Major < 8 {
 		g.mmaErr = fmt.Errorf("cuda: the tensor-core bf16 GEMM needs compute capability 8.0 or newer, the device is %d.%d", p.Major, p.Minor)
+		b.workspaceSettled.Add(int64(len(g.parts)) * bf16MMAPartBytes) // never to be allocated
 		return nil
 	}
 	var err error
@@ -158,6 +159,7 @@ func (b *Backend) initBF16MMA() error {
 		if g.parts[i], err = b.ctx.Alloc(bf16MMAPartBytes); err != nil {
 			return err
 		}
+		b.workspaceSettled.Add(bf16MMAPartBytes)
 	}
 	return nil
 }

@@ -83,6 +83,7 @@ func (b *Backend) initGEMM() error {
 		if g.parts[i], err = b.ctx.Alloc(gemmPartBytes); err != nil {
 			return err
 		}
+		b.workspaceSettled.Add(gemmPartBytes)
 	}
 	b.openCuBLASLt()
 	return nil
@@ -95,7 +96,11 @@ func (b *Backend) openCuBLASLt() {
 	g.ltOnce.Do(func() {
 		if b.opts.NoCuBLASLt {
 			g.ltErr = errors.New("cuda: Options.NoCuBLASLt is set")
-		} else if g.lt, g.ltErr = cublaslt.New(b.ctx); g.ltErr != nil {
+			return
+		}
+		// Allocated, or never to be: either way no longer kept back.
+		defer b.workspaceSettled.Add(cublaslt.WorkspaceBytes)
+		if g.lt, g.ltErr = cublaslt.New(b.ctx); g.ltErr != nil {
 			b.log.Info().Err(g.ltErr).Msg("cuBLASLt unavailable: the own GEMM kernels run every batch")
 		} else {
 			b.log.Debug().Int("version", g.lt.Version()).Str("path", g.lt.Path()).Msg("cuBLASLt loaded")

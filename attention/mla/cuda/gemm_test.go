@@ -264,3 +264,37 @@ func TestGEMMTimes(t *testing.T) {
 		}
 	}
 }
+
+// TestCUDAGEMMWorkspaceReserve: a fresh backend's FreeMemory keeps back
+// the GEMMs' workspaces it will allocate at the first GEMMs (so the
+// engine's default MemoryLimit does not promise that memory to the
+// caches), and keeps nothing back once they are allocated.
+func TestCUDAGEMMWorkspaceReserve(t *testing.T) {
+	backend(t) // skips without a device
+	b, err := cuda.New(cuda.Options{})
+	require.NoError(t, err)
+	defer b.Close()
+	// FP8 split-K partials 2 x 32 MiB, bf16 2 x 8 MiB, cuBLASLt 32 MiB.
+	require.Equal(t, int64(112<<20), b.WorkspaceReserve())
+	freeOf := func() (reported, device int64) {
+		reported, err := b.FreeMemory()
+		require.NoError(t, err)
+		free, _, err := b.Context().MemInfo()
+		require.NoError(t, err)
+		return reported, int64(free)
+	}
+	reported, device := freeOf()
+	require.Equal(t, device-112<<20, reported)
+	require.NoError(t, b.InitGEMM())
+	require.Equal(t, int64(16<<20), b.WorkspaceReserve(), "after InitGEMM only the bf16 GEMM's partials are to come")
+	x, err := b.Alloc(2 * 128)
+	require.NoError(t, err)
+	w, err := b.Alloc(2 * 128 * 128)
+	require.NoError(t, err)
+	y, err := b.Alloc(4 * 128)
+	require.NoError(t, err)
+	require.NoError(t, b.BF16GEMM(context.Background(), &mla.BF16GEMMArgs{Rows: 1, N: 128, K: 128, X: x, XStride: 128, W: w, Y: y, YStride: 128}))
+	require.Zero(t, b.WorkspaceReserve())
+	reported, device = freeOf()
+	require.Equal(t, device, reported)
+}
