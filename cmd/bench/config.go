@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/dsv4mla/prologue/attention/mla"
 	"github.com/dsv4mla/prologue/kvcache"
 	"github.com/dsv4mla/prologue/model/dsv4"
 )
@@ -77,6 +78,10 @@ type config struct {
 	IndexerBatches   []int
 	IndexerMTP       int
 	IndexerCtxTokens []int
+	// IndexerContexts are the generation shapes' contexts: 0 for the
+	// chain's random lengths below maxGenCached, N for every sequence's
+	// last token just below position N (longGenerationShape).
+	IndexerContexts []int
 
 	HostCost bool // the engine's Begin/End host cost
 	HostReps int
@@ -101,6 +106,9 @@ const (
 	defaultIndexerBatches   = "32"
 	defaultIndexerMTP       = 3
 	defaultIndexerCtxTokens = "4096,16384"
+	// minIndexerContext is the shortest long context: room for the 64
+	// positions of jitter and the step's tokens.
+	minIndexerContext = 128
 )
 
 // parseFlags reads the run's command line (without the program name).
@@ -141,6 +149,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	indexerBatches := fs.String("indexer-batches", defaultIndexerBatches, "generation batch sizes of the indexer ('none' for none)")
 	fs.IntVar(&c.IndexerMTP, "indexer-mtp", defaultIndexerMTP, "draft tokens per generation sequence of the indexer's shapes")
 	indexerCtx := fs.String("indexer-ctx-tokens", defaultIndexerCtxTokens, "context batch sizes of the indexer in tokens ('none' for none)")
+	indexerContexts := fs.String("indexer-contexts", "0", "contexts of the indexer's generation shapes: 0 for random lengths below "+strconv.Itoa(maxGenCached)+" (the chain's), N for every sequence ending just below position N")
 	fs.BoolVar(&c.HostCost, "host-cost", true, "measure the engine's Begin/End host cost on the CUDA backend")
 	fs.IntVar(&c.HostReps, "host-reps", 30, "iterations per batch size of the host-cost measurement")
 	fs.IntVar(&c.HostPrefill, "host-prefill", 2048, "tokens each host-cost sequence holds before its generation steps")
@@ -205,6 +214,17 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	}
 	if c.IndexerCtxTokens, err = parseInts("indexer-ctx-tokens", *indexerCtx, 1, 1<<20); err != nil {
 		return c, err
+	}
+	if c.IndexerContexts, err = parseInts("indexer-contexts", *indexerContexts, 0, mla.MaxTopKPositions); err != nil {
+		return c, err
+	}
+	for _, n := range c.IndexerContexts {
+		if n != 0 && n < minIndexerContext {
+			return c, fmt.Errorf("--indexer-contexts: %d is below %d (0 for the random lengths)", n, minIndexerContext)
+		}
+	}
+	if len(c.IndexerBatches) > 0 && len(c.IndexerContexts) == 0 {
+		return c, errors.New("--indexer-contexts none with --indexer-batches: say 0 for the random lengths")
 	}
 	if c.IndexerMTP < 0 || c.IndexerMTP > benchMaxDrafts {
 		return c, fmt.Errorf("--indexer-mtp = %d, must be in [0, %d] (the compressor rings hold %d drafts)", c.IndexerMTP, benchMaxDrafts, benchMaxDrafts)

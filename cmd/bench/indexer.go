@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
 
@@ -195,15 +196,20 @@ func topkPlan(m *metadata.Metadata, rows, topK, pages int, tables [][]int32) (ra
 
 // randomIndexerEntries is n pages' worth of MXFP4 entries: random nibbles,
 // scale bytes in [120, 127] (values of the order of a normalized key), as
-// the history a decode step's selection scores.
+// the history a decode step's selection scores. Outside the race
+// detector's per-byte instrumentation (//go:norace): it writes only its
+// own new slice, tens of MB at a long context.
+//
+//go:norace
 func randomIndexerEntries(r *rand.Rand, n int) []byte {
 	out := make([]byte, n*mla.IndexerPageBytes(engine.CompressedPageSize))
 	for e := 0; e+mla.IndexerEntryBytes <= len(out); e += mla.IndexerEntryBytes {
-		for i := range 64 {
-			out[e+i] = byte(r.UintN(256))
+		for i := 0; i < 64; i += 8 {
+			binary.LittleEndian.PutUint64(out[e+i:], r.Uint64())
 		}
-		for i := 64; i < mla.IndexerEntryBytes; i++ {
-			out[e+i] = byte(120 + r.UintN(8))
+		v := r.Uint32()
+		for i := range mla.IndexerEntryBytes - 64 {
+			out[e+64+i] = byte(120 + (v>>(8*i))&7)
 		}
 	}
 	return out
@@ -260,7 +266,8 @@ func setupIndexer(mk bufMaker, md model, in idxInputs, layers int) (_ *chainIdx,
 			return fail("top-k scratch", err)
 		}
 	}
-	r := rand.New(rand.NewPCG(uint64(in.rows), uint64(pages)))
+	// One history for every layer's cache (each its own buffer).
+	history := randomIndexerEntries(rand.New(rand.NewPCG(uint64(in.rows), uint64(pages))), pages)
 	for l := range layers {
 		var il idxLayer
 		il.wqB = mla.FP8Weight{N: idxQueryN, K: cd.qLora}
@@ -288,7 +295,7 @@ func setupIndexer(mk bufMaker, md model, in idxInputs, layers int) (_ *chainIdx,
 				if il.pool, err = keep(mk.alloc(pages * mla.IndexerPageBytes(engine.CompressedPageSize))); err != nil {
 					return err
 				}
-				return mk.write(il.pool, 0, randomIndexerEntries(r, pages))
+				return mk.write(il.pool, 0, history)
 			}},
 			{"top-k indices", func() (err error) { il.out, err = keep(mk.alloc(4 * in.rows * tk.TopK)); return }},
 		}
@@ -323,21 +330,68 @@ func setupIndexer(mk bufMaker, md model, in idxInputs, layers int) (_ *chainIdx,
 	return x, nil
 }
 
-// keys issues layer l's indexer compressor: the projection GEMM of the
-// hidden rows and the step into the layer's cache.
-func (x *chainIdx) keys(ctx context.Context, be idxBackend, l int) error {
+// idxArgs are one layer's indexer launches' arguments.
+type idxArgs struct {
+	project *mla.BF16GEMMArgs     // the compressor's projection of the hidden rows
+	step    *mla.CompressStepArgs // the compressor step into the cache
+	wqB     *mla.GEMMArgs         // wq_b on q_norm's activation
+	wproj   *mla.BF16GEMMArgs     // weights_proj of the hidden rows
+	query   *mla.IndexerQueryArgs // the query step
+	topk    *mla.TopKArgs         // the selection
+}
+
+// args builds layer l's arguments with the query in format f.
+func (x *chainIdx) args(l int, f mla.IndexerQueryFormat) idxArgs {
 	set := l % len(x.sets)
 	il, s := &x.layers[l], &x.sets[set]
 	hidden := chainDimsOf(x.md).hidden
-	if err := be.BF16GEMM(ctx, &mla.BF16GEMMArgs{Rows: x.in.rows, N: 2 * idxWidth, K: hidden, X: x.in.hidden[set],
-		XStride: hidden, W: il.wkvg, Y: s.kg, YStride: 2 * idxWidth}); err != nil {
+	return idxArgs{
+		project: &mla.BF16GEMMArgs{Rows: x.in.rows, N: 2 * idxWidth, K: hidden, X: x.in.hidden[set],
+			XStride: hidden, W: il.wkvg, Y: s.kg, YStride: 2 * idxWidth},
+		step: &mla.CompressStepArgs{Ratio: kvcache.DSv4IndexerRatio, Entry: mla.EntryIndexer,
+			KG: s.kg, KGRows: x.in.rows, APE: il.ape, Ring: il.ring, RingRows: x.ringRows, Slots: x.in.m.NumSeqs,
+			Plan: x.plan, MaxSeqs: x.in.m.NumSeqs, MaxJobs: x.maxJobs, NormWeight: il.norm, Eps: x.in.eps,
+			Rope: x.in.rope, RopePositions: x.in.ropePositions, Pool: il.pool, PageSize: engine.CompressedPageSize,
+			NumPages: x.pages, Scratch: x.scratch},
+		wqB: &mla.GEMMArgs{X: x.in.qn[set], W: &il.wqB, Y: s.qIn, YStride: idxQueryN},
+		wproj: &mla.BF16GEMMArgs{Rows: x.in.rows, N: mla.IndexerHeads, K: hidden, X: x.in.hidden[set],
+			XStride: hidden, W: il.wproj, Y: s.wp, YStride: mla.IndexerHeads},
+		query: &mla.IndexerQueryArgs{Format: f, Q: s.qIn, QStride: idxQueryN, W: s.wp, WStride: mla.IndexerHeads,
+			QOut: s.qOut, WOut: s.wOut, Rope: x.in.rope, RopePositions: x.in.ropePositions, Meta: x.in.meta},
+		topk: &mla.TopKArgs{TopKShape: x.tk, Q: s.qOut, W: s.wOut, Cache: il.pool, Plan: x.tkPlan,
+			Scratch: x.tkScr, Out: il.out},
+	}
+}
+
+// validate checks every argument of the layer's launches as the backends
+// do before they launch.
+func (a idxArgs) validate(rows int) error {
+	for _, c := range []struct {
+		what string
+		err  error
+	}{
+		{"indexer compressor projection", a.project.Validate()},
+		{"indexer compressor step", a.step.Validate()},
+		{"indexer wq_b GEMM", a.wqB.Validate()},
+		{"indexer weights_proj GEMM", a.wproj.Validate()},
+		{"indexer query", a.query.Validate(rows)},
+		{"indexer top-k", a.topk.Validate()},
+	} {
+		if c.err != nil {
+			return fmt.Errorf("%s: %w", c.what, c.err)
+		}
+	}
+	return nil
+}
+
+// keys issues layer l's indexer compressor: the projection GEMM of the
+// hidden rows and the step into the layer's cache.
+func (x *chainIdx) keys(ctx context.Context, be idxBackend, l int) error {
+	a := x.args(l, mla.IndexerQueryMXFP4)
+	if err := be.BF16GEMM(ctx, a.project); err != nil {
 		return fmt.Errorf("indexer compressor projection: %w", err)
 	}
-	if err := be.CompressStep(ctx, &mla.CompressStepArgs{Ratio: kvcache.DSv4IndexerRatio, Entry: mla.EntryIndexer,
-		KG: s.kg, KGRows: x.in.rows, APE: il.ape, Ring: il.ring, RingRows: x.ringRows, Slots: x.in.m.NumSeqs,
-		Plan: x.plan, MaxSeqs: x.in.m.NumSeqs, MaxJobs: x.maxJobs, NormWeight: il.norm, Eps: x.in.eps,
-		Rope: x.in.rope, RopePositions: x.in.ropePositions, Pool: il.pool, PageSize: engine.CompressedPageSize,
-		NumPages: x.pages, Scratch: x.scratch}); err != nil {
+	if err := be.CompressStep(ctx, a.step); err != nil {
 		return fmt.Errorf("indexer compressor step: %w", err)
 	}
 	return nil
@@ -346,14 +400,11 @@ func (x *chainIdx) keys(ctx context.Context, be idxBackend, l int) error {
 // queryGEMMs issues layer l's wq_b GEMM on q_norm's activation and
 // weights_proj on the hidden rows.
 func (x *chainIdx) queryGEMMs(ctx context.Context, be idxBackend, l int) error {
-	set := l % len(x.sets)
-	il, s := &x.layers[l], &x.sets[set]
-	hidden := chainDimsOf(x.md).hidden
-	if err := be.GEMM(ctx, &mla.GEMMArgs{X: x.in.qn[set], W: &il.wqB, Y: s.qIn, YStride: idxQueryN}); err != nil {
+	a := x.args(l, mla.IndexerQueryMXFP4)
+	if err := be.GEMM(ctx, a.wqB); err != nil {
 		return fmt.Errorf("indexer wq_b GEMM: %w", err)
 	}
-	if err := be.BF16GEMM(ctx, &mla.BF16GEMMArgs{Rows: x.in.rows, N: mla.IndexerHeads, K: hidden, X: x.in.hidden[set],
-		XStride: hidden, W: il.wproj, Y: s.wp, YStride: mla.IndexerHeads}); err != nil {
+	if err := be.BF16GEMM(ctx, a.wproj); err != nil {
 		return fmt.Errorf("indexer weights_proj GEMM: %w", err)
 	}
 	return nil
@@ -361,10 +412,7 @@ func (x *chainIdx) queryGEMMs(ctx context.Context, be idxBackend, l int) error {
 
 // queryStep issues layer l's query step in format f over the launches.
 func (x *chainIdx) queryStep(ctx context.Context, be idxBackend, l int, f mla.IndexerQueryFormat) error {
-	s := &x.sets[l%len(x.sets)]
-	if err := mla.RunIndexerQuery(ctx, be, x.in.launches, &mla.IndexerQueryArgs{Format: f, Q: s.qIn, QStride: idxQueryN,
-		W: s.wp, WStride: mla.IndexerHeads, QOut: s.qOut, WOut: s.wOut, Rope: x.in.rope, RopePositions: x.in.ropePositions,
-		Meta: x.in.meta}); err != nil {
+	if err := mla.RunIndexerQuery(ctx, be, x.in.launches, x.args(l, f).query); err != nil {
 		return fmt.Errorf("indexer query: %w", err)
 	}
 	return nil
@@ -380,10 +428,7 @@ func (x *chainIdx) query(ctx context.Context, be idxBackend, l int) error {
 
 // topk issues layer l's selection over its cache into its indices.
 func (x *chainIdx) topk(ctx context.Context, be idxBackend, l int) error {
-	s := &x.sets[l%len(x.sets)]
-	a := &mla.TopKArgs{TopKShape: x.tk, Q: s.qOut, W: s.wOut, Cache: x.layers[l].pool, Plan: x.tkPlan,
-		Scratch: x.tkScr, Out: x.layers[l].out}
-	if err := be.IndexerTopK(ctx, a); err != nil {
+	if err := be.IndexerTopK(ctx, x.args(l, mla.IndexerQueryMXFP4).topk); err != nil {
 		return fmt.Errorf("indexer top-k: %w", err)
 	}
 	return nil

@@ -28,9 +28,12 @@ type IndexerResult struct {
 	Batch  int    `json:"batch"`
 	MTP    int    `json:"mtp"`
 	Tokens int    `json:"tokens"`
-	Rows   int    `json:"rows"`
-	Layers int    `json:"layers"`
-	Sets   int    `json:"sets"`
+	// Context is a long-context generation shape's length (0: the chain's
+	// random lengths).
+	Context int `json:"context,omitempty"`
+	Rows    int `json:"rows"`
+	Layers  int `json:"layers"`
+	Sets    int `json:"sets"`
 	// TopK is index_topk; Visible the most compressed entries a token of
 	// the shape sees; ScoredRows the token rows that see more than TopK
 	// (the others select every entry without a score).
@@ -45,6 +48,14 @@ type IndexerResult struct {
 	BaseUs     float64 `json:"base_us"`
 	PrologueUs float64 `json:"prologue_us"`
 	TopKUs     float64 `json:"topk_us"`
+	// ColdBaseUs, ColdPrologueUs and ColdTopKUs are (a), (b) and (c) of
+	// one layer alone in its graph, the L2 flushed before each replay: no
+	// neighbour layer overlaps its start or end. ColdAddedPct is
+	// 100 (b - a) / a of those.
+	ColdBaseUs     float64 `json:"cold_base_us"`
+	ColdPrologueUs float64 `json:"cold_prologue_us"`
+	ColdTopKUs     float64 `json:"cold_topk_us"`
+	ColdAddedPct   float64 `json:"cold_added_pct"`
 	// AloneUs is the indexer's prologue alone in the same graph form (its
 	// three GEMMs and two steps in order on one stream); QueryAloneUs the
 	// query step alone, TopKAloneUs the selection alone.
@@ -88,6 +99,20 @@ func (r *IndexerResult) modeUs(m idxMode) *float64 {
 	panic(fmt.Sprintf("no time for %v", m))
 }
 
+// coldUs is where the time of a mode's one-layer graph goes (nil: not
+// timed alone).
+func (r *IndexerResult) coldUs(m idxMode) *float64 {
+	switch m {
+	case idxOff:
+		return &r.ColdBaseUs
+	case idxPrologue:
+		return &r.ColdPrologueUs
+	case idxTopK:
+		return &r.ColdTopKUs
+	}
+	return nil
+}
+
 // derive fills in the floors, the ratios and the verdict from the times
 // and the bytes, at copyGBps.
 func (r *IndexerResult) derive(copyGBps float64) {
@@ -97,6 +122,7 @@ func (r *IndexerResult) derive(copyGBps float64) {
 	r.AddedPct = safeDiv(100*r.AddedUs, r.BaseUs)
 	r.TopKAddedUs = r.TopKUs - r.BaseUs
 	r.TopKAddedPct = safeDiv(100*r.TopKAddedUs, r.BaseUs)
+	r.ColdAddedPct = safeDiv(100*(r.ColdPrologueUs-r.ColdBaseUs), r.ColdBaseUs)
 	r.GoalPct = IndexerGoalPct
 	r.GoalMet = r.BaseUs > 0 && r.PrologueUs > 0 && r.AddedPct <= IndexerGoalPct
 }
@@ -132,15 +158,28 @@ func indexerQueryBytes(rows int, f mla.IndexerQueryFormat) int64 {
 	return int64(rows) * mla.IndexerHeads * int64(mla.IndexerDim*2+4+f.RowBytes()+f.WeightBytes())
 }
 
-// indexerShapes lists the indexer's generation shapes (every batch at the
-// MTP) and then its context shapes.
+// indexerShapes lists the indexer's generation shapes at the chain's
+// random lengths (every batch at the MTP), its context shapes, and then
+// the generation shapes at each long context (the issue's shapes first,
+// so a run cut short keeps them).
 func (c *config) indexerShapes() []shape {
 	var out []shape
-	for _, nb := range c.IndexerBatches {
-		out = append(out, generationShape(nb, c.IndexerMTP))
+	for _, n := range c.IndexerContexts {
+		if n == 0 {
+			for _, nb := range c.IndexerBatches {
+				out = append(out, generationShape(nb, c.IndexerMTP))
+			}
+		}
 	}
 	for _, t := range c.IndexerCtxTokens {
 		out = append(out, contextShape(t))
+	}
+	for _, n := range c.IndexerContexts {
+		if n != 0 {
+			for _, nb := range c.IndexerBatches {
+				out = append(out, longGenerationShape(nb, c.IndexerMTP, n))
+			}
+		}
 	}
 	return out
 }
@@ -219,9 +258,11 @@ func indexerShape(c *config, d *device, md model, w *chainWeights, s shape, rep 
 	if err := d.be.Synchronize(ctx); err != nil {
 		return fmt.Errorf("eager layer: %w", err)
 	}
-	graph := func(what string, layer func(l int) error) (float64, error) {
+	// graphN times layers 0..n-1 of layer in one graph, per layer; graph
+	// all L of them.
+	graphN := func(what string, n int, layer func(l int) error) (float64, error) {
 		total, err := d.timeGraph(c.GraphReps, func() error {
-			for l := range L {
+			for l := range n {
 				if err := layer(l); err != nil {
 					return fmt.Errorf("layer %d: %w", l, err)
 				}
@@ -231,9 +272,10 @@ func indexerShape(c *config, d *device, md model, w *chainWeights, s shape, rep 
 		if err != nil {
 			return 0, fmt.Errorf("graph (%s): %w", what, err)
 		}
-		return total / float64(L), nil
+		return total / float64(n), nil
 	}
-	r := IndexerResult{Model: md.Name, Phase: s.Phase, Batch: s.Batch, MTP: s.MTP, Tokens: s.Tokens, Rows: cl.rows,
+	graph := func(what string, layer func(l int) error) (float64, error) { return graphN(what, L, layer) }
+	r := IndexerResult{Model: md.Name, Phase: s.Phase, Batch: s.Batch, MTP: s.MTP, Tokens: s.Tokens, Context: s.Context, Rows: cl.rows,
 		Layers: L, Sets: len(cl.sets), TopK: x.tk.TopK, Visible: x.Visible, ScoredRows: x.Scored,
 		BaseWeightBytes:  chainDimsOf(md).weightBytes() + compressWeightBytes(md, 4),
 		AddedWeightBytes: indexerWeightBytes(md)}
@@ -259,11 +301,16 @@ func indexerShape(c *config, d *device, md model, w *chainWeights, s shape, rep 
 			return err
 		}
 		*r.modeUs(mode) = us
+		if cold := r.coldUs(mode); cold != nil {
+			if *cold, err = graphN(mode.String()+", one layer", 1, layer); err != nil {
+				return err
+			}
+		}
 	}
 	r.derive(rep.CopyGBps)
 	rep.Indexer = append(rep.Indexer, r)
 	fmt.Println(r.line())
-	if s.Tokens != 128 || s.Phase != "generation" {
+	if s.Tokens != 128 || s.Phase != "generation" || s.Context != 0 {
 		return nil
 	}
 	for _, f := range []mla.IndexerQueryFormat{mla.IndexerQueryMXFP4, mla.IndexerQueryFP8} {
@@ -300,9 +347,9 @@ func (r *IndexerResult) line() string {
 	if !r.GoalMet {
 		verdict = "goal missed"
 	}
-	return fmt.Sprintf("indexer %-5s %-10s b=%-3d mtp=%d tokens=%-6d rows=%-6d: chain %8.2f, (a) ratio-4 layer %8.2f, (b) with the indexer's prologue %8.2f us/layer (%+7.2f us, %+6.1f%%: <= %g%% %s), (c) with top-k %8.2f (%+7.2f us, %+6.1f%%); alone: prologue %7.2f, query step %6.2f, top-k %7.2f; added weights %4.1f MB, floor %5.2f us (layer's %5.1f MB: %5.2f us); visible <= %d entries, %d rows score (top-k %d)",
-		r.Model, r.Phase, r.Batch, r.MTP, r.Tokens, r.Rows, r.ChainUs, r.BaseUs, r.PrologueUs, r.AddedUs, r.AddedPct, r.GoalPct, verdict,
-		r.TopKUs, r.TopKAddedUs, r.TopKAddedPct, r.AloneUs, r.QueryAloneUs, r.TopKAloneUs,
+	return fmt.Sprintf("indexer %-5s %-10s b=%-3d mtp=%d tokens=%-6d context=%-7d rows=%-6d: chain %8.2f, (a) ratio-4 layer %8.2f, (b) with the indexer's prologue %8.2f us/layer (%+7.2f us, %+6.1f%%: <= %g%% %s), (c) with top-k %8.2f (%+7.2f us, %+6.1f%%); one layer cold: (a) %8.2f, (b) %8.2f (%+6.1f%%), (c) %8.2f; alone: prologue %7.2f, query step %6.2f, top-k %7.2f; added weights %4.1f MB, floor %5.2f us (layer's %5.1f MB: %5.2f us); visible <= %d entries, %d rows score (top-k %d)",
+		r.Model, r.Phase, r.Batch, r.MTP, r.Tokens, r.Context, r.Rows, r.ChainUs, r.BaseUs, r.PrologueUs, r.AddedUs, r.AddedPct, r.GoalPct, verdict,
+		r.TopKUs, r.TopKAddedUs, r.TopKAddedPct, r.ColdBaseUs, r.ColdPrologueUs, r.ColdAddedPct, r.ColdTopKUs, r.AloneUs, r.QueryAloneUs, r.TopKAloneUs,
 		float64(r.AddedWeightBytes)/1e6, r.AddedFloorUs, float64(r.BaseWeightBytes)/1e6, r.BaseFloorUs, r.Visible, r.ScoredRows, r.TopK)
 }
 
@@ -322,6 +369,9 @@ func writeIndexerTable(w io.Writer, rs []IndexerResult, qs []IndexerQueryResult)
 			shape := fmt.Sprintf("prefill %d", r.Tokens)
 			if r.Phase == "generation" {
 				shape = fmt.Sprintf("b=%d MTP %d", r.Batch, r.MTP)
+				if r.Context > 0 {
+					shape += fmt.Sprintf(" at %d", r.Context)
+				}
 			}
 			verdict := "met"
 			if !r.GoalMet {

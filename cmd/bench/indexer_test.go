@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"strings"
@@ -19,7 +20,7 @@ import (
 )
 
 // cpuMaker is bufMaker on the CPU backend, with host random fills of the
-// same kinds as the device's.
+// same kinds as the device's (//go:norace: each fills its own new slice).
 type cpuMaker struct {
 	be *cpu.Backend
 	r  *rand.Rand
@@ -42,6 +43,7 @@ func (c *cpuMaker) put(raw []byte) (mla.Buffer, error) {
 	return buf, c.be.Write(buf, 0, raw)
 }
 
+//go:norace
 func (c *cpuMaker) randBF16(n, rowElems int) (mla.Buffer, error) {
 	raw := make([]byte, 2*n)
 	scale := float32(1)
@@ -54,6 +56,7 @@ func (c *cpuMaker) randBF16(n, rowElems int) (mla.Buffer, error) {
 	return c.put(raw)
 }
 
+//go:norace
 func (c *cpuMaker) randF32(n int, lo, hi float32) (mla.Buffer, error) {
 	v := make([]float32, n)
 	for i := range v {
@@ -62,6 +65,7 @@ func (c *cpuMaker) randF32(n int, lo, hi float32) (mla.Buffer, error) {
 	return c.put(numerics.F32Bytes(v))
 }
 
+//go:norace
 func (c *cpuMaker) randE4M3(n int) (mla.Buffer, error) {
 	raw := make([]byte, n)
 	for i := range raw {
@@ -118,7 +122,7 @@ func TestIndexerDerive(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			gbps := 3000 + 2000*r.Float64()
-			res := IndexerResult{BaseUs: tc.base, PrologueUs: tc.pro, TopKUs: tc.topk,
+			res := IndexerResult{BaseUs: tc.base, PrologueUs: tc.pro, TopKUs: tc.topk, ColdBaseUs: 2 * tc.base, ColdPrologueUs: 2 * tc.pro,
 				BaseWeightBytes: 1e6 + r.Int64N(1e8), AddedWeightBytes: 1e6 + r.Int64N(3e7)}
 			res.derive(gbps)
 			assert.Equal(t, tc.wantMet, res.GoalMet)
@@ -126,6 +130,7 @@ func TestIndexerDerive(t *testing.T) {
 			assert.InDelta(t, tc.wantTopK, res.TopKAddedPct, 1e-9)
 			assert.InDelta(t, tc.pro-tc.base, res.AddedUs, 1e-9)
 			assert.InDelta(t, tc.topk-tc.base, res.TopKAddedUs, 1e-9)
+			assert.InDelta(t, tc.wantPct, res.ColdAddedPct, 1e-9, "the same share of twice the times")
 			// bytes / (GB/s) in us: bytes / (gbps * 1e9) * 1e6.
 			assert.InDelta(t, float64(res.AddedWeightBytes)/(gbps*1e9)*1e6, res.AddedFloorUs, 1e-9)
 			assert.InDelta(t, float64(res.BaseWeightBytes)/(gbps*1e9)*1e6, res.BaseFloorUs, 1e-9)
@@ -190,10 +195,28 @@ func TestParseFlagsIndexer(t *testing.T) {
 	assert.Empty(t, c.IndexerCtxTokens)
 	assert.Len(t, c.indexerShapes(), 1)
 
+	c, err = parseFlags([]string{"--indexer", "--indexer-contexts", "65536,0", "--indexer-ctx-tokens", "4096", "--indexer-batches", "32,8"}, nil)
+	require.NoError(t, err)
+	sh = c.indexerShapes()
+	require.Len(t, sh, 5)
+	for i, want := range []struct {
+		phase          string
+		batch, context int
+	}{{"generation", 32, 0}, {"generation", 8, 0}, {"context", 2, 0}, {"generation", 32, 65536}, {"generation", 8, 65536}} {
+		assert.Equal(t, want.phase, sh[i].Phase, i)
+		assert.Equal(t, want.batch, sh[i].Batch, i)
+		assert.Equal(t, want.context, sh[i].Context, i)
+	}
+	assert.Equal(t, ropePositions, sh[0].positions())
+	assert.Equal(t, 65536, sh[3].positions())
+
 	for _, tc := range []struct {
 		args []string
 		want string
 	}{
+		{[]string{"--indexer-contexts", "100"}, "--indexer-contexts: 100 is below 128"},
+		{[]string{"--indexer-contexts", "none"}, "--indexer-contexts none with --indexer-batches"},
+		{[]string{"--indexer-contexts", "2000000"}, "--indexer-contexts: 2000000 is outside"},
 		{[]string{"--indexer-only", "--chain-only"}, "--chain-only and --indexer-only exclude each other"},
 		{[]string{"--indexer-mtp", "8"}, "--indexer-mtp = 8, must be in [0, 7]"},
 		{[]string{"--indexer", "--indexer-batches", "none", "--indexer-ctx-tokens", "none"}, "--indexer with no shape"},
@@ -228,7 +251,7 @@ func TestIndexerLayerOnCPU(t *testing.T) {
 	cd := chainDimsOf(md)
 	in := idxInputs{m: m, launches: mla.FromHeader(mla.Plan(m)), rows: rows, rope: rope, ropePositions: ropePositions,
 		meta: meta, eps: numerics.DefaultEps}
-	const sets, layers = 2, 3
+	const sets, layers = 2, 2
 	for range sets {
 		h, err := mk.randBF16(rows*cd.hidden, cd.hidden)
 		require.NoError(t, err)
@@ -261,7 +284,9 @@ func TestIndexerLayerOnCPU(t *testing.T) {
 		require.NoError(t, x.query(ctx, be, l))
 		require.NoError(t, x.topk(ctx, be, l))
 		for _, mode := range []idxMode{idxAlone, idxQueryAlone, idxTopKAlone} {
-			require.NoError(t, x.alone(ctx, be, l, mode), mode)
+			if l == 0 {
+				require.NoError(t, x.alone(ctx, be, l, mode), mode)
+			}
 		}
 		require.Error(t, x.alone(ctx, be, l, idxPrologue), "the prologue runs alone only as idxAlone")
 
@@ -297,6 +322,101 @@ func TestIndexerLayerOnCPU(t *testing.T) {
 				require.Less(t, int(v), visible, "layer %d row %d slot %d: a visible entry", l, r, k)
 				prev = v
 			}
+		}
+	}
+}
+
+// sizedBuf is a buffer of a size and no memory: what the launches'
+// validation reads.
+type sizedBuf int
+
+func (b sizedBuf) Len() int { return int(b) }
+
+// sizeMaker is bufMaker of sizedBuf: a layout at full size costs nothing.
+type sizeMaker struct{ writes int }
+
+func (*sizeMaker) alloc(n int) (mla.Buffer, error) { return sizedBuf(n), nil }
+func (m *sizeMaker) write(dst mla.Buffer, off int, src []byte) error {
+	if off < 0 || off+len(src) > dst.Len() {
+		return fmt.Errorf("write of %d bytes at %d into %d", len(src), off, dst.Len())
+	}
+	m.writes++
+	return nil
+}
+func (*sizeMaker) randBF16(n, _ int) (mla.Buffer, error)           { return sizedBuf(2 * n), nil }
+func (*sizeMaker) randF32(n int, _, _ float32) (mla.Buffer, error) { return sizedBuf(4 * n), nil }
+func (*sizeMaker) randE4M3(n int) (mla.Buffer, error)              { return sizedBuf(n), nil }
+
+// TestIndexerArgsAtDeviceShapes lays out the indexer at the shapes and
+// dimensions the device run times (run.sh's flags; V4-Flash and V4-Pro)
+// and validates every launch's arguments in both query formats, as the
+// backends do before a launch: a device run cannot fail on a size or a
+// plan. Buffers are sizes only (sizeMaker); TestIndexerLayerOnCPU runs
+// the launches.
+func TestIndexerArgsAtDeviceShapes(t *testing.T) {
+	c, err := parseFlags([]string{"--indexer-only", "--indexer-contexts", "0,65536"}, nil)
+	require.NoError(t, err)
+	for _, md := range c.Models {
+		for _, s := range c.indexerShapes() {
+			t.Run(fmt.Sprintf("%s/%s-%d-at-%d", md.Name, s.Phase, s.Tokens, s.Context), func(t *testing.T) {
+				padTo := 0
+				if s.Phase == "generation" {
+					padTo = graphBucket(s.Tokens)
+				}
+				m, _, err := shapeMetadata(md, s, padTo)
+				require.NoError(t, err)
+				launches := mla.Plan(m)
+				if padTo > 0 {
+					launches = mla.FromHeader(launches)
+				}
+				rows := m.PaddedTokens
+				cd := chainDimsOf(md)
+				const sets, layers = 2, 3
+				in := idxInputs{m: m, launches: launches, rows: rows, rope: sizedBuf(s.positions() * 64 * 4), ropePositions: s.positions(),
+					meta: &mla.MetadataBuffers{}, eps: numerics.DefaultEps}
+				for range sets {
+					in.hidden = append(in.hidden, sizedBuf(rows*cd.hidden*2))
+					in.qn = append(in.qn, mla.FP8Activations{Rows: rows, K: cd.qLora, ScaleStride: rows,
+						Data: sizedBuf(rows * cd.qLora), Scale: sizedBuf(cd.qLora / 128 * rows * 4)})
+				}
+				mk := &sizeMaker{}
+				x, err := setupIndexer(mk, md, in, layers)
+				require.NoError(t, err)
+				assert.Equal(t, 2+layers, mk.writes, "the two plans and every layer's history")
+				for l := range layers {
+					for _, f := range []mla.IndexerQueryFormat{mla.IndexerQueryMXFP4, mla.IndexerQueryFP8} {
+						require.NoError(t, x.args(l, f).validate(rows), "layer %d %v", l, f)
+					}
+				}
+				assert.Equal(t, md.cfg.IndexTopK, x.tk.TopK)
+				if md.Name == "flash" || s.Context > 0 {
+					assert.Positive(t, x.Scored, "the selection scores rows at this shape")
+				}
+				if s.Context > 0 {
+					assert.Equal(t, m.Tokens, x.Scored, "every row of a long context scores")
+					assert.LessOrEqual(t, x.Visible, mla.TopKVisible(s.Context-1))
+					assert.Greater(t, x.Visible, mla.TopKVisible(s.Context-1-64-(1+s.MTP)))
+				}
+				t.Logf("%d rows, visible <= %d entries, %d rows score against index_topk %d", rows, x.Visible, x.Scored, x.tk.TopK)
+			})
+		}
+	}
+}
+
+func TestLongGenerationShape(t *testing.T) {
+	for _, tc := range []struct{ nb, mtp, context int }{{32, 3, 65536}, {1, 0, 128}, {5, 7, 4099}} {
+		s := longGenerationShape(tc.nb, tc.mtp, tc.context)
+		require.Len(t, s.reqs, tc.nb)
+		assert.Equal(t, tc.nb*(1+tc.mtp), s.Tokens)
+		md, err := modelNamed("flash")
+		require.NoError(t, err)
+		m, _, err := shapeMetadata(md, s, graphBucket(s.Tokens))
+		require.NoError(t, err, "every position lies inside the table")
+		for r := range m.Tokens {
+			_, pos, ok := m.Row(r)
+			require.True(t, ok)
+			assert.Less(t, pos, tc.context)
+			assert.GreaterOrEqual(t, pos, tc.context-64-(1+tc.mtp), "near the end")
 		}
 	}
 }

@@ -58,7 +58,7 @@ func setsWithin(want int, perSet, memBytes int64) int {
 // pages are distinct random pages of a pool that holds exactly them.
 func shapeMetadata(md model, s shape, padTo int) (*metadata.Metadata, int, error) {
 	plan, err := metadata.NewPlan(s.reqs, func(id uint64) (int, bool, error) { n, ok := s.cached[id]; return n, ok, nil },
-		metadata.Params{Heads: md.Heads, PageSize: pageSize, MaxPositions: ropePositions, PadTokensTo: padTo,
+		metadata.Params{Heads: md.Heads, PageSize: pageSize, MaxPositions: s.positions(), PadTokensTo: padTo,
 			Scheduler: metadata.DefaultSchedulerParams()})
 	if err != nil {
 		return nil, 0, err
@@ -112,7 +112,7 @@ func (d *device) setupLayers(md model, s shape, spec layerSpec) (_ *layers, err 
 	}
 	T := m.PaddedTokens
 	sets := setsWithin(max(spec.sets, 1), perSetBytes(md, T, ls.rowElems, total, spec.cacheFormat), spec.memBytes)
-	rope, err := keep(d.randF32(ropePositions*64, -1, 1))
+	rope, err := keep(d.randF32(s.positions()*64, -1, 1))
 	if err != nil {
 		return nil, err
 	}
@@ -127,7 +127,7 @@ func (d *device) setupLayers(md model, s shape, spec layerSpec) (_ *layers, err 
 	for range sets {
 		a := mla.LayerArgs{
 			Heads: md.Heads, LatentOffset: (ls.rowElems - 512) * 2, LatentStride: ls.rowElems,
-			Rope: rope, RopePositions: ropePositions, QFormat: mla.QFP8, QScale: 1, Eps: numerics.DefaultEps,
+			Rope: rope, RopePositions: s.positions(), QFormat: mla.QFP8, QScale: 1, Eps: numerics.DefaultEps,
 			Scheduler:   metadata.DefaultSchedulerParams(),
 			CacheConfig: kvcache.Config{Format: spec.cacheFormat, PageSize: pageSize, NumPages: total, KVScale: 1},
 			Meta:        meta,

@@ -24,6 +24,18 @@ type shape struct {
 	Tokens     int
 	reqs       []metadata.Request
 	cached     map[uint64]int
+	// Context, when not 0, is a long-context generation shape's length
+	// (longGenerationShape): the RoPE table and the plan hold Context
+	// positions instead of ropePositions.
+	Context int
+}
+
+// positions is the RoPE table's rows and the plan's position limit.
+func (s *shape) positions() int {
+	if s.Context > 0 {
+		return s.Context
+	}
+	return ropePositions
 }
 
 // Fixed dimensions of every benchmark layer.
@@ -47,6 +59,21 @@ func generationShape(nb, mtp int) shape {
 		id := uint64(i + 1)
 		s.reqs = append(s.reqs, metadata.Request{Seq: id, Phase: metadata.Generation, MTP: mtp})
 		s.cached[id] = 1 + r.IntN(maxGenCached)
+	}
+	return s
+}
+
+// longGenerationShape is generationShape with every sequence's last token
+// within 64 positions below context (its cached tokens between
+// context-(1+mtp)-63 and context-(1+mtp)): a decode step at a long context,
+// where the indexer's selection scores every visible entry.
+func longGenerationShape(nb, mtp, context int) shape {
+	r := rand.New(rand.NewPCG(uint64(nb), uint64(context)))
+	s := shape{Phase: "generation", Batch: nb, MTP: mtp, Tokens: nb * (1 + mtp), cached: map[uint64]int{}, Context: context}
+	for i := range nb {
+		id := uint64(i + 1)
+		s.reqs = append(s.reqs, metadata.Request{Seq: id, Phase: metadata.Generation, MTP: mtp})
+		s.cached[id] = max(1, context-(1+mtp)-r.IntN(64))
 	}
 	return s
 }
