@@ -144,11 +144,16 @@ type IndexerQueryResult struct {
 	GraphUs   float64 `json:"graph_us"`
 	WarmCalls int     `json:"warm_calls"`
 	WarmUs    float64 `json:"warm_us"`
-	// Bytes read and written; FloorUs those at the copy rate ((R+W)/2: a
-	// copy reads and writes each byte).
+	// Bytes read and written; FloorUs those at the copy rate (which counts
+	// the bytes a copy reads and writes, as the other floors of the report).
 	Bytes   int64   `json:"bytes"`
 	FloorUs float64 `json:"floor_us"`
 	VLLMUs  float64 `json:"vllm_quoted_us"`
+}
+
+// derive fills in the copy floor at copyGBps.
+func (q *IndexerQueryResult) derive(copyGBps float64) {
+	q.FloorUs = safeDiv(float64(q.Bytes), copyGBps*1e3)
 }
 
 // indexerQueryBytes is the query step's traffic over rows rows in format
@@ -316,7 +321,6 @@ func indexerShape(c *config, d *device, md model, w *chainWeights, s shape, rep 
 	for _, f := range []mla.IndexerQueryFormat{mla.IndexerQueryMXFP4, mla.IndexerQueryFP8} {
 		q := IndexerQueryResult{Model: md.Name, Format: f.String(), Tokens: s.Tokens, Rows: cl.rows, Layers: L,
 			WarmCalls: indexerWarmCalls, Bytes: indexerQueryBytes(cl.rows, f), VLLMUs: VLLMIndexerQueryUs}
-		q.FloorUs = safeDiv(float64(q.Bytes)/2, rep.CopyGBps*1e3)
 		if q.GraphUs, err = graph("query step "+f.String(), func(l int) error { return x.queryStep(ctx, d.be, l, f) }); err != nil {
 			return err
 		}
@@ -332,6 +336,7 @@ func indexerShape(c *config, d *device, md model, w *chainWeights, s shape, rep 
 			return fmt.Errorf("graph (query step %v, back to back): %w", f, err)
 		}
 		q.WarmUs = total / indexerWarmCalls
+		q.derive(rep.CopyGBps)
 		rep.IndexerQuery = append(rep.IndexerQuery, q)
 		fmt.Println(q.line())
 	}

@@ -148,6 +148,12 @@ func TestIndexerQueryBytes(t *testing.T) {
 	// (MXFP4) or 128 + 4 (FP8) written a head.
 	assert.Equal(t, int64(128*64*(256+4+68+2)), indexerQueryBytes(128, mla.IndexerQueryMXFP4))
 	assert.Equal(t, int64(128*64*(256+4+128+4)), indexerQueryBytes(128, mla.IndexerQueryFP8))
+	// The copy rate counts read and written bytes: 2.7 MB at 4233 GB/s.
+	q := IndexerQueryResult{Bytes: indexerQueryBytes(128, mla.IndexerQueryMXFP4)}
+	q.derive(4233)
+	assert.InDelta(t, float64(q.Bytes)/4233e9*1e6, q.FloorUs, 1e-12)
+	q.derive(0)
+	assert.Zero(t, q.FloorUs)
 }
 
 func TestWriteIndexerTable(t *testing.T) {
