@@ -242,7 +242,8 @@ func (d *device) gemmPath(run func() error) (string, error) {
 // ratio-4 compressor), the layer is a ratio-4 layer with the indexer, as
 // the engine issues it (engine/chain.go runChain): its keys after the
 // compressor on the side stream, its query after the Q prologue, and with
-// idx.topk the selection on the main stream after the join.
+// idx.topk the selection on the main stream after the join (idx.side: the
+// variant chainIdxStep describes).
 func (d *device) chainLayer(ctx context.Context, md model, cl *chainLayout, w *chainLayerWeights, l int, kv chainKV, paths *[2]string, comp *chainComp, idx *chainIdxStep) (err error) {
 	cd := chainDimsOf(md)
 	set := l % len(cl.sets)
@@ -269,8 +270,14 @@ func (d *device) chainLayer(ctx context.Context, md model, cl *chainLayout, w *c
 			if err := d.compressLayer(ctx, md, cl, comp, l, false); err != nil {
 				return err
 			}
-			if idx != nil {
-				return idx.x.keys(ctx, d.be, l)
+			if idx == nil {
+				return nil
+			}
+			if err := idx.x.keys(ctx, d.be, l); err != nil {
+				return err
+			}
+			if idx.side {
+				return idx.x.wprojGEMM(ctx, d.be, l)
 			}
 			return nil
 		}
@@ -307,13 +314,23 @@ func (d *device) chainLayer(ctx context.Context, md model, cl *chainLayout, w *c
 			Eps: float32(md.cfg.RMSNormEps), Out: cs.qn}); err != nil {
 			return fmt.Errorf("q_norm: %w", err)
 		}
+		if idx != nil && idx.side {
+			if err := d.be.Side(ctx, func() error {
+				if err := idx.x.wqBGEMM(ctx, d.be, l); err != nil {
+					return err
+				}
+				return idx.x.queryStep(ctx, d.be, l, mla.IndexerQueryMXFP4)
+			}); err != nil {
+				return err
+			}
+		}
 		if err := gemm(1, &mla.GEMMArgs{X: cs.qn, W: &w.wqB, Y: a.QIn, YStride: cd.qN}); err != nil {
 			return fmt.Errorf("wq_b GEMM: %w", err)
 		}
 		if err := mla.QOnly(ctx, d.be, launches, &a); err != nil {
 			return err
 		}
-		if idx != nil {
+		if idx != nil && !idx.side {
 			return idx.x.query(ctx, d.be, l)
 		}
 		return nil

@@ -37,6 +37,7 @@ const (
 	idxOff        idxMode = iota // (a) the ratio-4 layer without the indexer
 	idxPrologue                  // (b) with the indexer's prologue
 	idxTopK                      // (c) with the prologue and the top-k selection
+	idxSide                      // (b') as (b), its query's GEMMs and step on the side stream
 	idxAlone                     // the indexer's prologue alone: its GEMMs and steps in order on one stream
 	idxQueryAlone                // the query step alone (no GEMM)
 	idxTopKAlone                 // the top-k selection alone
@@ -50,6 +51,8 @@ func (m idxMode) String() string {
 		return "with its prologue"
 	case idxTopK:
 		return "with prologue and top-k"
+	case idxSide:
+		return "with its prologue, query on the side stream"
 	case idxAlone:
 		return "prologue alone"
 	case idxQueryAlone:
@@ -61,7 +64,7 @@ func (m idxMode) String() string {
 }
 
 // idxModes are the graphs timed per shape, in order.
-var idxModes = []idxMode{idxOff, idxPrologue, idxTopK, idxAlone, idxQueryAlone, idxTopKAlone}
+var idxModes = []idxMode{idxOff, idxPrologue, idxTopK, idxSide, idxAlone, idxQueryAlone, idxTopKAlone}
 
 // idxWidth is one K or G row of the indexer compressor's projections.
 var idxWidth = compressor.Overlap(kvcache.DSv4IndexerRatio) * mla.IndexerDim
@@ -400,11 +403,23 @@ func (x *chainIdx) keys(ctx context.Context, be idxBackend, l int) error {
 // queryGEMMs issues layer l's wq_b GEMM on q_norm's activation and
 // weights_proj on the hidden rows.
 func (x *chainIdx) queryGEMMs(ctx context.Context, be idxBackend, l int) error {
-	a := x.args(l, mla.IndexerQueryMXFP4)
-	if err := be.GEMM(ctx, a.wqB); err != nil {
+	if err := x.wqBGEMM(ctx, be, l); err != nil {
+		return err
+	}
+	return x.wprojGEMM(ctx, be, l)
+}
+
+// wqBGEMM issues layer l's wq_b GEMM on q_norm's activation.
+func (x *chainIdx) wqBGEMM(ctx context.Context, be idxBackend, l int) error {
+	if err := be.GEMM(ctx, x.args(l, mla.IndexerQueryMXFP4).wqB); err != nil {
 		return fmt.Errorf("indexer wq_b GEMM: %w", err)
 	}
-	if err := be.BF16GEMM(ctx, a.wproj); err != nil {
+	return nil
+}
+
+// wprojGEMM issues layer l's weights_proj GEMM of the hidden rows.
+func (x *chainIdx) wprojGEMM(ctx context.Context, be idxBackend, l int) error {
+	if err := be.BF16GEMM(ctx, x.args(l, mla.IndexerQueryMXFP4).wproj); err != nil {
 		return fmt.Errorf("indexer weights_proj GEMM: %w", err)
 	}
 	return nil
@@ -454,8 +469,11 @@ func (x *chainIdx) alone(ctx context.Context, be idxBackend, l int, mode idxMode
 
 // chainIdxStep is what chainLayer adds of the indexer: its keys after the
 // compressor on the side stream, its query after the Q prologue, and
-// with topk the selection after the join.
+// with topk the selection after the join. With side (not the engine's
+// way: a variant to measure), weights_proj follows the keys on the side
+// stream and the wq_b GEMM and query step go to the side stream after
+// q_norm, under the main wq_b GEMM and the Q prologue.
 type chainIdxStep struct {
-	x    *chainIdx
-	topk bool
+	x          *chainIdx
+	topk, side bool
 }

@@ -48,6 +48,11 @@ type IndexerResult struct {
 	BaseUs     float64 `json:"base_us"`
 	PrologueUs float64 `json:"prologue_us"`
 	TopKUs     float64 `json:"topk_us"`
+	// SideUs (b') is (b) with the query's GEMMs and step on the side
+	// stream after q_norm and weights_proj after the keys (not the
+	// engine's way: whether the overlap pays); SideAddedPct its share.
+	SideUs       float64 `json:"side_us"`
+	SideAddedPct float64 `json:"side_added_pct"`
 	// ColdBaseUs, ColdPrologueUs and ColdTopKUs are (a), (b) and (c) of
 	// one layer alone in its graph, the L2 flushed before each replay: no
 	// neighbour layer overlaps its start or end. ColdAddedPct is
@@ -89,6 +94,8 @@ func (r *IndexerResult) modeUs(m idxMode) *float64 {
 		return &r.PrologueUs
 	case idxTopK:
 		return &r.TopKUs
+	case idxSide:
+		return &r.SideUs
 	case idxAlone:
 		return &r.AloneUs
 	case idxQueryAlone:
@@ -122,6 +129,7 @@ func (r *IndexerResult) derive(copyGBps float64) {
 	r.AddedPct = safeDiv(100*r.AddedUs, r.BaseUs)
 	r.TopKAddedUs = r.TopKUs - r.BaseUs
 	r.TopKAddedPct = safeDiv(100*r.TopKAddedUs, r.BaseUs)
+	r.SideAddedPct = safeDiv(100*(r.SideUs-r.BaseUs), r.BaseUs)
 	r.ColdAddedPct = safeDiv(100*(r.ColdPrologueUs-r.ColdBaseUs), r.ColdBaseUs)
 	r.GoalPct = IndexerGoalPct
 	r.GoalMet = r.BaseUs > 0 && r.PrologueUs > 0 && r.AddedPct <= IndexerGoalPct
@@ -296,6 +304,8 @@ func indexerShape(c *config, d *device, md model, w *chainWeights, s shape, rep 
 			idx = &chainIdxStep{x: x}
 		case idxTopK:
 			idx = &chainIdxStep{x: x, topk: true}
+		case idxSide:
+			idx = &chainIdxStep{x: x, side: true}
 		}
 		layer := func(l int) error { return d.chainLayer(ctx, md, cl, &w.layers[l], l, kvForked, nil, comp, idx) }
 		if mode >= idxAlone {
@@ -352,9 +362,9 @@ func (r *IndexerResult) line() string {
 	if !r.GoalMet {
 		verdict = "goal missed"
 	}
-	return fmt.Sprintf("indexer %-5s %-10s b=%-3d mtp=%d tokens=%-6d context=%-7d rows=%-6d: chain %8.2f, (a) ratio-4 layer %8.2f, (b) with the indexer's prologue %8.2f us/layer (%+7.2f us, %+6.1f%%: <= %g%% %s), (c) with top-k %8.2f (%+7.2f us, %+6.1f%%); one layer cold: (a) %8.2f, (b) %8.2f (%+6.1f%%), (c) %8.2f; alone: prologue %7.2f, query step %6.2f, top-k %7.2f; added weights %4.1f MB, floor %5.2f us (layer's %5.1f MB: %5.2f us); visible <= %d entries, %d rows score (top-k %d)",
+	return fmt.Sprintf("indexer %-5s %-10s b=%-3d mtp=%d tokens=%-6d context=%-7d rows=%-6d: chain %8.2f, (a) ratio-4 layer %8.2f, (b) with the indexer's prologue %8.2f us/layer (%+7.2f us, %+6.1f%%: <= %g%% %s), (c) with top-k %8.2f (%+7.2f us, %+6.1f%%), (b') query on the side stream %8.2f (%+6.1f%%); one layer cold: (a) %8.2f, (b) %8.2f (%+6.1f%%), (c) %8.2f; alone: prologue %7.2f, query step %6.2f, top-k %7.2f; added weights %4.1f MB, floor %5.2f us (layer's %5.1f MB: %5.2f us); visible <= %d entries, %d rows score (top-k %d)",
 		r.Model, r.Phase, r.Batch, r.MTP, r.Tokens, r.Context, r.Rows, r.ChainUs, r.BaseUs, r.PrologueUs, r.AddedUs, r.AddedPct, r.GoalPct, verdict,
-		r.TopKUs, r.TopKAddedUs, r.TopKAddedPct, r.ColdBaseUs, r.ColdPrologueUs, r.ColdAddedPct, r.ColdTopKUs, r.AloneUs, r.QueryAloneUs, r.TopKAloneUs,
+		r.TopKUs, r.TopKAddedUs, r.TopKAddedPct, r.SideUs, r.SideAddedPct, r.ColdBaseUs, r.ColdPrologueUs, r.ColdAddedPct, r.ColdTopKUs, r.AloneUs, r.QueryAloneUs, r.TopKAloneUs,
 		float64(r.AddedWeightBytes)/1e6, r.AddedFloorUs, float64(r.BaseWeightBytes)/1e6, r.BaseFloorUs, r.Visible, r.ScoredRows, r.TopK)
 }
 
@@ -368,8 +378,8 @@ func (q *IndexerQueryResult) line() string {
 func writeIndexerTable(w io.Writer, rs []IndexerResult, qs []IndexerQueryResult) error {
 	var b strings.Builder
 	if len(rs) > 0 {
-		b.WriteString("| model | shape | (a) ratio-4 layer | (b) + prologue | (b-a)/a | goal | (c) + top-k | (c-a)/a | prologue alone | added weights floor |\n")
-		b.WriteString("|---|---|---|---|---|---|---|---|---|---|\n")
+		b.WriteString("| model | shape | (a) ratio-4 layer | (b) + prologue | (b-a)/a | goal | (c) + top-k | (c-a)/a | (b') query on the side | (b'-a)/a | prologue alone | added weights floor |\n")
+		b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 		for _, r := range rs {
 			shape := fmt.Sprintf("prefill %d", r.Tokens)
 			if r.Phase == "generation" {
@@ -382,8 +392,8 @@ func writeIndexerTable(w io.Writer, rs []IndexerResult, qs []IndexerQueryResult)
 			if !r.GoalMet {
 				verdict = "missed"
 			}
-			fmt.Fprintf(&b, "| %s | %s | %.2f | %.2f | %+.1f%% | <= %g%%: %s | %.2f | %+.1f%% | %.2f | %.2f (%.1f MB) |\n",
-				r.Model, shape, r.BaseUs, r.PrologueUs, r.AddedPct, r.GoalPct, verdict, r.TopKUs, r.TopKAddedPct, r.AloneUs,
+			fmt.Fprintf(&b, "| %s | %s | %.2f | %.2f | %+.1f%% | <= %g%%: %s | %.2f | %+.1f%% | %.2f | %+.1f%% | %.2f | %.2f (%.1f MB) |\n",
+				r.Model, shape, r.BaseUs, r.PrologueUs, r.AddedPct, r.GoalPct, verdict, r.TopKUs, r.TopKAddedPct, r.SideUs, r.SideAddedPct, r.AloneUs,
 				r.AddedFloorUs, float64(r.AddedWeightBytes)/1e6)
 		}
 	}

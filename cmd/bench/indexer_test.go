@@ -122,7 +122,7 @@ func TestIndexerDerive(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			gbps := 3000 + 2000*r.Float64()
-			res := IndexerResult{BaseUs: tc.base, PrologueUs: tc.pro, TopKUs: tc.topk, ColdBaseUs: 2 * tc.base, ColdPrologueUs: 2 * tc.pro,
+			res := IndexerResult{BaseUs: tc.base, PrologueUs: tc.pro, TopKUs: tc.topk, SideUs: tc.pro, ColdBaseUs: 2 * tc.base, ColdPrologueUs: 2 * tc.pro,
 				BaseWeightBytes: 1e6 + r.Int64N(1e8), AddedWeightBytes: 1e6 + r.Int64N(3e7)}
 			res.derive(gbps)
 			assert.Equal(t, tc.wantMet, res.GoalMet)
@@ -131,6 +131,7 @@ func TestIndexerDerive(t *testing.T) {
 			assert.InDelta(t, tc.pro-tc.base, res.AddedUs, 1e-9)
 			assert.InDelta(t, tc.topk-tc.base, res.TopKAddedUs, 1e-9)
 			assert.InDelta(t, tc.wantPct, res.ColdAddedPct, 1e-9, "the same share of twice the times")
+			assert.InDelta(t, tc.wantPct, res.SideAddedPct, 1e-9)
 			// bytes / (GB/s) in us: bytes / (gbps * 1e9) * 1e6.
 			assert.InDelta(t, float64(res.AddedWeightBytes)/(gbps*1e9)*1e6, res.AddedFloorUs, 1e-9)
 			assert.InDelta(t, float64(res.BaseWeightBytes)/(gbps*1e9)*1e6, res.BaseFloorUs, 1e-9)
@@ -158,7 +159,7 @@ func TestIndexerQueryBytes(t *testing.T) {
 
 func TestWriteIndexerTable(t *testing.T) {
 	rs := []IndexerResult{
-		{Model: "flash", Phase: "generation", Batch: 32, MTP: 3, BaseUs: 60, PrologueUs: 66, TopKUs: 90, AddedWeightBytes: 13e6},
+		{Model: "flash", Phase: "generation", Batch: 32, MTP: 3, BaseUs: 60, PrologueUs: 66, TopKUs: 90, SideUs: 63, AddedWeightBytes: 13e6},
 		{Model: "pro", Phase: "context", Tokens: 4096, BaseUs: 900, PrologueUs: 1100, TopKUs: 1200, AddedWeightBytes: 21e6},
 	}
 	for i := range rs {
@@ -176,7 +177,7 @@ func TestWriteIndexerTable(t *testing.T) {
 			assert.Equal(t, strings.Count(tbl[0], "|"), strings.Count(l, "|"), l)
 		}
 	}
-	assert.Contains(t, lines[2], "| flash | b=32 MTP 3 | 60.00 | 66.00 | +10.0% | <= 15%: met |")
+	assert.Contains(t, lines[2], "| flash | b=32 MTP 3 | 60.00 | 66.00 | +10.0% | <= 15%: met | 90.00 | +50.0% | 63.00 | +5.0% |")
 	assert.Contains(t, lines[3], "| pro | prefill 4096 | 900.00 | 1100.00 | +22.2% | <= 15%: missed |")
 	assert.Contains(t, lines[len(lines)-1], "| 7.84 |")
 }
