@@ -242,8 +242,8 @@ func (d *device) gemmPath(run func() error) (string, error) {
 // ratio-4 compressor), the layer is a ratio-4 layer with the indexer, as
 // the engine issues it (engine/chain.go runChain): its keys after the
 // compressor on the side stream, its query after the Q prologue, and with
-// idx.topk the selection on the main stream after the join (idx.side: the
-// variant chainIdxStep describes).
+// idx.topk the selection on the main stream after the join (idx.side and
+// idx.fused: the variants chainIdxStep describes).
 func (d *device) chainLayer(ctx context.Context, md model, cl *chainLayout, w *chainLayerWeights, l int, kv chainKV, paths *[2]string, comp *chainComp, idx *chainIdxStep) (err error) {
 	cd := chainDimsOf(md)
 	set := l % len(cl.sets)
@@ -257,7 +257,7 @@ func (d *device) chainLayer(ctx context.Context, md model, cl *chainLayout, w *c
 		return mla.KVOnly(ctx, d.be, launches, &a)
 	}
 	if kv == kvCompAlone || kv == kvCompGEMM {
-		return d.compressLayer(ctx, md, cl, comp, l, kv == kvCompGEMM)
+		return d.compressLayer(ctx, md, cl, comp, l, true, kv != kvCompGEMM)
 	}
 	if idx != nil && comp == nil {
 		return errors.New("the indexer's keys follow the ratio-4 compressor on the side stream: no compressor given")
@@ -267,11 +267,20 @@ func (d *device) chainLayer(ctx context.Context, md model, cl *chainLayout, w *c
 			return fmt.Errorf("the compressor runs on the side stream: KV mode %v has no join", kv)
 		}
 		side := func() error {
-			if err := d.compressLayer(ctx, md, cl, comp, l, false); err != nil {
+			fused := idx != nil && idx.fused
+			if fused {
+				if err := idx.x.fusedGEMM(ctx, d.be, l, comp.width); err != nil {
+					return err
+				}
+			}
+			if err := d.compressLayer(ctx, md, cl, comp, l, !fused, true); err != nil {
 				return err
 			}
-			if idx == nil {
+			switch {
+			case idx == nil:
 				return nil
+			case fused:
+				return idx.x.keyStep(ctx, d.be, l)
 			}
 			if err := idx.x.keys(ctx, d.be, l); err != nil {
 				return err
@@ -330,10 +339,17 @@ func (d *device) chainLayer(ctx context.Context, md model, cl *chainLayout, w *c
 		if err := mla.QOnly(ctx, d.be, launches, &a); err != nil {
 			return err
 		}
-		if idx != nil && !idx.side {
-			return idx.x.query(ctx, d.be, l)
+		switch {
+		case idx == nil || idx.side:
+			return nil
+		case idx.fused:
+			// weights_proj ran in the fused projection.
+			if err := idx.x.wqBGEMM(ctx, d.be, l); err != nil {
+				return err
+			}
+			return idx.x.queryStep(ctx, d.be, l, mla.IndexerQueryMXFP4)
 		}
-		return nil
+		return idx.x.query(ctx, d.be, l)
 	}()
 	if kv == kvForked {
 		// Join even after a failure: a capture must end joined.
@@ -481,7 +497,7 @@ func chainCompress(c *config, d *device, md model, cl *chainLayout, w *chainWeig
 	}
 	defer d.freeComp(comp)
 	// One eager compressor first: the projection GEMM plans its algorithm.
-	if err := d.compressLayer(ctx, md, cl, comp, 0, false); err != nil {
+	if err := d.compressLayer(ctx, md, cl, comp, 0, true, true); err != nil {
 		return ChainCompResult{}, fmt.Errorf("eager compressor: %w", err)
 	}
 	if err := d.be.Synchronize(ctx); err != nil {

@@ -134,16 +134,19 @@ func ratioTables(m *metadata.Metadata, ratio int) (*mla.CompressPlan, [][]int32,
 	return p, tables, pages, nil
 }
 
-// compressLayer issues layer l's compressor (the projection GEMM of the
-// hidden rows and, unless gemmOnly, the step) on the current stream.
-func (d *device) compressLayer(ctx context.Context, md model, cl *chainLayout, c *chainComp, l int, gemmOnly bool) error {
+// compressLayer issues layer l's compressor on the current stream: the
+// projection GEMM of the hidden rows (with project) and the step (with
+// step).
+func (d *device) compressLayer(ctx context.Context, md model, cl *chainLayout, c *chainComp, l int, project, step bool) error {
 	set := l % len(cl.sets)
 	hidden := chainDimsOf(md).hidden
-	if err := d.be.BF16GEMM(ctx, &mla.BF16GEMMArgs{Rows: cl.rows, N: 2 * c.width, K: hidden, X: cl.sets[set].hidden,
-		XStride: hidden, W: c.wkvg[l], Y: c.kg, YStride: 2 * c.width}); err != nil {
-		return fmt.Errorf("compressor GEMM: %w", err)
+	if project {
+		if err := d.be.BF16GEMM(ctx, &mla.BF16GEMMArgs{Rows: cl.rows, N: 2 * c.width, K: hidden, X: cl.sets[set].hidden,
+			XStride: hidden, W: c.wkvg[l], Y: c.kg, YStride: 2 * c.width}); err != nil {
+			return fmt.Errorf("compressor GEMM: %w", err)
+		}
 	}
-	if gemmOnly {
+	if !step {
 		return nil
 	}
 	a := cl.ls.args[set]

@@ -38,6 +38,7 @@ const (
 	idxPrologue                  // (b) with the indexer's prologue
 	idxTopK                      // (c) with the prologue and the top-k selection
 	idxSide                      // (b') as (b), its query's GEMMs and step on the side stream
+	idxFused                     // (b'') as (b), the three bf16 projections as one GEMM (time emulation)
 	idxAlone                     // the indexer's prologue alone: its GEMMs and steps in order on one stream
 	idxQueryAlone                // the query step alone (no GEMM)
 	idxTopKAlone                 // the top-k selection alone
@@ -53,6 +54,8 @@ func (m idxMode) String() string {
 		return "with prologue and top-k"
 	case idxSide:
 		return "with its prologue, query on the side stream"
+	case idxFused:
+		return "with its prologue, one fused bf16 projection"
 	case idxAlone:
 		return "prologue alone"
 	case idxQueryAlone:
@@ -64,10 +67,13 @@ func (m idxMode) String() string {
 }
 
 // idxModes are the graphs timed per shape, in order.
-var idxModes = []idxMode{idxOff, idxPrologue, idxTopK, idxSide, idxAlone, idxQueryAlone, idxTopKAlone}
+var idxModes = []idxMode{idxOff, idxPrologue, idxTopK, idxSide, idxFused, idxAlone, idxQueryAlone, idxTopKAlone}
 
 // idxWidth is one K or G row of the indexer compressor's projections.
 var idxWidth = compressor.Overlap(kvcache.DSv4IndexerRatio) * mla.IndexerDim
+
+// compWidth4 is one K or G row of the ratio-4 KV compressor's projections.
+var compWidth4 = compressor.Overlap(kvcache.DSv4IndexerRatio) * compressor.Dim
 
 // idxQueryN is the indexer wq_b GEMM's output width (64 heads of 128).
 const idxQueryN = mla.IndexerHeads * mla.IndexerDim
@@ -123,6 +129,9 @@ type idxLayer struct {
 	ring  mla.Buffer    // slots of ringRows rows of 2*256 float32
 	pool  mla.Buffer    // pages of 64 MXFP4 entries
 	out   mla.Buffer    // [rows][index_topk] int32
+	// fused is the layer's three bf16 projections in one matrix,
+	// [fusedN][hidden] (the fused variant's).
+	fused mla.Buffer
 }
 
 // idxSet is one input set's indexer activations.
@@ -163,6 +172,7 @@ type chainIdx struct {
 	tk       mla.TopKShape
 	tkPlan   mla.Buffer
 	tkScr    mla.Buffer
+	fusedY   mla.Buffer // [rows][fusedN] float32, the fused variant's output
 	// Visible is the most entries a token of the shape sees, Scored the
 	// token rows that see more than index_topk (whose scores the selection
 	// computes; the others select every entry).
@@ -301,6 +311,7 @@ func setupIndexer(mk bufMaker, md model, in idxInputs, layers int) (_ *chainIdx,
 				return mk.write(il.pool, 0, history)
 			}},
 			{"top-k indices", func() (err error) { il.out, err = keep(mk.alloc(4 * in.rows * tk.TopK)); return }},
+			{"fused projections", func() (err error) { il.fused, err = keep(mk.randBF16(fusedN(compWidth4)*cd.hidden, cd.hidden)); return }},
 		}
 		for _, st := range steps {
 			if err := st.do(); err != nil {
@@ -310,6 +321,9 @@ func setupIndexer(mk bufMaker, md model, in idxInputs, layers int) (_ *chainIdx,
 		x.layers = append(x.layers, il)
 	}
 	rows := in.rows
+	if x.fusedY, err = keep(mk.alloc(rows * fusedN(compWidth4) * 4)); err != nil {
+		return fail("fused projections' output", err)
+	}
 	for i := range in.hidden {
 		var s idxSet
 		steps := []struct {
@@ -390,12 +404,35 @@ func (a idxArgs) validate(rows int) error {
 // keys issues layer l's indexer compressor: the projection GEMM of the
 // hidden rows and the step into the layer's cache.
 func (x *chainIdx) keys(ctx context.Context, be idxBackend, l int) error {
-	a := x.args(l, mla.IndexerQueryMXFP4)
-	if err := be.BF16GEMM(ctx, a.project); err != nil {
+	if err := be.BF16GEMM(ctx, x.args(l, mla.IndexerQueryMXFP4).project); err != nil {
 		return fmt.Errorf("indexer compressor projection: %w", err)
 	}
-	if err := be.CompressStep(ctx, a.step); err != nil {
+	return x.keyStep(ctx, be, l)
+}
+
+// keyStep issues layer l's indexer compressor step into its cache.
+func (x *chainIdx) keyStep(ctx context.Context, be idxBackend, l int) error {
+	if err := be.CompressStep(ctx, x.args(l, mla.IndexerQueryMXFP4).step); err != nil {
 		return fmt.Errorf("indexer compressor step: %w", err)
+	}
+	return nil
+}
+
+// fusedN is the width of one bf16 GEMM of a ratio-4 layer's three
+// projections of the hidden rows: the main compressor's [wkv; wgate] (2 *
+// compWidth), the indexer compressor's (2 * 256) and weights_proj (64).
+func fusedN(compWidth int) int { return 2*compWidth + 2*idxWidth + mla.IndexerHeads }
+
+// fusedGEMM issues layer l's three bf16 projections as one GEMM into
+// x.fusedY. Its output feeds nothing (the steps read their own buffers:
+// a compressor step takes no row stride), so it times what the fusion
+// would cost, not its data path.
+func (x *chainIdx) fusedGEMM(ctx context.Context, be idxBackend, l, compWidth int) error {
+	hidden := chainDimsOf(x.md).hidden
+	n := fusedN(compWidth)
+	if err := be.BF16GEMM(ctx, &mla.BF16GEMMArgs{Rows: x.in.rows, N: n, K: hidden, X: x.in.hidden[l%len(x.sets)],
+		XStride: hidden, W: x.layers[l].fused, Y: x.fusedY, YStride: n}); err != nil {
+		return fmt.Errorf("fused bf16 projections: %w", err)
 	}
 	return nil
 }
@@ -473,7 +510,12 @@ func (x *chainIdx) alone(ctx context.Context, be idxBackend, l int, mode idxMode
 // way: a variant to measure), weights_proj follows the keys on the side
 // stream and the wq_b GEMM and query step go to the side stream after
 // q_norm, under the main wq_b GEMM and the Q prologue.
+//
+// With fused (also a variant, and a time emulation), the main compressor's
+// projection, the indexer compressor's and weights_proj run as one bf16
+// GEMM of fusedN outputs on the side stream (fusedGEMM), then both
+// compressor steps.
 type chainIdxStep struct {
-	x          *chainIdx
-	topk, side bool
+	x                 *chainIdx
+	topk, side, fused bool
 }

@@ -278,8 +278,13 @@ func TestIndexerLayerOnCPU(t *testing.T) {
 	assert.Less(t, x.Scored, m.Tokens, "and some select every entry")
 	// The weights a layer adds are what indexerWeightBytes counts: the
 	// fills minus the states (the ring of every layer).
+	// fills minus the states (the ring of every layer) and the fused
+	// variant's matrix.
 	ring := int64(m.NumSeqs * x.ringRows * 2 * idxWidth * 4)
-	assert.Equal(t, int64(layers)*(indexerWeightBytes(md)+ring), mk.filled-before)
+	fused := int64(fusedN(compWidth4) * cd.hidden * 2)
+	assert.Equal(t, int64(layers)*(indexerWeightBytes(md)+ring+fused), mk.filled-before)
+	assert.Equal(t, int64(fusedN(compWidth4)*cd.hidden*2), compressWeightBytes(md, 4)+indexerWeightBytes(md)-int64(fp8WeightBytes(idxQueryN, cd.qLora))-4*4*256-4*128,
+		"the fused matrix is the three bf16 projections")
 
 	ctx := context.Background()
 	for l := range layers {
@@ -290,6 +295,8 @@ func TestIndexerLayerOnCPU(t *testing.T) {
 		require.NoError(t, x.keys(ctx, be, l))
 		require.NoError(t, x.query(ctx, be, l))
 		require.NoError(t, x.topk(ctx, be, l))
+		require.NoError(t, x.fusedGEMM(ctx, be, l, compWidth4))
+		require.NoError(t, x.keyStep(ctx, be, l))
 		for _, mode := range []idxMode{idxAlone, idxQueryAlone, idxTopKAlone} {
 			if l == 0 {
 				require.NoError(t, x.alone(ctx, be, l, mode), mode)
@@ -331,6 +338,31 @@ func TestIndexerLayerOnCPU(t *testing.T) {
 			}
 		}
 	}
+}
+
+// checkBackend is idxBackend that only validates each launch's
+// arguments, as the backends do first.
+type checkBackend struct{ launches int }
+
+func (c *checkBackend) GEMM(_ context.Context, a *mla.GEMMArgs) error {
+	c.launches++
+	return a.Validate()
+}
+func (c *checkBackend) BF16GEMM(_ context.Context, a *mla.BF16GEMMArgs) error {
+	c.launches++
+	return a.Validate()
+}
+func (c *checkBackend) CompressStep(_ context.Context, a *mla.CompressStepArgs) error {
+	c.launches++
+	return a.Validate()
+}
+func (c *checkBackend) IndexerQuery(_ context.Context, l mla.Launch, a *mla.IndexerQueryArgs) error {
+	c.launches++
+	return a.Validate(l.RowBegin + l.Rows)
+}
+func (c *checkBackend) IndexerTopK(_ context.Context, a *mla.TopKArgs) error {
+	c.launches++
+	return a.Validate()
 }
 
 // sizedBuf is a buffer of a size and no memory: what the launches'
@@ -390,10 +422,25 @@ func TestIndexerArgsAtDeviceShapes(t *testing.T) {
 				x, err := setupIndexer(mk, md, in, layers)
 				require.NoError(t, err)
 				assert.Equal(t, 2+layers, mk.writes, "the two plans and every layer's history")
+				ctx := context.Background()
 				for l := range layers {
 					for _, f := range []mla.IndexerQueryFormat{mla.IndexerQueryMXFP4, mla.IndexerQueryFP8} {
 						require.NoError(t, x.args(l, f).validate(rows), "layer %d %v", l, f)
 					}
+					// Every launch the modes issue, through the code that issues it.
+					be := &checkBackend{}
+					require.NoError(t, x.keys(ctx, be, l))
+					require.NoError(t, x.query(ctx, be, l))
+					require.NoError(t, x.queryStep(ctx, be, l, mla.IndexerQueryFP8))
+					require.NoError(t, x.topk(ctx, be, l))
+					require.NoError(t, x.fusedGEMM(ctx, be, l, compWidth4))
+					for _, mode := range []idxMode{idxAlone, idxQueryAlone, idxTopKAlone} {
+						require.NoError(t, x.alone(ctx, be, l, mode))
+					}
+					// keys 2, query 2 + a step a launch, the FP8 step, top-k 1, fused 1,
+					// alone: 4 + the steps, the steps, 1.
+					n := len(launches)
+					assert.Equal(t, 2+(2+n)+n+1+1+(4+n)+n+1, be.launches, "layer %d", l)
 				}
 				assert.Equal(t, md.cfg.IndexTopK, x.tk.TopK)
 				if md.Name == "flash" || s.Context > 0 {
