@@ -293,7 +293,18 @@ static void echo_args(char* const* args, unsigned threads) {
 // them in their place; they run nothing.
 static void layer_sink(char* const* args, unsigned threads) { (void)args; (void)threads; }
 
+// echo_tensormap(out, before, tensor map by value, after): the map's 16
+// words, then before and after, as testdata/kernels.cu's does.
+static void echo_tensormap(char* const* args, unsigned threads) {
+    (void)threads;
+    unsigned long long* out = ARG(unsigned long long*, 0);
+    memcpy(out, args[2], 128);
+    out[16] = (unsigned long long)(long long)ARG(int, 1);
+    out[17] = (unsigned long long)(long long)ARG(int, 3);
+}
+
 static kernel_t kernels[] = {
+    {"echo_tensormap", 4, {8, 4, 128, 4}, echo_tensormap, 49152},
     {"add_one", 2, {8, 4}, add_one, 49152},
     {"add_one_after_dependency", 2, {8, 4}, add_one, 49152},
     {"lcg_rounds", 3, {8, 4, 4}, lcg_rounds, 49152},
@@ -376,6 +387,44 @@ CUresult cuLaunchKernelEx(const CUlaunchConfig* c, CUfunction f, void** params, 
     }
     return launch(f, c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->blockDimY, c->blockDimZ,
                   c->sharedMemBytes, c->hStream, params, extra);
+}
+
+// ---- tensor maps ----
+
+// cuTensorMapEncodeTiled validates as the driver documents (rank 1-5,
+// 16-byte aligned address, strides multiples of 16, boxes 1-256, a swizzled
+// box row no wider than the swizzle, byte elements only here) and, in place
+// of the opaque encoding, records its arguments: word 0 "TMAPFAKE", word 1
+// dtype | rank << 8 | interleave << 16 | swizzle << 24 | l2 << 32 | oob << 40,
+// word 2 the address, words 3-7 the dims, 8-11 the strides, then the box
+// sizes as 5 uint16 and the element strides as 5 bytes.
+typedef struct { _Alignas(64) unsigned long long w[16]; } CUtensorMap;
+CUresult cuTensorMapEncodeTiled(CUtensorMap* m, int dtype, unsigned rank, void* addr, const unsigned long long* dims,
+                                const unsigned long long* strides, const unsigned* box, const unsigned* elem,
+                                int interleave, int swizzle, int l2, int oob) {
+    if (!m || rank < 1 || rank > 5 || ((uintptr_t)addr & 15) || dtype != 0) return CUDA_ERROR_INVALID_VALUE;
+    if (interleave || swizzle < 0 || swizzle > 3 || l2 < 0 || l2 > 3 || oob < 0 || oob > 1) return CUDA_ERROR_INVALID_VALUE;
+    for (unsigned i = 0; i + 1 < rank; i++)
+        if (strides[i] % 16) return CUDA_ERROR_INVALID_VALUE;
+    for (unsigned i = 0; i < rank; i++) {
+        if (!box[i] || box[i] > 256 || !elem[i] || elem[i] > 8 || !dims[i]) return CUDA_ERROR_INVALID_VALUE;
+    }
+    static const unsigned swizzle_bytes[] = {0, 32, 64, 128};
+    if (swizzle && box[0] > swizzle_bytes[swizzle]) return CUDA_ERROR_INVALID_VALUE;
+    memset(m, 0, sizeof(*m));
+    memcpy(&m->w[0], "TMAPFAKE", 8);
+    m->w[1] = (unsigned long long)dtype | (unsigned long long)rank << 8 | (unsigned long long)interleave << 16 |
+              (unsigned long long)swizzle << 24 | (unsigned long long)l2 << 32 | (unsigned long long)oob << 40;
+    m->w[2] = (unsigned long long)(uintptr_t)addr;
+    for (unsigned i = 0; i < rank; i++) m->w[3 + i] = dims[i];
+    for (unsigned i = 0; i + 1 < rank; i++) m->w[8 + i] = strides[i];
+    unsigned char* tail = (unsigned char*)&m->w[12];
+    for (unsigned i = 0; i < rank; i++) {
+        tail[2 * i] = box[i] & 0xff;
+        tail[2 * i + 1] = box[i] >> 8;
+        tail[10 + i] = (unsigned char)elem[i];
+    }
+    return 0;
 }
 
 // ---- graphs ----

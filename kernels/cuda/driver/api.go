@@ -73,6 +73,12 @@ type driverAPI struct {
 	cuGraphLaunch      func(e, s handle) Result                       // (CUgraphExec, CUstream)
 	cuGraphExecDestroy func(e handle) Result                          // (CUgraphExec)
 	cuGraphDestroy     func(g handle) Result                          // (CUgraph)
+	// cuTensorMapEncodeTiled(CUtensorMap*, CUtensorMapDataType, cuuint32_t rank, void* globalAddress,
+	//     const cuuint64_t* globalDim, const cuuint64_t* globalStrides, const cuuint32_t* boxDim,
+	//     const cuuint32_t* elementStrides, CUtensorMapInterleave, CUtensorMapSwizzle,
+	//     CUtensorMapL2promotion, CUtensorMapFloatOOBfill); optional (CUDA 12.0 drivers on).
+	cuTensorMapEncodeTiled func(m *TensorMap, dtype, rank uint32, addr uint64, dims, strides *uint64, box, elem *uint32,
+		interleave, swizzle, l2, oob uint32) Result
 
 	elapsedName string // which cuEventElapsedTime symbol was bound
 }
@@ -130,6 +136,7 @@ func (a *driverAPI) bindings() []binding {
 		req(&a.cuGraphLaunch, "cuGraphLaunch"),
 		req(&a.cuGraphExecDestroy, "cuGraphExecDestroy"),
 		req(&a.cuGraphDestroy, "cuGraphDestroy"),
+		{fptr: &a.cuTensorMapEncodeTiled, names: []string{"cuTensorMapEncodeTiled"}, optional: true},
 	}
 }
 

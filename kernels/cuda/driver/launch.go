@@ -62,6 +62,12 @@ func (a *launchArea) value(n int) ([]byte, error) {
 	if a.n == maxKernelArgs {
 		return nil, fmt.Errorf("more than %d kernel arguments", maxKernelArgs)
 	}
+	if n >= 64 {
+		// A CUtensorMap is 64-byte aligned in C; the driver copies each
+		// value from where kernelParams points, so keep large ones where
+		// a C caller's would be.
+		a.off = (a.off + 63) &^ 63
+	}
 	if a.off+n > len(a.mem) {
 		return nil, fmt.Errorf("kernel arguments exceed %d bytes", maxArgValueBytes)
 	}
@@ -102,6 +108,8 @@ func argSize(i int, x any) (int, error) {
 		return 2, nil
 	case uint8, int8, bool:
 		return 1, nil
+	case TensorMap:
+		return len(v), nil
 	case Bytes:
 		if len(v) == 0 {
 			return 0, fmt.Errorf("kernel argument %d: Bytes value is empty", i)
@@ -110,7 +118,7 @@ func argSize(i int, x any) (int, error) {
 	case int, uint, uintptr:
 		return 0, fmt.Errorf("kernel argument %d has type %T, which has no fixed C width: use int32/uint32, int64/uint64 or DevicePtr", i, x)
 	default:
-		return 0, fmt.Errorf("kernel argument %d has unsupported type %T: use DevicePtr, a fixed-width integer, float32, float64, bool or Bytes", i, x)
+		return 0, fmt.Errorf("kernel argument %d has unsupported type %T: use DevicePtr, a fixed-width integer, float32, float64, bool, Bytes or TensorMap", i, x)
 	}
 }
 
@@ -165,6 +173,8 @@ func (a *launchArea) putAny(i int, x any) error {
 		if x {
 			v[0] = 1
 		}
+	case TensorMap:
+		copy(v, x[:])
 	case Bytes:
 		copy(v, x)
 	}

@@ -53,3 +53,21 @@ extern "C" __global__ void lcg_rounds(unsigned int* data, unsigned int n, unsign
     for (unsigned int r = 0; r < rounds; ++r) x = x * 1664525u + 1013904223u;
     data[i] = x;
 }
+
+// TensorMap128 is a CUtensorMap's shape: 128 bytes, 64-byte aligned.
+struct __align__(64) TensorMap128 {
+    unsigned long long w[16];
+};
+
+// echo_tensormap writes a tensor map passed by value (as a
+// __grid_constant__ parameter, as TMA kernels take it) back, then the int
+// parameters around it: the 64-byte aligned parameter's offset.
+extern "C" __global__ void echo_tensormap(unsigned long long* out, int before, const __grid_constant__ TensorMap128 tm,
+                                          int after) {
+    if (blockIdx.x != 0 || threadIdx.x >= 16) return;
+    out[threadIdx.x] = tm.w[threadIdx.x];
+    if (threadIdx.x == 0) {
+        out[16] = (unsigned long long)(long long)before;
+        out[17] = (unsigned long long)(long long)after;
+    }
+}
