@@ -28,10 +28,13 @@
 // weights_proj GEMMs and query step after the Q prologue, its compressor's
 // projection and step on the side stream) and with its top-k selection
 // too, every layer with its own weights in one CUDA graph, the L2 flushed
-// before each replay; beside them the indexer's work alone, the added
+// before each replay, and one layer alone so; beside them two variants
+// (the indexer's query on the side stream; the three bf16 projections as
+// one GEMM, a time emulation), the indexer's work alone, the added
 // weights' streaming floor and the share (b-a)/a against the 15% goal, and
 // at 128 tokens the query step alone in both query formats beside vLLM's
-// quoted fused kernel.
+// quoted fused kernel. --indexer-contexts adds decode shapes at a long
+// context, where the selection scores every row.
 // With --check-dir it also writes small cases as safetensors for
 // bench/check_peers.py, after checking them byte for byte against the CPU
 // backend.
