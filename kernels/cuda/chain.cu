@@ -25,9 +25,12 @@ __device__ __forceinline__ u32 quant4(float v0, float v1, float v2, float v3, fl
 // stores the scale. Each warp takes block pairs 2p, 2p+1 of the row-major
 // block sequence (row = g / nb) in a grid-stride loop.
 // x: the first row (XOffset applied); x_stride: bytes between rows.
-extern "C" __global__ void __launch_bounds__(256)
-    act_quant(const u8* __restrict__ x, u64 x_stride, u8* __restrict__ out, float* __restrict__ scale,
-              int rows, int k, int scale_stride) {
+extern "C" __global__ void __launch_bounds__(32 * CHAIN_WARPS) act_quant(const QuantParams p) {
+    const u8* __restrict__ x = p.x;
+    u8* __restrict__ out = p.out;
+    float* __restrict__ scale = p.scale;
+    const u64 x_stride = p.x_stride;
+    const int rows = p.rows, k = p.k, scale_stride = p.scale_stride;
     pdl_wait();
     pdl_trigger();
     const int lane = threadIdx.x & 31;
@@ -86,10 +89,15 @@ __device__ __forceinline__ int seg_off(int i, int n, int seg_bytes) {
 // [4l, 4l+4), rounds them to bf16, the warp reduces the block maximum, and
 // lane l stores its 4 e4m3 bytes (lane 0 the scale). The bf16 y never
 // leaves registers. Shared memory: (blockDim.x/32) * (2k + 256) bytes.
-extern "C" __global__ void __launch_bounds__(256)
-    norm_quant(const u8* __restrict__ x, u64 x_stride, const float* __restrict__ weight, float eps,
-               u8* __restrict__ out, float* __restrict__ scale, int rows, int k, int scale_stride) {
+extern "C" __global__ void __launch_bounds__(32 * CHAIN_WARPS) norm_quant(const QuantParams p) {
     extern __shared__ __align__(16) u8 smem[];
+    const u8* __restrict__ x = p.x;
+    const float* __restrict__ weight = p.weight;
+    u8* __restrict__ out = p.out;
+    float* __restrict__ scale = p.scale;
+    const u64 x_stride = p.x_stride;
+    const float eps = p.eps;
+    const int rows = p.rows, k = p.k, scale_stride = p.scale_stride;
     pdl_wait();
     pdl_trigger();
     const int lane = threadIdx.x & 31;

@@ -88,7 +88,7 @@ __device__ __forceinline__ void splitk_store4(float* dst, float4 s) { *reinterpr
 // Y[r][c..c+3] = part[0][r][c..] + part[1][r][c..] + ..., the splits added
 // in order (the same bits on every run), then stored as OUT (u16: bf16,
 // nearest even; float: unrounded). One thread per 4 outputs (n % 4 == 0),
-// y row r at y + r * y_stride.
+// y row r at y + r * y_stride. The launch's fields are abi.h's SplitKParams.
 //
 // Indices are 64-bit: the thread index runs to m * n / 4 and the partials'
 // offsets to splits * m * n, which the kernel cannot bound (the host's
@@ -96,8 +96,10 @@ __device__ __forceinline__ void splitk_store4(float* dst, float4 s) { *reinterpr
 // silently, not fail). The division costs one 64-bit divide a thread, and
 // split-K runs only where M is small.
 template <typename OUT>
-__device__ __forceinline__ void splitk_reduce(const float* __restrict__ part, OUT* __restrict__ y, int m, int n,
-                                              int y_stride, int splits) {
+__device__ __forceinline__ void splitk_reduce(const SplitKParams& p) {
+    const float* __restrict__ part = p.part;
+    OUT* __restrict__ y = static_cast<OUT*>(p.y);
+    const int m = p.m, n = p.n, y_stride = p.y_stride, splits = p.splits;
     pdl_wait();
     const int per_row = n >> 2;
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;

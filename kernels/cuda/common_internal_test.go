@@ -67,3 +67,26 @@ func TestDefinitionsSeesACopy(t *testing.T) {
 	require.Zero(t, definitions(src, "pdl_trigger"))
 	require.Len(t, ownedByABI.FindAllString("typedef unsigned short u16;\n#define FULL 0xffffffffu\n", -1), 2)
 }
+
+// bindingFiles are the sources whose kernels take their launch's fields in
+// one abi.h struct and bind them to locals.
+var bindingFiles = []string{"common.cuh", "gemm_fp8.cu", "gemm_bf16.cu", "gemm_bf16_mma.cu", "chain.cu", "compress.cu", "indexer.cu"}
+
+var binding = regexp.MustCompile(`(?:^|[\s,(*])(\w+) = (?:p|args)\.(\w+)[;,]`)
+
+// TestFieldsBoundByName: where a kernel copies a field of its parameter
+// struct into a local, the local has the field's name, so a field read
+// into the wrong variable shows as a name mismatch (the host side is
+// checked field by field in attention/mla/cuda's packing tests).
+func TestFieldsBoundByName(t *testing.T) {
+	for _, f := range bindingFiles {
+		b, err := os.ReadFile(f)
+		require.NoError(t, err)
+		ms := binding.FindAllStringSubmatch(string(b), -1)
+		require.NotEmpty(t, ms, "%s binds its parameters", f)
+		for _, m := range ms {
+			require.Equal(t, m[2], m[1], "%s: %q", f, strings.TrimSpace(m[0]))
+		}
+	}
+	require.Equal(t, [][]string{{" m = p.n,", "m", "n"}}, binding.FindAllStringSubmatch("const int m = p.n, k = 1;", -1), "the scan sees a swap")
+}

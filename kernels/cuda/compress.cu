@@ -91,11 +91,17 @@ __device__ __forceinline__ void compress_finish(const float* pooled, int index, 
                 base + (size_t)page_size * UE8M0_VALUE_BYTES + (size_t)off * UE8M0_SCALE_BYTES, x, lane);
 }
 
-extern "C" __global__ void __launch_bounds__(COMPRESS_THREADS)
-    compress_entries(const float* new_k, const float* new_g, int new_rows, const float* state_k,
-                     const float* state_g, int state_rows, const int* cands, int num_cands, const int4* jobs, int njobs,
-                     int ratio, int width, const float* norm, float eps, const float* rope, int rope_positions,
-                     u8* pool, u64 page_bytes, int page_size, int num_pages) {
+extern "C" __global__ void __launch_bounds__(COMPRESS_THREADS) compress_entries(const CompressParams args) {
+    const float *new_k = args.new_k, *new_g = args.new_g, *state_k = args.state_k, *state_g = args.state_g;
+    const int* cands = args.cands;
+    const int4* jobs = args.jobs;
+    const float *norm = args.norm, *rope = args.rope;
+    u8* pool = args.pool;
+    const u64 page_bytes = args.page_bytes;
+    const int new_rows = args.new_rows, state_rows = args.state_rows, num_cands = args.num_cands, njobs = args.njobs,
+              ratio = args.ratio, width = args.width, rope_positions = args.rope_positions, page_size = args.page_size,
+              num_pages = args.num_pages;
+    const float eps = args.eps;
     __shared__ __align__(16) float pooled[HEAD_DIM];
     const int c = threadIdx.x;
     pdl_wait();
@@ -228,10 +234,15 @@ __device__ __forceinline__ bool cstep_job(const int* seqs, const int* jobs, int 
            j.page >= 0 && j.page < num_pages && j.off >= 0 && j.off < page_size;
 }
 
-extern "C" __global__ void __launch_bounds__(CSTEP_THREADS)
-    compress_step(const float* kg, int kg_rows, const float* ape, float* ring, int ring_rows, int slots,
-                  const int* plan, int max_seqs, int max_jobs, int ratio, int width, int dim, int rope_positions,
-                  int page_size, int num_pages, float* scratch, int job_blocks) {
+extern "C" __global__ void __launch_bounds__(CSTEP_THREADS) compress_step(const CompressStepParams args) {
+    const float *kg = args.kg, *ape = args.ape;
+    float* ring = args.ring;
+    const int* plan = args.plan;
+    float* scratch = args.scratch;
+    const int kg_rows = args.kg_rows, ring_rows = args.ring_rows, slots = args.slots, max_seqs = args.max_seqs,
+              max_jobs = args.max_jobs, ratio = args.ratio, width = args.width, dim = args.dim,
+              rope_positions = args.rope_positions, page_size = args.page_size, num_pages = args.num_pages,
+              job_blocks = args.job_blocks;
     __shared__ float cand[CSTEP_CAND_SLOTS];  // [candidate][channel of the tile]: G, then e_j, then t_j
     __shared__ float red[CSTEP_THREADS];      // [group][channel of the tile]
     pdl_wait();
@@ -366,10 +377,16 @@ extern "C" __global__ void __launch_bounds__(CSTEP_THREADS)
     }
 }
 
-extern "C" __global__ void __launch_bounds__(32 * CFIN_WARPS)
-    compress_step_finish(const float* scratch, const int* plan, int max_seqs, int max_jobs, int kg_rows, int slots,
-                         int ratio, const float* norm, float eps, const float* rope, int rope_positions, u8* pool,
-                         u64 page_bytes, int page_size, int num_pages) {
+extern "C" __global__ void __launch_bounds__(32 * CFIN_WARPS) compress_step_finish(const CompressFinishParams args) {
+    const float* scratch = args.scratch;
+    const int* plan = args.plan;
+    const float *norm = args.norm, *rope = args.rope;
+    u8* pool = args.pool;
+    const u64 page_bytes = args.page_bytes;
+    const int max_seqs = args.max_seqs, max_jobs = args.max_jobs, kg_rows = args.kg_rows, slots = args.slots,
+              ratio = args.ratio, rope_positions = args.rope_positions, page_size = args.page_size,
+              num_pages = args.num_pages;
+    const float eps = args.eps;
     pdl_wait();
     pdl_trigger();
     const int nseqs = min(max(plan[CPLAN_HDR_SEQS], 0), max_seqs);

@@ -20,7 +20,7 @@
 
 #include "common.cuh"
 
-#define BF16_GEMM_WARPS 8
+// BF16_GEMM_WARPS and BF16GEMMParams come from abi.h.
 
 // The two bf16 of a little-endian 32-bit word, widened exactly.
 __device__ __forceinline__ float bf16_lo(u32 v) { return bf16_to_f32(v); }
@@ -42,9 +42,11 @@ __device__ __forceinline__ float dot8(float acc, const float x[8], uint4 w) {
 
 // w: [n][k] bf16; x: row r at x + r * x_stride; y: row r at y + r * y_stride.
 // Grid: ceil(m * n / 8 / BF16_GEMM_WARPS) blocks of BF16_GEMM_WARPS warps.
-extern "C" __global__ void __launch_bounds__(BF16_GEMM_WARPS * 32)
-    gemm_bf16_f32(const u16* __restrict__ w, const u16* __restrict__ x, float* __restrict__ y, int m, int n, int k,
-                  int x_stride, int y_stride) {
+extern "C" __global__ void __launch_bounds__(BF16_GEMM_WARPS * 32) gemm_bf16_f32(const BF16GEMMParams p) {
+    const u16* __restrict__ w = p.w;
+    const u16* __restrict__ x = p.x;
+    float* __restrict__ y = p.y;
+    const int m = p.m, n = p.n, k = p.k, x_stride = p.x_stride, y_stride = p.y_stride;
     pdl_wait();
     const int lane = threadIdx.x & 31;
     const long long groups = n >> 3;

@@ -51,11 +51,12 @@
 
 #include "common.cuh"
 
-#define BF16_MMA_WARPS 4                    // warps a block
-#define BF16_MMA_ROWS (16 * BF16_MMA_WARPS)  // W rows (outputs) a block owns
-#define BF16_MMA_TOKENS 64                  // X rows (tokens) a block owns
-#define BF16_MMA_STAGE 64                   // k a pipeline stage
-#define BF16_MMA_PAD 32                     // bf16 past each shared X row
+// The block shape (BF16_MMA_WARPS warps, BF16_MMA_ROWS outputs and
+// BF16_MMA_TOKENS tokens a block, BF16_MMA_STAGE k a pipeline stage,
+// BF16_MMA_PAD bf16 past each shared X row) and the parameter structs
+// (BF16MMAParams, SplitKParams) come from abi.h.
+static_assert(BF16_MMA_ROWS == 16 * BF16_MMA_WARPS, "a warp owns 16 W rows");
+static_assert(BF16_MMA_STAGE == 64 && BF16_MMA_TOKENS % 8 == 0, "a stage is the four MMAs of stage_mma; token tiles of 8");
 
 __device__ __forceinline__ void mma_bf16(float d[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
     asm volatile(
@@ -99,9 +100,12 @@ __device__ __forceinline__ void stage_mma(float d[4], const BF16Stage& w, uint4 
 // = n). Dynamic shared memory: min(64, m rounded up to 8) rows of
 // k_chunk + BF16_MMA_PAD bf16 (k_chunk a multiple of BF16_MMA_STAGE); the
 // padding puts the two rows a quarter-warp reads in different banks.
-extern "C" __global__ void __launch_bounds__(BF16_MMA_WARPS * 32, 4)
-    gemm_bf16_mma(const u16* __restrict__ w, const u16* __restrict__ x, float* __restrict__ out, int m, int n, int k,
-                  int x_stride, int out_stride, int k_split, int k_chunk) {
+extern "C" __global__ void __launch_bounds__(BF16_MMA_WARPS * 32, 4) gemm_bf16_mma(const BF16MMAParams p) {
+    const u16* __restrict__ w = p.w;
+    const u16* __restrict__ x = p.x;
+    float* __restrict__ out = p.out;
+    const int m = p.m, n = p.n, k = p.k, x_stride = p.x_stride, out_stride = p.out_stride, k_split = p.k_split,
+              k_chunk = p.k_chunk;
     extern __shared__ __align__(16) u16 xs[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
@@ -182,7 +186,6 @@ extern "C" __global__ void __launch_bounds__(BF16_MMA_WARPS * 32, 4)
 // Split-K finish: Y[r][c..c+3] = part[0][r][c..] + part[1][r][c..] + ...,
 // the splits added in order (common.cuh's splitk_reduce). One thread per 4
 // outputs (n % 4 == 0).
-extern "C" __global__ void gemm_bf16_mma_reduce(const float* __restrict__ part, float* __restrict__ y, int m, int n,
-                                                int y_stride, int splits) {
-    splitk_reduce(part, y, m, n, y_stride, splits);
+extern "C" __global__ void gemm_bf16_mma_reduce(const SplitKParams p) {
+    splitk_reduce<float>(p);
 }

@@ -27,7 +27,11 @@
 
 #include "common.cuh"
 
-#define GEMM_WARPS 8
+// The block shape (FP8_GEMM_WARPS, FP8_GEMM_ROW_TILE), the token tiles
+// (FP8_GEMM_KERNELS) and the parameter struct (FP8GEMMParams,
+// SplitKParams) come from abi.h.
+static_assert(FP8_GEMM_ROW_TILE == 16 * FP8_GEMM_WARPS && FP8_GEMM_ROW_TILE == 128,
+              "a warp owns 16 W rows, a block one row of 128x128 weight scale blocks");
 
 __device__ __forceinline__ uint4 ld_x(const u8* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
 
@@ -69,10 +73,15 @@ __device__ __forceinline__ void block_mma(float d[4], const WFrag& w, uint4 xa, 
 // W, z = split of K. Y is written as bf16 when splits == 1, else as float32
 // partials part[z][m][n].
 template <int MT>
-__device__ __forceinline__ void gemm_fp8_body(const u8* __restrict__ w, const float* __restrict__ ws,
-                                              const u8* __restrict__ x, const float* __restrict__ xs,
-                                              u8* __restrict__ y, float* __restrict__ part, int m, int n,
-                                              int k, int xs_stride, int y_stride, int kb_per_split) {
+__device__ __forceinline__ void gemm_fp8_body(const FP8GEMMParams& p) {
+    const u8* __restrict__ w = p.w;
+    const float* __restrict__ ws = p.ws;
+    const u8* __restrict__ x = p.x;
+    const float* __restrict__ xs = p.xs;
+    u8* __restrict__ y = p.y;
+    float* __restrict__ part = p.part;
+    const int m = p.m, n = p.n, k = p.k, xs_stride = p.xs_stride, y_stride = p.y_stride,
+              kb_per_split = p.kb_per_split;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int m0 = blockIdx.x * MT;
@@ -130,17 +139,17 @@ __device__ __forceinline__ void gemm_fp8_body(const u8* __restrict__ w, const fl
 
     const int nr = nb * 128 + warp * 16 + g;  // D rows: nr (d0, d1) and nr + 8 (d2, d3)
     if (part != nullptr) {
-        float* p = part + (size_t)blockIdx.z * m * n;
+        float* pz = part + (size_t)blockIdx.z * m * n;
 #pragma unroll
         for (int j = 0; j < MT / 8; j++) {
             const int mc = m0 + j * 8 + 2 * t;
             if (mc < m) {
-                p[(size_t)mc * n + nr] = acc[j][0];
-                p[(size_t)mc * n + nr + 8] = acc[j][2];
+                pz[(size_t)mc * n + nr] = acc[j][0];
+                pz[(size_t)mc * n + nr + 8] = acc[j][2];
             }
             if (mc + 1 < m) {
-                p[(size_t)(mc + 1) * n + nr] = acc[j][1];
-                p[(size_t)(mc + 1) * n + nr + 8] = acc[j][3];
+                pz[(size_t)(mc + 1) * n + nr] = acc[j][1];
+                pz[(size_t)(mc + 1) * n + nr + 8] = acc[j][3];
             }
         }
         return;
@@ -162,26 +171,22 @@ __device__ __forceinline__ void gemm_fp8_body(const u8* __restrict__ w, const fl
     }
     __syncthreads();
     const int rows = min(MT, m - m0);
-    for (int i = threadIdx.x; i < rows * 16; i += GEMM_WARPS * 32) {
+    for (int i = threadIdx.x; i < rows * 16; i += FP8_GEMM_WARPS * 32) {
         const int r = i >> 4, chunk = i & 15;
         u8* dst = y + ((size_t)(m0 + r) * y_stride + nb * 128) * 2 + chunk * 16;
         *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(&tile[r][chunk * 8]);
     }
 }
 
-#define GEMM_KERNEL(NAME, MT, MINBLOCKS)                                                                   \
-    extern "C" __global__ void __launch_bounds__(GEMM_WARPS * 32, MINBLOCKS)                              \
-        NAME(const u8* w, const float* ws, const u8* x, const float* xs, u8* y, float* part, int m, int n, \
-             int k, int xs_stride, int y_stride, int kb_per_split) {                                       \
-        gemm_fp8_body<MT>(w, ws, x, xs, y, part, m, n, k, xs_stride, y_stride, kb_per_split);              \
+#define GEMM_KERNEL(NAME, MT, MINBLOCKS)                                                                        \
+    extern "C" __global__ void __launch_bounds__(FP8_GEMM_WARPS * 32, MINBLOCKS) NAME(const FP8GEMMParams p) { \
+        gemm_fp8_body<MT>(p);                                                                                  \
     }
 
-GEMM_KERNEL(gemm_fp8_mt64, 64, 2)
-GEMM_KERNEL(gemm_fp8_mt128, 128, 1)
+FP8_GEMM_KERNELS(GEMM_KERNEL)
 
 // Split-K finish: Y[r][c..c+3] = bf16(part[0][r][c..] + part[1][r][c..] + ...),
 // the splits added in order (common.cuh's splitk_reduce). One thread per 4 outputs.
-extern "C" __global__ void gemm_fp8_reduce(const float* __restrict__ part, u8* __restrict__ y, int m, int n,
-                                           int y_stride, int splits) {
-    splitk_reduce(part, reinterpret_cast<u16*>(y), m, n, y_stride, splits);
+extern "C" __global__ void gemm_fp8_reduce(const SplitKParams p) {
+    splitk_reduce<u16>(p);
 }

@@ -97,10 +97,15 @@ __device__ __forceinline__ void indexer_rope(float v[4], const float* rope, int 
 // RoPE of the rope half at position index*4, Hadamard, MXFP4, stored at
 // pool + page*page_size*68 + off*68. Jobs are checked as compress_step
 // checks them (cstep_job): a bad one writes nothing.
-extern "C" __global__ void __launch_bounds__(32 * CFIN_WARPS)
-    indexer_step_finish(const float* scratch, const int* plan, int max_seqs, int max_jobs, int kg_rows, int slots,
-                        int ratio, const float* norm, float eps, float hscale, const float* rope, int rope_positions,
-                        u8* pool, int page_size, int num_pages) {
+extern "C" __global__ void __launch_bounds__(32 * CFIN_WARPS) indexer_step_finish(const CompressFinishParams args) {
+    const float* scratch = args.scratch;
+    const int* plan = args.plan;
+    const float *norm = args.norm, *rope = args.rope;
+    u8* pool = args.pool;  // page p at pool + p*page_size*MXFP4_ROW_BYTES (args.page_bytes)
+    const int max_seqs = args.max_seqs, max_jobs = args.max_jobs, kg_rows = args.kg_rows, slots = args.slots,
+              ratio = args.ratio, rope_positions = args.rope_positions, page_size = args.page_size,
+              num_pages = args.num_pages;
+    const float eps = args.eps, hscale = args.hscale;
     pdl_wait();
     pdl_trigger();
     const int nseqs = min(max(plan[CPLAN_HDR_SEQS], 0), max_seqs);
@@ -175,7 +180,7 @@ extern "C" __global__ void __launch_bounds__(32 * IQ_WARPS)
     const Params p = with_header(p0);
     const int lane = threadIdx.x % 32;
     const int warps = gridDim.x * IQ_WARPS;
-    const float* wproj = p.weight;
+    const float* weight = p.weight;
     const int row_bytes = fp8 ? INDEXER_DIM : MXFP4_ROW_BYTES;
     for (int unit = blockIdx.x * IQ_WARPS + threadIdx.x / 32; unit < p.rows * INDEXER_HEADS; unit += warps) {
         const int local = unit / INDEXER_HEADS, h = unit % INDEXER_HEADS;
@@ -202,7 +207,7 @@ extern "C" __global__ void __launch_bounds__(32 * IQ_WARPS)
         if (fp8) {
             const int e = warp_fp8_store(dst, v, lane);
             if (lane == 0) {
-                const float wv = __ldg(wproj + (size_t)t * w_stride + h);
+                const float wv = __ldg(weight + (size_t)t * w_stride + h);
                 const float ws = __fmul_rn(__uint_as_float(bf16x2_rn(wv, 0.f) << 16), wscale);
                 const float wf = __fmul_rn(ws, pow2i(e - 127));
                 // A NaN is written as F32_NAN_BITS whatever the arithmetic returned.
@@ -212,7 +217,7 @@ extern "C" __global__ void __launch_bounds__(32 * IQ_WARPS)
         }
         warp_mxfp4_store(dst, v, lane);
         if (lane == 0) {
-            const float wv = __ldg(wproj + (size_t)t * w_stride + h);
+            const float wv = __ldg(weight + (size_t)t * w_stride + h);
             const u32 wr = bf16x2_rn(wv, 0.f) << 16;
             static_cast<u16*>(w_out)[row] = (u16)(bf16x2_rn(__fmul_rn(__uint_as_float(wr), wscale), 0.f) & 0xffffu);
         }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/dsv4mla/prologue/attention/mla"
 	"github.com/dsv4mla/prologue/internal/cudatune"
+	"github.com/dsv4mla/prologue/kernels/cuda/abi"
 	"github.com/dsv4mla/prologue/kernels/cuda/cublaslt"
 	"github.com/dsv4mla/prologue/kernels/cuda/driver"
 )
@@ -56,17 +57,17 @@ type bf16GEMMState struct {
 	own, mma, cublasRun atomic.Int64
 }
 
-// bf16GEMMWarps is BF16_GEMM_WARPS of gemm_bf16.cu: warps a block.
-const bf16GEMMWarps = 8
+// bf16GEMMWarps is gemm_bf16_f32's warps a block (abi.h's BF16_GEMM_WARPS).
+const bf16GEMMWarps = abi.BF16GEMMWarps
 
-// The tensor-core kernel's shape (gemm_bf16_mma.cu's BF16_MMA_* macros)
+// The tensor-core kernel's shape (kernels/cuda/abi, abi.h's BF16_MMA_*)
 // and the backend's choices for it.
 const (
-	bf16MMAThreads = 128 // BF16_MMA_WARPS * 32
-	bf16MMARows    = 64  // BF16_MMA_ROWS: outputs (W rows) a block owns
-	bf16MMATokens  = 64  // BF16_MMA_TOKENS: X rows a block owns
-	bf16MMAStage   = 64  // BF16_MMA_STAGE: k a pipeline stage; K must be a multiple
-	bf16MMAPad     = 32  // BF16_MMA_PAD: bf16 past each shared X row
+	bf16MMAThreads = 32 * abi.BF16MMAWarps
+	bf16MMARows    = abi.BF16MMARows   // outputs (W rows) a block owns
+	bf16MMATokens  = abi.BF16MMATokens // X rows a block owns
+	bf16MMAStage   = abi.BF16MMAStage  // k a pipeline stage; K must be a multiple
+	bf16MMAPad     = abi.BF16MMAPad    // bf16 past each shared X row
 
 	// bf16MMASharedBytes caps the block's dynamic shared memory (its X
 	// chunk) at what a launch gets without opting in.
@@ -274,7 +275,7 @@ func (b *Backend) BF16GEMM(ctx context.Context, a *mla.BF16GEMMArgs) error {
 	}
 	if useMMA {
 		g.mma.Add(1)
-		return b.bf16MMA(x, w, y, a)
+		return b.bf16MMA(bf16Operands{x: x, w: w, y: y}, a)
 	}
 	if useLt {
 		g.cublasRun.Add(1)
@@ -285,34 +286,32 @@ func (b *Backend) BF16GEMM(ctx context.Context, a *mla.BF16GEMMArgs) error {
 	if blocks > math.MaxInt32 {
 		return fmt.Errorf("cuda: bf16 GEMM of %d rows x %d outputs needs %d blocks, more than a grid holds", a.Rows, a.N, blocks)
 	}
+	params, err := bf16GEMMParams(bf16Operands{x: x, w: w, y: y}, a)
+	if err != nil {
+		return err
+	}
 	g.own.Add(1)
-	return b.launch(g.fn, driver.Dim3{uint32(blocks), 1, 1}, driver.Dim3{32 * bf16GEMMWarps, 1, 1},
-		w, x, y, int32(a.Rows), int32(a.N), int32(a.K), int32(a.XStride), int32(a.YStride))
+	return b.launch(g.fn, driver.Dim3{uint32(blocks), 1, 1}, driver.Dim3{32 * bf16GEMMWarps, 1, 1}, driver.Bytes(params))
 }
 
 // bf16MMA enqueues the tensor-core kernel and, with several splits of K,
 // the reduction of their partials into Y.
-func (b *Backend) bf16MMA(x, w, y driver.DevicePtr, a *mla.BF16GEMMArgs) error {
+func (b *Backend) bf16MMA(op bf16Operands, a *mla.BF16GEMMArgs) error {
 	g := &b.bf16
-	m, n, k := a.Rows, a.N, a.K
-	p := planBF16MMA(b.arch.BF16, m, n, k, b.arch.SMs, bf16MMAPartBytes)
-	part := g.parts[b.streamSlot()]
-	out, outStride := y, a.YStride
-	if p.splits > 1 {
-		out, outStride = part, n
+	p := planBF16MMA(b.arch.BF16, a.Rows, a.N, a.K, b.arch.SMs, bf16MMAPartBytes)
+	params, reduce, err := bf16MMAParams(op, a, p, g.parts[b.streamSlot()])
+	if err != nil {
+		return err
 	}
 	grid := driver.Dim3{uint32(p.tiles), uint32(p.splits), uint32(p.chunks)}
 	return b.ctx.Do(func() error {
-		if err := b.launchShared(g.mmaFn, grid, driver.Dim3{bf16MMAThreads, 1, 1}, p.shared, w, x, out,
-			int32(m), int32(n), int32(k), int32(a.XStride), int32(outStride), int32(p.kSplit), int32(p.kChunk)); err != nil {
+		if err := b.launchShared(g.mmaFn, grid, driver.Dim3{bf16MMAThreads, 1, 1}, p.shared, driver.Bytes(params)); err != nil {
 			return err
 		}
-		if p.splits == 1 {
+		if reduce == nil {
 			return nil
 		}
-		threads := m * n / 4
-		return b.launch(g.mmaReduce, driver.Dim3{uint32((threads + 255) / 256), 1, 1}, driver.Dim3{256, 1, 1},
-			part, y, int32(m), int32(n), int32(a.YStride), int32(p.splits))
+		return b.launch(g.mmaReduce, splitKGrid(a.Rows, a.N), driver.Dim3{abi.SplitKThreads, 1, 1}, driver.Bytes(reduce))
 	})
 }
 

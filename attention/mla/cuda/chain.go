@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/dsv4mla/prologue/attention/mla"
+	"github.com/dsv4mla/prologue/kernels/cuda/abi"
 	"github.com/dsv4mla/prologue/kernels/cuda/driver"
 )
 
@@ -62,21 +63,55 @@ func (b *Backend) ActQuant(ctx context.Context, a *mla.ActQuantArgs) error {
 	if a.Out.Rows == 0 {
 		return nil
 	}
-	x, data, scale, err := quantPointers(a.X, a.XOffset, a.XStride, &a.Out)
+	params, err := actQuantParams(a)
 	if err != nil {
 		return err
 	}
-	const warps = 8
+	const warps = abi.ChainWarps
 	pairs := (a.Out.Rows*(a.Out.K/128) + 1) / 2
 	grid := driver.Dim3{b.chainGrid((pairs + warps - 1) / warps), 1, 1}
-	return b.launchShared(b.fns["act_quant"], grid, driver.Dim3{32 * warps, 1, 1}, 0,
-		x, uint64(a.XStride)*2, data, scale, int32(a.Out.Rows), int32(a.Out.K), int32(a.Out.ScaleStride))
+	return b.launchShared(b.fns["act_quant"], grid, driver.Dim3{32 * warps, 1, 1}, 0, driver.Bytes(params))
+}
+
+// quantParams packs act_quant's or norm_quant's QuantParams: X at its
+// offset (row stride in bytes), Out's data and scales, the norm weight and
+// eps (0 and 0 for act_quant).
+func quantParams(x mla.Buffer, xOffset, xStride int, out *mla.FP8Activations, weight driver.DevicePtr, eps float32) ([]byte, error) {
+	xp, data, scale, err := quantPointers(x, xOffset, xStride, out)
+	if err != nil {
+		return nil, err
+	}
+	p := abi.QuantParams.Pack()
+	p.Ptr(abi.QuantX, uint64(xp))
+	p.U64(abi.QuantXStride, uint64(xStride)*2)
+	p.Ptr(abi.QuantWeight, uint64(weight))
+	p.Ptr(abi.QuantOut, uint64(data))
+	p.Ptr(abi.QuantScale, uint64(scale))
+	p.I32(abi.QuantRows, int32(out.Rows))
+	p.I32(abi.QuantK, int32(out.K))
+	p.I32(abi.QuantScaleStride, int32(out.ScaleStride))
+	p.F32(abi.QuantEps, eps)
+	return p.Bytes()
+}
+
+// actQuantParams packs a validated ActQuant call's parameters.
+func actQuantParams(a *mla.ActQuantArgs) ([]byte, error) {
+	return quantParams(a.X, a.XOffset, a.XStride, &a.Out, 0, 0)
+}
+
+// normQuantParams packs a validated NormQuant call's parameters.
+func normQuantParams(a *mla.NormQuantArgs) ([]byte, error) {
+	w, err := span(a.Weight, 0, 4*a.Out.K)
+	if err != nil {
+		return nil, err
+	}
+	return quantParams(a.X, a.XOffset, a.XStride, &a.Out, w, a.Eps)
 }
 
 // normQuantWarps is the warps a block of norm_quant gets for rows of k
 // values: each stages its row in 2k+256 bytes of shared memory, and a block
 // stays within the default 48 KiB.
-func normQuantWarps(k int) int { return max(1, min(8, (48<<10)/(2*k+256))) }
+func normQuantWarps(k int) int { return max(1, min(abi.ChainWarps, (48<<10)/(2*k+256))) }
 
 // NormQuant implements mla.ChainBackend: q_norm fused with act_quant, one
 // warp per row.
@@ -90,18 +125,14 @@ func (b *Backend) NormQuant(ctx context.Context, a *mla.NormQuantArgs) error {
 	if a.Out.Rows == 0 {
 		return nil
 	}
-	x, data, scale, err := quantPointers(a.X, a.XOffset, a.XStride, &a.Out)
-	if err != nil {
-		return err
-	}
-	w, err := span(a.Weight, 0, 4*a.Out.K)
+	params, err := normQuantParams(a)
 	if err != nil {
 		return err
 	}
 	warps := normQuantWarps(a.Out.K)
 	grid := driver.Dim3{b.chainGrid((a.Out.Rows + warps - 1) / warps), 1, 1}
 	return b.launchShared(b.fns["norm_quant"], grid, driver.Dim3{uint32(32 * warps), 1, 1}, warps*(2*a.Out.K+256),
-		x, uint64(a.XStride)*2, w, a.Eps, data, scale, int32(a.Out.Rows), int32(a.Out.K), int32(a.Out.ScaleStride))
+		driver.Bytes(params))
 }
 
 // Confirm the methods match mla.ChainBackend's (GEMM is not part of this file).

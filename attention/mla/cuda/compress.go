@@ -323,6 +323,18 @@ func (b *Backend) LaunchCompress(ctx context.Context, l *CompressLayer, list mla
 
 // launchCompress launches a checked layer's job list.
 func (b *Backend) launchCompress(l *CompressLayer, list mla.Buffer, jobsOff, numJobs, candsOff, numCands int) error {
+	params, err := compressParams(l, list, jobsOff, numJobs, candsOff, numCands)
+	if err != nil {
+		return err
+	}
+	grid := driver.Dim3{b.chainGrid(numJobs), 1, 1}
+	return b.launchShared(b.comp.fn, grid, driver.Dim3{compressThreads, 1, 1}, 0, driver.Bytes(params))
+}
+
+// compressParams packs compress_entries' CompressParams for a checked
+// layer and its job list: numJobs jobs at jobsOff of list, numCands
+// candidate codes at candsOff.
+func compressParams(l *CompressLayer, list mla.Buffer, jobsOff, numJobs, candsOff, numCands int) ([]byte, error) {
 	ptr := func(buf mla.Buffer, rows int) (driver.DevicePtr, error) {
 		if rows == 0 {
 			return 0, nil
@@ -331,46 +343,63 @@ func (b *Backend) launchCompress(l *CompressLayer, list mla.Buffer, jobsOff, num
 	}
 	newK, err := ptr(l.NewK, l.NewRows)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	newG, err := ptr(l.NewG, l.NewRows)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	stateK, err := ptr(l.StateK, l.StateRows)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	stateG, err := ptr(l.StateG, l.StateRows)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	jobs, err := span(list, jobsOff, numJobs*jobBytes)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	cands, err := span(list, candsOff, 4*numCands)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	norm, err := span(l.NormWeight, 0, 4*numerics.HeadDim)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	rope, err := span(l.Rope, 0, l.RopePositions*64*4)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	pageBytes := kvcache.FormatFP8UE8M0.PageBytes(l.PageSize)
 	pool, err := span(l.Pool, 0, l.NumPages*pageBytes)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	grid := driver.Dim3{b.chainGrid(numJobs), 1, 1}
-	return b.launchShared(b.comp.fn, grid, driver.Dim3{compressThreads, 1, 1}, 0,
-		newK, newG, int32(l.NewRows), stateK, stateG, int32(l.StateRows), cands, int32(numCands), jobs, int32(numJobs),
-		int32(l.Ratio), int32(l.Width()), norm, l.Eps, rope, int32(l.RopePositions),
-		pool, uint64(pageBytes), int32(l.PageSize), int32(l.NumPages))
+	p := abi.CompressParams.Pack()
+	p.Ptr(abi.CompressNewK, uint64(newK))
+	p.Ptr(abi.CompressNewG, uint64(newG))
+	p.Ptr(abi.CompressStateK, uint64(stateK))
+	p.Ptr(abi.CompressStateG, uint64(stateG))
+	p.Ptr(abi.CompressCands, uint64(cands))
+	p.Ptr(abi.CompressJobs, uint64(jobs))
+	p.Ptr(abi.CompressNorm, uint64(norm))
+	p.Ptr(abi.CompressRope, uint64(rope))
+	p.Ptr(abi.CompressPool, uint64(pool))
+	p.U64(abi.CompressPageBytes, uint64(pageBytes))
+	p.I32(abi.CompressNewRows, int32(l.NewRows))
+	p.I32(abi.CompressStateRows, int32(l.StateRows))
+	p.I32(abi.CompressNumCands, int32(numCands))
+	p.I32(abi.CompressNumJobs, int32(numJobs))
+	p.I32(abi.CompressRatio, int32(l.Ratio))
+	p.I32(abi.CompressWidth, int32(l.Width()))
+	p.I32(abi.CompressRopePositions, int32(l.RopePositions))
+	p.I32(abi.CompressPageSize, int32(l.PageSize))
+	p.I32(abi.CompressNumPages, int32(l.NumPages))
+	p.F32(abi.CompressEps, l.Eps)
+	return p.Bytes()
 }
 
 // closeCompress releases the compressor's module and device buffers.

@@ -40,64 +40,111 @@ func (b *Backend) CompressStep(ctx context.Context, a *mla.CompressStepArgs) err
 	if err := b.LoadCompressor(); err != nil {
 		return err
 	}
-	w := a.Width()
-	var kg, ape driver.DevicePtr
-	var err error
-	if a.KGRows > 0 {
-		if kg, err = span(a.KG, 0, a.KGRows*2*w*4); err != nil {
-			return fmt.Errorf("cuda: compress step: KG: %w", err)
-		}
-	}
-	if a.APE != nil {
-		if ape, err = span(a.APE, 0, a.Ratio*w*4); err != nil {
-			return fmt.Errorf("cuda: compress step: APE: %w", err)
-		}
-	}
-	ring, err := span(a.Ring, 0, a.Slots*a.RingRows*2*w*4)
-	if err != nil {
-		return fmt.Errorf("cuda: compress step: Ring: %w", err)
-	}
-	plan, err := span(a.Plan, a.PlanOffset, mla.CompressPlanBytes(a.MaxSeqs, a.MaxJobs))
-	if err != nil {
-		return fmt.Errorf("cuda: compress step: Plan: %w", err)
-	}
-	dim := a.Entry.Dim()
-	norm, err := span(a.NormWeight, 0, 4*dim)
+	jobBlocks := int(b.chainGrid(a.MaxJobs * abi.CompressStepTilesDim(a.Ratio, a.Entry.Dim())))
+	step, finish, err := compressStepParams(a, jobBlocks)
 	if err != nil {
 		return err
 	}
-	rope, err := span(a.Rope, 0, a.RopePositions*numerics.RopeDim*4)
-	if err != nil {
-		return err
-	}
-	pageBytes := a.PoolPageBytes()
-	pool, err := span(a.Pool, 0, a.NumPages*pageBytes)
-	if err != nil {
-		return err
-	}
-	scratch, err := span(a.Scratch, 0, a.MaxJobs*dim*4)
-	if err != nil {
-		return fmt.Errorf("cuda: compress step: Scratch: %w", err)
-	}
-	jobBlocks := int(b.chainGrid(a.MaxJobs * abi.CompressStepTilesDim(a.Ratio, dim)))
 	// The blocks that write the ring rows, a chunk of compressStoreRows rows
 	// of one sequence at a time, capped by the architecture description.
 	storeBlocks := min(a.MaxSeqs*((a.RingRows+compressStoreRows-1)/compressStoreRows), b.arch.CompressStoreBlocksPerSM*b.arch.SMs)
 	if err := b.launchShared(b.comp.step, driver.Dim3{uint32(jobBlocks + storeBlocks), 1, 1}, driver.Dim3{compressStepThreads, 1, 1}, 0,
-		kg, int32(a.KGRows), ape, ring, int32(a.RingRows), int32(a.Slots),
-		plan, int32(a.MaxSeqs), int32(a.MaxJobs), int32(a.Ratio), int32(w), int32(dim), int32(a.RopePositions),
-		int32(a.PageSize), int32(a.NumPages), scratch, int32(jobBlocks)); err != nil {
+		driver.Bytes(step)); err != nil {
 		return err
 	}
-	finishBlocks := b.chainGrid((a.MaxJobs + compressFinishWarps - 1) / compressFinishWarps)
+	fn := b.comp.finish
 	if a.Entry == mla.EntryIndexer {
-		return b.launchShared(b.comp.ifinish, driver.Dim3{finishBlocks, 1, 1}, driver.Dim3{32 * compressFinishWarps, 1, 1}, 0,
-			scratch, plan, int32(a.MaxSeqs), int32(a.MaxJobs), int32(a.KGRows), int32(a.Slots), int32(a.Ratio),
-			norm, a.Eps, numerics.HadamardScale, rope, int32(a.RopePositions), pool, int32(a.PageSize), int32(a.NumPages))
+		fn = b.comp.ifinish
 	}
-	return b.launchShared(b.comp.finish, driver.Dim3{finishBlocks, 1, 1}, driver.Dim3{32 * compressFinishWarps, 1, 1}, 0,
-		scratch, plan, int32(a.MaxSeqs), int32(a.MaxJobs), int32(a.KGRows), int32(a.Slots), int32(a.Ratio),
-		norm, a.Eps, rope, int32(a.RopePositions), pool, uint64(pageBytes), int32(a.PageSize), int32(a.NumPages))
+	finishBlocks := b.chainGrid((a.MaxJobs + compressFinishWarps - 1) / compressFinishWarps)
+	return b.launchShared(fn, driver.Dim3{finishBlocks, 1, 1}, driver.Dim3{32 * compressFinishWarps, 1, 1}, 0, driver.Bytes(finish))
+}
+
+// compressStepParams packs a validated step's compress_step parameters
+// (CompressStepParams, with jobBlocks blocks pooling entries) and those of
+// its finish kernel (CompressFinishParams: compress_step_finish, or
+// indexer_step_finish for the indexer's entries, which reads hscale).
+func compressStepParams(a *mla.CompressStepArgs, jobBlocks int) (step, finish []byte, err error) {
+	w := a.Width()
+	var kg, ape driver.DevicePtr
+	if a.KGRows > 0 {
+		if kg, err = span(a.KG, 0, a.KGRows*2*w*4); err != nil {
+			return nil, nil, fmt.Errorf("cuda: compress step: KG: %w", err)
+		}
+	}
+	if a.APE != nil {
+		if ape, err = span(a.APE, 0, a.Ratio*w*4); err != nil {
+			return nil, nil, fmt.Errorf("cuda: compress step: APE: %w", err)
+		}
+	}
+	ring, err := span(a.Ring, 0, a.Slots*a.RingRows*2*w*4)
+	if err != nil {
+		return nil, nil, fmt.Errorf("cuda: compress step: Ring: %w", err)
+	}
+	plan, err := span(a.Plan, a.PlanOffset, mla.CompressPlanBytes(a.MaxSeqs, a.MaxJobs))
+	if err != nil {
+		return nil, nil, fmt.Errorf("cuda: compress step: Plan: %w", err)
+	}
+	dim := a.Entry.Dim()
+	norm, err := span(a.NormWeight, 0, 4*dim)
+	if err != nil {
+		return nil, nil, err
+	}
+	rope, err := span(a.Rope, 0, a.RopePositions*numerics.RopeDim*4)
+	if err != nil {
+		return nil, nil, err
+	}
+	pageBytes := a.PoolPageBytes()
+	pool, err := span(a.Pool, 0, a.NumPages*pageBytes)
+	if err != nil {
+		return nil, nil, err
+	}
+	scratch, err := span(a.Scratch, 0, a.MaxJobs*dim*4)
+	if err != nil {
+		return nil, nil, fmt.Errorf("cuda: compress step: Scratch: %w", err)
+	}
+	p := abi.CompressStepParams.Pack()
+	p.Ptr(abi.CStepKG, uint64(kg))
+	p.Ptr(abi.CStepAPE, uint64(ape))
+	p.Ptr(abi.CStepRing, uint64(ring))
+	p.Ptr(abi.CStepPlan, uint64(plan))
+	p.Ptr(abi.CStepScratch, uint64(scratch))
+	p.I32(abi.CStepKGRows, int32(a.KGRows))
+	p.I32(abi.CStepRingRows, int32(a.RingRows))
+	p.I32(abi.CStepSlots, int32(a.Slots))
+	p.I32(abi.CStepMaxSeqs, int32(a.MaxSeqs))
+	p.I32(abi.CStepMaxJobs, int32(a.MaxJobs))
+	p.I32(abi.CStepRatio, int32(a.Ratio))
+	p.I32(abi.CStepWidth, int32(w))
+	p.I32(abi.CStepDim, int32(dim))
+	p.I32(abi.CStepRopePositions, int32(a.RopePositions))
+	p.I32(abi.CStepPageSize, int32(a.PageSize))
+	p.I32(abi.CStepNumPages, int32(a.NumPages))
+	p.I32(abi.CStepJobBlocks, int32(jobBlocks))
+	if step, err = p.Bytes(); err != nil {
+		return nil, nil, err
+	}
+	f := abi.CompressFinishParams.Pack()
+	f.Ptr(abi.CFinScratch, uint64(scratch))
+	f.Ptr(abi.CFinPlan, uint64(plan))
+	f.Ptr(abi.CFinNorm, uint64(norm))
+	f.Ptr(abi.CFinRope, uint64(rope))
+	f.Ptr(abi.CFinPool, uint64(pool))
+	f.U64(abi.CFinPageBytes, uint64(pageBytes))
+	f.I32(abi.CFinMaxSeqs, int32(a.MaxSeqs))
+	f.I32(abi.CFinMaxJobs, int32(a.MaxJobs))
+	f.I32(abi.CFinKGRows, int32(a.KGRows))
+	f.I32(abi.CFinSlots, int32(a.Slots))
+	f.I32(abi.CFinRatio, int32(a.Ratio))
+	f.I32(abi.CFinRopePositions, int32(a.RopePositions))
+	f.I32(abi.CFinPageSize, int32(a.PageSize))
+	f.I32(abi.CFinNumPages, int32(a.NumPages))
+	f.F32(abi.CFinEps, a.Eps)
+	f.F32(abi.CFinHScale, numerics.HadamardScale)
+	if finish, err = f.Bytes(); err != nil {
+		return nil, nil, err
+	}
+	return step, finish, nil
 }
 
 // Side implements mla.SideRunner: the launches fn issues go to the side

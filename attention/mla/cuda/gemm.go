@@ -9,6 +9,7 @@ import (
 
 	"github.com/dsv4mla/prologue/attention/mla"
 	"github.com/dsv4mla/prologue/internal/cudatune"
+	"github.com/dsv4mla/prologue/kernels/cuda/abi"
 	"github.com/dsv4mla/prologue/kernels/cuda/cublaslt"
 	"github.com/dsv4mla/prologue/kernels/cuda/driver"
 )
@@ -248,29 +249,29 @@ func (b *Backend) GEMM(ctx context.Context, a *mla.GEMMArgs) error {
 		}
 	}
 	g.own.Add(1)
-	return b.ownGEMM(w, ws, x, xs, y, m, n, k, a.X.ScaleStride, a.YStride)
+	return b.ownGEMM(fp8GEMMOperands{w: w, ws: ws, x: x, xs: xs, y: y, m: m, n: n, k: k, xsStride: a.X.ScaleStride, yStride: a.YStride})
 }
 
-func (b *Backend) ownGEMM(w, ws, x, xs, y driver.DevicePtr, m, n, k, xsStride, yStride int) error {
+func (b *Backend) ownGEMM(op fp8GEMMOperands) error {
 	g := &b.gemm
-	p := planOwnGEMM(b.arch.FP8, m, n, k, b.arch.SMs, gemmPartBytes)
+	p := planOwnGEMM(b.arch.FP8, op.m, op.n, op.k, b.arch.SMs, gemmPartBytes)
 	fn := g.byTile[p.mt]
 	var part driver.DevicePtr
 	if p.splits > 1 {
 		part = g.parts[b.streamSlot()]
 	}
-	grid := driver.Dim3{uint32(p.chunks), uint32(n / b.arch.FP8.RowTile), uint32(p.splits)}
-	block := driver.Dim3{256, 1, 1}
+	params, reduce, err := fp8GEMMParams(op, p, part)
+	if err != nil {
+		return err
+	}
+	grid := driver.Dim3{uint32(p.chunks), uint32(op.n / b.arch.FP8.RowTile), uint32(p.splits)}
 	return b.ctx.Do(func() error {
-		if err := b.launch(fn, grid, block, w, ws, x, xs, y, part,
-			int32(m), int32(n), int32(k), int32(xsStride), int32(yStride), int32(p.kbPerSplit)); err != nil {
+		if err := b.launch(fn, grid, driver.Dim3{32 * abi.FP8GEMMWarps, 1, 1}, driver.Bytes(params)); err != nil {
 			return err
 		}
-		if p.splits == 1 {
+		if reduce == nil {
 			return nil
 		}
-		threads := m * n / 4
-		return b.launch(g.reduce, driver.Dim3{uint32((threads + 255) / 256), 1, 1}, block,
-			part, y, int32(m), int32(n), int32(yStride), int32(p.splits))
+		return b.launch(g.reduce, splitKGrid(op.m, op.n), driver.Dim3{abi.SplitKThreads, 1, 1}, driver.Bytes(reduce))
 	})
 }

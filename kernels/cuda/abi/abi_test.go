@@ -210,3 +210,56 @@ func TestTopKParamsLayout(t *testing.T) {
 		require.NotEmpty(t, f.Name, "field %d has no name (a gap in the table)", i)
 	}
 }
+
+// TestStructTables: every parameter struct of abi.h has named, distinct
+// fields, a C type on each pointer and none elsewhere, and a distinct name;
+// the GEMM and compressor structs' sizes are pinned (abi.h's static_asserts
+// check the same on the device).
+func TestStructTables(t *testing.T) {
+	sizes := map[string]int{
+		"Params": 176, "TopKParams": 80, "FP8GEMMParams": 72, "SplitKParams": 32, "BF16GEMMParams": 48,
+		"BF16MMAParams": 56, "QuantParams": 56, "CompressParams": 120, "CompressStepParams": 88, "CompressFinishParams": 88,
+	}
+	structs := map[string]bool{}
+	for _, s := range abi.Structs() {
+		require.False(t, structs[s.Name], "struct %s twice", s.Name)
+		structs[s.Name] = true
+		require.Equal(t, sizes[s.Name], s.Size(), "sizeof(%s)", s.Name)
+		names := map[string]bool{}
+		for i, f := range s.Fields {
+			require.NotEmpty(t, f.Name, "%s: field %d has no name (a gap in the table)", s.Name, i)
+			require.False(t, names[f.Name], "%s.%s twice", s.Name, f.Name)
+			names[f.Name] = true
+			if f.Kind == abi.Ptr {
+				require.NotEmpty(t, f.CType, "%s.%s needs its C type", s.Name, f.Name)
+			} else {
+				require.Empty(t, f.CType, "%s.%s", s.Name, f.Name)
+			}
+			if i > 0 {
+				require.Greater(t, s.Offset(abi.FieldID(i)), s.Offset(abi.FieldID(i-1)), "%s.%s in order", s.Name, f.Name)
+			}
+		}
+	}
+	require.Len(t, structs, len(sizes))
+	require.Equal(t, 64, abi.FP8GEMMParams.Offset(abi.FP8GEMMYStride))
+	require.Equal(t, 80, abi.CompressParams.Offset(abi.CompressNewRows))
+	require.Equal(t, 84, abi.CompressFinishParams.Offset(abi.CFinHScale))
+}
+
+// TestKernelShapes: the GEMM kernels' shape constants and tiles hold the
+// relations the kernels' static_asserts and the host's plans rely on.
+func TestKernelShapes(t *testing.T) {
+	require.Equal(t, 128, abi.FP8GEMMRowTile, "one row of 128x128 weight scale blocks a block")
+	require.Equal(t, 16*abi.FP8GEMMWarps, abi.FP8GEMMRowTile)
+	require.Equal(t, 16*abi.BF16MMAWarps, abi.BF16MMARows)
+	tiles := abi.FP8GEMMTiles()
+	require.NotEmpty(t, tiles)
+	for i, tile := range tiles {
+		require.Zero(t, tile.Tokens%8, "token tiles of whole 8-token MMA columns")
+		require.Positive(t, tile.MinBlocks)
+		if i > 0 {
+			require.Greater(t, tile.Tokens, tiles[i-1].Tokens, "smallest first")
+		}
+	}
+	require.Contains(t, abi.Header(), "#define FP8_GEMM_KERNELS(X) X(gemm_fp8_mt64, 64, 2) X(gemm_fp8_mt128, 128, 1)\n")
+}

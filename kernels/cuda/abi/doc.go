@@ -1,9 +1,12 @@
 // Package abi is the one source of the contract between the Go host code
-// and the CUDA kernels: the parameter struct the host packs byte by byte
-// (Params, with a Packer that lays it out as the device compiler does), the
-// integer ids and layout constants both sides use (Constants, each taken
-// from the Go package that defines it: kvcache, mla, numerics), and the
-// names of the kernels the host loads (Kernels).
+// and the CUDA kernels: the parameter structs the host packs byte by byte
+// and every kernel takes by value (Structs: the prologue's Params, the
+// top-k, GEMM, chain and compressor kernels' own, with a Packer that lays
+// them out as the device compiler does), the integer ids and layout
+// constants both sides use (Constants, each taken from the Go package that
+// defines it: kvcache, mla, numerics), the kernels' launch shapes and tiles
+// (FP8GEMMTiles, the BF16MMA* and compressor shapes), and the names of the
+// kernels the host loads (Kernels).
 //
 // go generate ./kernels/cuda renders the table as kernels/cuda/abi.h
 // (Header), which kernels/cuda embeds and hands to NVRTC as an in-memory
