@@ -351,6 +351,17 @@ struct CompressFinishParams {
 };
 static_assert(sizeof(CompressFinishParams) == 88, "CompressFinishParams differs from the Go table in kernels/cuda/abi");
 
+// indexer_query's own launch parameters (mla.IndexerQueryArgs), passed by value after the Q prologue's Params.
+// Layout (offset: member): natural alignment, 24 bytes.
+struct IndexerQueryParams {
+    void* w_out;  //   0: [rows][INDEXER_HEADS] head weights: bf16 (fp8 = 0) or float32 (fp8 = 1)
+    int w_stride; //   8: values between tokens of the weights_proj output (Params.weight)
+    float hscale; //  12: fl32(128^-0.5) (numerics.HadamardScale)
+    float wscale; //  16: the head weights' scale (mla.IndexerWeightScale)
+    int fp8;      //  20: mla.IndexerQueryFormat: 0 MXFP4, 1 FP8
+};
+static_assert(sizeof(IndexerQueryParams) == 24, "IndexerQueryParams differs from the Go table in kernels/cuda/abi");
+
 // Kernels the host loads by name (abi.Kernels):
 //   kv_fp8_ue8m0
 //   kv_bf16

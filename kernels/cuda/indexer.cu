@@ -174,7 +174,10 @@ __device__ __forceinline__ int warp_fp8_store(u8* dst, const float v[4], int lan
 // scale folded in. Padding rows and positions outside the table write
 // zeros to both.
 extern "C" __global__ void __launch_bounds__(32 * IQ_WARPS)
-    indexer_query(const Params p0, void* w_out, int w_stride, float hscale, float wscale, int fp8) {
+    indexer_query(const Params p0, const IndexerQueryParams args) {
+    void* w_out = args.w_out;
+    const int w_stride = args.w_stride, fp8 = args.fp8;
+    const float hscale = args.hscale, wscale = args.wscale;
     pdl_wait();
     pdl_trigger();
     const Params p = with_header(p0);

@@ -224,6 +224,24 @@ func TestCompressStepParamsPacking(t *testing.T) {
 	}
 }
 
+// TestIndexerQueryParamsPacking: indexer_query's own fields, in both
+// query formats (its Params are TestLaunchParamsPacking's).
+func TestIndexerQueryParamsPacking(t *testing.T) {
+	for _, format := range []mla.IndexerQueryFormat{mla.IndexerQueryMXFP4, mla.IndexerQueryFP8} {
+		a := &mla.IndexerQueryArgs{WOut: fakeBuffer(0xb00000, 1<<16), WStride: 72, Format: format}
+		packed, err := indexerQueryParams(a)
+		require.NoError(t, err)
+		fp8 := uint64(0)
+		if format == mla.IndexerQueryFP8 {
+			fp8 = 1
+		}
+		requireFields(t, abi.IndexerQueryParams, packed, map[abi.FieldID]uint64{
+			abi.IQWOut: 0xb00000, abi.IQWStride: 72, abi.IQHScale: f32(numerics.HadamardScale),
+			abi.IQWScale: f32(mla.IndexerWeightScale), abi.IQFP8: fp8,
+		}, fmt.Sprint(format))
+	}
+}
+
 // TestGEMMTilesFromTheABI: the architecture's FP8 GEMM tiles are kernels
 // gemm_fp8.cu instantiates (abi.FP8GEMMTiles, FP8_GEMM_KERNELS in abi.h)
 // and its row tile is theirs, so a tile the table names always loads.

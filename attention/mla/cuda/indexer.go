@@ -11,9 +11,9 @@ import (
 
 // IndexerQuery implements mla.IndexerQuerier: indexer_query of
 // kernels/cuda/indexer.cu (in the compressor's module) on the backend's
-// current stream, one warp per (token, head) row in a's Format (the
-// kernel's fp8 argument), with the Q prologue's
-// Params (kernels/cuda/abi) for the token's position: the grid depends on
+// current stream, one warp per (token, head) row in a's Format, with the
+// Q prologue's Params (kernels/cuda/abi) for the token's position and its
+// own IndexerQueryParams (the head weights, the format): the grid depends on
 // the launch's Rows only, so a CUDA graph replays it for any batch of its
 // padded size (FromHeader launches).
 func (b *Backend) IndexerQuery(ctx context.Context, l mla.Launch, a *mla.IndexerQueryArgs) error {
@@ -33,18 +33,31 @@ func (b *Backend) IndexerQuery(ctx context.Context, l mla.Launch, a *mla.Indexer
 	if err != nil {
 		return err
 	}
-	wout, err := dev(a.WOut)
+	iq, err := indexerQueryParams(a)
 	if err != nil {
 		return err
 	}
 	warps := l.Rows * mla.IndexerHeads
 	blocks := b.chainGrid((warps + abi.IndexerQueryWarps - 1) / abi.IndexerQueryWarps)
-	fp8 := int32(0)
-	if a.Format == mla.IndexerQueryFP8 {
-		fp8 = 1
-	}
 	return b.launchShared(b.comp.iquery, driver.Dim3{blocks, 1, 1}, driver.Dim3{32 * abi.IndexerQueryWarps, 1, 1}, 0,
-		driver.Bytes(p), wout.ptr, int32(a.WStride), numerics.HadamardScale, mla.IndexerWeightScale, fp8)
+		driver.Bytes(p), driver.Bytes(iq))
+}
+
+// indexerQueryParams packs indexer_query's IndexerQueryParams: the head
+// weights' output, the weights_proj output's token stride, the scales and
+// the format.
+func indexerQueryParams(a *mla.IndexerQueryArgs) ([]byte, error) {
+	wout, err := dev(a.WOut)
+	if err != nil {
+		return nil, err
+	}
+	p := abi.IndexerQueryParams.Pack()
+	p.Ptr(abi.IQWOut, uint64(wout.ptr))
+	p.I32(abi.IQWStride, int32(a.WStride))
+	p.F32(abi.IQHScale, numerics.HadamardScale)
+	p.F32(abi.IQWScale, mla.IndexerWeightScale)
+	p.Bool(abi.IQFP8, a.Format == mla.IndexerQueryFP8)
+	return p.Bytes()
 }
 
 // indexerParams packs the Params of one indexer query launch into dst: in

@@ -219,6 +219,7 @@ func TestStructTables(t *testing.T) {
 	sizes := map[string]int{
 		"Params": 176, "TopKParams": 80, "FP8GEMMParams": 72, "SplitKParams": 32, "BF16GEMMParams": 48,
 		"BF16MMAParams": 56, "QuantParams": 56, "CompressParams": 120, "CompressStepParams": 88, "CompressFinishParams": 88,
+		"IndexerQueryParams": 24,
 	}
 	structs := map[string]bool{}
 	for _, s := range abi.Structs() {

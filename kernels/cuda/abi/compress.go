@@ -56,6 +56,33 @@ var compressFields = [numCompressFields]Field{
 	CompressEps:           {"eps", F32, "", "rms_norm_eps"},
 }
 
+// Fields of IndexerQueryParams, indexer_query's parameters beside the Q
+// prologue's Params (kernels/cuda/indexer.cu).
+const (
+	IQWOut FieldID = iota
+	IQWStride
+	IQHScale
+	IQWScale
+	IQFP8
+	numIQFields
+)
+
+// IndexerQueryParams is the struct indexer_query takes by value after its
+// Params.
+var IndexerQueryParams = &Struct{
+	Name:   "IndexerQueryParams",
+	Doc:    "indexer_query's own launch parameters (mla.IndexerQueryArgs), passed by value after the Q prologue's Params.",
+	Fields: iqFields[:],
+}
+
+var iqFields = [numIQFields]Field{
+	IQWOut:    {"w_out", Ptr, "void*", "[rows][INDEXER_HEADS] head weights: bf16 (fp8 = 0) or float32 (fp8 = 1)"},
+	IQWStride: {"w_stride", I32, "", "values between tokens of the weights_proj output (Params.weight)"},
+	IQHScale:  {"hscale", F32, "", "fl32(128^-0.5) (numerics.HadamardScale)"},
+	IQWScale:  {"wscale", F32, "", "the head weights' scale (mla.IndexerWeightScale)"},
+	IQFP8:     {"fp8", I32, "", "mla.IndexerQueryFormat: 0 MXFP4, 1 FP8"},
+}
+
 // Fields of CompressStepParams, compress_step's launch parameters.
 const (
 	CStepKG FieldID = iota

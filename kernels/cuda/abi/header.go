@@ -65,7 +65,7 @@ func Header() string {
 func Structs() []*Struct {
 	return []*Struct{
 		Params, TopKParams, FP8GEMMParams, SplitKParams, BF16GEMMParams, BF16MMAParams, QuantParams,
-		CompressParams, CompressStepParams, CompressFinishParams,
+		CompressParams, CompressStepParams, CompressFinishParams, IndexerQueryParams,
 	}
 }
 
