@@ -2,15 +2,16 @@
 // kernels/cuda/prologue.cu and the chain's kernels (act_quant and norm_quant
 // in kernels/cuda/chain.cu, the FP8 GEMM in kernels/cuda/gemm_fp8.cu, with
 // cuBLASLt for large batches), embedded, compiled by NVRTC for the device at
-// first use (prologue.cu after the generated kernels/cuda/abi.h) and cached
-// on disk, and the Go side that launches them. It implements mla.Backend and
+// first use (with kernels/cuda.Headers: common.cuh and the generated abi.h
+// as in-memory includes) and cached on disk, and the Go side that launches them. It implements mla.Backend and
 // mla.ChainBackend and passes the same conformance suites as the CPU
 // backend, byte for byte (the GEMM within the bound of docs/DESIGN.md
 // section 7).
 //
 // The launch parameters are packed with the table of kernels/cuda/abi, the
-// one source of the Params struct, the ids and layout constants and the
-// kernel names both sides use.
+// one source of every kernel's parameter struct (Params, TopKParams, the
+// GEMMs', the chain's and the compressor's: gemm_params.go packs those),
+// the ids, layout constants and tiles and the kernel names both sides use.
 //
 // RunLayer issues each launch (one per phase) as one fused grid: its first
 // blocks do the KV work, the rest the Q work, side by side (they touch
