@@ -257,14 +257,16 @@ const (
 	// projections of StageCompressorGEMM; the layer counts as run.
 	StagePrologue
 	// StageCompressorGEMM writes a compressed layer's compressor projections
-	// (TensorCompressorKG) from the hidden rows; nothing for other layers.
-	// RunLayer runs it on the side stream, under the other GEMMs.
+	// (TensorCompressorKG) from the hidden rows, in a ratio-4 layer with the
+	// indexer with the indexer's bf16 projections of the same rows
+	// (TensorIndexerKG, TensorIndexerWeightsProj) in the same GEMM; nothing
+	// for other layers. RunLayer runs it on the side stream, under the
+	// other GEMMs.
 	StageCompressorGEMM
-	// StageIndexerGEMMs writes a ratio-4 layer's indexer GEMM outputs
-	// (TensorIndexerQIn, TensorIndexerWeightsProj, TensorIndexerKG: its
-	// wq_b on q_norm's activation, so after StageQNorm, weights_proj and its
-	// compressor's projection of the hidden rows); nothing for a layer
-	// without the indexer. StagePrologue then runs the indexer's steps.
+	// StageIndexerGEMMs writes a ratio-4 layer's indexer wq_b GEMM output
+	// (TensorIndexerQIn, from q_norm's activation, so after StageQNorm);
+	// nothing for a layer without the indexer. StagePrologue then runs the
+	// indexer's steps.
 	StageIndexerGEMMs
 )
 
@@ -342,11 +344,7 @@ func (e *Engine) runStage(ctx context.Context, s Stage, layer int, launches []ml
 			err = e.compressProject(ctx, layer, rows)
 		}
 	case StageIndexerGEMMs:
-		if e.idx != nil && e.idx.layers[layer] != nil {
-			if err = e.indexerQueryGEMMs(ctx, layer, rows); err == nil {
-				err = e.indexerProject(ctx, layer, rows)
-			}
-		}
+		err = e.indexerQueryGEMM(ctx, layer, rows)
 	default:
 		err = fmt.Errorf("unknown stage %v", s)
 	}
@@ -362,11 +360,14 @@ func launchRows(ls []mla.Launch) int {
 	return last.RowBegin + last.Rows
 }
 
-// runChain issues a whole layer from the hidden states: act_quant and the
+// runChain issues a whole layer from the hidden states: a compressed
+// layer's compressor on the side stream (its one bf16 projection GEMM,
+// with the indexer's projections in a ratio-4 layer, and the steps), act_quant and the
 // fused GEMM, then the KV prologue on the side stream (forked) while
-// q_norm, the wq_b GEMM and the Q prologue run on the main stream, and the
-// join. On a backend without a second stream the KV prologue runs in order
-// after the fused GEMM.
+// q_norm, the wq_b GEMM, the Q prologue and the indexer's wq_b GEMM run on
+// the main stream, the join, and the indexer's query step and selection.
+// On a backend without a second stream the compressor runs first and the
+// KV prologue in order after the fused GEMM.
 func (e *Engine) runChain(ctx context.Context, layer int, launches []mla.Launch) error {
 	a := e.args[layer]
 	if err := a.Validate(launchRows(launches)); err != nil {
@@ -406,7 +407,7 @@ func (e *Engine) runChain(ctx context.Context, layer int, launches []mla.Launch)
 		if err := mla.QOnly(ctx, e.backend, launches, a); err != nil {
 			return err
 		}
-		return e.indexerQuery(ctx, layer, launches, true)
+		return e.indexerQueryGEMM(ctx, layer, launchRows(launches))
 	}()
 	if c.forker != nil {
 		// Join even after a failure: a graph capture must end joined, and
@@ -418,9 +419,14 @@ func (e *Engine) runChain(ctx context.Context, layer int, launches []mla.Launch)
 	if err != nil {
 		return err
 	}
-	// The selection last, on the main stream after the join: it reads the
-	// query step's output and the entries the side stream's indexer key
-	// step wrote this iteration.
+	// The query step after the join: it reads weights_proj's columns of the
+	// side stream's projection GEMM (the main stream is the longer one at
+	// decode, so the join costs it nothing there). The selection last: it
+	// reads the query and the entries the side stream's indexer key step
+	// wrote this iteration.
+	if err := e.indexerQuery(ctx, layer, launches); err != nil {
+		return err
+	}
 	return e.indexerTopK(ctx, layer, launchRows(launches))
 }
 
@@ -467,11 +473,11 @@ func (d IterationDebug) RunStage(ctx context.Context, layer int, s Stage) error 
 				it.fail(err)
 				return err
 			}
-			if err := e.indexerKeys(ctx, layer, launchRows(it.launches), false); err != nil {
+			if err := e.indexerKeys(ctx, layer); err != nil {
 				it.fail(err)
 				return fmt.Errorf("engine: RunStage(%d): %w", layer, err)
 			}
-			if err := e.indexerQuery(ctx, layer, it.launches, false); err != nil {
+			if err := e.indexerQuery(ctx, layer, it.launches); err != nil {
 				it.fail(err)
 				return fmt.Errorf("engine: RunStage(%d): %w", layer, err)
 			}
@@ -517,6 +523,12 @@ const (
 	TensorIndexerWeightsProj
 	// TensorIndexerKG is the indexer compressor's projections,
 	// [Tokens][2*256] float32: K then G without ape.
+	//
+	// TensorCompressorKG, TensorIndexerKG and TensorIndexerWeightsProj of a
+	// ratio-4 layer with the indexer are columns of one GEMM's output rows
+	// (StageCompressorGEMM); ReadChain and WriteChain take each packed as
+	// described, the layer's last projected (RunLayer or
+	// StageCompressorGEMM) for ReadChain.
 	TensorIndexerKG
 )
 
@@ -566,15 +578,25 @@ func (d IterationDebug) ReadChain(t ChainTensor) ([]byte, error) {
 		return nil, fmt.Errorf("engine: ReadChain(%v): Config.Input is %v; the chain's buffers need Config.Input = hidden", t, e.cfg.Input)
 	}
 	c := e.chain
-	if buf, n := e.indexerTensor(t, T); buf != nil {
-		return it.read(t, buf, 0, n)
-	}
 	switch t {
-	case TensorCompressorKG:
+	case TensorIndexerQIn:
+		if e.idx == nil {
+			return nil, fmt.Errorf("engine: ReadChain(%v): the indexer's compute is off", t)
+		}
+		return it.read(t, e.idx.qIn, 0, T*mla.IndexerHeads*mla.IndexerDim*2)
+	case TensorCompressorKG, TensorIndexerKG, TensorIndexerWeightsProj:
 		if it.comp == nil || it.comp.projected < 0 {
 			return nil, fmt.Errorf("engine: ReadChain(%v): no compressor projection ran in this iteration (%v)", t, StageCompressorGEMM)
 		}
-		return it.read(t, e.comp.kg, 0, T*2*e.CompressorWidth(it.comp.projected)*4)
+		rows, col, n, stride, err := it.readProjection(t, it.comp.projected)
+		if err != nil {
+			return nil, err
+		}
+		out := make([]byte, 0, T*n*4)
+		for r := range T {
+			out = append(out, rows[(r*stride+col)*4:(r*stride+col+n)*4]...)
+		}
+		return out, nil
 	case TensorHidden:
 		return it.read(t, c.hidden, 0, T*e.cfg.Model.HiddenSize*2)
 	case TensorHiddenFP8:
@@ -600,6 +622,16 @@ func (d IterationDebug) ReadChain(t ChainTensor) ([]byte, error) {
 	return nil, fmt.Errorf("engine: ReadChain: unknown tensor %v", t)
 }
 
+// readProjection reads the real rows of layer's projection rows and where
+// t's columns lie in them.
+func (it *Iteration) readProjection(t ChainTensor, layer int) (rows []byte, col, n, stride int, err error) {
+	if col, n, stride, err = it.e.projColumns(t, layer); err != nil {
+		return nil, 0, 0, 0, fmt.Errorf("engine: %v: %w", t, err)
+	}
+	rows, err = it.read(t, it.e.comp.kg, 0, it.meta.Tokens*stride*4)
+	return rows, col, n, stride, err
+}
+
 func (it *Iteration) read(t ChainTensor, buf mla.Buffer, off, n int) ([]byte, error) {
 	e := it.e
 	if err := e.backend.Synchronize(context.Background()); err != nil {
@@ -612,8 +644,9 @@ func (it *Iteration) read(t ChainTensor, buf mla.Buffer, off, n int) ([]byte, er
 	return out, nil
 }
 
-// WriteChain replaces the real rows of a GEMM output (TensorFusedA or
-// TensorQIn) of a layer, for a verifier that feeds the next steps another
+// WriteChain replaces the real rows of a GEMM output (TensorFusedA,
+// TensorQIn, and a compressed or ratio-4 layer's projections and indexer
+// wq_b output) of a layer, for a verifier that feeds the next steps another
 // backend's GEMM output. The layer's next stage must follow.
 func (d IterationDebug) WriteChain(layer int, t ChainTensor, rows []byte) error {
 	it := d.it
@@ -628,24 +661,40 @@ func (d IterationDebug) WriteChain(layer int, t ChainTensor, rows []byte) error 
 		buf, want = e.fusedA, it.meta.Tokens*e.cfg.fusedRowElems()*2
 	case TensorQIn:
 		buf, want = e.qIn, it.meta.Tokens*e.cfg.heads()*numerics.HeadDim*2
-	case TensorCompressorKG:
-		if e.CompressorWidth(layer) == 0 {
-			return fmt.Errorf("engine: WriteChain(layer %d, %v): the layer has no compressor", layer, t)
+	case TensorCompressorKG, TensorIndexerWeightsProj, TensorIndexerKG:
+		if e.chain == nil {
+			return fmt.Errorf("engine: WriteChain(layer %d, %v): Config.Input is %v; the projections need Config.Input = hidden", layer, t, e.cfg.Input)
 		}
-		buf, want = e.comp.kg, it.meta.Tokens*2*e.CompressorWidth(layer)*4
-	case TensorIndexerQIn, TensorIndexerWeightsProj, TensorIndexerKG:
+		_, n, _, err := e.projColumns(t, layer)
+		if err != nil {
+			return fmt.Errorf("engine: WriteChain(layer %d, %v): %w", layer, t, err)
+		}
+		buf, want = e.comp.kg, it.meta.Tokens*n*4
+	case TensorIndexerQIn:
 		if e.idx == nil || e.idx.layers[layer] == nil {
 			return fmt.Errorf("engine: WriteChain(layer %d, %v): the layer runs no indexer", layer, t)
 		}
-		buf, want = e.indexerTensor(t, it.meta.Tokens)
+		buf, want = e.idx.qIn, it.meta.Tokens*mla.IndexerHeads*mla.IndexerDim*2
 	default:
-		return fmt.Errorf("engine: WriteChain(%v): only %v, %v and %v can be written", t, TensorFusedA, TensorQIn, TensorCompressorKG)
+		return fmt.Errorf("engine: WriteChain(%v): only the GEMM outputs (%v, %v, %v, %v, %v, %v) can be written", t,
+			TensorFusedA, TensorQIn, TensorCompressorKG, TensorIndexerQIn, TensorIndexerWeightsProj, TensorIndexerKG)
 	}
 	if len(rows) != want {
 		return fmt.Errorf("engine: WriteChain(layer %d, %v): %d bytes, %d tokens need %d", layer, t, len(rows), it.meta.Tokens, want)
 	}
 	if it.inputsFor >= 0 && it.inputsFor != layer {
 		return fmt.Errorf("engine: WriteChain(layer %d, %v): the input buffers hold layer %d's inputs", layer, t, it.inputsFor)
+	}
+	if buf == e.kgBuffer() {
+		// A column slice of the projection rows: the other columns stay.
+		all, col, n, stride, err := it.readProjection(t, layer)
+		if err != nil {
+			return err
+		}
+		for r := range it.meta.Tokens {
+			copy(all[(r*stride+col)*4:(r*stride+col+n)*4], rows[r*n*4:(r+1)*n*4])
+		}
+		rows = all
 	}
 	if err := e.backend.Synchronize(context.Background()); err != nil {
 		return err
@@ -655,6 +704,14 @@ func (d IterationDebug) WriteChain(layer int, t ChainTensor, rows []byte) error 
 	}
 	it.inputsFor = layer
 	return nil
+}
+
+// kgBuffer is the projection rows' buffer, nil without the compressor.
+func (e *Engine) kgBuffer() mla.Buffer {
+	if e.comp == nil {
+		return nil
+	}
+	return e.comp.kg
 }
 
 // ChainWeights returns host copies of a layer's GEMM weights as the backend

@@ -339,7 +339,7 @@ func TestChainRefusals(t *testing.T) {
 		defer it.Abort()
 		require.ErrorContains(t, it.SetHidden(0, make([]byte, 10)), "rows has 10 bytes, 5 tokens of 256 bf16 need 2560")
 		require.ErrorContains(t, it.SetInputs(0, make([]byte, 5*(256+512)*2), make([]byte, 5*4*512*2)), "Config.Input is hidden")
-		require.ErrorContains(t, it.Debug().WriteChain(0, engine.TensorHidden, nil), "only fused_a, q_in and compressor_kg can be written")
+		require.ErrorContains(t, it.Debug().WriteChain(0, engine.TensorHidden, nil), "only the GEMM outputs (fused_a, q_in, compressor_kg, indexer_q_in, indexer_weights_proj, indexer_kg) can be written")
 		require.NoError(t, it.SetHidden(1, make([]byte, 5*256*2)))
 		require.ErrorContains(t, it.RunLayer(ctx, 0), "hold layer 1's inputs")
 

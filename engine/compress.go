@@ -397,7 +397,9 @@ type compressState struct {
 	tableBuf [][]int32
 	rowEnds  []int
 	// kg holds the projections of the layer running: MaxTokens rows of
-	// 2*Width float32 (K then G) of that layer, sized for the widest.
+	// that layer's projection GEMM output (compLayer.projN float32: K then
+	// G, and in a ratio-4 layer with the indexer the indexer's columns
+	// after them), sized for the widest (Config.projRowElems).
 	kg mla.Buffer
 	// scratch is the steps' working memory, for the most entries of any
 	// ratio (mla.CompressScratchBytes).
@@ -413,10 +415,16 @@ type compLayer struct {
 	comp    *compressor.Layer // the entry math's parameters (norm, eps, RoPE): reads the states back
 	norm    []float32         // the entry RMSNorm weight
 	normBuf mla.Buffer        // its backend copy
-	wkvg    mla.Buffer        // Input = hidden: [2*Width][hidden] bf16, wkv's rows then wgate's
-	ape     mla.Buffer        // Input = hidden: [ratio][Width] float32
-	ring    mla.Buffer        // the states: slots of RingRows rows of 2*Width float32
-	pool    mla.Buffer        // the compressed pool
+	// wkvg (Input = hidden) is the layer's projection weight, [projN][hidden]
+	// bf16: wkv's rows then wgate's, and in a ratio-4 layer with the indexer
+	// the indexer compressor's wkv and wgate rows and weights_proj's after
+	// them (Config.projN), so one GEMM projects the hidden rows for all
+	// three (DESIGN.md section 9). projN is 0 on the projected path.
+	wkvg  mla.Buffer
+	projN int
+	ape   mla.Buffer // Input = hidden: [ratio][Width] float32
+	ring  mla.Buffer // the states: slots of RingRows rows of 2*Width float32
+	pool  mla.Buffer // the compressed pool
 	// The indexer's (ratio-4 layers with the indexer on, else nil): its key
 	// cache, pages of the ratio-4 page ids holding 64 68-byte entries, and
 	// its compressor's states, slots of RingRows rows of 2*indexerWidth
@@ -457,7 +465,7 @@ func (e *Engine) newCompressor(alloc func(what string, n int, fill byte) (mla.Bu
 		}
 	}
 	layout := e.model.Layout()
-	planBytes, width := 0, 0
+	planBytes := 0
 	for _, r := range c.ratios {
 		row := layout.Index(kvcache.DSv4RatioPool(r))
 		c.rows = append(c.rows, row)
@@ -465,7 +473,6 @@ func (e *Engine) newCompressor(alloc func(what string, n int, fill byte) (mla.Bu
 		c.maxJobs[r] = mla.MaxCompressJobs(r, cfg.MaxSeqs, cfg.MaxTokens)
 		c.planOff[r] = planBytes
 		planBytes += align16(mla.CompressPlanBytes(cfg.MaxSeqs, c.maxJobs[r]))
-		width = max(width, compressor.Overlap(r)*compressor.Dim)
 	}
 	c.slotRow = layout.Index(kvcache.DSv4StatePool(c.ratios[0]))
 	c.slots = e.model.Pool(c.slotRow).(*kvcache.SlotPool)
@@ -473,7 +480,7 @@ func (e *Engine) newCompressor(alloc func(what string, n int, fill byte) (mla.Bu
 	if c.plan, err = alloc("compressor plans", planBytes, 0); err != nil {
 		return err
 	}
-	if c.kg, err = alloc("compressor projections", cfg.MaxTokens*2*width*4, 0); err != nil {
+	if c.kg, err = alloc("compressor projections", cfg.MaxTokens*cfg.projRowElems()*4, 0); err != nil {
 		return err
 	}
 	mostJobs := 0
@@ -504,9 +511,24 @@ func (e *Engine) newCompressor(alloc func(what string, n int, fill byte) (mla.Bu
 				return err
 			}
 			cl.norm = norm
-			raw := make([]byte, 0, 2*len(p.WKV)*2)
+			cl.projN = cfg.projN(r)
+			raw := make([]byte, 0, cl.projN*cfg.Model.HiddenSize*2)
 			raw = appendU16s(appendU16s(raw, p.WKV), p.WGate)
-			if cl.wkvg, err = e.upload(alloc, fmt.Sprintf("layer %d compressor wkv and wgate", l), raw); err != nil {
+			what := fmt.Sprintf("layer %d compressor wkv and wgate", l)
+			if cl.projN > 2*w {
+				// The indexer's two bf16 projections of the same rows join
+				// the GEMM (one GEMM of the three: 1.5 us added at 128 rows
+				// against 12.1 for separate ones, BENCHMARKS.md); its host
+				// weights stay per matrix for the CPU reference.
+				iw := e.idxWeights[l]
+				if err := checkIndexerWeights(l, iw, cfg.Model.HiddenSize, cfg.Model.QLoraRank); err != nil {
+					return err
+				}
+				raw = appendU16s(appendU16s(raw, iw.Compressor.WKV.Data), iw.Compressor.WGate.Data)
+				raw = appendU16s(raw, iw.WeightsProj.Data)
+				what = fmt.Sprintf("layer %d projection weights (compressor wkv, wgate; indexer compressor wkv, wgate; weights_proj)", l)
+			}
+			if cl.wkvg, err = e.upload(alloc, what, raw); err != nil {
 				return err
 			}
 			if cl.ape, err = e.upload(alloc, fmt.Sprintf("layer %d compressor ape", l), numerics.F32Bytes(p.APE)); err != nil {
@@ -713,14 +735,25 @@ func (d IterationDebug) ReadCompressorSlot(layer int, seq uint64) ([]byte, error
 }
 
 func (e *Engine) readAll(buf mla.Buffer, what string) ([]byte, error) {
-	out := make([]byte, buf.Len())
+	return e.readRange(buf, 0, buf.Len(), what)
+}
+
+// readRange reads n bytes of buf from off after the work issued so far.
+func (e *Engine) readRange(buf mla.Buffer, off, n int, what string) ([]byte, error) {
+	out := make([]byte, n)
 	if err := e.backend.Synchronize(context.Background()); err != nil {
 		return nil, err
 	}
-	if err := e.backend.Read(out, buf, 0); err != nil {
+	if err := e.backend.Read(out, buf, off); err != nil {
 		return nil, fmt.Errorf("engine: reading the %s: %w", what, err)
 	}
 	return out, nil
+}
+
+// readRows reads rows [row, row+n) of a [.][hidden] bf16 weight.
+func (e *Engine) readRows(buf mla.Buffer, row, n int, what string) ([]byte, error) {
+	rb := e.cfg.Model.HiddenSize * 2
+	return e.readRange(buf, row*rb, n*rb, what)
 }
 
 // CompressedBlockTable returns a copy of seq's pages in the compressed pool
@@ -938,7 +971,7 @@ func (d Debug) CompressorProjection(layer int) (*compressor.Projection, error) {
 	if cl.wkvg == nil {
 		return nil, fmt.Errorf("engine: CompressorProjection(%d): Config.Input is %v; the projection weights need Config.Input = hidden", layer, e.cfg.Input)
 	}
-	raw, err := e.readAll(cl.wkvg, fmt.Sprintf("layer %d compressor wkv and wgate", layer))
+	raw, err := e.readRows(cl.wkvg, 0, 2*cl.width(), fmt.Sprintf("layer %d compressor wkv and wgate", layer))
 	if err != nil {
 		return nil, err
 	}
@@ -1011,15 +1044,17 @@ func (it *Iteration) compressorReady(layer int) error {
 
 // compressProject issues a compressed layer's projection GEMM over rows
 // hidden rows (Input = hidden): [K | G without ape] into the projection
-// buffer. Other layers issue nothing.
+// buffer, rows of projN values; in a ratio-4 layer with the indexer the
+// same GEMM writes the indexer compressor's [K | G] and weights_proj's
+// output after them (the columns of indexerKGCol and indexerWPCol). Other
+// layers issue nothing.
 func (e *Engine) compressProject(ctx context.Context, layer, rows int) error {
 	cl := e.comp.layers[layer]
 	if cl == nil || e.chain == nil {
 		return nil
 	}
-	w := cl.width()
-	return e.comp.gemm.BF16GEMM(ctx, &mla.BF16GEMMArgs{Rows: rows, N: 2 * w, K: e.cfg.Model.HiddenSize,
-		X: e.chain.hidden, XStride: e.cfg.Model.HiddenSize, W: cl.wkvg, Y: e.comp.kg, YStride: 2 * w})
+	return e.comp.gemm.BF16GEMM(ctx, &mla.BF16GEMMArgs{Rows: rows, N: cl.projN, K: e.cfg.Model.HiddenSize,
+		X: e.chain.hidden, XStride: e.cfg.Model.HiddenSize, W: cl.wkvg, Y: e.comp.kg, YStride: cl.projN})
 }
 
 // compressStep issues a compressed layer's compressor step (the entries and
@@ -1032,7 +1067,7 @@ func (e *Engine) compressStep(ctx context.Context, layer int) error {
 	}
 	a := e.args[layer]
 	return c.stepper.CompressStep(ctx, &mla.CompressStepArgs{
-		Ratio: cl.ratio, KG: c.kg, KGRows: e.cfg.MaxTokens, APE: cl.ape,
+		Ratio: cl.ratio, KG: c.kg, KGRows: e.cfg.MaxTokens, KGStride: cl.projN, APE: cl.ape,
 		Ring: cl.ring, RingRows: mla.RingRows(cl.ratio, c.cfg.MaxDrafts), Slots: c.slots.Slots(),
 		Plan: c.plan, PlanOffset: c.planOff[cl.ratio], MaxSeqs: e.cfg.MaxSeqs, MaxJobs: c.maxJobs[cl.ratio],
 		NormWeight: cl.normBuf, Eps: float32(e.cfg.Model.RMSNormEps), Rope: a.Rope, RopePositions: a.RopePositions,
@@ -1041,8 +1076,9 @@ func (e *Engine) compressStep(ctx context.Context, layer int) error {
 }
 
 // compressLayer issues a compressed layer's whole compressor: the
-// projection GEMM and the step, on the side stream when the backend has
-// one (the caller joins it with the KV prologue's join), else in order.
+// projection GEMM (with the indexer's projections in a ratio-4 layer) and
+// the steps, on the side stream when the backend has one (the caller joins
+// it with the KV prologue's join), else in order.
 func (e *Engine) compressLayer(ctx context.Context, layer, rows int) (onSide bool, err error) {
 	c := e.comp
 	if c == nil || c.layers[layer] == nil {
@@ -1055,7 +1091,7 @@ func (e *Engine) compressLayer(ctx context.Context, layer, rows int) (onSide boo
 		if err := e.compressStep(ctx, layer); err != nil {
 			return fmt.Errorf("compressor step: %w", err)
 		}
-		return e.indexerKeys(ctx, layer, rows, true)
+		return e.indexerKeys(ctx, layer)
 	}
 	if c.side != nil {
 		return true, c.side.Side(ctx, run)

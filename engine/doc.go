@@ -61,11 +61,14 @@
 //     ratio-4 layer also holds the lightning indexer's key cache (68-byte
 //     entries on the ratio-4 block table) and its compressor's states, at
 //     the same slots (DESIGN.md section 9). On the hidden-state path the
-//     layer computes them too (indexer.go): the indexer compressor's
-//     projection and step beside the main compressor's, and after the Q
-//     prologue the indexer's wq_b and weights_proj GEMMs and its query
-//     step, into the query and head-weight buffers of Engine.IndexerQuery;
-//     last, after the join, the top-k selection (topk.go) into the layer's
+//     layer computes them too (indexer.go): its bf16 projections of the
+//     hidden rows (the indexer compressor's [wkv; wgate] and weights_proj)
+//     are rows of the layer's one projection GEMM with the compressor's
+//     [wkv; wgate] (2*1024 + 2*256 + 64 outputs a row; each step reads its
+//     columns), the indexer compressor's step runs beside the main
+//     compressor's, the indexer's wq_b GEMM after the Q prologue; after
+//     the join its query step, into the query and head-weight buffers of
+//     Engine.IndexerQuery, and last the top-k selection (topk.go) into the layer's
 //     [MaxTokens][index_topk] int32 indices (Engine.IndexerTopK, the
 //     hand-off's indices), from the plan Begin writes. With
 //     Compressor.IndexerQueryFormat fp8 the query is written in the FP8

@@ -40,9 +40,9 @@ type Footprint struct {
 	Indexer     int64 // Compressor with the indexer (Config.IndexerEnabled): each ratio-4 layer's key cache, Compressor.Ratio4Pages pages of 64 68-byte entries
 	IdxStates   int64 // the indexer's compressor states in each ratio-4 layer, at the compressor's slots
 	CompWeights int64 // Compressor with Input = hidden: each compressed layer's wkv, wgate (bf16) and ape
-	CompBuffers int64 // Compressor: the projection rows (MaxTokens), the plans, the norm weights, the compressed block tables (MaxSeqs rows, and their host mirror)
-	IdxWeights  int64 // the indexer with Input = hidden: each ratio-4 layer's indexer wq_b (and scales), weights_proj, compressor wkv, wgate, ape and norm
-	IdxBuffers  int64 // the indexer with Input = hidden: its wq_b, weights_proj and projection outputs, the query and the head weights (MaxTokens rows)
+	CompBuffers int64 // Compressor: the projection rows (MaxTokens rows of the widest layer's projection GEMM, the indexer's projections included), the plans, the norm weights, the compressed block tables (MaxSeqs rows, and their host mirror)
+	IdxWeights  int64 // the indexer with Input = hidden: each ratio-4 layer's indexer wq_b (and scales), weights_proj, compressor wkv, wgate (rows of the layer's projection weight, one buffer with the compressor's), ape and norm
+	IdxBuffers  int64 // the indexer with Input = hidden: its wq_b output, the query and the head weights (MaxTokens rows)
 	IdxTopK     int64 // the indexer's top-k selection: its plan, its scratch (Compressor.IndexerTopKScratch keys) and each ratio-4 layer's [MaxTokens][index_topk] int32 indices
 }
 
@@ -205,9 +205,8 @@ func (c Config) footprint() (Footprint, error) {
 	f.Weights = 2 * layers * numerics.HeadDim * 4
 	f.Bookkeeping = int64(c.Cache.NumPages) * 4
 	if c.Compresses() {
-		width, mostJobs := 0, 0
+		mostJobs := 0
 		for _, r := range c.compressedRatios() {
-			width = max(width, compressor.Overlap(r)*compressor.Dim)
 			jobs := mla.MaxCompressJobs(r, c.MaxSeqs, c.MaxTokens)
 			f.CompBuffers = addSat(f.CompBuffers, int64(align16(mla.CompressPlanBytes(c.MaxSeqs, jobs))))
 			mostJobs = max(mostJobs, jobs)
@@ -216,7 +215,7 @@ func (c Config) footprint() (Footprint, error) {
 		if c.IndexerEnabled() {
 			f.CompBuffers = addSat(f.CompBuffers, int64(mla.CompressScratchBytes(mla.MaxCompressJobs(kvcache.DSv4IndexerRatio, c.MaxSeqs, c.MaxTokens))))
 		}
-		f.CompBuffers = addSat(f.CompBuffers, tokens*2*int64(width)*4)
+		f.CompBuffers = addSat(f.CompBuffers, tokens*int64(c.projRowElems())*4)
 		f.CompBuffers = addSat(f.CompBuffers, 2*int64(c.compTableBytes())) // on the backend and its host mirror
 		for l := range c.Layers {
 			r, _ := c.Model.CompressRatio(l)

@@ -5,54 +5,88 @@ import (
 	"fmt"
 
 	"github.com/dsv4mla/prologue/attention/mla"
+	"github.com/dsv4mla/prologue/compressor"
 	"github.com/dsv4mla/prologue/kvcache"
 	"github.com/dsv4mla/prologue/numerics"
 	"github.com/dsv4mla/prologue/weights"
 )
 
 // The lightning indexer's compute in the ratio-4 layers (DESIGN.md section
-// 9), with Config.IndexerEnabled and Input = hidden: beside the main
-// compressor, on its stream, the indexer compressor's projection (a bf16
-// GEMM of the hidden rows, 2*256 outputs) and its step (mla.EntryIndexer,
-// the ratio-4 plan, into the cache model's indexer cache and states:
-// indexerStepArgs); after the Q prologue, the indexer's wq_b GEMM (FP8, on
-// q_norm's activation; two GEMMs measured as fast as one fused
-// [wq_b; indexer wq_b] at 128 rows and faster at 4096), the weights_proj
-// GEMM (bf16, of the hidden rows) and the query step (mla.IndexerQuerier).
-// All of it is inside the layer's run, so a captured graph replays it. The
-// query and the head weights land in fixed-address buffers shared by the
-// ratio-4 layers (IndexerQuery), as the Q output is shared by every layer.
+// 9), with Config.IndexerEnabled and Input = hidden. Its two bf16
+// projections of the hidden rows (its compressor's [wkv; wgate], 2*256
+// outputs, and weights_proj, 64) are rows of the main compressor's
+// projection weight, so the layer's one bf16 GEMM (compressProject, on the
+// side stream) writes them beside the compressor's K and G: one GEMM of
+// 2*1024+2*256+64 outputs added 1.5 us at 128 rows where three cost 12.1
+// (BENCHMARKS.md). On the same stream, after the compressor's step, the
+// indexer compressor's step (mla.EntryIndexer, the ratio-4 plan, into the
+// cache model's indexer cache and states: indexerStepArgs) reads its
+// columns. After the Q prologue, on the main stream, the indexer's wq_b
+// GEMM (FP8, on q_norm's activation; two GEMMs measured as fast as one
+// fused [wq_b; indexer wq_b] at 128 rows and faster at 4096); after the
+// join (weights_proj's output comes from the side stream) the query step
+// (mla.IndexerQuerier), then the selection. All of it is inside the
+// layer's run, so a captured graph replays it. The query and the head
+// weights land in fixed-address buffers shared by the ratio-4 layers
+// (IndexerQuery), as the Q output is shared by every layer.
 
 // indexerCompute is the indexer's weights and buffers on the backend.
 type indexerCompute struct {
 	iq     mla.IndexerQuerier
 	qIn    mla.Buffer // [MaxTokens][64*128] bf16: the indexer wq_b GEMM's output
-	kg     mla.Buffer // [MaxTokens][2*256] float32: the indexer compressor's projections, K then G (no ape)
-	wp     mla.Buffer // [MaxTokens][64] float32: weights_proj's output
 	qOut   mla.Buffer // [MaxTokens][64][68]: the MXFP4 query
 	wOut   mla.Buffer // [MaxTokens][64] bf16: the head weights
 	layers map[int]*indexerLayerWeights
 	topk   *topkState // the selection (topk.go)
 }
 
-// indexerLayerWeights is one ratio-4 layer's indexer weights on the backend.
+// indexerLayerWeights is one ratio-4 layer's indexer weights on the
+// backend, beside its bf16 projections in the layer's compLayer.wkvg.
 type indexerLayerWeights struct {
-	wqB   mla.FP8Weight // [64*128][q_lora_rank] e4m3 with block scales
-	wproj mla.Buffer    // [64][hidden] bf16
-	wkvg  mla.Buffer    // [2*256][hidden] bf16: the compressor's wkv rows, then wgate's
-	ape   mla.Buffer    // [4][256] float32
-	norm  mla.Buffer    // [128] float32: compressor.norm.weight
+	wqB  mla.FP8Weight // [64*128][q_lora_rank] e4m3 with block scales
+	ape  mla.Buffer    // [4][256] float32
+	norm mla.Buffer    // [128] float32: compressor.norm.weight
 }
+
+// indexerProjN is what the indexer adds to a ratio-4 layer's projection
+// GEMM: its compressor's K and G (2*256), then weights_proj's 64 outputs.
+const indexerProjN = 2*256 + mla.IndexerHeads
+
+// projN is the outputs of a compressed layer's projection GEMM of ratio
+// ratio (compLayer.projN): 2*Width, plus indexerProjN in a ratio-4 layer
+// when the indexer runs.
+func (c Config) projN(ratio int) int {
+	n := 2 * compressor.Overlap(ratio) * compressor.Dim
+	if ratio == kvcache.DSv4IndexerRatio && c.indexerRunning() {
+		n += indexerProjN
+	}
+	return n
+}
+
+// projRowElems is the float32 values of a row of the projection buffer:
+// the widest compressed layer's projN.
+func (c Config) projRowElems() int {
+	n := 0
+	for _, r := range c.compressedRatios() {
+		n = max(n, c.projN(r))
+	}
+	return n
+}
+
+// The columns of a ratio-4 layer's projection rows where the indexer's
+// outputs start: its compressor's K then G, then weights_proj's.
+func (cl *compLayer) indexerKGCol() int { return 2 * cl.width() }
+func (cl *compLayer) indexerWPCol() int { return 2*cl.width() + 2*indexerWidth() }
 
 // indexerRunning reports whether New sets up the indexer's compute.
 func (c Config) indexerRunning() bool { return c.IndexerEnabled() && c.Input == InputHidden }
 
 // indexerBufferBytes is the shared buffers' bytes for MaxTokens rows: the
-// wq_b output, the projections, weights_proj's output, the query and the
-// head weights in format f.
+// wq_b output, the query and the head weights in format f (the bf16
+// projections' outputs are columns of the compressor's projection rows).
 func indexerBufferBytes(tokens int64, f mla.IndexerQueryFormat) int64 {
 	const heads = mla.IndexerHeads
-	return tokens * (heads*mla.IndexerDim*2 + 2*int64(indexerWidth())*4 + heads*4 + heads*int64(f.RowBytes()) + heads*int64(f.WeightBytes()))
+	return tokens * (heads*mla.IndexerDim*2 + heads*int64(f.RowBytes()) + heads*int64(f.WeightBytes()))
 }
 
 // indexerWeightBytes is one ratio-4 layer's indexer weights on the backend.
@@ -75,7 +109,7 @@ func (e *Engine) newIndexer(alloc func(what string, n int, fill byte) (mla.Buffe
 		return fmt.Errorf("engine: the indexer: backend %s has no indexer query step (mla.IndexerQuerier)", e.backend.Name())
 	}
 	x := &indexerCompute{iq: iq, layers: map[int]*indexerLayerWeights{}}
-	T, H, Q := cfg.MaxTokens, cfg.Model.HiddenSize, cfg.Model.QLoraRank
+	T := cfg.MaxTokens
 	const heads = mla.IndexerHeads
 	f := cfg.Compressor.IndexerQueryFormat
 	var err error
@@ -85,8 +119,6 @@ func (e *Engine) newIndexer(alloc func(what string, n int, fill byte) (mla.Buffe
 		n    int
 	}{
 		{&x.qIn, "indexer wq_b output", T * heads * mla.IndexerDim * 2},
-		{&x.kg, "indexer compressor projections", T * 2 * indexerWidth() * 4},
-		{&x.wp, "indexer weights_proj output", T * heads * 4},
 		{&x.qOut, "indexer query", T * heads * f.RowBytes()},
 		{&x.wOut, "indexer head weights", T * heads * f.WeightBytes()},
 	} {
@@ -99,8 +131,8 @@ func (e *Engine) newIndexer(alloc func(what string, n int, fill byte) (mla.Buffe
 			continue
 		}
 		w := e.idxWeights[l]
-		if err := checkIndexerWeights(l, w, H, Q); err != nil {
-			return err
+		if cl.projN != cfg.projN(kvcache.DSv4IndexerRatio) { // newCompressor checked w and joined its projections
+			return fmt.Errorf("engine: layer %d: the projection GEMM has %d outputs, the indexer needs %d", l, cl.projN, cfg.projN(kvcache.DSv4IndexerRatio))
 		}
 		lw := &indexerLayerWeights{}
 		up := func(what string, raw []byte) (mla.Buffer, error) {
@@ -113,13 +145,7 @@ func (e *Engine) newIndexer(alloc func(what string, n int, fill byte) (mla.Buffe
 		if lw.wqB.Scale, err = up("wq_b scales", numerics.F32Bytes(w.WQB.Scale)); err != nil {
 			return err
 		}
-		if lw.wproj, err = up("weights_proj", appendU16s(nil, w.WeightsProj.Data)); err != nil {
-			return err
-		}
 		c := &w.Compressor
-		if lw.wkvg, err = up("compressor wkv and wgate", appendU16s(appendU16s(nil, c.WKV.Data), c.WGate.Data)); err != nil {
-			return err
-		}
 		if lw.ape, err = up("compressor ape", numerics.F32Bytes(c.APE)); err != nil {
 			return err
 		}
@@ -160,78 +186,57 @@ func checkIndexerWeights(layer int, w *weights.IndexerWeights, hidden, q int) er
 	return nil
 }
 
-// indexerKeys issues a ratio-4 layer's indexer compressor: the projection
-// GEMM of the hidden rows (when project) and the step into the indexer
-// cache and states, on the stream the caller chose (the main
+// indexerKeys issues a ratio-4 layer's indexer compressor step into the
+// indexer cache and states, from its columns of the layer's projection
+// rows (compressProject), on the stream the caller chose (the main
 // compressor's); nothing for a layer without the indexer.
-func (e *Engine) indexerKeys(ctx context.Context, layer, rows int, project bool) error {
+func (e *Engine) indexerKeys(ctx context.Context, layer int) error {
 	x := e.idx
 	if x == nil || x.layers[layer] == nil {
 		return nil
 	}
-	lw := x.layers[layer]
-	if project {
-		if err := e.indexerProject(ctx, layer, rows); err != nil {
-			return err
-		}
-	}
+	lw, cl := x.layers[layer], e.comp.layers[layer]
 	a, ok := e.indexerStepArgs(layer)
 	if !ok {
 		return fmt.Errorf("layer %d has no indexer cache", layer)
 	}
-	a.KG, a.KGRows, a.APE, a.NormWeight = x.kg, e.cfg.MaxTokens, lw.ape, lw.norm
+	a.KG, a.KGRows, a.APE, a.NormWeight = e.comp.kg, e.cfg.MaxTokens, lw.ape, lw.norm
+	a.KGOffset, a.KGStride = 4*cl.indexerKGCol(), cl.projN
 	if err := e.comp.stepper.CompressStep(ctx, &a); err != nil {
 		return fmt.Errorf("indexer compressor step: %w", err)
 	}
 	return nil
 }
 
-// indexerProject issues the indexer compressor's projection GEMM of the
-// hidden rows.
-func (e *Engine) indexerProject(ctx context.Context, layer, rows int) error {
-	x := e.idx
-	w := indexerWidth()
-	if err := e.comp.gemm.BF16GEMM(ctx, &mla.BF16GEMMArgs{Rows: rows, N: 2 * w, K: e.cfg.Model.HiddenSize,
-		X: e.chain.hidden, XStride: e.cfg.Model.HiddenSize, W: x.layers[layer].wkvg, Y: x.kg, YStride: 2 * w}); err != nil {
-		return fmt.Errorf("indexer compressor projection: %w", err)
-	}
-	return nil
-}
-
-// indexerQueryGEMMs issues the indexer's wq_b GEMM on q_norm's activation
-// and weights_proj on the hidden rows.
-func (e *Engine) indexerQueryGEMMs(ctx context.Context, layer, rows int) error {
-	x := e.idx
-	lw := x.layers[layer]
-	qn := e.chain.qn
-	qn.Rows, qn.ScaleStride = rows, rows
-	if err := e.chain.cb.GEMM(ctx, &mla.GEMMArgs{X: qn, W: &lw.wqB, Y: x.qIn, YStride: mla.IndexerHeads * mla.IndexerDim}); err != nil {
-		return fmt.Errorf("indexer wq_b GEMM: %w", err)
-	}
-	if err := e.comp.gemm.BF16GEMM(ctx, &mla.BF16GEMMArgs{Rows: rows, N: mla.IndexerHeads, K: e.cfg.Model.HiddenSize,
-		X: e.chain.hidden, XStride: e.cfg.Model.HiddenSize, W: lw.wproj, Y: x.wp, YStride: mla.IndexerHeads}); err != nil {
-		return fmt.Errorf("indexer weights_proj GEMM: %w", err)
-	}
-	return nil
-}
-
-// indexerQuery issues a ratio-4 layer's indexer query after q_norm: the
-// indexer's wq_b GEMM and weights_proj (when project) and the query step
-// over the launches; nothing for a layer without the indexer.
-func (e *Engine) indexerQuery(ctx context.Context, layer int, launches []mla.Launch, project bool) error {
+// indexerQueryGEMM issues a ratio-4 layer's indexer wq_b GEMM on q_norm's
+// activation; nothing for a layer without the indexer.
+func (e *Engine) indexerQueryGEMM(ctx context.Context, layer, rows int) error {
 	x := e.idx
 	if x == nil || x.layers[layer] == nil {
 		return nil
 	}
-	if project {
-		if err := e.indexerQueryGEMMs(ctx, layer, launchRows(launches)); err != nil {
-			return err
-		}
+	qn := e.chain.qn
+	qn.Rows, qn.ScaleStride = rows, rows
+	if err := e.chain.cb.GEMM(ctx, &mla.GEMMArgs{X: qn, W: &x.layers[layer].wqB, Y: x.qIn, YStride: mla.IndexerHeads * mla.IndexerDim}); err != nil {
+		return fmt.Errorf("indexer wq_b GEMM: %w", err)
+	}
+	return nil
+}
+
+// indexerQuery issues a ratio-4 layer's indexer query step over the
+// launches, from the wq_b GEMM's output and weights_proj's columns of the
+// layer's projection rows (so after the side stream's GEMM: the caller
+// orders it); nothing for a layer without the indexer.
+func (e *Engine) indexerQuery(ctx context.Context, layer int, launches []mla.Launch) error {
+	x := e.idx
+	if x == nil || x.layers[layer] == nil {
+		return nil
 	}
 	const n = mla.IndexerHeads * mla.IndexerDim
-	a := e.args[layer]
+	a, cl := e.args[layer], e.comp.layers[layer]
 	if err := mla.RunIndexerQuery(ctx, x.iq, launches, &mla.IndexerQueryArgs{
-		Format: e.cfg.Compressor.IndexerQueryFormat, Q: x.qIn, QStride: n, W: x.wp, WStride: mla.IndexerHeads, QOut: x.qOut, WOut: x.wOut,
+		Format: e.cfg.Compressor.IndexerQueryFormat, Q: x.qIn, QStride: n,
+		W: e.comp.kg, WOffset: 4 * cl.indexerWPCol(), WStride: cl.projN, QOut: x.qOut, WOut: x.wOut,
 		Rope: a.Rope, RopePositions: a.RopePositions, Meta: a.Meta,
 	}); err != nil {
 		return fmt.Errorf("indexer query: %w", err)
@@ -239,34 +244,45 @@ func (e *Engine) indexerQuery(ctx context.Context, layer int, launches []mla.Lau
 	return nil
 }
 
-// indexerTensor is the buffer and the real rows' bytes of an indexer chain
-// tensor, or nil when t is none or the indexer's compute is off.
-func (e *Engine) indexerTensor(t ChainTensor, tokens int) (mla.Buffer, int) {
-	x := e.idx
-	if x == nil {
-		return nil, 0
+// projColumns is where a projection tensor (TensorCompressorKG,
+// TensorIndexerKG, TensorIndexerWeightsProj) lies in a compressed layer's
+// projection rows: its first column, its values and the rows' stride, or
+// an error naming what the layer lacks.
+func (e *Engine) projColumns(t ChainTensor, layer int) (col, n, stride int, err error) {
+	cl, err := e.compLayer(layer)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	stride = cl.projN
+	if stride == 0 { // the projected path: SetCompressorInputs' packed K and G
+		stride = 2 * cl.width()
 	}
 	switch t {
-	case TensorIndexerQIn:
-		return x.qIn, tokens * mla.IndexerHeads * mla.IndexerDim * 2
-	case TensorIndexerWeightsProj:
-		return x.wp, tokens * mla.IndexerHeads * 4
-	case TensorIndexerKG:
-		return x.kg, tokens * 2 * indexerWidth() * 4
+	case TensorCompressorKG:
+		return 0, 2 * cl.width(), stride, nil
+	case TensorIndexerKG, TensorIndexerWeightsProj:
+		if !e.RunsIndexer(layer) {
+			return 0, 0, 0, fmt.Errorf("layer %d runs no indexer", layer)
+		}
+		if t == TensorIndexerKG {
+			return cl.indexerKGCol(), 2 * indexerWidth(), stride, nil
+		}
+		return cl.indexerWPCol(), mla.IndexerHeads, stride, nil
 	}
-	return nil, 0
+	return 0, 0, 0, fmt.Errorf("%v is no projection", t)
 }
 
 // IndexerWeights returns host copies of a ratio-4 layer's indexer GEMM
 // weights as the backend holds them: wq_b (e4m3 with block scales),
-// weights_proj and the compressor's [wkv; wgate] (bf16, row-major). A
-// verifier bounds another backend's GEMM outputs with them (package gemm).
+// weights_proj and the compressor's [wkv; wgate] (bf16, row-major: the
+// rows of the layer's projection weight they occupy). A verifier bounds
+// another backend's GEMM outputs with them (package gemm).
 func (d Debug) IndexerWeights(layer int) (wqB weights.FP8Matrix, weightsProj, wkvg []uint16, err error) {
 	e := d.e
 	if e.idx == nil || e.idx.layers[layer] == nil {
 		return wqB, nil, nil, fmt.Errorf("engine: IndexerWeights(%d): the layer runs no indexer", layer)
 	}
-	lw := e.idx.layers[layer]
+	lw, cl := e.idx.layers[layer], e.comp.layers[layer]
 	read := func(buf mla.Buffer) ([]byte, error) {
 		out := make([]byte, buf.Len())
 		if err := e.backend.Read(out, buf, 0); err != nil {
@@ -283,11 +299,12 @@ func (d Debug) IndexerWeights(layer int) (wqB weights.FP8Matrix, weightsProj, wk
 		return
 	}
 	wqB.Scale = numerics.F32sFromBytes(raw)
-	if raw, err = read(lw.wproj); err != nil {
+	what := fmt.Sprintf("layer %d projection weights", layer)
+	if raw, err = e.readRows(cl.wkvg, cl.indexerWPCol(), mla.IndexerHeads, what); err != nil {
 		return
 	}
 	weightsProj = u16s(raw)
-	if raw, err = read(lw.wkvg); err != nil {
+	if raw, err = e.readRows(cl.wkvg, cl.indexerKGCol(), 2*indexerWidth(), what); err != nil {
 		return
 	}
 	return wqB, weightsProj, u16s(raw), nil

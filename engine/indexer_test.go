@@ -242,7 +242,15 @@ func TestIndexerFootprint(t *testing.T) {
 	fp, err := cfg.Footprint()
 	require.NoError(t, err)
 	tokens := int64(cfg.MaxTokens)
-	require.Equal(t, tokens*(64*128*2+2*256*4+64*4+64*68+64*2), fp.IdxBuffers)
+	require.Equal(t, tokens*(64*128*2+64*68+64*2), fp.IdxBuffers)
+	// The projection rows hold the ratio-4 layer's one GEMM output, 2*1024
+	// + 2*256 + 64 values, where the projected path (no indexer compute,
+	// the same cache) holds the compressor's 2*1024.
+	projected := cfg
+	projected.Input = engine.InputProjected
+	fpp, err := projected.Footprint()
+	require.NoError(t, err)
+	require.Equal(t, tokens*(2*256+64)*4, fp.CompBuffers-fpp.CompBuffers)
 	hidden, q := int64(cfg.Model.HiddenSize), int64(cfg.Model.QLoraRank)
 	require.Equal(t, 8192*q+64*(q/128)*4+64*hidden*2+512*hidden*2+4*256*4+128*4, fp.IdxWeights)
 	// The top-k plan (header, MaxSeqs sequences of 8 words and 4 table

@@ -265,10 +265,15 @@ func InPlaceRows(ratio, ringRows int) int { return ringRows - compressor.Overlap
 // or Rows <= InPlaceRows, and no two sequences share a slot; a backend
 // skips jobs and rows whose indices fall outside the buffers.
 type CompressStepArgs struct {
-	Ratio         int
-	Entry         CompressEntry // EntryKV (the zero value) or EntryIndexer
-	KG            Buffer        // KGRows rows of 2*Width float32: K then G
-	KGRows        int
+	Ratio  int
+	Entry  CompressEntry // EntryKV (the zero value) or EntryIndexer
+	KG     Buffer        // KGRows rows of 2*Width float32: K then G
+	KGRows int
+	// KG row r starts at KGOffset + r*KGRowStride()*4 bytes: a step may read
+	// its columns of a wider projection (the engine's one GEMM of a ratio-4
+	// layer's three projections, DESIGN.md section 9).
+	KGOffset      int    // bytes, a multiple of 16
+	KGStride      int    // float32 values, >= 2*Width and a multiple of 4; 0: 2*Width (packed rows)
 	APE           Buffer // [Ratio][Width] float32, or nil when KG's G includes ape
 	Ring          Buffer // Slots slots of RingRows rows of 2*Width float32
 	RingRows      int
@@ -297,6 +302,25 @@ func CompressScratchBytes(maxJobs int) int { return maxJobs * numerics.HeadDim *
 
 // Width is the float32 values of one K or G row.
 func (a *CompressStepArgs) Width() int { return compressor.Overlap(a.Ratio) * a.Entry.Dim() }
+
+// KGRowStride is the float32 values from one KG row to the next: KGStride,
+// or 2*Width when it is 0.
+func (a *CompressStepArgs) KGRowStride() int {
+	if a.KGStride == 0 {
+		return 2 * a.Width()
+	}
+	return a.KGStride
+}
+
+// KGBytes is the bytes the step reads of KG from KGOffset: KGRows rows of
+// KGRowStride values, the last one 2*Width (0 without rows). The shapes
+// must have passed Validate's range checks.
+func (a *CompressStepArgs) KGBytes() int64 {
+	if a.KGRows <= 0 {
+		return 0
+	}
+	return 4 * (int64(a.KGRows-1)*int64(a.KGRowStride()) + 2*int64(a.Width()))
+}
 
 // PoolPageBytes is the size of one page of Pool: an fp8_ue8m0 page of
 // PageSize entries, or IndexerPageBytes(PageSize).
@@ -327,6 +351,10 @@ func (a *CompressStepArgs) Validate() error {
 	switch {
 	case a.KGRows < 0 || a.KGRows > math.MaxInt32:
 		return fmt.Errorf("mla: CompressStepArgs.KGRows = %d out of range [0, %d]", a.KGRows, math.MaxInt32)
+	case a.KGOffset < 0 || a.KGOffset%16 != 0:
+		return fmt.Errorf("mla: CompressStepArgs.KGOffset = %d bytes, must be >= 0 and a multiple of 16", a.KGOffset)
+	case a.KGStride != 0 && (int64(a.KGStride) < 2*w || a.KGStride%4 != 0 || a.KGStride > math.MaxInt32/4):
+		return fmt.Errorf("mla: CompressStepArgs.KGStride = %d float32 values, must be 0 or >= 2*Width = %d and a multiple of 4", a.KGStride, 2*w)
 	case a.RingRows < InPlaceRowsMin(a.Ratio) || a.RingRows > math.MaxInt32:
 		return fmt.Errorf("mla: CompressStepArgs.RingRows = %d, must be at least %d", a.RingRows, InPlaceRowsMin(a.Ratio))
 	case a.Slots < 1 || a.Slots > math.MaxInt32:
@@ -358,7 +386,7 @@ func (a *CompressStepArgs) Validate() error {
 		{"Scratch", a.Scratch, int64(a.MaxJobs) * dim * 4},
 	}
 	if a.KGRows > 0 {
-		need = append(need, sized{"KG", a.KG, int64(a.KGRows) * 2 * w * 4})
+		need = append(need, sized{"KG", a.KG, int64(a.KGOffset) + a.KGBytes()})
 	}
 	if a.APE != nil {
 		need = append(need, sized{"APE", a.APE, int64(a.Ratio) * w * 4})

@@ -307,27 +307,28 @@ struct CompressParams {
 static_assert(sizeof(CompressParams) == 120, "CompressParams differs from the Go table in kernels/cuda/abi");
 
 // Launch parameters of compress_step (mla.CompressStepArgs), passed by value.
-// Layout (offset: member): natural alignment, 88 bytes.
+// Layout (offset: member): natural alignment, 96 bytes.
 struct CompressStepParams {
-    const float* kg;    //   0: [kg_rows][2][width] projections: K then G
+    const float* kg;    //   0: kg_rows rows of K then G (2*width values), kg_stride apart
     const float* ape;   //   8: [ratio][width] added to G, or null
     float* ring;        //  16: [slots][ring_rows][2][width] kept rows
     const int* plan;    //  24: the plan (CPLAN_* words), offset applied
     float* scratch;     //  32: [max_jobs][dim] pooled values
     int kg_rows;        //  40
-    int ring_rows;      //  44
-    int slots;          //  48
-    int max_seqs;       //  52: plan capacity: sequences
-    int max_jobs;       //  56: plan capacity: entries
-    int ratio;          //  60: 4 or 128
-    int width;          //  64: coff*dim
-    int dim;            //  68: channels of an entry: HEAD_DIM, or INDEXER_DIM
-    int rope_positions; //  72
-    int page_size;      //  76
-    int num_pages;      //  80
-    int job_blocks;     //  84: blocks [0, job_blocks) pool entries, the rest store rows
+    int kg_stride;      //  44: floats from one kg row to the next, >= 2*width (mla.CompressStepArgs.KGRowStride)
+    int ring_rows;      //  48
+    int slots;          //  52
+    int max_seqs;       //  56: plan capacity: sequences
+    int max_jobs;       //  60: plan capacity: entries
+    int ratio;          //  64: 4 or 128
+    int width;          //  68: coff*dim
+    int dim;            //  72: channels of an entry: HEAD_DIM, or INDEXER_DIM
+    int rope_positions; //  76
+    int page_size;      //  80
+    int num_pages;      //  84
+    int job_blocks;     //  88: blocks [0, job_blocks) pool entries, the rest store rows
 };
-static_assert(sizeof(CompressStepParams) == 88, "CompressStepParams differs from the Go table in kernels/cuda/abi");
+static_assert(sizeof(CompressStepParams) == 96, "CompressStepParams differs from the Go table in kernels/cuda/abi");
 
 // Launch parameters of compress_step_finish and indexer_step_finish (mla.CompressStepArgs), passed by value.
 // Layout (offset: member): natural alignment, 88 bytes.

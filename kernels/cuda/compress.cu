@@ -175,7 +175,8 @@ extern "C" __global__ void __launch_bounds__(COMPRESS_THREADS) compress_entries(
 //   t_j = fl(fl(e_j / s) * K_j) by every thread for its group;
 //   E: one thread per channel sums t_j, ascending, into scratch[entry].
 // Position p of plan sequence s is read from the projections (p >= start:
-// KG row row+p-start, G plus ape[p mod ratio] when ape is given) or from
+// KG row row+p-start, kg_stride floats from one row to the next: K then G,
+// G plus ape[p mod ratio] when ape is given) or from
 // ring slot `from` (p < start).
 // compress_step, the other blocks: the rows each sequence keeps, into ring
 // slot `to` (grid-stride over (sequence, chunk of kept rows) pairs). Entries read
@@ -243,6 +244,7 @@ extern "C" __global__ void __launch_bounds__(CSTEP_THREADS) compress_step(const 
               max_jobs = args.max_jobs, ratio = args.ratio, width = args.width, dim = args.dim,
               rope_positions = args.rope_positions, page_size = args.page_size, num_pages = args.num_pages,
               job_blocks = args.job_blocks;
+    const size_t kg_stride = (size_t)args.kg_stride;
     __shared__ float cand[CSTEP_CAND_SLOTS];  // [candidate][channel of the tile]: G, then e_j, then t_j
     __shared__ float red[CSTEP_THREADS];      // [group][channel of the tile]
     pdl_wait();
@@ -273,11 +275,11 @@ extern "C" __global__ void __launch_bounds__(CSTEP_THREADS) compress_step(const 
             // first's row plus j, wrapped once at most.
             const int ring0 = first % ring_rows;
             const float* ring_s = ring + (size_t)jfrom * ring_rows * row_vals;
-            const float* kg_s = kg + (size_t)jrow * row_vals;
+            const float* kg_s = kg + (size_t)jrow * kg_stride;
             auto src = [=](int j) -> const float* {
                 const int p = first + j;
                 const int rr = ring0 + j >= ring_rows ? ring0 + j - ring_rows : ring0 + j;
-                return p >= jstart ? kg_s + (size_t)(p - jstart) * row_vals : ring_s + (size_t)rr * row_vals;
+                return p >= jstart ? kg_s + (size_t)(p - jstart) * kg_stride : ring_s + (size_t)rr * row_vals;
             };
             auto col = [=](int j) { return j < nlo ? c : dim + c; };
 
@@ -367,7 +369,7 @@ extern "C" __global__ void __launch_bounds__(CSTEP_THREADS) compress_step(const 
             const int v = i % rv;
             float x;
             if (p >= start) {
-                x = kg[(size_t)(row + (p - start)) * row_vals + v];
+                x = kg[(size_t)(row + (p - start)) * kg_stride + v];
                 if (v >= width && ape != nullptr) x = __fadd_rn(x, ape[(size_t)(p & (ratio - 1)) * width + (v - width)]);
             } else {
                 x = ring[((size_t)from * ring_rows + (size_t)(p % ring_rows)) * row_vals + v];

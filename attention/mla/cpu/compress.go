@@ -43,8 +43,9 @@ func (*Backend) CompressStep(ctx context.Context, a *mla.CompressStepArgs) error
 	rowBytes := 2 * w * 4
 	var kg, ape []byte
 	if a.KGRows > 0 {
-		kg = Bytes(a.KG)
+		kg = Bytes(a.KG)[a.KGOffset:]
 	}
+	kgStride := a.KGRowStride() * 4
 	if a.APE != nil {
 		ape = Bytes(a.APE)
 	}
@@ -60,7 +61,7 @@ func (*Backend) CompressStep(ctx context.Context, a *mla.CompressStepArgs) error
 			row := numerics.F32sFromBytes(ringRow(s.From, p))
 			return row[:w], row[w:]
 		}
-		o := (s.Row + p - s.Start) * rowBytes
+		o := (s.Row + p - s.Start) * kgStride
 		row := numerics.F32sFromBytes(kg[o : o+rowBytes])
 		k, g = row[:w], row[w:]
 		if ape != nil {

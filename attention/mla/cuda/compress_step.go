@@ -68,7 +68,7 @@ func compressStepParams(a *mla.CompressStepArgs, jobBlocks int) (step, finish []
 	w := a.Width()
 	var kg, ape driver.DevicePtr
 	if a.KGRows > 0 {
-		if kg, err = span(a.KG, 0, a.KGRows*2*w*4); err != nil {
+		if kg, err = span(a.KG, a.KGOffset, int(a.KGBytes())); err != nil {
 			return nil, nil, fmt.Errorf("cuda: compress step: KG: %w", err)
 		}
 	}
@@ -110,6 +110,7 @@ func compressStepParams(a *mla.CompressStepArgs, jobBlocks int) (step, finish []
 	p.Ptr(abi.CStepPlan, uint64(plan))
 	p.Ptr(abi.CStepScratch, uint64(scratch))
 	p.I32(abi.CStepKGRows, int32(a.KGRows))
+	p.I32(abi.CStepKGStride, int32(a.KGRowStride()))
 	p.I32(abi.CStepRingRows, int32(a.RingRows))
 	p.I32(abi.CStepSlots, int32(a.Slots))
 	p.I32(abi.CStepMaxSeqs, int32(a.MaxSeqs))

@@ -188,15 +188,19 @@ func TestCompressParamsPacking(t *testing.T) {
 
 // TestCompressStepParamsPacking: compress_step's and its finish kernel's
 // parameters from mla.CompressStepArgs, for the main compressor's entries
-// (ratio 4 and 128) and the indexer's, with and without the APE.
+// (ratio 4 and 128) and the indexer's, with and without the APE, packed KG
+// rows and the indexer's columns of the engine's one projection GEMM.
 func TestCompressStepParamsPacking(t *testing.T) {
 	for _, c := range []struct {
-		ratio int
-		entry mla.CompressEntry
-		ape   bool
-	}{{4, mla.EntryKV, true}, {128, mla.EntryKV, false}, {4, mla.EntryIndexer, true}} {
+		ratio            int
+		entry            mla.CompressEntry
+		ape              bool
+		kgOffset, stride int
+	}{{4, mla.EntryKV, true, 0, 0}, {128, mla.EntryKV, false, 0, 0}, {4, mla.EntryIndexer, true, 0, 0},
+		{4, mla.EntryKV, false, 0, 2624}, {4, mla.EntryIndexer, true, 4 * 2048, 2624}} {
 		a := &mla.CompressStepArgs{
-			Ratio: c.ratio, Entry: c.entry, KG: fakeBuffer(0x1000000, 1<<24), KGRows: 21, Ring: fakeBuffer(0x3000000, 1<<25),
+			Ratio: c.ratio, Entry: c.entry, KG: fakeBuffer(0x1000000, 1<<24), KGRows: 21, KGOffset: c.kgOffset, KGStride: c.stride,
+			Ring:     fakeBuffer(0x3000000, 1<<25),
 			RingRows: 136, Slots: 3, Plan: fakeBuffer(0x5000000, 1<<16), PlanOffset: 48, MaxSeqs: 5, MaxJobs: 23,
 			NormWeight: fakeBuffer(0x6000000, 4096), Eps: 3e-6, Rope: fakeBuffer(0x7000000, 1<<21), RopePositions: 4097,
 			Pool: fakeBuffer(0x8000000, 1<<24), PageSize: 32, NumPages: 19, Scratch: fakeBuffer(0x9000000, 1<<20),
@@ -206,12 +210,16 @@ func TestCompressStepParamsPacking(t *testing.T) {
 			a.APE = fakeBuffer(0x2000000, 1<<20)
 			ape = 0x2000000
 		}
-		what := fmt.Sprintf("ratio %d, entry %v, ape %v", c.ratio, c.entry, c.ape)
+		what := fmt.Sprintf("ratio %d, entry %v, ape %v, KG at %d stride %d", c.ratio, c.entry, c.ape, c.kgOffset, c.stride)
+		stride := uint64(c.stride)
+		if stride == 0 {
+			stride = 2 * uint64(a.Width())
+		}
 		step, finish, err := compressStepParams(a, 77)
 		require.NoError(t, err, what)
 		requireFields(t, abi.CompressStepParams, step, map[abi.FieldID]uint64{
-			abi.CStepKG: 0x1000000, abi.CStepAPE: ape, abi.CStepRing: 0x3000000, abi.CStepPlan: 0x5000000 + 48,
-			abi.CStepScratch: 0x9000000, abi.CStepKGRows: 21, abi.CStepRingRows: 136, abi.CStepSlots: 3, abi.CStepMaxSeqs: 5,
+			abi.CStepKG: 0x1000000 + uint64(c.kgOffset), abi.CStepAPE: ape, abi.CStepRing: 0x3000000, abi.CStepPlan: 0x5000000 + 48,
+			abi.CStepScratch: 0x9000000, abi.CStepKGRows: 21, abi.CStepKGStride: stride, abi.CStepRingRows: 136, abi.CStepSlots: 3, abi.CStepMaxSeqs: 5,
 			abi.CStepMaxJobs: 23, abi.CStepRatio: uint64(c.ratio), abi.CStepWidth: uint64(a.Width()), abi.CStepDim: uint64(c.entry.Dim()),
 			abi.CStepRopePositions: 4097, abi.CStepPageSize: 32, abi.CStepNumPages: 19, abi.CStepJobBlocks: 77,
 		}, "compress_step: "+what)

@@ -1,10 +1,12 @@
 package mlatest
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"testing"
 
 	"github.com/dsv4mla/prologue/attention/mla"
@@ -49,6 +51,12 @@ type CompressScenario struct {
 	Eps            float32
 	// Indexer runs the indexer's compressor (mla.EntryIndexer; ratio 4).
 	Indexer bool
+	// KGLead and KGTrail (float32 values, multiples of 4) put other
+	// columns before and after each KG row: the step reads its rows at
+	// KGOffset = 4*KGLead with KGStride = KGLead + 2*Width + KGTrail, as
+	// the engine's steps read their columns of a ratio-4 layer's one
+	// projection GEMM (0, 0: packed rows).
+	KGLead, KGTrail int
 }
 
 func (s CompressScenario) entry() mla.CompressEntry {
@@ -139,6 +147,19 @@ func CompressScenarios() []CompressScenario {
 			out = append(out, s)
 		}
 	}
+	// Rows that are columns of wider rows: the engine's ratio-4 layer with
+	// the indexer (one GEMM's rows of 2*1024 + 2*256 + 64 values: the
+	// compressor's first, the indexer's after them), and a ratio-128 layer
+	// with a small margin either side.
+	seqs := []CompressSeqSpec{{0, 9, false}, {2, 11, false}, {129, 5, false}, {130, 2, true}, {61, 40, false}}
+	out = append(out,
+		CompressScenario{Name: "r4/fused-columns", Ratio: 4, MaxDrafts: 3, PageSize: 16, APE: true, SpareJobs: 1,
+			Seqs: seqs, KGTrail: 2*256 + 64},
+		CompressScenario{Name: "indexer/r4/fused-columns", Ratio: 4, MaxDrafts: 3, PageSize: 16, APE: true, Indexer: true, SpareSeqs: 1,
+			Seqs: seqs, KGLead: 2 * 1024, KGTrail: 64},
+		CompressScenario{Name: "r128/strided", Ratio: 128, MaxDrafts: 3, PageSize: 2, APE: true, PlanOffset: 16,
+			Seqs: []CompressSeqSpec{{0, 130, false}, {127, 2, false}, {250, 9, true}}, KGLead: 4, KGTrail: 12},
+	)
 	return out
 }
 
@@ -157,6 +178,7 @@ func TestCompressStep(t *testing.T, b mla.Backend) {
 			}
 		})
 	}
+	t.Run("refusals", func(t *testing.T) { checkCompressStepRefusals(t, b) })
 	for _, c := range CompressChunkings() {
 		t.Run("chunks/"+c.Name, func(t *testing.T) {
 			seed := Seed(t)
@@ -164,6 +186,63 @@ func TestCompressStep(t *testing.T, b mla.Backend) {
 				t.Fatal(err)
 			}
 		})
+	}
+}
+
+// checkCompressStepRefusals: KG rows outside their buffer or misaligned
+// are refused naming the field, before anything runs: the ring and the
+// pool keep every byte.
+func checkCompressStepRefusals(t *testing.T, b mla.Backend) {
+	var s CompressScenario
+	for _, x := range CompressScenarios() {
+		if x.Name == "r4/fused-columns" {
+			s = x
+		}
+	}
+	cs, err := NewCompressCase(s, Seed(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, free, err := cs.Upload(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer free()
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name string
+		edit func(a *mla.CompressStepArgs)
+		want string
+	}{
+		{"KG offset misaligned", func(a *mla.CompressStepArgs) { a.KGOffset += 8 }, "KGOffset = 8 bytes"},
+		{"KG offset negative", func(a *mla.CompressStepArgs) { a.KGOffset = -16 }, "KGOffset = -16 bytes"},
+		{"KG stride below 2*Width", func(a *mla.CompressStepArgs) { a.KGStride = 2*a.Width() - 4 }, fmt.Sprintf("KGStride = %d", 2*cs.h.width()-4)},
+		{"KG stride not a multiple of 4", func(a *mla.CompressStepArgs) { a.KGStride += 2 }, "KGStride ="},
+		{"KG rows past the buffer", func(a *mla.CompressStepArgs) { a.KGOffset = a.KG.Len() - 16 }, "KG has"},
+		{"KG stride past the buffer", func(a *mla.CompressStepArgs) { a.KGStride *= 2 }, "KG has"},
+	} {
+		e := *a
+		tc.edit(&e)
+		err := b.(mla.CompressStepper).CompressStep(ctx, &e)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: error %v, want one containing %q", tc.name, err, tc.want)
+		}
+		if err := b.Synchronize(ctx); err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range []struct {
+			what string
+			buf  mla.Buffer
+			want []byte
+		}{{"ring", a.Ring, cs.ringBytes}, {"pool", a.Pool, cs.h.pool}} {
+			got := make([]byte, len(c.want))
+			if err := b.Read(got, c.buf, 0); err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got, c.want) {
+				t.Fatalf("%s: the refused step changed the %s", tc.name, c.what)
+			}
+		}
 	}
 }
 
@@ -192,7 +271,7 @@ type CompressCase struct {
 	RopePositions        int
 	h                    *compressHost
 	planBuf              []byte // PlanOffset bytes, the encoded plan, trailing bytes
-	kgBytes, apeBytes    []byte
+	kgBytes, apeBytes    []byte // KG: h.kg's rows laid out with S.KGLead and S.KGTrail
 	ringBytes, ropeBytes []byte
 }
 
@@ -210,6 +289,9 @@ func NewCompressCase(s CompressScenario, seed uint64) (*CompressCase, error) {
 	}
 	if s.Indexer && s.Ratio != 4 {
 		return nil, fmt.Errorf("compress scenario %s: the indexer's compressor at ratio %d", s.Name, s.Ratio)
+	}
+	if s.KGLead < 0 || s.KGTrail < 0 || s.KGLead%4 != 0 || s.KGTrail%4 != 0 {
+		return nil, fmt.Errorf("compress scenario %s: KGLead, KGTrail = %d, %d: want multiples of 4", s.Name, s.KGLead, s.KGTrail)
 	}
 	if s.NaNLogits && s.APE {
 		// NaN + ape keeps the NaN's bits on the CPU, not on the GPU: the
@@ -382,6 +464,19 @@ func NewCompressCase(s CompressScenario, seed uint64) (*CompressCase, error) {
 	}
 	copy(cs.planBuf[s.PlanOffset:], enc)
 	cs.kgBytes = numerics.F32Bytes(h.kg)
+	if s.KGLead+s.KGTrail > 0 {
+		// The other columns hold rows of their own (a step that reads them
+		// computes other entries).
+		stride := s.KGLead + 2*w + s.KGTrail
+		wide := make([]float32, kgRows*stride)
+		for i := range kgRows {
+			row := wide[i*stride : (i+1)*stride]
+			randomKGRow(r, row[:s.KGLead], s.SmallK)
+			randomKGRow(r, row[s.KGLead+2*w:], s.SmallK)
+			copy(row[s.KGLead:], h.kg[i*2*w:(i+1)*2*w])
+		}
+		cs.kgBytes = numerics.F32Bytes(wide)
+	}
 	if h.ape != nil {
 		cs.apeBytes = numerics.F32Bytes(h.ape)
 	}
@@ -468,6 +563,9 @@ func (cs *CompressCase) Upload(b mla.Backend) (*mla.CompressStepArgs, func(), er
 		Ratio: cs.S.Ratio, Entry: cs.S.entry(), KGRows: cs.KGRows, RingRows: cs.RingRows, Slots: cs.Slots,
 		PlanOffset: cs.S.PlanOffset, MaxSeqs: cs.MaxSeqs, MaxJobs: cs.MaxJobs, Eps: h.eps,
 		RopePositions: cs.RopePositions, PageSize: cs.S.PageSize, NumPages: cs.NumPages,
+	}
+	if cs.S.KGLead+cs.S.KGTrail > 0 {
+		a.KGOffset, a.KGStride = 4*cs.S.KGLead, cs.S.KGLead+2*h.width()+cs.S.KGTrail
 	}
 	var err error
 	for _, u := range []struct {

@@ -54,9 +54,13 @@ func (b hostStepper) CompressStep(ctx context.Context, a *mla.CompressStepArgs) 
 	}
 	ratio, coff, w := a.Ratio, compressor.Overlap(a.Ratio), a.Width()
 	rowVals := 2 * w
+	kgOff, kgStride := a.KGOffset, a.KGRowStride()
+	if b.defect == "kg-packed" { // KGOffset and KGStride ignored
+		kgOff, kgStride = 0, rowVals
+	}
 	var kg, ape []float32
 	if a.KGRows > 0 {
-		kg = numerics.F32sFromBytes(cpu.Bytes(a.KG)[:4*a.KGRows*rowVals])
+		kg = numerics.F32sFromBytes(cpu.Bytes(a.KG)[kgOff : kgOff+4*((a.KGRows-1)*kgStride+rowVals)])
 	}
 	if a.APE != nil && b.defect != "no-ape" {
 		ape = numerics.F32sFromBytes(cpu.Bytes(a.APE)[:4*ratio*w])
@@ -110,7 +114,7 @@ func (b hostStepper) CompressStep(ctx context.Context, a *mla.CompressStepArgs) 
 		if r < 0 || r >= a.KGRows {
 			return nil, nil, false
 		}
-		k, g = kg[r*rowVals:r*rowVals+w], append([]float32(nil), kg[r*rowVals+w:(r+1)*rowVals]...)
+		k, g = kg[r*kgStride:r*kgStride+w], append([]float32(nil), kg[r*kgStride+w:r*kgStride+rowVals]...)
 		if ape != nil {
 			for c := range g {
 				g[c] = float32(g[c] + ape[(p%ratio)*w+c])
@@ -261,7 +265,7 @@ func TestCompressStepCatchesDefects(t *testing.T) {
 	skipUnderRace(t)
 	defects := []string{
 		"no-ape", "ape-on-ring", "entry0-reads-ring", "new-rows-only", "reads-to", "rope-at-last-token",
-		"pad-byte", "default-eps", "descending-e", "descending-s", "fma", "plan-at-0", "capacity-ignored",
+		"pad-byte", "default-eps", "descending-e", "descending-s", "fma", "plan-at-0", "capacity-ignored", "kg-packed",
 	}
 	for _, d := range defects {
 		t.Run(d, func(t *testing.T) {

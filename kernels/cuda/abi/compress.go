@@ -91,6 +91,7 @@ const (
 	CStepPlan
 	CStepScratch
 	CStepKGRows
+	CStepKGStride
 	CStepRingRows
 	CStepSlots
 	CStepMaxSeqs
@@ -113,12 +114,13 @@ var CompressStepParams = &Struct{
 }
 
 var cstepFields = [numCStepFields]Field{
-	CStepKG:            {"kg", Ptr, "const float*", "[kg_rows][2][width] projections: K then G"},
+	CStepKG:            {"kg", Ptr, "const float*", "kg_rows rows of K then G (2*width values), kg_stride apart"},
 	CStepAPE:           {"ape", Ptr, "const float*", "[ratio][width] added to G, or null"},
 	CStepRing:          {"ring", Ptr, "float*", "[slots][ring_rows][2][width] kept rows"},
 	CStepPlan:          {"plan", Ptr, "const int*", "the plan (CPLAN_* words), offset applied"},
 	CStepScratch:       {"scratch", Ptr, "float*", "[max_jobs][dim] pooled values"},
 	CStepKGRows:        {"kg_rows", I32, "", ""},
+	CStepKGStride:      {"kg_stride", I32, "", "floats from one kg row to the next, >= 2*width (mla.CompressStepArgs.KGRowStride)"},
 	CStepRingRows:      {"ring_rows", I32, "", ""},
 	CStepSlots:         {"slots", I32, "", ""},
 	CStepMaxSeqs:       {"max_seqs", I32, "", "plan capacity: sequences"},
