@@ -240,10 +240,11 @@ func (d *device) gemmPath(run func() error) (string, error) {
 // (the engine's way; kv must be kvForked, whose join ends it), or alone
 // on the main stream with kvCompAlone. With idx non-nil (and comp, the
 // ratio-4 compressor), the layer is a ratio-4 layer with the indexer, as
-// the engine issues it (engine/chain.go runChain): its keys after the
-// compressor on the side stream, its query after the Q prologue, and with
-// idx.topk the selection on the main stream after the join (idx.side and
-// idx.fused: the variants chainIdxStep describes).
+// the engine issues it (engine/chain.go runChain): one projection GEMM for
+// the compressor and the indexer and both compressor steps on the side
+// stream, the indexer's wq_b GEMM after the Q prologue, its query step and
+// with idx.topk the selection on the main stream after the join (idx.side
+// and idx.separate: the variants chainIdxStep describes).
 func (d *device) chainLayer(ctx context.Context, md model, cl *chainLayout, w *chainLayerWeights, l int, kv chainKV, paths *[2]string, comp *chainComp, idx *chainIdxStep) (err error) {
 	cd := chainDimsOf(md)
 	set := l % len(cl.sets)
@@ -267,28 +268,26 @@ func (d *device) chainLayer(ctx context.Context, md model, cl *chainLayout, w *c
 			return fmt.Errorf("the compressor runs on the side stream: KV mode %v has no join", kv)
 		}
 		side := func() error {
-			fused := idx != nil && idx.fused
-			if fused {
-				if err := idx.x.fusedGEMM(ctx, d.be, l, comp.width); err != nil {
-					return err
-				}
-			}
-			if err := d.compressLayer(ctx, md, cl, comp, l, !fused, true); err != nil {
-				return err
-			}
 			switch {
 			case idx == nil:
-				return nil
-			case fused:
-				return idx.x.keyStep(ctx, d.be, l)
+				return d.compressLayer(ctx, md, cl, comp, l, true, true)
+			case idx.separate:
+				if err := d.compressLayer(ctx, md, cl, comp, l, true, true); err != nil {
+					return err
+				}
+				return idx.x.keys(ctx, d.be, l)
 			}
-			if err := idx.x.keys(ctx, d.be, l); err != nil {
+			if comp.ratio != kvcache.DSv4IndexerRatio || comp.width != compWidth4 {
+				return fmt.Errorf("the indexer's projections join the ratio-4 compressor's: compressor of ratio %d", comp.ratio)
+			}
+			if err := idx.x.fusedGEMM(ctx, d.be, l); err != nil {
 				return err
 			}
-			if idx.side {
-				return idx.x.wprojGEMM(ctx, d.be, l)
+			kg, stride := idx.x.mainKG()
+			if err := d.compressStep(ctx, cl, comp, l, kg, stride); err != nil {
+				return err
 			}
-			return nil
+			return idx.x.keyStep(ctx, d.be, l)
 		}
 		if err := d.be.Side(ctx, side); err != nil {
 			return errors.Join(err, d.be.JoinKV(ctx))
@@ -342,14 +341,10 @@ func (d *device) chainLayer(ctx context.Context, md model, cl *chainLayout, w *c
 		switch {
 		case idx == nil || idx.side:
 			return nil
-		case idx.fused:
-			// weights_proj ran in the fused projection.
-			if err := idx.x.wqBGEMM(ctx, d.be, l); err != nil {
-				return err
-			}
-			return idx.x.queryStep(ctx, d.be, l, mla.IndexerQueryMXFP4)
+		case idx.separate:
+			return idx.x.separateQuery(ctx, d.be, l)
 		}
-		return idx.x.query(ctx, d.be, l)
+		return idx.x.wqBGEMM(ctx, d.be, l)
 	}()
 	if kv == kvForked {
 		// Join even after a failure: a capture must end joined.
@@ -357,8 +352,17 @@ func (d *device) chainLayer(ctx context.Context, md model, cl *chainLayout, w *c
 			err = errors.Join(err, fmt.Errorf("joining the KV prologue: %w", jerr))
 		}
 	}
-	if err != nil || idx == nil || !idx.topk {
+	if err != nil || idx == nil {
 		return err
+	}
+	if !idx.side && !idx.separate {
+		// After the join: weights_proj's columns come from the side stream.
+		if err := idx.x.queryStep(ctx, d.be, l, mla.IndexerQueryMXFP4); err != nil {
+			return err
+		}
+	}
+	if !idx.topk {
+		return nil
 	}
 	return idx.x.topk(ctx, d.be, l)
 }

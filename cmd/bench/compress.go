@@ -136,7 +136,7 @@ func ratioTables(m *metadata.Metadata, ratio int) (*mla.CompressPlan, [][]int32,
 
 // compressLayer issues layer l's compressor on the current stream: the
 // projection GEMM of the hidden rows (with project) and the step (with
-// step).
+// step) from its own projections.
 func (d *device) compressLayer(ctx context.Context, md model, cl *chainLayout, c *chainComp, l int, project, step bool) error {
 	set := l % len(cl.sets)
 	hidden := chainDimsOf(md).hidden
@@ -149,8 +149,16 @@ func (d *device) compressLayer(ctx context.Context, md model, cl *chainLayout, c
 	if !step {
 		return nil
 	}
-	a := cl.ls.args[set]
-	if err := d.be.CompressStep(ctx, &mla.CompressStepArgs{Ratio: c.ratio, KG: c.kg, KGRows: cl.rows, APE: c.ape,
+	return d.compressStep(ctx, cl, c, l, c.kg, 0)
+}
+
+// compressStep issues layer l's compressor step from KG rows kgStride
+// float32 apart (0: packed), its K and G first in each row: its own
+// projections, or the ratio-4 layer's one projection GEMM with the
+// indexer's (chainIdx.mainKG).
+func (d *device) compressStep(ctx context.Context, cl *chainLayout, c *chainComp, l int, kg mla.Buffer, kgStride int) error {
+	a := cl.ls.args[l%len(cl.sets)]
+	if err := d.be.CompressStep(ctx, &mla.CompressStepArgs{Ratio: c.ratio, KG: kg, KGRows: cl.rows, KGStride: kgStride, APE: c.ape,
 		Ring: c.rings[l], RingRows: c.ringRows, Slots: cl.ls.m.NumSeqs, Plan: c.plan, MaxSeqs: c.maxSeqs, MaxJobs: c.maxJobs,
 		NormWeight: c.norm, Eps: numerics.DefaultEps, Rope: a.Rope, RopePositions: a.RopePositions,
 		Pool: c.pool, PageSize: engine.CompressedPageSize, NumPages: c.pages, Scratch: c.scratch}); err != nil {

@@ -24,13 +24,15 @@
 // floor and the PyTorch chain peer (bench/chain_peer.py).
 // With --indexer (or --indexer-only), issue 23's measurement: a ratio-4
 // layer from hidden states (the chain with its ratio-4 compressor forked)
-// without the lightning indexer, with its prologue (its wq_b and
-// weights_proj GEMMs and query step after the Q prologue, its compressor's
-// projection and step on the side stream) and with its top-k selection
-// too, every layer with its own weights in one CUDA graph, the L2 flushed
-// before each replay, and one layer alone so; beside them two variants
-// (the indexer's query on the side stream; the three bf16 projections as
-// one GEMM, a time emulation), the indexer's work alone, the added
+// without the lightning indexer, with its prologue as the engine issues it
+// (one bf16 GEMM of the compressor's, the indexer compressor's and
+// weights_proj's projections and both compressor steps on the side stream,
+// its wq_b GEMM after the Q prologue, its query step after the join) and
+// with its top-k selection too, every layer with its own weights in one
+// CUDA graph, the L2 flushed before each replay, and one layer alone so;
+// beside them two variants (the indexer's query on the side stream; the
+// three bf16 projections as three GEMMs, the engine before its one GEMM),
+// the indexer's work alone, the added
 // weights' streaming floor and the share (b-a)/a against the 15% goal, and
 // at 128 tokens the query step alone in both query formats beside vLLM's
 // quoted fused kernel. --indexer-contexts adds decode shapes at a long

@@ -37,8 +37,8 @@ const (
 	idxOff        idxMode = iota // (a) the ratio-4 layer without the indexer
 	idxPrologue                  // (b) with the indexer's prologue
 	idxTopK                      // (c) with the prologue and the top-k selection
-	idxSide                      // (b') as (b), its query's GEMMs and step on the side stream
-	idxFused                     // (b'') as (b), the three bf16 projections as one GEMM (time emulation)
+	idxSide                      // (b') as (b), its query's GEMM and step on the side stream
+	idxSeparate                  // (b'') as (b), the three bf16 projections as three GEMMs (the engine before its one GEMM)
 	idxAlone                     // the indexer's prologue alone: its GEMMs and steps in order on one stream
 	idxQueryAlone                // the query step alone (no GEMM)
 	idxTopKAlone                 // the top-k selection alone
@@ -54,8 +54,8 @@ func (m idxMode) String() string {
 		return "with prologue and top-k"
 	case idxSide:
 		return "with its prologue, query on the side stream"
-	case idxFused:
-		return "with its prologue, one fused bf16 projection"
+	case idxSeparate:
+		return "with its prologue, three bf16 projections"
 	case idxAlone:
 		return "prologue alone"
 	case idxQueryAlone:
@@ -67,7 +67,7 @@ func (m idxMode) String() string {
 }
 
 // idxModes are the graphs timed per shape, in order.
-var idxModes = []idxMode{idxOff, idxPrologue, idxTopK, idxSide, idxFused, idxAlone, idxQueryAlone, idxTopKAlone}
+var idxModes = []idxMode{idxOff, idxPrologue, idxTopK, idxSide, idxSeparate, idxAlone, idxQueryAlone, idxTopKAlone}
 
 // idxWidth is one K or G row of the indexer compressor's projections.
 var idxWidth = compressor.Overlap(kvcache.DSv4IndexerRatio) * mla.IndexerDim
@@ -122,23 +122,24 @@ type idxBackend interface {
 // indices.
 type idxLayer struct {
 	wqB   mla.FP8Weight // [64*128][q_lora_rank]
-	wproj mla.Buffer    // [64][hidden] bf16
-	wkvg  mla.Buffer    // [2*256][hidden] bf16
+	wproj mla.Buffer    // [64][hidden] bf16 (the separate GEMMs' and alone)
+	wkvg  mla.Buffer    // [2*256][hidden] bf16 (the separate GEMMs' and alone)
 	ape   mla.Buffer    // [4][256] float32
 	norm  mla.Buffer    // [128] float32
 	ring  mla.Buffer    // slots of ringRows rows of 2*256 float32
 	pool  mla.Buffer    // pages of 64 MXFP4 entries
 	out   mla.Buffer    // [rows][index_topk] int32
 	// fused is the layer's three bf16 projections in one matrix,
-	// [fusedN][hidden] (the fused variant's).
+	// [fusedN][hidden], as the engine uploads it: the ratio-4 compressor's
+	// [wkv; wgate], the indexer compressor's, weights_proj.
 	fused mla.Buffer
 }
 
 // idxSet is one input set's indexer activations.
 type idxSet struct {
 	qIn  mla.Buffer // [rows][64*128] bf16: the wq_b GEMM's output
-	kg   mla.Buffer // [rows][2*256] float32: the compressor's projections
-	wp   mla.Buffer // [rows][64] float32: weights_proj's output
+	kg   mla.Buffer // [rows][2*256] float32: the compressor's projections (separate GEMMs)
+	wp   mla.Buffer // [rows][64] float32: weights_proj's output (separate GEMMs)
 	qOut mla.Buffer // [rows][64][128]: room for either query format
 	wOut mla.Buffer // [rows][64] float32-sized: either format's head weights
 }
@@ -172,7 +173,10 @@ type chainIdx struct {
 	tk       mla.TopKShape
 	tkPlan   mla.Buffer
 	tkScr    mla.Buffer
-	fusedY   mla.Buffer // [rows][fusedN] float32, the fused variant's output
+	// proj is the one projection GEMM's output, [rows][fusedN] float32
+	// (the engine's compressor projection rows): the compressor's K and G,
+	// the indexer compressor's, weights_proj's; each step reads its columns.
+	proj mla.Buffer
 	// Visible is the most entries a token of the shape sees, Scored the
 	// token rows that see more than index_topk (whose scores the selection
 	// computes; the others select every entry).
@@ -321,8 +325,8 @@ func setupIndexer(mk bufMaker, md model, in idxInputs, layers int) (_ *chainIdx,
 		x.layers = append(x.layers, il)
 	}
 	rows := in.rows
-	if x.fusedY, err = keep(mk.alloc(rows * fusedN(compWidth4) * 4)); err != nil {
-		return fail("fused projections' output", err)
+	if x.proj, err = keep(mk.alloc(rows * fusedN(compWidth4) * 4)); err != nil {
+		return fail("projection rows", err)
 	}
 	for i := range in.hidden {
 		var s idxSet
@@ -347,38 +351,65 @@ func setupIndexer(mk bufMaker, md model, in idxInputs, layers int) (_ *chainIdx,
 	return x, nil
 }
 
-// idxArgs are one layer's indexer launches' arguments.
+// idxArgs are one layer's indexer launches' arguments: the engine's (one
+// projection GEMM, the steps reading its columns) and the separate GEMMs'
+// (idxSeparate, alone).
 type idxArgs struct {
-	project *mla.BF16GEMMArgs     // the compressor's projection of the hidden rows
-	step    *mla.CompressStepArgs // the compressor step into the cache
+	fused   *mla.BF16GEMMArgs     // the one GEMM of the three projections into x.proj
+	step    *mla.CompressStepArgs // the compressor step into the cache, from its columns of x.proj
 	wqB     *mla.GEMMArgs         // wq_b on q_norm's activation
-	wproj   *mla.BF16GEMMArgs     // weights_proj of the hidden rows
-	query   *mla.IndexerQueryArgs // the query step
+	query   *mla.IndexerQueryArgs // the query step, weights_proj's columns of x.proj
 	topk    *mla.TopKArgs         // the selection
+	project *mla.BF16GEMMArgs     // separate: the compressor's own projection of the hidden rows
+	sepStep *mla.CompressStepArgs // separate: the step from it
+	wproj   *mla.BF16GEMMArgs     // separate: weights_proj of the hidden rows
+	sepQ    *mla.IndexerQueryArgs // separate: the query step from it
 }
+
+// The columns of the projection rows (x.proj) where the indexer's outputs
+// start, as the engine lays them out (engine/indexer.go).
+var (
+	idxKGCol = 2 * compWidth4
+	idxWPCol = 2*compWidth4 + 2*idxWidth
+)
 
 // args builds layer l's arguments with the query in format f.
 func (x *chainIdx) args(l int, f mla.IndexerQueryFormat) idxArgs {
 	set := l % len(x.sets)
 	il, s := &x.layers[l], &x.sets[set]
 	hidden := chainDimsOf(x.md).hidden
+	n := fusedN(compWidth4)
+	step := mla.CompressStepArgs{Ratio: kvcache.DSv4IndexerRatio, Entry: mla.EntryIndexer,
+		KG: x.proj, KGRows: x.in.rows, KGOffset: 4 * idxKGCol, KGStride: n, APE: il.ape, Ring: il.ring, RingRows: x.ringRows,
+		Slots: x.in.m.NumSeqs, Plan: x.plan, MaxSeqs: x.in.m.NumSeqs, MaxJobs: x.maxJobs, NormWeight: il.norm, Eps: x.in.eps,
+		Rope: x.in.rope, RopePositions: x.in.ropePositions, Pool: il.pool, PageSize: engine.CompressedPageSize,
+		NumPages: x.pages, Scratch: x.scratch}
+	sepStep := step
+	sepStep.KG, sepStep.KGOffset, sepStep.KGStride = s.kg, 0, 0
+	query := mla.IndexerQueryArgs{Format: f, Q: s.qIn, QStride: idxQueryN, W: x.proj, WOffset: 4 * idxWPCol, WStride: n,
+		QOut: s.qOut, WOut: s.wOut, Rope: x.in.rope, RopePositions: x.in.ropePositions, Meta: x.in.meta}
+	sepQ := query
+	sepQ.W, sepQ.WOffset, sepQ.WStride = s.wp, 0, mla.IndexerHeads
 	return idxArgs{
-		project: &mla.BF16GEMMArgs{Rows: x.in.rows, N: 2 * idxWidth, K: hidden, X: x.in.hidden[set],
-			XStride: hidden, W: il.wkvg, Y: s.kg, YStride: 2 * idxWidth},
-		step: &mla.CompressStepArgs{Ratio: kvcache.DSv4IndexerRatio, Entry: mla.EntryIndexer,
-			KG: s.kg, KGRows: x.in.rows, APE: il.ape, Ring: il.ring, RingRows: x.ringRows, Slots: x.in.m.NumSeqs,
-			Plan: x.plan, MaxSeqs: x.in.m.NumSeqs, MaxJobs: x.maxJobs, NormWeight: il.norm, Eps: x.in.eps,
-			Rope: x.in.rope, RopePositions: x.in.ropePositions, Pool: il.pool, PageSize: engine.CompressedPageSize,
-			NumPages: x.pages, Scratch: x.scratch},
-		wqB: &mla.GEMMArgs{X: x.in.qn[set], W: &il.wqB, Y: s.qIn, YStride: idxQueryN},
-		wproj: &mla.BF16GEMMArgs{Rows: x.in.rows, N: mla.IndexerHeads, K: hidden, X: x.in.hidden[set],
-			XStride: hidden, W: il.wproj, Y: s.wp, YStride: mla.IndexerHeads},
-		query: &mla.IndexerQueryArgs{Format: f, Q: s.qIn, QStride: idxQueryN, W: s.wp, WStride: mla.IndexerHeads,
-			QOut: s.qOut, WOut: s.wOut, Rope: x.in.rope, RopePositions: x.in.ropePositions, Meta: x.in.meta},
+		fused: &mla.BF16GEMMArgs{Rows: x.in.rows, N: n, K: hidden, X: x.in.hidden[set],
+			XStride: hidden, W: il.fused, Y: x.proj, YStride: n},
+		step:  &step,
+		wqB:   &mla.GEMMArgs{X: x.in.qn[set], W: &il.wqB, Y: s.qIn, YStride: idxQueryN},
+		query: &query,
 		topk: &mla.TopKArgs{TopKShape: x.tk, Q: s.qOut, W: s.wOut, Cache: il.pool, Plan: x.tkPlan,
 			Scratch: x.tkScr, Out: il.out},
+		project: &mla.BF16GEMMArgs{Rows: x.in.rows, N: 2 * idxWidth, K: hidden, X: x.in.hidden[set],
+			XStride: hidden, W: il.wkvg, Y: s.kg, YStride: 2 * idxWidth},
+		sepStep: &sepStep,
+		wproj: &mla.BF16GEMMArgs{Rows: x.in.rows, N: mla.IndexerHeads, K: hidden, X: x.in.hidden[set],
+			XStride: hidden, W: il.wproj, Y: s.wp, YStride: mla.IndexerHeads},
+		sepQ: &sepQ,
 	}
 }
+
+// mainKG is where the ratio-4 compressor's step reads its K and G in the
+// engine's layout: columns [0, 2*1024) of the projection rows.
+func (x *chainIdx) mainKG() (kg mla.Buffer, stride int) { return x.proj, fusedN(compWidth4) }
 
 // validate checks every argument of the layer's launches as the backends
 // do before they launch.
@@ -387,12 +418,15 @@ func (a idxArgs) validate(rows int) error {
 		what string
 		err  error
 	}{
-		{"indexer compressor projection", a.project.Validate()},
+		{"one projection GEMM", a.fused.Validate()},
 		{"indexer compressor step", a.step.Validate()},
 		{"indexer wq_b GEMM", a.wqB.Validate()},
-		{"indexer weights_proj GEMM", a.wproj.Validate()},
 		{"indexer query", a.query.Validate(rows)},
 		{"indexer top-k", a.topk.Validate()},
+		{"indexer compressor projection (separate)", a.project.Validate()},
+		{"indexer compressor step (separate)", a.sepStep.Validate()},
+		{"indexer weights_proj GEMM (separate)", a.wproj.Validate()},
+		{"indexer query (separate)", a.sepQ.Validate(rows)},
 	} {
 		if c.err != nil {
 			return fmt.Errorf("%s: %w", c.what, c.err)
@@ -401,16 +435,22 @@ func (a idxArgs) validate(rows int) error {
 	return nil
 }
 
-// keys issues layer l's indexer compressor: the projection GEMM of the
-// hidden rows and the step into the layer's cache.
+// keys issues layer l's indexer compressor as separate work (idxSeparate,
+// alone): its own projection GEMM of the hidden rows and the step from it
+// into the layer's cache.
 func (x *chainIdx) keys(ctx context.Context, be idxBackend, l int) error {
-	if err := be.BF16GEMM(ctx, x.args(l, mla.IndexerQueryMXFP4).project); err != nil {
+	a := x.args(l, mla.IndexerQueryMXFP4)
+	if err := be.BF16GEMM(ctx, a.project); err != nil {
 		return fmt.Errorf("indexer compressor projection: %w", err)
 	}
-	return x.keyStep(ctx, be, l)
+	if err := be.CompressStep(ctx, a.sepStep); err != nil {
+		return fmt.Errorf("indexer compressor step: %w", err)
+	}
+	return nil
 }
 
-// keyStep issues layer l's indexer compressor step into its cache.
+// keyStep issues layer l's indexer compressor step into its cache from
+// its columns of the projection rows (after fusedGEMM).
 func (x *chainIdx) keyStep(ctx context.Context, be idxBackend, l int) error {
 	if err := be.CompressStep(ctx, x.args(l, mla.IndexerQueryMXFP4).step); err != nil {
 		return fmt.Errorf("indexer compressor step: %w", err)
@@ -423,27 +463,15 @@ func (x *chainIdx) keyStep(ctx context.Context, be idxBackend, l int) error {
 // compWidth), the indexer compressor's (2 * 256) and weights_proj (64).
 func fusedN(compWidth int) int { return 2*compWidth + 2*idxWidth + mla.IndexerHeads }
 
-// fusedGEMM issues layer l's three bf16 projections as one GEMM into
-// x.fusedY. Its output feeds nothing (the steps read their own buffers:
-// a compressor step takes no row stride), so it times what the fusion
-// would cost, not its data path.
-func (x *chainIdx) fusedGEMM(ctx context.Context, be idxBackend, l, compWidth int) error {
-	hidden := chainDimsOf(x.md).hidden
-	n := fusedN(compWidth)
-	if err := be.BF16GEMM(ctx, &mla.BF16GEMMArgs{Rows: x.in.rows, N: n, K: hidden, X: x.in.hidden[l%len(x.sets)],
-		XStride: hidden, W: x.layers[l].fused, Y: x.fusedY, YStride: n}); err != nil {
-		return fmt.Errorf("fused bf16 projections: %w", err)
+// fusedGEMM issues layer l's three bf16 projections as one GEMM into the
+// projection rows x.proj, as the engine does (engine/compress.go
+// compressProject): the ratio-4 compressor's step (mainKG), the indexer
+// compressor's (keyStep) and the query step read their columns.
+func (x *chainIdx) fusedGEMM(ctx context.Context, be idxBackend, l int) error {
+	if err := be.BF16GEMM(ctx, x.args(l, mla.IndexerQueryMXFP4).fused); err != nil {
+		return fmt.Errorf("the ratio-4 layer's projection GEMM: %w", err)
 	}
 	return nil
-}
-
-// queryGEMMs issues layer l's wq_b GEMM on q_norm's activation and
-// weights_proj on the hidden rows.
-func (x *chainIdx) queryGEMMs(ctx context.Context, be idxBackend, l int) error {
-	if err := x.wqBGEMM(ctx, be, l); err != nil {
-		return err
-	}
-	return x.wprojGEMM(ctx, be, l)
 }
 
 // wqBGEMM issues layer l's wq_b GEMM on q_norm's activation.
@@ -454,15 +482,8 @@ func (x *chainIdx) wqBGEMM(ctx context.Context, be idxBackend, l int) error {
 	return nil
 }
 
-// wprojGEMM issues layer l's weights_proj GEMM of the hidden rows.
-func (x *chainIdx) wprojGEMM(ctx context.Context, be idxBackend, l int) error {
-	if err := be.BF16GEMM(ctx, x.args(l, mla.IndexerQueryMXFP4).wproj); err != nil {
-		return fmt.Errorf("indexer weights_proj GEMM: %w", err)
-	}
-	return nil
-}
-
-// queryStep issues layer l's query step in format f over the launches.
+// queryStep issues layer l's query step in format f over the launches,
+// reading weights_proj's columns of the projection rows (after fusedGEMM).
 func (x *chainIdx) queryStep(ctx context.Context, be idxBackend, l int, f mla.IndexerQueryFormat) error {
 	if err := mla.RunIndexerQuery(ctx, be, x.in.launches, x.args(l, f).query); err != nil {
 		return fmt.Errorf("indexer query: %w", err)
@@ -470,12 +491,21 @@ func (x *chainIdx) queryStep(ctx context.Context, be idxBackend, l int, f mla.In
 	return nil
 }
 
-// query issues layer l's indexer query: its GEMMs and the MXFP4 step.
-func (x *chainIdx) query(ctx context.Context, be idxBackend, l int) error {
-	if err := x.queryGEMMs(ctx, be, l); err != nil {
+// separateQuery issues layer l's indexer query as separate work
+// (idxSeparate, alone): its wq_b GEMM, the weights_proj GEMM of the hidden
+// rows and the MXFP4 step from their outputs.
+func (x *chainIdx) separateQuery(ctx context.Context, be idxBackend, l int) error {
+	a := x.args(l, mla.IndexerQueryMXFP4)
+	if err := x.wqBGEMM(ctx, be, l); err != nil {
 		return err
 	}
-	return x.queryStep(ctx, be, l, mla.IndexerQueryMXFP4)
+	if err := be.BF16GEMM(ctx, a.wproj); err != nil {
+		return fmt.Errorf("indexer weights_proj GEMM: %w", err)
+	}
+	if err := mla.RunIndexerQuery(ctx, be, x.in.launches, a.sepQ); err != nil {
+		return fmt.Errorf("indexer query: %w", err)
+	}
+	return nil
 }
 
 // topk issues layer l's selection over its cache into its indices.
@@ -487,15 +517,16 @@ func (x *chainIdx) topk(ctx context.Context, be idxBackend, l int) error {
 }
 
 // alone issues layer l's indexer work of a mode without the chain: the
-// whole prologue in order (keys, then query), the query step, or the
-// selection.
+// whole prologue in order (keys, then query, with the indexer's own two
+// bf16 GEMMs: alone there is no compressor projection to join), the query
+// step, or the selection.
 func (x *chainIdx) alone(ctx context.Context, be idxBackend, l int, mode idxMode) error {
 	switch mode {
 	case idxAlone:
 		if err := x.keys(ctx, be, l); err != nil {
 			return err
 		}
-		return x.query(ctx, be, l)
+		return x.separateQuery(ctx, be, l)
 	case idxQueryAlone:
 		return x.queryStep(ctx, be, l, mla.IndexerQueryMXFP4)
 	case idxTopKAlone:
@@ -504,18 +535,19 @@ func (x *chainIdx) alone(ctx context.Context, be idxBackend, l int, mode idxMode
 	return fmt.Errorf("indexer mode %v does not run alone", mode)
 }
 
-// chainIdxStep is what chainLayer adds of the indexer: its keys after the
-// compressor on the side stream, its query after the Q prologue, and
-// with topk the selection after the join. With side (not the engine's
-// way: a variant to measure), weights_proj follows the keys on the side
-// stream and the wq_b GEMM and query step go to the side stream after
-// q_norm, under the main wq_b GEMM and the Q prologue.
-//
-// With fused (also a variant, and a time emulation), the main compressor's
-// projection, the indexer compressor's and weights_proj run as one bf16
-// GEMM of fusedN outputs on the side stream (fusedGEMM), then both
-// compressor steps.
+// chainIdxStep is what chainLayer adds of the indexer, the engine's way
+// (engine/chain.go runChain): on the side stream the one projection GEMM
+// (fusedGEMM, in place of the compressor's own), the compressor's step
+// and the indexer's key step from its columns; its wq_b GEMM after the Q
+// prologue; after the join its query step (weights_proj's columns come
+// from the side stream) and with topk the selection. With side (not the
+// engine's way: a variant to measure), the wq_b GEMM and the query step go
+// to the side stream after q_norm, under the main wq_b GEMM and the Q
+// prologue. With separate (the engine before its one GEMM), the
+// compressor projects alone, the indexer compressor's projection and step
+// follow it on the side stream, and the wq_b and weights_proj GEMMs and the
+// query step follow the Q prologue before the join.
 type chainIdxStep struct {
-	x                 *chainIdx
-	topk, side, fused bool
+	x                    *chainIdx
+	topk, side, separate bool
 }

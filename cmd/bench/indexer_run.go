@@ -53,11 +53,11 @@ type IndexerResult struct {
 	// engine's way: whether the overlap pays); SideAddedPct its share.
 	SideUs       float64 `json:"side_us"`
 	SideAddedPct float64 `json:"side_added_pct"`
-	// FusedUs (b'') is (b) with the main compressor's, the indexer
-	// compressor's and weights_proj's projections as one bf16 GEMM (a time
-	// emulation: the steps read their own buffers); FusedAddedPct its share.
-	FusedUs       float64 `json:"fused_us"`
-	FusedAddedPct float64 `json:"fused_added_pct"`
+	// SeparateUs (b'') is (b) with the main compressor's, the indexer
+	// compressor's and weights_proj's projections as three bf16 GEMMs (the
+	// engine before its one GEMM of the three); SeparateAddedPct its share.
+	SeparateUs       float64 `json:"separate_us"`
+	SeparateAddedPct float64 `json:"separate_added_pct"`
 	// ColdBaseUs, ColdPrologueUs and ColdTopKUs are (a), (b) and (c) of
 	// one layer alone in its graph, the L2 flushed before each replay: no
 	// neighbour layer overlaps its start or end. ColdAddedPct is
@@ -101,8 +101,8 @@ func (r *IndexerResult) modeUs(m idxMode) *float64 {
 		return &r.TopKUs
 	case idxSide:
 		return &r.SideUs
-	case idxFused:
-		return &r.FusedUs
+	case idxSeparate:
+		return &r.SeparateUs
 	case idxAlone:
 		return &r.AloneUs
 	case idxQueryAlone:
@@ -137,7 +137,7 @@ func (r *IndexerResult) derive(copyGBps float64) {
 	r.TopKAddedUs = r.TopKUs - r.BaseUs
 	r.TopKAddedPct = safeDiv(100*r.TopKAddedUs, r.BaseUs)
 	r.SideAddedPct = safeDiv(100*(r.SideUs-r.BaseUs), r.BaseUs)
-	r.FusedAddedPct = safeDiv(100*(r.FusedUs-r.BaseUs), r.BaseUs)
+	r.SeparateAddedPct = safeDiv(100*(r.SeparateUs-r.BaseUs), r.BaseUs)
 	r.ColdAddedPct = safeDiv(100*(r.ColdPrologueUs-r.ColdBaseUs), r.ColdBaseUs)
 	r.GoalPct = IndexerGoalPct
 	r.GoalMet = r.BaseUs > 0 && r.PrologueUs > 0 && r.AddedPct <= IndexerGoalPct
@@ -274,7 +274,7 @@ func indexerShape(c *config, d *device, md model, w *chainWeights, s shape, rep 
 	// One eager layer of each kind first: every GEMM shape plans its
 	// algorithm on each stream (a capture may not), and a wrong argument
 	// fails here.
-	for _, idx := range []*chainIdxStep{{x: x, topk: true}, {x: x, side: true}, {x: x, fused: true}} {
+	for _, idx := range []*chainIdxStep{{x: x, topk: true}, {x: x, side: true}, {x: x, separate: true}} {
 		if err := d.chainLayer(ctx, md, cl, &w.layers[0], 0, kvForked, nil, comp, idx); err != nil {
 			return fmt.Errorf("eager layer: %w", err)
 		}
@@ -317,8 +317,8 @@ func indexerShape(c *config, d *device, md model, w *chainWeights, s shape, rep 
 			idx = &chainIdxStep{x: x, topk: true}
 		case idxSide:
 			idx = &chainIdxStep{x: x, side: true}
-		case idxFused:
-			idx = &chainIdxStep{x: x, fused: true}
+		case idxSeparate:
+			idx = &chainIdxStep{x: x, separate: true}
 		}
 		layer := func(l int) error { return d.chainLayer(ctx, md, cl, &w.layers[l], l, kvForked, nil, comp, idx) }
 		if mode >= idxAlone {
@@ -375,9 +375,9 @@ func (r *IndexerResult) line() string {
 	if !r.GoalMet {
 		verdict = "goal missed"
 	}
-	return fmt.Sprintf("indexer %-5s %-10s b=%-3d mtp=%d tokens=%-6d context=%-7d rows=%-6d: chain %8.2f, (a) ratio-4 layer %8.2f, (b) with the indexer's prologue %8.2f us/layer (%+7.2f us, %+6.1f%%: <= %g%% %s), (c) with top-k %8.2f (%+7.2f us, %+6.1f%%), (b') query on the side stream %8.2f (%+6.1f%%), (b'') one fused bf16 projection %8.2f (%+6.1f%%); one layer cold: (a) %8.2f, (b) %8.2f (%+6.1f%%), (c) %8.2f; alone: prologue %7.2f, query step %6.2f, top-k %7.2f; added weights %4.1f MB, floor %5.2f us (layer's %5.1f MB: %5.2f us); visible <= %d entries, %d rows score (top-k %d)",
+	return fmt.Sprintf("indexer %-5s %-10s b=%-3d mtp=%d tokens=%-6d context=%-7d rows=%-6d: chain %8.2f, (a) ratio-4 layer %8.2f, (b) with the indexer's prologue %8.2f us/layer (%+7.2f us, %+6.1f%%: <= %g%% %s), (c) with top-k %8.2f (%+7.2f us, %+6.1f%%), (b') query on the side stream %8.2f (%+6.1f%%), (b'') three bf16 projections %8.2f (%+6.1f%%); one layer cold: (a) %8.2f, (b) %8.2f (%+6.1f%%), (c) %8.2f; alone: prologue %7.2f, query step %6.2f, top-k %7.2f; added weights %4.1f MB, floor %5.2f us (layer's %5.1f MB: %5.2f us); visible <= %d entries, %d rows score (top-k %d)",
 		r.Model, r.Phase, r.Batch, r.MTP, r.Tokens, r.Context, r.Rows, r.ChainUs, r.BaseUs, r.PrologueUs, r.AddedUs, r.AddedPct, r.GoalPct, verdict,
-		r.TopKUs, r.TopKAddedUs, r.TopKAddedPct, r.SideUs, r.SideAddedPct, r.FusedUs, r.FusedAddedPct, r.ColdBaseUs, r.ColdPrologueUs, r.ColdAddedPct, r.ColdTopKUs, r.AloneUs, r.QueryAloneUs, r.TopKAloneUs,
+		r.TopKUs, r.TopKAddedUs, r.TopKAddedPct, r.SideUs, r.SideAddedPct, r.SeparateUs, r.SeparateAddedPct, r.ColdBaseUs, r.ColdPrologueUs, r.ColdAddedPct, r.ColdTopKUs, r.AloneUs, r.QueryAloneUs, r.TopKAloneUs,
 		float64(r.AddedWeightBytes)/1e6, r.AddedFloorUs, float64(r.BaseWeightBytes)/1e6, r.BaseFloorUs, r.Visible, r.ScoredRows, r.TopK)
 }
 
@@ -391,7 +391,7 @@ func (q *IndexerQueryResult) line() string {
 func writeIndexerTable(w io.Writer, rs []IndexerResult, qs []IndexerQueryResult) error {
 	var b strings.Builder
 	if len(rs) > 0 {
-		b.WriteString("| model | shape | (a) ratio-4 layer | (b) + prologue | (b-a)/a | goal | (c) + top-k | (c-a)/a | (b') query on the side | (b'-a)/a | (b'') fused bf16 projection | (b''-a)/a | prologue alone | added weights floor |\n")
+		b.WriteString("| model | shape | (a) ratio-4 layer | (b) + prologue | (b-a)/a | goal | (c) + top-k | (c-a)/a | (b') query on the side | (b'-a)/a | (b'') three bf16 projections | (b''-a)/a | prologue alone | added weights floor |\n")
 		b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 		for _, r := range rs {
 			shape := fmt.Sprintf("prefill %d", r.Tokens)
@@ -407,7 +407,7 @@ func writeIndexerTable(w io.Writer, rs []IndexerResult, qs []IndexerQueryResult)
 			}
 			fmt.Fprintf(&b, "| %s | %s | %.2f | %.2f | %+.1f%% | <= %g%%: %s | %.2f | %+.1f%% | %.2f | %+.1f%% | %.2f | %+.1f%% | %.2f | %.2f (%.1f MB) |\n",
 				r.Model, shape, r.BaseUs, r.PrologueUs, r.AddedPct, r.GoalPct, verdict, r.TopKUs, r.TopKAddedPct, r.SideUs, r.SideAddedPct,
-				r.FusedUs, r.FusedAddedPct, r.AloneUs,
+				r.SeparateUs, r.SeparateAddedPct, r.AloneUs,
 				r.AddedFloorUs, float64(r.AddedWeightBytes)/1e6)
 		}
 	}

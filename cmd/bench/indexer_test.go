@@ -16,6 +16,8 @@ import (
 
 	"github.com/dsv4mla/prologue/attention/mla"
 	"github.com/dsv4mla/prologue/attention/mla/cpu"
+	"github.com/dsv4mla/prologue/engine"
+	"github.com/dsv4mla/prologue/kvcache"
 	"github.com/dsv4mla/prologue/numerics"
 )
 
@@ -277,9 +279,8 @@ func TestIndexerLayerOnCPU(t *testing.T) {
 	assert.Positive(t, x.Scored, "some rows see more than index_topk entries: the selection scores them")
 	assert.Less(t, x.Scored, m.Tokens, "and some select every entry")
 	// The weights a layer adds are what indexerWeightBytes counts: the
-	// fills minus the states (the ring of every layer).
-	// fills minus the states (the ring of every layer) and the fused
-	// variant's matrix.
+	// fills minus the states (the ring of every layer) and the one
+	// projection GEMM's matrix (which holds the compressor's rows too).
 	ring := int64(m.NumSeqs * x.ringRows * 2 * idxWidth * 4)
 	fused := int64(fusedN(compWidth4) * cd.hidden * 2)
 	assert.Equal(t, int64(layers)*(indexerWeightBytes(md)+ring+fused), mk.filled-before)
@@ -292,11 +293,10 @@ func TestIndexerLayerOnCPU(t *testing.T) {
 		for _, b := range []mla.Buffer{s.qOut, s.wOut, x.layers[l].out} {
 			require.NoError(t, be.Fill(b, 0, b.Len(), 0xAB))
 		}
-		require.NoError(t, x.keys(ctx, be, l))
-		require.NoError(t, x.query(ctx, be, l))
+		// The engine's way (checked against the separate GEMMs), then the
+		// selection.
+		checkProjectionColumns(t, be, x, l)
 		require.NoError(t, x.topk(ctx, be, l))
-		require.NoError(t, x.fusedGEMM(ctx, be, l, compWidth4))
-		require.NoError(t, x.keyStep(ctx, be, l))
 		for _, mode := range []idxMode{idxAlone, idxQueryAlone, idxTopKAlone} {
 			if l == 0 {
 				require.NoError(t, x.alone(ctx, be, l, mode), mode)
@@ -429,18 +429,35 @@ func TestIndexerArgsAtDeviceShapes(t *testing.T) {
 					}
 					// Every launch the modes issue, through the code that issues it.
 					be := &checkBackend{}
-					require.NoError(t, x.keys(ctx, be, l))
-					require.NoError(t, x.query(ctx, be, l))
+					require.NoError(t, x.fusedGEMM(ctx, be, l))
+					require.NoError(t, x.keyStep(ctx, be, l))
+					require.NoError(t, x.wqBGEMM(ctx, be, l))
+					require.NoError(t, x.queryStep(ctx, be, l, mla.IndexerQueryMXFP4))
 					require.NoError(t, x.queryStep(ctx, be, l, mla.IndexerQueryFP8))
 					require.NoError(t, x.topk(ctx, be, l))
-					require.NoError(t, x.fusedGEMM(ctx, be, l, compWidth4))
+					require.NoError(t, x.keys(ctx, be, l))
+					require.NoError(t, x.separateQuery(ctx, be, l))
 					for _, mode := range []idxMode{idxAlone, idxQueryAlone, idxTopKAlone} {
 						require.NoError(t, x.alone(ctx, be, l, mode))
 					}
-					// keys 2, query 2 + a step a launch, the FP8 step, top-k 1, fused 1,
-					// alone: 4 + the steps, the steps, 1.
+					// The ratio-4 compressor's step reads its columns of the
+					// same rows (chainLayer's compressStep from mainKG).
+					kg, stride := x.mainKG()
+					main := &mla.CompressStepArgs{Ratio: 4, KG: kg, KGRows: rows, KGStride: stride, APE: sizedBuf(4 * compWidth4 * 4),
+						Ring: sizedBuf(m.NumSeqs * x.ringRows * 2 * compWidth4 * 4), RingRows: x.ringRows, Slots: m.NumSeqs, Plan: x.plan,
+						MaxSeqs: m.NumSeqs, MaxJobs: x.maxJobs, NormWeight: sizedBuf(4 * 512), Eps: numerics.DefaultEps, Rope: in.rope,
+						RopePositions: in.ropePositions, Pool: sizedBuf(x.pages * kvcache.FormatFP8UE8M0.PageBytes(engine.CompressedPageSize)), PageSize: engine.CompressedPageSize, NumPages: x.pages,
+						Scratch: sizedBuf(mla.CompressScratchBytes(x.maxJobs))}
+					require.NoError(t, main.Validate(), "layer %d ratio-4 compressor step", l)
+					main.KGStride = 2 * compWidth4
+					require.NoError(t, main.Validate())
+					main.KGStride = 2 * stride
+					require.Error(t, main.Validate(), "a wider stride passes the projection rows' end")
+					// The engine's way: one GEMM, the key step, wq_b, a step a
+					// launch in each format, top-k 1; separate: keys 2, query 2
+					// + the steps; alone: 4 + the steps, the steps, 1.
 					n := len(launches)
-					assert.Equal(t, 2+(2+n)+n+1+1+(4+n)+n+1, be.launches, "layer %d", l)
+					assert.Equal(t, 3+2*n+1+2+(2+n)+(4+n)+n+1, be.launches, "layer %d", l)
 				}
 				assert.Equal(t, md.cfg.IndexTopK, x.tk.TopK)
 				if md.Name == "flash" || s.Context > 0 {
@@ -472,5 +489,48 @@ func TestLongGenerationShape(t *testing.T) {
 			assert.Less(t, pos, tc.context)
 			assert.GreaterOrEqual(t, pos, tc.context-64-(1+tc.mtp), "near the end")
 		}
+	}
+}
+
+// checkProjectionColumns: layer l's indexer steps read their columns of
+// the one projection GEMM's rows, as the engine lays them out. From the
+// same cache and states, the engine's way (the one GEMM, the key step
+// from its columns, wq_b, the query step from weights_proj's columns) and
+// the separate GEMMs with the one matrix's rows as their weights (the CPU
+// GEMM's per-element order does not depend on N) write the same cache,
+// states, query and head weights, every byte.
+func checkProjectionColumns(t *testing.T, be *cpu.Backend, x *chainIdx, l int) {
+	t.Helper()
+	ctx := context.Background()
+	il, s := &x.layers[l], &x.sets[l%len(x.sets)]
+	rb := 2 * chainDimsOf(x.md).hidden
+	fused := cpu.Bytes(il.fused)
+	require.NoError(t, be.Write(il.wkvg, 0, fused[idxKGCol*rb:idxWPCol*rb]))
+	require.NoError(t, be.Write(il.wproj, 0, fused[idxWPCol*rb:fusedN(compWidth4)*rb]))
+	snap := func() [][]byte {
+		var out [][]byte
+		for _, b := range []mla.Buffer{il.pool, il.ring, s.qOut, s.wOut} {
+			out = append(out, append([]byte(nil), cpu.Bytes(b)...))
+		}
+		return out
+	}
+	restore := func(st [][]byte) {
+		for i, b := range []mla.Buffer{il.pool, il.ring, s.qOut, s.wOut} {
+			require.NoError(t, be.Write(b, 0, st[i]))
+		}
+	}
+	before := snap()
+	require.NoError(t, x.fusedGEMM(ctx, be, l))
+	require.NoError(t, x.keyStep(ctx, be, l))
+	require.NoError(t, x.wqBGEMM(ctx, be, l))
+	require.NoError(t, x.queryStep(ctx, be, l, mla.IndexerQueryMXFP4))
+	engineWay := snap()
+	restore(before)
+	require.NoError(t, x.keys(ctx, be, l))
+	require.NoError(t, x.separateQuery(ctx, be, l))
+	separate := snap()
+	for i, what := range []string{"cache", "states", "query", "head weights"} {
+		require.Equal(t, separate[i], engineWay[i], "layer %d %s: the one GEMM's columns against the separate GEMMs", l, what)
+		require.NotEqual(t, before[i], engineWay[i], "layer %d %s written", l, what)
 	}
 }
