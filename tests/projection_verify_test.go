@@ -148,4 +148,3 @@ func TestVerifyProjectionColumns(t *testing.T) {
 		require.Equal(t, 1, ge.Comparison.Violations)
 	}
 }
-
