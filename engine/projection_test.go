@@ -17,11 +17,29 @@ import (
 )
 
 // countingCPU is the cpu backend recording the shape of every bf16 GEMM
-// it runs.
+// it runs and counting its live buffers.
 type countingCPU struct {
 	*cpu.Backend
 	mu    sync.Mutex
 	gemms []mla.BF16GEMMArgs
+	live  int
+}
+
+func (c *countingCPU) Alloc(n int) (mla.Buffer, error) {
+	b, err := c.Backend.Alloc(n)
+	if err == nil {
+		c.mu.Lock()
+		c.live++
+		c.mu.Unlock()
+	}
+	return b, err
+}
+
+func (c *countingCPU) Free(b mla.Buffer) error {
+	c.mu.Lock()
+	c.live--
+	c.mu.Unlock()
+	return c.Backend.Free(b)
 }
 
 func (c *countingCPU) BF16GEMM(ctx context.Context, a *mla.BF16GEMMArgs) error {
@@ -75,6 +93,9 @@ func TestProjectionGEMMFused(t *testing.T) {
 	cfg.Backend = "test-bf16-count"
 	e := newEngine(t, cfg)
 	b := countingLast.Load()
+	b.mu.Lock()
+	require.Positive(t, b.live, "the engine's buffers are counted")
+	b.mu.Unlock()
 	ctx := context.Background()
 	it, err := e.Begin(ctx, []metadata.Request{ctxReq(1, 7), ctxReq(2, 5)})
 	require.NoError(t, err)
@@ -157,4 +178,24 @@ func TestProjectionGEMMFused(t *testing.T) {
 	pb := countingLast.Load()
 	runComp(t, seed, pe, nil, ctxReq(1, 9))
 	require.Empty(t, pb.take(), "Input = projected runs no projection GEMM")
+}
+
+// TestProjectionWeightsRefused: indexer weights of another shape than the
+// engine runs (index_n_heads 32: weights_proj has 32 rows, so the one
+// projection matrix could not be laid out) are refused by New naming the
+// tensor, before the layer's projection weight is uploaded, and every
+// buffer New allocated is freed.
+func TestProjectionWeightsRefused(t *testing.T) {
+	countingOn.Store(true)
+	defer countingOn.Store(false)
+	cfg := indexerConfig(testSeed(t))
+	cfg.Backend = "test-bf16-count"
+	cfg.Model.IndexNHeads = 32
+	_, err := engine.New(context.Background(), cfg)
+	require.ErrorContains(t, err, "layer 2 indexer index_n_heads, index_head_dim is [32 128], the engine needs [64 128]")
+	b := countingLast.Load()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	require.Zero(t, b.live, "buffers left allocated by the refused New")
+	require.Empty(t, b.gemms)
 }
