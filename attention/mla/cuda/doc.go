@@ -39,8 +39,9 @@
 // CompressStep (mla.CompressStepper) is the engine's: one launch per
 // compressed layer reads the iteration's plan from device memory, pools
 // each entry (one block, one thread per channel) from the projection rows
-// and the sequence's ring slot, and writes the rows the sequence keeps, so
-// a CUDA graph replays it for any batch. BF16GEMM (mla.BF16GEMMBackend:
+// (KGStride apart: a ratio-4 layer's two steps read their columns of the
+// engine's one projection GEMM) and the sequence's ring slot, and writes
+// the rows the sequence keeps, so a CUDA graph replays it for any batch. BF16GEMM (mla.BF16GEMMBackend:
 // bf16 operands, float32 output) writes the projections with the
 // tensor-core weight-streaming kernel of kernels/cuda/gemm_bf16_mma.cu up
 // to 64 rows (decode), cuBLASLt above, or kernels/cuda/gemm_bf16.cu for
