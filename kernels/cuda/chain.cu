@@ -48,7 +48,7 @@ extern "C" __global__ void __launch_bounds__(32 * CHAIN_WARPS) act_quant(const Q
         if (live) {
             row = (int)(g / nb);
             b = (int)(g - (long long)row * nb);
-            const uint4 w = __ldg(reinterpret_cast<const uint4*>(x + (size_t)row * x_stride + (size_t)b * 256 + hl * 16));
+            const uint4 w = ld_dep_v4(x + (size_t)row * x_stride + (size_t)b * 256 + hl * 16);
             const u32 ws[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
             for (int i = 0; i < 4; i++) {
@@ -111,7 +111,7 @@ extern "C" __global__ void __launch_bounds__(32 * CHAIN_WARPS) norm_quant(const 
         const u8* src = x + (size_t)row * x_stride;
         __syncwarp();  // every lane is done reading the previous row
         for (int c = lane; c < (k >> 3); c += 32) {  // chunk c: values [8c, 8c+8)
-            const uint4 w = __ldg(reinterpret_cast<const uint4*>(src + 16 * c));
+            const uint4 w = ld_dep_v4(src + 16 * c);
             *reinterpret_cast<uint2*>(row_s + seg_off(8 * c, n, seg_bytes)) = make_uint2(w.x, w.y);
             *reinterpret_cast<uint2*>(row_s + seg_off(8 * c + 4, n, seg_bytes)) = make_uint2(w.z, w.w);
         }

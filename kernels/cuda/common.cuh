@@ -77,6 +77,32 @@ __device__ __forceinline__ uint4 ld_stream(const void* p) {
     return v;
 }
 
+// Reads of what an earlier kernel of the stream wrote (activations, GEMM
+// outputs, split-K partials, compressor states), after pdl_wait. Not the
+// read-only path (ld.global.nc: what __ldg and loads through
+// const __restrict__ pointers compile to): the PTX ISA allows it only for
+// data that stays the same while the kernel runs, and under programmatic
+// dependent launch a kernel runs before the grid it waits for has finished
+// writing. The backed-out f16 GEMM rewrite failed graph replays exactly so
+// and passed with these loads (docs/gemm-rewrite-failure.md). Plain
+// coherent loads (L1 may keep them for the block's other warps), volatile
+// so the compiler keeps them after the wait.
+__device__ __forceinline__ uint4 ld_dep_v4(const void* p) {
+    uint4 v;
+    asm volatile("ld.global.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ float4 ld_dep_f4(const float* p) {
+    float4 v;
+    asm volatile("ld.global.v4.f32 {%0,%1,%2,%3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ float ld_dep_f32(const float* p) {
+    float v;
+    asm volatile("ld.global.f32 %0, [%1];" : "=f"(v) : "l"(p));
+    return v;
+}
+
 // Four float32 as four bf16 (bf16x2_rn) at dst, or as themselves: the
 // split-K reduction's two outputs.
 __device__ __forceinline__ void splitk_store4(u16* dst, float4 s) {
@@ -105,9 +131,9 @@ __device__ __forceinline__ void splitk_reduce(const SplitKParams& p) {
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < (long long)m * per_row) {
         const int r = (int)(i / per_row), c = (int)(i - (long long)r * per_row) * 4;
-        float4 s = __ldg(reinterpret_cast<const float4*>(part + (size_t)r * n + c));
+        float4 s = ld_dep_f4(part + (size_t)r * n + c);
         for (int z = 1; z < splits; z++) {
-            const float4 v = __ldg(reinterpret_cast<const float4*>(part + ((size_t)z * m + r) * n + c));
+            const float4 v = ld_dep_f4(part + ((size_t)z * m + r) * n + c);
             s.x = __fadd_rn(s.x, v.x);
             s.y = __fadd_rn(s.y, v.y);
             s.z = __fadd_rn(s.z, v.z);

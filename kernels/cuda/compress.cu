@@ -124,21 +124,21 @@ extern "C" __global__ void __launch_bounds__(COMPRESS_THREADS) compress_entries(
         float m = __uint_as_float(0xff800000u);  // -Inf
         for (int j = 0; j < n; j++) {
             const int col = j < nlo ? c : HEAD_DIM + c;
-            const float g = __ldg(compress_row(new_g, state_g, __ldg(cj + j), width) + col);
+            const float g = ld_dep_f32(compress_row(new_g, state_g, __ldg(cj + j), width) + col);
             m = g > m ? g : m;
         }
         float s = 0.f;
         for (int j = 0; j < n; j++) {
             const int col = j < nlo ? c : HEAD_DIM + c;
-            const float g = __ldg(compress_row(new_g, state_g, __ldg(cj + j), width) + col);
+            const float g = ld_dep_f32(compress_row(new_g, state_g, __ldg(cj + j), width) + col);
             s = __fadd_rn(s, exp32(__fsub_rn(g, m)));
         }
         float acc = 0.f;
         for (int j = 0; j < n; j++) {
             const int code = __ldg(cj + j);
             const int col = j < nlo ? c : HEAD_DIM + c;
-            const float g = __ldg(compress_row(new_g, state_g, code, width) + col);
-            const float k = __ldg(compress_row(new_k, state_k, code, width) + col);
+            const float g = ld_dep_f32(compress_row(new_g, state_g, code, width) + col);
+            const float k = ld_dep_f32(compress_row(new_k, state_k, code, width) + col);
             const float w = __fdiv_rn(exp32(__fsub_rn(g, m)), s);
             acc = __fadd_rn(acc, __fmul_rn(w, k));
         }

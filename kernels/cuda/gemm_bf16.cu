@@ -60,7 +60,7 @@ extern "C" __global__ void __launch_bounds__(BF16_GEMM_WARPS * 32) gemm_bf16_f32
 #pragma unroll
         for (int j = 0; j < 8; j++) acc[j] = 0.0f;
         for (int kk = lane * 8; kk < k; kk += 256) {
-            const uint4 xv = __ldg(reinterpret_cast<const uint4*>(xr + kk));
+            const uint4 xv = ld_dep_v4(xr + kk);
             const float xf[8] = {bf16_lo(xv.x), bf16_hi(xv.x), bf16_lo(xv.y), bf16_hi(xv.y),
                                  bf16_lo(xv.z), bf16_hi(xv.z), bf16_lo(xv.w), bf16_hi(xv.w)};
 #pragma unroll

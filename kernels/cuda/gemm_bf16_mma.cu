@@ -139,7 +139,7 @@ extern "C" __global__ void __launch_bounds__(BF16_MMA_WARPS * 32, 4) gemm_bf16_m
         for (int i = threadIdx.x; i < tiles * 8 * vecs; i += BF16_MMA_WARPS * 32) {
             const int r = i / vecs, v = i - r * vecs;
             uint4 val = make_uint4(0, 0, 0, 0);
-            if (r < rows) val = __ldg(reinterpret_cast<const uint4*>(x + (size_t)(m0 + r) * x_stride + c0 + 8 * v));
+            if (r < rows) val = ld_dep_v4(x + (size_t)(m0 + r) * x_stride + c0 + 8 * v);
             *reinterpret_cast<uint4*>(xs + r * pitch + 8 * v) = val;
         }
         __syncthreads();

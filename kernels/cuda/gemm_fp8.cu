@@ -33,7 +33,8 @@
 static_assert(FP8_GEMM_ROW_TILE == 16 * FP8_GEMM_WARPS && FP8_GEMM_ROW_TILE == 128,
               "a warp owns 16 W rows, a block one row of 128x128 weight scale blocks");
 
-__device__ __forceinline__ uint4 ld_x(const u8* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
+// X is act_quant's or q_norm's output: a coherent load (common.cuh's ld_dep).
+__device__ __forceinline__ uint4 ld_x(const u8* p) { return ld_dep_v4(p); }
 
 __device__ __forceinline__ void mma_e4m3(float d[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
     asm volatile(
@@ -124,8 +125,8 @@ __device__ __forceinline__ void gemm_fp8_body(const FP8GEMMParams& p) {
                 float d[4];
                 block_mma(d, cur, xa, xb);
                 const int mc = mb + 2 * t;  // this lane's D tokens: mc, mc + 1
-                const float s0 = mc < m ? __fmul_rn(__ldg(xs_kb + mc), wsc) : 0.f;
-                const float s1 = mc + 1 < m ? __fmul_rn(__ldg(xs_kb + mc + 1), wsc) : 0.f;
+                const float s0 = mc < m ? __fmul_rn(ld_dep_f32(xs_kb + mc), wsc) : 0.f;
+                const float s1 = mc + 1 < m ? __fmul_rn(ld_dep_f32(xs_kb + mc + 1), wsc) : 0.f;
                 acc[j][0] = __fmaf_rn(d[0], s0, acc[j][0]);
                 acc[j][1] = __fmaf_rn(d[1], s1, acc[j][1]);
                 acc[j][2] = __fmaf_rn(d[2], s0, acc[j][2]);

@@ -210,7 +210,7 @@ extern "C" __global__ void __launch_bounds__(32 * IQ_WARPS)
         if (fp8) {
             const int e = warp_fp8_store(dst, v, lane);
             if (lane == 0) {
-                const float wv = __ldg(weight + (size_t)t * w_stride + h);
+                const float wv = ld_dep_f32(weight + (size_t)t * w_stride + h);
                 const float ws = __fmul_rn(__uint_as_float(bf16x2_rn(wv, 0.f) << 16), wscale);
                 const float wf = __fmul_rn(ws, pow2i(e - 127));
                 // A NaN is written as F32_NAN_BITS whatever the arithmetic returned.
@@ -220,7 +220,7 @@ extern "C" __global__ void __launch_bounds__(32 * IQ_WARPS)
         }
         warp_mxfp4_store(dst, v, lane);
         if (lane == 0) {
-            const float wv = __ldg(weight + (size_t)t * w_stride + h);
+            const float wv = ld_dep_f32(weight + (size_t)t * w_stride + h);
             const u32 wr = bf16x2_rn(wv, 0.f) << 16;
             static_cast<u16*>(w_out)[row] = (u16)(bf16x2_rn(__fmul_rn(__uint_as_float(wr), wscale), 0.f) & 0xffffu);
         }
