@@ -57,6 +57,41 @@ type FP8GEMMArch struct {
 	// Own is the measured choice of the own kernel over cuBLASLt by shape:
 	// the first rule whose MaxN is at least N decides.
 	Own []OwnRule
+	// WGMMA is the sm_90a warpgroup-MMA kernel's description.
+	WGMMA WGMMAArch
+}
+
+// WGMMAArch is the FP8 GEMM of kernels/cuda/gemm_fp8_wgmma.cu (warpgroup
+// MMA, operands by the tensor memory accelerator) on an architecture: its
+// token tiles (wgmma's N side, one kernel each: gemm_fp8_wgmma_bn<T>;
+// none: the kernel does not exist there), the deepest shared-memory ring
+// it may use, and the shapes it is the measured choice for.
+type WGMMAArch struct {
+	TokenTiles []int
+	MaxStages  int
+	// FusedSplitFinish: a split K is finished by the kernel's last block
+	// of each tile (split_finish) instead of gemm_fp8_reduce; the same
+	// bytes either way.
+	FusedSplitFinish bool
+	// Use: the first rule whose MaxN is at least N decides, the kernel
+	// running up to MaxM rows; no rule for N (and no rules, the default
+	// until the device has measured it): the other implementations'
+	// choice.
+	Use []OwnRule
+}
+
+// Chosen reports whether the wgmma kernel is the measured choice for an
+// M x N GEMM.
+func (a WGMMAArch) Chosen(m, n int) bool {
+	if len(a.TokenTiles) == 0 {
+		return false
+	}
+	for _, r := range a.Use {
+		if n <= r.MaxN {
+			return m <= r.MaxM
+		}
+	}
+	return false
 }
 
 // OwnRule: GEMMs of at most MaxN outputs run the own kernel up to MaxM
@@ -106,6 +141,8 @@ var SM90 = Arch{
 			// kernel runs those whatever the rule).
 			{MaxN: math.MaxInt, MaxM: 8, Source: gemmTimes},
 		},
+		// Not chosen for any shape until measured on the device.
+		WGMMA: WGMMAArch{TokenTiles: []int{8, 16, 32, 64, 128}, MaxStages: 8},
 	},
 	BF16: BF16GEMMArch{SplitBlocksPerSM: 2},
 	// 264 blocks on the H200 since the kernel came (d614e60); not measured
@@ -199,6 +236,8 @@ func ForDevice(major, minor int, r Resources) Arch {
 	if major != a.Major || minor != a.Minor {
 		a.Name = fmt.Sprintf("sm_%d%d (the choices measured on %s)", major, minor, SM90.Name)
 		a.Major, a.Minor = major, minor
+		// sm_90a code (wgmma) runs on compute capability 9.0 alone.
+		a.FP8.WGMMA = WGMMAArch{}
 	}
 	for _, f := range []struct {
 		dst *int

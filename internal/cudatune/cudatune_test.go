@@ -93,6 +93,28 @@ func TestForDevice(t *testing.T) {
 	require.Contains(t, b.Name, "sm_89")
 	require.Contains(t, b.Name, SM90.Name)
 	require.Equal(t, SM90.L2Bytes, b.L2Bytes)
+	require.Empty(t, b.FP8.WGMMA.TokenTiles, "no sm_90a kernel off compute capability 9.0")
+	require.False(t, b.FP8.WGMMA.Chosen(1, 128))
+	require.Empty(t, ForDevice(10, 0, Resources{}).FP8.WGMMA.TokenTiles)
+}
+
+// TestWGMMAChosen: the wgmma kernel is chosen by its rules only, and for no
+// shape until measured (SM90 has no rule yet).
+func TestWGMMAChosen(t *testing.T) {
+	for _, m := range []int{1, 8, 128, 4096} {
+		for _, n := range []int{128, 1536, 32768} {
+			require.False(t, SM90.FP8.WGMMA.Chosen(m, n), "m %d n %d: not chosen before a measurement", m, n)
+		}
+	}
+	a := WGMMAArch{TokenTiles: []int{8}, Use: []OwnRule{{MaxN: 4096, MaxM: 64}, {MaxN: math.MaxInt, MaxM: 128}}}
+	for _, c := range []struct {
+		m, n int
+		want bool
+	}{{64, 4096, true}, {65, 4096, false}, {128, 4097, true}, {129, 32768, false}, {1, 128, true}} {
+		require.Equal(t, c.want, a.Chosen(c.m, c.n), "m %d n %d", c.m, c.n)
+	}
+	a.TokenTiles = nil
+	require.False(t, a.Chosen(1, 128), "no kernels: never chosen")
 }
 
 // TestOwnKernel: the measured FP8 GEMM choice by shape (the own kernel up

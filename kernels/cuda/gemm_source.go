@@ -27,3 +27,12 @@ var gemmBF16MMASource string
 // decode; sm_80+): kernels gemm_bf16_mma (weight streaming, split-K) and
 // gemm_bf16_mma_reduce (the split-K reduction, in split order).
 func BF16MMAGEMMSource() string { return gemmBF16MMASource }
+
+//go:embed gemm_fp8_wgmma.cu
+var gemmWGMMASource string
+
+// WGMMAGEMMSource returns the CUDA source of the FP8 block-scaled GEMM for
+// sm_90a (warpgroup MMA, operands by the tensor memory accelerator):
+// kernels gemm_fp8_wgmma_bn{8,16,32,64,128}, one a token tile; split-K
+// partials go through GEMMSource's gemm_fp8_reduce.
+func WGMMAGEMMSource() string { return gemmWGMMASource }

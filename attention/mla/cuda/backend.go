@@ -48,6 +48,11 @@ type Options struct {
 	GEMMOwnMaxM int
 	// NoCuBLASLt runs every GEMM on the own kernel (cuBLASLt is not loaded).
 	NoCuBLASLt bool
+	// GEMMWGMMA runs every FP8 GEMM on the sm_90a wgmma kernel
+	// (gemm_wgmma.go); InitGEMM fails with ErrWGMMAUnavailable where it
+	// cannot run (compute capability other than 9.0, a driver without
+	// tensor maps).
+	GEMMWGMMA bool
 }
 
 // Backend runs the prologue kernels on one device.

@@ -1,9 +1,11 @@
 // Package cuda is the CUDA backend of the MLA prologue: the kernels in
 // kernels/cuda/prologue.cu and the chain's kernels (act_quant and norm_quant
 // in kernels/cuda/chain.cu, the FP8 GEMM in kernels/cuda/gemm_fp8.cu, with
-// cuBLASLt for large batches), embedded, compiled by NVRTC for the device at
-// first use (with kernels/cuda.Headers: common.cuh and the generated abi.h
-// as in-memory includes) and cached on disk, and the Go side that launches them. It implements mla.Backend and
+// cuBLASLt for large batches and on sm_90a the wgmma kernel of
+// kernels/cuda/gemm_fp8_wgmma.cu where chosen), embedded, compiled by NVRTC
+// for the device at first use (with kernels/cuda.Headers: common.cuh and
+// the generated abi.h as in-memory includes) and cached on disk, and the Go
+// side that launches them. It implements mla.Backend and
 // mla.ChainBackend and passes the same conformance suites as the CPU
 // backend, byte for byte (the GEMM within the bound of docs/DESIGN.md
 // section 7).

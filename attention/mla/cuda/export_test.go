@@ -271,3 +271,31 @@ __device__ __forceinline__ float ld_coherent(const float* p) {
     return v;
 }
 `
+
+// WGMMAGEMM is GEMM on the wgmma kernel whatever the options and the
+// architecture's rules choose (loaded on first use; ErrWGMMAUnavailable
+// where it cannot run), so a test runs it beside the other implementations
+// on one backend's buffers.
+func (b *Backend) WGMMAGEMM(ctx context.Context, a *mla.GEMMArgs) error {
+	if err := b.InitGEMM(); err != nil {
+		return err
+	}
+	if err := b.loadWGMMA(); err != nil {
+		return err
+	}
+	return b.gemmOn(ctx, a, true)
+}
+
+// LoadWGMMA loads the wgmma kernel (InitGEMM first), or says why it
+// cannot run here (ErrWGMMAUnavailable).
+func (b *Backend) LoadWGMMA() error {
+	if err := b.InitGEMM(); err != nil {
+		return err
+	}
+	return b.loadWGMMA()
+}
+
+// SetWGMMAFusedSplitFinish sets the architecture description's choice of
+// the wgmma kernel's split-K finish (FusedSplitFinish), for tests that run
+// both.
+func (b *Backend) SetWGMMAFusedSplitFinish(on bool) { b.arch.FP8.WGMMA.FusedSplitFinish = on }

@@ -14,13 +14,16 @@ import (
 	"github.com/dsv4mla/prologue/kernels/cuda/driver"
 )
 
-// The chain's FP8 block-scaled GEMM (mla.ChainBackend.GEMM) has two
+// The chain's FP8 block-scaled GEMM (mla.ChainBackend.GEMM) has three
 // implementations: the weight-streaming kernel of kernels/cuda/gemm_fp8.cu
 // for small batches (cuBLASLt refuses M = 1 and 2 and is far from the
-// weight-bandwidth floor below a few hundred rows), and cuBLASLt above
+// weight-bandwidth floor below a few hundred rows), cuBLASLt above
 // Options.GEMMOwnMaxM rows, by default the choice measured per shape in the
-// device's architecture description (cudatune.Arch's FP8.Own). Both are compiled or loaded at the first GEMM
-// (or InitGEMM); without cuBLASLt the kernel runs every batch.
+// device's architecture description (cudatune.Arch's FP8.Own), and on
+// compute capability 9.0 the wgmma kernel of gemm_fp8_wgmma.cu
+// (gemm_wgmma.go) where FP8.WGMMA.Use chooses it or Options.GEMMWGMMA
+// forces it. They are compiled or loaded at the first GEMM (or InitGEMM);
+// without cuBLASLt the kernel runs every batch.
 //
 // (A rewrite of the kernel that converts each operand to f16 once and runs
 // f16 MMAs, 5fe1622..508f76b, measured 2-4x faster from 32 rows up but
@@ -49,6 +52,12 @@ type gemmState struct {
 	lt             *cublaslt.Handle // shared with the bf16 GEMM (bf16gemm.go)
 	ltErr          error            // why cuBLASLt is not used (absent, or Options.NoCuBLASLt)
 	own, cublasRun atomic.Int64
+	// The sm_90a wgmma kernel (gemm_wgmma.go), loaded by loadWGMMA; wg is
+	// nil where it is not (wgErr says why).
+	wgOnce   sync.Once
+	wg       *wgmmaState
+	wgErr    error
+	wgmmaRun atomic.Int64
 }
 
 // InitGEMM compiles the GEMM kernels, allocates the split-K workspaces (one a stream) and
@@ -87,6 +96,16 @@ func (b *Backend) initGEMM() error {
 		b.workspaceSettled.Add(gemmPartBytes)
 	}
 	b.openCuBLASLt()
+	// The wgmma kernel where it is forced (an error if it cannot run) or
+	// chosen for some shape (without it, the other two run those).
+	if b.opts.GEMMWGMMA {
+		return b.loadWGMMA()
+	}
+	if len(b.arch.FP8.WGMMA.Use) > 0 {
+		if err := b.loadWGMMA(); err != nil {
+			b.log.Info().Err(err).Msg("the wgmma GEMM is not used")
+		}
+	}
 	return nil
 }
 
@@ -126,6 +145,10 @@ func (b *Backend) closeGEMM() error {
 	if g.mod != nil {
 		errs = append(errs, g.mod.Unload())
 		g.mod = nil
+	}
+	if g.wg != nil {
+		errs = append(errs, g.wg.mod.Unload(), g.wg.free(b.ctx))
+		g.wg = nil
 	}
 	if m := b.bf16.mod; m != nil {
 		errs = append(errs, m.Unload())
@@ -200,7 +223,11 @@ func planOwnGEMM(a cudatune.FP8GEMMArch, m, n, k, sms, partBytes int) ownGEMMPla
 
 // GEMM implements mla.ChainBackend: Y = X . W^T with the FP8 block scales,
 // bf16 out, on the backend's stream. N and K must be multiples of 128.
-func (b *Backend) GEMM(ctx context.Context, a *mla.GEMMArgs) error {
+func (b *Backend) GEMM(ctx context.Context, a *mla.GEMMArgs) error { return b.gemmOn(ctx, a, false) }
+
+// gemmOn is GEMM; wgmma runs it on the wgmma kernel whatever the choice
+// (loaded by the caller).
+func (b *Backend) gemmOn(ctx context.Context, a *mla.GEMMArgs, wgmma bool) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -235,6 +262,12 @@ func (b *Backend) GEMM(ctx context.Context, a *mla.GEMMArgs) error {
 		return err
 	}
 	g := &b.gemm
+	if wgmma && g.wg == nil {
+		return fmt.Errorf("cuda: the wgmma GEMM is not loaded: %w", g.wgErr)
+	}
+	if wgmma || g.wg != nil && (b.opts.GEMMWGMMA || b.arch.FP8.WGMMA.Chosen(m, n)) {
+		return b.wgmmaGEMM(w, ws, x, xs, y, m, n, k, a.X.ScaleStride, a.YStride)
+	}
 	own := b.arch.FP8.OwnKernel(m, n)
 	if b.opts.GEMMOwnMaxM != 0 {
 		own = m <= b.opts.GEMMOwnMaxM

@@ -65,6 +65,13 @@ func gemmChoice(s engineGEMM, m int) string {
 		}
 		return "cublaslt-or-simple"
 	}
+	if a.FP8.WGMMA.Chosen(m, s.n) {
+		p, err := planWGMMA(a.FP8.WGMMA, m, s.n, s.k, a.SMs, a.SharedPerBlockOptin, gemmPartBytes)
+		if err != nil {
+			return "wgmma: " + err.Error()
+		}
+		return fmt.Sprintf("wgmma bn=%d chunks=%d splits=%d kb=%d grid=%d stages=%d", p.bn, p.chunks, p.splits, p.kbPerSplit, p.grid, p.stages)
+	}
 	p := planOwnGEMM(a.FP8, m, s.n, s.k, a.SMs, gemmPartBytes)
 	plan := fmt.Sprintf("mt=%d chunks=%d splits=%d kb=%d", p.mt, p.chunks, p.splits, p.kbPerSplit)
 	if a.FP8.OwnKernel(m, s.n) {

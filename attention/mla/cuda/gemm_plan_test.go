@@ -76,3 +76,71 @@ func TestStreamSlot(t *testing.T) {
 	b.stream = main
 	require.Equal(t, 0, b.streamSlot())
 }
+
+// TestPlanWGMMA checks the wgmma kernel's launch shapes without a GPU: the
+// token tile holds M (or the largest tiles cover it), the splits cover K
+// with none empty, the persistent grid has a unit for every block, the
+// ring fits the opt-in shared memory, partials fit the workspace; and the
+// V4 shapes get the grids intended.
+func TestPlanWGMMA(t *testing.T) {
+	a := cudatune.SM90.FP8.WGMMA
+	optin := cudatune.SM90.SharedPerBlockOptin
+	for _, s := range []struct{ n, k int }{{1536, 4096}, {32768, 1024}, {2048, 7168}, {65536, 1536}, {128, 128}, {256, 384}} {
+		for _, m := range []int{1, 2, 3, 8, 9, 16, 31, 32, 33, 64, 65, 127, 128, 129, 256, 300, 512, 4096} {
+			for _, sms := range []int{1, 78, 132} {
+				p, err := planWGMMA(a, m, s.n, s.k, sms, optin, gemmPartBytes)
+				require.NoError(t, err)
+				kbn := s.k / 128
+				require.Contains(t, a.TokenTiles, p.bn)
+				if m <= 128 {
+					require.GreaterOrEqual(t, p.bn, m, "%+v", p)
+					require.True(t, p.bn == 8 || p.bn/2 < m, "not the smallest tile for m %d: %+v", m, p)
+				} else {
+					require.Equal(t, 128, p.bn)
+				}
+				require.Equal(t, (m+p.bn-1)/p.bn, p.chunks)
+				require.GreaterOrEqual(t, p.splits*p.kbPerSplit, kbn, "%+v", p)
+				require.Less(t, (p.splits-1)*p.kbPerSplit, kbn, "an empty split: %+v", p)
+				units := s.n / 128 * p.chunks * p.splits
+				require.Equal(t, min(units, sms), p.grid, "%+v", p)
+				require.GreaterOrEqual(t, p.stages, 2)
+				require.LessOrEqual(t, p.stages, a.MaxStages)
+				require.Equal(t, wgmmaSmemBytes(p.bn, p.stages), p.smem)
+				require.LessOrEqual(t, p.smem, optin)
+				if p.stages < a.MaxStages {
+					require.Greater(t, wgmmaSmemBytes(p.bn, p.stages+1), optin, "a deeper ring fits: %+v", p)
+				}
+				if p.splits > 1 {
+					require.LessOrEqual(t, 4*p.splits*m*s.n, gemmPartBytes)
+					require.LessOrEqual(t, 4*p.splits*m*s.n, s.n*s.k, "partials larger than the weight")
+					require.Less(t, s.n/128*p.chunks, sms, "split although the units fill the device")
+				}
+			}
+		}
+	}
+	for _, c := range []struct {
+		name    string
+		m, n, k int
+		want    wgmmaPlan
+	}{
+		// V4-Flash [wq_a; wkv] at one token: 12 row tiles split 11 ways.
+		{"flash A m1", 1, 1536, 4096, wgmmaPlan{bn: 8, chunks: 1, splits: 11, kbPerSplit: 3, grid: 132, stages: 8, smem: wgmmaSmemBytes(8, 8)}},
+		// at 128 tokens the partials may not outgrow the weight: 8 splits.
+		{"flash A m128", 128, 1536, 4096, wgmmaPlan{bn: 128, chunks: 1, splits: 8, kbPerSplit: 4, grid: 96, stages: 5, smem: wgmmaSmemBytes(128, 5)}},
+		// wq_b: 256 row tiles, two rounds of the persistent grid, no split.
+		{"flash wq_b m32", 32, 32768, 1024, wgmmaPlan{bn: 32, chunks: 1, splits: 1, kbPerSplit: 8, grid: 132, stages: 8, smem: wgmmaSmemBytes(32, 8)}},
+		{"pro wq_b m129", 129, 65536, 1536, wgmmaPlan{bn: 128, chunks: 2, splits: 1, kbPerSplit: 12, grid: 132, stages: 5, smem: wgmmaSmemBytes(128, 5)}},
+		{"pro A m64", 64, 2048, 7168, wgmmaPlan{bn: 64, chunks: 1, splits: 8, kbPerSplit: 7, grid: 128, stages: 8, smem: wgmmaSmemBytes(64, 8)}},
+	} {
+		p, err := planWGMMA(a, c.m, c.n, c.k, 132, optin, gemmPartBytes)
+		require.NoError(t, err)
+		require.Equal(t, c.want, p, c.name)
+	}
+	// The layout: 128 W rows and 128 token rows of 128 bytes a stage, two
+	// barriers; two 128 x 72 bf16 tiles; the alignment slack.
+	require.Equal(t, 5*(32768+16)+2*128*144+1024, wgmmaSmemBytes(128, 5))
+	_, err := planWGMMA(a, 1, 128, 128, 132, 30<<10, gemmPartBytes)
+	require.ErrorIs(t, err, ErrWGMMAUnavailable, "30 KiB hold one stage")
+	_, err = planWGMMA(cudatune.WGMMAArch{}, 1, 128, 128, 132, optin, gemmPartBytes)
+	require.ErrorIs(t, err, ErrWGMMAUnavailable, "no tiles")
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	_ "embed"
 	"encoding/binary"
+	"errors"
 	"flag"
 	"fmt"
 	"math/rand/v2"
@@ -248,6 +249,16 @@ func TestCUDAGEMMChainReplay(t *testing.T) {
 		name string
 		load func() (gemmFunc, func(), error)
 	}{{"current", func() (gemmFunc, func(), error) { return b.GEMM, func() {}, nil }}}
+	if err := b.LoadWGMMA(); err == nil {
+		impls = append(impls, struct {
+			name string
+			load func() (gemmFunc, func(), error)
+		}{"wgmma", func() (gemmFunc, func(), error) { return b.WGMMAGEMM, func() {}, nil }})
+	} else if !errors.Is(err, cuda.ErrWGMMAUnavailable) {
+		t.Errorf("loading the wgmma kernel: %v", err)
+	} else {
+		t.Logf("the wgmma kernel is not run: %v", err)
+	}
 	if *gemmRewrite {
 		// The rewrite as 508f76b ran it, then with one change each, to
 		// place the failure: a split-K workspace per stream; no

@@ -2,10 +2,13 @@ package cuda_test
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -35,12 +38,17 @@ func TestCUDAGEMMPaths(t *testing.T) {
 	for name, opts := range map[string]cuda.Options{
 		"own":      {NoCuBLASLt: true},
 		"cublaslt": {GEMMOwnMaxM: -1},
+		"wgmma":    {GEMMWGMMA: true, NoCuBLASLt: true},
 	} {
 		t.Run(name, func(t *testing.T) {
 			b, err := cuda.New(opts)
 			require.NoError(t, err)
 			defer b.Close()
-			require.NoError(t, b.InitGEMM())
+			if err := b.InitGEMM(); name == "wgmma" && errors.Is(err, cuda.ErrWGMMAUnavailable) {
+				t.Skipf("%v", err)
+			} else {
+				require.NoError(t, err)
+			}
 			if name == "cublaslt" && b.CuBLASLtError() != nil {
 				t.Skipf("cuBLASLt unavailable: %v", b.CuBLASLtError())
 			}
@@ -53,7 +61,10 @@ func TestCUDAGEMMPaths(t *testing.T) {
 			mlatest.TestGEMMShapes(t, b, append(slices.Clone(mlatest.FlashGEMMs), mlatest.ScaledGEMMs(mlatest.ProGEMMs, 8)...))
 			own, lt := b.GEMMCounts()
 			t.Logf("GEMMs run: own kernel %d, cuBLASLt %d", own, lt)
-			if name == "own" {
+			if name == "wgmma" {
+				require.Zero(t, own+lt)
+				require.Positive(t, b.WGMMACount())
+			} else if name == "own" {
 				require.Zero(t, lt)
 			} else {
 				require.Positive(t, lt, "no GEMM went to cuBLASLt")
@@ -147,7 +158,10 @@ func TestCUDAGEMMGraph(t *testing.T) {
 	}
 }
 
-var gemmTimes = flag.Bool("gemm.times", false, "TestGEMMTimes: time the GEMM implementations at V4-Flash and V4-Pro shapes")
+var (
+	gemmTimes     = flag.Bool("gemm.times", false, "TestGEMMTimes: time the GEMM implementations at V4-Flash and V4-Pro shapes")
+	gemmTimesRows = flag.String("gemm.times.rows", "1,8,32,128,256,512,1024,4096", "TestGEMMTimes: the batch sizes, comma-separated")
+)
 
 // TestGEMMTimes prints device times of the GEMM at V4-Flash and V4-Pro
 // shapes for each implementation: "cold" with L2 flushed before each call
@@ -156,14 +170,21 @@ var gemmTimes = flag.Bool("gemm.times", false, "TestGEMMTimes: time the GEMM imp
 // and the weight bandwidth of the cold time. Run with
 // -gemm.times. The first column is the own kernel forced (NoCuBLASLt), the
 // second cuBLASLt wherever it accepts the shape (GEMMOwnMaxM = -1; its
-// path column says "own" where cuBLASLt refused): together they are what
-// the architecture description's choice (cudatune.SM90.FP8.Own) is read from.
+// path column says "own" where cuBLASLt refused), the third the sm_90a
+// wgmma kernel (GEMMWGMMA, where it runs): together they are what the
+// architecture description's choices (cudatune.SM90.FP8.Own and
+// FP8.WGMMA.Use) are read from.
 func TestGEMMTimes(t *testing.T) {
 	if !*gemmTimes {
 		t.Skip("run with -gemm.times")
 	}
 	backend(t)
-	ms := []int{1, 8, 32, 128, 256, 512, 1024, 4096}
+	var ms []int
+	for _, f := range strings.Split(*gemmTimesRows, ",") {
+		m, err := strconv.Atoi(strings.TrimSpace(f))
+		require.NoError(t, err, "-gemm.times.rows")
+		ms = append(ms, m)
+	}
 	shapes := append(slices.Clone(mlatest.FlashGEMMs), mlatest.ProGEMMs...)
 	type row struct{ cold, b2b time.Duration }
 	results := map[string]map[string]row{}
@@ -171,10 +192,16 @@ func TestGEMMTimes(t *testing.T) {
 	for _, path := range []struct {
 		name string
 		opts cuda.Options
-	}{{"own", cuda.Options{NoCuBLASLt: true}}, {"cublaslt", cuda.Options{GEMMOwnMaxM: -1}}} {
+	}{{"own", cuda.Options{NoCuBLASLt: true}}, {"cublaslt", cuda.Options{GEMMOwnMaxM: -1}}, {"wgmma", cuda.Options{GEMMWGMMA: true, NoCuBLASLt: true}}} {
 		b, err := cuda.New(path.opts)
 		require.NoError(t, err)
-		require.NoError(t, b.InitGEMM())
+		if err := b.InitGEMM(); path.name == "wgmma" && errors.Is(err, cuda.ErrWGMMAUnavailable) {
+			t.Logf("%v", err)
+			require.NoError(t, b.Close())
+			continue
+		} else {
+			require.NoError(t, err)
+		}
 		if path.name == "cublaslt" && b.CuBLASLtError() != nil {
 			t.Logf("cuBLASLt unavailable: %v", b.CuBLASLtError())
 			require.NoError(t, b.Close())
@@ -194,10 +221,13 @@ func TestGEMMTimes(t *testing.T) {
 				require.NoError(t, err)
 				args := &mla.GEMMArgs{X: x, W: w, Y: y, YStride: s.N}
 				_, lt0 := b.GEMMCounts()
+				wg0 := b.WGMMACount()
 				require.NoError(t, b.GEMM(ctx, args)) // warm-up: plans, module
 				which := "own"
 				if _, lt1 := b.GEMMCounts(); lt1 > lt0 {
 					which = "cublaslt"
+				} else if b.WGMMACount() > wg0 {
+					which = "wgmma"
 				}
 				// Timed as CUDA graphs so that the host's launch cost (one
 				// hand-over per call) stays out: b2b is a graph of reps GEMMs;
@@ -245,13 +275,14 @@ func TestGEMMTimes(t *testing.T) {
 		require.NoError(t, b.Close())
 	}
 	us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
-	fmt.Printf("%-22s %-8s %10s %10s %10s   %-8s %10s %10s %10s %8s\n", "GEMM", "path", "cold us", "b2b us", "cold GB/s", "path", "cold us", "b2b us", "cold GB/s", "floor us")
+	fmt.Printf("%-22s %-8s %10s %10s %10s   %-8s %10s %10s %10s   %-8s %10s %10s %10s %8s\n", "GEMM",
+		"path", "cold us", "b2b us", "cold GB/s", "path", "cold us", "b2b us", "cold GB/s", "path", "cold us", "b2b us", "cold GB/s", "floor us")
 	for _, s := range shapes {
 		wbytes := float64(s.N * s.K)
 		for _, m := range ms {
 			key := fmt.Sprintf("%s/m%d", s.Name, m)
 			line := fmt.Sprintf("%-22s", key)
-			for _, p := range []string{"own", "cublaslt"} {
+			for _, p := range []string{"own", "cublaslt", "wgmma"} {
 				rw, ok := results[key][p]
 				if !ok {
 					line += fmt.Sprintf(" %-8s %10s %10s %10s  ", p, "-", "-", "-")

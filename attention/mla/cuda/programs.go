@@ -38,8 +38,13 @@ var (
 	fp8GEMMProgram  = program{"gemm_fp8.cu", kernels.GEMMSource, archOnly(false)}
 	bf16GEMMProgram = program{"gemm_bf16.cu", kernels.BF16GEMMSource, archOnly(true)}
 	bf16MMAProgram  = program{"gemm_bf16_mma.cu", kernels.BF16MMAGEMMSource, archOnly(true)}
+	// The wgmma GEMM is built for sm_90a whatever sm_90 device loads it:
+	// warpgroup MMA and setmaxnreg exist only in the arch-specific target.
+	wgmmaGEMMProgram = program{"gemm_fp8_wgmma.cu", kernels.WGMMAGEMMSource, func(string, cudatune.Knobs) driver.CompileOptions {
+		return driver.CompileOptions{Arch: wgmmaArch}
+	}}
 
-	programs = []program{prologueProgram, chainProgram, compressProgram, topkProgram, fp8GEMMProgram, bf16GEMMProgram, bf16MMAProgram}
+	programs = []program{prologueProgram, chainProgram, compressProgram, topkProgram, fp8GEMMProgram, bf16GEMMProgram, bf16MMAProgram, wgmmaGEMMProgram}
 )
 
 // archOnly is the options of a program that compiles nothing in but the

@@ -1,0 +1,258 @@
+package cuda
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/dsv4mla/prologue/internal/cudatune"
+	"github.com/dsv4mla/prologue/kernels/cuda/driver"
+)
+
+// The third FP8 GEMM implementation: kernels/cuda/gemm_fp8_wgmma.cu, for
+// sm_90a (warpgroup MMA on e4m3, operands brought by the tensor memory
+// accelerator through tensor maps). It computes Y^T tiles, W's rows on the
+// MMA's M side and up to 128 tokens on its N side, in a persistent grid
+// of at most one block a multiprocessor; split-K partials go through
+// gemm_fp8.cu's gemm_fp8_reduce (fixed order). It runs where
+// cudatune.Arch's FP8.WGMMA.Use chooses it (no shape until measured on the
+// device) or for every GEMM with Options.GEMMWGMMA; elsewhere than compute
+// capability 9.0 it does not exist.
+
+// wgmmaArch is the target of the wgmma program: warpgroup MMA exists only
+// in the arch-specific sm_90a.
+const wgmmaArch = "sm_90a"
+
+// The kernel's fixed shape (gemm_fp8_wgmma.cu's wgm:: constants): two
+// consumer warpgroups and a producer, 128 rows of W a work unit.
+const (
+	wgmmaThreads = 384
+	wgmmaRowTile = 128
+)
+
+// ErrWGMMAUnavailable: the wgmma GEMM cannot run here (not compute
+// capability 9.0, no tensor maps in the driver, or no kernels in the
+// architecture description); the error it wraps says which.
+var ErrWGMMAUnavailable = errors.New("cuda: the sm_90a wgmma GEMM is unavailable")
+
+// wgmmaSmemBytes is a block's dynamic shared memory for token tile bn and
+// a ring of `stages` stages, as gemm_fp8_wgmma.cu lays it out: each stage
+// 128 W rows and bn token rows of 128 bytes plus its two 8-byte
+// mbarriers, the two warpgroups' bf16 tiles (bn rows of 72 u16 each), and
+// 1024 bytes to align the ring for the 128-byte swizzle.
+func wgmmaSmemBytes(bn, stages int) int {
+	return stages*(wgmmaRowTile*128+bn*128+16) + 2*bn*72*2 + 1024
+}
+
+// wgmmaPlan is one GEMM's launch of the wgmma kernel.
+type wgmmaPlan struct {
+	bn, chunks, splits, kbPerSplit, grid, stages, smem int
+}
+
+// planWGMMA picks the token tile (the smallest of a.TokenTiles holding M,
+// else the largest, over several chunks), the split of K (narrow N splits
+// until the units fill every multiprocessor once, as long as the float32
+// partials stay within the workspace and no larger than the weight), the
+// persistent grid and the deepest ring that fits in smemOptin.
+func planWGMMA(a cudatune.WGMMAArch, m, n, k, sms, smemOptin, partBytes int) (wgmmaPlan, error) {
+	var p wgmmaPlan
+	if len(a.TokenTiles) == 0 {
+		return p, fmt.Errorf("%w: the architecture description has no wgmma token tiles", ErrWGMMAUnavailable)
+	}
+	p.bn = a.TokenTiles[len(a.TokenTiles)-1]
+	for _, t := range a.TokenTiles {
+		if t >= m {
+			p.bn = t
+			break
+		}
+	}
+	p.chunks = (m + p.bn - 1) / p.bn
+	kbn, tiles := k/128, n/wgmmaRowTile
+	units := tiles * p.chunks
+	s := 1
+	if units < sms {
+		s = min((sms+units-1)/units, kbn, max(1, k/(4*m)), max(1, partBytes/(4*m*n)))
+	}
+	p.kbPerSplit = (kbn + s - 1) / s
+	p.splits = (kbn + p.kbPerSplit - 1) / p.kbPerSplit
+	p.grid = min(units*p.splits, sms)
+	fixed := wgmmaSmemBytes(p.bn, 0)
+	p.stages = min(a.MaxStages, (smemOptin-fixed)/(wgmmaSmemBytes(p.bn, 1)-fixed))
+	if p.stages < 2 {
+		return p, fmt.Errorf("%w: %d bytes of shared memory a block hold fewer than 2 stages of token tile %d", ErrWGMMAUnavailable, smemOptin, p.bn)
+	}
+	p.smem = wgmmaSmemBytes(p.bn, p.stages)
+	return p, nil
+}
+
+// wgmmaState is the loaded wgmma kernels and the tensor maps encoded so
+// far.
+type wgmmaState struct {
+	mod    *driver.Module
+	byTile map[int]*driver.Function // token tile -> gemm_fp8_wgmma_bn<T>
+	// counters are the fused split finish's tile counts, one array a
+	// stream (as the partials), zeroed once; the kernel leaves them zeroed.
+	counters [2]driver.DevicePtr
+	mu       sync.Mutex
+	maps     map[tensorMapKey]driver.TensorMap
+}
+
+// tensorMapKey is one operand's map: a [rows][cols] byte matrix at addr
+// (row stride cols) copied in boxes of 128 columns x box rows.
+type tensorMapKey struct {
+	addr            driver.DevicePtr
+	rows, cols, box int
+}
+
+// wgmmaCounterBytes holds a count for every unit of a split GEMM: K
+// splits only while the units (tiles x chunks) are fewer than the
+// multiprocessors.
+const wgmmaCounterBytes = 4 << 10
+
+// free releases the counters (the module is unloaded by closeGEMM).
+func (w *wgmmaState) free(c *driver.Context) error {
+	var errs []error
+	for i, p := range w.counters {
+		if p != 0 {
+			errs = append(errs, c.Free(p))
+			w.counters[i] = 0
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// maxTensorMaps bounds the cache: a process that allocates operands
+// without end re-encodes instead of growing it.
+const maxTensorMaps = 4096
+
+// tensorMap returns the operand's tensor map (128-byte swizzle, zero
+// outside the matrix), encoded once: a GEMM replayed or captured again on
+// the same buffers encodes nothing.
+func (w *wgmmaState) tensorMap(c *driver.Context, key tensorMapKey) (driver.TensorMap, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if m, ok := w.maps[key]; ok {
+		return m, nil
+	}
+	m, err := c.EncodeTiled(driver.TiledTensor{
+		DataType: driver.TensorDataUint8, Addr: key.addr,
+		Dims: []uint64{uint64(key.cols), uint64(key.rows)}, Strides: []uint64{uint64(key.cols)},
+		Box: []uint32{128, uint32(key.box)}, Swizzle: driver.Swizzle128B, L2Promotion: driver.L2Promotion256B,
+	})
+	if err != nil {
+		return m, fmt.Errorf("cuda: wgmma GEMM operand map %+v: %w", key, err)
+	}
+	if len(w.maps) >= maxTensorMaps {
+		clear(w.maps)
+	}
+	w.maps[key] = m
+	return m, nil
+}
+
+// loadWGMMA compiles and loads the wgmma kernels once, or says why they
+// cannot run here (wrapping ErrWGMMAUnavailable where the device, driver
+// or architecture description is the reason; a compile or load failure is
+// returned as it is).
+func (b *Backend) loadWGMMA() error {
+	g := &b.gemm
+	g.wgOnce.Do(func() { g.wgErr = b.initWGMMA() })
+	return g.wgErr
+}
+
+func (b *Backend) initWGMMA() error {
+	g := &b.gemm
+	a := b.arch.FP8.WGMMA
+	if p := b.ctx.Props(); p.Major != 9 || p.Minor != 0 {
+		return fmt.Errorf("%w: sm_90a kernels run on compute capability 9.0, the device is %d.%d", ErrWGMMAUnavailable, p.Major, p.Minor)
+	}
+	if len(a.TokenTiles) == 0 {
+		return fmt.Errorf("%w: the architecture description %s has no wgmma token tiles", ErrWGMMAUnavailable, b.arch.Name)
+	}
+	w := &wgmmaState{byTile: map[int]*driver.Function{}, maps: map[tensorMapKey]driver.TensorMap{}}
+	// The driver encodes maps (CUDA 12 and later): try one on the workspace.
+	if _, err := w.tensorMap(b.ctx, tensorMapKey{addr: g.parts[0], rows: 1, cols: 128, box: 8}); err != nil {
+		return fmt.Errorf("%w: %w", ErrWGMMAUnavailable, err)
+	}
+	clear(w.maps)
+	for i := range w.counters {
+		p, err := b.ctx.Alloc(wgmmaCounterBytes)
+		if err == nil {
+			err = b.ctx.Memset8(p, 0, wgmmaCounterBytes)
+		}
+		if err != nil {
+			return errors.Join(err, w.free(b.ctx))
+		}
+		w.counters[i] = p
+	}
+	if err := b.ctx.Synchronize(); err != nil { // the zeros, before any stream reads them
+		return errors.Join(err, w.free(b.ctx))
+	}
+	mod, err := b.compileModule(wgmmaGEMMProgram)
+	if err != nil {
+		return errors.Join(err, w.free(b.ctx))
+	}
+	for _, bn := range a.TokenTiles {
+		fn, err := mod.Function(fmt.Sprintf("gemm_fp8_wgmma_bn%d", bn))
+		if err == nil {
+			p, perr := planWGMMA(a, bn, wgmmaRowTile, 128, b.arch.SMs, b.arch.SharedPerBlockOptin, gemmPartBytes)
+			err = perr
+			if err == nil {
+				err = fn.SetAttribute(driver.FuncMaxDynamicSharedSizeBytes, p.smem)
+			}
+		}
+		if err != nil {
+			return errors.Join(err, mod.Unload(), w.free(b.ctx))
+		}
+		w.byTile[bn] = fn
+	}
+	w.mod = mod
+	g.wg = w
+	return nil
+}
+
+// wgmmaGEMM runs one GEMM on the wgmma kernel (and the split-K reduction
+// when K is split), on the backend's stream.
+func (b *Backend) wgmmaGEMM(w, ws, x, xs, y driver.DevicePtr, m, n, k, xsStride, yStride int) error {
+	g := &b.gemm
+	p, err := planWGMMA(b.arch.FP8.WGMMA, m, n, k, b.arch.SMs, b.arch.SharedPerBlockOptin, gemmPartBytes)
+	if err != nil {
+		return err
+	}
+	tw, err := g.wg.tensorMap(b.ctx, tensorMapKey{addr: w, rows: n, cols: k, box: wgmmaRowTile})
+	if err != nil {
+		return err
+	}
+	tx, err := g.wg.tensorMap(b.ctx, tensorMapKey{addr: x, rows: m, cols: k, box: p.bn})
+	if err != nil {
+		return err
+	}
+	fn := g.wg.byTile[p.bn]
+	var part, counters driver.DevicePtr
+	fused := b.arch.FP8.WGMMA.FusedSplitFinish
+	if p.splits > 1 {
+		part = g.parts[b.streamSlot()]
+		if fused {
+			if 4*n/wgmmaRowTile*p.chunks > wgmmaCounterBytes {
+				return fmt.Errorf("cuda: wgmma GEMM: %d units outgrow the split counters", n/wgmmaRowTile*p.chunks)
+			}
+			counters = g.wg.counters[b.streamSlot()]
+		}
+	}
+	g.wgmmaRun.Add(1)
+	return b.ctx.Do(func() error {
+		if err := b.launchShared(fn, driver.Dim3{uint32(p.grid), 1, 1}, driver.Dim3{wgmmaThreads, 1, 1}, p.smem,
+			tw, tx, ws, xs, y, part, counters, int32(m), int32(n), int32(k), int32(xsStride), int32(yStride),
+			int32(p.kbPerSplit), int32(p.splits), int32(p.chunks), int32(p.stages), int32(p.smem)); err != nil {
+			return err
+		}
+		if p.splits == 1 || fused {
+			return nil
+		}
+		threads := m * n / 4
+		return b.launch(g.reduce, driver.Dim3{uint32((threads + 255) / 256), 1, 1}, driver.Dim3{256, 1, 1},
+			part, y, int32(m), int32(n), int32(yStride), int32(p.splits))
+	})
+}
+
+// WGMMACount reports how many GEMMs the wgmma kernel ran.
+func (b *Backend) WGMMACount() int64 { return b.gemm.wgmmaRun.Load() }

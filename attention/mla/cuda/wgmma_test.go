@@ -1,0 +1,294 @@
+package cuda_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/dsv4mla/prologue/attention/mla"
+	"github.com/dsv4mla/prologue/attention/mla/cuda"
+	"github.com/dsv4mla/prologue/attention/mla/mlatest"
+	"github.com/dsv4mla/prologue/gemm"
+	"github.com/dsv4mla/prologue/numerics"
+	"github.com/dsv4mla/prologue/weights"
+)
+
+var (
+	wgmmaOnce    sync.Once
+	wgmmaShared  *cuda.Backend
+	wgmmaErr     error
+	wgmmaSkipErr error
+)
+
+// wgmmaBackend is a backend whose every FP8 GEMM runs the sm_90a wgmma
+// kernel (Options.GEMMWGMMA, cuBLASLt not loaded), or skips the test
+// saying why the kernel cannot run here.
+func wgmmaBackend(t *testing.T) *cuda.Backend {
+	t.Helper()
+	if err := cuda.Available(); err != nil {
+		t.Skipf("CUDA backend unavailable: %v", err)
+	}
+	wgmmaOnce.Do(func() {
+		wgmmaShared, wgmmaErr = cuda.New(cuda.Options{GEMMWGMMA: true, NoCuBLASLt: true})
+		if wgmmaErr == nil {
+			if err := wgmmaShared.InitGEMM(); errors.Is(err, cuda.ErrWGMMAUnavailable) {
+				wgmmaSkipErr = err
+			} else {
+				wgmmaErr = err
+			}
+		}
+	})
+	if wgmmaSkipErr != nil {
+		t.Skipf("%v", wgmmaSkipErr)
+	}
+	require.NoError(t, wgmmaErr)
+	return wgmmaShared
+}
+
+// wgmmaRows are the batch sizes the wgmma kernel is checked at: every
+// token tile's edges (8, 16, 32, 64, 128 and one past), two chunks (129,
+// 256) and four (512).
+var wgmmaRows = []int{1, 2, 3, 8, 16, 31, 32, 64, 127, 128, 129, 256, 512}
+
+// wgmmaCases are TestCUDAWGMMAGEMM's cases: both models' four GEMMs at
+// full size up to 32 rows (V4-Pro's wq_b, 100 MB of weights, at 1 and 8),
+// every size of wgmmaRows with the models' K and 256 outputs (so N is
+// narrow and K splits at every M), odd sizes with a padded scale stride
+// and a strided, offset Y; 4096 rows once; NaN inputs over two chunks
+// (TestCUDAWGMMASmallShapes runs mlatest's small cases).
+func wgmmaCases() []mlatest.GEMMCase {
+	var cs []mlatest.GEMMCase
+	odd := func(c mlatest.GEMMCase) mlatest.GEMMCase {
+		if c.Rows%2 == 1 {
+			c.ScaleStride = c.Rows + 3
+			c.YOffset = 48
+			c.YStride = c.Shape.N + 24
+		}
+		return c
+	}
+	full := append(append([]mlatest.GEMMShape{}, mlatest.FlashGEMMs...), mlatest.ProGEMMs...)
+	for _, s := range full {
+		rows := []int{1, 3, 8, 16, 32}
+		if s.N*s.K > 64<<20 {
+			rows = []int{1, 8}
+		}
+		for _, m := range rows {
+			cs = append(cs, odd(mlatest.GEMMCase{Shape: s, Rows: m}))
+		}
+	}
+	for _, s := range full {
+		narrow := mlatest.GEMMShape{Name: fmt.Sprintf("%s-n256", s.Name), N: 256, K: s.K}
+		for _, m := range wgmmaRows {
+			cs = append(cs, odd(mlatest.GEMMCase{Shape: narrow, Rows: m}))
+		}
+	}
+	return append(cs,
+		mlatest.GEMMCase{Shape: mlatest.GEMMShape{Name: "flash-wqb-n256", N: 256, K: 1024}, Rows: 4096},
+		mlatest.GEMMCase{Shape: mlatest.GEMMShape{Name: "n256-k384", N: 256, K: 384}, Rows: 130, NaN: true})
+}
+
+// TestCUDAWGMMAGEMM runs wgmmaCases on the wgmma kernel against the host
+// reference within package gemm's bound (fresh random operands with block
+// scales over many octaves, Y poisoned and its padding checked), then the
+// refusals.
+func TestCUDAWGMMAGEMM(t *testing.T) {
+	b := wgmmaBackend(t)
+	before := b.WGMMACount()
+	ran := 0
+	for _, c := range wgmmaCases() {
+		t.Run(c.String(), func(t *testing.T) {
+			ran++
+			seed := mlatest.Seed(t)
+			cmp, err := mlatest.CheckGEMM(b, c, seed)
+			require.NoError(t, err)
+			t.Logf("worst element %.3g of the bound; accumulation difference %.3g S (bound %.3g S)", cmp.Worst, cmp.AccumRel, gemm.Bound(c.Shape.K))
+		})
+	}
+	// The kernel's own split-K finish on the narrow shapes, which split.
+	b.SetWGMMAFusedSplitFinish(true)
+	defer b.SetWGMMAFusedSplitFinish(false)
+	for _, c := range wgmmaCases() {
+		if c.Shape.N != 256 || (c.Rows != 1 && c.Rows != 31 && c.Rows != 129) {
+			continue
+		}
+		t.Run("fused-finish/"+c.String(), func(t *testing.T) {
+			ran++
+			cmp, err := mlatest.CheckGEMM(b, c, mlatest.Seed(t))
+			require.NoError(t, err)
+			t.Logf("worst element %.3g of the bound", cmp.Worst)
+		})
+	}
+	own, lt := b.GEMMCounts()
+	require.Zero(t, own+lt, "a GEMM did not run on the wgmma kernel")
+	require.GreaterOrEqual(t, b.WGMMACount()-before, int64(ran))
+}
+
+// TestCUDAWGMMASmallShapes runs mlatest's small cases (one and two K
+// blocks, a strided offset Y, NaN inputs) and its refusals (bad arguments
+// refused before the kernel is launched, Y untouched) on the wgmma kernel.
+func TestCUDAWGMMASmallShapes(t *testing.T) {
+	b := wgmmaBackend(t)
+	mlatest.TestGEMMShapes(t, b, nil)
+}
+
+// wgmmaFront is one GEMM shape's operands for TestCUDAWGMMAReplay: a main
+// and a side weight reading the same activations, their outputs.
+type wgmmaFront struct {
+	m, k        int
+	w, wSide    *mla.FP8Weight
+	hw, hwSide  *weights.FP8Matrix
+	x           mla.FP8Activations
+	y, ySide    mla.Buffer
+	yLen, ysLen int
+}
+
+// TestCUDAWGMMAReplay captures the wgmma GEMM into a CUDA graph, a second
+// one on the side stream beside it (each stream has its own split-K
+// workspace), and replays the graph with new activations written into the
+// captured buffers: each replay's bytes equal an eager run's on the same
+// inputs, an eager run is byte-equal to the one before it (the split-K
+// order is fixed), and the first is within the bound of the host
+// reference; with either split-K finish, which give the same bytes. Shapes: V4-Flash's [wq_a; wkv] at 1 and 31 rows (split K),
+// its wq_b (half its outputs) at 129 (two token chunks, two units a block), V4-Pro's
+// [wq_a; wkv] at 64.
+func TestCUDAWGMMAReplay(t *testing.T) {
+	b := backend(t)
+	ctx := context.Background()
+	if err := b.InitGEMM(); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.LoadWGMMA(); errors.Is(err, cuda.ErrWGMMAUnavailable) {
+		t.Skipf("%v", err)
+	} else {
+		require.NoError(t, err)
+	}
+	seed := rand.Uint64()
+	t.Logf("seed %d", seed)
+	for _, s := range []struct {
+		name           string
+		m, n, nSide, k int
+	}{
+		{"flash-wqa-wkv-m1", 1, 1536, 512, 4096},
+		{"flash-wqa-wkv-m31", 31, 1536, 512, 4096},
+		{"flash-wqb-n16384-m129", 129, 16384, 1536, 1024},
+		{"pro-wqa-wkv-m64", 64, 2048, 512, 7168},
+	} {
+		t.Run(s.name, func(t *testing.T) {
+			r := rand.New(rand.NewPCG(seed, uint64(s.m)<<32|uint64(s.n)))
+			f := newWGMMAFront(t, b, r, s.m, s.n, s.nSide, s.k)
+			issue := func(g func(context.Context, *mla.GEMMArgs) error) error {
+				if err := b.Side(ctx, func() error {
+					return g(ctx, &mla.GEMMArgs{X: f.x, W: f.wSide, Y: f.ySide, YStride: s.nSide})
+				}); err != nil {
+					return err
+				}
+				if err := g(ctx, &mla.GEMMArgs{X: f.x, W: f.w, Y: f.y, YStride: s.n}); err != nil {
+					return err
+				}
+				return b.JoinKV(ctx)
+			}
+			run := func(launch func() error) (y, ySide []byte) {
+				require.NoError(t, b.Fill(f.y, 0, f.yLen, 0xA5))
+				require.NoError(t, b.Fill(f.ySide, 0, f.ysLen, 0xA5))
+				require.NoError(t, b.Synchronize(ctx))
+				require.NoError(t, launch())
+				require.NoError(t, b.Synchronize(ctx))
+				y, ySide = make([]byte, f.yLen), make([]byte, f.ysLen)
+				require.NoError(t, b.Read(y, f.y, 0))
+				require.NoError(t, b.Read(ySide, f.ySide, 0))
+				return y, ySide
+			}
+			eager := func() ([]byte, []byte) { return run(func() error { return issue(b.WGMMAGEMM) }) }
+
+			// Both split-K finishes (gemm_fp8_reduce, the kernel's own):
+			// the same bytes.
+			defer b.SetWGMMAFusedSplitFinish(false)
+			common := mlatest.RandomActivations(r, s.m, s.k, s.m)
+			var first []byte
+			for _, fused := range []bool{false, true} {
+				b.SetWGMMAFusedSplitFinish(fused)
+				hx := f.newInputs(t, b, r)
+				y0, ys0 := eager()
+				requireBound(t, "main", hx, f.hw, y0)
+				requireBound(t, "side", hx, f.hwSide, ys0)
+				y1, ys1 := eager()
+				require.Equal(t, y0, y1, "fused %v: eager runs differ (main)", fused)
+				require.Equal(t, ys0, ys1, "fused %v: eager runs differ (side)", fused)
+
+				graph, err := b.Capture(func() error { return issue(b.WGMMAGEMM) })
+				require.NoError(t, err)
+				for i := range 3 {
+					f.newInputs(t, b, r)
+					gy, gys := run(graph.Launch)
+					ey, eys := eager()
+					require.Equal(t, ey, gy, "fused %v, replay %d: main output differs from an eager run", fused, i)
+					require.Equal(t, eys, gys, "fused %v, replay %d: side output differs from an eager run", fused, i)
+				}
+				require.NoError(t, graph.Close())
+				// The same inputs through both finishes.
+				f.setInputs(t, b, common)
+				y2, _ := eager()
+				if first == nil {
+					first = y2
+				} else {
+					require.Equal(t, first, y2, "the fused split finish differs from gemm_fp8_reduce")
+				}
+			}
+		})
+	}
+}
+
+func newWGMMAFront(t *testing.T, b *cuda.Backend, r *rand.Rand, m, n, nSide, k int) *wgmmaFront {
+	f := &wgmmaFront{m: m, k: k, yLen: 2 * m * n, ysLen: 2 * m * nSide}
+	var err error
+	f.hw, f.hwSide = mlatest.RandomFP8Weight(r, n, k), mlatest.RandomFP8Weight(r, nSide, k)
+	f.w, err = mlatest.UploadFP8Weight(b, f.hw)
+	require.NoError(t, err)
+	f.wSide, err = mlatest.UploadFP8Weight(b, f.hwSide)
+	require.NoError(t, err)
+	hx := mlatest.RandomActivations(r, m, k, m)
+	f.x, err = mlatest.UploadActivations(b, hx)
+	require.NoError(t, err)
+	f.y, err = b.Alloc(f.yLen)
+	require.NoError(t, err)
+	f.ySide, err = b.Alloc(f.ysLen)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		mlatest.FreeGEMMBuffers(b, f.w, f.x)
+		mlatest.FreeGEMMBuffers(b, f.wSide, mla.FP8Activations{})
+		_ = b.Free(f.y)
+		_ = b.Free(f.ySide)
+	})
+	return f
+}
+
+// newInputs writes fresh activations and scales into the front's buffers
+// (the ones a captured graph reads) and returns them.
+func (f *wgmmaFront) newInputs(t *testing.T, b *cuda.Backend, r *rand.Rand) *gemm.Activations {
+	hx := mlatest.RandomActivations(r, f.m, f.k, f.m)
+	f.setInputs(t, b, hx)
+	return hx
+}
+
+func (f *wgmmaFront) setInputs(t *testing.T, b *cuda.Backend, hx *gemm.Activations) {
+	require.NoError(t, b.Synchronize(context.Background()))
+	require.NoError(t, b.Write(f.x.Data, 0, hx.Data))
+	require.NoError(t, b.Write(f.x.Scale, 0, numerics.F32Bytes(hx.Scale)))
+}
+
+// requireBound checks a dense bf16 output against the host reference.
+func requireBound(t *testing.T, what string, hx *gemm.Activations, hw *weights.FP8Matrix, y []byte) {
+	t.Helper()
+	want, err := gemm.Reference(hx, hw)
+	require.NoError(t, err)
+	got := make([]uint16, len(want))
+	for i := range got {
+		got[i] = uint16(y[2*i]) | uint16(y[2*i+1])<<8
+	}
+	require.NoError(t, gemm.CheckBound(hx, hw, want, got), what)
+}

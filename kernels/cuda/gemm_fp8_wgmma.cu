@@ -1,0 +1,497 @@
+// FP8 block-scaled GEMM for sm_90a with warpgroup MMA and the tensor memory
+// accelerator (DESIGN.md section 7; the same math as gemm_fp8.cu):
+// Y[m][n] = bf16( sum over SB-blocks kb of (x_scale[kb][m] * w_scale[n/SB][kb])
+//                 * sum_{k in kb} x[m][k] * w[n][k] ),  x, w e4m3.
+// SB, the scale block, is a template parameter (128 for DeepSeek-V4,
+// 32 for V4.1's 32x32 blocks); K must be a multiple of 128.
+// Compiled by NVRTC for sm_90a only (wgmma and the bulk tensor copy).
+//
+// Weight streaming with Y^T tiles: W's rows are the MMA's M side (64 rows a
+// consumer warpgroup, 128 a block: one row of 128x128 weight scale blocks)
+// and up to BN tokens its N side (wgmma m64nBNk32; FP8 wgmma takes both
+// operands K-major from shared memory, which W [n][k] and X [m][k] are).
+// A work unit is (128-row tile of W, K range of a split, BN-token chunk);
+// the grid is persistent (at most one block an SM), each block walking the
+// units blockIdx.x, + gridDim.x, ...; the ring runs on across units, so the
+// next unit's weights arrive while a unit's epilogue runs.
+//
+// Block: two consumer warpgroups, then one producer warpgroup whose first
+// thread issues every bulk tensor copy (128-byte swizzle; a stage is one
+// 128-wide K block: 128 W rows and BN token rows of 128 bytes) into a ring
+// of `stages` stages with full (transaction-counted) and empty (one arrival
+// a consumer warp) mbarriers. Programmatic dependent launch: the weights do
+// not depend on the kernel before, so the producer issues the first stages'
+// W copies before griddepcontrol.wait and their X copies after it; the
+// consumers wait before reading X's scales.
+//
+// Accumulation: each scale block's MMA sum starts from zero (scale-d 0 on
+// its first wgmma), is scaled by fl(x_scale * w_scale) and added to a
+// float32 running sum with one fma (the promotion DESIGN.md's bound
+// assumes). Out: bf16 Y with row stride y_stride when splits == 1 (through
+// shared memory, 16-byte stores), else float32 partials part[z][m][n] that
+// gemm_fp8.cu's gemm_fp8_reduce adds in split order (deterministic).
+//
+// Accumulator fragment of wgmma m64nN (f32): warp w of the warpgroup holds
+// rows 16w..16w+15; lane (g = lane/4, t = lane%4) holds, for each 8-column
+// chunk j, d[4j] = (16w+g, 8j+2t), d[4j+1] = (16w+g, 8j+2t+1),
+// d[4j+2] = (16w+g+8, 8j+2t), d[4j+3] = (16w+g+8, 8j+2t+1).
+
+#include "common.cuh"
+
+namespace wgm {
+
+// CUtensorMap: 128 opaque bytes, 64-byte aligned, passed by value as a
+// __grid_constant__ parameter (the copy engine reads it from there).
+struct __align__(64) TensorMap {
+    u64 opaque[16];
+};
+
+constexpr int kConsumerWGs = 2;
+constexpr int kThreads = 128 * (kConsumerWGs + 1);
+constexpr int kRowTile = 64 * kConsumerWGs;  // W rows a unit
+constexpr int kWStage = kRowTile * 128;      // bytes of W a stage
+constexpr int kEpiPitch = 64 + 8;            // u16 a token row of a warpgroup's bf16 tile
+
+__device__ __forceinline__ u32 smem_u32(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
+    asm volatile("mbarrier.init.shared.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(u32 bar) {
+    asm volatile("mbarrier.arrive.shared.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+
+__device__ __forceinline__ bool mbar_try(u32 bar, u32 parity) {
+    u32 done;
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+    return done != 0;
+}
+
+__device__ __forceinline__ u64 global_ns() {
+    u64 t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+// No wait of this kernel lasts seconds, not even behind a slow kernel
+// before it (the consumers wait for the producer, which waits for that
+// kernel): past this, a barrier that can never complete fails the launch
+// instead of hanging the device.
+#ifndef WGMMA_HANG_NS
+#define WGMMA_HANG_NS 20000000000ull
+#endif
+constexpr u64 kHangNs = WGMMA_HANG_NS;
+
+// Waits for the completion of the barrier's phase of parity `parity`.
+__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
+    if (mbar_try(bar, parity)) return;
+    const u64 t0 = global_ns();
+    while (!mbar_try(bar, parity))
+        if (global_ns() - t0 > kHangNs) __trap();
+}
+
+// A 2D box of the tensor map at (inner c0, outer c1) into shared memory,
+// completing `bar`'s transaction bytes.
+__device__ __forceinline__ void tma_load_2d(u32 dst, const TensorMap* map, int c0, int c1, u32 bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(
+            dst),
+        "l"((u64)map), "r"(c0), "r"(c1), "r"(bar)
+        : "memory");
+}
+
+#ifdef WGMMA_L2_HINTS
+// The same with an L2 eviction policy (the weights are read once, the
+// activations by every block).
+__device__ __forceinline__ void tma_load_2d_hint(u32 dst, const TensorMap* map, int c0, int c1, u32 bar, u64 policy) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%2, "
+        "%3}], [%4], %5;" ::"r"(dst),
+        "l"((u64)map), "r"(c0), "r"(c1), "r"(bar), "l"(policy)
+        : "memory");
+}
+__device__ __forceinline__ u64 policy_evict_first() {
+    u64 p;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+    return p;
+}
+__device__ __forceinline__ u64 policy_evict_last() {
+    u64 p;
+    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
+    return p;
+}
+#define TMA_W(dst, map, c0, c1, bar) tma_load_2d_hint(dst, map, c0, c1, bar, pol_w)
+#define TMA_X(dst, map, c0, c1, bar) tma_load_2d_hint(dst, map, c0, c1, bar, pol_x)
+#else
+#define TMA_W(dst, map, c0, c1, bar) tma_load_2d(dst, map, c0, c1, bar)
+#define TMA_X(dst, map, c0, c1, bar) tma_load_2d(dst, map, c0, c1, bar)
+#endif
+
+__device__ __forceinline__ void tma_prefetch_map(const TensorMap* map) {
+    asm volatile("prefetch.tensormap [%0];" ::"l"((u64)map) : "memory");
+}
+
+__device__ __forceinline__ void named_sync(int id, int threads) {
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+// wgmma shared-memory matrix descriptor of a K-major operand with the
+// 128-byte swizzle: start address >> 4 (bits 0-13), leading byte offset 0
+// (unused for a swizzled K-major operand whose K fits one swizzle row),
+// stride byte offset 1024 >> 4 (8 rows of 128 bytes, bits 32-45), base
+// offset 0 (tiles 1024-byte aligned), layout 1 = 128B swizzle (bits 62-63).
+// A K step of 32 bytes inside the row adds 2 to the start address.
+__device__ __forceinline__ u64 smem_desc(u32 addr) {
+    return (u64)((addr & 0x3FFFF) >> 4) | ((u64)(1024 >> 4) << 32) | ((u64)1 << 62);
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+
+// Keeps the compiler from moving accumulator registers across the
+// asynchronous MMA's issue and wait.
+template <int R>
+__device__ __forceinline__ void fence_regs(float* d) {
+#pragma unroll
+    for (int i = 0; i < R; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// wgmma.mma_async m64nNk32 e4m3 x e4m3 -> f32: D (N/2 registers a thread)
+// = A . B^T (+ D when scale_d != 0), A and B from descriptors.
+template <int N>
+struct Wgmma;
+
+template <> struct Wgmma<8> {
+    static __device__ __forceinline__ void mma(float* d, u64 a, u64 b, int scale_d) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {"
+            "%0, %1, %2, %3"
+            "}, %4, %5, p, 1, 1;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "l"(a), "l"(b), "r"(scale_d));
+    }
+};
+
+template <> struct Wgmma<16> {
+    static __device__ __forceinline__ void mma(float* d, u64 a, u64 b, int scale_d) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 {"
+            "%0, %1, %2, %3, %4, %5, %6, %7"
+            "}, %8, %9, p, 1, 1;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+            : "l"(a), "l"(b), "r"(scale_d));
+    }
+};
+
+template <> struct Wgmma<32> {
+    static __device__ __forceinline__ void mma(float* d, u64 a, u64 b, int scale_d) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 {"
+            "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+            "}, %16, %17, p, 1, 1;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+            : "l"(a), "l"(b), "r"(scale_d));
+    }
+};
+
+template <> struct Wgmma<64> {
+    static __device__ __forceinline__ void mma(float* d, u64 a, u64 b, int scale_d) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {"
+            "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+            "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+            "}, %32, %33, p, 1, 1;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+              "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+            : "l"(a), "l"(b), "r"(scale_d));
+    }
+};
+
+template <> struct Wgmma<128> {
+    static __device__ __forceinline__ void mma(float* d, u64 a, u64 b, int scale_d) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {"
+            "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+            "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+            "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+            "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+            "}, %64, %65, p, 1, 1;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+              "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+              "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+              "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+              "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+              "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+            : "l"(a), "l"(b), "r"(scale_d));
+    }
+};
+
+// Shared memory of a block: `stages` stages of (W tile, X tile), then the
+// consumer warpgroups' bf16 tiles, then the barriers, after up to 1024
+// bytes of alignment; the host's allocation (gemm_wgmma.go's
+// wgmmaSmemBytes) comes as smem_bytes and the kernel checks it.
+template <int BN>
+struct Layout {
+    static constexpr int kXStage = BN * 128;
+    static constexpr int kStage = kWStage + kXStage;
+    static constexpr int kEpi = kConsumerWGs * BN * kEpiPitch * 2;
+};
+
+// The split-K finish inside the kernel (counters != nullptr): each
+// block, its partials written, counts its unit's split in; the block that
+// brings the count to `splits` adds the tile's partials in split order,
+// exactly as gemm_fp8_reduce does (the same bits whichever block is last),
+// stores bf16 Y and resets the count for the next GEMM. An integer atomic
+// decides who finishes; no float is added atomically.
+__device__ __forceinline__ void split_finish(const float* part, u8* y, int* count, int m, int n, int y_stride,
+                                             int splits, int tile, int m0, int bn) {
+    __shared__ int last;
+    __threadfence();  // this block's partials, before its count
+    named_sync(3, 128 * kConsumerWGs);
+    const int ctid = threadIdx.x;  // consumers are threads 0 .. 128 kConsumerWGs - 1
+    if (ctid == 0) last = atomicAdd(count, 1) == splits - 1;
+    named_sync(3, 128 * kConsumerWGs);
+    if (!last) return;
+    __threadfence();  // the other blocks' partials, after their counts
+    const int rows = min(bn, m - m0);
+    for (int i = ctid; i < rows * (kRowTile / 4); i += 128 * kConsumerWGs) {
+        const int tok = m0 + i / (kRowTile / 4), col = tile * kRowTile + (i % (kRowTile / 4)) * 4;
+        float4 acc = __ldcg(reinterpret_cast<const float4*>(part + (size_t)tok * n + col));
+        for (int z = 1; z < splits; z++) {
+            const float4 v = __ldcg(reinterpret_cast<const float4*>(part + ((size_t)z * m + tok) * n + col));
+            acc.x = __fadd_rn(acc.x, v.x);
+            acc.y = __fadd_rn(acc.y, v.y);
+            acc.z = __fadd_rn(acc.z, v.z);
+            acc.w = __fadd_rn(acc.w, v.w);
+        }
+        splitk_store4(reinterpret_cast<u16*>(y) + (size_t)tok * y_stride + col, acc);
+    }
+    if (ctid == 0) *count = 0;
+}
+
+template <int BN, int SB>
+__device__ __forceinline__ void gemm_body(const TensorMap* tw, const TensorMap* tx, const float* __restrict__ ws,
+                                          const float* xs, u8* __restrict__ y, float* __restrict__ part,
+                                          int* counters, int m, int n, int k, int xs_stride, int y_stride, int kb_per_split,
+                                          int splits, int chunks, int stages, int smem_bytes) {
+    static_assert(BN % 8 == 0 && BN >= 8 && BN <= 128, "wgmma N");
+    static_assert(SB == 32 || SB == 64 || SB == 128, "scale block");
+    typedef Layout<BN> L;
+    extern __shared__ u8 smem_raw[];
+    const u32 raw = smem_u32(smem_raw);
+    const u32 base = (raw + 1023) & ~1023u;  // the 128-byte swizzle wants 1024-byte aligned tiles
+    u8* const gbase = smem_raw + (base - raw);
+    const u32 epi = base + stages * L::kStage;
+    const u32 bars = epi + L::kEpi;  // full[s] at bars + 8s, empty[s] at bars + 8 (stages + s)
+    // The host sizes the allocation (gemm_wgmma.go's wgmmaSmemBytes): a
+    // layout that outgrew it stops here instead of overwriting memory.
+    if (bars + 16 * stages > raw + (u32)smem_bytes) __trap();
+
+    const int kbn = k >> 7;  // 128-wide K blocks (stages)
+    const int units = (n / kRowTile) * splits * chunks;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < stages; s++) {
+            mbar_init(bars + 8 * s, 1);
+            mbar_init(bars + 8 * (stages + s), kConsumerWGs * 4);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    }
+    __syncthreads();
+
+    if (warp >= kConsumerWGs * 4) {
+#ifdef WGMMA_SETMAXNREG
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+#endif
+        // Producer: one thread.
+        if (warp != kConsumerWGs * 4 || lane != 0) return;
+        tma_prefetch_map(tw);
+        tma_prefetch_map(tx);
+#ifdef WGMMA_L2_HINTS
+        const u64 pol_w = policy_evict_first(), pol_x = policy_evict_last();
+#endif
+        int s = 0;
+        u32 ph = 0;
+        bool first = true;
+        for (int u = blockIdx.x; u < units; u += gridDim.x) {
+            const int c = u % chunks, rest = u / chunks;
+            const int z = rest % splits, tile = rest / splits;
+            const int kb0 = z * kb_per_split, kb1 = min(kbn, kb0 + kb_per_split);
+            // The first unit's first stages: W now, X after the wait.
+            const int pre = first ? min(stages, kb1 - kb0) : 0;
+            for (int kb = kb0; kb < kb1; kb++) {
+                const u32 full = bars + 8 * s, empty = bars + 8 * (stages + s);
+                mbar_wait(empty, ph ^ 1);
+                mbar_expect_tx(full, L::kStage);
+                const u32 st = base + s * L::kStage;
+                TMA_W(st, tw, kb * 128, tile * kRowTile, full);
+                if (kb - kb0 >= pre) TMA_X(st + kWStage, tx, kb * 128, c * BN, full);
+                if (pre > 0 && kb - kb0 == pre - 1) {
+                    pdl_wait();
+                    for (int i = 0; i < pre; i++)
+                        TMA_X(base + i * L::kStage + kWStage, tx, (kb0 + i) * 128, c * BN, bars + 8 * i);
+                }
+                if (++s == stages) s = 0, ph ^= 1;
+            }
+            first = false;
+        }
+        pdl_trigger();
+        return;
+    }
+
+    // Consumers.
+#ifdef WGMMA_SETMAXNREG
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+#endif
+    pdl_wait();  // X's scales come from the kernel before
+    const int wg = warp >> 2, wl = warp & 3, g = lane >> 2, t = lane & 3;
+    const int tid = threadIdx.x & 127;
+    constexpr int R = BN / 2;  // accumulator registers a thread
+    constexpr int SUBS = 128 / SB;
+    const int kscales = k / SB;
+    int s = 0;
+    u32 ph = 0;
+    for (int u = blockIdx.x; u < units; u += gridDim.x) {
+        const int c = u % chunks, rest = u / chunks;
+        const int z = rest % splits, tile = rest / splits;
+        const int kb0 = z * kb_per_split, kb1 = min(kbn, kb0 + kb_per_split);
+        const int m0 = c * BN;
+        const int row0 = tile * kRowTile + wg * 64 + wl * 16;  // this warp's first W row (16 in one scale block)
+        const float* wsr = ws + (size_t)(row0 / SB) * kscales;
+
+        float acc[R];
+#pragma unroll
+        for (int i = 0; i < R; i++) acc[i] = 0.f;
+        float d[R];
+#pragma unroll
+        for (int i = 0; i < R; i++) d[i] = 0.f;
+
+        for (int kb = kb0; kb < kb1; kb++) {
+            const u32 full = bars + 8 * s, empty = bars + 8 * (stages + s);
+            const u32 st = base + s * L::kStage;
+            const u64 da = smem_desc(st + wg * 64 * 128);
+            const u64 db = smem_desc(st + kWStage);
+            mbar_wait(full, ph);
+#pragma unroll
+            for (int sub = 0; sub < SUBS; sub++) {
+                const int ks = kb * SUBS + sub;
+                fence_regs<R>(d);
+                wgmma_fence();
+#pragma unroll
+                for (int kk = 0; kk < SB / 32; kk++) {
+                    const int off = (sub * SB + kk * 32) >> 4;
+                    Wgmma<BN>::mma(d, da + off, db + off, kk);
+                }
+                wgmma_commit();
+                const float wsc = __ldg(wsr + ks);
+                const float* xsk = xs + (size_t)ks * xs_stride;
+                wgmma_wait0();
+                fence_regs<R>(d);
+                if (sub == SUBS - 1) {
+                    __syncwarp();
+                    if (lane == 0) mbar_arrive(empty);
+                }
+#pragma unroll
+                for (int j = 0; j < BN / 8; j++) {
+                    const int tok = m0 + 8 * j + 2 * t;
+                    // X's scales are the kernel before's output: plain
+                    // (coherent) loads after the wait, not the read-only path.
+                    const float s0 = tok < m ? __fmul_rn(xsk[tok], wsc) : 0.f;
+                    const float s1 = tok + 1 < m ? __fmul_rn(xsk[tok + 1], wsc) : 0.f;
+                    acc[4 * j] = __fmaf_rn(d[4 * j], s0, acc[4 * j]);
+                    acc[4 * j + 1] = __fmaf_rn(d[4 * j + 1], s1, acc[4 * j + 1]);
+                    acc[4 * j + 2] = __fmaf_rn(d[4 * j + 2], s0, acc[4 * j + 2]);
+                    acc[4 * j + 3] = __fmaf_rn(d[4 * j + 3], s1, acc[4 * j + 3]);
+                }
+            }
+            if (++s == stages) s = 0, ph ^= 1;
+        }
+        if (u + (int)gridDim.x >= units) pdl_trigger();
+
+        const int row = row0 + g;  // rows row (acc 4j, 4j+1) and row + 8 (4j+2, 4j+3)
+        if (splits > 1) {
+            float* p = part + (size_t)z * m * n;
+#pragma unroll
+            for (int j = 0; j < BN / 8; j++) {
+                const int tok = m0 + 8 * j + 2 * t;
+                if (tok < m) {
+                    p[(size_t)tok * n + row] = acc[4 * j];
+                    p[(size_t)tok * n + row + 8] = acc[4 * j + 2];
+                }
+                if (tok + 1 < m) {
+                    p[(size_t)(tok + 1) * n + row] = acc[4 * j + 1];
+                    p[(size_t)(tok + 1) * n + row + 8] = acc[4 * j + 3];
+                }
+            }
+            if (counters != nullptr) split_finish(part, y, counters + tile * chunks + c, m, n, y_stride, splits, tile, m0, BN);
+            continue;
+        }
+        // bf16 through this warpgroup's tile [BN][kEpiPitch], so that each
+        // token's 128 bytes of the warpgroup's 64 rows go out in 16-byte stores.
+        u16* tileg = reinterpret_cast<u16*>(gbase + (epi - base)) + wg * BN * kEpiPitch;
+        named_sync(1 + wg, 128);  // the previous unit's stores have read the tile
+        const int col = wl * 16 + g;
+#pragma unroll
+        for (int j = 0; j < BN / 8; j++) {
+            const int r = 8 * j + 2 * t;
+            const u32 v0 = bf16x2_rn(acc[4 * j], acc[4 * j + 1]);      // (r, col), (r + 1, col)
+            const u32 v1 = bf16x2_rn(acc[4 * j + 2], acc[4 * j + 3]);  // (r, col + 8), (r + 1, col + 8)
+            tileg[r * kEpiPitch + col] = (u16)(v0 & 0xffff);
+            tileg[(r + 1) * kEpiPitch + col] = (u16)(v0 >> 16);
+            tileg[r * kEpiPitch + col + 8] = (u16)(v1 & 0xffff);
+            tileg[(r + 1) * kEpiPitch + col + 8] = (u16)(v1 >> 16);
+        }
+        named_sync(1 + wg, 128);
+        const int rows = min(BN, m - m0);
+        for (int i = tid; i < rows * 8; i += 128) {
+            const int r = i >> 3, ch = i & 7;
+            u8* dst = y + ((size_t)(m0 + r) * y_stride + tile * kRowTile + wg * 64) * 2 + ch * 16;
+            *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(tileg + r * kEpiPitch + ch * 8);
+        }
+    }
+}
+
+}  // namespace wgm
+
+// counters: nullptr, the partials then reduced by gemm_fp8_reduce; or
+// chunks x (N / 128) zeroed ints (left zeroed), the kernel finishing the
+// split itself (split_finish).
+// Grid: min(units, SMs) blocks of wgm::kThreads; smem_bytes is the dynamic
+// shared memory launched with, stages * (16384 + 128 BN + 16) + 2 * BN *
+// 144 + 1024 bytes (gemm_wgmma.go's wgmmaSmemBytes).
+#define WGMMA_GEMM_KERNEL(NAME, BN, SB)                                                                          \
+    extern "C" __global__ void __launch_bounds__(wgm::kThreads, 1)                                              \
+        NAME(const __grid_constant__ wgm::TensorMap tw, const __grid_constant__ wgm::TensorMap tx,               \
+             const float* ws, const float* xs, u8* y, float* part, int* counters, int m, int n, int k,           \
+             int xs_stride, int y_stride, int kb_per_split, int splits, int chunks, int stages, int smem_bytes) { \
+        wgm::gemm_body<BN, SB>(&tw, &tx, ws, xs, y, part, counters, m, n, k, xs_stride, y_stride, kb_per_split, \
+                               splits, chunks, stages, smem_bytes);                                              \
+    }
+
+WGMMA_GEMM_KERNEL(gemm_fp8_wgmma_bn8, 8, 128)
+WGMMA_GEMM_KERNEL(gemm_fp8_wgmma_bn16, 16, 128)
+WGMMA_GEMM_KERNEL(gemm_fp8_wgmma_bn32, 32, 128)
+WGMMA_GEMM_KERNEL(gemm_fp8_wgmma_bn64, 64, 128)
+WGMMA_GEMM_KERNEL(gemm_fp8_wgmma_bn128, 128, 128)
