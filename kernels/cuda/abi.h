@@ -88,7 +88,8 @@ enum {
     F32_NAN_BITS     = 2147483647, // the float32 NaN a float32 output holds (the fp8 query's head weights)
     ENTRY_KV         = 0,          // mla.CompressEntry: the main compressor
     ENTRY_INDEXER    = 1,          // mla.CompressEntry: the indexer's compressor
-    IQ_WARPS         = 8,          // warps of an indexer_query block, one (token, head) row each
+    IQ_WARPS         = 8,          // warps of an indexer_query block
+    IQ_ROWS          = 4,          // (token, head) rows of one token an indexer_query warp carries at once
 };
 
 // Streaming pipeline shared memory (StreamingSharedBytes).

@@ -143,38 +143,82 @@ extern "C" __global__ void __launch_bounds__(32 * CFIN_WARPS) indexer_step_finis
     }
 }
 
-// The FP8 query layout's store of the warp's row (DESIGN.md section 9):
-// one UE8M0 exponent e over the 128 values (section 4.5's rule: max |v|
-// with NaN ignored over the whole warp, ue8m0_exp), the 128 bytes
-// e4m3(fl(v_i * 2^(127-e))) at dst (value i at byte i: lane j's four at
-// 4j), and e returned to every lane.
-__device__ __forceinline__ int warp_fp8_store(u8* dst, const float v[4], int lane) {
-    float a = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));  // fmaxf drops a NaN operand
+// The Hadamard transform of R rows at once (warp_hadamard's stages and
+// rounding, row by row the same operations), their shuffles interleaved.
+template <int R>
+__device__ __forceinline__ void warp_hadamard_rows(float (&v)[R][4], float hscale, int lane) {
 #pragma unroll
-    for (int d = 1; d <= 16; d <<= 1) a = fmaxf(a, __shfl_xor_sync(FULL, a, d));
-    const int e = ue8m0_exp(a);
-    const float inv = pow2i(127 - e);
-    const u32 lo = e4m3x2(__fmul_rn(v[1], inv), __fmul_rn(v[0], inv));
-    const u32 hi = e4m3x2(__fmul_rn(v[3], inv), __fmul_rn(v[2], inv));
-    *reinterpret_cast<u32*>(dst + 4 * lane) = (lo & 0xffffu) | (hi << 16);
-    return e;
+    for (int r = 0; r < R; r++) {
+        float a, b;
+        a = v[r][0]; b = v[r][1]; v[r][0] = __fadd_rn(a, b); v[r][1] = __fsub_rn(a, b);  // h = 1
+        a = v[r][2]; b = v[r][3]; v[r][2] = __fadd_rn(a, b); v[r][3] = __fsub_rn(a, b);
+        a = v[r][0]; b = v[r][2]; v[r][0] = __fadd_rn(a, b); v[r][2] = __fsub_rn(a, b);  // h = 2
+        a = v[r][1]; b = v[r][3]; v[r][1] = __fadd_rn(a, b); v[r][3] = __fsub_rn(a, b);
+    }
+#pragma unroll
+    for (int d = 1; d <= 16; d <<= 1) {  // h = 4d
+        const bool upper = lane & d;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float q[R];
+#pragma unroll
+            for (int r = 0; r < R; r++) q[r] = __shfl_xor_sync(FULL, v[r][i], d);
+#pragma unroll
+            for (int r = 0; r < R; r++) v[r][i] = upper ? __fsub_rn(q[r], v[r][i]) : __fadd_rn(v[r][i], q[r]);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) v[r][i] = __fmul_rn(v[r][i], hscale);
+        round2(v[r][0], v[r][1]);
+        round2(v[r][2], v[r][3]);
+    }
 }
 
-// indexer_query: one warp per (token, head) row of the launch (Params of
-// the Q prologue: in = the indexer's wq_b output at its offset, in_stride
-// its token stride in bytes, out = the query buffer, weight = the
-// weights_proj GEMM's float32 output at its offset, w_stride its token
-// stride in values, heads = 64), grid-stride. A real token at position
-// pos: RoPE of the rope half with the table's row pos, Hadamard, then the
-// format's store (mla.IndexerQueryFormat): fp8 = 0 (MXFP4) writes the
-// 68-byte MXFP4 row into out [rows][64][68] and lane 0 the bf16 head
+// max |v| (NaN ignored) of each row over lane groups of LANES lanes (8: an
+// MXFP4 block, 32: the whole row of the FP8 layout), R rows' shuffles
+// interleaved.
+template <int R, int LANES>
+__device__ __forceinline__ void warp_absmax_rows(const float (&v)[R][4], float (&a)[R]) {
+#pragma unroll
+    for (int r = 0; r < R; r++) {  // fmaxf drops a NaN operand
+        if (LANES == 8) {  // as warp_mxfp4_store
+            a[r] = 0.f;
+#pragma unroll
+            for (int i = 0; i < 4; i++) a[r] = fmaxf(a[r], fabsf(v[r][i]));
+        } else {  // as the FP8 row's
+            a[r] = fmaxf(fmaxf(fabsf(v[r][0]), fabsf(v[r][1])), fmaxf(fabsf(v[r][2]), fabsf(v[r][3])));
+        }
+    }
+#pragma unroll
+    for (int d = 1; d < LANES; d <<= 1) {
+        float q[R];
+#pragma unroll
+        for (int r = 0; r < R; r++) q[r] = __shfl_xor_sync(FULL, a[r], d);
+#pragma unroll
+        for (int r = 0; r < R; r++) a[r] = fmaxf(a[r], q[r]);
+    }
+}
+
+// indexer_query: one warp per IQ_ROWS (token, head) rows of one token of
+// the launch (Params of the Q prologue: in = the indexer's wq_b output at
+// its offset, in_stride its token stride in bytes, out = the query buffer,
+// weight = the weights_proj GEMM's float32 output at its offset, w_stride
+// its token stride in values, heads = 64), grid-stride. A real token at
+// position pos: RoPE of the rope half with the table's row pos, Hadamard,
+// then the format's store (mla.IndexerQueryFormat): fp8 = 0 (MXFP4) writes
+// the 68-byte MXFP4 row into out [rows][64][68] and lane 0 the bf16 head
 // weight bf16(fl(bf16(W) * wscale)) (wscale = mla.IndexerWeightScale);
 // fp8 = 1 writes 128 e4m3 bytes into out [rows][64][128] and lane 0 the
 // float32 head weight fl(fl(bf16(W) * wscale) * 2^(e-127)), the row's
 // scale folded in. Padding rows and positions outside the table write
-// zeros to both.
+// zeros to both. Each row's arithmetic is warp_mxfp4_store's (or the FP8
+// layout's below), the rows side by side.
+static_assert(INDEXER_HEADS % IQ_ROWS == 0, "a warp's rows are heads of one token");
 extern "C" __global__ void __launch_bounds__(32 * IQ_WARPS)
     indexer_query(const Params p0, const IndexerQueryParams args) {
+    constexpr int R = IQ_ROWS;
     void* w_out = args.w_out;
     const int w_stride = args.w_stride, fp8 = args.fp8;
     const float hscale = args.hscale, wscale = args.wscale;
@@ -185,44 +229,89 @@ extern "C" __global__ void __launch_bounds__(32 * IQ_WARPS)
     const int warps = gridDim.x * IQ_WARPS;
     const float* weight = p.weight;
     const int row_bytes = fp8 ? INDEXER_DIM : MXFP4_ROW_BYTES;
-    for (int unit = blockIdx.x * IQ_WARPS + threadIdx.x / 32; unit < p.rows * INDEXER_HEADS; unit += warps) {
-        const int local = unit / INDEXER_HEADS, h = unit % INDEXER_HEADS;
+    for (int unit = blockIdx.x * IQ_WARPS + threadIdx.x / 32; unit < p.rows * (INDEXER_HEADS / R); unit += warps) {
+        const int local = unit / (INDEXER_HEADS / R), h0 = unit % (INDEXER_HEADS / R) * R;
         const int t = p.row_begin + local;
-        const size_t row = (size_t)t * INDEXER_HEADS + h;
-        u8* dst = p.out + row * row_bytes;
+        const size_t row0 = (size_t)t * INDEXER_HEADS + h0;
+        u8* dst0 = p.out + row0 * row_bytes;
         int b, pos;
         if (!resolve(p, local, b, pos)) {
-            if (fp8) {
-                *reinterpret_cast<u32*>(dst + 4 * lane) = 0;
-                if (lane == 0) static_cast<float*>(w_out)[row] = 0.f;
-            } else {
-                *reinterpret_cast<u16*>(dst + 2 * lane) = 0;
-                if (lane < 4) dst[INDEXER_DIM / 2 + lane] = 0;
-                if (lane == 0) static_cast<u16*>(w_out)[row] = 0;
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                u8* dst = dst0 + (size_t)r * row_bytes;
+                if (fp8) {
+                    *reinterpret_cast<u32*>(dst + 4 * lane) = 0;
+                    if (lane == 0) static_cast<float*>(w_out)[row0 + r] = 0.f;
+                } else {
+                    *reinterpret_cast<u16*>(dst + 2 * lane) = 0;
+                    if (lane < 4) dst[INDEXER_DIM / 2 + lane] = 0;
+                    if (lane == 0) static_cast<u16*>(w_out)[row0 + r] = 0;
+                }
             }
             continue;
         }
-        const uint2 raw = *reinterpret_cast<const uint2*>(p.in + (size_t)t * p.in_stride + ((size_t)h * INDEXER_DIM + 4 * lane) * 2);
-        float v[4] = {bf16_to_f32(raw.x & 0xffffu), bf16_to_f32(raw.x >> 16), bf16_to_f32(raw.y & 0xffffu),
-                      bf16_to_f32(raw.y >> 16)};
-        indexer_rope(v, p.rope, pos, lane);
-        warp_hadamard(v, hscale, lane);
-        if (fp8) {
-            const int e = warp_fp8_store(dst, v, lane);
-            if (lane == 0) {
-                const float wv = ld_dep_f32(weight + (size_t)t * w_stride + h);
-                const float ws = __fmul_rn(__uint_as_float(bf16x2_rn(wv, 0.f) << 16), wscale);
-                const float wf = __fmul_rn(ws, pow2i(e - 127));
-                // A NaN is written as F32_NAN_BITS whatever the arithmetic returned.
-                static_cast<float*>(w_out)[row] = wf != wf ? __uint_as_float((u32)F32_NAN_BITS) : wf;
+        const u8* src = p.in + (size_t)t * p.in_stride + ((size_t)h0 * INDEXER_DIM + 4 * lane) * 2;
+        uint2 raw[R];
+#pragma unroll
+        for (int r = 0; r < R; r++) raw[r] = *reinterpret_cast<const uint2*>(src + (size_t)r * INDEXER_DIM * 2);
+        float4 cs = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (lane >= 16) cs = ld_f4(p.rope + (size_t)pos * ROPE_DIM + 4 * (lane - 16));
+        float v[R][4];
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            v[r][0] = bf16_to_f32(raw[r].x & 0xffffu);
+            v[r][1] = bf16_to_f32(raw[r].x >> 16);
+            v[r][2] = bf16_to_f32(raw[r].y & 0xffffu);
+            v[r][3] = bf16_to_f32(raw[r].y >> 16);
+            if (lane >= 16) {  // indexer_rope's pairs
+                rope_pair(v[r][0], v[r][1], cs.x, cs.y);
+                rope_pair(v[r][2], v[r][3], cs.z, cs.w);
             }
-            continue;
         }
-        warp_mxfp4_store(dst, v, lane);
+        warp_hadamard_rows<R>(v, hscale, lane);
+        float wv[R];
         if (lane == 0) {
-            const float wv = ld_dep_f32(weight + (size_t)t * w_stride + h);
-            const u32 wr = bf16x2_rn(wv, 0.f) << 16;
-            static_cast<u16*>(w_out)[row] = (u16)(bf16x2_rn(__fmul_rn(__uint_as_float(wr), wscale), 0.f) & 0xffffu);
+#pragma unroll
+            for (int r = 0; r < R; r++) wv[r] = ld_dep_f32(weight + (size_t)t * w_stride + h0 + r);
+        }
+        float a[R];
+        if (fp8) {
+            // The FP8 layout (DESIGN.md section 9): one UE8M0 exponent e over
+            // the row's 128 values (section 4.5's rule, NaN ignored), value
+            // i as e4m3(fl(v_i * 2^(127-e))) at byte i.
+            warp_absmax_rows<R, 32>(v, a);
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                const int e = ue8m0_exp(a[r]);
+                const float inv = pow2i(127 - e);
+                const u32 lo = e4m3x2(__fmul_rn(v[r][1], inv), __fmul_rn(v[r][0], inv));
+                const u32 hi = e4m3x2(__fmul_rn(v[r][3], inv), __fmul_rn(v[r][2], inv));
+                *reinterpret_cast<u32*>(dst0 + (size_t)r * row_bytes + 4 * lane) = (lo & 0xffffu) | (hi << 16);
+                if (lane == 0) {
+                    const float ws = __fmul_rn(__uint_as_float(bf16x2_rn(wv[r], 0.f) << 16), wscale);
+                    const float wf = __fmul_rn(ws, pow2i(e - 127));
+                    // A NaN is written as F32_NAN_BITS whatever the arithmetic returned.
+                    static_cast<float*>(w_out)[row0 + r] = wf != wf ? __uint_as_float((u32)F32_NAN_BITS) : wf;
+                }
+            }
+            continue;
+        }
+        warp_absmax_rows<R, 8>(v, a);  // warp_mxfp4_store's block maximum
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            const float am = fmaxf(a[r], __uint_as_float((u32)MXFP4_FLOOR_BITS));  // 6 * 2^-126
+            const u32 tb = __float_as_uint(__fmul_rn(am, __uint_as_float((u32)MXFP4_INV6_BITS)));  // fl32(1/6)
+            const int e = min((int)((tb >> 23) & 0xffu) + ((tb & 0x7fffffu) != 0u ? 1 : 0), 254);
+            const float inv = pow2i(127 - e);
+            const u32 q0 = e2m1(__fmul_rn(v[r][0], inv)), q1 = e2m1(__fmul_rn(v[r][1], inv));
+            const u32 q2 = e2m1(__fmul_rn(v[r][2], inv)), q3 = e2m1(__fmul_rn(v[r][3], inv));
+            u8* dst = dst0 + (size_t)r * row_bytes;
+            *reinterpret_cast<u16*>(dst + 2 * lane) = (u16)(q0 | (q1 << 4) | (q2 << 8) | (q3 << 12));
+            if ((lane & 7) == 0) dst[INDEXER_DIM / 2 + lane / 8] = (u8)e;
+            if (lane == 0) {
+                const u32 wr = bf16x2_rn(wv[r], 0.f) << 16;
+                static_cast<u16*>(w_out)[row0 + r] = (u16)(bf16x2_rn(__fmul_rn(__uint_as_float(wr), wscale), 0.f) & 0xffffu);
+            }
         }
     }
 }

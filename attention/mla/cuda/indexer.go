@@ -11,7 +11,7 @@ import (
 
 // IndexerQuery implements mla.IndexerQuerier: indexer_query of
 // kernels/cuda/indexer.cu (in the compressor's module) on the backend's
-// current stream, one warp per (token, head) row in a's Format, with the
+// current stream, one warp per abi.IndexerQueryRows (token, head) rows in a's Format, with the
 // Q prologue's Params (kernels/cuda/abi) for the token's position and its
 // own IndexerQueryParams (the head weights, the format): the grid depends on
 // the launch's Rows only, so a CUDA graph replays it for any batch of its
@@ -37,7 +37,7 @@ func (b *Backend) IndexerQuery(ctx context.Context, l mla.Launch, a *mla.Indexer
 	if err != nil {
 		return err
 	}
-	warps := l.Rows * mla.IndexerHeads
+	warps := l.Rows * mla.IndexerHeads / abi.IndexerQueryRows
 	blocks := b.chainGrid((warps + abi.IndexerQueryWarps - 1) / abi.IndexerQueryWarps)
 	return b.launchShared(b.comp.iquery, driver.Dim3{blocks, 1, 1}, driver.Dim3{32 * abi.IndexerQueryWarps, 1, 1}, 0,
 		driver.Bytes(p), driver.Bytes(iq))

@@ -113,8 +113,15 @@ const (
 	CompressStoreRows     = 8
 )
 
-// IndexerQueryWarps is the warps of an indexer_query block.
-const IndexerQueryWarps = 8
+// IndexerQueryWarps is the warps of an indexer_query block;
+// IndexerQueryRows the (token, head) rows of one token a warp carries at
+// once (their loads, shuffles and stores interleaved: one row at a time
+// left a warp a single 256-byte load and a chain of dependent shuffles in
+// flight). It divides mla.IndexerHeads.
+const (
+	IndexerQueryWarps = 8
+	IndexerQueryRows  = 4
+)
 
 // CompressKernels are the kernels the CUDA backend loads by name from the
 // compressor's module (compress.cu and indexer.cu, kernels/cuda.CompressSource).
@@ -221,7 +228,8 @@ func Constants() []ConstGroup {
 			{"F32_NAN_BITS", numerics.F32NaN, "the float32 NaN a float32 output holds (the fp8 query's head weights)"},
 			{"ENTRY_KV", int(mla.EntryKV), "mla.CompressEntry: the main compressor"},
 			{"ENTRY_INDEXER", int(mla.EntryIndexer), "mla.CompressEntry: the indexer's compressor"},
-			{"IQ_WARPS", IndexerQueryWarps, "warps of an indexer_query block, one (token, head) row each"},
+			{"IQ_WARPS", IndexerQueryWarps, "warps of an indexer_query block"},
+			{"IQ_ROWS", IndexerQueryRows, "(token, head) rows of one token an indexer_query warp carries at once"},
 		}},
 		{"Streaming pipeline shared memory (StreamingSharedBytes).", []Const{
 			{"KV_SLOT_BYTES", KVSlotBytes, "a KV warp's ring slot: the latent row, then its RoPE row"},
