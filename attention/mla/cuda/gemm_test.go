@@ -171,7 +171,8 @@ var (
 // -gemm.times. The first column is the own kernel forced (NoCuBLASLt), the
 // second cuBLASLt wherever it accepts the shape (GEMMOwnMaxM = -1; its
 // path column says "own" where cuBLASLt refused), the third the sm_90a
-// wgmma kernel (GEMMWGMMA, where it runs): together they are what the
+// wgmma kernel (GEMMWGMMA, where it runs), the fourth the same with its
+// split-K finished inside the kernel (FusedSplitFinish): together they are what the
 // architecture description's choices (cudatune.SM90.FP8.Own and
 // FP8.WGMMA.Use) are read from.
 func TestGEMMTimes(t *testing.T) {
@@ -192,10 +193,12 @@ func TestGEMMTimes(t *testing.T) {
 	for _, path := range []struct {
 		name string
 		opts cuda.Options
-	}{{"own", cuda.Options{NoCuBLASLt: true}}, {"cublaslt", cuda.Options{GEMMOwnMaxM: -1}}, {"wgmma", cuda.Options{GEMMWGMMA: true, NoCuBLASLt: true}}} {
+	}{{"own", cuda.Options{NoCuBLASLt: true}}, {"cublaslt", cuda.Options{GEMMOwnMaxM: -1}},
+		{"wgmma", cuda.Options{GEMMWGMMA: true, NoCuBLASLt: true}}, {"wgmma-fused", cuda.Options{GEMMWGMMA: true, NoCuBLASLt: true}}} {
 		b, err := cuda.New(path.opts)
 		require.NoError(t, err)
-		if err := b.InitGEMM(); path.name == "wgmma" && errors.Is(err, cuda.ErrWGMMAUnavailable) {
+		b.SetWGMMAFusedSplitFinish(path.name == "wgmma-fused")
+		if err := b.InitGEMM(); strings.HasPrefix(path.name, "wgmma") && errors.Is(err, cuda.ErrWGMMAUnavailable) {
 			t.Logf("%v", err)
 			require.NoError(t, b.Close())
 			continue
@@ -227,7 +230,7 @@ func TestGEMMTimes(t *testing.T) {
 				if _, lt1 := b.GEMMCounts(); lt1 > lt0 {
 					which = "cublaslt"
 				} else if b.WGMMACount() > wg0 {
-					which = "wgmma"
+					which = path.name
 				}
 				// Timed as CUDA graphs so that the host's launch cost (one
 				// hand-over per call) stays out: b2b is a graph of reps GEMMs;
@@ -275,20 +278,23 @@ func TestGEMMTimes(t *testing.T) {
 		require.NoError(t, b.Close())
 	}
 	us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
-	fmt.Printf("%-22s %-8s %10s %10s %10s   %-8s %10s %10s %10s   %-8s %10s %10s %10s %8s\n", "GEMM",
-		"path", "cold us", "b2b us", "cold GB/s", "path", "cold us", "b2b us", "cold GB/s", "path", "cold us", "b2b us", "cold GB/s", "floor us")
+	fmt.Printf("%-22s", "GEMM")
+	for range 4 {
+		fmt.Printf(" %-11s %8s %8s %9s  ", "path", "cold us", "b2b us", "cold GB/s")
+	}
+	fmt.Printf(" %8s\n", "floor us")
 	for _, s := range shapes {
 		wbytes := float64(s.N * s.K)
 		for _, m := range ms {
 			key := fmt.Sprintf("%s/m%d", s.Name, m)
 			line := fmt.Sprintf("%-22s", key)
-			for _, p := range []string{"own", "cublaslt", "wgmma"} {
+			for _, p := range []string{"own", "cublaslt", "wgmma", "wgmma-fused"} {
 				rw, ok := results[key][p]
 				if !ok {
-					line += fmt.Sprintf(" %-8s %10s %10s %10s  ", p, "-", "-", "-")
+					line += fmt.Sprintf(" %-11s %8s %8s %9s  ", p, "-", "-", "-")
 					continue
 				}
-				line += fmt.Sprintf(" %-8s %10.1f %10.1f %10.0f  ", ran[key+"/"+p], us(rw.cold), us(rw.b2b), wbytes/us(rw.cold)/1e3)
+				line += fmt.Sprintf(" %-11s %8.1f %8.1f %9.0f  ", ran[key+"/"+p], us(rw.cold), us(rw.b2b), wbytes/us(rw.cold)/1e3)
 			}
 			line += fmt.Sprintf(" %8.1f", wbytes/4.1e12*1e6)
 			fmt.Println(line)
