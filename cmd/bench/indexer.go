@@ -66,8 +66,10 @@ func (m idxMode) String() string {
 	return fmt.Sprintf("idxMode(%d)", int(m))
 }
 
-// idxModes are the graphs timed per shape, in order.
-var idxModes = []idxMode{idxOff, idxPrologue, idxTopK, idxSide, idxSeparate, idxAlone, idxQueryAlone, idxTopKAlone}
+// idxModes are the graphs timed per shape, in order: those without the
+// selection first, so that a run cut short during the selection keeps
+// the prologue's figures.
+var idxModes = []idxMode{idxOff, idxPrologue, idxSide, idxSeparate, idxAlone, idxQueryAlone, idxTopK, idxTopKAlone}
 
 // idxWidth is one K or G row of the indexer compressor's projections.
 var idxWidth = compressor.Overlap(kvcache.DSv4IndexerRatio) * mla.IndexerDim

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"time"
 
 	"github.com/dsv4mla/prologue/attention/mla"
 )
@@ -246,6 +247,12 @@ func indexers(c *config, d *device, md model, rep *Report) error {
 // 128 tokens the query step alone in both formats.
 func indexerShape(c *config, d *device, md model, w *chainWeights, s shape, rep *Report) (err error) {
 	ctx := context.Background()
+	start := time.Now()
+	// trace marks each step in the log, so that a run cut short says where.
+	trace := func(format string, args ...any) {
+		fmt.Printf("  indexer %s %s b=%d tokens=%d context=%d: %s [%.1f s]\n", md.Name, s.Phase, s.Batch, s.Tokens, s.Context,
+			fmt.Sprintf(format, args...), time.Since(start).Seconds())
+	}
 	L := len(w.layers)
 	cl, err := d.setupChain(md, s, L, c.GraphMemBytes)
 	if err != nil {
@@ -271,17 +278,26 @@ func indexerShape(c *config, d *device, md model, w *chainWeights, s shape, rep 
 	if err := d.be.Synchronize(ctx); err != nil {
 		return err
 	}
+	trace("set up: %d layers, %d input sets, visible <= %d entries, %d rows score (top-k %d, %d keys of scratch)",
+		L, len(cl.sets), x.Visible, x.Scored, x.tk.TopK, x.tk.ScratchEntries)
 	// One eager layer of each kind first: every GEMM shape plans its
 	// algorithm on each stream (a capture may not), and a wrong argument
-	// fails here.
-	for _, idx := range []*chainIdxStep{{x: x, topk: true}, {x: x, side: true}, {x: x, separate: true}} {
+	// fails here (the selection's before its graphs).
+	eager := func(idx *chainIdxStep) error {
 		if err := d.chainLayer(ctx, md, cl, &w.layers[0], 0, kvForked, nil, comp, idx); err != nil {
 			return fmt.Errorf("eager layer: %w", err)
 		}
+		if err := d.be.Synchronize(ctx); err != nil {
+			return fmt.Errorf("eager layer: %w", err)
+		}
+		return nil
 	}
-	if err := d.be.Synchronize(ctx); err != nil {
-		return fmt.Errorf("eager layer: %w", err)
+	for _, idx := range []*chainIdxStep{{x: x}, {x: x, side: true}, {x: x, separate: true}} {
+		if err := eager(idx); err != nil {
+			return err
+		}
 	}
+	trace("eager layers ran")
 	// graphN times layers 0..n-1 of layer in one graph, per layer; graph
 	// all L of them.
 	graphN := func(what string, n int, layer func(l int) error) (float64, error) {
@@ -308,6 +324,17 @@ func indexerShape(c *config, d *device, md model, w *chainWeights, s shape, rep 
 	}); err != nil {
 		return err
 	}
+	trace("chain %.2f us/layer", r.ChainUs)
+	// The result is kept after every mode: a run cut short keeps what ran.
+	at := len(rep.Indexer)
+	rep.Indexer = append(rep.Indexer, r)
+	keep := func() {
+		r.derive(rep.CopyGBps)
+		rep.Indexer[at] = r
+		if err := rep.write(c.Out); err != nil {
+			fmt.Println("bench: saving the report:", err)
+		}
+	}
 	for _, mode := range idxModes {
 		var idx *chainIdxStep
 		switch mode {
@@ -315,10 +342,20 @@ func indexerShape(c *config, d *device, md model, w *chainWeights, s shape, rep 
 			idx = &chainIdxStep{x: x}
 		case idxTopK:
 			idx = &chainIdxStep{x: x, topk: true}
+			if err := eager(idx); err != nil {
+				return err
+			}
+			trace("eager layer with the selection ran")
 		case idxSide:
 			idx = &chainIdxStep{x: x, side: true}
 		case idxSeparate:
 			idx = &chainIdxStep{x: x, separate: true}
+		}
+		if mode == idxTopK && s.Tokens == 128 && s.Phase == "generation" && s.Context == 0 {
+			// The query step alone before the selection's graphs.
+			if err := indexerQueryAlone(c, d, md, x, cl.rows, L, s.Tokens, rep, graph); err != nil {
+				return err
+			}
 		}
 		layer := func(l int) error { return d.chainLayer(ctx, md, cl, &w.layers[l], l, kvForked, nil, comp, idx) }
 		if mode >= idxAlone {
@@ -329,21 +366,32 @@ func indexerShape(c *config, d *device, md model, w *chainWeights, s shape, rep 
 			return err
 		}
 		*r.modeUs(mode) = us
-		if cold := r.coldUs(mode); cold != nil {
+		cold := r.coldUs(mode)
+		if cold != nil {
 			if *cold, err = graphN(mode.String()+", one layer", 1, layer); err != nil {
 				return err
 			}
 		}
+		keep()
+		if cold != nil {
+			trace("%v: %.2f us/layer, one layer %.2f", mode, us, *cold)
+		} else {
+			trace("%v: %.2f us/layer", mode, us)
+		}
 	}
-	r.derive(rep.CopyGBps)
-	rep.Indexer = append(rep.Indexer, r)
 	fmt.Println(r.line())
-	if s.Tokens != 128 || s.Phase != "generation" || s.Context != 0 {
-		return nil
-	}
+	return nil
+}
+
+// indexerQueryAlone times the query step alone over the shape's tokens in
+// both formats (graph: one call a layer of the shape's layers).
+func indexerQueryAlone(c *config, d *device, md model, x *chainIdx, rows, layers, tokens int, rep *Report,
+	graph func(what string, layer func(l int) error) (float64, error)) error {
+	ctx := context.Background()
 	for _, f := range []mla.IndexerQueryFormat{mla.IndexerQueryMXFP4, mla.IndexerQueryFP8} {
-		q := IndexerQueryResult{Model: md.Name, Format: f.String(), Tokens: s.Tokens, Rows: cl.rows, Layers: L,
-			WarmCalls: indexerWarmCalls, Bytes: indexerQueryBytes(cl.rows, f), VLLMUs: VLLMIndexerQueryUs}
+		q := IndexerQueryResult{Model: md.Name, Format: f.String(), Tokens: tokens, Rows: rows, Layers: layers,
+			WarmCalls: indexerWarmCalls, Bytes: indexerQueryBytes(rows, f), VLLMUs: VLLMIndexerQueryUs}
+		var err error
 		if q.GraphUs, err = graph("query step "+f.String(), func(l int) error { return x.queryStep(ctx, d.be, l, f) }); err != nil {
 			return err
 		}
