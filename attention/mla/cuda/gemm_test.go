@@ -269,6 +269,10 @@ func TestGEMMTimes(t *testing.T) {
 				}
 				results[key][path.name] = row{cold / reps, b2b / reps}
 				ran[key+"/"+path.name] = which
+				// As it is measured too, so that a run cut short keeps what it timed.
+				fmt.Printf("TIMES %-11s %-22s ran %-11s cold %8.2f us  b2b %8.2f us  cold %5.0f GB/s\n", path.name, key, which,
+					float64(cold/reps)/float64(time.Microsecond), float64(b2b/reps)/float64(time.Microsecond),
+					float64(s.N*s.K)/(float64(cold/reps)/float64(time.Microsecond))/1e3)
 				require.NoError(t, b.Free(y))
 				mlatest.FreeGEMMBuffers(b, &mla.FP8Weight{}, x)
 			}
