@@ -131,6 +131,7 @@ enum {
     TOPK_SCORE4_THREADS = 128,     // threads of a topk_score_mma4 block, 32 entries a warp
     TOPK_SCORE4_ROWS    = 4,       // rows of a topk_score_mma4 block: the mma's four column pairs
     TOPK_SELECT_THREADS = 1024,    // threads of a topk_select block, one row
+    TOPK_SCORE4P_SHARED = 55808,   // dynamic shared memory of a topk_score_mma4p block, bytes
 };
 
 // GEMM and chain kernel shapes (kernels/cuda/abi: FP8GEMM*, BF16GEMM*, BF16MMA*, ChainWarps).

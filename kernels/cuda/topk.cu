@@ -725,6 +725,371 @@ extern "C" __global__ void __launch_bounds__(TOPK_SCORE4_THREADS, 4) topk_score_
     }
 }
 
+// One 32-bit word copied to shared memory asynchronously (cp.async,
+// through L1), zeros where !ok (nothing is read then).
+__device__ __forceinline__ void tk_cp4(void* dst, const void* src, bool ok) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"((u32)__cvta_generic_to_shared(dst)), "l"(src), "r"(ok ? 4 : 0)
+                 : "memory");
+}
+__device__ __forceinline__ void tk_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void tk_cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
+// topk_score_mma4p's dynamic shared memory (bytes): mma4's query arrays,
+// then two tile buffers a warp (its 32 entries as stored), which first
+// hold the pass's query rows as stored, then the query's base bytes.
+#define TK4P_WARPS (TOPK_SCORE4_THREADS / 32)
+#define TK4P_WBUF (32 * TK_KW) // words of a warp's tile buffer
+#define TK4P_QF 0
+#define TK4P_QC (TK4P_QF + 32 * 4 * 32 * 8)
+#define TK4P_QW (TK4P_QC + TOPK_SCORE4_ROWS * TK4_QC * 4)
+#define TK4P_KS (TK4P_QW + TOPK_SCORE4_ROWS * TK4_QW * 4)
+#define TK4P_QB (TK4P_KS + TK4P_WARPS * 2 * TK4P_WBUF * 4)
+static_assert(TK4P_QB + TOPK_SCORE4_ROWS * INDEXER_HEADS == TOPK_SCORE4P_SHARED, "TOPK_SCORE4P_SHARED is topk_score_mma4p's layout");
+static_assert(TOPK_SCORE4_ROWS * INDEXER_HEADS * MXFP4_ROW_BYTES <= TK4P_QB - TK4P_KS, "the pass's query rows fit the tile buffers");
+static_assert(TK4P_KS % 16 == 0, "cp.async destinations aligned");
+
+// topk_score_mma4p is topk_score_mma4 with its loads pipelined, the same
+// keys out (the arithmetic is mma4's, line for line). mma4 loads each
+// tile with the whole block (the entries' offsets, a barrier, the words,
+// a barrier) and stalls on them, and decodes the pass's query from global
+// memory word by word. Here the pass's query rows are first copied to
+// shared memory at once (cp.async), and each warp streams its own 32
+// entries of every tile through two buffers with cp.async, the next
+// tile's copies in flight (and the page-table reads of the one after)
+// while it scores the current one: the tile loop has no block barrier.
+// The three paths run as three loops, so that the general one's
+// registers do not weigh on the others'.
+extern "C" __global__ void __launch_bounds__(TOPK_SCORE4_THREADS, 4) topk_score_mma4p(const TopKParams p) {
+    extern __shared__ __align__(16) u8 tk4p_smem[];
+    uint2* qf = (uint2*)(tk4p_smem + TK4P_QF); // B fragments: (head pair j, block b) x lane
+    u32* qc = (u32*)(tk4p_smem + TK4P_QC);     // C: row t, block b, head h at t*TK4_QC + b*64 + h; 0 where E_b > 231
+    float* qw = (float*)(tk4p_smem + TK4P_QW); // head weights: row t, head h at t*TK4_QW + h
+    u8* qraw = tk4p_smem + TK4P_KS;            // the pass's query rows as stored, [t][h][MXFP4_ROW_BYTES]
+    u8* qbase = tk4p_smem + TK4P_QB;           // row t, head h: E where its blocks are shifted, else 255
+    __shared__ int rseq[TOPK_SCORE4_ROWS], rvis[TOPK_SCORE4_ROWS];
+    __shared__ long long rkeys[TOPK_SCORE4_ROWS];
+    __shared__ int qmn[4], qmx[4]; // the pass's least and largest query scale byte per block
+    __shared__ int klo, khi, xbad;  // the exact path: ek_min's range, and whether some query head rules it out
+    tk_pdl_wait();
+    tk_pdl_trigger();
+    const int r0 = blockIdx.x * TOPK_SCORE4_ROWS;
+    if (r0 >= p.rows) return;
+    if (threadIdx.x < TOPK_SCORE4_ROWS) {
+        const int r = r0 + threadIdx.x;
+        TkRow t = {0, 0, 0, 0};
+        if (r < p.rows) t = tk_resolve(p, r);
+        const bool scored = t.valid && t.visible > p.top_k; // else topk_select needs no keys
+        rseq[threadIdx.x] = scored ? t.seq : -1;
+        rvis[threadIdx.x] = scored ? t.visible : 0;
+        rkeys[threadIdx.x] = t.keys;
+    }
+    __syncthreads();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tq = lane & 3;
+    const size_t page_bytes = (size_t)p.page_size * MXFP4_ROW_BYTES;
+    u32* wks = (u32*)(tk4p_smem + TK4P_KS) + warp * 2 * TK4P_WBUF; // this warp's two tile buffers
+    int done = 0; // rows of earlier passes (bit t)
+    for (;;) {
+        int seq = -1;
+        for (int t = 0; t < TOPK_SCORE4_ROWS; t++)
+            if (!((done >> t) & 1) && rseq[t] >= 0) {
+                seq = rseq[t];
+                break;
+            }
+        if (seq < 0) break;
+        int act = 0, n = 0;
+        for (int t = 0; t < TOPK_SCORE4_ROWS; t++)
+            if (rseq[t] == seq) {
+                act |= 1 << t;
+                n = max(n, rvis[t]);
+            }
+        done |= act;
+        const int ntiles = (n + TOPK_SCORE4_THREADS - 1) / TOPK_SCORE4_THREADS;
+        if ((int)blockIdx.y >= ntiles) continue; // block-uniform
+        __syncthreads(); // the previous pass is done with the query arrays and the tile buffers
+        for (int i = threadIdx.x; i < TOPK_SCORE4_ROWS * INDEXER_HEADS * TK_KW; i += TOPK_SCORE4_THREADS) {
+            const int t = i / (INDEXER_HEADS * TK_KW);
+            if ((act >> t) & 1) tk_cp4(qraw + 4 * i, p.q + (size_t)r0 * (INDEXER_HEADS * MXFP4_ROW_BYTES) + 4 * (size_t)i, true);
+        }
+        tk_cp_commit();
+        if (threadIdx.x < 4) {
+            qmn[threadIdx.x] = 255;
+            qmx[threadIdx.x] = 0;
+        }
+        if (threadIdx.x == 0) {
+            klo = -1024;
+            khi = 1024;
+            xbad = 0;
+        }
+        for (int i = threadIdx.x; i < TOPK_SCORE4_ROWS * INDEXER_HEADS; i += TOPK_SCORE4_THREADS) {
+            const int t = i >> 6, h = i & 63;
+            qw[t * TK4_QW + h] = (act >> t) & 1 ? __uint_as_float((u32)p.w[(size_t)(r0 + t) * INDEXER_HEADS + h] << 16) : 0.f;
+        }
+        tk_cp_wait<0>();
+        __syncthreads(); // the query rows, qw, qmn, qmx, klo, khi, xbad in place
+        for (int i = threadIdx.x; i < TOPK_SCORE4_ROWS * INDEXER_HEADS; i += TOPK_SCORE4_THREADS) {
+            const int t = i >> 6, h = i & 63;
+            int base = 255;
+            if ((act >> t) & 1) {
+                const u8* row = qraw + (t * INDEXER_HEADS + h) * MXFP4_ROW_BYTES;
+                int eq[4], mn = 255, mx = 0;
+#pragma unroll
+                for (int b = 0; b < 4; b++) {
+                    eq[b] = row[64 + b];
+                    mn = min(mn, eq[b]);
+                    mx = max(mx, eq[b]);
+                    atomicMin(&qmn[b], eq[b]);
+                    atomicMax(&qmx[b], eq[b]);
+                }
+                const bool shifted = mx - mn <= 3 && mx <= 231;
+#pragma unroll
+                for (int b = 0; b < 4; b++) {
+                    const int e = shifted ? mn : eq[b];
+                    qc[t * TK4_QC + b * 64 + h] = e <= 231 ? ((u32)(e + 23) << 23) | 0x400000u : 0u;
+                }
+                if (shifted) base = mn;
+                const u32 wb = __float_as_uint(qw[t * TK4_QW + h]) >> 16; // the bf16 weight
+                const int ef = (int)((wb >> 7) & 0xFFu);
+                const bool wzero = (wb & 0x7FFFu) == 0u;
+                bool bad = !shifted || ef == 255 || (ef == 0 && !wzero);
+                int lo = 107 - mn, hi = 362 - mn;
+                if (!bad && !wzero) {
+                    const int we = ef - 127 + mn;
+                    bad = we < 1 || we > 225;
+                    lo = max(lo, 130 - we);
+                    hi = min(hi, 354 - we);
+                }
+                if (bad) atomicMax(&xbad, 1);
+                atomicMax(&klo, lo);
+                atomicMin(&khi, hi);
+            } else {
+#pragma unroll
+                for (int b = 0; b < 4; b++) qc[t * TK4_QC + b * 64 + h] = 0u;
+            }
+            qbase[i] = (u8)base;
+        }
+        __syncthreads(); // qbase written
+        for (int i = threadIdx.x; i < 32 * 4 * 32; i += TOPK_SCORE4_THREADS) {
+            const int j = i >> 7, b = (i >> 5) & 3, ln = i & 31, gg = ln >> 2, tt = ln & 3;
+            const int t = gg >> 1, h = 2 * j + (gg & 1); // B column gg
+            uint2 v = make_uint2(0u, 0u);
+            if ((act >> t) & 1) {
+                const u8* raw = qraw + (t * INDEXER_HEADS + h) * MXFP4_ROW_BYTES;
+                const int base = qbase[t * INDEXER_HEADS + h];
+                const int sh = base == 255 ? 0 : raw[64 + b] - base;
+                v.x = tk_shl4(tk_word(*(const u32*)(raw + 16 * b + 4 * (tt >> 1)), tt), sh);
+                v.y = tk_shl4(tk_word(*(const u32*)(raw + 16 * b + 4 * (2 + (tt >> 1))), tt), sh);
+            }
+            qf[i] = v;
+        }
+        __syncthreads(); // the query arrays in place; the query rows are read: the tile buffers are free
+        const int* table = p.plan + TOPK_PLAN_HDR_WORDS + p.max_seqs * TOPK_SEQ_WORDS + (long long)seq * p.page_stride;
+        const bool mine = (act >> tq) & 1; // this lane's row is in the pass
+        const int vis = rvis[tq];
+        u32* keys = p.scratch + rkeys[tq];
+        const u8* qrow = p.q + (size_t)(r0 + tq) * (INDEXER_HEADS * MXFP4_ROW_BYTES);
+        const u32* qcr = qc + tq * TK4_QC;
+        const float* qwr = qw + tq * TK4_QW;
+        const int gy = gridDim.y;
+        // The byte offset of this lane's entry of tile x in the cache, -1
+        // past the pass's entries or without a page.
+        auto entry_off = [&](int x) -> long long {
+            const int s = x * TOPK_SCORE4_THREADS + warp * 32 + lane;
+            if (x >= ntiles || s >= n) return -1;
+            const int pg = tk_page(p, table, s);
+            return pg >= 0 ? (long long)pg * (long long)page_bytes + (long long)(s % p.page_size) * MXFP4_ROW_BYTES : -1;
+        };
+        // The warp's 32 entries of a tile into buffer buf, lane l's offset
+        // o: word i of the buffer is word i % TK_KW of entry i / TK_KW.
+        auto issue = [&](int buf, long long o) {
+            u32* dst = wks + buf * TK4P_WBUF;
+#pragma unroll
+            for (int m = 0; m < TK_KW; m++) {
+                const int i = m * 32 + lane, el = i / TK_KW, wd = i - el * TK_KW;
+                const long long oe = __shfl_sync(0xFFFFFFFFu, o, el);
+                tk_cp4(dst + i, p.cache + (oe >= 0 ? oe + 4 * wd : 0), oe >= 0);
+            }
+        };
+        int tile = blockIdx.y;
+        long long ocur = entry_off(tile);
+        issue(0, ocur);
+        tk_cp_commit();
+        long long onxt = entry_off(tile + gy);
+        for (int it = 0; tile < ntiles; it++, tile += gy) {
+            if (tile + gy < ntiles) issue((it + 1) & 1, onxt); // warp-uniform
+            tk_cp_commit();
+            const long long onn = entry_off(tile + 2 * gy); // its table read overlaps this tile's scoring
+            tk_cp_wait<1>();
+            __syncwarp(); // every lane's copies of this tile landed
+            const u32* ks = wks + (it & 1) * TK4P_WBUF;
+            const int sw = tile * TOPK_SCORE4_THREADS + warp * 32; // the entry of ks's first
+            const unsigned have = __ballot_sync(0xFFFFFFFFu, ocur >= 0); // entries with a page
+            if (sw < n) { // warp-uniform
+                bool fok = true, xok = true;
+                if (ocur >= 0) {
+                    const u32 sc = ks[lane * TK_KW + 16];
+                    int mn = 255, mx = 0;
+#pragma unroll
+                    for (int b = 0; b < 4; b++) {
+                        const int ek = (int)((sc >> (8 * b)) & 0xFFu);
+                        fok = fok && qmx[b] <= 231 && ek + qmn[b] >= 107 && ek + qmx[b] <= 371;
+                        mn = min(mn, ek);
+                        mx = max(mx, ek);
+                    }
+                    xok = mx - mn <= 3 && mn >= klo && mn <= khi;
+                }
+                const bool exact = __all_sync(0xFFFFFFFFu, xok) && xbad == 0;
+                const bool fast = __all_sync(0xFFFFFFFFu, fok);
+                uint4 a[2][4];
+                u32 ksc[2][2];
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++) {
+                    const u32* k0 = ks + (mt * 16 + g) * TK_KW;
+                    const u32* k1 = k0 + 8 * TK_KW;
+                    ksc[mt][0] = k0[16];
+                    ksc[mt][1] = k1[16];
+                    int m0 = 0, m1 = 0;
+                    if (exact) {
+                        m0 = 255;
+                        m1 = 255;
+#pragma unroll
+                        for (int b = 0; b < 4; b++) {
+                            m0 = min(m0, (int)((ksc[mt][0] >> (8 * b)) & 0xFFu));
+                            m1 = min(m1, (int)((ksc[mt][1] >> (8 * b)) & 0xFFu));
+                        }
+                    }
+#pragma unroll
+                    for (int b = 0; b < 4; b++) {
+                        const int s0b = exact ? (int)((ksc[mt][0] >> (8 * b)) & 0xFFu) - m0 : 0;
+                        const int s1b = exact ? (int)((ksc[mt][1] >> (8 * b)) & 0xFFu) - m1 : 0;
+                        a[mt][b].x = tk_shl4(tk_word(k0[4 * b + (tq >> 1)], tq), s0b);
+                        a[mt][b].y = tk_shl4(tk_word(k1[4 * b + (tq >> 1)], tq), s1b);
+                        a[mt][b].z = tk_shl4(tk_word(k0[4 * b + 2 + (tq >> 1)], tq), s0b);
+                        a[mt][b].w = tk_shl4(tk_word(k1[4 * b + 2 + (tq >> 1)], tq), s1b);
+                    }
+                }
+                float acc[2][2] = {{0.f, 0.f}, {0.f, 0.f}}; // the head sums of (m-tile, entry c)
+                if (exact) {
+#pragma unroll 2 // two head pairs: four independent mma chains a warp
+                    for (int j = 0; j < 32; j++) {
+                        const uint2 cm = *(const uint2*)(qcr + 2 * j);
+                        int d[2][4];
+#pragma unroll
+                        for (int mt = 0; mt < 2; mt++) {
+                            d[mt][0] = (int)cm.x;
+                            d[mt][1] = (int)cm.y;
+                            d[mt][2] = (int)cm.x;
+                            d[mt][3] = (int)cm.y;
+                        }
+#pragma unroll
+                        for (int b = 0; b < 4; b++) {
+                            const uint2 bq = qf[(j * 4 + b) * 32 + lane];
+#pragma unroll
+                            for (int mt = 0; mt < 2; mt++) tk_mma_acc(d[mt], a[mt][b], bq);
+                        }
+                        const float2 wq = *(const float2*)(qwr + 2 * j);
+                        const float nmx = __fmul_rn(-wq.x, __uint_as_float(cm.x)), nmy = __fmul_rn(-wq.y, __uint_as_float(cm.y));
+#pragma unroll
+                        for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                            for (int i = 0; i < 4; i++) {
+                                const int c = i >> 1, hp = i & 1;
+                                const float f = __int_as_float(max(d[mt][i], (int)(hp ? cm.y : cm.x)));
+                                acc[mt][c] = __fadd_rn(acc[mt][c], __fmaf_rn(hp ? wq.y : wq.x, f, hp ? nmy : nmx));
+                            }
+                    }
+#pragma unroll
+                    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                        for (int c = 0; c < 2; c++) {
+                            int mn = 255;
+#pragma unroll
+                            for (int b = 0; b < 4; b++) mn = min(mn, (int)((ksc[mt][c] >> (8 * b)) & 0xFFu));
+                            acc[mt][c] = __fmul_rn(acc[mt][c], tk_pow2(mn - 129));
+                        }
+                } else if (fast) {
+                    float sk[2][2][4]; // 2^(ek_b - 129) of this lane's entries
+#pragma unroll
+                    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                        for (int c = 0; c < 2; c++)
+#pragma unroll
+                            for (int b = 0; b < 4; b++) sk[mt][c][b] = tk_pow2((int)((ksc[mt][c] >> (8 * b)) & 0xFFu) - 129);
+#pragma unroll 1
+                    for (int j = 0; j < 32; j++) {
+                        uint2 cq[4];
+                        int d[2][4][4];
+#pragma unroll
+                        for (int b = 0; b < 4; b++) {
+                            const uint2 bq = qf[(j * 4 + b) * 32 + lane];
+                            cq[b] = *(const uint2*)(qcr + b * 64 + 2 * j);
+#pragma unroll
+                            for (int mt = 0; mt < 2; mt++) tk_mma_c(d[mt][b], a[mt][b], bq, cq[b]);
+                        }
+                        const float2 wq = *(const float2*)(qwr + 2 * j);
+#pragma unroll
+                        for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                            for (int i = 0; i < 4; i++) {
+                                const int c = i >> 1, hp = i & 1;
+                                float dot = 0.f;
+#pragma unroll
+                                for (int b = 0; b < 4; b++) {
+                                    const float pq = __fsub_rn(__int_as_float(d[mt][b][i]), __uint_as_float(hp ? cq[b].y : cq[b].x));
+                                    dot = b == 0 ? __fmul_rn(pq, sk[mt][c][b]) : __fmaf_rn(pq, sk[mt][c][b], dot);
+                                }
+                                acc[mt][c] = __fadd_rn(acc[mt][c], __fmul_rn(hp ? wq.y : wq.x, fmaxf(dot, 0.f)));
+                            }
+                    }
+                } else {
+#pragma unroll 1
+                    for (int j = 0; j < 32; j++) {
+                        uint2 cq[4];
+                        int d[2][4][4];
+#pragma unroll
+                        for (int b = 0; b < 4; b++) {
+                            const uint2 bq = qf[(j * 4 + b) * 32 + lane];
+                            cq[b] = *(const uint2*)(qcr + b * 64 + 2 * j);
+#pragma unroll
+                            for (int mt = 0; mt < 2; mt++) tk_mma_c(d[mt][b], a[mt][b], bq, cq[b]);
+                        }
+                        const float2 wq = *(const float2*)(qwr + 2 * j);
+#pragma unroll
+                        for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                            for (int i = 0; i < 4; i++) {
+                                const int c = i >> 1, hp = i & 1, h = 2 * j + hp;
+                                float dot = 0.f;
+#pragma unroll
+                                for (int b = 0; b < 4; b++) {
+                                    const u32 cb = hp ? cq[b].y : cq[b].x;
+                                    const int dd = d[mt][b][i] - (int)cb;
+                                    const int e = cb != 0u ? (int)(cb >> 23) - 23 : (mine ? (int)qrow[h * MXFP4_ROW_BYTES + 64 + b] : 0);
+                                    const int ek = (int)((ksc[mt][c] >> (8 * b)) & 0xFFu);
+                                    const float pb = tk_scale(dd, e + ek - 256);
+                                    dot = b == 0 ? pb : __fadd_rn(dot, pb);
+                                }
+                                const float rl = dot > 0.f ? dot : 0.f;
+                                acc[mt][c] = __fadd_rn(acc[mt][c], __fmul_rn(hp ? wq.y : wq.x, rl));
+                            }
+                    }
+                }
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                    for (int c = 0; c < 2; c++) {
+                        const int l = mt * 16 + c * 8 + g, s = sw + l;
+                        if (mine && s < vis) keys[s] = (have >> l) & 1u ? tk_key(acc[mt][c]) : 0u; // an entry without a page scores NaN
+                    }
+            }
+            __syncwarp(); // the buffer is read before the next tile but one is copied into it
+            ocur = onxt;
+            onxt = onn;
+        }
+        tk_cp_wait<0>(); // nothing in flight into the buffers the next pass's query rows take
+    }
+}
+
 // Block-wide exclusive prefix sum of v over TOPK_SELECT_THREADS threads;
 // *total receives the sum. Every thread must call it.
 __device__ __forceinline__ int tk_scan(int v, int* warp_sums, int* total) {
@@ -827,5 +1192,139 @@ extern "C" __global__ void __launch_bounds__(TOPK_SELECT_THREADS) topk_select(co
         if (take) out[placed + pos] = i;
         placed += take_total;
         eq_left -= min(eq_total, eq_left);
+    }
+}
+
+// Key i of a row: from shared memory (SH) or, read-only, from global.
+template <bool SH>
+__device__ __forceinline__ u32 tk_key_at(const u32* sk, const u32* gk, int i) {
+    if (SH) return sk[i];
+    return __ldg(gk + i);
+}
+
+// topk_select2's radix passes and gather over the row's n keys, staged in
+// shared memory (SH) or read from global memory.
+template <bool SH>
+__device__ __forceinline__ void tk_select2(const TopKParams& p, const u32* sk, const u32* gk, int n, int* out, u32* hist,
+                                           u32* s_pick, int (*wsum)[32]) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const unsigned full = 0xFFFFFFFFu;
+    u32 prefix = 0u, mask = 0u, remain = (u32)p.top_k;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int i = threadIdx.x; i < 256; i += TOPK_SELECT_THREADS) hist[i] = 0u;
+        __syncthreads();
+        // A row's keys share their top bits, so most lanes of a warp fall
+        // in the first active lane's bin: that lane adds their count at
+        // once, the others one each (atomics on one address serialize).
+#pragma unroll 4
+        for (int b0 = warp * 32; b0 < n; b0 += TOPK_SELECT_THREADS) { // warp-uniform
+            const int i = b0 + lane;
+            const u32 k = i < n ? tk_key_at<SH>(sk, gk, i) : 0u;
+            const bool in = i < n && (k & mask) == prefix;
+            const u32 bin = (k >> shift) & 0xFFu;
+            const unsigned act = __ballot_sync(full, in);
+            if (act == 0u) continue;
+            const int ld = __ffs(act) - 1;
+            const u32 lbin = __shfl_sync(full, bin, ld);
+            const unsigned same = __ballot_sync(full, in && bin == lbin);
+            if (lane == ld) atomicAdd(&hist[lbin], (u32)__popc(same));
+            else if (in && bin != lbin) atomicAdd(&hist[bin], 1u);
+        }
+        __syncthreads();
+        if (warp == 0) { // topk_select's choice of the bin
+            u32 c[8], sum = 0u;
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                c[j] = hist[255 - (lane * 8 + j)];
+                sum += c[j];
+            }
+            u32 incl = sum;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                u32 y = __shfl_up_sync(full, incl, o);
+                if (lane >= o) incl += y;
+            }
+            const int first = __ffs(__ballot_sync(full, incl >= remain)) - 1;
+            if (lane == first) {
+                u32 acc = incl - sum;
+                int j = 0;
+                for (; j < 7 && acc + c[j] < remain; j++) acc += c[j];
+                s_pick[0] = prefix | ((u32)(255 - (lane * 8 + j)) << shift);
+                s_pick[1] = remain - acc;
+            }
+        }
+        __syncthreads();
+        prefix = s_pick[0];
+        remain = s_pick[1];
+        mask |= 0xFFu << shift;
+        __syncthreads(); // s_pick and hist are rewritten by the next pass
+    }
+    // prefix is the threshold key; the first remain keys equal to it are
+    // taken with every key above it. Warp w gathers keys [w*seg, w*seg +
+    // seg) in order: a taken key's place is the keys above the threshold
+    // before it plus min(remain, the keys equal to it before it), the
+    // warps' counts first added up.
+    const int seg = (n + 32 * 32 - 1) / (32 * 32) * 32;
+    const int lo = warp * seg, hi = min(n, lo + seg);
+    int ngt = 0, neq = 0;
+    for (int b = lo; b < hi; b += 32) {
+        const int i = b + lane;
+        const u32 k = i < hi ? tk_key_at<SH>(sk, gk, i) : 0u;
+        ngt += __popc(__ballot_sync(full, i < hi && k > prefix));
+        neq += __popc(__ballot_sync(full, i < hi && k == prefix));
+    }
+    if (lane == 0) {
+        wsum[0][warp] = ngt;
+        wsum[1][warp] = neq;
+    }
+    __syncthreads();
+    int gs = __reduce_add_sync(full, lane < warp ? wsum[0][lane] : 0);
+    int es = __reduce_add_sync(full, lane < warp ? wsum[1][lane] : 0);
+    const unsigned below = (1u << lane) - 1u;
+    for (int b = lo; b < hi; b += 32) {
+        const int i = b + lane;
+        const u32 k = i < hi ? tk_key_at<SH>(sk, gk, i) : 0u;
+        const bool gt = i < hi && k > prefix, eq = i < hi && k == prefix;
+        const unsigned gm = __ballot_sync(full, gt), em = __ballot_sync(full, eq);
+        const int er = es + __popc(em & below);
+        if (gt || (eq && er < (int)remain)) out[gs + __popc(gm & below) + min(er, (int)remain)] = i;
+        gs += __popc(gm);
+        es += __popc(em);
+    }
+}
+
+// topk_select2 is topk_select (the same radix select, the same indices)
+// with the row's keys first copied to shared memory where they fit (its
+// dynamic shared memory: the host gives the most keys a row of the launch
+// can have, up to a cap; a row past it reads them from global memory each
+// pass), histogram atomics added once a bin a warp in the usual case, and
+// the indices gathered by warp ballots with one barrier instead of two
+// block scans a 1024 keys.
+extern "C" __global__ void __launch_bounds__(TOPK_SELECT_THREADS) topk_select2(const TopKParams p) {
+    extern __shared__ u32 tks2_keys[];
+    __shared__ u32 hist[256];
+    __shared__ u32 s_pick[2];
+    __shared__ int wsum[2][32];
+    tk_pdl_wait();
+    tk_pdl_trigger();
+    const int r = blockIdx.x;
+    if (r >= p.rows) return;
+    int* out = p.out + (size_t)r * p.top_k;
+    const TkRow t = tk_resolve(p, r);
+    const int n = t.valid ? t.visible : 0;
+    if (n <= p.top_k) {
+        for (int i = threadIdx.x; i < p.top_k; i += TOPK_SELECT_THREADS) out[i] = i < n ? i : -1;
+        return;
+    }
+    const u32* keys = p.scratch + t.keys;
+    u32 cap;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(cap));
+    if ((u32)n <= cap / 4u) {
+        for (int i = threadIdx.x; i < n; i += TOPK_SELECT_THREADS) tk_cp4(tks2_keys + i, keys + i, true);
+        tk_cp_commit();
+        tk_cp_wait<0>(); // and the first pass's barrier makes every thread's copies visible
+        tk_select2<true>(p, tks2_keys, keys, n, out, hist, s_pick, wsum);
+    } else {
+        tk_select2<false>(p, tks2_keys, keys, n, out, hist, s_pick, wsum);
     }
 }

@@ -10,7 +10,13 @@ const (
 	TopKScoreKernel     = "topk_score"
 	TopKScoreMMAKernel  = "topk_score_mma"
 	TopKScoreMMA4Kernel = "topk_score_mma4"
-	TopKSelectKernel    = "topk_select"
+	// TopKScoreMMA4PKernel needs abi.TopKScore4PShared bytes of dynamic
+	// shared memory.
+	TopKScoreMMA4PKernel = "topk_score_mma4p"
+	TopKSelectKernel     = "topk_select"
+	// TopKSelect2Kernel takes the row's keys in dynamic shared memory
+	// where they fit.
+	TopKSelect2Kernel = "topk_select2"
 )
 
 // TopKSource returns the compilable source of the indexer's top-k module

@@ -79,10 +79,15 @@ func (b *Backend) KernelSharedBytes(name string) (int, error) {
 	return b.fns[name].Attribute(driver.FuncSharedSizeBytes)
 }
 
-// SetTopKScore picks the top-k score kernel: "dp4a" (topk_score), "mma"
-// (topk_score_mma), "mma4" (topk_score_mma4) or "default".
+// SetTopKScore picks the top-k kernels: a score kernel, "dp4a"
+// (topk_score), "mma" (topk_score_mma), "mma4" (topk_score_mma4), "mma4p"
+// (topk_score_mma4p) or "default", optionally followed by "+" and a
+// select kernel: "radix" (topk_select), "select2" (topk_select2) or
+// "select2g" (topk_select2 reading every row's keys from global memory);
+// without one, the default select.
 func (b *Backend) SetTopKScore(kernel string) {
-	switch kernel {
+	score, sel, _ := strings.Cut(kernel, "+")
+	switch score {
 	case "default":
 		b.topk.kernel = topkScoreDefault
 	case "dp4a":
@@ -91,9 +96,45 @@ func (b *Backend) SetTopKScore(kernel string) {
 		b.topk.kernel = topkScoreMMA
 	case "mma4":
 		b.topk.kernel = topkScoreMMA4
+	case "mma4p":
+		b.topk.kernel = topkScoreMMA4P
 	default:
 		panic("cuda: SetTopKScore(" + kernel + ")")
 	}
+	switch sel {
+	case "":
+		b.topk.sel = topkSelectDefault
+	case "radix":
+		b.topk.sel = topkSelectRadix
+	case "select2":
+		b.topk.sel = topkSelect2
+	case "select2g":
+		b.topk.sel = topkSelect2Global
+	default:
+		panic("cuda: SetTopKScore(" + kernel + ")")
+	}
+}
+
+// TopKKernelResources describes a top-k score kernel's (and the select
+// kernel's) registers, spilled local memory and static shared memory a
+// thread or block, as the loaded module reports them.
+func (b *Backend) TopKKernelResources(kernel string) string {
+	if err := b.LoadTopK(); err != nil {
+		return err.Error()
+	}
+	fn := map[string]*driver.Function{"dp4a": b.topk.score, "mma": b.topk.scoreMMA, "mma4": b.topk.scoreMMA4,
+		"mma4p": b.topk.scoreMMA4P, "select": b.topk.select_, "select2": b.topk.select2}[kernel]
+	if fn == nil {
+		return "no such kernel"
+	}
+	var v [4]int
+	for i, a := range []driver.FuncAttribute{driver.FuncNumRegs, driver.FuncLocalSizeBytes, driver.FuncSharedSizeBytes, driver.FuncMaxDynamicSharedSizeBytes} {
+		var err error
+		if v[i], err = fn.Attribute(a); err != nil {
+			return err.Error()
+		}
+	}
+	return fmt.Sprintf("%s: %d registers, %d bytes local (spills), %d bytes static shared, %d dynamic allowed", fn.Name, v[0], v[1], v[2], v[3])
 }
 
 // TopKStage runs the selection's score kernel or its select kernel alone.

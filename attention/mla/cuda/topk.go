@@ -18,13 +18,34 @@ import (
 
 // topkState is the top-k module.
 type topkState struct {
-	mod                                 *driver.Module
-	score, scoreMMA, scoreMMA4, select_ *driver.Function
-	err                                 error // a failed load, returned by every later call
+	mod                                                      *driver.Module
+	score, scoreMMA, scoreMMA4, scoreMMA4P, select_, select2 *driver.Function
+	err                                                      error // a failed load, returned by every later call
 	// kernel is the score kernel the backend launches; every one writes
 	// the same keys.
 	kernel topkScore
+	// sel is the select kernel; both give the same indices.
+	sel topkSelect
 }
+
+// topkSelect names a select kernel of topk.cu.
+type topkSelect int
+
+const (
+	topkSelectDefault topkSelect = iota // topkDefaultSelect
+	topkSelectRadix                     // topk_select
+	topkSelect2                         // topk_select2, the keys in shared memory where they fit
+	topkSelect2Global                   // topk_select2 without shared memory: every row reads its keys from global memory
+)
+
+// topkDefaultSelect is the select kernel IndexerTopK launches unless a
+// test picks another.
+const topkDefaultSelect = topkSelectRadix
+
+// topkSelect2Keys caps topk_select2's dynamic shared memory: the keys of
+// a row at 128K context (32,768 entries, 128 KiB); a row with more reads
+// its keys from global memory.
+const topkSelect2Keys = 32768
 
 // topkScore names a score kernel of topk.cu.
 type topkScore int
@@ -34,6 +55,7 @@ const (
 	topkScoreMMA                      // topk_score_mma: one row a block, int8 mma.sync block dots
 	topkScoreDP4A                     // topk_score: one row a block, one entry a thread, dp4a
 	topkScoreMMA4                     // topk_score_mma4: four rows of a sequence a block, mma.sync
+	topkScoreMMA4P                    // topk_score_mma4p: topk_score_mma4 with its loads pipelined
 )
 
 // topkDefaultScore is the score kernel IndexerTopK launches unless a test
@@ -84,12 +106,31 @@ func (b *Backend) LoadTopK() error {
 		s.err = errors.Join(fmt.Errorf("cuda: top-k kernels: %w", err), mod.Unload())
 		return s.err
 	}
+	scoreMMA4P, err := mod.Function(kernels.TopKScoreMMA4PKernel)
+	if err == nil {
+		// Its dynamic shared memory is past the default 48 KiB; four
+		// blocks a multiprocessor need the whole carveout as shared memory.
+		err = errors.Join(scoreMMA4P.SetAttribute(driver.FuncMaxDynamicSharedSizeBytes, abi.TopKScore4PShared),
+			scoreMMA4P.SetAttribute(driver.FuncPreferredSharedCarveout, 100))
+	}
+	if err != nil {
+		s.err = errors.Join(fmt.Errorf("cuda: top-k kernels: %w", err), mod.Unload())
+		return s.err
+	}
 	sel, err := mod.Function(kernels.TopKSelectKernel)
 	if err != nil {
 		s.err = errors.Join(fmt.Errorf("cuda: top-k kernels: %w", err), mod.Unload())
 		return s.err
 	}
-	s.mod, s.score, s.scoreMMA, s.scoreMMA4, s.select_ = mod, score, scoreMMA, scoreMMA4, sel
+	sel2, err := mod.Function(kernels.TopKSelect2Kernel)
+	if err == nil {
+		err = sel2.SetAttribute(driver.FuncMaxDynamicSharedSizeBytes, 4*topkSelect2Keys)
+	}
+	if err != nil {
+		s.err = errors.Join(fmt.Errorf("cuda: top-k kernels: %w", err), mod.Unload())
+		return s.err
+	}
+	s.mod, s.score, s.scoreMMA, s.scoreMMA4, s.scoreMMA4P, s.select_, s.select2 = mod, score, scoreMMA, scoreMMA4, scoreMMA4P, sel, sel2
 	return nil
 }
 
@@ -187,23 +228,39 @@ func (b *Backend) indexerTopK(ctx context.Context, a *mla.TopKArgs, scoring, sel
 		if kernel == topkScoreDefault {
 			kernel = topkDefaultScore
 		}
-		fn, grid, block := b.topk.scoreMMA, driver.Dim3{uint32(a.Rows), uint32(topkGrid(sms, a.Rows)), 1}, uint32(abi.TopKScoreThreads)
+		fn, grid, block, shared := b.topk.scoreMMA, driver.Dim3{uint32(a.Rows), uint32(topkGrid(sms, a.Rows)), 1}, uint32(abi.TopKScoreThreads), 0
 		switch kernel {
 		case topkScoreDP4A:
 			fn = b.topk.score
-		case topkScoreMMA4:
+		case topkScoreMMA4, topkScoreMMA4P:
 			groups, tiles := topkGrid4(sms, a.Rows)
 			fn, grid, block = b.topk.scoreMMA4, driver.Dim3{uint32(groups), uint32(tiles), 1}, abi.TopKScore4Threads
+			if kernel == topkScoreMMA4P {
+				fn, shared = b.topk.scoreMMA4P, abi.TopKScore4PShared
+			}
 		}
-		if err := b.launch(fn, grid, driver.Dim3{block, 1, 1}, driver.Bytes(params)); err != nil {
+		if err := b.launchShared(fn, grid, driver.Dim3{block, 1, 1}, shared, driver.Bytes(params)); err != nil {
 			return fmt.Errorf("cuda: top-k score: %w", err)
 		}
 	}
 	if !selecting {
 		return nil
 	}
-	if err := b.launch(b.topk.select_, driver.Dim3{uint32(a.Rows), 1, 1}, driver.Dim3{abi.TopKSelectThreads, 1, 1}, driver.Bytes(params)); err != nil {
-		return fmt.Errorf("cuda: topk_select: %w", err)
+	sel := b.topk.sel
+	if sel == topkSelectDefault {
+		sel = topkDefaultSelect
+	}
+	fn, shared := b.topk.select_, 0
+	switch sel {
+	case topkSelect2:
+		// The most keys a row of the shape can have (its block table's
+		// entries), so that a graph's launch fits every plan.
+		fn, shared = b.topk.select2, 4*min(topkSelect2Keys, a.PageStride*a.PageSize)
+	case topkSelect2Global:
+		fn = b.topk.select2
+	}
+	if err := b.launchShared(fn, driver.Dim3{uint32(a.Rows), 1, 1}, driver.Dim3{abi.TopKSelectThreads, 1, 1}, shared, driver.Bytes(params)); err != nil {
+		return fmt.Errorf("cuda: %s: %w", fn.Name, err)
 	}
 	return nil
 }
@@ -214,7 +271,7 @@ func (b *Backend) closeTopK() error {
 		return nil
 	}
 	err := b.topk.mod.Unload()
-	b.topk.mod, b.topk.score, b.topk.scoreMMA, b.topk.scoreMMA4, b.topk.select_ = nil, nil, nil, nil, nil
+	b.topk.mod, b.topk.score, b.topk.scoreMMA, b.topk.scoreMMA4, b.topk.scoreMMA4P, b.topk.select_, b.topk.select2 = nil, nil, nil, nil, nil, nil, nil
 	return err
 }
 

@@ -16,9 +16,10 @@ import (
 	"github.com/dsv4mla/prologue/attention/mla/mlatest"
 )
 
-// topkKernels are the score kernels, each test run with every one (the
-// shared backend is left on the default).
-var topkKernels = []string{"mma", "dp4a", "mma4"}
+// topkKernels are the score kernels (and select kernels, after a "+"),
+// each test run with every one (the shared backend is left on the
+// default).
+var topkKernels = []string{"mma", "dp4a", "mma4", "mma4p", "mma4+select2", "mma4+select2g"}
 
 func TestCUDATopKConformance(t *testing.T) {
 	b := backend(t)
@@ -44,9 +45,9 @@ func topkDecode(r *rand.Rand, seqs, mtp, ctx int) []mlatest.TopKSeqSpec {
 // TestCUDATopKLarge: batches the conformance suite's small ones do not
 // reach, every index against the CPU backend: decode b=32 MTP 3 at 8K
 // context for both models' index_topk (and with the narrow scales of
-// rotated vectors), a 256-token prefill chunk at a cached offset of 8K, a
-// mixed batch, and one sequence at the model's 1M-token limit (262,144
-// entries, pages shuffled).
+// rotated vectors), at 64K (several tiles a block), a 256-token prefill
+// chunk at a cached offset of 8K, a mixed batch, and one sequence at the
+// model's 1M-token limit (262,144 entries, pages shuffled).
 func TestCUDATopKLarge(t *testing.T) {
 	b := backend(t)
 	host := cpu.New(0)
@@ -60,6 +61,10 @@ func TestCUDATopKLarge(t *testing.T) {
 		{Name: "mixed/flash", TopK: 512, PageSize: 64, PadRows: 5,
 			Seqs: append([]mlatest.TopKSeqSpec{{Start: 3000, Rows: 100}, {Start: 0, Rows: 64}}, topkDecode(r, 8, 1, 6000)...)},
 		{Name: "decode-b32-mtp3-8k-narrow/flash", TopK: 512, PageSize: 64, Keys: mlatest.KeysNarrow, Seqs: topkDecode(r, 32, 3, 8192)},
+		// At 64K each block of the four-row kernels scores several tiles
+		// (8K and the small cases take one a block): the tile pipeline.
+		{Name: "decode-b32-mtp3-64k/flash", TopK: 512, PageSize: 64, Seqs: topkDecode(r, 32, 3, 65536)},
+		{Name: "decode-b32-mtp3-64k-narrow/pro", TopK: 1024, PageSize: 64, Keys: mlatest.KeysNarrow, Seqs: topkDecode(r, 32, 3, 65536)},
 		{Name: "1M/pro", TopK: 1024, PageSize: 64, Seqs: []mlatest.TopKSeqSpec{{Start: mla.MaxTopKPositions - 2, Rows: 2}}},
 		{Name: "1M-planted/flash", TopK: 512, PageSize: 64, Planted: true, Seqs: []mlatest.TopKSeqSpec{{Start: mla.MaxTopKPositions - 1, Rows: 1}}},
 	}
@@ -177,8 +182,9 @@ func testTopKGraph(t *testing.T, b *cuda.Backend) {
 // (128 query rows) at 8K, 64K, 128K and 1M context a sequence (scale
 // bytes drawn in [124, 130], and V4-Flash's with the narrow scales of
 // rotated vectors), and a 16K prefill from position 0, V4-Flash's and
-// V4-Pro's index_topk, each score kernel (the dp4a one at 8K and 64K only): the device time per call, the
-// score and select kernels alone, and two floors: the indexer cache bytes
+// V4-Pro's index_topk, each score kernel (the dp4a one at 8K and 64K
+// only; "mma4p+select2" is mma4p with topk_select2): the device time per
+// call, the score and select kernels alone, and two floors: the indexer cache bytes
 // the batch reads at the device-to-device copy rate measured here, and
 // the score's multiply-adds at the H200's nominal dense int8 tensor-core
 // rate (1979 TOPS, not measured).
@@ -190,6 +196,9 @@ func BenchmarkCUDATopK(bm *testing.B) {
 	require.NoError(bm, err)
 	defer b.Close()
 	require.NoError(bm, b.LoadTopK())
+	for _, k := range []string{"mma", "dp4a", "mma4", "mma4p", "select", "select2"} {
+		bm.Logf("kernel %s: %s", k, b.TopKKernelResources(k))
+	}
 	copyRate := measureCopyRate(bm, b)
 	bm.Logf("device-to-device copy: %.0f GB/s moved (read and written)", copyRate/1e9)
 	type benchCase struct {
@@ -201,9 +210,9 @@ func BenchmarkCUDATopK(bm *testing.B) {
 	}
 	var cases []benchCase
 	for _, ctxLen := range []int{8 << 10, 64 << 10, 128 << 10, 1 << 20} {
-		kernels := topkKernels
+		kernels := []string{"mma", "dp4a", "mma4", "mma4p", "mma4p+select2"}
 		if ctxLen > 64<<10 {
-			kernels = []string{"mma", "mma4"}
+			kernels = []string{"mma", "mma4", "mma4p", "mma4p+select2"}
 		}
 		for _, topk := range []int{512, 1024} {
 			cases = append(cases, benchCase{fmt.Sprintf("decode-b32-mtp3/ctx=%dK/topk=%d", ctxLen>>10, topk), topk, kernels,
@@ -211,11 +220,11 @@ func BenchmarkCUDATopK(bm *testing.B) {
 		}
 		// The scales of rotated vectors (each row's four within 2), which
 		// topk_score_mma4's exact path takes.
-		cases = append(cases, benchCase{fmt.Sprintf("decode-b32-mtp3-narrow/ctx=%dK/topk=512", ctxLen>>10), 512, []string{"mma", "mma4"},
+		cases = append(cases, benchCase{fmt.Sprintf("decode-b32-mtp3-narrow/ctx=%dK/topk=512", ctxLen>>10), 512, []string{"mma", "mma4", "mma4p", "mma4p+select2"},
 			func(r *rand.Rand) []mlatest.TopKSeqSpec { return topkDecode(r, 32, 3, ctxLen) }, mlatest.KeysNarrow})
 	}
 	for _, topk := range []int{512, 1024} {
-		cases = append(cases, benchCase{fmt.Sprintf("prefill=16K/topk=%d", topk), topk, []string{"mma", "mma4"},
+		cases = append(cases, benchCase{fmt.Sprintf("prefill=16K/topk=%d", topk), topk, []string{"mma", "mma4", "mma4p", "mma4p+select2"},
 			func(*rand.Rand) []mlatest.TopKSeqSpec { return []mlatest.TopKSeqSpec{{Start: 0, Rows: 16 << 10}} }, mlatest.KeysRandom})
 	}
 	ctx := context.Background()

@@ -54,6 +54,11 @@ const (
 	TopKScore4Threads = 128
 	TopKScore4Rows    = 4
 	TopKSelectThreads = 1024
+	// TopKScore4PShared is topk_score_mma4p's dynamic shared memory:
+	// topk_score_mma4's query arrays (32768 + 4224 + 1152 bytes), two
+	// buffers of 32 entries a warp, the query's base bytes; four blocks a
+	// multiprocessor (one more KiB each) fit the H200's 228 KiB.
+	TopKScore4PShared = 32768 + 4224 + 1152 + TopKScore4Threads/32*2*32*mla.IndexerEntryBytes + TopKScore4Rows*mla.IndexerHeads
 )
 
 // topkConstants are the top-k kernels' constants, each from the Go package
@@ -74,6 +79,7 @@ func topkConstants() []ConstGroup {
 			{"TOPK_SCORE4_THREADS", TopKScore4Threads, "threads of a topk_score_mma4 block, 32 entries a warp"},
 			{"TOPK_SCORE4_ROWS", TopKScore4Rows, "rows of a topk_score_mma4 block: the mma's four column pairs"},
 			{"TOPK_SELECT_THREADS", TopKSelectThreads, "threads of a topk_select block, one row"},
+			{"TOPK_SCORE4P_SHARED", TopKScore4PShared, "dynamic shared memory of a topk_score_mma4p block, bytes"},
 		}},
 	}
 }

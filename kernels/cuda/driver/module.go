@@ -95,6 +95,7 @@ const (
 	FuncPTXVersion                FuncAttribute = 5
 	FuncBinaryVersion             FuncAttribute = 6
 	FuncMaxDynamicSharedSizeBytes FuncAttribute = 8
+	FuncPreferredSharedCarveout   FuncAttribute = 9 // percent of the unified L1/shared memory preferred as shared
 )
 
 // Attribute reads a kernel attribute.
