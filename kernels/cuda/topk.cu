@@ -10,10 +10,14 @@
 //   topk_score_mma4  grid (row groups of 4, tile blocks): topk_score_mma
 //                for four rows of a sequence at a time (decode's 1+MTP
 //                tokens), each entry read once for them: the same keys.
+//   topk_score_mma4p, topk_score_mma4q  topk_score_mma4 with its loads
+//                pipelined (and, q, a shorter nibble decode): the same keys.
 //   topk_select  grid (rows): block r finds the threshold key by a radix
 //                select over row r's keys (4 passes of 8 bits from the
 //                top), then writes the entries above it and the first
 //                ones equal to it in ascending index order.
+//   topk_select2 topk_select with the keys in shared memory where they
+//                fit: the same indices.
 //
 // The score is exact by construction: e2m1 values doubled are small
 // integers, so a 32-value block's dot product is an exact int32 (dp4a);
@@ -725,6 +729,26 @@ extern "C" __global__ void __launch_bounds__(TOPK_SCORE4_THREADS, 4) topk_score_
     }
 }
 
+// tk_dec4's tables: the doubled e2m1 magnitudes {0, 1, 2, 3, 4, 6, 8, 12}
+// by magnitude code, bytes 0-3 and 4-7 (each times 2^s for a shift s <= 3:
+// every byte stays below 128, none spills into the next).
+#define TK_DEC_LO 0x03020100u
+#define TK_DEC_HI 0x0C080604u
+
+// The four e2m1 nibbles in bits 0-15 of v (value i at bits 4i..4i+3) as
+// four int8 doubled values times 2^s, given the tables shifted by s. A
+// prmt selector nibble with bit 3 set replicates its byte's sign bit
+// instead of copying it: 0 for every table byte, so the first permute
+// keeps the positive values' magnitudes and the second, with the signs
+// flipped, the negative ones'; those are negated bytewise (0x80 - m never
+// borrows for m <= 96) and the two merged.
+__device__ __forceinline__ u32 tk_dec4(u32 v, u32 tlo, u32 thi) {
+    u32 pos, neg;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(pos) : "r"(tlo), "r"(thi), "r"(v));
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(neg) : "r"(tlo), "r"(thi), "r"(v ^ 0x8888u));
+    return pos | ((0x80808080u - neg) ^ 0x80808080u);
+}
+
 // One 32-bit word copied to shared memory asynchronously (cp.async,
 // through L1), zeros where !ok (nothing is read then).
 __device__ __forceinline__ void tk_cp4(void* dst, const void* src, bool ok) {
@@ -760,7 +784,12 @@ static_assert(TK4P_KS % 16 == 0, "cp.async destinations aligned");
 // while it scores the current one: the tile loop has no block barrier.
 // The three paths run as three loops, so that the general one's
 // registers do not weigh on the others'.
-extern "C" __global__ void __launch_bounds__(TOPK_SCORE4_THREADS, 4) topk_score_mma4p(const TopKParams p) {
+//
+// NAT (topk_score_mma4q): the nibbles decoded in their stored order (the
+// block's values in ascending index, query and key alike) by tk_dec4, a
+// third of tk_shl4(tk_word()) 's instructions; the same integer dots.
+template <bool NAT>
+__device__ __forceinline__ void tk_score4p(const TopKParams& p) {
     extern __shared__ __align__(16) u8 tk4p_smem[];
     uint2* qf = (uint2*)(tk4p_smem + TK4P_QF); // B fragments: (head pair j, block b) x lane
     u32* qc = (u32*)(tk4p_smem + TK4P_QC);     // C: row t, block b, head h at t*TK4_QC + b*64 + h; 0 where E_b > 231
@@ -877,8 +906,14 @@ extern "C" __global__ void __launch_bounds__(TOPK_SCORE4_THREADS, 4) topk_score_
                 const u8* raw = qraw + (t * INDEXER_HEADS + h) * MXFP4_ROW_BYTES;
                 const int base = qbase[t * INDEXER_HEADS + h];
                 const int sh = base == 255 ? 0 : raw[64 + b] - base;
-                v.x = tk_shl4(tk_word(*(const u32*)(raw + 16 * b + 4 * (tt >> 1)), tt), sh);
-                v.y = tk_shl4(tk_word(*(const u32*)(raw + 16 * b + 4 * (2 + (tt >> 1))), tt), sh);
+                if (NAT) {
+                    const u32 tlo = TK_DEC_LO << sh, thi = TK_DEC_HI << sh;
+                    v.x = tk_dec4(*(const u32*)(raw + 16 * b + 4 * (tt >> 1)) >> (16 * (tt & 1)), tlo, thi);
+                    v.y = tk_dec4(*(const u32*)(raw + 16 * b + 4 * (2 + (tt >> 1))) >> (16 * (tt & 1)), tlo, thi);
+                } else {
+                    v.x = tk_shl4(tk_word(*(const u32*)(raw + 16 * b + 4 * (tt >> 1)), tt), sh);
+                    v.y = tk_shl4(tk_word(*(const u32*)(raw + 16 * b + 4 * (2 + (tt >> 1))), tt), sh);
+                }
             }
             qf[i] = v;
         }
@@ -962,10 +997,19 @@ extern "C" __global__ void __launch_bounds__(TOPK_SCORE4_THREADS, 4) topk_score_
                     for (int b = 0; b < 4; b++) {
                         const int s0b = exact ? (int)((ksc[mt][0] >> (8 * b)) & 0xFFu) - m0 : 0;
                         const int s1b = exact ? (int)((ksc[mt][1] >> (8 * b)) & 0xFFu) - m1 : 0;
-                        a[mt][b].x = tk_shl4(tk_word(k0[4 * b + (tq >> 1)], tq), s0b);
-                        a[mt][b].y = tk_shl4(tk_word(k1[4 * b + (tq >> 1)], tq), s1b);
-                        a[mt][b].z = tk_shl4(tk_word(k0[4 * b + 2 + (tq >> 1)], tq), s0b);
-                        a[mt][b].w = tk_shl4(tk_word(k1[4 * b + 2 + (tq >> 1)], tq), s1b);
+                        if (NAT) {
+                            const int hs = 16 * (tq & 1);
+                            const u32 t0l = TK_DEC_LO << s0b, t0h = TK_DEC_HI << s0b, t1l = TK_DEC_LO << s1b, t1h = TK_DEC_HI << s1b;
+                            a[mt][b].x = tk_dec4(k0[4 * b + (tq >> 1)] >> hs, t0l, t0h);
+                            a[mt][b].y = tk_dec4(k1[4 * b + (tq >> 1)] >> hs, t1l, t1h);
+                            a[mt][b].z = tk_dec4(k0[4 * b + 2 + (tq >> 1)] >> hs, t0l, t0h);
+                            a[mt][b].w = tk_dec4(k1[4 * b + 2 + (tq >> 1)] >> hs, t1l, t1h);
+                        } else {
+                            a[mt][b].x = tk_shl4(tk_word(k0[4 * b + (tq >> 1)], tq), s0b);
+                            a[mt][b].y = tk_shl4(tk_word(k1[4 * b + (tq >> 1)], tq), s1b);
+                            a[mt][b].z = tk_shl4(tk_word(k0[4 * b + 2 + (tq >> 1)], tq), s0b);
+                            a[mt][b].w = tk_shl4(tk_word(k1[4 * b + 2 + (tq >> 1)], tq), s1b);
+                        }
                     }
                 }
                 float acc[2][2] = {{0.f, 0.f}, {0.f, 0.f}}; // the head sums of (m-tile, entry c)
@@ -1089,6 +1133,9 @@ extern "C" __global__ void __launch_bounds__(TOPK_SCORE4_THREADS, 4) topk_score_
         tk_cp_wait<0>(); // nothing in flight into the buffers the next pass's query rows take
     }
 }
+
+extern "C" __global__ void __launch_bounds__(TOPK_SCORE4_THREADS, 4) topk_score_mma4p(const TopKParams p) { tk_score4p<false>(p); }
+extern "C" __global__ void __launch_bounds__(TOPK_SCORE4_THREADS, 4) topk_score_mma4q(const TopKParams p) { tk_score4p<true>(p); }
 
 // Block-wide exclusive prefix sum of v over TOPK_SELECT_THREADS threads;
 // *total receives the sum. Every thread must call it.

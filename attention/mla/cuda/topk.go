@@ -18,9 +18,9 @@ import (
 
 // topkState is the top-k module.
 type topkState struct {
-	mod                                                      *driver.Module
-	score, scoreMMA, scoreMMA4, scoreMMA4P, select_, select2 *driver.Function
-	err                                                      error // a failed load, returned by every later call
+	mod                                                                  *driver.Module
+	score, scoreMMA, scoreMMA4, scoreMMA4P, scoreMMA4Q, select_, select2 *driver.Function
+	err                                                                  error // a failed load, returned by every later call
 	// kernel is the score kernel the backend launches; every one writes
 	// the same keys.
 	kernel topkScore
@@ -56,6 +56,7 @@ const (
 	topkScoreDP4A                     // topk_score: one row a block, one entry a thread, dp4a
 	topkScoreMMA4                     // topk_score_mma4: four rows of a sequence a block, mma.sync
 	topkScoreMMA4P                    // topk_score_mma4p: topk_score_mma4 with its loads pipelined
+	topkScoreMMA4Q                    // topk_score_mma4q: topk_score_mma4p with a shorter nibble decode
 )
 
 // topkDefaultScore is the score kernel IndexerTopK launches unless a test
@@ -106,16 +107,21 @@ func (b *Backend) LoadTopK() error {
 		s.err = errors.Join(fmt.Errorf("cuda: top-k kernels: %w", err), mod.Unload())
 		return s.err
 	}
-	scoreMMA4P, err := mod.Function(kernels.TopKScoreMMA4PKernel)
-	if err == nil {
-		// Its dynamic shared memory is past the default 48 KiB; four
-		// blocks a multiprocessor need the whole carveout as shared memory.
-		err = errors.Join(scoreMMA4P.SetAttribute(driver.FuncMaxDynamicSharedSizeBytes, abi.TopKScore4PShared),
-			scoreMMA4P.SetAttribute(driver.FuncPreferredSharedCarveout, 100))
-	}
-	if err != nil {
-		s.err = errors.Join(fmt.Errorf("cuda: top-k kernels: %w", err), mod.Unload())
-		return s.err
+	var pipelined [2]*driver.Function
+	for i, name := range []string{kernels.TopKScoreMMA4PKernel, kernels.TopKScoreMMA4QKernel} {
+		fn, err := mod.Function(name)
+		if err == nil {
+			// Their dynamic shared memory is past the default 48 KiB; four
+			// blocks a multiprocessor need the whole carveout as shared
+			// memory.
+			err = errors.Join(fn.SetAttribute(driver.FuncMaxDynamicSharedSizeBytes, abi.TopKScore4PShared),
+				fn.SetAttribute(driver.FuncPreferredSharedCarveout, 100))
+		}
+		if err != nil {
+			s.err = errors.Join(fmt.Errorf("cuda: top-k kernels: %w", err), mod.Unload())
+			return s.err
+		}
+		pipelined[i] = fn
 	}
 	sel, err := mod.Function(kernels.TopKSelectKernel)
 	if err != nil {
@@ -130,7 +136,8 @@ func (b *Backend) LoadTopK() error {
 		s.err = errors.Join(fmt.Errorf("cuda: top-k kernels: %w", err), mod.Unload())
 		return s.err
 	}
-	s.mod, s.score, s.scoreMMA, s.scoreMMA4, s.scoreMMA4P, s.select_, s.select2 = mod, score, scoreMMA, scoreMMA4, scoreMMA4P, sel, sel2
+	s.mod, s.score, s.scoreMMA, s.scoreMMA4, s.select_, s.select2 = mod, score, scoreMMA, scoreMMA4, sel, sel2
+	s.scoreMMA4P, s.scoreMMA4Q = pipelined[0], pipelined[1]
 	return nil
 }
 
@@ -232,11 +239,14 @@ func (b *Backend) indexerTopK(ctx context.Context, a *mla.TopKArgs, scoring, sel
 		switch kernel {
 		case topkScoreDP4A:
 			fn = b.topk.score
-		case topkScoreMMA4, topkScoreMMA4P:
+		case topkScoreMMA4, topkScoreMMA4P, topkScoreMMA4Q:
 			groups, tiles := topkGrid4(sms, a.Rows)
 			fn, grid, block = b.topk.scoreMMA4, driver.Dim3{uint32(groups), uint32(tiles), 1}, abi.TopKScore4Threads
-			if kernel == topkScoreMMA4P {
+			switch kernel {
+			case topkScoreMMA4P:
 				fn, shared = b.topk.scoreMMA4P, abi.TopKScore4PShared
+			case topkScoreMMA4Q:
+				fn, shared = b.topk.scoreMMA4Q, abi.TopKScore4PShared
 			}
 		}
 		if err := b.launchShared(fn, grid, driver.Dim3{block, 1, 1}, shared, driver.Bytes(params)); err != nil {
@@ -271,7 +281,7 @@ func (b *Backend) closeTopK() error {
 		return nil
 	}
 	err := b.topk.mod.Unload()
-	b.topk.mod, b.topk.score, b.topk.scoreMMA, b.topk.scoreMMA4, b.topk.scoreMMA4P, b.topk.select_, b.topk.select2 = nil, nil, nil, nil, nil, nil, nil
+	b.topk = topkState{kernel: b.topk.kernel, sel: b.topk.sel}
 	return err
 }
 
