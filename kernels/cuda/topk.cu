@@ -856,6 +856,8 @@ __device__ __forceinline__ void tk_score4p(const TopKParams& p) {
         }
         tk_cp_wait<0>();
         __syncthreads(); // the query rows, qw, qmn, qmx, klo, khi, xbad in place
+        // Each thread's share of the ranges, then one atomic a warp for each.
+        int tmn[4] = {255, 255, 255, 255}, tmx[4] = {0, 0, 0, 0}, tbad = 0, tlo = -1024, thi = 1024;
         for (int i = threadIdx.x; i < TOPK_SCORE4_ROWS * INDEXER_HEADS; i += TOPK_SCORE4_THREADS) {
             const int t = i >> 6, h = i & 63;
             int base = 255;
@@ -867,8 +869,8 @@ __device__ __forceinline__ void tk_score4p(const TopKParams& p) {
                     eq[b] = row[64 + b];
                     mn = min(mn, eq[b]);
                     mx = max(mx, eq[b]);
-                    atomicMin(&qmn[b], eq[b]);
-                    atomicMax(&qmx[b], eq[b]);
+                    tmn[b] = min(tmn[b], eq[b]);
+                    tmx[b] = max(tmx[b], eq[b]);
                 }
                 const bool shifted = mx - mn <= 3 && mx <= 231;
 #pragma unroll
@@ -888,16 +890,34 @@ __device__ __forceinline__ void tk_score4p(const TopKParams& p) {
                     lo = max(lo, 130 - we);
                     hi = min(hi, 354 - we);
                 }
-                if (bad) atomicMax(&xbad, 1);
-                atomicMax(&klo, lo);
-                atomicMin(&khi, hi);
+                tbad |= bad;
+                tlo = max(tlo, lo);
+                thi = min(thi, hi);
             } else {
 #pragma unroll
                 for (int b = 0; b < 4; b++) qc[t * TK4_QC + b * 64 + h] = 0u;
             }
             qbase[i] = (u8)base;
         }
-        __syncthreads(); // qbase written
+#pragma unroll
+        for (int b = 0; b < 4; b++) {
+            tmn[b] = __reduce_min_sync(0xFFFFFFFFu, tmn[b]);
+            tmx[b] = __reduce_max_sync(0xFFFFFFFFu, tmx[b]);
+        }
+        tbad = __reduce_or_sync(0xFFFFFFFFu, (unsigned)tbad);
+        tlo = __reduce_max_sync(0xFFFFFFFFu, tlo);
+        thi = __reduce_min_sync(0xFFFFFFFFu, thi);
+        if (lane == 0) {
+#pragma unroll
+            for (int b = 0; b < 4; b++) {
+                atomicMin(&qmn[b], tmn[b]);
+                atomicMax(&qmx[b], tmx[b]);
+            }
+            if (tbad) atomicMax(&xbad, 1);
+            atomicMax(&klo, tlo);
+            atomicMin(&khi, thi);
+        }
+        __syncthreads(); // qbase, qmn, qmx, klo, khi, xbad written
         for (int i = threadIdx.x; i < 32 * 4 * 32; i += TOPK_SCORE4_THREADS) {
             const int j = i >> 7, b = (i >> 5) & 3, ln = i & 31, gg = ln >> 2, tt = ln & 3;
             const int t = gg >> 1, h = 2 * j + (gg & 1); // B column gg
