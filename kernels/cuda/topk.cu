@@ -18,6 +18,8 @@
 //                ones equal to it in ascending index order.
 //   topk_select2 topk_select with the keys in shared memory where they
 //                fit: the same indices.
+//   topk_select3 topk_select2 with one sampled candidate sweep where they
+//                do not: the same indices.
 //
 // The score is exact by construction: e2m1 values doubled are small
 // integers, so a 32-value block's dot product is an exact int32 (dp4a);
@@ -1269,14 +1271,16 @@ __device__ __forceinline__ u32 tk_key_at(const u32* sk, const u32* gk, int i) {
     return __ldg(gk + i);
 }
 
-// topk_select2's radix passes and gather over the row's n keys, staged in
-// shared memory (SH) or read from global memory.
+// The radix select of topk_select over n keys (in shared memory if SH,
+// else read-only global memory): *th receives the want-th largest key and
+// *take how many of the keys equal to it are among the want largest. Every
+// thread must call it.
 template <bool SH>
-__device__ __forceinline__ void tk_select2(const TopKParams& p, const u32* sk, const u32* gk, int n, int* out, u32* hist,
-                                           u32* s_pick, int (*wsum)[32]) {
+__device__ __forceinline__ void tk_radix(const u32* sk, const u32* gk, int n, u32 want, u32* hist, u32* s_pick, u32* th,
+                                         u32* take) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const unsigned full = 0xFFFFFFFFu;
-    u32 prefix = 0u, mask = 0u, remain = (u32)p.top_k;
+    u32 prefix = 0u, mask = 0u, remain = want;
     for (int shift = 24; shift >= 0; shift -= 8) {
         for (int i = threadIdx.x; i < 256; i += TOPK_SELECT_THREADS) hist[i] = 0u;
         __syncthreads();
@@ -1326,11 +1330,19 @@ __device__ __forceinline__ void tk_select2(const TopKParams& p, const u32* sk, c
         mask |= 0xFFu << shift;
         __syncthreads(); // s_pick and hist are rewritten by the next pass
     }
-    // prefix is the threshold key; the first remain keys equal to it are
-    // taken with every key above it. Warp w gathers keys [w*seg, w*seg +
-    // seg) in order: a taken key's place is the keys above the threshold
-    // before it plus min(remain, the keys equal to it before it), the
-    // warps' counts first added up.
+    *th = prefix;
+    *take = remain;
+}
+
+// topk_select's output given the threshold key prefix: the keys above it
+// and the first remain keys equal to it, in ascending index. Warp w
+// gathers keys [w*seg, w*seg + seg) in order: a taken key's place is the
+// keys above the threshold before it plus min(remain, the keys equal to it
+// before it), the warps' counts first added up. Every thread must call it.
+template <bool SH>
+__device__ __forceinline__ void tk_gather(const u32* sk, const u32* gk, int n, u32 prefix, u32 remain, int* out, int (*wsum)[32]) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const unsigned full = 0xFFFFFFFFu;
     const int seg = (n + 32 * 32 - 1) / (32 * 32) * 32;
     const int lo = warp * seg, hi = min(n, lo + seg);
     int ngt = 0, neq = 0;
@@ -1358,6 +1370,15 @@ __device__ __forceinline__ void tk_select2(const TopKParams& p, const u32* sk, c
         gs += __popc(gm);
         es += __popc(em);
     }
+}
+
+// topk_select2's work on a row's n keys (SH: staged in shared memory).
+template <bool SH>
+__device__ __forceinline__ void tk_select2(const TopKParams& p, const u32* sk, const u32* gk, int n, int* out, u32* hist,
+                                           u32* s_pick, int (*wsum)[32]) {
+    u32 th, take;
+    tk_radix<SH>(sk, gk, n, (u32)p.top_k, hist, s_pick, &th, &take);
+    tk_gather<SH>(sk, gk, n, th, take, out, wsum);
 }
 
 // topk_select2 is topk_select (the same radix select, the same indices)
@@ -1394,4 +1415,157 @@ extern "C" __global__ void __launch_bounds__(TOPK_SELECT_THREADS) topk_select2(c
     } else {
         tk_select2<false>(p, tks2_keys, keys, n, out, hist, s_pick, wsum);
     }
+}
+
+// tk_gather over the m entry indices at ol (ascending, each key at least
+// the threshold): the same output.
+__device__ __forceinline__ void tk_gather_list(const u32* ol, int m, const u32* gk, u32 prefix, u32 remain, int* out, int (*wsum)[32]) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const unsigned full = 0xFFFFFFFFu;
+    const int seg = (m + 32 * 32 - 1) / (32 * 32) * 32;
+    const int lo = warp * seg, hi = min(m, lo + seg);
+    int ngt = 0, neq = 0;
+    for (int b = lo; b < hi; b += 32) {
+        const int s = b + lane;
+        const u32 k = s < hi ? __ldg(gk + ol[s]) : 0u;
+        ngt += __popc(__ballot_sync(full, s < hi && k > prefix));
+        neq += __popc(__ballot_sync(full, s < hi && k == prefix));
+    }
+    if (lane == 0) {
+        wsum[0][warp] = ngt;
+        wsum[1][warp] = neq;
+    }
+    __syncthreads();
+    int gs = __reduce_add_sync(full, lane < warp ? wsum[0][lane] : 0);
+    int es = __reduce_add_sync(full, lane < warp ? wsum[1][lane] : 0);
+    const unsigned below = (1u << lane) - 1u;
+    for (int b = lo; b < hi; b += 32) {
+        const int s = b + lane;
+        const u32 k = s < hi ? __ldg(gk + ol[s]) : 0u;
+        const bool gt = s < hi && k > prefix, eq = s < hi && k == prefix;
+        const unsigned gm = __ballot_sync(full, gt), em = __ballot_sync(full, eq);
+        const int er = es + __popc(em & below);
+        if (gt || (eq && er < (int)remain)) out[gs + __popc(gm & below) + min(er, (int)remain)] = (int)ol[s];
+        gs += __popc(gm);
+        es += __popc(em);
+    }
+}
+
+// topk_select3 is topk_select2 (the same indices) but for a row whose
+// keys do not fit its shared memory (a long context), which topk_select2
+// reads from global memory six times (four radix passes, two gather
+// sweeps). Here: a sample (8 keys of every 128) in shared memory gives, by
+// its radix select, a key L that about twice index_topk keys reach; one
+// sweep copies the keys >= L with their indices to shared memory; the
+// radix select over them finds the threshold (the row's own, as every key
+// above it is among them); the indices of the keys at or above it are
+// sorted (bitonic) and gathered. Where L lets fewer than index_topk keys
+// or more than the room through, or the room is short, the row takes
+// topk_select2's way.
+extern "C" __global__ void __launch_bounds__(TOPK_SELECT_THREADS) topk_select3(const TopKParams p) {
+    extern __shared__ u32 tks3[];
+    __shared__ u32 hist[256];
+    __shared__ u32 s_pick[2];
+    __shared__ int wsum[2][32];
+    __shared__ int s_cnt;
+    tk_pdl_wait();
+    tk_pdl_trigger();
+    const int r = blockIdx.x;
+    if (r >= p.rows) return;
+    int* out = p.out + (size_t)r * p.top_k;
+    const TkRow t = tk_resolve(p, r);
+    const int n = t.valid ? t.visible : 0;
+    if (n <= p.top_k) {
+        for (int i = threadIdx.x; i < p.top_k; i += TOPK_SELECT_THREADS) out[i] = i < n ? i : -1;
+        return;
+    }
+    const u32* keys = p.scratch + t.keys;
+    u32 dsm;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dsm));
+    const int cap = (int)(dsm / 4u); // words
+    if (n <= cap) {
+        for (int i = threadIdx.x; i < n; i += TOPK_SELECT_THREADS) tk_cp4(tks3 + i, keys + i, true);
+        tk_cp_commit();
+        tk_cp_wait<0>();
+        tk_select2<true>(p, tks3, keys, n, out, hist, s_pick, wsum);
+        return;
+    }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const unsigned full = 0xFFFFFFFFu, below = (1u << lane) - 1u;
+    const int top = p.top_k;
+    const int ns = (n >> 7) * 8 + min(8, n & 127);    // the sample: keys i with i % 128 < 8
+    const int q = min(ns, 2 * ((top + 15) / 16) + 8); // its rank of L: about 2 * top keys of the row reach it
+    const int room = (cap - ns) / 3;                   // candidates: keys, indices, then the sorted indices
+    bool ok = room >= 2 * top;
+    if (ok) {
+        u32* samp = tks3;
+        u32* ck = samp + ns;
+        u32* ci = ck + room;
+        u32* ol = ci + room;
+        for (int j = threadIdx.x; j < ns; j += TOPK_SELECT_THREADS) samp[j] = __ldg(keys + (j >> 3) * 128 + (j & 7));
+        if (threadIdx.x == 0) s_cnt = 0;
+        // (tk_radix's first barrier makes the sample and s_cnt visible)
+        u32 L, lt;
+        tk_radix<true>(samp, keys, ns, (u32)q, hist, s_pick, &L, &lt);
+#pragma unroll 4
+        for (int b0 = warp * 32; b0 < n; b0 += TOPK_SELECT_THREADS) { // warp-uniform
+            const int i = b0 + lane;
+            const u32 k = i < n ? __ldg(keys + i) : 0u;
+            const bool c = i < n && k >= L;
+            const unsigned cm = __ballot_sync(full, c);
+            if (cm == 0u) continue;
+            int base = 0;
+            if (lane == 0) base = atomicAdd(&s_cnt, __popc(cm));
+            base = __shfl_sync(full, base, 0);
+            const int pos = base + __popc(cm & below);
+            if (c && pos < room) {
+                ck[pos] = k;
+                ci[pos] = (u32)i;
+            }
+        }
+        __syncthreads();
+        const int cnt = s_cnt;
+        ok = cnt >= top && cnt <= room;
+        if (ok) {
+            u32 T, take;
+            tk_radix<true>(ck, keys, cnt, (u32)top, hist, s_pick, &T, &take); // every thread read cnt before its barriers
+            if (threadIdx.x == 0) s_cnt = 0;
+            __syncthreads();
+            for (int b0 = warp * 32; b0 < cnt; b0 += TOPK_SELECT_THREADS) {
+                const int i = b0 + lane;
+                const bool c = i < cnt && ck[i] >= T;
+                const unsigned cm = __ballot_sync(full, c);
+                if (cm == 0u) continue;
+                int base = 0;
+                if (lane == 0) base = atomicAdd(&s_cnt, __popc(cm));
+                base = __shfl_sync(full, base, 0);
+                if (c) ol[base + __popc(cm & below)] = ci[i];
+            }
+            __syncthreads();
+            const int m = s_cnt; // at least top, at most cnt
+            int P = 1;
+            while (P < m) P <<= 1;
+            ok = P <= room;
+            if (ok) {
+                for (int i = m + threadIdx.x; i < P; i += TOPK_SELECT_THREADS) ol[i] = 0x7FFFFFFFu;
+                __syncthreads();
+                for (int k = 2; k <= P; k <<= 1)
+                    for (int j = k >> 1; j > 0; j >>= 1) {
+                        for (int i = threadIdx.x; i < P; i += TOPK_SELECT_THREADS) {
+                            const int l = i ^ j;
+                            if (l > i) {
+                                const u32 a = ol[i], b = ol[l];
+                                if ((a > b) == ((i & k) == 0)) {
+                                    ol[i] = b;
+                                    ol[l] = a;
+                                }
+                            }
+                        }
+                        __syncthreads();
+                    }
+                tk_gather_list(ol, m, keys, T, take, out, wsum);
+            }
+        }
+    }
+    if (!ok) tk_select2<false>(p, tks3, keys, n, out, hist, s_pick, wsum);
 }

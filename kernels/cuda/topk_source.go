@@ -18,6 +18,9 @@ const (
 	// TopKSelect2Kernel takes the row's keys in dynamic shared memory
 	// where they fit.
 	TopKSelect2Kernel = "topk_select2"
+	// TopKSelect3Kernel is topk_select2 with a sampled candidate sweep for
+	// the rows whose keys do not fit.
+	TopKSelect3Kernel = "topk_select3"
 )
 
 // TopKSource returns the compilable source of the indexer's top-k module

@@ -83,7 +83,9 @@ func (b *Backend) KernelSharedBytes(name string) (int, error) {
 // (topk_score), "mma" (topk_score_mma), "mma4" (topk_score_mma4), "mma4p"
 // (topk_score_mma4p) or "default", optionally followed by "+" and a
 // select kernel: "radix" (topk_select), "select2" (topk_select2) or
-// "select2g" (topk_select2 reading every row's keys from global memory);
+// "select2g" (topk_select2 reading every row's keys from global memory),
+// "select3" (topk_select3) or "select3s" (topk_select3 with 40 KiB of
+// shared memory: a 64K context's rows take its candidate sweep);
 // without one, the default select.
 func (b *Backend) SetTopKScore(kernel string) {
 	score, sel, _ := strings.Cut(kernel, "+")
@@ -112,6 +114,10 @@ func (b *Backend) SetTopKScore(kernel string) {
 		b.topk.sel = topkSelect2
 	case "select2g":
 		b.topk.sel = topkSelect2Global
+	case "select3":
+		b.topk.sel = topkSelect3
+	case "select3s":
+		b.topk.sel = topkSelect3Small
 	default:
 		panic("cuda: SetTopKScore(" + kernel + ")")
 	}
@@ -125,7 +131,7 @@ func (b *Backend) TopKKernelResources(kernel string) string {
 		return err.Error()
 	}
 	fn := map[string]*driver.Function{"dp4a": b.topk.score, "mma": b.topk.scoreMMA, "mma4": b.topk.scoreMMA4,
-		"mma4p": b.topk.scoreMMA4P, "mma4q": b.topk.scoreMMA4Q, "select": b.topk.select_, "select2": b.topk.select2}[kernel]
+		"mma4p": b.topk.scoreMMA4P, "mma4q": b.topk.scoreMMA4Q, "select": b.topk.select_, "select2": b.topk.select2, "select3": b.topk.select3}[kernel]
 	if fn == nil {
 		return "no such kernel"
 	}

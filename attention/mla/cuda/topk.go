@@ -18,9 +18,9 @@ import (
 
 // topkState is the top-k module.
 type topkState struct {
-	mod                                                                  *driver.Module
-	score, scoreMMA, scoreMMA4, scoreMMA4P, scoreMMA4Q, select_, select2 *driver.Function
-	err                                                                  error // a failed load, returned by every later call
+	mod                                                                           *driver.Module
+	score, scoreMMA, scoreMMA4, scoreMMA4P, scoreMMA4Q, select_, select2, select3 *driver.Function
+	err                                                                           error // a failed load, returned by every later call
 	// kernel is the score kernel the backend launches; every one writes
 	// the same keys.
 	kernel topkScore
@@ -36,6 +36,8 @@ const (
 	topkSelectRadix                     // topk_select
 	topkSelect2                         // topk_select2, the keys in shared memory where they fit
 	topkSelect2Global                   // topk_select2 without shared memory: every row reads its keys from global memory
+	topkSelect3                         // topk_select3: topk_select2, a sampled candidate sweep where the keys do not fit
+	topkSelect3Small                    // topk_select3 with topkSelect3SmallBytes: the rows of a 64K context take the sweep
 )
 
 // topkDefaultSelect is the select kernel IndexerTopK launches unless a
@@ -46,6 +48,11 @@ const topkDefaultSelect = topkSelectRadix
 // a row at 128K context (32,768 entries, 128 KiB); a row with more reads
 // its keys from global memory.
 const topkSelect2Keys = 32768
+
+// topkSelect3SmallBytes is the shared memory a test gives topk_select3 so
+// that a row of 16K keys (64K context) takes its candidate sweep, with
+// room for 3,072 candidates (twice V4-Pro's index_topk and more).
+const topkSelect3SmallBytes = 40 << 10
 
 // topkScore names a score kernel of topk.cu.
 type topkScore int
@@ -128,16 +135,21 @@ func (b *Backend) LoadTopK() error {
 		s.err = errors.Join(fmt.Errorf("cuda: top-k kernels: %w", err), mod.Unload())
 		return s.err
 	}
-	sel2, err := mod.Function(kernels.TopKSelect2Kernel)
-	if err == nil {
-		err = sel2.SetAttribute(driver.FuncMaxDynamicSharedSizeBytes, 4*topkSelect2Keys)
+	var sels [2]*driver.Function
+	for i, name := range []string{kernels.TopKSelect2Kernel, kernels.TopKSelect3Kernel} {
+		fn, err := mod.Function(name)
+		if err == nil {
+			err = fn.SetAttribute(driver.FuncMaxDynamicSharedSizeBytes, 4*topkSelect2Keys)
+		}
+		if err != nil {
+			s.err = errors.Join(fmt.Errorf("cuda: top-k kernels: %w", err), mod.Unload())
+			return s.err
+		}
+		sels[i] = fn
 	}
-	if err != nil {
-		s.err = errors.Join(fmt.Errorf("cuda: top-k kernels: %w", err), mod.Unload())
-		return s.err
-	}
+	sel2 := sels[0]
 	s.mod, s.score, s.scoreMMA, s.scoreMMA4, s.select_, s.select2 = mod, score, scoreMMA, scoreMMA4, sel, sel2
-	s.scoreMMA4P, s.scoreMMA4Q = pipelined[0], pipelined[1]
+	s.scoreMMA4P, s.scoreMMA4Q, s.select3 = pipelined[0], pipelined[1], sels[1]
 	return nil
 }
 
@@ -268,6 +280,10 @@ func (b *Backend) indexerTopK(ctx context.Context, a *mla.TopKArgs, scoring, sel
 		fn, shared = b.topk.select2, 4*min(topkSelect2Keys, a.PageStride*a.PageSize)
 	case topkSelect2Global:
 		fn = b.topk.select2
+	case topkSelect3:
+		fn, shared = b.topk.select3, 4*min(topkSelect2Keys, a.PageStride*a.PageSize)
+	case topkSelect3Small:
+		fn, shared = b.topk.select3, topkSelect3SmallBytes
 	}
 	if err := b.launchShared(fn, driver.Dim3{uint32(a.Rows), 1, 1}, driver.Dim3{abi.TopKSelectThreads, 1, 1}, shared, driver.Bytes(params)); err != nil {
 		return fmt.Errorf("cuda: %s: %w", fn.Name, err)

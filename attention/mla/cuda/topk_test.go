@@ -19,7 +19,7 @@ import (
 // topkKernels are the score kernels (and select kernels, after a "+"),
 // each test run with every one (the shared backend is left on the
 // default).
-var topkKernels = []string{"mma", "dp4a", "mma4", "mma4p", "mma4q", "mma4+select2", "mma4+select2g"}
+var topkKernels = []string{"mma", "dp4a", "mma4", "mma4p", "mma4q", "mma4+select2", "mma4+select2g", "mma4+select3", "mma4+select3s"}
 
 func TestCUDATopKConformance(t *testing.T) {
 	b := backend(t)
@@ -196,7 +196,7 @@ func BenchmarkCUDATopK(bm *testing.B) {
 	require.NoError(bm, err)
 	defer b.Close()
 	require.NoError(bm, b.LoadTopK())
-	for _, k := range []string{"mma", "dp4a", "mma4", "mma4p", "mma4q", "select", "select2"} {
+	for _, k := range []string{"mma", "dp4a", "mma4", "mma4p", "mma4q", "select", "select2", "select3"} {
 		bm.Logf("kernel %s: %s", k, b.TopKKernelResources(k))
 	}
 	copyRate := measureCopyRate(bm, b)
@@ -212,7 +212,7 @@ func BenchmarkCUDATopK(bm *testing.B) {
 	for _, ctxLen := range []int{8 << 10, 64 << 10, 128 << 10, 1 << 20} {
 		kernels := []string{"mma", "dp4a", "mma4", "mma4p", "mma4q", "mma4q+select2"}
 		if ctxLen > 64<<10 {
-			kernels = []string{"mma", "mma4", "mma4p", "mma4q", "mma4q+select2"}
+			kernels = []string{"mma", "mma4", "mma4p", "mma4q", "mma4q+select2", "mma4q+select3"}
 		}
 		for _, topk := range []int{512, 1024} {
 			cases = append(cases, benchCase{fmt.Sprintf("decode-b32-mtp3/ctx=%dK/topk=%d", ctxLen>>10, topk), topk, kernels,
