@@ -10,10 +10,11 @@ const (
 	TopKScoreKernel     = "topk_score"
 	TopKScoreMMAKernel  = "topk_score_mma"
 	TopKScoreMMA4Kernel = "topk_score_mma4"
-	// TopKScoreMMA4PKernel and TopKScoreMMA4QKernel need
-	// abi.TopKScore4PShared bytes of dynamic shared memory.
+	// TopKScoreMMA4PKernel, TopKScoreMMA4QKernel and TopKScoreMMA4RKernel
+	// need abi.TopKScore4PShared bytes of dynamic shared memory.
 	TopKScoreMMA4PKernel = "topk_score_mma4p"
 	TopKScoreMMA4QKernel = "topk_score_mma4q"
+	TopKScoreMMA4RKernel = "topk_score_mma4r"
 	TopKSelectKernel     = "topk_select"
 	// TopKSelect2Kernel takes the row's keys in dynamic shared memory
 	// where they fit.

@@ -18,9 +18,9 @@ import (
 
 // topkState is the top-k module.
 type topkState struct {
-	mod                                                                           *driver.Module
-	score, scoreMMA, scoreMMA4, scoreMMA4P, scoreMMA4Q, select_, select2, select3 *driver.Function
-	err                                                                           error // a failed load, returned by every later call
+	mod                                                                                       *driver.Module
+	score, scoreMMA, scoreMMA4, scoreMMA4P, scoreMMA4Q, scoreMMA4R, select_, select2, select3 *driver.Function
+	err                                                                                       error // a failed load, returned by every later call
 	// kernel is the score kernel the backend launches; every one writes
 	// the same keys.
 	kernel topkScore
@@ -41,8 +41,12 @@ const (
 )
 
 // topkDefaultSelect is the select kernel IndexerTopK launches unless a
-// test picks another.
-const topkDefaultSelect = topkSelectRadix
+// test picks another: topk_select3, the same indices as topk_select on the
+// H200 in every top-k test (its candidate sweep too, through
+// topkSelect3Small) and faster from 64K on at decode b=32 MTP 3 (us: 21.4
+// against 25 at 64K, 34.6 against 43 at 128K, 155 against 491 at 1M; 8.9
+// against 8.5-8.9 at 8K).
+const topkDefaultSelect = topkSelect3
 
 // topkSelect2Keys caps topk_select2's dynamic shared memory: the keys of
 // a row at 128K context (32,768 entries, 128 KiB); a row with more reads
@@ -64,14 +68,17 @@ const (
 	topkScoreMMA4                     // topk_score_mma4: four rows of a sequence a block, mma.sync
 	topkScoreMMA4P                    // topk_score_mma4p: topk_score_mma4 with its loads pipelined
 	topkScoreMMA4Q                    // topk_score_mma4q: topk_score_mma4p with a shorter nibble decode
+	topkScoreMMA4R                    // topk_score_mma4r: topk_score_mma4q with fewer moves on the exact path
 )
 
 // topkDefaultScore is the score kernel IndexerTopK launches unless a test
-// picks another: topk_score_mma4, bit-exact with the CPU backend on the
-// H200 and 2.7x faster than topk_score_mma at decode b=32 MTP 3 and 64K
-// (287 against 767 us a layer, score alone 212 against 695;
-// bench/results/2026-12-02-h200). The other two compute the same keys.
-const topkDefaultScore = topkScoreMMA4
+// picks another: topk_score_mma4q, bit-exact with the CPU backend on the
+// H200 in every top-k test and the fastest of them at decode b=32 MTP 3
+// (score alone, us: 30.7 at 8K, 158 at 64K, 300 at 128K, 2292 at 1M
+// against topk_score_mma4's 39, 211, 411, 3098; with narrow scales 27,
+// 110, 199, 1439 against 34, 158, 305, 2207; bench/results/2026-12-02-h200-topkperf).
+// The others compute the same keys.
+const topkDefaultScore = topkScoreMMA4Q
 
 // topkTileBlocksPerSM sets topk_score's and topk_score_mma's grid: about
 // this many blocks a multiprocessor over the launch's rows (each block
@@ -114,8 +121,8 @@ func (b *Backend) LoadTopK() error {
 		s.err = errors.Join(fmt.Errorf("cuda: top-k kernels: %w", err), mod.Unload())
 		return s.err
 	}
-	var pipelined [2]*driver.Function
-	for i, name := range []string{kernels.TopKScoreMMA4PKernel, kernels.TopKScoreMMA4QKernel} {
+	var pipelined [3]*driver.Function
+	for i, name := range []string{kernels.TopKScoreMMA4PKernel, kernels.TopKScoreMMA4QKernel, kernels.TopKScoreMMA4RKernel} {
 		fn, err := mod.Function(name)
 		if err == nil {
 			// Their dynamic shared memory is past the default 48 KiB; four
@@ -149,7 +156,7 @@ func (b *Backend) LoadTopK() error {
 	}
 	sel2 := sels[0]
 	s.mod, s.score, s.scoreMMA, s.scoreMMA4, s.select_, s.select2 = mod, score, scoreMMA, scoreMMA4, sel, sel2
-	s.scoreMMA4P, s.scoreMMA4Q, s.select3 = pipelined[0], pipelined[1], sels[1]
+	s.scoreMMA4P, s.scoreMMA4Q, s.scoreMMA4R, s.select3 = pipelined[0], pipelined[1], pipelined[2], sels[1]
 	return nil
 }
 
@@ -171,10 +178,11 @@ func topkGrid4(sms, rows int) (groups, tiles int) {
 }
 
 // IndexerTopK implements mla.TopKSelector: a score kernel
-// (topkDefaultScore unless a test picks another) then topk_select on
-// the backend's current stream, with programmatic dependent launch like
-// the other kernels. The grids depend on the shape only (Rows), so a CUDA
-// graph captures them once for every plan; the kernels read the rows'
+// (topkDefaultScore unless a test picks another) then a select kernel
+// (topkDefaultSelect) on the backend's current stream, with programmatic
+// dependent launch like the other kernels. The grids and shared memory
+// depend on the shape only (Rows, PageStride, PageSize), so a CUDA graph
+// captures them once for every plan; the kernels read the rows'
 // sequences, positions and tables from the plan.
 func (b *Backend) IndexerTopK(ctx context.Context, a *mla.TopKArgs) error {
 	return b.indexerTopK(ctx, a, true, true)
@@ -251,7 +259,7 @@ func (b *Backend) indexerTopK(ctx context.Context, a *mla.TopKArgs, scoring, sel
 		switch kernel {
 		case topkScoreDP4A:
 			fn = b.topk.score
-		case topkScoreMMA4, topkScoreMMA4P, topkScoreMMA4Q:
+		case topkScoreMMA4, topkScoreMMA4P, topkScoreMMA4Q, topkScoreMMA4R:
 			groups, tiles := topkGrid4(sms, a.Rows)
 			fn, grid, block = b.topk.scoreMMA4, driver.Dim3{uint32(groups), uint32(tiles), 1}, abi.TopKScore4Threads
 			switch kernel {
@@ -259,6 +267,8 @@ func (b *Backend) indexerTopK(ctx context.Context, a *mla.TopKArgs, scoring, sel
 				fn, shared = b.topk.scoreMMA4P, abi.TopKScore4PShared
 			case topkScoreMMA4Q:
 				fn, shared = b.topk.scoreMMA4Q, abi.TopKScore4PShared
+			case topkScoreMMA4R:
+				fn, shared = b.topk.scoreMMA4R, abi.TopKScore4PShared
 			}
 		}
 		if err := b.launchShared(fn, grid, driver.Dim3{block, 1, 1}, shared, driver.Bytes(params)); err != nil {

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 
@@ -19,7 +20,7 @@ import (
 // topkKernels are the score kernels (and select kernels, after a "+"),
 // each test run with every one (the shared backend is left on the
 // default).
-var topkKernels = []string{"mma", "dp4a", "mma4", "mma4p", "mma4q", "mma4+select2", "mma4+select2g", "mma4+select3", "mma4+select3s"}
+var topkKernels = []string{"mma", "dp4a", "mma4", "mma4p", "mma4q", "mma4r", "mma4+select2", "mma4+select2g", "mma4+select3", "mma4+select3s"}
 
 func TestCUDATopKConformance(t *testing.T) {
 	b := backend(t)
@@ -183,7 +184,8 @@ func testTopKGraph(t *testing.T, b *cuda.Backend) {
 // bytes drawn in [124, 130], and V4-Flash's with the narrow scales of
 // rotated vectors), and a 16K prefill from position 0, V4-Flash's and
 // V4-Pro's index_topk, each score kernel (the dp4a one at 8K and 64K
-// only; "mma4q+select2" is mma4q with topk_select2): the device time per
+// only; "+radix" names topk_select, the default select before
+// topk_select3, "+select2" topk_select2): the device time per
 // call, the score and select kernels alone, and two floors: the indexer cache bytes
 // the batch reads at the device-to-device copy rate measured here, and
 // the score's multiply-adds at the H200's nominal dense int8 tensor-core
@@ -196,9 +198,6 @@ func BenchmarkCUDATopK(bm *testing.B) {
 	require.NoError(bm, err)
 	defer b.Close()
 	require.NoError(bm, b.LoadTopK())
-	for _, k := range []string{"mma", "dp4a", "mma4", "mma4p", "mma4q", "select", "select2", "select3"} {
-		bm.Logf("kernel %s: %s", k, b.TopKKernelResources(k))
-	}
 	copyRate := measureCopyRate(bm, b)
 	bm.Logf("device-to-device copy: %.0f GB/s moved (read and written)", copyRate/1e9)
 	type benchCase struct {
@@ -210,9 +209,9 @@ func BenchmarkCUDATopK(bm *testing.B) {
 	}
 	var cases []benchCase
 	for _, ctxLen := range []int{8 << 10, 64 << 10, 128 << 10, 1 << 20} {
-		kernels := []string{"mma", "dp4a", "mma4", "mma4p", "mma4q", "mma4q+select2"}
+		kernels := []string{"mma+radix", "dp4a+radix", "mma4+radix", "mma4p", "mma4q", "mma4r", "mma4q+select2"}
 		if ctxLen > 64<<10 {
-			kernels = []string{"mma", "mma4", "mma4p", "mma4q", "mma4q+select2", "mma4q+select3"}
+			kernels = []string{"mma+radix", "mma4+radix", "mma4p", "mma4q", "mma4r", "mma4q+select2"}
 		}
 		for _, topk := range []int{512, 1024} {
 			cases = append(cases, benchCase{fmt.Sprintf("decode-b32-mtp3/ctx=%dK/topk=%d", ctxLen>>10, topk), topk, kernels,
@@ -220,11 +219,11 @@ func BenchmarkCUDATopK(bm *testing.B) {
 		}
 		// The scales of rotated vectors (each row's four within 2), which
 		// topk_score_mma4's exact path takes.
-		cases = append(cases, benchCase{fmt.Sprintf("decode-b32-mtp3-narrow/ctx=%dK/topk=512", ctxLen>>10), 512, []string{"mma", "mma4", "mma4p", "mma4q", "mma4q+select2"},
+		cases = append(cases, benchCase{fmt.Sprintf("decode-b32-mtp3-narrow/ctx=%dK/topk=512", ctxLen>>10), 512, []string{"mma+radix", "mma4+radix", "mma4p", "mma4q", "mma4r", "mma4q+select2"},
 			func(r *rand.Rand) []mlatest.TopKSeqSpec { return topkDecode(r, 32, 3, ctxLen) }, mlatest.KeysNarrow})
 	}
 	for _, topk := range []int{512, 1024} {
-		cases = append(cases, benchCase{fmt.Sprintf("prefill=16K/topk=%d", topk), topk, []string{"mma", "mma4", "mma4p", "mma4q", "mma4q+select2"},
+		cases = append(cases, benchCase{fmt.Sprintf("prefill=16K/topk=%d", topk), topk, []string{"mma+radix", "mma4+radix", "mma4p", "mma4q", "mma4r", "mma4q+select2"},
 			func(*rand.Rand) []mlatest.TopKSeqSpec { return []mlatest.TopKSeqSpec{{Start: 0, Rows: 16 << 10}} }, mlatest.KeysRandom})
 	}
 	ctx := context.Background()
@@ -261,6 +260,9 @@ func BenchmarkCUDATopK(bm *testing.B) {
 			mmaFloor := float64(pairs) * 64 * 128 * 2 / 1979e12
 			for _, kernel := range bc.kernels {
 				bm.Run(kernel, func(bm *testing.B) {
+					score, _, _ := strings.Cut(kernel, "+")
+					// (The parent benchmark's log is not printed.)
+					bm.Logf("kernel %s: %s", score, b.TopKKernelResources(score))
 					b.SetTopKScore(kernel)
 					defer b.SetTopKScore("default")
 					const reps = 10
