@@ -10,9 +10,10 @@
 //   topk_score_mma4  grid (row groups of 4, tile blocks): topk_score_mma
 //                for four rows of a sequence at a time (decode's 1+MTP
 //                tokens), each entry read once for them: the same keys.
-//   topk_score_mma4p, _mma4q, _mma4r  topk_score_mma4 with its loads
-//                pipelined (q, r: a shorter nibble decode; r: fewer register
-//                moves on the exact path): the same keys.
+//   topk_score_mma4p, _mma4q, _mma4r, _mma4s  topk_score_mma4 with its
+//                loads pipelined (q, r, s: a shorter nibble decode; r, s:
+//                fewer register moves on the exact path; s: twice its mma
+//                chains in flight): the same keys.
 //   topk_select  grid (rows): block r finds the threshold key by a radix
 //                select over row r's keys (4 passes of 8 bits from the
 //                top), then writes the entries above it and the first
@@ -794,8 +795,9 @@ static_assert(TK4P_KS % 16 == 0, "cp.async destinations aligned");
 // CQ (topk_score_mma4r, with NAT): the exact path's first block dot takes
 // C as its accumulator operand instead of C copied into each D (the
 // copies were register moves in the loop, as the 2026-12-02 profile of
-// the fast path's shows).
-template <bool NAT, bool CQ>
+// the fast path's shows). XU: the exact path's head pairs a loop step
+// (topk_score_mma4s: 4, twice the independent mma chains of the others).
+template <bool NAT, bool CQ, int XU>
 __device__ __forceinline__ void tk_score4p(const TopKParams& p) {
     extern __shared__ __align__(16) u8 tk4p_smem[];
     uint2* qf = (uint2*)(tk4p_smem + TK4P_QF); // B fragments: (head pair j, block b) x lane
@@ -1041,7 +1043,7 @@ __device__ __forceinline__ void tk_score4p(const TopKParams& p) {
                 }
                 float acc[2][2] = {{0.f, 0.f}, {0.f, 0.f}}; // the head sums of (m-tile, entry c)
                 if (exact) {
-#pragma unroll 2 // two head pairs: four independent mma chains a warp
+#pragma unroll XU // XU head pairs: 2 * XU independent mma chains a warp
                     for (int j = 0; j < 32; j++) {
                         const uint2 cm = *(const uint2*)(qcr + 2 * j);
                         int d[2][4];
@@ -1176,9 +1178,10 @@ __device__ __forceinline__ void tk_score4p(const TopKParams& p) {
     }
 }
 
-extern "C" __global__ void __launch_bounds__(TOPK_SCORE4_THREADS, 4) topk_score_mma4p(const TopKParams p) { tk_score4p<false, false>(p); }
-extern "C" __global__ void __launch_bounds__(TOPK_SCORE4_THREADS, 4) topk_score_mma4q(const TopKParams p) { tk_score4p<true, false>(p); }
-extern "C" __global__ void __launch_bounds__(TOPK_SCORE4_THREADS, 4) topk_score_mma4r(const TopKParams p) { tk_score4p<true, true>(p); }
+extern "C" __global__ void __launch_bounds__(TOPK_SCORE4_THREADS, 4) topk_score_mma4p(const TopKParams p) { tk_score4p<false, false, 2>(p); }
+extern "C" __global__ void __launch_bounds__(TOPK_SCORE4_THREADS, 4) topk_score_mma4q(const TopKParams p) { tk_score4p<true, false, 2>(p); }
+extern "C" __global__ void __launch_bounds__(TOPK_SCORE4_THREADS, 4) topk_score_mma4r(const TopKParams p) { tk_score4p<true, true, 2>(p); }
+extern "C" __global__ void __launch_bounds__(TOPK_SCORE4_THREADS, 4) topk_score_mma4s(const TopKParams p) { tk_score4p<true, true, 4>(p); }
 
 // Block-wide exclusive prefix sum of v over TOPK_SELECT_THREADS threads;
 // *total receives the sum. Every thread must call it.
