@@ -10,10 +10,8 @@
 //   topk_score_mma4  grid (row groups of 4, tile blocks): topk_score_mma
 //                for four rows of a sequence at a time (decode's 1+MTP
 //                tokens), each entry read once for them: the same keys.
-//   topk_score_mma4p, _mma4q, _mma4r, _mma4s  topk_score_mma4 with its
-//                loads pipelined (q, r, s: a shorter nibble decode; r, s:
-//                fewer register moves on the exact path; s: twice its mma
-//                chains in flight): the same keys.
+//   topk_score_mma4p, topk_score_mma4q  topk_score_mma4 with its loads
+//                pipelined (and, q, a shorter nibble decode): the same keys.
 //   topk_select  grid (rows): block r finds the threshold key by a radix
 //                select over row r's keys (4 passes of 8 bits from the
 //                top), then writes the entries above it and the first
@@ -792,12 +790,7 @@ static_assert(TK4P_KS % 16 == 0, "cp.async destinations aligned");
 // NAT (topk_score_mma4q): the nibbles decoded in their stored order (the
 // block's values in ascending index, query and key alike) by tk_dec4, a
 // third of tk_shl4(tk_word()) 's instructions; the same integer dots.
-// CQ (topk_score_mma4r, with NAT): the exact path's first block dot takes
-// C as its accumulator operand instead of C copied into each D (the
-// copies were register moves in the loop, as the 2026-12-02 profile of
-// the fast path's shows). XU: the exact path's head pairs a loop step
-// (topk_score_mma4s: 4, twice the independent mma chains of the others).
-template <bool NAT, bool CQ, int XU>
+template <bool NAT>
 __device__ __forceinline__ void tk_score4p(const TopKParams& p) {
     extern __shared__ __align__(16) u8 tk4p_smem[];
     uint2* qf = (uint2*)(tk4p_smem + TK4P_QF); // B fragments: (head pair j, block b) x lane
@@ -1043,37 +1036,22 @@ __device__ __forceinline__ void tk_score4p(const TopKParams& p) {
                 }
                 float acc[2][2] = {{0.f, 0.f}, {0.f, 0.f}}; // the head sums of (m-tile, entry c)
                 if (exact) {
-#pragma unroll XU // XU head pairs: 2 * XU independent mma chains a warp
+#pragma unroll 2 // two head pairs: four independent mma chains a warp
                     for (int j = 0; j < 32; j++) {
                         const uint2 cm = *(const uint2*)(qcr + 2 * j);
                         int d[2][4];
-                        if (CQ) {
-                            // Block 0 takes C as its accumulator operand (one
-                            // register quad for both m-tiles), the others add
-                            // in place: no copies of C into each D.
-                            const uint2 bq = qf[(j * 4) * 32 + lane];
 #pragma unroll
-                            for (int mt = 0; mt < 2; mt++) tk_mma_c(d[mt], a[mt][0], bq, cm);
+                        for (int mt = 0; mt < 2; mt++) {
+                            d[mt][0] = (int)cm.x;
+                            d[mt][1] = (int)cm.y;
+                            d[mt][2] = (int)cm.x;
+                            d[mt][3] = (int)cm.y;
+                        }
 #pragma unroll
-                            for (int b = 1; b < 4; b++) {
-                                const uint2 bq = qf[(j * 4 + b) * 32 + lane];
+                        for (int b = 0; b < 4; b++) {
+                            const uint2 bq = qf[(j * 4 + b) * 32 + lane];
 #pragma unroll
-                                for (int mt = 0; mt < 2; mt++) tk_mma_acc(d[mt], a[mt][b], bq);
-                            }
-                        } else {
-#pragma unroll
-                            for (int mt = 0; mt < 2; mt++) {
-                                d[mt][0] = (int)cm.x;
-                                d[mt][1] = (int)cm.y;
-                                d[mt][2] = (int)cm.x;
-                                d[mt][3] = (int)cm.y;
-                            }
-#pragma unroll
-                            for (int b = 0; b < 4; b++) {
-                                const uint2 bq = qf[(j * 4 + b) * 32 + lane];
-#pragma unroll
-                                for (int mt = 0; mt < 2; mt++) tk_mma_acc(d[mt], a[mt][b], bq);
-                            }
+                            for (int mt = 0; mt < 2; mt++) tk_mma_acc(d[mt], a[mt][b], bq);
                         }
                         const float2 wq = *(const float2*)(qwr + 2 * j);
                         const float nmx = __fmul_rn(-wq.x, __uint_as_float(cm.x)), nmy = __fmul_rn(-wq.y, __uint_as_float(cm.y));
@@ -1178,10 +1156,8 @@ __device__ __forceinline__ void tk_score4p(const TopKParams& p) {
     }
 }
 
-extern "C" __global__ void __launch_bounds__(TOPK_SCORE4_THREADS, 4) topk_score_mma4p(const TopKParams p) { tk_score4p<false, false, 2>(p); }
-extern "C" __global__ void __launch_bounds__(TOPK_SCORE4_THREADS, 4) topk_score_mma4q(const TopKParams p) { tk_score4p<true, false, 2>(p); }
-extern "C" __global__ void __launch_bounds__(TOPK_SCORE4_THREADS, 4) topk_score_mma4r(const TopKParams p) { tk_score4p<true, true, 2>(p); }
-extern "C" __global__ void __launch_bounds__(TOPK_SCORE4_THREADS, 4) topk_score_mma4s(const TopKParams p) { tk_score4p<true, true, 4>(p); }
+extern "C" __global__ void __launch_bounds__(TOPK_SCORE4_THREADS, 4) topk_score_mma4p(const TopKParams p) { tk_score4p<false>(p); }
+extern "C" __global__ void __launch_bounds__(TOPK_SCORE4_THREADS, 4) topk_score_mma4q(const TopKParams p) { tk_score4p<true>(p); }
 
 // Block-wide exclusive prefix sum of v over TOPK_SELECT_THREADS threads;
 // *total receives the sum. Every thread must call it.

@@ -10,13 +10,10 @@ const (
 	TopKScoreKernel     = "topk_score"
 	TopKScoreMMAKernel  = "topk_score_mma"
 	TopKScoreMMA4Kernel = "topk_score_mma4"
-	// TopKScoreMMA4PKernel, TopKScoreMMA4QKernel, TopKScoreMMA4RKernel and
-	// TopKScoreMMA4SKernel need abi.TopKScore4PShared bytes of dynamic
-	// shared memory.
+	// TopKScoreMMA4PKernel and TopKScoreMMA4QKernel need
+	// abi.TopKScore4PShared bytes of dynamic shared memory.
 	TopKScoreMMA4PKernel = "topk_score_mma4p"
 	TopKScoreMMA4QKernel = "topk_score_mma4q"
-	TopKScoreMMA4RKernel = "topk_score_mma4r"
-	TopKScoreMMA4SKernel = "topk_score_mma4s"
 	TopKSelectKernel     = "topk_select"
 	// TopKSelect2Kernel takes the row's keys in dynamic shared memory
 	// where they fit.

@@ -69,7 +69,7 @@
 // keys, and topk_select radix-selects each row's threshold key and writes
 // the indices ascending. topk_score_mma and topk_score_mma4 (four rows of a
 // sequence a block) compute the same keys on the int8 tensor cores, and
-// topk_score_mma4p/q/r/s are topk_score_mma4 with its loads pipelined
+// topk_score_mma4p/q are topk_score_mma4 with its loads pipelined
 // (cp.async, a warp's own double buffer) and a shorter decode; mma4q is the
 // default. topk_select2 keeps a row's keys in shared memory where they fit,
 // and topk_select3 (the default) adds a sampled candidate sweep for the rows

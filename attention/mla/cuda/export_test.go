@@ -102,10 +102,6 @@ func (b *Backend) SetTopKScore(kernel string) {
 		b.topk.kernel = topkScoreMMA4P
 	case "mma4q":
 		b.topk.kernel = topkScoreMMA4Q
-	case "mma4r":
-		b.topk.kernel = topkScoreMMA4R
-	case "mma4s":
-		b.topk.kernel = topkScoreMMA4S
 	default:
 		panic("cuda: SetTopKScore(" + kernel + ")")
 	}
@@ -135,7 +131,7 @@ func (b *Backend) TopKKernelResources(kernel string) string {
 		return err.Error()
 	}
 	fn := map[string]*driver.Function{"dp4a": b.topk.score, "mma": b.topk.scoreMMA, "mma4": b.topk.scoreMMA4,
-		"mma4p": b.topk.scoreMMA4P, "mma4q": b.topk.scoreMMA4Q, "mma4r": b.topk.scoreMMA4R, "mma4s": b.topk.scoreMMA4S, "select": b.topk.select_, "select2": b.topk.select2, "select3": b.topk.select3}[kernel]
+		"mma4p": b.topk.scoreMMA4P, "mma4q": b.topk.scoreMMA4Q, "select": b.topk.select_, "select2": b.topk.select2, "select3": b.topk.select3}[kernel]
 	if fn == nil {
 		return "no such kernel"
 	}

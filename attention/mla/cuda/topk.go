@@ -18,11 +18,11 @@ import (
 
 // topkState is the top-k module.
 type topkState struct {
-	mod                                            *driver.Module
-	score, scoreMMA, scoreMMA4, select_            *driver.Function
-	scoreMMA4P, scoreMMA4Q, scoreMMA4R, scoreMMA4S *driver.Function
-	select2, select3                               *driver.Function
-	err                                            error // a failed load, returned by every later call
+	mod                                 *driver.Module
+	score, scoreMMA, scoreMMA4, select_ *driver.Function
+	scoreMMA4P, scoreMMA4Q              *driver.Function
+	select2, select3                    *driver.Function
+	err                                 error // a failed load, returned by every later call
 	// kernel is the score kernel the backend launches; every one writes
 	// the same keys.
 	kernel topkScore
@@ -70,8 +70,6 @@ const (
 	topkScoreMMA4                     // topk_score_mma4: four rows of a sequence a block, mma.sync
 	topkScoreMMA4P                    // topk_score_mma4p: topk_score_mma4 with its loads pipelined
 	topkScoreMMA4Q                    // topk_score_mma4q: topk_score_mma4p with a shorter nibble decode
-	topkScoreMMA4R                    // topk_score_mma4r: topk_score_mma4q with fewer moves on the exact path
-	topkScoreMMA4S                    // topk_score_mma4s: topk_score_mma4r with twice the exact path's mma chains
 )
 
 // topkDefaultScore is the score kernel IndexerTopK launches unless a test
@@ -124,8 +122,8 @@ func (b *Backend) LoadTopK() error {
 		s.err = errors.Join(fmt.Errorf("cuda: top-k kernels: %w", err), mod.Unload())
 		return s.err
 	}
-	var pipelined [4]*driver.Function
-	for i, name := range []string{kernels.TopKScoreMMA4PKernel, kernels.TopKScoreMMA4QKernel, kernels.TopKScoreMMA4RKernel, kernels.TopKScoreMMA4SKernel} {
+	var pipelined [2]*driver.Function
+	for i, name := range []string{kernels.TopKScoreMMA4PKernel, kernels.TopKScoreMMA4QKernel} {
 		fn, err := mod.Function(name)
 		if err == nil {
 			// Their dynamic shared memory is past the default 48 KiB; four
@@ -159,7 +157,7 @@ func (b *Backend) LoadTopK() error {
 	}
 	sel2 := sels[0]
 	s.mod, s.score, s.scoreMMA, s.scoreMMA4, s.select_, s.select2 = mod, score, scoreMMA, scoreMMA4, sel, sel2
-	s.scoreMMA4P, s.scoreMMA4Q, s.scoreMMA4R, s.scoreMMA4S, s.select3 = pipelined[0], pipelined[1], pipelined[2], pipelined[3], sels[1]
+	s.scoreMMA4P, s.scoreMMA4Q, s.select3 = pipelined[0], pipelined[1], sels[1]
 	return nil
 }
 
@@ -262,7 +260,7 @@ func (b *Backend) indexerTopK(ctx context.Context, a *mla.TopKArgs, scoring, sel
 		switch kernel {
 		case topkScoreDP4A:
 			fn = b.topk.score
-		case topkScoreMMA4, topkScoreMMA4P, topkScoreMMA4Q, topkScoreMMA4R, topkScoreMMA4S:
+		case topkScoreMMA4, topkScoreMMA4P, topkScoreMMA4Q:
 			groups, tiles := topkGrid4(sms, a.Rows)
 			fn, grid, block = b.topk.scoreMMA4, driver.Dim3{uint32(groups), uint32(tiles), 1}, abi.TopKScore4Threads
 			switch kernel {
@@ -270,10 +268,6 @@ func (b *Backend) indexerTopK(ctx context.Context, a *mla.TopKArgs, scoring, sel
 				fn, shared = b.topk.scoreMMA4P, abi.TopKScore4PShared
 			case topkScoreMMA4Q:
 				fn, shared = b.topk.scoreMMA4Q, abi.TopKScore4PShared
-			case topkScoreMMA4R:
-				fn, shared = b.topk.scoreMMA4R, abi.TopKScore4PShared
-			case topkScoreMMA4S:
-				fn, shared = b.topk.scoreMMA4S, abi.TopKScore4PShared
 			}
 		}
 		if err := b.launchShared(fn, grid, driver.Dim3{block, 1, 1}, shared, driver.Bytes(params)); err != nil {
