@@ -56,7 +56,12 @@ func bf16Cases() []mlatest.BF16GEMMCase {
 		mlatest.BF16GEMMCase{Rows: 9, N: 80, K: 192},
 		mlatest.BF16GEMMCase{Rows: 70, N: 16, K: 64, XOffset: 16, XStride: 72, YOffset: 16, YStride: 20},
 		mlatest.BF16GEMMCase{Rows: 5, N: 1040, K: 128},
-		mlatest.BF16GEMMCase{Rows: 129, N: 48, K: 320})
+		mlatest.BF16GEMMCase{Rows: 129, N: 48, K: 320},
+		// weights_proj alone at V4-Pro's hidden size and a decode batch:
+		// cmd/bench's three-projection variant of a ratio-4 layer hung
+		// in its graph at these shapes (2026-12-02-h200-indexer-layer).
+		mlatest.BF16GEMMCase{Rows: 128, N: 64, K: 7168},
+		mlatest.BF16GEMMCase{Rows: 32, N: 64, K: 7168})
 	return cs
 }
 
