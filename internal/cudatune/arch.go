@@ -69,10 +69,6 @@ type FP8GEMMArch struct {
 type WGMMAArch struct {
 	TokenTiles []int
 	MaxStages  int
-	// FusedSplitFinish: a split K is finished by the kernel's last block
-	// of each tile (split_finish) instead of gemm_fp8_reduce; the same
-	// bytes either way.
-	FusedSplitFinish bool
 	// Use: the first rule whose MaxN is at least N decides, the kernel
 	// running up to MaxM rows; no rule for N (and no rules, the default
 	// until the device has measured it): the other implementations'

@@ -343,8 +343,3 @@ func (b *Backend) LoadWGMMA() error {
 	}
 	return b.loadWGMMA()
 }
-
-// SetWGMMAFusedSplitFinish sets the architecture description's choice of
-// the wgmma kernel's split-K finish (FusedSplitFinish), for tests that run
-// both.
-func (b *Backend) SetWGMMAFusedSplitFinish(on bool) { b.arch.FP8.WGMMA.FusedSplitFinish = on }

@@ -171,8 +171,7 @@ var (
 // -gemm.times. The first column is the own kernel forced (NoCuBLASLt), the
 // second cuBLASLt wherever it accepts the shape (GEMMOwnMaxM = -1; its
 // path column says "own" where cuBLASLt refused), the third the sm_90a
-// wgmma kernel (GEMMWGMMA, where it runs), the fourth the same with its
-// split-K finished inside the kernel (FusedSplitFinish): together they are what the
+// wgmma kernel (GEMMWGMMA, where it runs): together they are what the
 // architecture description's choices (cudatune.SM90.FP8.Own and
 // FP8.WGMMA.Use) are read from.
 func TestGEMMTimes(t *testing.T) {
@@ -194,10 +193,9 @@ func TestGEMMTimes(t *testing.T) {
 		name string
 		opts cuda.Options
 	}{{"own", cuda.Options{NoCuBLASLt: true}}, {"cublaslt", cuda.Options{GEMMOwnMaxM: -1}},
-		{"wgmma", cuda.Options{GEMMWGMMA: true, NoCuBLASLt: true}}, {"wgmma-fused", cuda.Options{GEMMWGMMA: true, NoCuBLASLt: true}}} {
+		{"wgmma", cuda.Options{GEMMWGMMA: true, NoCuBLASLt: true}}} {
 		b, err := cuda.New(path.opts)
 		require.NoError(t, err)
-		b.SetWGMMAFusedSplitFinish(path.name == "wgmma-fused")
 		if err := b.InitGEMM(); strings.HasPrefix(path.name, "wgmma") && errors.Is(err, cuda.ErrWGMMAUnavailable) {
 			t.Logf("%v", err)
 			require.NoError(t, b.Close())
@@ -283,7 +281,7 @@ func TestGEMMTimes(t *testing.T) {
 	}
 	us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
 	fmt.Printf("%-22s", "GEMM")
-	for range 4 {
+	for range 3 {
 		fmt.Printf(" %-11s %8s %8s %9s  ", "path", "cold us", "b2b us", "cold GB/s")
 	}
 	fmt.Printf(" %8s\n", "floor us")
@@ -292,7 +290,7 @@ func TestGEMMTimes(t *testing.T) {
 		for _, m := range ms {
 			key := fmt.Sprintf("%s/m%d", s.Name, m)
 			line := fmt.Sprintf("%-22s", key)
-			for _, p := range []string{"own", "cublaslt", "wgmma", "wgmma-fused"} {
+			for _, p := range []string{"own", "cublaslt", "wgmma"} {
 				rw, ok := results[key][p]
 				if !ok {
 					line += fmt.Sprintf(" %-11s %8s %8s %9s  ", p, "-", "-", "-")

@@ -13,8 +13,8 @@ import (
 // sm_90a (warpgroup MMA on e4m3, operands brought by the tensor memory
 // accelerator through tensor maps). It computes Y^T tiles, W's rows on the
 // MMA's M side and up to 128 tokens on its N side, in a persistent grid
-// of at most one block a multiprocessor; split-K partials go through
-// gemm_fp8.cu's gemm_fp8_reduce (fixed order). It runs where
+// of at most one block a multiprocessor; a split K is finished by the
+// kernel's last block of each tile, in split order. It runs where
 // cudatune.Arch's FP8.WGMMA.Use chooses it (no shape until measured on the
 // device) or for every GEMM with Options.GEMMWGMMA; elsewhere than compute
 // capability 9.0 it does not exist.
@@ -90,8 +90,8 @@ func planWGMMA(a cudatune.WGMMAArch, m, n, k, sms, smemOptin, partBytes int) (wg
 type wgmmaState struct {
 	mod    *driver.Module
 	byTile map[int]*driver.Function // token tile -> gemm_fp8_wgmma_bn<T>
-	// counters are the fused split finish's tile counts, one array a
-	// stream (as the partials), zeroed once; the kernel leaves them zeroed.
+	// counters are the split finish's tile counts, one array a stream (as
+	// the partials), zeroed once; the kernel leaves them zeroed.
 	counters [2]driver.DevicePtr
 	mu       sync.Mutex
 	maps     map[tensorMapKey]driver.TensorMap
@@ -210,8 +210,7 @@ func (b *Backend) initWGMMA() error {
 	return nil
 }
 
-// wgmmaGEMM runs one GEMM on the wgmma kernel (and the split-K reduction
-// when K is split), on the backend's stream.
+// wgmmaGEMM runs one GEMM on the wgmma kernel, on the backend's stream.
 func (b *Backend) wgmmaGEMM(w, ws, x, xs, y driver.DevicePtr, m, n, k, xsStride, yStride int) error {
 	g := &b.gemm
 	p, err := planWGMMA(b.arch.FP8.WGMMA, m, n, k, b.arch.SMs, b.arch.SharedPerBlockOptin, gemmPartBytes)
@@ -227,30 +226,21 @@ func (b *Backend) wgmmaGEMM(w, ws, x, xs, y driver.DevicePtr, m, n, k, xsStride,
 		return err
 	}
 	fn := g.wg.byTile[p.bn]
+	// A split K is finished inside the kernel (the tile's last block adds
+	// the partials in split order: split_finish), the path the device
+	// verified; gemm_fp8_reduce is not launched for it.
 	var part, counters driver.DevicePtr
-	fused := b.arch.FP8.WGMMA.FusedSplitFinish
 	if p.splits > 1 {
-		part = g.parts[b.streamSlot()]
-		if fused {
-			if 4*n/wgmmaRowTile*p.chunks > wgmmaCounterBytes {
-				return fmt.Errorf("cuda: wgmma GEMM: %d units outgrow the split counters", n/wgmmaRowTile*p.chunks)
-			}
-			counters = g.wg.counters[b.streamSlot()]
+		if 4*n/wgmmaRowTile*p.chunks > wgmmaCounterBytes {
+			return fmt.Errorf("cuda: wgmma GEMM: %d units outgrow the split counters", n/wgmmaRowTile*p.chunks)
 		}
+		part, counters = g.parts[b.streamSlot()], g.wg.counters[b.streamSlot()]
 	}
 	g.wgmmaRun.Add(1)
 	return b.ctx.Do(func() error {
-		if err := b.launchShared(fn, driver.Dim3{uint32(p.grid), 1, 1}, driver.Dim3{wgmmaThreads, 1, 1}, p.smem,
+		return b.launchShared(fn, driver.Dim3{uint32(p.grid), 1, 1}, driver.Dim3{wgmmaThreads, 1, 1}, p.smem,
 			tw, tx, ws, xs, y, part, counters, int32(m), int32(n), int32(k), int32(xsStride), int32(yStride),
-			int32(p.kbPerSplit), int32(p.splits), int32(p.chunks), int32(p.stages), int32(p.smem)); err != nil {
-			return err
-		}
-		if p.splits == 1 || fused {
-			return nil
-		}
-		threads := m * n / 4
-		return b.launch(g.reduce, driver.Dim3{uint32((threads + 255) / 256), 1, 1}, driver.Dim3{256, 1, 1},
-			part, y, int32(m), int32(n), int32(yStride), int32(p.splits))
+			int32(p.kbPerSplit), int32(p.splits), int32(p.chunks), int32(p.stages), int32(p.smem))
 	})
 }
 

@@ -109,20 +109,6 @@ func TestCUDAWGMMAGEMM(t *testing.T) {
 			t.Logf("worst element %.3g of the bound; accumulation difference %.3g S (bound %.3g S)", cmp.Worst, cmp.AccumRel, gemm.Bound(c.Shape.K))
 		})
 	}
-	// The kernel's own split-K finish on the narrow shapes, which split.
-	b.SetWGMMAFusedSplitFinish(true)
-	defer b.SetWGMMAFusedSplitFinish(false)
-	for _, c := range wgmmaCases() {
-		if c.Shape.N != 256 || (c.Rows != 1 && c.Rows != 31 && c.Rows != 129) {
-			continue
-		}
-		t.Run("fused-finish/"+c.String(), func(t *testing.T) {
-			ran++
-			cmp, err := mlatest.CheckGEMM(b, c, mlatest.Seed(t))
-			require.NoError(t, err)
-			t.Logf("worst element %.3g of the bound", cmp.Worst)
-		})
-	}
 	own, lt := b.GEMMCounts()
 	require.Zero(t, own+lt, "a GEMM did not run on the wgmma kernel")
 	require.GreaterOrEqual(t, b.WGMMACount()-before, int64(ran))
@@ -153,7 +139,7 @@ type wgmmaFront struct {
 // captured buffers: each replay's bytes equal an eager run's on the same
 // inputs, an eager run is byte-equal to the one before it (the split-K
 // order is fixed), and the first is within the bound of the host
-// reference; with either split-K finish, which give the same bytes. Shapes: V4-Flash's [wq_a; wkv] at 1 and 31 rows (split K),
+// reference. Shapes: V4-Flash's [wq_a; wkv] at 1 and 31 rows (split K),
 // its wq_b (half its outputs) at 129 (two token chunks, two units a block), V4-Pro's
 // [wq_a; wkv] at 64.
 func TestCUDAWGMMAReplay(t *testing.T) {
@@ -205,39 +191,23 @@ func TestCUDAWGMMAReplay(t *testing.T) {
 			}
 			eager := func() ([]byte, []byte) { return run(func() error { return issue(b.WGMMAGEMM) }) }
 
-			// Both split-K finishes (gemm_fp8_reduce, the kernel's own):
-			// the same bytes.
-			defer b.SetWGMMAFusedSplitFinish(false)
-			common := mlatest.RandomActivations(r, s.m, s.k, s.m)
-			var first []byte
-			for _, fused := range []bool{false, true} {
-				b.SetWGMMAFusedSplitFinish(fused)
-				hx := f.newInputs(t, b, r)
-				y0, ys0 := eager()
-				requireBound(t, "main", hx, f.hw, y0)
-				requireBound(t, "side", hx, f.hwSide, ys0)
-				y1, ys1 := eager()
-				require.Equal(t, y0, y1, "fused %v: eager runs differ (main)", fused)
-				require.Equal(t, ys0, ys1, "fused %v: eager runs differ (side)", fused)
+			hx := f.newInputs(t, b, r)
+			y0, ys0 := eager()
+			requireBound(t, "main", hx, f.hw, y0)
+			requireBound(t, "side", hx, f.hwSide, ys0)
+			y1, ys1 := eager()
+			require.Equal(t, y0, y1, "eager runs differ (main)")
+			require.Equal(t, ys0, ys1, "eager runs differ (side)")
 
-				graph, err := b.Capture(func() error { return issue(b.WGMMAGEMM) })
-				require.NoError(t, err)
-				for i := range 3 {
-					f.newInputs(t, b, r)
-					gy, gys := run(graph.Launch)
-					ey, eys := eager()
-					require.Equal(t, ey, gy, "fused %v, replay %d: main output differs from an eager run", fused, i)
-					require.Equal(t, eys, gys, "fused %v, replay %d: side output differs from an eager run", fused, i)
-				}
-				require.NoError(t, graph.Close())
-				// The same inputs through both finishes.
-				f.setInputs(t, b, common)
-				y2, _ := eager()
-				if first == nil {
-					first = y2
-				} else {
-					require.Equal(t, first, y2, "the fused split finish differs from gemm_fp8_reduce")
-				}
+			graph, err := b.Capture(func() error { return issue(b.WGMMAGEMM) })
+			require.NoError(t, err)
+			defer graph.Close()
+			for i := range 3 {
+				f.newInputs(t, b, r)
+				gy, gys := run(graph.Launch)
+				ey, eys := eager()
+				require.Equal(t, ey, gy, "replay %d: main output differs from an eager run", i)
+				require.Equal(t, eys, gys, "replay %d: side output differs from an eager run", i)
 			}
 		})
 	}
@@ -271,14 +241,10 @@ func newWGMMAFront(t *testing.T, b *cuda.Backend, r *rand.Rand, m, n, nSide, k i
 // (the ones a captured graph reads) and returns them.
 func (f *wgmmaFront) newInputs(t *testing.T, b *cuda.Backend, r *rand.Rand) *gemm.Activations {
 	hx := mlatest.RandomActivations(r, f.m, f.k, f.m)
-	f.setInputs(t, b, hx)
-	return hx
-}
-
-func (f *wgmmaFront) setInputs(t *testing.T, b *cuda.Backend, hx *gemm.Activations) {
 	require.NoError(t, b.Synchronize(context.Background()))
 	require.NoError(t, b.Write(f.x.Data, 0, hx.Data))
 	require.NoError(t, b.Write(f.x.Scale, 0, numerics.F32Bytes(hx.Scale)))
+	return hx
 }
 
 // requireBound checks a dense bf16 output against the host reference.
