@@ -32,9 +32,6 @@
 
 #include "common.cuh"
 
-__device__ __forceinline__ void tk_pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
-__device__ __forceinline__ void tk_pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;"); }
-
 // One row's place in the plan (mla.TopKRow).
 struct TkRow {
     int valid, seq, visible;
@@ -125,8 +122,8 @@ extern "C" __global__ void __launch_bounds__(TOPK_SCORE_THREADS) topk_score(cons
     __shared__ int qe[INDEXER_HEADS * 4];   // query scale bytes
     __shared__ float qw[INDEXER_HEADS];     // head weights
     __shared__ u32 ks[TOPK_SCORE_THREADS * TK_KW]; // the tile's entries as stored
-    tk_pdl_wait();
-    tk_pdl_trigger();
+    pdl_wait();
+    pdl_trigger();
     const int r = blockIdx.x;
     if (r >= p.rows) return;
     const TkRow t = tk_resolve(p, r);
@@ -237,8 +234,8 @@ extern "C" __global__ void __launch_bounds__(TOPK_SCORE_THREADS) topk_score_mma(
     __shared__ float qw[INDEXER_HEADS];    // head weights
     __shared__ u32 ks[TOPK_SCORE_THREADS * TK_KW];
     __shared__ float terms[TOPK_SCORE_THREADS / 32][32 * TK_TW];
-    tk_pdl_wait();
-    tk_pdl_trigger();
+    pdl_wait();
+    pdl_trigger();
     const int r = blockIdx.x;
     if (r >= p.rows) return;
     const TkRow t = tk_resolve(p, r);
@@ -434,8 +431,8 @@ extern "C" __global__ void __launch_bounds__(TOPK_SCORE4_THREADS, 4) topk_score_
     __shared__ long long rkeys[TOPK_SCORE4_ROWS];
     __shared__ int qmn[4], qmx[4]; // the pass's least and largest query scale byte per block
     __shared__ int klo, khi, xbad;  // the exact path: ek_min's range, and whether some query head rules it out
-    tk_pdl_wait();
-    tk_pdl_trigger();
+    pdl_wait();
+    pdl_trigger();
     const int r0 = blockIdx.x * TOPK_SCORE4_ROWS;
     if (r0 >= p.rows) return;
     if (threadIdx.x < TOPK_SCORE4_ROWS) {
@@ -802,8 +799,8 @@ __device__ __forceinline__ void tk_score4p(const TopKParams& p) {
     __shared__ long long rkeys[TOPK_SCORE4_ROWS];
     __shared__ int qmn[4], qmx[4]; // the pass's least and largest query scale byte per block
     __shared__ int klo, khi, xbad;  // the exact path: ek_min's range, and whether some query head rules it out
-    tk_pdl_wait();
-    tk_pdl_trigger();
+    pdl_wait();
+    pdl_trigger();
     const int r0 = blockIdx.x * TOPK_SCORE4_ROWS;
     if (r0 >= p.rows) return;
     if (threadIdx.x < TOPK_SCORE4_ROWS) {
@@ -1193,8 +1190,8 @@ extern "C" __global__ void __launch_bounds__(TOPK_SELECT_THREADS) topk_select(co
     __shared__ u32 hist[256];
     __shared__ u32 s_prefix, s_remain;
     __shared__ int warp_sums[33];
-    tk_pdl_wait();
-    tk_pdl_trigger();
+    pdl_wait();
+    pdl_trigger();
     const int r = blockIdx.x;
     if (r >= p.rows) return;
     int* out = p.out + (size_t)r * p.top_k;
@@ -1393,8 +1390,8 @@ extern "C" __global__ void __launch_bounds__(TOPK_SELECT_THREADS) topk_select2(c
     __shared__ u32 hist[256];
     __shared__ u32 s_pick[2];
     __shared__ int wsum[2][32];
-    tk_pdl_wait();
-    tk_pdl_trigger();
+    pdl_wait();
+    pdl_trigger();
     const int r = blockIdx.x;
     if (r >= p.rows) return;
     int* out = p.out + (size_t)r * p.top_k;
@@ -1468,8 +1465,8 @@ extern "C" __global__ void __launch_bounds__(TOPK_SELECT_THREADS) topk_select3(c
     __shared__ u32 s_pick[2];
     __shared__ int wsum[2][32];
     __shared__ int s_cnt;
-    tk_pdl_wait();
-    tk_pdl_trigger();
+    pdl_wait();
+    pdl_trigger();
     const int r = blockIdx.x;
     if (r >= p.rows) return;
     int* out = p.out + (size_t)r * p.top_k;
