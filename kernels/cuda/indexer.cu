@@ -35,42 +35,82 @@ __device__ __forceinline__ u32 e2m1(float x) {
     return s | m;
 }
 
-// The normalized Walsh-Hadamard transform of the warp's row, v the lane's
-// four bf16 values, rounded to bf16 in place; hscale is fl32(128^-0.5)
-// (numerics.HadamardScale, from the host).
-__device__ __forceinline__ void warp_hadamard(float v[4], float hscale, int lane) {
-    float a, b;
-    a = v[0]; b = v[1]; v[0] = __fadd_rn(a, b); v[1] = __fsub_rn(a, b);  // h = 1
-    a = v[2]; b = v[3]; v[2] = __fadd_rn(a, b); v[3] = __fsub_rn(a, b);
-    a = v[0]; b = v[2]; v[0] = __fadd_rn(a, b); v[2] = __fsub_rn(a, b);  // h = 2
-    a = v[1]; b = v[3]; v[1] = __fadd_rn(a, b); v[3] = __fsub_rn(a, b);
+// The normalized Walsh-Hadamard transform of R rows of the warp, v[r] the
+// lane's four bf16 values of row r, rounded to bf16 in place; hscale is
+// fl32(128^-0.5) (numerics.HadamardScale, from the host). Every row gets
+// the same operations as one alone; the rows' shuffles interleave.
+template <int R>
+__device__ __forceinline__ void warp_hadamard_rows(float (&v)[R][4], float hscale, int lane) {
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        float a, b;
+        a = v[r][0]; b = v[r][1]; v[r][0] = __fadd_rn(a, b); v[r][1] = __fsub_rn(a, b);  // h = 1
+        a = v[r][2]; b = v[r][3]; v[r][2] = __fadd_rn(a, b); v[r][3] = __fsub_rn(a, b);
+        a = v[r][0]; b = v[r][2]; v[r][0] = __fadd_rn(a, b); v[r][2] = __fsub_rn(a, b);  // h = 2
+        a = v[r][1]; b = v[r][3]; v[r][1] = __fadd_rn(a, b); v[r][3] = __fsub_rn(a, b);
+    }
 #pragma unroll
     for (int d = 1; d <= 16; d <<= 1) {  // h = 4d
         const bool upper = lane & d;
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            const float p = __shfl_xor_sync(FULL, v[i], d);
-            v[i] = upper ? __fsub_rn(p, v[i]) : __fadd_rn(v[i], p);
+            float q[R];
+#pragma unroll
+            for (int r = 0; r < R; r++) q[r] = __shfl_xor_sync(FULL, v[r][i], d);
+#pragma unroll
+            for (int r = 0; r < R; r++) v[r][i] = upper ? __fsub_rn(q[r], v[r][i]) : __fadd_rn(v[r][i], q[r]);
         }
     }
 #pragma unroll
-    for (int i = 0; i < 4; i++) v[i] = __fmul_rn(v[i], hscale);
-    round2(v[0], v[1]);
-    round2(v[2], v[3]);
+    for (int r = 0; r < R; r++) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) v[r][i] = __fmul_rn(v[r][i], hscale);
+        round2(v[r][0], v[r][1]);
+        round2(v[r][2], v[r][3]);
+    }
 }
 
-// MXFP4 of the warp's row into dst (MXFP4_ROW_BYTES bytes, 4-byte
-// aligned): per block of 32 values (8 lanes), a = max |v| with NaN ignored,
-// floored at 6*2^-126; t = fl(a * fl32(1/6)); e = t's biased exponent, plus
-// one when its mantissa is non-zero, at most 254; nibble i = e2m1(fl(v_i *
-// 2^(127-e))), element 2k in the low nibble of byte k; the scale bytes
-// follow the 64 nibble bytes (numerics.QuantizeMXFP4).
-__device__ __forceinline__ void warp_mxfp4_store(u8* dst, const float v[4], int lane) {
-    float a = 0.f;
+// The transform of the warp's one row.
+__device__ __forceinline__ void warp_hadamard(float v[4], float hscale, int lane) {
+    float w[1][4] = {{v[0], v[1], v[2], v[3]}};
+    warp_hadamard_rows<1>(w, hscale, lane);
 #pragma unroll
-    for (int i = 0; i < 4; i++) a = fmaxf(a, fabsf(v[i]));  // fmaxf drops a NaN operand
+    for (int i = 0; i < 4; i++) v[i] = w[0][i];
+}
+
+// max |v| (NaN ignored) of each row over lane groups of LANES lanes (8: an
+// MXFP4 block, 32: the whole row of the FP8 layout), R rows' shuffles
+// interleaved.
+template <int R, int LANES>
+__device__ __forceinline__ void warp_absmax_rows(const float (&v)[R][4], float (&a)[R]) {
 #pragma unroll
-    for (int d = 1; d <= 4; d <<= 1) a = fmaxf(a, __shfl_xor_sync(FULL, a, d));
+    for (int r = 0; r < R; r++) {  // fmaxf drops a NaN operand
+        if (LANES == 8) {  // an MXFP4 block's, from +0
+            a[r] = 0.f;
+#pragma unroll
+            for (int i = 0; i < 4; i++) a[r] = fmaxf(a[r], fabsf(v[r][i]));
+        } else {  // as the FP8 row's
+            a[r] = fmaxf(fmaxf(fabsf(v[r][0]), fabsf(v[r][1])), fmaxf(fabsf(v[r][2]), fabsf(v[r][3])));
+        }
+    }
+#pragma unroll
+    for (int d = 1; d < LANES; d <<= 1) {
+        float q[R];
+#pragma unroll
+        for (int r = 0; r < R; r++) q[r] = __shfl_xor_sync(FULL, a[r], d);
+#pragma unroll
+        for (int r = 0; r < R; r++) a[r] = fmaxf(a[r], q[r]);
+    }
+}
+
+// MXFP4 of one row into dst (MXFP4_ROW_BYTES bytes, 4-byte aligned),
+// given a, the max |v| (NaN ignored) of the lane's block of 32 values (8
+// lanes, warp_absmax_rows<R, 8>): a floored at 6*2^-126; t = fl(a *
+// fl32(1/6)); e = t's biased exponent, plus one when its mantissa is
+// non-zero, at most 254; nibble i = e2m1(fl(v_i * 2^(127-e))), element 2k
+// in the low nibble of byte k; the scale bytes follow the 64 nibble bytes
+// (numerics.QuantizeMXFP4).
+__device__ __forceinline__ void mxfp4_store(u8* dst, const float v[4], float a, int lane) {
     a = fmaxf(a, __uint_as_float((u32)MXFP4_FLOOR_BITS));  // 6 * 2^-126
     const u32 tb = __float_as_uint(__fmul_rn(a, __uint_as_float((u32)MXFP4_INV6_BITS)));  // fl32(1/6)
     const int e = min((int)((tb >> 23) & 0xffu) + ((tb & 0x7fffffu) != 0u ? 1 : 0), 254);
@@ -79,6 +119,14 @@ __device__ __forceinline__ void warp_mxfp4_store(u8* dst, const float v[4], int 
     const u32 q2 = e2m1(__fmul_rn(v[2], inv)), q3 = e2m1(__fmul_rn(v[3], inv));
     *reinterpret_cast<u16*>(dst + 2 * lane) = (u16)(q0 | (q1 << 4) | (q2 << 8) | (q3 << 12));
     if ((lane & 7) == 0) dst[INDEXER_DIM / 2 + lane / 8] = (u8)e;
+}
+
+// MXFP4 of the warp's one row.
+__device__ __forceinline__ void warp_mxfp4_store(u8* dst, const float v[4], int lane) {
+    const float w[1][4] = {{v[0], v[1], v[2], v[3]}};
+    float a[1];
+    warp_absmax_rows<1, 8>(w, a);
+    mxfp4_store(dst, v, a[0], lane);
 }
 
 // RoPE of the lane's two pairs of the rope half (lanes 16..31: pairs
@@ -143,64 +191,6 @@ extern "C" __global__ void __launch_bounds__(32 * CFIN_WARPS) indexer_step_finis
     }
 }
 
-// The Hadamard transform of R rows at once (warp_hadamard's stages and
-// rounding, row by row the same operations), their shuffles interleaved.
-template <int R>
-__device__ __forceinline__ void warp_hadamard_rows(float (&v)[R][4], float hscale, int lane) {
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-        float a, b;
-        a = v[r][0]; b = v[r][1]; v[r][0] = __fadd_rn(a, b); v[r][1] = __fsub_rn(a, b);  // h = 1
-        a = v[r][2]; b = v[r][3]; v[r][2] = __fadd_rn(a, b); v[r][3] = __fsub_rn(a, b);
-        a = v[r][0]; b = v[r][2]; v[r][0] = __fadd_rn(a, b); v[r][2] = __fsub_rn(a, b);  // h = 2
-        a = v[r][1]; b = v[r][3]; v[r][1] = __fadd_rn(a, b); v[r][3] = __fsub_rn(a, b);
-    }
-#pragma unroll
-    for (int d = 1; d <= 16; d <<= 1) {  // h = 4d
-        const bool upper = lane & d;
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            float q[R];
-#pragma unroll
-            for (int r = 0; r < R; r++) q[r] = __shfl_xor_sync(FULL, v[r][i], d);
-#pragma unroll
-            for (int r = 0; r < R; r++) v[r][i] = upper ? __fsub_rn(q[r], v[r][i]) : __fadd_rn(v[r][i], q[r]);
-        }
-    }
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-#pragma unroll
-        for (int i = 0; i < 4; i++) v[r][i] = __fmul_rn(v[r][i], hscale);
-        round2(v[r][0], v[r][1]);
-        round2(v[r][2], v[r][3]);
-    }
-}
-
-// max |v| (NaN ignored) of each row over lane groups of LANES lanes (8: an
-// MXFP4 block, 32: the whole row of the FP8 layout), R rows' shuffles
-// interleaved.
-template <int R, int LANES>
-__device__ __forceinline__ void warp_absmax_rows(const float (&v)[R][4], float (&a)[R]) {
-#pragma unroll
-    for (int r = 0; r < R; r++) {  // fmaxf drops a NaN operand
-        if (LANES == 8) {  // as warp_mxfp4_store
-            a[r] = 0.f;
-#pragma unroll
-            for (int i = 0; i < 4; i++) a[r] = fmaxf(a[r], fabsf(v[r][i]));
-        } else {  // as the FP8 row's
-            a[r] = fmaxf(fmaxf(fabsf(v[r][0]), fabsf(v[r][1])), fmaxf(fabsf(v[r][2]), fabsf(v[r][3])));
-        }
-    }
-#pragma unroll
-    for (int d = 1; d < LANES; d <<= 1) {
-        float q[R];
-#pragma unroll
-        for (int r = 0; r < R; r++) q[r] = __shfl_xor_sync(FULL, a[r], d);
-#pragma unroll
-        for (int r = 0; r < R; r++) a[r] = fmaxf(a[r], q[r]);
-    }
-}
-
 // indexer_query: one warp per IQ_ROWS (token, head) rows of one token of
 // the launch (Params of the Q prologue: in = the indexer's wq_b output at
 // its offset, in_stride its token stride in bytes, out = the query buffer,
@@ -213,8 +203,7 @@ __device__ __forceinline__ void warp_absmax_rows(const float (&v)[R][4], float (
 // fp8 = 1 writes 128 e4m3 bytes into out [rows][64][128] and lane 0 the
 // float32 head weight fl(fl(bf16(W) * wscale) * 2^(e-127)), the row's
 // scale folded in. Padding rows and positions outside the table write
-// zeros to both. Each row's arithmetic is warp_mxfp4_store's (or the FP8
-// layout's below), the rows side by side.
+// zeros to both. The rows go side by side, each with one row's arithmetic.
 static_assert(INDEXER_HEADS % IQ_ROWS == 0, "a warp's rows are heads of one token");
 extern "C" __global__ void __launch_bounds__(32 * IQ_WARPS)
     indexer_query(const Params p0, const IndexerQueryParams args) {
@@ -296,18 +285,10 @@ extern "C" __global__ void __launch_bounds__(32 * IQ_WARPS)
             }
             continue;
         }
-        warp_absmax_rows<R, 8>(v, a);  // warp_mxfp4_store's block maximum
+        warp_absmax_rows<R, 8>(v, a);  // each MXFP4 block's maximum
 #pragma unroll
         for (int r = 0; r < R; r++) {
-            const float am = fmaxf(a[r], __uint_as_float((u32)MXFP4_FLOOR_BITS));  // 6 * 2^-126
-            const u32 tb = __float_as_uint(__fmul_rn(am, __uint_as_float((u32)MXFP4_INV6_BITS)));  // fl32(1/6)
-            const int e = min((int)((tb >> 23) & 0xffu) + ((tb & 0x7fffffu) != 0u ? 1 : 0), 254);
-            const float inv = pow2i(127 - e);
-            const u32 q0 = e2m1(__fmul_rn(v[r][0], inv)), q1 = e2m1(__fmul_rn(v[r][1], inv));
-            const u32 q2 = e2m1(__fmul_rn(v[r][2], inv)), q3 = e2m1(__fmul_rn(v[r][3], inv));
-            u8* dst = dst0 + (size_t)r * row_bytes;
-            *reinterpret_cast<u16*>(dst + 2 * lane) = (u16)(q0 | (q1 << 4) | (q2 << 8) | (q3 << 12));
-            if ((lane & 7) == 0) dst[INDEXER_DIM / 2 + lane / 8] = (u8)e;
+            mxfp4_store(dst0 + (size_t)r * row_bytes, v[r], a[r], lane);
             if (lane == 0) {
                 const u32 wr = bf16x2_rn(wv[r], 0.f) << 16;
                 static_cast<u16*>(w_out)[row0 + r] = (u16)(bf16x2_rn(__fmul_rn(__uint_as_float(wr), wscale), 0.f) & 0xffffu);
