@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"math/rand/v2"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -161,6 +162,9 @@ func TestCUDAGEMMGraph(t *testing.T) {
 var (
 	gemmTimes     = flag.Bool("gemm.times", false, "TestGEMMTimes: time the GEMM implementations at V4-Flash and V4-Pro shapes")
 	gemmTimesRows = flag.String("gemm.times.rows", "1,8,32,128,256,512,1024,4096", "TestGEMMTimes: the batch sizes, comma-separated")
+	// A profiler run wants one shape and one path, not all of them.
+	gemmTimesShapes = flag.String("gemm.times.shapes", "", "TestGEMMTimes: a regexp the shape names must match (empty: every shape)")
+	gemmTimesPaths  = flag.String("gemm.times.paths", "own,cublaslt,wgmma", "TestGEMMTimes: the implementations, comma-separated")
 )
 
 // TestGEMMTimes prints device times of the GEMM at V4-Flash and V4-Pro
@@ -186,6 +190,10 @@ func TestGEMMTimes(t *testing.T) {
 		ms = append(ms, m)
 	}
 	shapes := append(slices.Clone(mlatest.FlashGEMMs), mlatest.ProGEMMs...)
+	shapeRe, err := regexp.Compile(*gemmTimesShapes)
+	require.NoError(t, err, "-gemm.times.shapes")
+	shapes = slices.DeleteFunc(shapes, func(s mlatest.GEMMShape) bool { return !shapeRe.MatchString(s.Name) })
+	paths := strings.Split(*gemmTimesPaths, ",")
 	type row struct{ cold, b2b time.Duration }
 	results := map[string]map[string]row{}
 	ran := map[string]string{}
@@ -194,6 +202,9 @@ func TestGEMMTimes(t *testing.T) {
 		opts cuda.Options
 	}{{"own", cuda.Options{NoCuBLASLt: true}}, {"cublaslt", cuda.Options{GEMMOwnMaxM: -1}},
 		{"wgmma", cuda.Options{GEMMWGMMA: true, NoCuBLASLt: true}}} {
+		if !slices.Contains(paths, path.name) {
+			continue
+		}
 		b, err := cuda.New(path.opts)
 		require.NoError(t, err)
 		if err := b.InitGEMM(); strings.HasPrefix(path.name, "wgmma") && errors.Is(err, cuda.ErrWGMMAUnavailable) {
