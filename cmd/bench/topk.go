@@ -45,17 +45,34 @@ const topkMarker = " us a layer (score alone "
 
 // topkLineRE is the benchmark's line, after testing's "file.go:N: " prefix
 // (present in `go test` output, absent where a script printed the line).
-var topkLineRE = regexp.MustCompile(`^\s*(?:[\w.-]+\.go:\d+: )?(\S+)/topk=(\d+) (\w+): ([\d.]+) us a layer \(score alone ([\d.]+), select alone ([\d.]+)\); floors: cache (\d+) bytes ([\d.]+) us, int8 ([\d.]+) us \((\d+) row-entry pairs\)\s*$`)
+// The kernel is a score kernel with, after a "+", the select kernel
+// ("mma4q+select2"; without one, the select the log's binary defaulted
+// to). The floors come in the benchmark's form (the cache bytes and the
+// row-entry pairs too) or in the short one the device scripts of
+// 2026-12-02-h200-topkperf rewrote them to ("floors cache 9.90, int8
+// 17.32", no bytes).
+var topkLineRE = regexp.MustCompile(`^\s*(?:[\w.-]+\.go:\d+: )?(\S+)/topk=(\d+) ([\w+]+): ([\d.]+) us a layer \(score alone ([\d.]+), select alone ([\d.]+)\); ` +
+	`(?:floors: cache (\d+) bytes ([\d.]+) us, int8 ([\d.]+) us \((\d+) row-entry pairs\)|floors cache ([\d.]+), int8 ([\d.]+))\s*$`)
+
+// topkQuotedRE is topkLineRE after other text: a script's note quoting a
+// reading ("ncu rc 0 (timeout 35s); decode-b32-mtp3/..." in
+// 2026-12-02-h200-topkperf/call2.log: the benchmark run under the
+// profiler, whose times are not the benchmark's).
+var topkQuotedRE = regexp.MustCompile(`; ` + strings.TrimPrefix(topkLineRE.String(), `^\s*(?:[\w.-]+\.go:\d+: )?`))
 
 // parseTopKLine reads one log line: ok is false for a line that is not the
-// benchmark's, and the error is errTopKLine for one that has its marker but
-// does not parse.
+// benchmark's (a quoted reading included), and the error is errTopKLine for
+// one that has its marker but does not parse. A line in the short form
+// leaves CacheBytes and Pairs 0.
 func parseTopKLine(line string) (r topkReading, ok bool, err error) {
 	if !strings.Contains(line, topkMarker) {
 		return r, false, nil
 	}
 	m := topkLineRE.FindStringSubmatch(line)
 	if m == nil {
+		if topkQuotedRE.MatchString(line) {
+			return r, false, nil
+		}
 		return r, false, fmt.Errorf("%w: %q", errTopKLine, strings.TrimSpace(line))
 	}
 	shape := m[1]
@@ -67,13 +84,18 @@ func parseTopKLine(line string) (r topkReading, ok bool, err error) {
 		}
 	}
 	r.Kernel = m[3]
-	ints := []struct {
-		s   string
-		dst *int64
-	}{{m[7], &r.CacheBytes}, {m[10], &r.Pairs}}
-	for _, f := range ints {
-		if *f.dst, err = strconv.ParseInt(f.s, 10, 64); err != nil {
-			return r, false, fmt.Errorf("%w: %v", errTopKLine, err)
+	cacheUs, int8Us := m[8], m[9]
+	if m[7] == "" { // the short form
+		cacheUs, int8Us = m[11], m[12]
+	} else {
+		ints := []struct {
+			s   string
+			dst *int64
+		}{{m[7], &r.CacheBytes}, {m[10], &r.Pairs}}
+		for _, f := range ints {
+			if *f.dst, err = strconv.ParseInt(f.s, 10, 64); err != nil {
+				return r, false, fmt.Errorf("%w: %v", errTopKLine, err)
+			}
 		}
 	}
 	if r.TopK, err = strconv.Atoi(m[2]); err != nil {
@@ -82,7 +104,7 @@ func parseTopKLine(line string) (r topkReading, ok bool, err error) {
 	floats := []struct {
 		s   string
 		dst *float64
-	}{{m[4], &r.Us}, {m[5], &r.ScoreUs}, {m[6], &r.SelectUs}, {m[8], &r.CacheFloorUs}, {m[9], &r.Int8FloorUs}}
+	}{{m[4], &r.Us}, {m[5], &r.ScoreUs}, {m[6], &r.SelectUs}, {cacheUs, &r.CacheFloorUs}, {int8Us, &r.Int8FloorUs}}
 	for _, f := range floats {
 		if *f.dst, err = strconv.ParseFloat(f.s, 64); err != nil {
 			return r, false, fmt.Errorf("%w: %v", errTopKLine, err)
@@ -159,37 +181,62 @@ func leastAtTokens(s series) series {
 }
 
 // topkSeries is the selection against the context for one batch and
-// index_topk: per log, one line per score kernel (in the order the log
-// names them) and the select alone, each point the best of its readings;
-// then the two floors over every context any log has. The cache floor is
-// redrawn from the bytes at the fastest copy rate any of the logs implies
-// (bytes over its floor), so a log that divided by a slower rate (the
-// bytes read, not moved: 2026-12-01-h200-topk) does not raise it.
-func topkSeries(logs []topkLog, batch string, topk int) []series {
+// index_topk: per log, one line per score kernel that kernels matches (all
+// where it is nil; in the order the log names them) and one per select
+// kernel among them, its time alone ("select alone" for the log's default
+// select, "select alone (select2)" for a kernel named "mma4q+select2"),
+// each point the best of its readings; then the two floors over every
+// context any log has. The cache floor is redrawn from the bytes at the
+// fastest copy rate any of the logs implies (bytes over its floor), so a
+// log that divided by a slower rate (the bytes read, not moved:
+// 2026-12-01-h200-topk) does not raise it. A reading in the short form
+// (no bytes) takes the bytes of the same shape in any other reading (the
+// benchmark draws a shape's batch from its name, so every log's is the
+// same), and where none has them its own floor.
+func topkSeries(logs []topkLog, batch string, topk int, kernels *regexp.Regexp) []series {
+	type shape struct{ ctx, topk int }
+	bytesOf := map[shape]int64{}
+	for _, lg := range logs {
+		for _, r := range lg.Readings {
+			if r.Batch == batch && r.CacheBytes > 0 {
+				bytesOf[shape{r.Context, r.TopK}] = r.CacheBytes
+			}
+		}
+	}
 	var lines, floors groupSeries // floors after every log's lines in the legend
 	var kept []topkReading
 	rate := 0.0 // bytes a microsecond
 	for _, lg := range logs {
 		var sel []topkReading
 		for _, r := range lg.Readings {
-			if r.Batch != batch || r.TopK != topk || r.Context <= 0 {
+			if r.Batch != batch || r.TopK != topk || r.Context <= 0 || (kernels != nil && !kernels.MatchString(r.Kernel)) {
 				continue
+			}
+			if r.CacheBytes == 0 {
+				r.CacheBytes = bytesOf[shape{r.Context, r.TopK}]
 			}
 			lines.add(fmt.Sprintf("%s, %s", r.Kernel, lg.Label), measured, r.Context, r.Us)
 			sel = append(sel, r)
-			if r.CacheFloorUs > 0 {
+			if r.CacheFloorUs > 0 && r.CacheBytes > 0 {
 				rate = math.Max(rate, float64(r.CacheBytes)/r.CacheFloorUs)
 			}
 		}
 		for _, r := range sel { // after the log's kernels
-			lines.add("select alone, "+lg.Label, measured, r.Context, r.SelectUs)
+			label := "select alone, " + lg.Label
+			if _, s, found := strings.Cut(r.Kernel, "+"); found {
+				label = fmt.Sprintf("select alone (%s), %s", s, lg.Label)
+			}
+			lines.add(label, measured, r.Context, r.SelectUs)
 		}
 		kept = append(kept, sel...)
 	}
 	cacheLabel := fmt.Sprintf("cache floor: the indexer-cache bytes at %.2f TB/s (the fastest copy in the logs)", rate/1e6)
 	for _, r := range kept {
-		if rate > 0 {
+		switch {
+		case rate > 0 && r.CacheBytes > 0:
 			floors.add(cacheLabel, ceiling, r.Context, float64(r.CacheBytes)/rate)
+		case r.CacheFloorUs > 0:
+			floors.add(cacheLabel, ceiling, r.Context, r.CacheFloorUs)
 		}
 	}
 	for _, r := range kept {
@@ -224,6 +271,7 @@ func topkMain(args []string, stdout, stderr io.Writer) error {
 	topk := fs.Int("topk", 512, "index_topk")
 	outDir := fs.String("out-dir", "", "where the plot goes (default: beside the last --log)")
 	name := fs.String("name", "topk-vs-context", "file name: NAME.png and NAME.svg")
+	kernels := fs.String("kernels", "", "a regular expression: draw only the kernels (as the logs name them: mma4q, mma4+radix) it matches")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -232,6 +280,13 @@ func topkMain(args []string, stdout, stderr io.Writer) error {
 	}
 	if len(logs) == 0 {
 		return fmt.Errorf("topk: no --log given")
+	}
+	var match *regexp.Regexp
+	if *kernels != "" {
+		var err error
+		if match, err = regexp.Compile(*kernels); err != nil {
+			return fmt.Errorf("topk: --kernels: %w", err)
+		}
 	}
 	var read []topkLog
 	path := ""
@@ -247,7 +302,7 @@ func topkMain(args []string, stdout, stderr io.Writer) error {
 		read = append(read, lg)
 		path = p
 	}
-	ss := topkSeries(read, *batch, *topk)
+	ss := topkSeries(read, *batch, *topk, match)
 	if !hasMeasured(ss) {
 		return fmt.Errorf("topk: the logs have no %s at index_topk %d with a context", *batch, *topk)
 	}
