@@ -220,6 +220,10 @@ var SM90 = Arch{
 		// most SMs idle for. Chosen with the kernel (43d2295, 2026-11-30); no
 		// folder under bench/results keeps that measurement.
 		BF16MMAMaxRows: 64,
+		// BF16MMADepth: gemm_bf16_mma, two stages of W in flight a lane, the
+		// kernel every measurement so far ran; the ring kernels (4, 8) are not
+		// yet measured on the device.
+		BF16MMADepth: 2,
 	},
 }
 

@@ -49,6 +49,15 @@ type Knobs struct {
 	// tensor-core kernel (kernels/cuda/gemm_bf16_mma.cu) where its shape
 	// allows (0: SM90.Knobs.BF16MMAMaxRows; negative: never).
 	BF16MMAMaxRows int
+	// BF16MMADepth is the stages of W (64 k each) a lane of the
+	// tensor-core kernel keeps in flight: 2 is gemm_bf16_mma, 4 and 8 its
+	// ring kernels gemm_bf16_mma_d4 / _d8 (0: SM90.Knobs.BF16MMADepth).
+	BF16MMADepth int
+	// BF16MMABlocksPerSM is the grid the tensor-core kernel's split of K
+	// aims for, in blocks a multiprocessor (0: the architecture's
+	// BF16GEMMArch.SplitBlocksPerSM); never more than the kernel holds at
+	// once.
+	BF16MMABlocksPerSM int
 	// SeparateLaunches makes RunLayer issue the KV and Q kernels as two
 	// launches instead of one fused layer launch.
 	SeparateLaunches bool
@@ -86,6 +95,7 @@ func (k Knobs) Defaults() Knobs {
 	def(&k.DirectMinBlocks, d.DirectMinBlocks)
 	def(&k.DirectMinRows, d.DirectMinRows)
 	threshold(&k.BF16MMAMaxRows, d.BF16MMAMaxRows)
+	def(&k.BF16MMADepth, d.BF16MMADepth)
 	threshold(&k.DirectHalfBlockRows, d.DirectHalfBlockRows)
 	threshold(&k.DirectMaxRows, d.DirectMaxRows)
 	threshold(&k.DirectMaxRowsBF16, d.DirectMaxRowsBF16)

@@ -183,6 +183,138 @@ extern "C" __global__ void __launch_bounds__(BF16_MMA_WARPS * 32, 4) gemm_bf16_m
     }
 }
 
+// The ring kernels (gemm_bf16_mma_d4, gemm_bf16_mma_d8; cudatune.Knobs.
+// BF16MMADepth): gemm_bf16_mma with DEPTH stages of W in flight a lane
+// instead of two, and X staged by cp.async. The same MMAs on the same
+// fragments in the same order (stage by stage, token tile by token tile),
+// so the same bits as gemm_bf16_mma for every plan; what differs is what
+// waits:
+//   - bytes in flight: a lane keeps DEPTH stages (64 B each) of W in
+//     registers, the ring slot a stage's MMAs just read refilled with the
+//     stage DEPTH ahead, the first DEPTH issued before the
+//     programmatic-dependent-launch wait. At two stages a block has 16 KiB
+//     of W in flight, 32 KiB a multiprocessor at the planner's two blocks:
+//     about half of what keeps HBM busy at its latency;
+//   - X: every 16-byte piece of the chunk's token rows is one cp.async
+//     (zero-filled past m), all in flight at once, where gemm_bf16_mma's
+//     load-then-store loop waits on L2 once per piece a thread (16 round
+//     trips a thread at 32 rows and 512 k).
+// The ring is indexed by compile-time slots only (the stage loop unrolled
+// by DEPTH), so it stays in registers; MINB is the launch bounds' blocks a
+// multiprocessor, the most the planner puts on one.
+__device__ __forceinline__ void bf16_cp16(u16* dst, const u16* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"((u32)__cvta_generic_to_shared(dst)), "l"(src),
+                 "r"(valid ? 16 : 0)
+                 : "memory");
+}
+
+// Stage X's columns [c0, c1) of the block's token rows into xs (zeros past
+// rows), then wait for every copy and the whole block.
+__device__ __forceinline__ void bf16_stage_x(u16* xs, const u16* x, int m0, int rows, int tiles, int x_stride, int c0,
+                                             int c1, int pitch) {
+    const int vecs = (c1 - c0) >> 3;
+    for (int i = threadIdx.x; i < tiles * 8 * vecs; i += BF16_MMA_WARPS * 32) {
+        const int r = i / vecs, v = i - r * vecs;
+        const bool ok = r < rows;
+        bf16_cp16(xs + r * pitch + 8 * v, x + (size_t)(m0 + (ok ? r : 0)) * x_stride + c0 + 8 * v, ok);
+    }
+    asm volatile("cp.async.wait_all;" ::: "memory");
+    __syncthreads();
+}
+
+template <int DEPTH>
+__device__ __forceinline__ void bf16_mma_ring(const BF16MMAParams& p) {
+    const u16* __restrict__ w = p.w;
+    const u16* x = p.x;
+    float* __restrict__ out = p.out;
+    const int m = p.m, k = p.k, x_stride = p.x_stride, out_stride = p.out_stride, k_split = p.k_split,
+              k_chunk = p.k_chunk;
+    extern __shared__ __align__(16) u16 ring_xs[];
+    u16* xs = ring_xs;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int m0 = blockIdx.z * BF16_MMA_TOKENS;
+    const int rows = min(BF16_MMA_TOKENS, m - m0);
+    const int tiles = (rows + 7) >> 3;
+    const int k0 = blockIdx.y * k_split;
+    const int k1 = min(k, k0 + k_split);
+    const int ns = (k1 - k0) / BF16_MMA_STAGE;  // the split's stages, at least one
+    const int n0 = blockIdx.x * BF16_MMA_ROWS + warp * 16;
+    const bool active = n0 < p.n;
+    const int pitch = k_chunk + BF16_MMA_PAD;
+
+    const u16* row_g = w + (size_t)(active ? n0 + g : 0) * k + 8 * t;
+    const u16* row_h = row_g + (size_t)8 * k;
+
+    BF16Stage ring[DEPTH];
+#pragma unroll
+    for (int d = 0; d < DEPTH; d++) {
+        ring[d] = BF16Stage{};
+        if (active && d < ns) ring[d] = load_stage(row_g, row_h, k0 + d * BF16_MMA_STAGE);
+    }
+    pdl_wait();  // X is written by an earlier kernel
+
+    float acc[BF16_MMA_TOKENS / 8][4];
+#pragma unroll
+    for (int j = 0; j < BF16_MMA_TOKENS / 8; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+
+    int c0 = k0, c1 = min(k1, k0 + k_chunk);
+    bf16_stage_x(xs, x, m0, rows, tiles, x_stride, c0, c1, pitch);
+    for (int base = 0; base < ns; base += DEPTH) {
+#pragma unroll
+        for (int d = 0; d < DEPTH; d++) {
+            const int i = base + d;
+            if (i < ns) {  // the same for the whole block
+                const int s = k0 + i * BF16_MMA_STAGE;
+                if (s == c1) {  // the next chunk of X, once every warp is done with this one
+                    __syncthreads();
+                    c0 = s;
+                    c1 = min(k1, s + k_chunk);
+                    bf16_stage_x(xs, x, m0, rows, tiles, x_stride, c0, c1, pitch);
+                }
+                if (active) {
+                    const u16* xg = xs + g * pitch + (s - c0) + 8 * t;
+#pragma unroll
+                    for (int j = 0; j < BF16_MMA_TOKENS / 8; j++) {
+                        if (j < tiles) {
+                            const u16* xj = xg + j * 8 * pitch;
+                            const uint4 xa = *reinterpret_cast<const uint4*>(xj);
+                            const uint4 xb = *reinterpret_cast<const uint4*>(xj + 32);
+                            stage_mma(acc[j], ring[d], xa, xb);
+                        }
+                    }
+                    if (i + DEPTH < ns) ring[d] = load_stage(row_g, row_h, s + DEPTH * BF16_MMA_STAGE);
+                }
+            }
+        }
+    }
+    pdl_trigger();
+
+    if (active) {
+        float* o = out + (size_t)blockIdx.y * m * out_stride;
+        const int c = n0 + g;
+#pragma unroll
+        for (int j = 0; j < BF16_MMA_TOKENS / 8; j++) {
+            const int r = m0 + j * 8 + 2 * t;
+            if (r < m) {
+                o[(size_t)r * out_stride + c] = acc[j][0];
+                o[(size_t)r * out_stride + c + 8] = acc[j][2];
+            }
+            if (r + 1 < m) {
+                o[(size_t)(r + 1) * out_stride + c] = acc[j][1];
+                o[(size_t)(r + 1) * out_stride + c + 8] = acc[j][3];
+            }
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(BF16_MMA_WARPS * 32, 3) gemm_bf16_mma_d4(const BF16MMAParams p) {
+    bf16_mma_ring<4>(p);
+}
+extern "C" __global__ void __launch_bounds__(BF16_MMA_WARPS * 32, 2) gemm_bf16_mma_d8(const BF16MMAParams p) {
+    bf16_mma_ring<8>(p);
+}
+
 // Split-K finish: Y[r][c..c+3] = part[0][r][c..] + part[1][r][c..] + ...,
 // the splits added in order (common.cuh's splitk_reduce). One thread per 4
 // outputs (n % 4 == 0).

@@ -126,6 +126,9 @@ func NewTuned(opts Options, k cudatune.Knobs) (*Backend, error) {
 		return nil, fmt.Errorf("cuda: Knobs.DirectMinBlocks = %d blocks of %d warps exceeds the 64 warps a multiprocessor holds",
 			k.DirectMinBlocks, k.DirectWarps)
 	}
+	if _, err := bf16MMAKernelOf(k.BF16MMADepth); err != nil {
+		return nil, err
+	}
 	c, err := driver.Open(opts.Device)
 	if err != nil {
 		return nil, err
@@ -213,17 +216,17 @@ func (b *Backend) FreeMemory() (int64, error) {
 
 // workspaceBytes is every workspace the GEMMs allocate for themselves on
 // first use: the FP8 and the bf16 kernels' split-K partials, one of each a
-// stream, and cuBLASLt's (unless Options.NoCuBLASLt).
+// stream, and cuBLASLt's, one a stream too (unless Options.NoCuBLASLt).
 func (b *Backend) workspaceBytes() int64 {
 	n := int64(len(b.gemm.parts))*gemmPartBytes + int64(len(b.bf16.parts))*bf16MMAPartBytes
 	if !b.opts.NoCuBLASLt {
-		n += cublaslt.WorkspaceBytes
+		n += cublaslt.Workspaces * cublaslt.WorkspaceBytes
 	}
 	return n
 }
 
 // WorkspaceReserve is the part of the GEMMs' workspaces not allocated yet
-// (nor known to be unneeded), which FreeMemory keeps back: 112 MiB before
+// (nor known to be unneeded), which FreeMemory keeps back: 144 MiB before
 // the first GEMM, 0 once the FP8 and bf16 GEMMs have run.
 func (b *Backend) WorkspaceReserve() int64 {
 	return max(0, b.workspaceBytes()-b.workspaceSettled.Load())

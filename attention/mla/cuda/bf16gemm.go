@@ -9,7 +9,6 @@ import (
 	"sync/atomic"
 
 	"github.com/dsv4mla/prologue/attention/mla"
-	"github.com/dsv4mla/prologue/internal/cudatune"
 	"github.com/dsv4mla/prologue/kernels/cuda/abi"
 	"github.com/dsv4mla/prologue/kernels/cuda/cublaslt"
 	"github.com/dsv4mla/prologue/kernels/cuda/driver"
@@ -48,6 +47,7 @@ type bf16GEMMState struct {
 	fn               *driver.Function
 	mmaMod           *driver.Module // nil where the device has no bf16 MMA (mmaErr says so)
 	mmaFn, mmaReduce *driver.Function
+	mmaKernel        bf16MMAKernel // which kernel mmaFn is (cudatune.Knobs.BF16MMADepth)
 	mmaErr           error
 	// parts are the split-K workspaces (bf16MMAPartBytes of float32
 	// partials each) of the main stream and the side stream (Side): a GEMM
@@ -79,6 +79,31 @@ const (
 	bf16MMAPartBytes = 8 << 20
 )
 
+// bf16MMAKernel is one of the tensor-core kernels of gemm_bf16_mma.cu: the
+// stages of W a lane keeps in flight and the blocks its launch bounds
+// keep resident a multiprocessor (the most the planner puts on one).
+type bf16MMAKernel struct {
+	name            string
+	depth, resident int
+}
+
+// bf16MMAKernels are the tensor-core kernels by cudatune.Knobs.BF16MMADepth.
+var bf16MMAKernels = []bf16MMAKernel{
+	{"gemm_bf16_mma", 2, 4},
+	{"gemm_bf16_mma_d4", 4, 3},
+	{"gemm_bf16_mma_d8", 8, 2},
+}
+
+// bf16MMAKernelOf is the kernel of a depth, or an error naming the knob.
+func bf16MMAKernelOf(depth int) (bf16MMAKernel, error) {
+	for _, k := range bf16MMAKernels {
+		if k.depth == depth {
+			return k, nil
+		}
+	}
+	return bf16MMAKernel{}, fmt.Errorf("cuda: Knobs.BF16MMADepth = %d: the tensor-core bf16 kernels keep 2, 4 or 8 stages in flight", depth)
+}
+
 // bf16MMAPlan is the tensor-core kernel's launch shape for one GEMM.
 type bf16MMAPlan struct {
 	tiles, chunks  int // grid x (blocks of 64 outputs) and z (chunks of 64 tokens)
@@ -86,16 +111,22 @@ type bf16MMAPlan struct {
 	kChunk, shared int // k of X staged in shared memory at a time, and its bytes
 }
 
-// planBF16MMA splits K until the grid has about a.SplitBlocksPerSM blocks
-// a multiprocessor, as long as every split keeps a stage, the partials fit
-// the workspace and stay within half the weight's bytes; a split's X is
-// staged in as few equal chunks as the shared memory cap allows.
-func planBF16MMA(a cudatune.BF16GEMMArch, m, n, k, sms, partBytes int) bf16MMAPlan {
+// planBF16MMA splits K until the grid has about perSM blocks a
+// multiprocessor (but no more than resident a multiprocessor, what the
+// kernel holds at once: a second wave would double the time), as long as
+// every split keeps a stage, the partials fit the workspace and stay
+// within half the weight's bytes; a split's X is staged in as few equal
+// chunks as the shared memory cap allows.
+func planBF16MMA(perSM, resident, m, n, k, sms, partBytes int) bf16MMAPlan {
 	p := bf16MMAPlan{tiles: (n + bf16MMARows - 1) / bf16MMARows, chunks: (m + bf16MMATokens - 1) / bf16MMATokens}
 	stages := k / bf16MMAStage
 	splits := 1
-	if blocks, want := p.tiles*p.chunks, a.SplitBlocksPerSM*sms; blocks < want {
+	blocks := p.tiles * p.chunks
+	if want := perSM * sms; blocks < want {
 		splits = (want + blocks - 1) / blocks
+	}
+	if most := resident * sms / blocks; splits > most {
+		splits = most
 	}
 	splits = max(1, min(splits, stages, partBytes/4/m/n, k/(4*m)))
 	per := (stages + splits - 1) / splits
@@ -150,7 +181,10 @@ func (b *Backend) initBF16MMA() error {
 	if g.mmaMod, err = b.compileModule(bf16MMAProgram); err != nil {
 		return fmt.Errorf("cuda: tensor-core bf16 GEMM kernel: %w", err)
 	}
-	if g.mmaFn, err = g.mmaMod.Function("gemm_bf16_mma"); err != nil {
+	if g.mmaKernel, err = bf16MMAKernelOf(b.knobs.BF16MMADepth); err != nil {
+		return err
+	}
+	if g.mmaFn, err = g.mmaMod.Function(g.mmaKernel.name); err != nil {
 		return err
 	}
 	if g.mmaReduce, err = g.mmaMod.Function("gemm_bf16_mma_reduce"); err != nil {
@@ -279,7 +313,7 @@ func (b *Backend) BF16GEMM(ctx context.Context, a *mla.BF16GEMMArgs) error {
 	}
 	if useLt {
 		g.cublasRun.Add(1)
-		return b.gemm.lt.MatmulBF16(&cublaslt.BF16Matmul{BF16Shape: shape, W: w, X: x, Y: y}, b.stream)
+		return b.gemm.lt.MatmulBF16(&cublaslt.BF16Matmul{BF16Shape: shape, W: w, X: x, Y: y, Workspace: b.ltWorkspace()}, b.stream)
 	}
 	warps := int64(a.Rows) * int64(a.N/8)
 	blocks := (warps + bf16GEMMWarps - 1) / bf16GEMMWarps
@@ -294,11 +328,22 @@ func (b *Backend) BF16GEMM(ctx context.Context, a *mla.BF16GEMMArgs) error {
 	return b.launch(g.fn, driver.Dim3{uint32(blocks), 1, 1}, driver.Dim3{32 * bf16GEMMWarps, 1, 1}, driver.Bytes(params))
 }
 
+// bf16MMAPlan is the tensor-core kernel's plan for a GEMM on this backend:
+// its kernel (Knobs.BF16MMADepth), the split target (Knobs.BF16MMABlocksPerSM,
+// else the architecture's) and the device's multiprocessors.
+func (b *Backend) bf16MMAPlan(rows, n, k int) bf16MMAPlan {
+	perSM := b.knobs.BF16MMABlocksPerSM
+	if perSM <= 0 {
+		perSM = b.arch.BF16.SplitBlocksPerSM
+	}
+	return planBF16MMA(perSM, b.bf16.mmaKernel.resident, rows, n, k, b.arch.SMs, bf16MMAPartBytes)
+}
+
 // bf16MMA enqueues the tensor-core kernel and, with several splits of K,
 // the reduction of their partials into Y.
 func (b *Backend) bf16MMA(op bf16Operands, a *mla.BF16GEMMArgs) error {
 	g := &b.bf16
-	p := planBF16MMA(b.arch.BF16, a.Rows, a.N, a.K, b.arch.SMs, bf16MMAPartBytes)
+	p := b.bf16MMAPlan(a.Rows, a.N, a.K)
 	params, reduce, err := bf16MMAParams(op, a, p, g.parts[b.streamSlot()])
 	if err != nil {
 		return err

@@ -3,10 +3,12 @@ package cuda_test
 import (
 	"bytes"
 	"context"
+	"flag"
 	"fmt"
 	"math"
 	"math/rand/v2"
 	"slices"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -16,6 +18,7 @@ import (
 	"github.com/dsv4mla/prologue/attention/mla/cuda"
 	"github.com/dsv4mla/prologue/attention/mla/mlatest"
 	"github.com/dsv4mla/prologue/gemm"
+	"github.com/dsv4mla/prologue/internal/cudatune"
 )
 
 // bf16Paths are the projection GEMM's implementations the tests force, in
@@ -61,8 +64,69 @@ func bf16Cases() []mlatest.BF16GEMMCase {
 		// cmd/bench's three-projection variant of a ratio-4 layer hung
 		// in its graph at these shapes (2026-12-02-h200-indexer-layer).
 		mlatest.BF16GEMMCase{Rows: 128, N: 64, K: 7168},
-		mlatest.BF16GEMMCase{Rows: 32, N: 64, K: 7168})
+		mlatest.BF16GEMMCase{Rows: 32, N: 64, K: 7168},
+		// ... and a 4096-token prefill of it (64 chunks of tokens).
+		mlatest.BF16GEMMCase{Rows: 4096, N: 64, K: 7168},
+		// The ratio-4 layer's one projection GEMM ([wkv; wgate] of the
+		// compressor, of the indexer's compressor, weights_proj: 2624
+		// outputs, 41 blocks with one of 64 rows) at decode batches.
+		mlatest.BF16GEMMCase{Rows: 1, N: 2624, K: 4096},
+		mlatest.BF16GEMMCase{Rows: 8, N: 2624, K: 4096, XOffset: 16, XStride: 4104, YOffset: 16, YStride: 2628},
+		mlatest.BF16GEMMCase{Rows: 128, N: 2624, K: 4096},
+		mlatest.BF16GEMMCase{Rows: 32, N: 2624, K: 7168},
+		mlatest.BF16GEMMCase{Rows: 128, N: 2624, K: 7168})
 	return cs
+}
+
+// bf16Depths are the tensor-core ring kernels TestBF16GEMM runs beside the
+// default kernel (cudatune.Knobs.BF16MMADepth), each on a backend of its
+// own made once.
+var bf16Depths = []int{4, 8}
+
+var (
+	depthOnce     sync.Once
+	depthBackends map[int]*cuda.Backend
+	depthErr      error
+)
+
+// depthBackend is the backend whose tensor-core kernel keeps depth stages
+// in flight (made once, shared by the tests like backend's).
+func depthBackend(t *testing.T, depth int) *cuda.Backend {
+	t.Helper()
+	backend(t) // skips without a device
+	depthOnce.Do(func() {
+		depthBackends = map[int]*cuda.Backend{}
+		for _, d := range bf16Depths {
+			b, err := cuda.NewTuned(cuda.Options{}, cudatune.Knobs{BF16MMADepth: d})
+			if err != nil {
+				depthErr = err
+				return
+			}
+			depthBackends[d] = b
+		}
+	})
+	require.NoError(t, depthErr)
+	return depthBackends[depth]
+}
+
+// bf16Run is one implementation a test runs: a forced path on a backend.
+type bf16Run struct {
+	name, path string
+	b          *cuda.Backend
+}
+
+// bf16Runs are the default backend's paths and the ring kernels' backends
+// ("mma-d4", "mma-d8": the tensor-core path forced).
+func bf16Runs(t *testing.T) []bf16Run {
+	b := backend(t)
+	var out []bf16Run
+	for _, p := range bf16Paths {
+		out = append(out, bf16Run{p, p, b})
+	}
+	for _, d := range bf16Depths {
+		out = append(out, bf16Run{fmt.Sprintf("mma-d%d", d), "mma", depthBackend(t, d)})
+	}
+	return out
 }
 
 // forcePath sets the backend's projection GEMM path for the test and
@@ -89,9 +153,12 @@ func forcePath(t *testing.T, b *cuda.Backend, path string) bool {
 // element, over the shape grid with random operands (seed logged); Y
 // poisoned with NaN first, X's gaps and the bytes around X NaN. Each
 // implementation runs twice and must write the same bits both times (the
-// engine verifies graph replays byte for byte).
+// engine verifies graph replays byte for byte). A ring kernel (mma-d4,
+// mma-d8) whose plan is the default kernel's must write the default
+// kernel's bits (the same MMAs in the same order); with a plan of its own
+// it is held to the bound.
 func TestBF16GEMM(t *testing.T) {
-	b := backend(t)
+	runs := bf16Runs(t)
 	host := cpu.New(0)
 	seed := rand.Uint64()
 	t.Logf("seed %d", seed)
@@ -104,12 +171,15 @@ func TestBF16GEMM(t *testing.T) {
 			require.NoError(t, err)
 			want, err := mlatest.RunBF16GEMM(ctx, host, c, hx, hw)
 			require.NoError(t, err)
-			x, w, err := mlatest.UploadBF16Operands(b, o, c.XOffset)
-			require.NoError(t, err)
-			defer b.Free(x)
-			defer b.Free(w)
-			for _, path := range bf16Paths {
-				t.Run(path, func(t *testing.T) {
+			var mmaGot []float32 // the default tensor-core kernel's
+			var mmaPlan [4]int
+			for _, run := range runs {
+				b, path := run.b, run.path
+				t.Run(run.name, func(t *testing.T) {
+					x, w, err := mlatest.UploadBF16Operands(b, o, c.XOffset)
+					require.NoError(t, err)
+					defer b.Free(x)
+					defer b.Free(w)
 					if !forcePath(t, b, path) {
 						t.Skip(path + " unavailable")
 					}
@@ -127,6 +197,17 @@ func TestBF16GEMM(t *testing.T) {
 					again, err := mlatest.RunBF16GEMM(ctx, b, c, x, w)
 					require.NoError(t, err)
 					require.Equal(t, f32Bits(got), f32Bits(again), "two runs differ")
+					if path == "mma" {
+						var plan [4]int
+						plan[0], plan[1], plan[2], plan[3] = b.BF16MMAPlanOf(c.Rows, c.N, c.K)
+						if run.name == "mma" {
+							mmaGot, mmaPlan = got, plan
+						} else if mmaGot != nil && plan == mmaPlan {
+							require.Equal(t, f32Bits(mmaGot), f32Bits(got), "%s differs from gemm_bf16_mma with the same plan %v", b.BF16MMAKernelName(), plan)
+							t.Logf("%s: gemm_bf16_mma's bits (plan %v)", b.BF16MMAKernelName(), plan)
+							return
+						}
+					}
 					cmp, err := gemm.CompareF32(o, want, got)
 					require.NoError(t, err)
 					require.Zero(t, cmp.Violations, "%v", cmp)
@@ -229,13 +310,13 @@ func f32Bits(v []float32) []uint32 {
 // engine's first, eager run of a layer does (the library may load its own
 // kernels at their first launch).
 func TestBF16GEMMGraph(t *testing.T) {
-	b := backend(t)
 	seed := rand.Uint64()
 	t.Logf("seed %d", seed)
 	r := rand.New(rand.NewPCG(seed, 22))
 	ctx := context.Background()
-	for i, path := range bf16Paths {
-		t.Run(path, func(t *testing.T) {
+	for i, run := range bf16Runs(t) {
+		b, path := run.b, run.path
+		t.Run(run.name, func(t *testing.T) {
 			if !forcePath(t, b, path) {
 				t.Skip(path + " unavailable")
 			}
@@ -290,55 +371,86 @@ func TestBF16GEMMGraph(t *testing.T) {
 	}
 }
 
-// TestBF16MMASideStream runs tensor-core GEMMs with split K on the main
-// stream and, at the same time, on the side stream (Side, as the engine
-// issues the compressor under the layer's GEMMs), captured into one graph
-// and eagerly: each stream has its own workspace, so every result is
-// within the bound of the host reference and the replay writes what the
-// eager calls write, byte for byte.
-func TestBF16MMASideStream(t *testing.T) {
-	b := backend(t)
-	if !forcePath(t, b, "mma") {
-		t.Skip("tensor-core kernel unavailable")
+// sideStreamCase is one GEMM of a two-stream test: its operands (an index
+// into sideStreamShapes: GEMMs of one shape share them, each has its own
+// Y) and whether it goes to the side stream.
+type sideStreamCase struct {
+	shape int
+	side  bool
+}
+
+// sideStreamShapes and sideStreamCases are the two-stream tests' GEMMs:
+// split-K GEMMs of mixed shapes on both streams, then four layers of
+// cmd/bench's three-projection ratio-4 layer at V4-Pro decode (b = 32 MTP
+// 3: 128 rows, K = 7168): the compressor's N = 2048 and the indexer
+// compressor's N = 512 on the side stream, weights_proj's N = 64 on the
+// main stream, the graph that hung on the H200
+// (2026-12-02-h200-indexer-layer).
+var sideStreamShapes = []mlatest.BF16GEMMCase{
+	{Rows: 7, N: 1024, K: 4096},
+	{Rows: 33, N: 2048, K: 1024, XOffset: 32, XStride: 1032, YOffset: 48, YStride: 2052},
+	{Rows: 64, N: 512, K: 7168},
+	{Rows: 128, N: 2048, K: 7168},
+	{Rows: 128, N: 512, K: 7168},
+	{Rows: 128, N: 64, K: 7168},
+}
+
+func sideStreamCases() []sideStreamCase {
+	cs := []sideStreamCase{{0, false}, {1, true}, {2, false}} // the last after the side one was issued
+	for range 4 {
+		cs = append(cs, sideStreamCase{3, true}, sideStreamCase{4, true}, sideStreamCase{5, false})
 	}
-	seed := rand.Uint64()
-	t.Logf("seed %d", seed)
+	return cs
+}
+
+// sideStreamRun issues sideStreamCases on b: each alone on the main stream
+// (synchronized after each: nothing overlaps), then on both streams (the
+// side ones inside Side, one fork a case, then the join) eagerly and
+// captured into one graph replayed replays times; every result of the two
+// streams must equal the one alone, byte for byte, and weights_proj's be
+// within the bound of the host reference.
+func sideStreamRun(t *testing.T, b *cuda.Backend, seed uint64, replays int) {
 	r := rand.New(rand.NewPCG(seed, 23))
 	ctx := context.Background()
-	cases := []mlatest.BF16GEMMCase{
-		{Rows: 7, N: 1024, K: 4096}, // main
-		{Rows: 33, N: 2048, K: 1024, XOffset: 32, XStride: 1032, YOffset: 48, YStride: 2052}, // side
-		{Rows: 64, N: 512, K: 7168}, // main, after the side one was issued
+	type operands struct {
+		o    *gemm.BF16Operands
+		x, w mla.Buffer
+	}
+	ops := make([]operands, len(sideStreamShapes))
+	for i, c := range sideStreamShapes {
+		o := mlatest.RandomBF16Operands(r, c)
+		x, w, err := mlatest.UploadBF16Operands(b, o, c.XOffset)
+		require.NoError(t, err)
+		defer b.Free(x)
+		defer b.Free(w)
+		ops[i] = operands{o, x, w}
 	}
 	type run struct {
-		c    mlatest.BF16GEMMCase
-		o    *gemm.BF16Operands
+		sideStreamCase
 		args *mla.BF16GEMMArgs
 		y    mla.Buffer
 		size int
 	}
-	runs := make([]run, len(cases))
-	for i, c := range cases {
-		o := mlatest.RandomBF16Operands(r, c)
-		x, w, err := mlatest.UploadBF16Operands(b, o, c.XOffset)
-		require.NoError(t, err)
+	var runs []run
+	for _, sc := range sideStreamCases() {
+		c := sideStreamShapes[sc.shape]
 		size := mlatest.BF16GEMMYBytes(c)
 		y, err := b.Alloc(size)
 		require.NoError(t, err)
-		for _, buf := range []mla.Buffer{x, w, y} {
-			defer b.Free(buf)
-		}
-		runs[i] = run{c: c, o: o, args: mlatest.BF16GEMMArgs(c, x, w, y), y: y, size: size}
+		defer b.Free(y)
+		runs = append(runs, run{sideStreamCase: sc, args: mlatest.BF16GEMMArgs(c, ops[sc.shape].x, ops[sc.shape].w, y), y: y, size: size})
 	}
 	issue := func() error {
-		if err := b.BF16GEMM(ctx, runs[0].args); err != nil {
-			return err
-		}
-		if err := b.Side(ctx, func() error { return b.BF16GEMM(ctx, runs[1].args) }); err != nil {
-			return err
-		}
-		if err := b.BF16GEMM(ctx, runs[2].args); err != nil {
-			return err
+		for _, rn := range runs {
+			if !rn.side {
+				if err := b.BF16GEMM(ctx, rn.args); err != nil {
+					return err
+				}
+				continue
+			}
+			if err := b.Side(ctx, func() error { return b.BF16GEMM(ctx, rn.args) }); err != nil {
+				return err
+			}
 		}
 		return b.JoinKV(ctx)
 	}
@@ -355,24 +467,84 @@ func TestBF16MMASideStream(t *testing.T) {
 		for _, rn := range runs {
 			require.NoError(t, b.Fill(rn.y, 0, rn.size, 0xFF))
 		}
+		require.NoError(t, b.Synchronize(ctx))
 	}
+	poison()
+	for _, rn := range runs {
+		require.NoError(t, b.BF16GEMM(ctx, rn.args))
+		require.NoError(t, b.Synchronize(ctx))
+	}
+	alone := results()
+	last := len(runs) - 1
+	got, err := mlatest.ReadBF16GEMMY(sideStreamShapes[runs[last].shape], alone[last])
+	require.NoError(t, err)
+	want, err := gemm.ReferenceBF16(ops[runs[last].shape].o)
+	require.NoError(t, err)
+	require.NoError(t, gemm.CheckBoundF32(ops[runs[last].shape].o, want, got), "weights_proj alone")
 	poison()
 	require.NoError(t, issue())
 	eager := results()
+	for i, rn := range runs {
+		require.Equal(t, alone[i], eager[i], "%v (side stream %v): the two streams' eager result differs from the GEMM's alone", sideStreamShapes[rn.shape], rn.side)
+	}
 	poison()
 	g, err := b.Capture(issue)
 	require.NoError(t, err)
 	defer g.Close()
-	require.NoError(t, g.Launch())
+	for range replays {
+		require.NoError(t, g.Launch())
+	}
 	replayed := results()
 	for i, rn := range runs {
-		got, err := mlatest.ReadBF16GEMMY(rn.c, replayed[i])
-		require.NoError(t, err)
-		want, err := gemm.ReferenceBF16(rn.o)
-		require.NoError(t, err)
-		require.NoError(t, gemm.CheckBoundF32(rn.o, want, got), "%v", rn.c)
-		require.Equal(t, eager[i], replayed[i], "%v: the replay differs from the eager calls", rn.c)
+		require.Equal(t, alone[i], replayed[i], "%v (side stream %v): the replays differ from the GEMM alone", sideStreamShapes[rn.shape], rn.side)
 	}
+}
+
+// TestBF16GEMMSideStream runs split-K projection GEMMs on the main stream
+// and, at the same time, on the side stream (Side, as the engine issues
+// the compressor under the layer's GEMMs), on the tensor-core kernels and
+// on cuBLASLt, eagerly and as one graph replayed 50 times: each stream has
+// its own split-K workspace (the kernels' partials, and cuBLASLt's since
+// the three-projection graph of 2026-12-02-h200-indexer-layer hung on one),
+// so every result is within the bound of the host reference and every
+// replay writes what the eager calls write, byte for byte.
+func TestBF16GEMMSideStream(t *testing.T) {
+	seed := rand.Uint64()
+	t.Logf("seed %d", seed)
+	for _, run := range bf16Runs(t) {
+		if run.path == "own" {
+			continue // no split K
+		}
+		t.Run(run.name, func(t *testing.T) {
+			if !forcePath(t, run.b, run.path) {
+				t.Skip(run.path + " unavailable")
+			}
+			sideStreamRun(t, run.b, seed, 50)
+		})
+	}
+}
+
+var bf16OneWorkspace = flag.Bool("bf16.oneworkspace", false,
+	"TestBF16GEMMOneWorkspace: run TestBF16GEMMSideStream's cuBLASLt case with every matmul on one workspace, as before 2026-12-02 (may hang)")
+
+// TestBF16GEMMOneWorkspace is TestBF16GEMMSideStream's cuBLASLt case with
+// both streams' matmuls on cuBLASLt's one workspace, as the backend ran
+// them before each stream had its own: it shows what the second workspace
+// prevents (corrupt results or a hang in the replays). Run with
+// -bf16.oneworkspace under a timeout; it is expected to fail.
+func TestBF16GEMMOneWorkspace(t *testing.T) {
+	if !*bf16OneWorkspace {
+		t.Skip("run with -bf16.oneworkspace (expected to fail or hang)")
+	}
+	b := backend(t)
+	if !forcePath(t, b, "cublaslt") {
+		t.Skip("cuBLASLt unavailable")
+	}
+	b.SetCuBLASLtOneWorkspace(true)
+	defer b.SetCuBLASLtOneWorkspace(false)
+	seed := rand.Uint64()
+	t.Logf("seed %d", seed)
+	sideStreamRun(t, b, seed, 200)
 }
 
 // TestBF16GEMMRefusals: bad arguments are refused before anything is

@@ -74,6 +74,22 @@ func (b *Backend) SetBF16GEMMPath(path string) {
 	}
 }
 
+// SetCuBLASLtOneWorkspace puts every cuBLASLt matmul on the handle's first
+// workspace whatever its stream (true), as before each stream had its own,
+// or restores the per-stream workspaces (false). Not safe while GEMMs run.
+func (b *Backend) SetCuBLASLtOneWorkspace(one bool) { b.gemm.ltOneWorkspace = one }
+
+// BF16MMAKernelName is the tensor-core bf16 kernel the backend launches
+// (Knobs.BF16MMADepth), after InitBF16GEMM.
+func (b *Backend) BF16MMAKernelName() string { return b.bf16.mmaKernel.name }
+
+// BF16MMAPlanOf is the tensor-core bf16 kernel's launch shape for a GEMM
+// on this backend: grid x, y, z and the dynamic shared bytes.
+func (b *Backend) BF16MMAPlanOf(rows, n, k int) (tiles, splits, chunks, shared int) {
+	p := b.bf16MMAPlan(rows, n, k)
+	return p.tiles, p.splits, p.chunks, p.shared
+}
+
 // KernelSharedBytes is a loaded prologue kernel's static shared memory.
 func (b *Backend) KernelSharedBytes(name string) (int, error) {
 	return b.fns[name].Attribute(driver.FuncSharedSizeBytes)

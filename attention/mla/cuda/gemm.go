@@ -58,6 +58,10 @@ type gemmState struct {
 	wg       *wgmmaState
 	wgErr    error
 	wgmmaRun atomic.Int64
+	// ltOneWorkspace puts every cuBLASLt matmul on the handle's first
+	// workspace, as before each stream had its own: only tests set it
+	// (SetCuBLASLtOneWorkspace), to show what the second one prevents.
+	ltOneWorkspace bool
 }
 
 // InitGEMM compiles the GEMM kernels, allocates the split-K workspaces (one a stream) and
@@ -119,13 +123,23 @@ func (b *Backend) openCuBLASLt() {
 			return
 		}
 		// Allocated, or never to be: either way no longer kept back.
-		defer b.workspaceSettled.Add(cublaslt.WorkspaceBytes)
+		defer b.workspaceSettled.Add(cublaslt.Workspaces * cublaslt.WorkspaceBytes)
 		if g.lt, g.ltErr = cublaslt.New(b.ctx); g.ltErr != nil {
 			b.log.Info().Err(g.ltErr).Msg("cuBLASLt unavailable: the own GEMM kernels run every batch")
 		} else {
 			b.log.Debug().Int("version", g.lt.Version()).Str("path", g.lt.Path()).Msg("cuBLASLt loaded")
 		}
 	})
+}
+
+// ltWorkspace is the cuBLASLt workspace of the stream launches go to now:
+// matmuls on the main and the side stream may run at once, and one
+// workspace under two split-K kernels corrupts both and can hang them.
+func (b *Backend) ltWorkspace() int {
+	if b.gemm.ltOneWorkspace {
+		return 0
+	}
+	return b.streamSlot()
 }
 
 // closeGEMM releases what InitGEMM made.
@@ -278,7 +292,7 @@ func (b *Backend) gemmOn(ctx context.Context, a *mla.GEMMArgs, wgmma bool) error
 		shape := cublaslt.Shape{M: m, N: n, K: k, YStride: a.YStride}
 		if err := g.lt.Supported(shape); err == nil {
 			g.cublasRun.Add(1)
-			return g.lt.Matmul(&cublaslt.FP8Matmul{Shape: shape, W: w, WScale: ws, X: x, XScale: xs, Y: y}, b.stream)
+			return g.lt.Matmul(&cublaslt.FP8Matmul{Shape: shape, W: w, WScale: ws, X: x, XScale: xs, Y: y, Workspace: b.ltWorkspace()}, b.stream)
 		}
 	}
 	g.own.Add(1)

@@ -60,7 +60,11 @@ func gemmChoice(s engineGEMM, m int) string {
 	a := cudatune.ForDevice(9, 0, cudatune.Resources{SMs: 132, SharedPerBlockOptin: 227 << 10, SharedPerSM: 228 << 10, RegistersPerSM: 65536, L2Bytes: 50 << 20}) // what an H200 reports
 	if s.bf16 {
 		if m <= a.Knobs.BF16MMAMaxRows && s.n%16 == 0 && s.k%bf16MMAStage == 0 {
-			p := planBF16MMA(a.BF16, m, s.n, s.k, a.SMs, bf16MMAPartBytes)
+			kn, err := bf16MMAKernelOf(a.Knobs.BF16MMADepth)
+			if err != nil {
+				return err.Error()
+			}
+			p := planBF16MMA(a.BF16.SplitBlocksPerSM, kn.resident, m, s.n, s.k, a.SMs, bf16MMAPartBytes)
 			return fmt.Sprintf("mma tiles=%d chunks=%d splits=%d ksplit=%d kchunk=%d shared=%d", p.tiles, p.chunks, p.splits, p.kSplit, p.kChunk, p.shared)
 		}
 		return "cublaslt-or-simple"

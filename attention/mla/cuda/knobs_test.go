@@ -27,6 +27,7 @@ func TestNewTunedRefusesShapes(t *testing.T) {
 		{"direct warps", cudatune.Knobs{DirectWarps: 33}, "Knobs.DirectWarps = 33"},
 		{"direct Q rows", cudatune.Knobs{DirectQRows: 9}, "Knobs.DirectQRows = 9"},
 		{"direct occupancy", cudatune.Knobs{DirectWarps: 8, DirectMinBlocks: 9}, "Knobs.DirectMinBlocks = 9"},
+		{"bf16 MMA depth", cudatune.Knobs{BF16MMADepth: 3}, "Knobs.BF16MMADepth = 3"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -35,10 +35,12 @@ type BF16Shape struct {
 
 // BF16Matmul is one bf16 GEMM's operands, device addresses aligned to 16
 // bytes: W [N][K] bf16 row-major, X row m at X + 2*m*XStride, Y (float32)
-// row m at Y + 4*m*YStride.
+// row m at Y + 4*m*YStride. Workspace is which of the Handle's Workspaces
+// it uses: the stream's own.
 type BF16Matmul struct {
 	BF16Shape
-	W, X, Y driver.DevicePtr
+	W, X, Y   driver.DevicePtr
+	Workspace int
 }
 
 func (s BF16Shape) validate() error {
@@ -82,8 +84,12 @@ func (h *Handle) SupportedBF16(s BF16Shape) error {
 // MatmulBF16 enqueues Y = X . W^T on s. Like Matmul it allocates nothing
 // and may be captured into a graph once SupportedBF16(shape) has been
 // called outside the capture. The plan's descriptor is not modified, so
-// calls may run concurrently.
+// calls may run concurrently, each stream with its own Workspace.
 func (h *Handle) MatmulBF16(m *BF16Matmul, s *driver.Stream) error {
+	ws, err := h.workspace(m.Workspace)
+	if err != nil {
+		return err
+	}
 	for _, ptr := range []struct {
 		name string
 		p    driver.DevicePtr
@@ -96,7 +102,7 @@ func (h *Handle) MatmulBF16(m *BF16Matmul, s *driver.Stream) error {
 	if err != nil {
 		return err
 	}
-	return h.ctx.Do(func() error { return h.api.matmulBF16(h.h, p, m, uintptr(h.workspace), s.Handle()) })
+	return h.ctx.Do(func() error { return h.api.matmulBF16(h.h, p, m, uintptr(ws), s.Handle()) })
 }
 
 // buildBF16 makes the bf16 plan's descriptors and asks the heuristic for an

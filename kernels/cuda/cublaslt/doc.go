@@ -12,6 +12,8 @@
 // and the nvidia-cublas Python wheels. Every call runs on the driver
 // Context's owner thread, with its context current. A Handle caches one
 // plan (descriptors and the heuristic's algorithm) per kind and shape, and
-// owns a 32 MiB workspace allocated once, so a Matmul or MatmulBF16
-// allocates nothing and can be captured into a CUDA graph.
+// owns Workspaces workspaces of 32 MiB allocated once, so a Matmul or
+// MatmulBF16 allocates nothing and can be captured into a CUDA graph; each
+// names its stream's workspace, since matmuls running at once on one
+// workspace corrupt each other's split-K state (and can hang).
 package cublaslt

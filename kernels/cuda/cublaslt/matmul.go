@@ -10,17 +10,26 @@ import (
 	"github.com/dsv4mla/prologue/kernels/cuda/driver"
 )
 
-// WorkspaceBytes is the workspace a Handle allocates once and offers
+// WorkspaceBytes is each workspace a Handle allocates once and offers
 // every algorithm.
 const WorkspaceBytes = 32 << 20
+
+// Workspaces is how many workspaces a Handle allocates: one for each
+// stream whose matmuls may run at the same time (the CUDA backend's main
+// and side streams), chosen by the matmul's Workspace field. The split-K
+// algorithms keep their partials, and some the counters their blocks wait
+// on, in the workspace: two kernels sharing one at once overwrite each
+// other's and can wait forever (cmd/bench's three-projection ratio-4 layer
+// at V4-Pro decode hung in its graph so, 2026-12-02-h200-indexer-layer).
+const Workspaces = 2
 
 // Handle is a cuBLASLt handle bound to one driver Context, with its
 // workspace and its plans.
 type Handle struct {
-	ctx       *driver.Context
-	api       *api
-	h         uintptr
-	workspace driver.DevicePtr
+	ctx        *driver.Context
+	api        *api
+	h          uintptr
+	workspaces [Workspaces]driver.DevicePtr
 
 	mu    sync.Mutex
 	plans map[planKey]*plan
@@ -42,7 +51,7 @@ type planKey struct {
 }
 
 // New loads cuBLASLt (once per process), creates a handle on ctx's owner
-// thread and allocates the workspace.
+// thread and allocates the workspaces.
 func New(ctx *driver.Context) (*Handle, error) {
 	a, err := load()
 	if err != nil {
@@ -52,11 +61,24 @@ func New(ctx *driver.Context) (*Handle, error) {
 	if err := ctx.Do(func() error { return a.check("cublasLtCreate", a.create(&h.h)) }); err != nil {
 		return nil, err
 	}
-	if h.workspace, err = ctx.Alloc(WorkspaceBytes); err != nil {
-		_ = ctx.Do(func() error { return a.check("cublasLtDestroy", a.destroy(h.h)) })
-		return nil, err
+	for i := range h.workspaces {
+		if h.workspaces[i], err = ctx.Alloc(WorkspaceBytes); err != nil {
+			for _, w := range h.workspaces[:i] {
+				_ = ctx.Free(w)
+			}
+			_ = ctx.Do(func() error { return a.check("cublasLtDestroy", a.destroy(h.h)) })
+			return nil, err
+		}
 	}
 	return h, nil
+}
+
+// workspace is the Handle's workspace i (a matmul's Workspace field).
+func (h *Handle) workspace(i int) (driver.DevicePtr, error) {
+	if i < 0 || i >= len(h.workspaces) {
+		return 0, fmt.Errorf("cublaslt: workspace %d, the handle has %d", i, len(h.workspaces))
+	}
+	return h.workspaces[i], nil
 }
 
 // Version is the loaded library's cublasLtGetVersion().
@@ -75,9 +97,11 @@ type Shape struct {
 // W [N][K] e4m3 row-major with WScale [N/128][K/128] float32; X [M][K]
 // e4m3 with XScale [K/128][M] float32 (M-major, no padding: cuBLASLt's
 // VEC128_32F layout has no stride); Y bf16, row m at Y + 2*m*YStride.
+// Workspace is which of the Handle's Workspaces it uses: the stream's own.
 type FP8Matmul struct {
 	Shape
 	W, WScale, X, XScale, Y driver.DevicePtr
+	Workspace               int
 }
 
 func (s Shape) validate() error {
@@ -177,14 +201,14 @@ func (h *Handle) build(p *plan, s Shape) error {
 	}
 	// The heuristic refuses block-scaled modes whose scale pointers are
 	// unset (status 7, seen on the H200): give it placeholders (the
-	// workspace); Matmul sets each call's real scales.
+	// first workspace); Matmul sets each call's real scales.
 	setPtr := func(attr int32, v uint64) error {
 		var pin runtime.Pinner
 		defer pin.Unpin()
 		pin.Pin(&v)
 		return a.check(fmt.Sprintf("cublasLtMatmulDescSetAttribute(%d)", attr), a.descSetAttribute(p.desc, attr, unsafe.Pointer(&v), 8))
 	}
-	if err := errors.Join(setPtr(descAScalePointer, uint64(h.workspace)), setPtr(descBScalePointer, uint64(h.workspace))); err != nil {
+	if err := errors.Join(setPtr(descAScalePointer, uint64(h.workspaces[0])), setPtr(descBScalePointer, uint64(h.workspaces[0]))); err != nil {
 		return err
 	}
 	for _, l := range []struct {
@@ -245,8 +269,13 @@ func (h *Handle) destroyPlan(p *plan) {
 // Matmul enqueues Y = X . W^T on s. It allocates nothing (the plan is
 // cached, the workspace the Handle's), so it may run while s is being
 // captured into a graph once Supported(shape) has been called outside the
-// capture.
+// capture. Matmuls that may run at the same time (on different streams)
+// must name different workspaces.
 func (h *Handle) Matmul(m *FP8Matmul, s *driver.Stream) error {
+	ws, err := h.workspace(m.Workspace)
+	if err != nil {
+		return err
+	}
 	p, err := h.plan(m.Shape)
 	if err != nil {
 		return err
@@ -272,11 +301,11 @@ func (h *Handle) Matmul(m *FP8Matmul, s *driver.Stream) error {
 		return a.check("cublasLtMatmul", a.matmul(h.h, p.desc, unsafe.Pointer(&vals.alpha),
 			uintptr(m.W), p.a, uintptr(m.X), p.b, unsafe.Pointer(&vals.beta),
 			uintptr(m.Y), p.d, uintptr(m.Y), p.d, unsafe.Pointer(&p.algo.algo[0]),
-			uintptr(h.workspace), WorkspaceBytes, s.Handle()))
+			uintptr(ws), WorkspaceBytes, s.Handle()))
 	})
 }
 
-// Close destroys the plans and the handle and frees the workspace (after
+// Close destroys the plans and the handle and frees the workspaces (after
 // the work enqueued so far: the caller synchronizes first).
 func (h *Handle) Close() error {
 	h.mu.Lock()
@@ -289,7 +318,10 @@ func (h *Handle) Close() error {
 	for _, p := range plans {
 		h.destroyPlan(p)
 	}
-	return errors.Join(
-		h.ctx.Free(h.workspace),
-		h.ctx.Do(func() error { return h.api.check("cublasLtDestroy", h.api.destroy(h.h)) }))
+	var errs []error
+	for _, w := range h.workspaces {
+		errs = append(errs, h.ctx.Free(w))
+	}
+	return errors.Join(append(errs,
+		h.ctx.Do(func() error { return h.api.check("cublasLtDestroy", h.api.destroy(h.h)) }))...)
 }

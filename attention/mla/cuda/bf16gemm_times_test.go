@@ -1,0 +1,214 @@
+package cuda_test
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/dsv4mla/prologue/attention/mla"
+	"github.com/dsv4mla/prologue/attention/mla/cuda"
+	"github.com/dsv4mla/prologue/attention/mla/mlatest"
+	"github.com/dsv4mla/prologue/gemm"
+	"github.com/dsv4mla/prologue/internal/cudatune"
+)
+
+var (
+	bf16Times         = flag.Bool("bf16.times", false, "TestBF16GEMMTimes: time the projection GEMM's implementations at V4-Flash and V4-Pro shapes")
+	bf16TimesRows     = flag.String("bf16.times.rows", "1,8,32,64,128", "TestBF16GEMMTimes: the batch sizes, comma-separated")
+	bf16TimesVariants = flag.String("bf16.times.variants", "d2,d2/b4,d4,d4/b3,d8,d8/b1,cublaslt",
+		"TestBF16GEMMTimes: the implementations, comma-separated: dD[/bB] (the tensor-core kernel of Knobs.BF16MMADepth D, the split aiming at B blocks a multiprocessor) or cublaslt")
+)
+
+// bf16TimesShapes are the projection GEMMs of the engine at decode: the
+// ratio-4 layer's one fused projection (2624 outputs) and ratio 128's
+// [wkv; wgate] (1024) at V4-Flash's hidden size 4096 and V4-Pro's 7168,
+// and weights_proj alone (64) at 7168.
+var bf16TimesShapes = []struct {
+	name string
+	n, k int
+}{
+	{"flash/r4-fused", 2624, 4096}, {"flash/r128", 1024, 4096},
+	{"pro/r4-fused", 2624, 7168}, {"pro/r128", 1024, 7168}, {"pro/weights_proj", 64, 7168},
+}
+
+// bf16TimesVariant parses one -bf16.times.variants entry.
+func bf16TimesVariant(v string) (cudatune.Knobs, bool, error) {
+	if v == "cublaslt" {
+		return cudatune.Knobs{}, true, nil
+	}
+	var k cudatune.Knobs
+	d, b, _ := strings.Cut(strings.TrimPrefix(v, "d"), "/b")
+	var err error
+	if k.BF16MMADepth, err = strconv.Atoi(d); err != nil || !strings.HasPrefix(v, "d") {
+		return k, false, fmt.Errorf("-bf16.times.variants: %q is not dD[/bB] or cublaslt", v)
+	}
+	if b != "" {
+		if k.BF16MMABlocksPerSM, err = strconv.Atoi(b); err != nil {
+			return k, false, fmt.Errorf("-bf16.times.variants: %q is not dD[/bB] or cublaslt", v)
+		}
+	}
+	return k, false, nil
+}
+
+// TestBF16GEMMTimes prints device times of the projection GEMM at the
+// engine's decode shapes for each implementation of -bf16.times.variants:
+// "cold" with L2 flushed before each call (a 256 MiB memset), "b2b" back
+// to back on the same inputs, both replayed from CUDA graphs of 20 calls
+// (no host launch cost; the median of three launches), the weights' GB/s
+// at the cold time and its share of the 1 GiB device-to-device copy rate
+// measured first in the same process. Every tensor-core variant is forced
+// onto the tensor-core path whatever the rows (BF16MMAMaxRows chooses it
+// in production). Run with -bf16.times.
+func TestBF16GEMMTimes(t *testing.T) {
+	if !*bf16Times {
+		t.Skip("run with -bf16.times")
+	}
+	backend(t)
+	var ms []int
+	for _, f := range strings.Split(*bf16TimesRows, ",") {
+		m, err := strconv.Atoi(strings.TrimSpace(f))
+		require.NoError(t, err, "-bf16.times.rows")
+		ms = append(ms, m)
+	}
+	copyRate := deviceCopyGBps(t, backend(t))
+	// One set of operands a shape (the most rows; a GEMM of m rows reads
+	// the first m), drawn once and uploaded to each variant's backend.
+	most := slices.Max(ms)
+	ops := make([]*gemm.BF16Operands, len(bf16TimesShapes))
+	for i, s := range bf16TimesShapes {
+		ops[i] = mlatest.RandomBF16Operands(rand.New(rand.NewPCG(uint64(s.n), uint64(s.k))), mlatest.BF16GEMMCase{Rows: most, N: s.n, K: s.k})
+	}
+	fmt.Printf("BF16TIMES copy 1 GiB (cuMemcpyDtoD, read + write): %.0f GB/s\n", copyRate)
+	ctx := context.Background()
+	for _, v := range strings.Split(*bf16TimesVariants, ",") {
+		knobs, lt, err := bf16TimesVariant(strings.TrimSpace(v))
+		require.NoError(t, err)
+		b, err := cuda.NewTuned(cuda.Options{}, knobs)
+		require.NoError(t, err)
+		require.NoError(t, b.InitBF16GEMM())
+		path := "mma"
+		if lt {
+			path = "cublaslt"
+			if b.CuBLASLtError() != nil {
+				t.Logf("cuBLASLt unavailable: %v", b.CuBLASLtError())
+				require.NoError(t, b.Close())
+				continue
+			}
+		} else if b.BF16MMAError() != nil {
+			t.Logf("tensor-core kernel unavailable: %v", b.BF16MMAError())
+			require.NoError(t, b.Close())
+			continue
+		}
+		b.SetBF16GEMMPath(path)
+		flush, err := b.Alloc(256 << 20)
+		require.NoError(t, err)
+		for i, s := range bf16TimesShapes {
+			x, w, err := mlatest.UploadBF16Operands(b, ops[i], 0)
+			require.NoError(t, err)
+			for _, m := range ms {
+				c := mlatest.BF16GEMMCase{Rows: m, N: s.n, K: s.k}
+				if lt && b.CuBLASLtSupportsBF16(m, s.n, s.k, s.k, s.n) != nil {
+					fmt.Printf("BF16TIMES %-8s %-17s m%-4d refused by cuBLASLt\n", v, s.name, m)
+					continue
+				}
+				y, err := b.Alloc(mlatest.BF16GEMMYBytes(c))
+				require.NoError(t, err)
+				args := mlatest.BF16GEMMArgs(c, x, w, y)
+				require.NoError(t, b.BF16GEMM(ctx, args)) // warm-up: plans, first launch
+				gemmCall := func() error { return b.BF16GEMM(ctx, args) }
+				fill := func() error { return b.Fill(flush, 0, 256<<20, byte(m)) }
+				b2b := timeBF16Graph(t, b, gemmCall)
+				cold := timeBF16Graph(t, b, func() error {
+					if err := fill(); err != nil {
+						return err
+					}
+					return gemmCall()
+				}) - timeBF16Graph(t, b, fill)
+				plan := "cublaslt"
+				if !lt {
+					tiles, splits, chunks, shared := b.BF16MMAPlanOf(m, s.n, s.k)
+					plan = fmt.Sprintf("%s grid %dx%dx%d shared %d", b.BF16MMAKernelName(), tiles, splits, chunks, shared)
+				}
+				us := float64(cold) / float64(time.Microsecond)
+				gbps := float64(2*s.n*s.k) / us / 1e3
+				fmt.Printf("BF16TIMES %-8s %-17s m%-4d cold %7.2f us  b2b %7.2f us  cold %5.0f GB/s  %5.1f%% of copy  floor %5.2f us  %s\n",
+					v, s.name, m, us, float64(b2b)/float64(time.Microsecond), gbps, 100*gbps/copyRate,
+					float64(2*s.n*s.k)/copyRate/1e3, plan)
+				require.NoError(t, b.Free(y))
+			}
+			for _, buf := range []mla.Buffer{x, w} {
+				require.NoError(t, b.Free(buf))
+			}
+		}
+		require.NoError(t, b.Free(flush))
+		require.NoError(t, b.Close())
+	}
+}
+
+// timeBF16Graph is the device time of one call of f: a graph of 20 calls,
+// launched once to warm up, then the median of three timed launches, over
+// 20.
+func timeBF16Graph(t *testing.T, b *cuda.Backend, f func() error) time.Duration {
+	const reps = 20
+	g, err := b.Capture(func() error {
+		for range reps {
+			if err := f(); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	defer g.Close()
+	require.NoError(t, g.Launch())
+	var ds []time.Duration
+	for range 3 {
+		d, err := b.Time(context.Background(), g.Launch)
+		require.NoError(t, err)
+		ds = append(ds, d)
+	}
+	slices.Sort(ds)
+	return ds[1] / reps
+}
+
+// deviceCopyGBps is the device-to-device copy rate, read plus write, in
+// GB/s: 1 GiB by cuMemcpyDtoD, ten back to back, the median of five rounds
+// after three to warm up.
+func deviceCopyGBps(t *testing.T, b *cuda.Backend) float64 {
+	const n = 1 << 30
+	src, err := b.Alloc(n)
+	require.NoError(t, err)
+	defer b.Free(src)
+	dst, err := b.Alloc(n)
+	require.NoError(t, err)
+	defer b.Free(dst)
+	sp, dp := src.(*cuda.Buffer).Ptr(), dst.(*cuda.Buffer).Ptr()
+	var rates []float64
+	for i := range 8 {
+		d, err := b.Time(context.Background(), func() error {
+			return b.Context().Do(func() error {
+				for range 10 {
+					if err := b.Context().DtoDAsync(dp, sp, n, b.Stream()); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+		})
+		require.NoError(t, err)
+		if i >= 3 {
+			rates = append(rates, 2*10*n/d.Seconds()/1e9)
+		}
+	}
+	sort.Float64s(rates)
+	return rates[len(rates)/2]
+}
