@@ -117,6 +117,13 @@ const LayerSinkKernel = "prologue_layer_sink"
 // prologue's KV and Q kernels (one Params struct); it runs nothing.
 const ParamsSinkKernel = "prologue_params_sink"
 
+// ClusterEchoKernel is the fake's host version of the driver tests'
+// cluster_echo(unsigned int* out): the block of linear index b writes the
+// cluster shape it was launched in to out[4b..4b+2] and its successor's
+// rank in the cluster ((rank + 1) mod the cluster's size) to out[4b+3], so
+// a caller's cluster launch can be checked without a GPU.
+const ClusterEchoKernel = "cluster_echo"
+
 // LayerSinkParamsBytes is the size of one Params struct as the fake copies
 // it (its PARAMS_BYTES), to check against the kernels' ABI.
 func LayerSinkParamsBytes() int {

@@ -503,6 +503,19 @@ func (b *Backend) launchShared(fn *driver.Function, grid, block driver.Dim3, sha
 	return b.ctx.Launch(fn, grid, block, uint32(shared), b.stream, args...)
 }
 
+// launchCluster is launchShared in thread-block clusters of the shape
+// cluster, for kernels that share memory across a cluster (a split-K
+// reduction through distributed shared memory): PDL unless Options.NoPDL.
+// Every grid dimension must be a multiple of cluster's, and the device must
+// have cluster launches (driver.DeviceProps.ClusterLaunches): there is no
+// fallback, since such a kernel computes wrong results without its
+// cluster. More than 8 blocks a cluster needs
+// driver.FuncNonPortableClusterSizeAllowed set on fn first.
+func (b *Backend) launchCluster(fn *driver.Function, grid, block, cluster driver.Dim3, shared int, args ...any) error {
+	opts := driver.LaunchOptions{PDL: !b.opts.NoPDL, Cluster: cluster}
+	return b.ctx.LaunchWith(fn, grid, block, uint32(shared), b.stream, opts, args...)
+}
+
 // kernelKey names a prologue kernel without its string (abi.Kernel's
 // fields).
 type kernelKey struct {

@@ -179,3 +179,43 @@ func TestSeparateLaunchesOnTheFake(t *testing.T) {
 	be.knobs.SeparateLaunches = true
 	require.NoError(t, mla.RunLayer(ctx, be, launches, &args[0]), "separate launches")
 }
+
+// TestLaunchClusterOnTheFake: launchCluster launches in the cluster shape
+// asked for, with PDL and without (Options.NoPDL), and refuses a grid that
+// is not a multiple of the cluster before the driver.
+func TestLaunchClusterOnTheFake(t *testing.T) {
+	if !fakecuda.Active() {
+		fakecuda.RunChild(t, "^TestLaunchClusterOnTheFake$")
+		return
+	}
+	be := hostPathBackend(t)
+	mod, err := be.ctx.LoadModule(fakecuda.ModuleImage())
+	require.NoError(t, err)
+	echo, err := mod.Function(fakecuda.ClusterEchoKernel)
+	require.NoError(t, err)
+	grid, cluster := driver.Dim3{4, 6, 2}, driver.Dim3{2, 3, 1}
+	words := 4 * int(grid[0]*grid[1]*grid[2])
+	out, err := be.ctx.Alloc(4 * words)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, be.ctx.Free(out)) })
+	var want []uint32
+	for z := range grid[2] {
+		for y := range grid[1] {
+			for x := range grid[0] {
+				rank := x%cluster[0] + cluster[0]*(y%cluster[1]+cluster[1]*(z%cluster[2]))
+				want = append(want, cluster[0], cluster[1], cluster[2], (rank+1)%(cluster[0]*cluster[1]*cluster[2]))
+			}
+		}
+	}
+	for _, noPDL := range []bool{false, true} {
+		be.opts.NoPDL = noPDL
+		require.NoError(t, be.ctx.Memset8(out, 0xa5, 4*words), "poison")
+		require.NoError(t, be.launchCluster(echo, grid, driver.Dim3{64, 1, 1}, cluster, 0, out), "NoPDL %v", noPDL)
+		require.NoError(t, be.stream.Synchronize())
+		got := make([]uint32, words)
+		require.NoError(t, be.ctx.DtoH(driver.AsBytes(got), out))
+		require.Equal(t, want, got, "NoPDL %v", noPDL)
+	}
+	err = be.launchCluster(echo, driver.Dim3{5, 6, 2}, driver.Dim3{64, 1, 1}, cluster, 0, out)
+	require.ErrorIs(t, err, driver.ErrClusterShape)
+}

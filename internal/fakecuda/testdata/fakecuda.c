@@ -6,7 +6,10 @@
 //     thread where no context is current (so the owner-thread model is tested);
 //   - kernel arguments are read through kernelParams exactly as the driver
 //     reads them, and CUlaunchConfig / CUlaunchAttribute are the cuda.h
-//     structs, so the Go mirrors of both are checked by a C compiler;
+//     structs, so the Go mirrors of both are checked by a C compiler; the
+//     launch attributes are validated as the driver does (PDL, and cluster
+//     shapes that divide the grid, more than 8 blocks only where the
+//     function allows non-portable sizes);
 //   - stream capture records launches (copying argument values, as the
 //     driver does) and graphs replay them.
 // "Device" memory is host memory and kernels run on the host, synchronously.
@@ -35,14 +38,22 @@ enum {
     CUDA_ERROR_NOT_INITIALIZED = 3, CUDA_ERROR_INVALID_DEVICE = 101, CUDA_ERROR_INVALID_IMAGE = 200,
     CUDA_ERROR_INVALID_CONTEXT = 201, CUDA_ERROR_INVALID_HANDLE = 400, CUDA_ERROR_ILLEGAL_STATE = 401,
     CUDA_ERROR_NOT_FOUND = 500, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900,
-    CUDA_ERROR_STREAM_CAPTURE_INVALIDATED = 901,
+    CUDA_ERROR_STREAM_CAPTURE_INVALIDATED = 901, CUDA_ERROR_INVALID_CLUSTER_SIZE = 912,
 };
+
+// CUlaunchAttributeID and CUfunction_attribute values (cuda.h).
+enum { CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4, CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6 };
+enum { CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14 };
 
 // cuda.h, CUDA 12.0 through 13.0.
 typedef struct CUlaunchAttribute_st {
     int id;
     char pad[8 - sizeof(int)];
-    union { char pad[64]; int programmaticStreamSerializationAllowed; } value;
+    union {
+        char pad[64];
+        struct { unsigned int x, y, z; } clusterDim;
+        int programmaticStreamSerializationAllowed;
+    } value;
 } CUlaunchAttribute;
 typedef struct CUlaunchConfig_st {
     unsigned int gridDimX, gridDimY, gridDimZ;
@@ -77,6 +88,7 @@ CUresult cuGetErrorName(CUresult r, const char** s) {
     case 200: *s = "CUDA_ERROR_INVALID_IMAGE"; return 0;
     case 900: *s = "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"; return 0;
     case 901: *s = "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED"; return 0;
+    case 912: *s = "CUDA_ERROR_INVALID_CLUSTER_SIZE"; return 0;
     }
     *s = 0;
     return CUDA_ERROR_INVALID_VALUE;
@@ -144,7 +156,16 @@ CUresult cuMemGetInfo_v2(size_t* free_bytes, size_t* total) {
 typedef struct kernel kernel_t;
 // Big enough for the prologue's fused layer kernel: two Params and an int.
 #define PARAMS_BYTES 176
-typedef struct { const kernel_t* k; unsigned grid, block; char args[512]; } node_t;
+// A launch: the kernel, its shape (cluster 1, 1, 1 without one), the
+// attributes it was given and its argument values.
+#define MAX_ATTRS 4
+typedef struct {
+    const kernel_t* k;
+    unsigned grid[3], block[3], cluster[3];
+    unsigned nattrs;
+    CUlaunchAttribute attrs[MAX_ATTRS];
+    char args[512];
+} node_t;
 typedef struct { int capturing, invalidated, n; node_t nodes[64]; } stream_t;
 typedef struct { int n; node_t nodes[64]; } graph_t;
 
@@ -253,7 +274,11 @@ struct kernel {
     size_t sizes[12];
     void (*run)(char* const* args, unsigned threads);
     int max_dynamic_shared;
+    int non_portable_cluster; // CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
 };
+
+// The launch a kernel's host version runs for (its shape and attributes).
+static const node_t* running;
 
 #define ARG(T, i) (*(T*)args[i])
 
@@ -303,7 +328,43 @@ static void echo_tensormap(char* const* args, unsigned threads) {
     out[17] = (unsigned long long)(long long)ARG(int, 3);
 }
 
+// cluster_echo(out), as testdata/kernels.cu's: for the block of linear
+// index b, out[4b..4b+2] = its cluster's shape and out[4b+3] = what it read
+// from the shared memory of its successor in the cluster (that block's
+// rank).
+static void cluster_echo(char* const* args, unsigned threads) {
+    (void)threads;
+    unsigned* out = ARG(unsigned*, 0);
+    const unsigned* g = running->grid;
+    const unsigned* c = running->cluster;
+    unsigned size = c[0] * c[1] * c[2];
+    for (unsigned z = 0; z < g[2]; z++)
+        for (unsigned y = 0; y < g[1]; y++)
+            for (unsigned x = 0; x < g[0]; x++) {
+                unsigned b = x + g[0] * (y + g[1] * z);
+                unsigned rank = x % c[0] + c[0] * (y % c[1] + c[1] * (z % c[2]));
+                out[4 * b] = c[0];
+                out[4 * b + 1] = c[1];
+                out[4 * b + 2] = c[2];
+                out[4 * b + 3] = (rank + 1) % size;
+            }
+}
+
+// echo_launch(out), the fake's own: the launch attributes it was given,
+// out[0] = their count, then 9 words each: the id and the 64-byte value.
+static void echo_launch(char* const* args, unsigned threads) {
+    (void)threads;
+    unsigned long long* out = ARG(unsigned long long*, 0);
+    out[0] = running->nattrs;
+    for (unsigned i = 0; i < running->nattrs; i++) {
+        out[1 + 9 * i] = (unsigned long long)running->attrs[i].id;
+        memcpy(&out[2 + 9 * i], running->attrs[i].value.pad, 64);
+    }
+}
+
 static kernel_t kernels[] = {
+    {"cluster_echo", 1, {8}, cluster_echo, 49152},
+    {"echo_launch", 1, {8}, echo_launch, 49152},
     {"echo_tensormap", 4, {8, 4, 128, 4}, echo_tensormap, 49152},
     {"add_one", 2, {8, 4}, add_one, 49152},
     {"add_one_after_dependency", 2, {8, 4}, add_one, 49152},
@@ -334,25 +395,64 @@ CUresult cuFuncGetAttribute(int* v, int attr, CUfunction f) {
     switch (attr) {
     case 0: *v = 1024; return 0;
     case 4: *v = 16; return 0;
-    case 8: *v = k->max_dynamic_shared; return 0;
+    case CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: *v = k->max_dynamic_shared; return 0;
+    case 10: case 11: case 12: case 13: *v = 0; return 0; // no compile-time cluster shape
+    case CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED: *v = k->non_portable_cluster; return 0;
     }
     return CUDA_ERROR_INVALID_VALUE;
 }
 CUresult cuFuncSetAttribute(CUfunction f, int attr, int v) {
     NEED_CONTEXT();
-    if (attr != 8 || v < 0 || v > 232448) return CUDA_ERROR_INVALID_VALUE;
-    ((kernel_t*)f)->max_dynamic_shared = v;
-    return 0;
+    kernel_t* k = f;
+    switch (attr) {
+    case CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES:
+        if (v < 0 || v > 232448) return CUDA_ERROR_INVALID_VALUE;
+        k->max_dynamic_shared = v;
+        return 0;
+    case CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED:
+        if (v != 0 && v != 1) return CUDA_ERROR_INVALID_VALUE;
+        k->non_portable_cluster = v;
+        return 0;
+    }
+    return CUDA_ERROR_INVALID_VALUE;
 }
 
 static CUresult launch(kernel_t* k, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
-                       unsigned shared, CUstream hs, void** params, void** extra) {
+                       unsigned shared, CUstream hs, void** params, void** extra, const CUlaunchAttribute* attrs,
+                       unsigned nattrs) {
     if (extra) return CUDA_ERROR_INVALID_VALUE;
     if (!gx || !gy || !gz || !bx || !by || !bz) return CUDA_ERROR_INVALID_VALUE;
     if ((unsigned long long)bx * by * bz > 1024) return CUDA_ERROR_INVALID_VALUE;
     if ((int)shared > k->max_dynamic_shared) return CUDA_ERROR_INVALID_VALUE;
     if (!params) return CUDA_ERROR_INVALID_VALUE;
-    node_t node = {k, gx, bx, {0}};
+    if (nattrs > MAX_ATTRS) return CUDA_ERROR_INVALID_VALUE;
+    node_t node = {k, {gx, gy, gz}, {bx, by, bz}, {1, 1, 1}, nattrs, {{0}}, {0}};
+    int seen_pdl = 0, seen_cluster = 0;
+    for (unsigned i = 0; i < nattrs; i++) {  // validated as the driver does
+        const CUlaunchAttribute* a = &attrs[i];
+        int from = 0;
+        switch (a->id) {
+        case CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION:
+            if (seen_pdl++ || a->value.programmaticStreamSerializationAllowed != 1) return CUDA_ERROR_INVALID_VALUE;
+            from = 4;
+            break;
+        case CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION: {
+            unsigned cx = a->value.clusterDim.x, cy = a->value.clusterDim.y, cz = a->value.clusterDim.z;
+            if (seen_cluster++) return CUDA_ERROR_INVALID_VALUE;
+            if (!cx || !cy || !cz || gx % cx || gy % cy || gz % cz) return CUDA_ERROR_INVALID_CLUSTER_SIZE;
+            unsigned long long size = (unsigned long long)cx * cy * cz;
+            if (size > 16 || (size > 8 && !k->non_portable_cluster)) return CUDA_ERROR_INVALID_CLUSTER_SIZE;
+            node.cluster[0] = cx; node.cluster[1] = cy; node.cluster[2] = cz;
+            from = 12;
+            break;
+        }
+        default:
+            return CUDA_ERROR_INVALID_VALUE;  // only PDL and cluster shapes are expected
+        }
+        for (int b = from; b < 64; b++)
+            if (a->value.pad[b]) return CUDA_ERROR_INVALID_VALUE;
+        node.attrs[i] = *a;
+    }
     char* slot[12];
     size_t off = 0;
     for (int i = 0; i < k->nparams; i++) {  // copy argument values now, as the driver does
@@ -366,27 +466,23 @@ static CUresult launch(kernel_t* k, unsigned gx, unsigned gy, unsigned gz, unsig
         st->nodes[st->n++] = node;
         return 0;
     }
+    running = &node;
     k->run(slot, gx * bx);
+    running = 0;
     return 0;
 }
 
 CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                         unsigned shared, CUstream s, void** params, void** extra) {
     NEED_CONTEXT();
-    return launch(f, gx, gy, gz, bx, by, bz, shared, s, params, extra);
+    return launch(f, gx, gy, gz, bx, by, bz, shared, s, params, extra, 0, 0);
 }
 
 CUresult cuLaunchKernelEx(const CUlaunchConfig* c, CUfunction f, void** params, void** extra) {
     NEED_CONTEXT();
     if (c->numAttrs > 0 && !c->attrs) return CUDA_ERROR_INVALID_VALUE;
-    for (unsigned i = 0; i < c->numAttrs; i++) {
-        if (c->attrs[i].id != 6) return CUDA_ERROR_INVALID_VALUE;  // only PDL is expected
-        if (c->attrs[i].value.programmaticStreamSerializationAllowed != 1) return CUDA_ERROR_INVALID_VALUE;
-        for (int b = 4; b < 64; b++)
-            if (c->attrs[i].value.pad[b]) return CUDA_ERROR_INVALID_VALUE;
-    }
     return launch(f, c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->blockDimY, c->blockDimZ,
-                  c->sharedMemBytes, c->hStream, params, extra);
+                  c->sharedMemBytes, c->hStream, params, extra, c->attrs, c->numAttrs);
 }
 
 // ---- tensor maps ----
@@ -449,7 +545,9 @@ CUresult cuGraphLaunch(CUgraphExec e, CUstream s) {
             slot[j] = nd->args + off;
             off += (nd->k->sizes[j] + 7) & ~(size_t)7;
         }
-        nd->k->run(slot, nd->grid * nd->block);
+        running = nd;
+        nd->k->run(slot, nd->grid[0] * nd->block[0]);
+        running = 0;
     }
     return 0;
 }

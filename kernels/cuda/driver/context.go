@@ -41,6 +41,7 @@ type DeviceProps struct {
 	DriverVersion        int    // 1000*major + 10*minor of the CUDA version the driver supports
 	DriverLibrary        string // the libcuda path that was loaded
 	ProgrammaticLaunches bool   // cuLaunchKernelEx exists, so LaunchPDL really uses PDL
+	ClusterLaunches      bool   // cuLaunchKernelEx exists and compute capability >= 9.0: LaunchWith takes a cluster shape
 }
 
 // Arch is the NVRTC real architecture for the device, e.g. "sm_90".
@@ -226,6 +227,7 @@ func (c *Context) queryProps(ordinal int) (DeviceProps, error) {
 		return p, err
 	}
 	p.DriverVersion = int(v)
+	p.ClusterLaunches = p.ProgrammaticLaunches && p.Major >= 9
 	return p, nil
 }
 

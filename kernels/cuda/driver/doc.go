@@ -32,9 +32,20 @@
 // briefly (handoffSpin) before parking: a burst of calls costs about a
 // microsecond per hand-over, at the price of that much spinning after each
 // burst. A hand-over allocates nothing (its record is pooled), and a launch
-// issued on the owner (LaunchValues inside Do) allocates nothing either.
+// issued on the owner (LaunchValues or LaunchValuesWith inside Do)
+// allocates nothing either.
 // For the lowest launch overhead, capture a sequence into a CUDA graph
 // (Capture, Instantiate, GraphLaunch) and replay it.
+//
+// # Launches
+//
+// Launch takes typed Go arguments, LaunchValues their bytes. LaunchPDL
+// (programmatic dependent launch) and LaunchWith / LaunchValuesWith set
+// launch attributes through cuLaunchKernelEx: PDL and a thread-block
+// cluster shape (LaunchOptions). PDL degrades to an ordinary launch on a
+// driver without cuLaunchKernelEx; a cluster launch fails on such a driver
+// (ErrNoClusterLaunch), and a cluster shape that does not divide the grid
+// fails everywhere (ErrClusterShape), both before reaching the driver.
 //
 // # Streams
 //

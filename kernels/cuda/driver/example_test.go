@@ -108,3 +108,49 @@ func ExampleContext_Do() {
 		log.Fatal(err)
 	}
 }
+
+// ExampleContext_LaunchWith launches a kernel in thread-block clusters of
+// 4 blocks (whose blocks may read each other's shared memory), with
+// programmatic dependent launch.
+func ExampleContext_LaunchWith() {
+	if driver.Available() != nil {
+		return
+	}
+	ctx, err := driver.Open(0)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer ctx.Close()
+	if !ctx.Props().ClusterLaunches {
+		fmt.Println("no thread-block clusters on", ctx.Props().Name)
+		return
+	}
+	const src = `extern "C" __global__ void cluster_rank(unsigned int* out) {
+	unsigned int rank;
+	asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+	if (threadIdx.x == 0) out[blockIdx.x] = rank;
+}`
+	mod, err := ctx.CompileModule(src, "cluster_rank.cu", driver.CompileOptions{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	fn, err := mod.Function("cluster_rank")
+	if err != nil {
+		log.Fatal(err)
+	}
+	ranks := make([]uint32, 8)
+	out, err := ctx.Alloc(4 * len(ranks))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer ctx.Free(out)
+	opts := driver.LaunchOptions{PDL: true, Cluster: driver.Dim3{4, 1, 1}}
+	err = ctx.LaunchWith(fn, driver.Dim3{uint32(len(ranks)), 1, 1}, driver.Dim3{32, 1, 1}, 0, nil, opts, out)
+	if err != nil {
+		log.Fatal(err) // e.g. ErrClusterShape: the grid is not a multiple of the cluster
+	}
+	if err := ctx.DtoH(driver.AsBytes(ranks), out); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(ranks) // [0 1 2 3 0 1 2 3]
+}

@@ -591,3 +591,180 @@ func TestGPULaunchValues(t *testing.T) {
 	requireAllEqual(t, want, readUint32s(t, c, p, n))
 	require.ErrorContains(t, c.LaunchValues(addOne, grid, block, 0, nil, false, ptr, nil), "kernel argument 1 is empty")
 }
+
+// clusterEchoWant is what cluster_echo writes for grid launched in clusters
+// of cluster ({1, 1, 1}: without clusters): per block its cluster's shape
+// and its successor's rank in the cluster.
+func clusterEchoWant(grid, cluster Dim3) []uint32 {
+	var want []uint32
+	size := cluster[0] * cluster[1] * cluster[2]
+	for z := range grid[2] {
+		for y := range grid[1] {
+			for x := range grid[0] {
+				rank := x%cluster[0] + cluster[0]*(y%cluster[1]+cluster[1]*(z%cluster[2]))
+				want = append(want, cluster[0], cluster[1], cluster[2], (rank+1)%size)
+			}
+		}
+	}
+	return want
+}
+
+// TestGPUClusterLaunch: LaunchWith and LaunchValuesWith launch in the
+// cluster shape asked for (the kernel reads it and its cluster's shared
+// memory), with and without PDL, eagerly and in a graph; more than 8 blocks
+// a cluster only once the function allows it; a grid that is not a multiple
+// of the cluster refused before the driver. Against the fake driver it also
+// checks the attributes exactly as the driver receives them.
+func TestGPUClusterLaunch(t *testing.T) {
+	c := openTestContext(t)
+	if !c.Props().ClusterLaunches {
+		skipOrFail(t, "thread-block clusters need compute capability 9.0 and cuLaunchKernelEx (device %d.%d, cuLaunchKernelEx %v)",
+			c.Props().Major, c.Props().Minor, c.Props().ProgrammaticLaunches)
+	}
+	rng := newRand(t)
+	m := loadTestModule(t, c)
+	echo := mustFunction(t, m, "cluster_echo")
+	s := newStreamT(t, c)
+	out := allocT(t, c, 4*4*1024)
+	block := Dim3{32 * (1 + uint32(rng.IntN(4))), 1, 1}
+
+	run := func(t *testing.T, grid Dim3, launch func(out DevicePtr) error) []uint32 {
+		t.Helper()
+		n := 4 * int(grid[0]*grid[1]*grid[2])
+		require.NoError(t, c.Memset8(out, 0xa5, 4*n), "poison")
+		require.NoError(t, c.Synchronize())
+		require.NoError(t, launch(out))
+		require.NoError(t, s.Synchronize())
+		return readUint32s(t, c, out, n)
+	}
+	tests := []struct {
+		name    string
+		grid    Dim3
+		opts    LaunchOptions
+		nonPort bool // set FuncNonPortableClusterSizeAllowed first
+	}{
+		{"no cluster", Dim3{3, 2, 1}, LaunchOptions{}, false},
+		{"pdl without cluster", Dim3{5, 1, 1}, LaunchOptions{PDL: true}, false},
+		{"cluster 2 in x", Dim3{2 * (1 + uint32(rng.IntN(8))), 1, 1}, LaunchOptions{Cluster: Dim3{2, 1, 1}}, false},
+		{"cluster 1x2x2", Dim3{3, 4, 2}, LaunchOptions{Cluster: Dim3{1, 2, 2}}, false},
+		{"cluster 4x2 with pdl", Dim3{8, 2, 3}, LaunchOptions{PDL: true, Cluster: Dim3{4, 2, 1}}, false},
+		{"cluster 8 (portable maximum)", Dim3{16, 1, 1}, LaunchOptions{PDL: true, Cluster: Dim3{8, 1, 1}}, false},
+		{"cluster 16 (non-portable)", Dim3{32, 1, 1}, LaunchOptions{PDL: true, Cluster: Dim3{16, 1, 1}}, true},
+		{"cluster of one", Dim3{7, 1, 1}, LaunchOptions{Cluster: Dim3{1, 1, 1}}, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.nonPort {
+				require.NoError(t, echo.SetAttribute(FuncNonPortableClusterSizeAllowed, 1))
+				t.Cleanup(func() { assert.NoError(t, echo.SetAttribute(FuncNonPortableClusterSizeAllowed, 0)) })
+				v, err := echo.Attribute(FuncNonPortableClusterSizeAllowed)
+				require.NoError(t, err)
+				require.Equal(t, 1, v)
+			}
+			shape := tc.opts.Cluster
+			if shape == (Dim3{}) {
+				shape = Dim3{1, 1, 1}
+			}
+			want := clusterEchoWant(tc.grid, shape)
+			got := run(t, tc.grid, func(out DevicePtr) error {
+				return c.LaunchWith(echo, tc.grid, block, 0, s, tc.opts, out)
+			})
+			requireAllEqual(t, want, got)
+			ptr := binary.LittleEndian.AppendUint64(nil, uint64(out))
+			got = run(t, tc.grid, func(DevicePtr) error {
+				return c.Do(func() error { return c.LaunchValuesWith(echo, tc.grid, block, 0, s, tc.opts, ptr) })
+			})
+			requireAllEqual(t, want, got)
+		})
+	}
+
+	t.Run("in a graph", func(t *testing.T) {
+		grid, opts := Dim3{4, 3, 1}, LaunchOptions{PDL: true, Cluster: Dim3{2, 3, 1}}
+		g, err := c.Capture(s, func() error { return c.LaunchWith(echo, grid, block, 0, s, opts, out) })
+		require.NoError(t, err)
+		defer g.Destroy()
+		exec, err := c.Instantiate(g)
+		require.NoError(t, err)
+		defer exec.Destroy()
+		got := run(t, grid, func(DevicePtr) error { return c.GraphLaunch(exec, s) })
+		requireAllEqual(t, clusterEchoWant(grid, opts.Cluster), got)
+	})
+
+	t.Run("refusals", func(t *testing.T) {
+		require.NoError(t, echo.SetAttribute(FuncNonPortableClusterSizeAllowed, 0))
+		err := c.LaunchWith(echo, Dim3{16, 1, 1}, block, 0, s, LaunchOptions{Cluster: Dim3{16, 1, 1}}, out)
+		require.ErrorIs(t, err, ResultInvalidClusterSize, "16 blocks a cluster without FuncNonPortableClusterSizeAllowed")
+		require.ErrorContains(t, err, "cuLaunchKernelEx: CUDA_ERROR_INVALID_CLUSTER_SIZE")
+		err = c.LaunchWith(echo, Dim3{6, 1, 1}, block, 0, s, LaunchOptions{PDL: true, Cluster: Dim3{4, 1, 1}}, out)
+		require.ErrorIs(t, err, ErrClusterShape)
+		require.ErrorContains(t, err, "launch cluster_echo: cuda driver: invalid thread-block cluster shape: grid [6 1 1] is not a multiple of cluster [4 1 1] in dimension 0")
+		require.NoError(t, s.Synchronize(), "the stream is still usable")
+	})
+
+	if !underFakeDriver() {
+		return
+	}
+	// The fake's echo_launch reports the attributes the driver received.
+	record := mustFunction(t, m, "echo_launch")
+	rec := allocT(t, c, 8*(1+9*4))
+	le := binary.LittleEndian
+	pdlValue := make([]byte, 64)
+	le.PutUint32(pdlValue, 1)
+	// A shape of distinct sizes (a swapped dimension shows), within the
+	// portable 8 blocks.
+	shape := []uint32{1, 2, 4}
+	rng.Shuffle(len(shape), func(i, j int) { shape[i], shape[j] = shape[j], shape[i] })
+	cx, cy, cz := shape[0], shape[1], shape[2]
+	clusterValue := make([]byte, 64)
+	le.PutUint32(clusterValue, cx)
+	le.PutUint32(clusterValue[4:], cy)
+	le.PutUint32(clusterValue[8:], cz)
+	type attr struct {
+		id    uint64
+		value []byte
+	}
+	for _, tc := range []struct {
+		name string
+		opts LaunchOptions
+		want []attr
+	}{
+		{"none", LaunchOptions{}, nil},
+		{"pdl", LaunchOptions{PDL: true}, []attr{{6, pdlValue}}},
+		{"cluster", LaunchOptions{Cluster: Dim3{cx, cy, cz}}, []attr{{4, clusterValue}}},
+		{"pdl and cluster", LaunchOptions{PDL: true, Cluster: Dim3{cx, cy, cz}}, []attr{{6, pdlValue}, {4, clusterValue}}},
+		{"pdl after a cluster launch", LaunchOptions{PDL: true}, []attr{{6, pdlValue}}},
+	} {
+		t.Run("attributes/"+tc.name, func(t *testing.T) {
+			grid := Dim3{2 * cx, 3 * cy, cz}
+			words := make([]uint64, 1+9*4)
+			for i := range words {
+				words[i] = rng.Uint64() | 1<<63 // poison, never a count or an id
+			}
+			require.NoError(t, c.HtoD(rec, AsBytes(words)))
+			require.NoError(t, c.LaunchWith(record, grid, Dim3{32, 1, 1}, 0, s, tc.opts, rec))
+			require.NoError(t, s.Synchronize())
+			require.NoError(t, c.DtoH(AsBytes(words), rec))
+			require.Equal(t, uint64(len(tc.want)), words[0], "attribute count")
+			for i, a := range tc.want {
+				require.Equal(t, a.id, words[1+9*i], "attribute %d id", i)
+				require.Equal(t, a.value, AsBytes(words[2+9*i:1+9*(i+1)]), "attribute %d value", i)
+			}
+		})
+	}
+
+	// Issued on the owner, a cluster launch allocates nothing.
+	ptr := le.AppendUint64(nil, uint64(rec))
+	opts := LaunchOptions{PDL: true, Cluster: Dim3{cx, cy, cz}}
+	grid := Dim3{2 * cx, cy, cz}
+	var allocs float64
+	var launchErr error
+	require.NoError(t, c.Do(func() error {
+		allocs = testing.AllocsPerRun(100, func() {
+			if err := c.LaunchValuesWith(record, grid, Dim3{32, 1, 1}, 0, s, opts, ptr); err != nil {
+				launchErr = err
+			}
+		})
+		return launchErr
+	}))
+	require.Zero(t, allocs, "allocations per cluster launch on the owner")
+}

@@ -19,11 +19,11 @@ type Dim3 = [3]uint32
 
 // launchArea is memory outside the Go heap (an anonymous mapping) in which
 // the owner goroutine lays out one launch at a time for the driver: the
-// CUlaunchConfig, its PDL attribute, the kernelParams pointer array and the
-// argument values it points at. The driver copies all of it before the
-// launch call returns, so each launch reuses the area; being outside the Go
-// heap it needs no pinning, and a launch allocates nothing. Only the owner
-// goroutine touches it.
+// CUlaunchConfig, its attributes (PDL, cluster shape), the kernelParams
+// pointer array and the argument values it points at. The driver copies
+// all of it before the launch call returns, so each launch reuses the
+// area; being outside the Go heap it needs no pinning, and a launch
+// allocates nothing. Only the owner goroutine touches it.
 type launchArea struct {
 	mem  []byte
 	n    int         // arguments laid out so far
@@ -34,7 +34,8 @@ type launchArea struct {
 const (
 	launchAreaBytes  = 64 << 10
 	areaConfig       = 0    // launchConfig, 56 bytes
-	areaAttr         = 64   // launchAttribute, 72 bytes
+	areaAttrs        = 64   // maxLaunchAttrs launchAttributes, 72 bytes each
+	maxLaunchAttrs   = 2    // PDL and the cluster shape
 	areaParams       = 256  // kernelParams: one pointer per argument
 	areaValues       = 1024 // the argument values, each 8-byte aligned
 	maxKernelArgs    = (areaValues - areaParams) / 8
@@ -218,9 +219,66 @@ type launchAttribute struct {
 	value [8]uint64
 }
 
-// CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION: its value is the
-// union member `int programmaticStreamSerializationAllowed` at offset 0.
-const launchAttributeProgrammaticStreamSerialization = 6
+// CUlaunchAttributeID values (cuda.h, CUDA 12.0 through 13.0).
+const (
+	// CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION: its value is the union member
+	// `struct { unsigned int x, y, z; } clusterDim` at offset 0.
+	launchAttributeClusterDimension = 4
+	// CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION: its value is the
+	// union member `int programmaticStreamSerializationAllowed` at offset 0.
+	launchAttributeProgrammaticStreamSerialization = 6
+)
+
+// LaunchOptions are the launch attributes of LaunchWith and
+// LaunchValuesWith; the zero value is an ordinary launch.
+type LaunchOptions struct {
+	// PDL asks for programmatic dependent launch, as LaunchPDL does (an
+	// ordinary launch where cuLaunchKernelEx is missing).
+	PDL bool
+	// Cluster is the thread-block cluster shape in blocks (x, y, z); the
+	// zero value launches without clusters. Every grid dimension must be a
+	// multiple of the cluster's (ErrClusterShape otherwise). Clusters need
+	// compute capability 9.0 and cuLaunchKernelEx: without the symbol the
+	// launch fails with ErrNoClusterLaunch, since a kernel that shares
+	// memory across its cluster would compute wrong results in one-block
+	// clusters. More than 8 blocks a cluster is non-portable (16 at most on
+	// the H200) and needs FuncNonPortableClusterSizeAllowed set to 1 on the
+	// function first; the driver refuses it otherwise
+	// (CUDA_ERROR_INVALID_CLUSTER_SIZE).
+	Cluster Dim3
+}
+
+// clustered reports whether the launch asks for a cluster shape.
+func (o LaunchOptions) clustered() bool { return o.Cluster != Dim3{} }
+
+// ErrClusterShape: a cluster shape with a zero component, or one that does
+// not divide the grid.
+var ErrClusterShape = errors.New("cuda driver: invalid thread-block cluster shape")
+
+// ErrNoClusterLaunch: a cluster launch asked of a driver without
+// cuLaunchKernelEx (CUDA 12.0 or later), which has no other way to set the
+// cluster shape.
+var ErrNoClusterLaunch = errors.New("cuda driver: thread-block cluster launches need cuLaunchKernelEx (a CUDA 12 driver)")
+
+// validateOptions checks opts against the grid and this driver, before any
+// hand-over to the owner.
+func (c *Context) validateOptions(grid Dim3, opts LaunchOptions) error {
+	if !opts.clustered() {
+		return nil
+	}
+	for i, v := range opts.Cluster {
+		if v == 0 {
+			return fmt.Errorf("%w: cluster %v: cluster[%d] is 0 (every dimension at least 1, or all 0 for no cluster)", ErrClusterShape, opts.Cluster, i)
+		}
+		if grid[i]%v != 0 {
+			return fmt.Errorf("%w: grid %v is not a multiple of cluster %v in dimension %d", ErrClusterShape, grid, opts.Cluster, i)
+		}
+	}
+	if c.api == nil || c.api.cuLaunchKernelEx == 0 {
+		return ErrNoClusterLaunch
+	}
+	return nil
+}
 
 func validateDims(what string, d Dim3) error {
 	for i, v := range d {
@@ -238,7 +296,7 @@ func validateDims(what string, d Dim3) error {
 // passed by value. Launch errors (bad configuration, missing resources) are
 // returned; faults inside the kernel surface at the next synchronization.
 func (c *Context) Launch(fn *Function, grid, block Dim3, sharedBytes uint32, s *Stream, args ...any) error {
-	return c.launch(fn, grid, block, sharedBytes, s, false, args)
+	return c.LaunchWith(fn, grid, block, sharedBytes, s, LaunchOptions{}, args...)
 }
 
 // LaunchPDL is Launch with programmatic dependent launch: the kernel may be
@@ -248,11 +306,13 @@ func (c *Context) Launch(fn *Function, grid, block Dim3, sharedBytes uint32, s *
 // the symbol it degrades to an ordinary launch, which is still correct
 // because griddepcontrol.wait then returns at once.
 func (c *Context) LaunchPDL(fn *Function, grid, block Dim3, sharedBytes uint32, s *Stream, args ...any) error {
-	return c.launch(fn, grid, block, sharedBytes, s, true, args)
+	return c.LaunchWith(fn, grid, block, sharedBytes, s, LaunchOptions{PDL: true}, args...)
 }
 
-func (c *Context) launch(fn *Function, grid, block Dim3, sharedBytes uint32, s *Stream, pdl bool, args []any) error {
-	if err := validateLaunch(fn, grid, block); err != nil {
+// LaunchWith is Launch with the launch attributes of opts: programmatic
+// dependent launch and a thread-block cluster shape (see LaunchOptions).
+func (c *Context) LaunchWith(fn *Function, grid, block Dim3, sharedBytes uint32, s *Stream, opts LaunchOptions, args ...any) error {
+	if err := c.validateLaunch(fn, grid, block, opts); err != nil {
 		return err
 	}
 	if err := checkArgs(args); err != nil {
@@ -265,7 +325,7 @@ func (c *Context) launch(fn *Function, grid, block Dim3, sharedBytes uint32, s *
 				return err
 			}
 		}
-		return c.issue(fn, grid, block, sharedBytes, s, pdl)
+		return c.issue(fn, grid, block, sharedBytes, s, opts)
 	}
 	return c.wrapLaunch(fn, grid, block, sharedBytes, c.Do(issue))
 }
@@ -276,7 +336,13 @@ func (c *Context) launch(fn *Function, grid, block Dim3, sharedBytes uint32, s *
 // (inside Do, where a batch of launches belongs) it allocates nothing: the
 // values are copied into memory outside the Go heap that the driver reads.
 func (c *Context) LaunchValues(fn *Function, grid, block Dim3, sharedBytes uint32, s *Stream, pdl bool, args ...[]byte) error {
-	if err := validateLaunch(fn, grid, block); err != nil {
+	return c.LaunchValuesWith(fn, grid, block, sharedBytes, s, LaunchOptions{PDL: pdl}, args...)
+}
+
+// LaunchValuesWith is LaunchValues with the launch attributes of opts (see
+// LaunchOptions); on the owner thread it allocates nothing either.
+func (c *Context) LaunchValuesWith(fn *Function, grid, block Dim3, sharedBytes uint32, s *Stream, opts LaunchOptions, args ...[]byte) error {
+	if err := c.validateLaunch(fn, grid, block, opts); err != nil {
 		return err
 	}
 	for i, b := range args {
@@ -288,7 +354,7 @@ func (c *Context) LaunchValues(fn *Function, grid, block Dim3, sharedBytes uint3
 		if c.closed.Load() {
 			return ErrClosed
 		}
-		return c.wrapLaunch(fn, grid, block, sharedBytes, c.issueValues(fn, grid, block, sharedBytes, s, pdl, args))
+		return c.wrapLaunch(fn, grid, block, sharedBytes, c.issueValues(fn, grid, block, sharedBytes, s, opts, args))
 	}
 	// From another goroutine: the values travel in one buffer of their
 	// own, so the caller's slices stay theirs.
@@ -301,21 +367,21 @@ func (c *Context) LaunchValues(fn *Function, grid, block Dim3, sharedBytes uint3
 		buf = append(buf, b...)
 		copied[i] = buf[len(buf)-len(b):]
 	}
-	err := c.Do(func() error { return c.issueValues(fn, grid, block, sharedBytes, s, pdl, copied) })
+	err := c.Do(func() error { return c.issueValues(fn, grid, block, sharedBytes, s, opts, copied) })
 	return c.wrapLaunch(fn, grid, block, sharedBytes, err)
 }
 
-func (c *Context) issueValues(fn *Function, grid, block Dim3, sharedBytes uint32, s *Stream, pdl bool, args [][]byte) error {
+func (c *Context) issueValues(fn *Function, grid, block Dim3, sharedBytes uint32, s *Stream, opts LaunchOptions, args [][]byte) error {
 	c.area.reset()
 	for _, b := range args {
 		if err := c.area.put(b); err != nil {
 			return err
 		}
 	}
-	return c.issue(fn, grid, block, sharedBytes, s, pdl)
+	return c.issue(fn, grid, block, sharedBytes, s, opts)
 }
 
-func validateLaunch(fn *Function, grid, block Dim3) error {
+func (c *Context) validateLaunch(fn *Function, grid, block Dim3, opts LaunchOptions) error {
 	if fn == nil {
 		return errors.New("Launch: function is nil")
 	}
@@ -323,6 +389,9 @@ func validateLaunch(fn *Function, grid, block Dim3) error {
 		return fmt.Errorf("launch %s: %w", fn.Name, err)
 	}
 	if err := validateDims("block", block); err != nil {
+		return fmt.Errorf("launch %s: %w", fn.Name, err)
+	}
+	if err := c.validateOptions(grid, opts); err != nil {
 		return fmt.Errorf("launch %s: %w", fn.Name, err)
 	}
 	return nil
@@ -336,20 +405,42 @@ func (c *Context) wrapLaunch(fn *Function, grid, block Dim3, sharedBytes uint32,
 }
 
 // issue calls the driver with the arguments laid out in the launch area,
-// on the owner goroutine.
-func (c *Context) issue(fn *Function, grid, block Dim3, sharedBytes uint32, s *Stream, pdl bool) error {
+// on the owner goroutine. opts has been validated (validateOptions).
+func (c *Context) issue(fn *Function, grid, block Dim3, sharedBytes uint32, s *Stream, opts LaunchOptions) error {
 	a := c.area
-	if pdl && c.api.cuLaunchKernelEx != 0 {
-		attr := (*launchAttribute)(a.at(areaAttr))
-		*attr = launchAttribute{id: launchAttributeProgrammaticStreamSerialization}
-		attr.value[0] = 1 // programmaticStreamSerializationAllowed = 1
-		cfg := (*launchConfig)(a.at(areaConfig))
-		*cfg = launchConfig{
-			gridDimX: grid[0], gridDimY: grid[1], gridDimZ: grid[2],
-			blockDimX: block[0], blockDimY: block[1], blockDimZ: block[2],
-			sharedMemBytes: sharedBytes, hStream: s.raw(), attrs: uintptr(unsafe.Pointer(attr)), numAttrs: 1,
+	if c.api.cuLaunchKernelEx != 0 {
+		if cfg := a.config(grid, block, sharedBytes, s.raw(), opts); cfg != nil {
+			return c.api.check("cuLaunchKernelEx", c.api.launchKernelEx(&a.call, unsafe.Pointer(cfg), fn.h, a.params()))
 		}
-		return c.api.check("cuLaunchKernelEx", c.api.launchKernelEx(&a.call, unsafe.Pointer(cfg), fn.h, a.params()))
 	}
 	return c.api.check("cuLaunchKernel", c.api.launchKernel(&a.call, fn.h, grid, block, sharedBytes, s.raw(), a.params()))
+}
+
+// config lays out the CUlaunchConfig of a launch with the attributes opts
+// asks for, in the launch area, or returns nil when it asks for none (the
+// launch is then an ordinary cuLaunchKernel).
+func (a *launchArea) config(grid, block Dim3, sharedBytes uint32, s handle, opts LaunchOptions) *launchConfig {
+	attrs := (*[maxLaunchAttrs]launchAttribute)(a.at(areaAttrs))
+	n := uint32(0)
+	if opts.PDL {
+		attrs[n] = launchAttribute{id: launchAttributeProgrammaticStreamSerialization}
+		attrs[n].value[0] = 1 // programmaticStreamSerializationAllowed = 1
+		n++
+	}
+	if opts.clustered() {
+		attrs[n] = launchAttribute{id: launchAttributeClusterDimension}
+		attrs[n].value[0] = uint64(opts.Cluster[0]) | uint64(opts.Cluster[1])<<32 // clusterDim.x, .y
+		attrs[n].value[1] = uint64(opts.Cluster[2])                               // clusterDim.z
+		n++
+	}
+	if n == 0 {
+		return nil
+	}
+	cfg := (*launchConfig)(a.at(areaConfig))
+	*cfg = launchConfig{
+		gridDimX: grid[0], gridDimY: grid[1], gridDimZ: grid[2],
+		blockDimX: block[0], blockDimY: block[1], blockDimZ: block[2],
+		sharedMemBytes: sharedBytes, hStream: s, attrs: uintptr(unsafe.Pointer(&attrs[0])), numAttrs: n,
+	}
+	return cfg
 }

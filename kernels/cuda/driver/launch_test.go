@@ -130,6 +130,64 @@ func TestLaunchConfigLayout(t *testing.T) {
 	require.Equal(t, []byte{1, 0, 0, 0, 0, 0, 0, 0}, raw, "int programmaticStreamSerializationAllowed = 1 at offset 0")
 }
 
+// TestLaunchAttributesLayout: the CUlaunchConfig and attribute array a
+// launch lays out in the launch area, per LaunchOptions: the ids, count
+// and value bytes as cuda.h's union holds them.
+func TestLaunchAttributesLayout(t *testing.T) {
+	require.LessOrEqual(t, areaAttrs+maxLaunchAttrs*int(unsafe.Sizeof(launchAttribute{})), areaParams, "the attributes fit before kernelParams")
+	require.Zero(t, areaAttrs%8, "the attribute array is 8-aligned")
+	rng := newRand(t)
+	cluster := Dim3{1 + uint32(rng.IntN(16)), 1 + uint32(rng.IntN(16)), 1 + uint32(rng.IntN(16))}
+	le := binary.LittleEndian
+	pdl := make([]byte, 64)
+	le.PutUint32(pdl, 1)
+	shape := make([]byte, 64)
+	le.PutUint32(shape, cluster[0])
+	le.PutUint32(shape[4:], cluster[1])
+	le.PutUint32(shape[8:], cluster[2])
+	type attr struct {
+		id    uint32
+		value []byte
+	}
+	tests := []struct {
+		name string
+		opts LaunchOptions
+		want []attr // nil: no config, an ordinary cuLaunchKernel
+	}{
+		{"none", LaunchOptions{}, nil},
+		{"pdl", LaunchOptions{PDL: true}, []attr{{6, pdl}}},
+		{"cluster", LaunchOptions{Cluster: cluster}, []attr{{4, shape}}},
+		{"pdl and cluster", LaunchOptions{PDL: true, Cluster: cluster}, []attr{{6, pdl}, {4, shape}}},
+		{"pdl after pdl and cluster", LaunchOptions{PDL: true}, []attr{{6, pdl}}},
+	}
+	a := newTestArea(t)
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			grid := Dim3{rng.Uint32(), rng.Uint32(), rng.Uint32()}
+			block := Dim3{rng.Uint32(), rng.Uint32(), rng.Uint32()}
+			shared, stream := rng.Uint32(), handle(rng.Uint64())
+			cfg := a.config(grid, block, shared, stream, tc.opts)
+			if tc.want == nil {
+				require.Nil(t, cfg)
+				return
+			}
+			require.Equal(t, a.at(areaConfig), unsafe.Pointer(cfg))
+			require.Equal(t, launchConfig{
+				gridDimX: grid[0], gridDimY: grid[1], gridDimZ: grid[2],
+				blockDimX: block[0], blockDimY: block[1], blockDimZ: block[2],
+				sharedMemBytes: shared, hStream: stream, attrs: uintptr(a.at(areaAttrs)), numAttrs: uint32(len(tc.want)),
+			}, *cfg)
+			raw := unsafe.Slice((*byte)(a.at(areaAttrs)), len(tc.want)*72)
+			for i, w := range tc.want {
+				r := raw[72*i : 72*(i+1)]
+				require.Equal(t, w.id, le.Uint32(r), "attribute %d id", i)
+				require.Equal(t, []byte{0, 0, 0, 0}, r[4:8], "attribute %d padding", i)
+				require.Equal(t, w.value, r[8:], "attribute %d value", i)
+			}
+		})
+	}
+}
+
 func TestLaunchValidatesBeforeCallingTheDriver(t *testing.T) {
 	// A Context with no owner: validation must fail before any hand-over.
 	c := &Context{}
@@ -150,6 +208,41 @@ func TestLaunchValidatesBeforeCallingTheDriver(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			require.ErrorContains(t, c.Launch(tc.fn, tc.grid, tc.block, 0, nil, tc.args...), tc.want)
 			require.ErrorContains(t, c.LaunchPDL(tc.fn, tc.grid, tc.block, 0, nil, tc.args...), tc.want)
+		})
+	}
+
+	// Cluster shapes, on a driver with cuLaunchKernelEx (its address is
+	// never called: validation fails first) and on one without.
+	withEx := &Context{api: &driverAPI{cuLaunchKernelEx: 1}}
+	withoutEx := &Context{api: &driverAPI{}}
+	clusterTests := []struct {
+		name    string
+		c       *Context
+		grid    Dim3
+		cluster Dim3
+		want    error
+		msg     string
+	}{
+		{"x not a multiple", withEx, Dim3{6, 1, 1}, Dim3{4, 1, 1}, ErrClusterShape, "launch k: cuda driver: invalid thread-block cluster shape: grid [6 1 1] is not a multiple of cluster [4 1 1] in dimension 0"},
+		{"y not a multiple", withEx, Dim3{4, 3, 1}, Dim3{2, 2, 1}, ErrClusterShape, "grid [4 3 1] is not a multiple of cluster [2 2 1] in dimension 1"},
+		{"z not a multiple", withEx, Dim3{2, 2, 5}, Dim3{1, 1, 2}, ErrClusterShape, "in dimension 2"},
+		{"cluster larger than the grid", withEx, Dim3{1, 1, 1}, Dim3{2, 1, 1}, ErrClusterShape, "grid [1 1 1] is not a multiple of cluster [2 1 1]"},
+		{"zero component", withEx, Dim3{4, 4, 4}, Dim3{2, 0, 1}, ErrClusterShape, "cluster [2 0 1]: cluster[1] is 0"},
+		{"no cuLaunchKernelEx", withoutEx, Dim3{4, 1, 1}, Dim3{2, 1, 1}, ErrNoClusterLaunch, "launch k: cuda driver: thread-block cluster launches need cuLaunchKernelEx"},
+		{"no driver at all", c, Dim3{4, 1, 1}, Dim3{2, 1, 1}, ErrNoClusterLaunch, "need cuLaunchKernelEx"},
+	}
+	for _, tc := range clusterTests {
+		t.Run("cluster/"+tc.name, func(t *testing.T) {
+			fn := &Function{c: tc.c, Name: "k"}
+			for _, pdl := range []bool{false, true} {
+				opts := LaunchOptions{PDL: pdl, Cluster: tc.cluster}
+				err := tc.c.LaunchWith(fn, tc.grid, Dim3{32, 1, 1}, 0, nil, opts, DevicePtr(0))
+				require.ErrorIs(t, err, tc.want)
+				require.ErrorContains(t, err, tc.msg)
+				err = tc.c.LaunchValuesWith(fn, tc.grid, Dim3{32, 1, 1}, 0, nil, opts, []byte{1, 2, 3, 4})
+				require.ErrorIs(t, err, tc.want)
+				require.ErrorContains(t, err, tc.msg)
+			}
 		})
 	}
 }

@@ -96,6 +96,14 @@ const (
 	FuncBinaryVersion             FuncAttribute = 6
 	FuncMaxDynamicSharedSizeBytes FuncAttribute = 8
 	FuncPreferredSharedCarveout   FuncAttribute = 9 // percent of the unified L1/shared memory preferred as shared
+	// The cluster attributes (compute capability 9.0).
+	FuncClusterSizeMustBeSet  FuncAttribute = 10 // 1: the kernel must be launched with a cluster shape
+	FuncRequiredClusterWidth  FuncAttribute = 11 // the required cluster shape, or 0 (not settable where __cluster_dims__ fixed it)
+	FuncRequiredClusterHeight FuncAttribute = 12
+	FuncRequiredClusterDepth  FuncAttribute = 13
+	// FuncNonPortableClusterSizeAllowed set to 1 lets the function launch
+	// with more than 8 blocks a cluster (LaunchOptions.Cluster).
+	FuncNonPortableClusterSizeAllowed FuncAttribute = 14
 )
 
 // Attribute reads a kernel attribute.

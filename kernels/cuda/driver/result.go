@@ -35,6 +35,7 @@ const (
 	ResultNotSupported             Result = 801
 	ResultStreamCaptureUnsupported Result = 900
 	ResultStreamCaptureInvalidated Result = 901
+	ResultInvalidClusterSize       Result = 912
 	ResultUnknown                  Result = 999
 )
 

@@ -71,3 +71,37 @@ extern "C" __global__ void echo_tensormap(unsigned long long* out, int before, c
         out[17] = (unsigned long long)(long long)after;
     }
 }
+
+// cluster_echo is launched with a thread-block cluster shape: block b
+// (linear index) writes its cluster's shape to out[4b..4b+2] and, through
+// distributed shared memory, what its successor in the cluster (rank + 1,
+// wrapping) stored in its own shared memory, that block's rank, to
+// out[4b+3]. Without a cluster every block is its own one-block cluster.
+extern "C" __global__ void cluster_echo(unsigned int* out) {
+    unsigned int b = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+    unsigned int nx = 1, ny = 1, nz = 1, rank = 0, size = 1, peer_word = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    __shared__ unsigned int word;
+    asm volatile("mov.u32 %0, %%cluster_nctaid.x;" : "=r"(nx));
+    asm volatile("mov.u32 %0, %%cluster_nctaid.y;" : "=r"(ny));
+    asm volatile("mov.u32 %0, %%cluster_nctaid.z;" : "=r"(nz));
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+    asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(size));
+    if (threadIdx.x == 0) word = rank;
+    // Every thread arrives: the barrier is .aligned. The first makes each
+    // block's word visible to the cluster, the second keeps every block's
+    // shared memory alive until its predecessor has read it.
+    asm volatile("barrier.cluster.arrive.aligned;\n\tbarrier.cluster.wait.aligned;" ::: "memory");
+    if (threadIdx.x == 0) {
+        unsigned int local = (unsigned int)__cvta_generic_to_shared(&word), remote;
+        asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"((rank + 1) % size));
+        asm volatile("ld.shared::cluster.u32 %0, [%1];" : "=r"(peer_word) : "r"(remote) : "memory");
+    }
+    asm volatile("barrier.cluster.arrive.aligned;\n\tbarrier.cluster.wait.aligned;" ::: "memory");
+#endif
+    if (threadIdx.x != 0) return;
+    out[4 * b] = nx;
+    out[4 * b + 1] = ny;
+    out[4 * b + 2] = nz;
+    out[4 * b + 3] = peer_word;
+}
