@@ -58,6 +58,11 @@ type Knobs struct {
 	// BF16GEMMArch.SplitBlocksPerSM); never more than the kernel holds at
 	// once.
 	BF16MMABlocksPerSM int
+	// BF16MMAReduce is how a split K of the tensor-core kernel is finished:
+	// 1 by the gemm_bf16_mma_reduce launch after it, 2 by the kernel's last
+	// block of each output block (BF16MMADepth 4 or 8). 0:
+	// SM90.Knobs.BF16MMAReduce.
+	BF16MMAReduce int
 	// SeparateLaunches makes RunLayer issue the KV and Q kernels as two
 	// launches instead of one fused layer launch.
 	SeparateLaunches bool
@@ -96,6 +101,7 @@ func (k Knobs) Defaults() Knobs {
 	def(&k.DirectMinRows, d.DirectMinRows)
 	threshold(&k.BF16MMAMaxRows, d.BF16MMAMaxRows)
 	def(&k.BF16MMADepth, d.BF16MMADepth)
+	def(&k.BF16MMAReduce, d.BF16MMAReduce)
 	threshold(&k.DirectHalfBlockRows, d.DirectHalfBlockRows)
 	threshold(&k.DirectMaxRows, d.DirectMaxRows)
 	threshold(&k.DirectMaxRowsBF16, d.DirectMaxRowsBF16)

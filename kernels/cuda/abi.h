@@ -252,7 +252,7 @@ struct BF16GEMMParams {
 static_assert(sizeof(BF16GEMMParams) == 48, "BF16GEMMParams differs from the Go table in kernels/cuda/abi");
 
 // Launch parameters of the tensor-core bf16 GEMM gemm_bf16_mma (mla.BF16GEMMArgs), passed by value.
-// Layout (offset: member): natural alignment, 56 bytes.
+// Layout (offset: member): natural alignment, 80 bytes.
 struct BF16MMAParams {
     const u16* w;   //   0: [n][k] bf16 weight
     const u16* x;   //   8: bf16 rows, row r at x + r*x_stride (offset applied)
@@ -264,8 +264,11 @@ struct BF16MMAParams {
     int out_stride; //  40: values between rows of out: Y's stride, or n for the partials
     int k_split;    //  44: k of one split (grid y), a multiple of BF16_MMA_STAGE
     int k_chunk;    //  48: k of X staged in shared memory at a time, a multiple of BF16_MMA_STAGE
+    float* y;       //  56: Y, row r at y + r*y_stride: where a kernel finishing its split K in its last block writes
+    int* counters;  //  64: one per (output block, token chunk), zero between launches: the finishing kernels' arrivals
+    int y_stride;   //  72: values between rows of y
 };
-static_assert(sizeof(BF16MMAParams) == 56, "BF16MMAParams differs from the Go table in kernels/cuda/abi");
+static_assert(sizeof(BF16MMAParams) == 80, "BF16MMAParams differs from the Go table in kernels/cuda/abi");
 
 // Launch parameters of the chain's act_quant and norm_quant (mla.ActQuantArgs, mla.NormQuantArgs), passed by value.
 // Layout (offset: member): natural alignment, 56 bytes.

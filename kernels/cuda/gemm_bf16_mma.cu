@@ -200,8 +200,18 @@ extern "C" __global__ void __launch_bounds__(BF16_MMA_WARPS * 32, 4) gemm_bf16_m
 //     load-then-store loop waits on L2 once per piece a thread (16 round
 //     trips a thread at 32 rows and 512 k).
 // The ring is indexed by compile-time slots only (the stage loop unrolled
-// by DEPTH), so it stays in registers; MINB is the launch bounds' blocks a
-// multiprocessor, the most the planner puts on one.
+// by DEPTH), so it stays in registers.
+//
+// FINISH (gemm_bf16_mma_d4f, _d8f; Knobs.BF16MMAReduce): with several
+// splits the kernel finishes the split K itself instead of the separate
+// gemm_bf16_mma_reduce launch: each block writes its partials as before,
+// then counts itself in at its (output block, token chunk)'s counter; the
+// block that arrives last adds the splits' partials in split order with
+// splitk_reduce's operations (the same bits as the reduction kernel, on
+// every run: which block arrives last changes nothing but who adds) and
+// writes Y, then zeroes the counter for the next launch. The partials are
+// published by a device-scope fence before the count (an integer atomic)
+// and read after one, through L2 (ld.global.cg: never a stale L1 line).
 __device__ __forceinline__ void bf16_cp16(u16* dst, const u16* src, bool valid) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"((u32)__cvta_generic_to_shared(dst)), "l"(src),
                  "r"(valid ? 16 : 0)
@@ -222,7 +232,34 @@ __device__ __forceinline__ void bf16_stage_x(u16* xs, const u16* x, int m0, int 
     __syncthreads();
 }
 
-template <int DEPTH>
+__device__ __forceinline__ float4 ld_cg_f4(const float* p) {
+    float4 v;
+    asm volatile("ld.global.cg.v4.f32 {%0,%1,%2,%3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p));
+    return v;
+}
+
+// The last-arriving block's finish of its output block and token chunk:
+// Y[r][c..c+3] = part[0][r][c..] + part[1][r][c..] + ..., in split order.
+__device__ __forceinline__ void bf16_mma_finish(const BF16MMAParams& p, int m0, int rows) {
+    const float* out = p.out;  // the partials
+    const int m = p.m, n = p.n, splits = (int)gridDim.y;
+    const int c0 = blockIdx.x * BF16_MMA_ROWS;
+    const int per_row = min(BF16_MMA_ROWS, n - c0) >> 2;  // float4 a row
+    for (int i = threadIdx.x; i < rows * per_row; i += BF16_MMA_WARPS * 32) {
+        const int r = m0 + i / per_row, c = c0 + 4 * (i % per_row);
+        float4 s = ld_cg_f4(out + (size_t)r * n + c);
+        for (int z = 1; z < splits; z++) {
+            const float4 v = ld_cg_f4(out + ((size_t)z * m + r) * n + c);
+            s.x = __fadd_rn(s.x, v.x);
+            s.y = __fadd_rn(s.y, v.y);
+            s.z = __fadd_rn(s.z, v.z);
+            s.w = __fadd_rn(s.w, v.w);
+        }
+        *reinterpret_cast<float4*>(p.y + (size_t)r * p.y_stride + c) = s;
+    }
+}
+
+template <int DEPTH, bool FINISH>
 __device__ __forceinline__ void bf16_mma_ring(const BF16MMAParams& p) {
     const u16* __restrict__ w = p.w;
     const u16* x = p.x;
@@ -306,13 +343,34 @@ __device__ __forceinline__ void bf16_mma_ring(const BF16MMAParams& p) {
             }
         }
     }
+    if (FINISH && gridDim.y > 1) {
+        __threadfence();  // this thread's partials, device-wide, before the count
+        __syncthreads();
+        int last = 0;
+        if (threadIdx.x == 0) {
+            int* count = p.counters + blockIdx.z * gridDim.x + blockIdx.x;
+            __threadfence();  // release: the block's partials (before the barrier) before the count
+            last = atomicAdd(count, 1) == (int)gridDim.y - 1;
+            if (last) {
+                *count = 0;       // every split has counted: ready for the next launch
+                __threadfence();  // acquire: the other blocks' partials, after their counts
+            }
+        }
+        if (__syncthreads_or(last)) bf16_mma_finish(p, m0, rows);  // thread 0's answer, to the whole block
+    }
 }
 
 extern "C" __global__ void __launch_bounds__(BF16_MMA_WARPS * 32, 3) gemm_bf16_mma_d4(const BF16MMAParams p) {
-    bf16_mma_ring<4>(p);
+    bf16_mma_ring<4, false>(p);
 }
 extern "C" __global__ void __launch_bounds__(BF16_MMA_WARPS * 32, 2) gemm_bf16_mma_d8(const BF16MMAParams p) {
-    bf16_mma_ring<8>(p);
+    bf16_mma_ring<8, false>(p);
+}
+extern "C" __global__ void __launch_bounds__(BF16_MMA_WARPS * 32, 3) gemm_bf16_mma_d4f(const BF16MMAParams p) {
+    bf16_mma_ring<4, true>(p);
+}
+extern "C" __global__ void __launch_bounds__(BF16_MMA_WARPS * 32, 2) gemm_bf16_mma_d8f(const BF16MMAParams p) {
+    bf16_mma_ring<8, true>(p);
 }
 
 // Split-K finish: Y[r][c..c+3] = part[0][r][c..] + part[1][r][c..] + ...,

@@ -126,7 +126,7 @@ func NewTuned(opts Options, k cudatune.Knobs) (*Backend, error) {
 		return nil, fmt.Errorf("cuda: Knobs.DirectMinBlocks = %d blocks of %d warps exceeds the 64 warps a multiprocessor holds",
 			k.DirectMinBlocks, k.DirectWarps)
 	}
-	if _, err := bf16MMAKernelOf(k.BF16MMADepth); err != nil {
+	if _, err := bf16MMAKernelOf(k.BF16MMADepth, k.BF16MMAReduce); err != nil {
 		return nil, err
 	}
 	c, err := driver.Open(opts.Device)
@@ -218,7 +218,7 @@ func (b *Backend) FreeMemory() (int64, error) {
 // first use: the FP8 and the bf16 kernels' split-K partials, one of each a
 // stream, and cuBLASLt's, one a stream too (unless Options.NoCuBLASLt).
 func (b *Backend) workspaceBytes() int64 {
-	n := int64(len(b.gemm.parts))*gemmPartBytes + int64(len(b.bf16.parts))*bf16MMAPartBytes
+	n := int64(len(b.gemm.parts))*gemmPartBytes + int64(len(b.bf16.parts))*(bf16MMAPartBytes+4*bf16MMACounters)
 	if !b.opts.NoCuBLASLt {
 		n += cublaslt.Workspaces * cublaslt.WorkspaceBytes
 	}
@@ -226,7 +226,7 @@ func (b *Backend) workspaceBytes() int64 {
 }
 
 // WorkspaceReserve is the part of the GEMMs' workspaces not allocated yet
-// (nor known to be unneeded), which FreeMemory keeps back: 144 MiB before
+// (nor known to be unneeded), which FreeMemory keeps back: 144 MiB and 32 KiB before
 // the first GEMM, 0 once the FP8 and bf16 GEMMs have run.
 func (b *Backend) WorkspaceReserve() int64 {
 	return max(0, b.workspaceBytes()-b.workspaceSettled.Load())

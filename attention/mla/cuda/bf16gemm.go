@@ -52,7 +52,11 @@ type bf16GEMMState struct {
 	// parts are the split-K workspaces (bf16MMAPartBytes of float32
 	// partials each) of the main stream and the side stream (Side): a GEMM
 	// on each may be in flight at once.
-	parts               [2]driver.DevicePtr
+	parts [2]driver.DevicePtr
+	// counters are the finishing ring kernels' arrival counters
+	// (bf16MMACounters int32 each, zero between launches), one set a
+	// stream like parts.
+	counters            [2]driver.DevicePtr
 	path                bf16GEMMPath
 	own, mma, cublasRun atomic.Int64
 }
@@ -77,6 +81,10 @@ const (
 	// turns with it: the next kernel writes partials only after its
 	// programmatic-dependent-launch wait, when the reduction before is done.
 	bf16MMAPartBytes = 8 << 20
+	// bf16MMACounters is the finishing kernels' counters a stream: one an
+	// (output block, token chunk) of a split GEMM, whose grid the planner
+	// keeps within the resident blocks (far fewer).
+	bf16MMACounters = 4096
 )
 
 // bf16MMAKernel is one of the tensor-core kernels of gemm_bf16_mma.cu: the
@@ -85,21 +93,32 @@ const (
 type bf16MMAKernel struct {
 	name            string
 	depth, resident int
+	finish          bool // finishes a split K in its last block (cudatune.Knobs.BF16MMAReduce 2)
 }
 
 // bf16MMAKernels are the tensor-core kernels by cudatune.Knobs.BF16MMADepth.
+// and cudatune.Knobs.BF16MMAReduce.
 var bf16MMAKernels = []bf16MMAKernel{
-	{"gemm_bf16_mma", 2, 4},
-	{"gemm_bf16_mma_d4", 4, 3},
-	{"gemm_bf16_mma_d8", 8, 2},
+	{"gemm_bf16_mma", 2, 4, false},
+	{"gemm_bf16_mma_d4", 4, 3, false},
+	{"gemm_bf16_mma_d8", 8, 2, false},
+	{"gemm_bf16_mma_d4f", 4, 3, true},
+	{"gemm_bf16_mma_d8f", 8, 2, true},
 }
 
-// bf16MMAKernelOf is the kernel of a depth, or an error naming the knob.
-func bf16MMAKernelOf(depth int) (bf16MMAKernel, error) {
+// bf16MMAKernelOf is the kernel of a depth and a reduction (1: the
+// separate launch, 2: in the kernel), or an error naming the knobs.
+func bf16MMAKernelOf(depth, reduce int) (bf16MMAKernel, error) {
+	if reduce != 1 && reduce != 2 {
+		return bf16MMAKernel{}, fmt.Errorf("cuda: Knobs.BF16MMAReduce = %d: 1 (gemm_bf16_mma_reduce) or 2 (in the kernel)", reduce)
+	}
 	for _, k := range bf16MMAKernels {
-		if k.depth == depth {
+		if k.depth == depth && k.finish == (reduce == 2) {
 			return k, nil
 		}
+	}
+	if reduce == 2 {
+		return bf16MMAKernel{}, fmt.Errorf("cuda: Knobs.BF16MMAReduce = 2 (in the kernel) needs Knobs.BF16MMADepth 4 or 8, not %d", depth)
 	}
 	return bf16MMAKernel{}, fmt.Errorf("cuda: Knobs.BF16MMADepth = %d: the tensor-core bf16 kernels keep 2, 4 or 8 stages in flight", depth)
 }
@@ -174,14 +193,14 @@ func (b *Backend) initBF16MMA() error {
 	p := b.ctx.Props()
 	if p.Major < 8 {
 		g.mmaErr = fmt.Errorf("cuda: the tensor-core bf16 GEMM needs compute capability 8.0 or newer, the device is %d.%d", p.Major, p.Minor)
-		b.workspaceSettled.Add(int64(len(g.parts)) * bf16MMAPartBytes) // never to be allocated
+		b.workspaceSettled.Add(int64(len(g.parts)) * (bf16MMAPartBytes + 4*bf16MMACounters)) // never to be allocated
 		return nil
 	}
 	var err error
 	if g.mmaMod, err = b.compileModule(bf16MMAProgram); err != nil {
 		return fmt.Errorf("cuda: tensor-core bf16 GEMM kernel: %w", err)
 	}
-	if g.mmaKernel, err = bf16MMAKernelOf(b.knobs.BF16MMADepth); err != nil {
+	if g.mmaKernel, err = bf16MMAKernelOf(b.knobs.BF16MMADepth, b.knobs.BF16MMAReduce); err != nil {
 		return err
 	}
 	if g.mmaFn, err = g.mmaMod.Function(g.mmaKernel.name); err != nil {
@@ -194,7 +213,13 @@ func (b *Backend) initBF16MMA() error {
 		if g.parts[i], err = b.ctx.Alloc(bf16MMAPartBytes); err != nil {
 			return err
 		}
-		b.workspaceSettled.Add(bf16MMAPartBytes)
+		if g.counters[i], err = b.ctx.Alloc(4 * bf16MMACounters); err != nil {
+			return err
+		}
+		if err := b.ctx.Memset8(g.counters[i], 0, 4*bf16MMACounters); err != nil {
+			return err
+		}
+		b.workspaceSettled.Add(bf16MMAPartBytes + 4*bf16MMACounters)
 	}
 	return nil
 }
@@ -344,7 +369,8 @@ func (b *Backend) bf16MMAPlan(rows, n, k int) bf16MMAPlan {
 func (b *Backend) bf16MMA(op bf16Operands, a *mla.BF16GEMMArgs) error {
 	g := &b.bf16
 	p := b.bf16MMAPlan(a.Rows, a.N, a.K)
-	params, reduce, err := bf16MMAParams(op, a, p, g.parts[b.streamSlot()])
+	slot := b.streamSlot()
+	params, reduce, err := bf16MMAParams(op, a, p, g.parts[slot], g.counters[slot])
 	if err != nil {
 		return err
 	}
@@ -353,7 +379,7 @@ func (b *Backend) bf16MMA(op bf16Operands, a *mla.BF16GEMMArgs) error {
 		if err := b.launchShared(g.mmaFn, grid, driver.Dim3{bf16MMAThreads, 1, 1}, p.shared, driver.Bytes(params)); err != nil {
 			return err
 		}
-		if reduce == nil {
+		if reduce == nil || g.mmaKernel.finish {
 			return nil
 		}
 		return b.launch(g.mmaReduce, splitKGrid(a.Rows, a.N), driver.Dim3{abi.SplitKThreads, 1, 1}, driver.Bytes(reduce))

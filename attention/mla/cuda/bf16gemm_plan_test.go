@@ -161,6 +161,7 @@ func TestPlanBF16MMAKernels(t *testing.T) {
 						if p.splits > 1 {
 							require.LessOrEqual(t, p.tiles*p.splits*p.chunks, kn.resident*sms, "a second wave: %s", name)
 							require.LessOrEqual(t, 4*p.splits*m*s.n, bf16MMAPartBytes, name)
+							require.LessOrEqual(t, p.tiles*p.chunks, bf16MMACounters, "more output blocks than counters: %s", name)
 							grid := splitKGrid(m, s.n)
 							require.GreaterOrEqual(t, int(grid[0])*abi.SplitKThreads, m*s.n/4, name)
 							require.Positive(t, grid[0], name)

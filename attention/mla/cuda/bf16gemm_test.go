@@ -78,35 +78,43 @@ func bf16Cases() []mlatest.BF16GEMMCase {
 	return cs
 }
 
-// bf16Depths are the tensor-core ring kernels TestBF16GEMM runs beside the
-// default kernel (cudatune.Knobs.BF16MMADepth), each on a backend of its
-// own made once.
-var bf16Depths = []int{4, 8}
+// bf16Rings are the tensor-core ring kernels the tests run beside the
+// default kernel (cudatune.Knobs.BF16MMADepth, BF16MMAReduce 2: the split
+// K finished in the kernel), each on a backend of its own made once.
+var bf16Rings = []struct {
+	name  string
+	knobs cudatune.Knobs
+}{
+	{"mma-d4", cudatune.Knobs{BF16MMADepth: 4}},
+	{"mma-d8", cudatune.Knobs{BF16MMADepth: 8}},
+	{"mma-d4f", cudatune.Knobs{BF16MMADepth: 4, BF16MMAReduce: 2}},
+	{"mma-d8f", cudatune.Knobs{BF16MMADepth: 8, BF16MMAReduce: 2}},
+}
 
 var (
-	depthOnce     sync.Once
-	depthBackends map[int]*cuda.Backend
-	depthErr      error
+	ringOnce     sync.Once
+	ringBackends map[string]*cuda.Backend
+	ringErr      error
 )
 
-// depthBackend is the backend whose tensor-core kernel keeps depth stages
-// in flight (made once, shared by the tests like backend's).
-func depthBackend(t *testing.T, depth int) *cuda.Backend {
+// ringBackend is the backend of bf16Rings' entry name (made once, shared
+// by the tests like backend's).
+func ringBackend(t *testing.T, name string) *cuda.Backend {
 	t.Helper()
 	backend(t) // skips without a device
-	depthOnce.Do(func() {
-		depthBackends = map[int]*cuda.Backend{}
-		for _, d := range bf16Depths {
-			b, err := cuda.NewTuned(cuda.Options{}, cudatune.Knobs{BF16MMADepth: d})
+	ringOnce.Do(func() {
+		ringBackends = map[string]*cuda.Backend{}
+		for _, r := range bf16Rings {
+			b, err := cuda.NewTuned(cuda.Options{}, r.knobs)
 			if err != nil {
-				depthErr = err
+				ringErr = err
 				return
 			}
-			depthBackends[d] = b
+			ringBackends[r.name] = b
 		}
 	})
-	require.NoError(t, depthErr)
-	return depthBackends[depth]
+	require.NoError(t, ringErr)
+	return ringBackends[name]
 }
 
 // bf16Run is one implementation a test runs: a forced path on a backend.
@@ -116,15 +124,15 @@ type bf16Run struct {
 }
 
 // bf16Runs are the default backend's paths and the ring kernels' backends
-// ("mma-d4", "mma-d8": the tensor-core path forced).
+// (bf16Rings: the tensor-core path forced).
 func bf16Runs(t *testing.T) []bf16Run {
 	b := backend(t)
 	var out []bf16Run
 	for _, p := range bf16Paths {
 		out = append(out, bf16Run{p, p, b})
 	}
-	for _, d := range bf16Depths {
-		out = append(out, bf16Run{fmt.Sprintf("mma-d%d", d), "mma", depthBackend(t, d)})
+	for _, r := range bf16Rings {
+		out = append(out, bf16Run{r.name, "mma", ringBackend(t, r.name)})
 	}
 	return out
 }
@@ -153,10 +161,10 @@ func forcePath(t *testing.T, b *cuda.Backend, path string) bool {
 // element, over the shape grid with random operands (seed logged); Y
 // poisoned with NaN first, X's gaps and the bytes around X NaN. Each
 // implementation runs twice and must write the same bits both times (the
-// engine verifies graph replays byte for byte). A ring kernel (mma-d4,
-// mma-d8) whose plan is the default kernel's must write the default
-// kernel's bits (the same MMAs in the same order); with a plan of its own
-// it is held to the bound.
+// engine verifies graph replays byte for byte). A ring kernel (bf16Rings)
+// whose plan is the default kernel's must write the default kernel's bits
+// (the same MMAs in the same order, the splits added in the same order);
+// with a plan of its own it is held to the bound.
 func TestBF16GEMM(t *testing.T) {
 	runs := bf16Runs(t)
 	host := cpu.New(0)
@@ -406,9 +414,10 @@ func sideStreamCases() []sideStreamCase {
 // sideStreamRun issues sideStreamCases on b: each alone on the main stream
 // (synchronized after each: nothing overlaps), then on both streams (the
 // side ones inside Side, one fork a case, then the join) eagerly and
-// captured into one graph replayed replays times; every result of the two
-// streams must equal the one alone, byte for byte, and weights_proj's be
-// within the bound of the host reference.
+// captured into one graph replayed replays times (the outputs poisoned
+// before the last); every result of the two streams must equal the one
+// alone, byte for byte, and weights_proj's be within the bound of the host
+// reference.
 func sideStreamRun(t *testing.T, b *cuda.Backend, seed uint64, replays int) {
 	r := rand.New(rand.NewPCG(seed, 23))
 	ctx := context.Background()
@@ -491,7 +500,10 @@ func sideStreamRun(t *testing.T, b *cuda.Backend, seed uint64, replays int) {
 	g, err := b.Capture(issue)
 	require.NoError(t, err)
 	defer g.Close()
-	for range replays {
+	for i := range replays {
+		if i == replays-1 {
+			poison() // the last replay writes every output itself (a finishing kernel's counters were left ready)
+		}
 		require.NoError(t, g.Launch())
 	}
 	replayed := results()

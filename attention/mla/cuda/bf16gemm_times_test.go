@@ -24,8 +24,8 @@ import (
 var (
 	bf16Times         = flag.Bool("bf16.times", false, "TestBF16GEMMTimes: time the projection GEMM's implementations at V4-Flash and V4-Pro shapes")
 	bf16TimesRows     = flag.String("bf16.times.rows", "1,8,32,64,128", "TestBF16GEMMTimes: the batch sizes, comma-separated")
-	bf16TimesVariants = flag.String("bf16.times.variants", "d2,d2/b4,d4,d4/b3,d8,d8/b1,cublaslt",
-		"TestBF16GEMMTimes: the implementations, comma-separated: dD[/bB] (the tensor-core kernel of Knobs.BF16MMADepth D, the split aiming at B blocks a multiprocessor) or cublaslt")
+	bf16TimesVariants = flag.String("bf16.times.variants", "d2,d4,d8,d4f,d8f,d4f/b3,d8f/b1,cublaslt",
+		"TestBF16GEMMTimes: the implementations, comma-separated: dD[f][/bB] (the tensor-core kernel of Knobs.BF16MMADepth D, f: its split K finished in the kernel, the split aiming at B blocks a multiprocessor) or cublaslt")
 )
 
 // bf16TimesShapes are the projection GEMMs of the engine at decode: the
@@ -47,6 +47,9 @@ func bf16TimesVariant(v string) (cudatune.Knobs, bool, error) {
 	}
 	var k cudatune.Knobs
 	d, b, _ := strings.Cut(strings.TrimPrefix(v, "d"), "/b")
+	if strings.HasSuffix(d, "f") {
+		d, k.BF16MMAReduce = strings.TrimSuffix(d, "f"), 2
+	}
 	var err error
 	if k.BF16MMADepth, err = strconv.Atoi(d); err != nil || !strings.HasPrefix(v, "d") {
 		return k, false, fmt.Errorf("-bf16.times.variants: %q is not dD[/bB] or cublaslt", v)

@@ -178,6 +178,12 @@ func (b *Backend) closeGEMM() error {
 			b.bf16.parts[i] = 0
 		}
 	}
+	for i, p := range b.bf16.counters {
+		if p != 0 {
+			errs = append(errs, b.ctx.Free(p))
+			b.bf16.counters[i] = 0
+		}
+	}
 	return errors.Join(errs...)
 }
 

@@ -85,8 +85,10 @@ func bf16GEMMParams(op bf16Operands, a *mla.BF16GEMMArgs) ([]byte, error) {
 // bf16MMAParams packs gemm_bf16_mma's BF16MMAParams for plan p and, with
 // more than one split, gemm_bf16_mma_reduce's SplitKParams (the kernel
 // then writes its partials into part, row stride N); reduce is nil with
-// one split, when the kernel writes Y itself.
-func bf16MMAParams(op bf16Operands, a *mla.BF16GEMMArgs, p bf16MMAPlan, part driver.DevicePtr) (mma, reduce []byte, err error) {
+// one split, when the kernel writes Y itself. Y and the counters are the
+// finishing kernels' (gemm_bf16_mma_d4f, _d8f: the last block of a split
+// GEMM writes Y), the others ignore them.
+func bf16MMAParams(op bf16Operands, a *mla.BF16GEMMArgs, p bf16MMAPlan, part, counters driver.DevicePtr) (mma, reduce []byte, err error) {
 	out, outStride := op.y, a.YStride
 	if p.splits > 1 {
 		out, outStride = part, a.N
@@ -102,6 +104,9 @@ func bf16MMAParams(op bf16Operands, a *mla.BF16GEMMArgs, p bf16MMAPlan, part dri
 	g.I32(abi.BF16MMAOutStride, int32(outStride))
 	g.I32(abi.BF16MMAKSplit, int32(p.kSplit))
 	g.I32(abi.BF16MMAKChunk, int32(p.kChunk))
+	g.Ptr(abi.BF16MMAY, uint64(op.y))
+	g.Ptr(abi.BF16MMACounters, uint64(counters))
+	g.I32(abi.BF16MMAYStride, int32(a.YStride))
 	if mma, err = g.Bytes(); err != nil || p.splits == 1 {
 		return mma, nil, err
 	}

@@ -113,7 +113,7 @@ func TestGEMMParamsPacking(t *testing.T) {
 	}, "gemm_bf16_f32")
 	for _, splits := range []int{1, 3} {
 		plan := bf16MMAPlan{tiles: 16, chunks: 1, splits: splits, kSplit: 1408, kChunk: 704, shared: 3 << 10}
-		mma, reduce, err := bf16MMAParams(bop, a, plan, 0xa0000)
+		mma, reduce, err := bf16MMAParams(bop, a, plan, 0xa0000, 0xb0000)
 		require.NoError(t, err)
 		out, outStride := uint64(0x90000), uint64(1032)
 		if splits > 1 {
@@ -122,6 +122,7 @@ func TestGEMMParamsPacking(t *testing.T) {
 		requireFields(t, abi.BF16MMAParams, mma, map[abi.FieldID]uint64{
 			abi.BF16MMAW: 0x80000, abi.BF16MMAX: 0x70000, abi.BF16MMAOut: out, abi.BF16MMAM: 19, abi.BF16MMAN: 1024,
 			abi.BF16MMAK: 4096, abi.BF16MMAXStride: 4104, abi.BF16MMAOutStride: outStride, abi.BF16MMAKSplit: 1408, abi.BF16MMAKChunk: 704,
+			abi.BF16MMAY: 0x90000, abi.BF16MMACounters: 0xb0000, abi.BF16MMAYStride: 1032,
 		}, fmt.Sprintf("gemm_bf16_mma, %d splits", splits))
 		if splits == 1 {
 			require.Nil(t, reduce)

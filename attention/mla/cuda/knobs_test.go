@@ -28,6 +28,8 @@ func TestNewTunedRefusesShapes(t *testing.T) {
 		{"direct Q rows", cudatune.Knobs{DirectQRows: 9}, "Knobs.DirectQRows = 9"},
 		{"direct occupancy", cudatune.Knobs{DirectWarps: 8, DirectMinBlocks: 9}, "Knobs.DirectMinBlocks = 9"},
 		{"bf16 MMA depth", cudatune.Knobs{BF16MMADepth: 3}, "Knobs.BF16MMADepth = 3"},
+		{"bf16 MMA reduce", cudatune.Knobs{BF16MMAReduce: 3}, "Knobs.BF16MMAReduce = 3"},
+		{"bf16 MMA reduce in the two-stage kernel", cudatune.Knobs{BF16MMADepth: 2, BF16MMAReduce: 2}, "needs Knobs.BF16MMADepth 4 or 8"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -115,6 +115,9 @@ const (
 	BF16MMAOutStride
 	BF16MMAKSplit
 	BF16MMAKChunk
+	BF16MMAY
+	BF16MMACounters
+	BF16MMAYStride
 	numBF16MMAFields
 )
 
@@ -137,6 +140,9 @@ var bf16MMAFields = [numBF16MMAFields]Field{
 	BF16MMAOutStride: {"out_stride", I32, "", "values between rows of out: Y's stride, or n for the partials"},
 	BF16MMAKSplit:    {"k_split", I32, "", "k of one split (grid y), a multiple of BF16_MMA_STAGE"},
 	BF16MMAKChunk:    {"k_chunk", I32, "", "k of X staged in shared memory at a time, a multiple of BF16_MMA_STAGE"},
+	BF16MMAY:         {"y", Ptr, "float*", "Y, row r at y + r*y_stride: where a kernel finishing its split K in its last block writes"},
+	BF16MMACounters:  {"counters", Ptr, "int*", "one per (output block, token chunk), zero between launches: the finishing kernels' arrivals"},
+	BF16MMAYStride:   {"y_stride", I32, "", "values between rows of y"},
 }
 
 // Fields of QuantParams, the chain's act_quant and norm_quant launch
