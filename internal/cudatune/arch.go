@@ -224,8 +224,9 @@ var SM90 = Arch{
 		// kernel every measurement so far ran; the ring kernels (4, 8) are not
 		// yet measured on the device.
 		BF16MMADepth: 2,
-		// BF16MMAReduce: the separate reduction launch, as measured so far.
-		BF16MMAReduce: 1,
+		// BF16MMAReduce, BF16MMAWarpRows: the separate reduction launch,
+		// 16 W rows a warp, as measured so far.
+		BF16MMAReduce: 1, BF16MMAWarpRows: 16,
 	},
 }
 

@@ -63,6 +63,11 @@ type Knobs struct {
 	// block of each output block (BF16MMADepth 4 or 8). 0:
 	// SM90.Knobs.BF16MMAReduce.
 	BF16MMAReduce int
+	// BF16MMAWarpRows is the W rows a warp of the tensor-core kernel owns:
+	// 16 (every kernel), or 32 (gemm_bf16_mma_d4w / _d4wf: BF16MMADepth 4,
+	// two warps a block, each X fragment feeding twice the MMAs). 0:
+	// SM90.Knobs.BF16MMAWarpRows.
+	BF16MMAWarpRows int
 	// SeparateLaunches makes RunLayer issue the KV and Q kernels as two
 	// launches instead of one fused layer launch.
 	SeparateLaunches bool
@@ -102,6 +107,7 @@ func (k Knobs) Defaults() Knobs {
 	threshold(&k.BF16MMAMaxRows, d.BF16MMAMaxRows)
 	def(&k.BF16MMADepth, d.BF16MMADepth)
 	def(&k.BF16MMAReduce, d.BF16MMAReduce)
+	def(&k.BF16MMAWarpRows, d.BF16MMAWarpRows)
 	threshold(&k.DirectHalfBlockRows, d.DirectHalfBlockRows)
 	threshold(&k.DirectMaxRows, d.DirectMaxRows)
 	threshold(&k.DirectMaxRowsBF16, d.DirectMaxRowsBF16)

@@ -223,7 +223,7 @@ __device__ __forceinline__ void bf16_cp16(u16* dst, const u16* src, bool valid) 
 __device__ __forceinline__ void bf16_stage_x(u16* xs, const u16* x, int m0, int rows, int tiles, int x_stride, int c0,
                                              int c1, int pitch) {
     const int vecs = (c1 - c0) >> 3;
-    for (int i = threadIdx.x; i < tiles * 8 * vecs; i += BF16_MMA_WARPS * 32) {
+    for (int i = threadIdx.x; i < tiles * 8 * vecs; i += blockDim.x) {
         const int r = i / vecs, v = i - r * vecs;
         const bool ok = r < rows;
         bf16_cp16(xs + r * pitch + 8 * v, x + (size_t)(m0 + (ok ? r : 0)) * x_stride + c0 + 8 * v, ok);
@@ -245,7 +245,7 @@ __device__ __forceinline__ void bf16_mma_finish(const BF16MMAParams& p, int m0, 
     const int m = p.m, n = p.n, splits = (int)gridDim.y;
     const int c0 = blockIdx.x * BF16_MMA_ROWS;
     const int per_row = min(BF16_MMA_ROWS, n - c0) >> 2;  // float4 a row
-    for (int i = threadIdx.x; i < rows * per_row; i += BF16_MMA_WARPS * 32) {
+    for (int i = threadIdx.x; i < rows * per_row; i += blockDim.x) {
         const int r = m0 + i / per_row, c = c0 + 4 * (i % per_row);
         float4 s = ld_cg_f4(out + (size_t)r * n + c);
         for (int z = 1; z < splits; z++) {
@@ -259,7 +259,7 @@ __device__ __forceinline__ void bf16_mma_finish(const BF16MMAParams& p, int m0, 
     }
 }
 
-template <int DEPTH, bool FINISH>
+template <int DEPTH, int RG, bool FINISH>
 __device__ __forceinline__ void bf16_mma_ring(const BF16MMAParams& p) {
     const u16* __restrict__ w = p.w;
     const u16* x = p.x;
@@ -276,24 +276,38 @@ __device__ __forceinline__ void bf16_mma_ring(const BF16MMAParams& p) {
     const int k0 = blockIdx.y * k_split;
     const int k1 = min(k, k0 + k_split);
     const int ns = (k1 - k0) / BF16_MMA_STAGE;  // the split's stages, at least one
-    const int n0 = blockIdx.x * BF16_MMA_ROWS + warp * 16;
-    const bool active = n0 < p.n;
+    const int n0 = blockIdx.x * BF16_MMA_ROWS + warp * 16 * RG;  // the warp's first W row
     const int pitch = k_chunk + BF16_MMA_PAD;
 
-    const u16* row_g = w + (size_t)(active ? n0 + g : 0) * k + 8 * t;
-    const u16* row_h = row_g + (size_t)8 * k;
+    // Row group q of the warp: W rows n0 + 16q .. + 15 (all real or none:
+    // N % 16 == 0), this lane's rows g and g + 8 of it.
+    bool active[RG];
+    const u16* row_g[RG];
+    const u16* row_h[RG];
+#pragma unroll
+    for (int q = 0; q < RG; q++) {
+        active[q] = n0 + 16 * q < p.n;  // the same for the whole warp
+        row_g[q] = w + (size_t)(active[q] ? n0 + 16 * q + g : 0) * k + 8 * t;
+        row_h[q] = row_g[q] + (size_t)8 * k;
+    }
 
-    BF16Stage ring[DEPTH];
+    BF16Stage ring[DEPTH][RG];
 #pragma unroll
     for (int d = 0; d < DEPTH; d++) {
-        ring[d] = BF16Stage{};
-        if (active && d < ns) ring[d] = load_stage(row_g, row_h, k0 + d * BF16_MMA_STAGE);
+#pragma unroll
+        for (int q = 0; q < RG; q++) {
+            ring[d][q] = BF16Stage{};
+            if (active[q] && d < ns) ring[d][q] = load_stage(row_g[q], row_h[q], k0 + d * BF16_MMA_STAGE);
+        }
     }
     pdl_wait();  // X is written by an earlier kernel
 
-    float acc[BF16_MMA_TOKENS / 8][4];
+    float acc[RG][BF16_MMA_TOKENS / 8][4];
 #pragma unroll
-    for (int j = 0; j < BF16_MMA_TOKENS / 8; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+    for (int q = 0; q < RG; q++) {
+#pragma unroll
+        for (int j = 0; j < BF16_MMA_TOKENS / 8; j++) acc[q][j][0] = acc[q][j][1] = acc[q][j][2] = acc[q][j][3] = 0.f;
+    }
 
     int c0 = k0, c1 = min(k1, k0 + k_chunk);
     bf16_stage_x(xs, x, m0, rows, tiles, x_stride, c0, c1, pitch);
@@ -309,37 +323,49 @@ __device__ __forceinline__ void bf16_mma_ring(const BF16MMAParams& p) {
                     c1 = min(k1, s + k_chunk);
                     bf16_stage_x(xs, x, m0, rows, tiles, x_stride, c0, c1, pitch);
                 }
-                if (active) {
+                if (active[0]) {
                     const u16* xg = xs + g * pitch + (s - c0) + 8 * t;
 #pragma unroll
                     for (int j = 0; j < BF16_MMA_TOKENS / 8; j++) {
                         if (j < tiles) {
+                            // One token tile's X fragments, for every row group.
                             const u16* xj = xg + j * 8 * pitch;
                             const uint4 xa = *reinterpret_cast<const uint4*>(xj);
                             const uint4 xb = *reinterpret_cast<const uint4*>(xj + 32);
-                            stage_mma(acc[j], ring[d], xa, xb);
+#pragma unroll
+                            for (int q = 0; q < RG; q++) {
+                                if (active[q]) stage_mma(acc[q][j], ring[d][q], xa, xb);
+                            }
                         }
                     }
-                    if (i + DEPTH < ns) ring[d] = load_stage(row_g, row_h, s + DEPTH * BF16_MMA_STAGE);
+#pragma unroll
+                    for (int q = 0; q < RG; q++) {
+                        if (active[q] && i + DEPTH < ns)
+                            ring[d][q] = load_stage(row_g[q], row_h[q], s + DEPTH * BF16_MMA_STAGE);
+                    }
                 }
             }
         }
     }
     pdl_trigger();
 
-    if (active) {
-        float* o = out + (size_t)blockIdx.y * m * out_stride;
-        const int c = n0 + g;
+    float* o = out + (size_t)blockIdx.y * m * out_stride;
 #pragma unroll
-        for (int j = 0; j < BF16_MMA_TOKENS / 8; j++) {
-            const int r = m0 + j * 8 + 2 * t;
-            if (r < m) {
-                o[(size_t)r * out_stride + c] = acc[j][0];
-                o[(size_t)r * out_stride + c + 8] = acc[j][2];
-            }
-            if (r + 1 < m) {
-                o[(size_t)(r + 1) * out_stride + c] = acc[j][1];
-                o[(size_t)(r + 1) * out_stride + c + 8] = acc[j][3];
+    for (int q = 0; q < RG; q++) {
+        if (active[q]) {
+            // d0: (W row c, token 2t), d1: (c, 2t+1), d2: (c+8, 2t), d3: (c+8, 2t+1).
+            const int c = n0 + 16 * q + g;
+#pragma unroll
+            for (int j = 0; j < BF16_MMA_TOKENS / 8; j++) {
+                const int r = m0 + j * 8 + 2 * t;
+                if (r < m) {
+                    o[(size_t)r * out_stride + c] = acc[q][j][0];
+                    o[(size_t)r * out_stride + c + 8] = acc[q][j][2];
+                }
+                if (r + 1 < m) {
+                    o[(size_t)(r + 1) * out_stride + c] = acc[q][j][1];
+                    o[(size_t)(r + 1) * out_stride + c + 8] = acc[q][j][3];
+                }
             }
         }
     }
@@ -360,18 +386,22 @@ __device__ __forceinline__ void bf16_mma_ring(const BF16MMAParams& p) {
     }
 }
 
-extern "C" __global__ void __launch_bounds__(BF16_MMA_WARPS * 32, 3) gemm_bf16_mma_d4(const BF16MMAParams p) {
-    bf16_mma_ring<4, false>(p);
-}
-extern "C" __global__ void __launch_bounds__(BF16_MMA_WARPS * 32, 2) gemm_bf16_mma_d8(const BF16MMAParams p) {
-    bf16_mma_ring<8, false>(p);
-}
-extern "C" __global__ void __launch_bounds__(BF16_MMA_WARPS * 32, 3) gemm_bf16_mma_d4f(const BF16MMAParams p) {
-    bf16_mma_ring<4, true>(p);
-}
-extern "C" __global__ void __launch_bounds__(BF16_MMA_WARPS * 32, 2) gemm_bf16_mma_d8f(const BF16MMAParams p) {
-    bf16_mma_ring<8, true>(p);
-}
+// The ring kernels: d<DEPTH>, w: two row groups (32 W rows) a warp and two
+// warps a block (each X fragment read from shared memory feeds twice the
+// MMAs: at 64 tokens a block the four warps' X reads are four times the
+// block's W), f: the split K finished in the kernel. The launch bounds'
+// blocks a multiprocessor are what the registers allow (the planner's
+// resident, bf16gemm.go).
+#define BF16_RING(name, depth, rg, finish, minb)                                                               \
+    extern "C" __global__ void __launch_bounds__(BF16_MMA_WARPS / (rg) * 32, minb) name(const BF16MMAParams p) { \
+        bf16_mma_ring<depth, rg, finish>(p);                                                                   \
+    }
+BF16_RING(gemm_bf16_mma_d4, 4, 1, false, 3)
+BF16_RING(gemm_bf16_mma_d8, 8, 1, false, 2)
+BF16_RING(gemm_bf16_mma_d4f, 4, 1, true, 3)
+BF16_RING(gemm_bf16_mma_d8f, 8, 1, true, 2)
+BF16_RING(gemm_bf16_mma_d4w, 4, 2, false, 4)
+BF16_RING(gemm_bf16_mma_d4wf, 4, 2, true, 4)
 
 // Split-K finish: Y[r][c..c+3] = part[0][r][c..] + part[1][r][c..] + ...,
 // the splits added in order (common.cuh's splitk_reduce). One thread per 4

@@ -126,7 +126,7 @@ func NewTuned(opts Options, k cudatune.Knobs) (*Backend, error) {
 		return nil, fmt.Errorf("cuda: Knobs.DirectMinBlocks = %d blocks of %d warps exceeds the 64 warps a multiprocessor holds",
 			k.DirectMinBlocks, k.DirectWarps)
 	}
-	if _, err := bf16MMAKernelOf(k.BF16MMADepth, k.BF16MMAReduce); err != nil {
+	if _, err := bf16MMAKernelOf(k.BF16MMADepth, k.BF16MMAReduce, k.BF16MMAWarpRows); err != nil {
 		return nil, err
 	}
 	c, err := driver.Open(opts.Device)

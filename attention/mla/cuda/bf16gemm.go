@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -67,11 +68,10 @@ const bf16GEMMWarps = abi.BF16GEMMWarps
 // The tensor-core kernel's shape (kernels/cuda/abi, abi.h's BF16_MMA_*)
 // and the backend's choices for it.
 const (
-	bf16MMAThreads = 32 * abi.BF16MMAWarps
-	bf16MMARows    = abi.BF16MMARows   // outputs (W rows) a block owns
-	bf16MMATokens  = abi.BF16MMATokens // X rows a block owns
-	bf16MMAStage   = abi.BF16MMAStage  // k a pipeline stage; K must be a multiple
-	bf16MMAPad     = abi.BF16MMAPad    // bf16 past each shared X row
+	bf16MMARows   = abi.BF16MMARows   // outputs (W rows) a block owns
+	bf16MMATokens = abi.BF16MMATokens // X rows a block owns
+	bf16MMAStage  = abi.BF16MMAStage  // k a pipeline stage; K must be a multiple
+	bf16MMAPad    = abi.BF16MMAPad    // bf16 past each shared X row
 
 	// bf16MMASharedBytes caps the block's dynamic shared memory (its X
 	// chunk) at what a launch gets without opting in.
@@ -94,33 +94,40 @@ type bf16MMAKernel struct {
 	name            string
 	depth, resident int
 	finish          bool // finishes a split K in its last block (cudatune.Knobs.BF16MMAReduce 2)
+	warpRows        int  // W rows a warp (cudatune.Knobs.BF16MMAWarpRows): 64 / warpRows warps a block
 }
 
 // bf16MMAKernels are the tensor-core kernels by cudatune.Knobs.BF16MMADepth.
 // and cudatune.Knobs.BF16MMAReduce.
+// cudatune.Knobs.BF16MMAReduce and cudatune.Knobs.BF16MMAWarpRows.
 var bf16MMAKernels = []bf16MMAKernel{
-	{"gemm_bf16_mma", 2, 4, false},
-	{"gemm_bf16_mma_d4", 4, 3, false},
-	{"gemm_bf16_mma_d8", 8, 2, false},
-	{"gemm_bf16_mma_d4f", 4, 3, true},
-	{"gemm_bf16_mma_d8f", 8, 2, true},
+	{"gemm_bf16_mma", 2, 4, false, 16},
+	{"gemm_bf16_mma_d4", 4, 3, false, 16},
+	{"gemm_bf16_mma_d8", 8, 2, false, 16},
+	{"gemm_bf16_mma_d4f", 4, 3, true, 16},
+	{"gemm_bf16_mma_d8f", 8, 2, true, 16},
+	{"gemm_bf16_mma_d4w", 4, 4, false, 32},
+	{"gemm_bf16_mma_d4wf", 4, 4, true, 32},
 }
 
-// bf16MMAKernelOf is the kernel of a depth and a reduction (1: the
-// separate launch, 2: in the kernel), or an error naming the knobs.
-func bf16MMAKernelOf(depth, reduce int) (bf16MMAKernel, error) {
+// bf16MMAKernelOf is the kernel of a depth, a reduction (1: the separate
+// launch, 2: in the kernel) and the W rows a warp, or an error naming the
+// knobs.
+func bf16MMAKernelOf(depth, reduce, warpRows int) (bf16MMAKernel, error) {
 	if reduce != 1 && reduce != 2 {
 		return bf16MMAKernel{}, fmt.Errorf("cuda: Knobs.BF16MMAReduce = %d: 1 (gemm_bf16_mma_reduce) or 2 (in the kernel)", reduce)
 	}
 	for _, k := range bf16MMAKernels {
-		if k.depth == depth && k.finish == (reduce == 2) {
+		if k.depth == depth && k.finish == (reduce == 2) && k.warpRows == warpRows {
 			return k, nil
 		}
 	}
-	if reduce == 2 {
-		return bf16MMAKernel{}, fmt.Errorf("cuda: Knobs.BF16MMAReduce = 2 (in the kernel) needs Knobs.BF16MMADepth 4 or 8, not %d", depth)
+	var have []string
+	for _, k := range bf16MMAKernels {
+		have = append(have, fmt.Sprintf("(%d, %d, %d)", k.depth, map[bool]int{false: 1, true: 2}[k.finish], k.warpRows))
 	}
-	return bf16MMAKernel{}, fmt.Errorf("cuda: Knobs.BF16MMADepth = %d: the tensor-core bf16 kernels keep 2, 4 or 8 stages in flight", depth)
+	return bf16MMAKernel{}, fmt.Errorf("cuda: Knobs.BF16MMADepth = %d, BF16MMAReduce = %d, BF16MMAWarpRows = %d: the tensor-core bf16 kernels are %s",
+		depth, reduce, warpRows, strings.Join(have, ", "))
 }
 
 // bf16MMAPlan is the tensor-core kernel's launch shape for one GEMM.
@@ -200,7 +207,7 @@ func (b *Backend) initBF16MMA() error {
 	if g.mmaMod, err = b.compileModule(bf16MMAProgram); err != nil {
 		return fmt.Errorf("cuda: tensor-core bf16 GEMM kernel: %w", err)
 	}
-	if g.mmaKernel, err = bf16MMAKernelOf(b.knobs.BF16MMADepth, b.knobs.BF16MMAReduce); err != nil {
+	if g.mmaKernel, err = bf16MMAKernelOf(b.knobs.BF16MMADepth, b.knobs.BF16MMAReduce, b.knobs.BF16MMAWarpRows); err != nil {
 		return err
 	}
 	if g.mmaFn, err = g.mmaMod.Function(g.mmaKernel.name); err != nil {
@@ -376,7 +383,8 @@ func (b *Backend) bf16MMA(op bf16Operands, a *mla.BF16GEMMArgs) error {
 	}
 	grid := driver.Dim3{uint32(p.tiles), uint32(p.splits), uint32(p.chunks)}
 	return b.ctx.Do(func() error {
-		if err := b.launchShared(g.mmaFn, grid, driver.Dim3{bf16MMAThreads, 1, 1}, p.shared, driver.Bytes(params)); err != nil {
+		threads := uint32(bf16MMARows / g.mmaKernel.warpRows * 32)
+		if err := b.launchShared(g.mmaFn, grid, driver.Dim3{threads, 1, 1}, p.shared, driver.Bytes(params)); err != nil {
 			return err
 		}
 		if reduce == nil || g.mmaKernel.finish {

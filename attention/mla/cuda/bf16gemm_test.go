@@ -79,8 +79,9 @@ func bf16Cases() []mlatest.BF16GEMMCase {
 }
 
 // bf16Rings are the tensor-core ring kernels the tests run beside the
-// default kernel (cudatune.Knobs.BF16MMADepth, BF16MMAReduce 2: the split
-// K finished in the kernel), each on a backend of its own made once.
+// default kernel (cudatune.Knobs.BF16MMADepth; BF16MMAReduce 2: the split
+// K finished in the kernel; BF16MMAWarpRows 32: two row groups a warp),
+// each on a backend of its own made once.
 var bf16Rings = []struct {
 	name  string
 	knobs cudatune.Knobs
@@ -89,6 +90,8 @@ var bf16Rings = []struct {
 	{"mma-d8", cudatune.Knobs{BF16MMADepth: 8}},
 	{"mma-d4f", cudatune.Knobs{BF16MMADepth: 4, BF16MMAReduce: 2}},
 	{"mma-d8f", cudatune.Knobs{BF16MMADepth: 8, BF16MMAReduce: 2}},
+	{"mma-d4w", cudatune.Knobs{BF16MMADepth: 4, BF16MMAWarpRows: 32}},
+	{"mma-d4wf", cudatune.Knobs{BF16MMADepth: 4, BF16MMAReduce: 2, BF16MMAWarpRows: 32}},
 }
 
 var (

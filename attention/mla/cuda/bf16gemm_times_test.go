@@ -24,8 +24,8 @@ import (
 var (
 	bf16Times         = flag.Bool("bf16.times", false, "TestBF16GEMMTimes: time the projection GEMM's implementations at V4-Flash and V4-Pro shapes")
 	bf16TimesRows     = flag.String("bf16.times.rows", "1,8,32,64,128", "TestBF16GEMMTimes: the batch sizes, comma-separated")
-	bf16TimesVariants = flag.String("bf16.times.variants", "d2,d4,d8,d4f,d8f,d4f/b3,d8f/b1,cublaslt",
-		"TestBF16GEMMTimes: the implementations, comma-separated: dD[f][/bB] (the tensor-core kernel of Knobs.BF16MMADepth D, f: its split K finished in the kernel, the split aiming at B blocks a multiprocessor) or cublaslt")
+	bf16TimesVariants = flag.String("bf16.times.variants", "d2,d4,d8,d4f,d8f,d4w,d4wf,d8f/b1,cublaslt",
+		"TestBF16GEMMTimes: the implementations, comma-separated: dD[w][f][/bB] (the tensor-core kernel of Knobs.BF16MMADepth D, w: 32 W rows a warp, f: its split K finished in the kernel, the split aiming at B blocks a multiprocessor) or cublaslt")
 )
 
 // bf16TimesShapes are the projection GEMMs of the engine at decode: the
@@ -47,8 +47,12 @@ func bf16TimesVariant(v string) (cudatune.Knobs, bool, error) {
 	}
 	var k cudatune.Knobs
 	d, b, _ := strings.Cut(strings.TrimPrefix(v, "d"), "/b")
-	if strings.HasSuffix(d, "f") {
-		d, k.BF16MMAReduce = strings.TrimSuffix(d, "f"), 2
+	for strings.HasSuffix(d, "f") || strings.HasSuffix(d, "w") {
+		if strings.HasSuffix(d, "f") {
+			d, k.BF16MMAReduce = strings.TrimSuffix(d, "f"), 2
+		} else {
+			d, k.BF16MMAWarpRows = strings.TrimSuffix(d, "w"), 32
+		}
 	}
 	var err error
 	if k.BF16MMADepth, err = strconv.Atoi(d); err != nil || !strings.HasPrefix(v, "d") {
@@ -214,4 +218,28 @@ func deviceCopyGBps(t *testing.T, b *cuda.Backend) float64 {
 	}
 	sort.Float64s(rates)
 	return rates[len(rates)/2]
+}
+
+// TestBF16TimesVariant: -bf16.times.variants' entries as knobs.
+func TestBF16TimesVariant(t *testing.T) {
+	for _, c := range []struct {
+		v     string
+		knobs cudatune.Knobs
+		lt    bool
+	}{
+		{"d2", cudatune.Knobs{BF16MMADepth: 2}, false},
+		{"d8f/b1", cudatune.Knobs{BF16MMADepth: 8, BF16MMAReduce: 2, BF16MMABlocksPerSM: 1}, false},
+		{"d4wf", cudatune.Knobs{BF16MMADepth: 4, BF16MMAReduce: 2, BF16MMAWarpRows: 32}, false},
+		{"d4w/b3", cudatune.Knobs{BF16MMADepth: 4, BF16MMAWarpRows: 32, BF16MMABlocksPerSM: 3}, false},
+		{"cublaslt", cudatune.Knobs{}, true},
+	} {
+		k, lt, err := bf16TimesVariant(c.v)
+		require.NoError(t, err, c.v)
+		require.Equal(t, c.knobs, k, c.v)
+		require.Equal(t, c.lt, lt, c.v)
+	}
+	for _, bad := range []string{"x4", "d", "d4/bx", "4"} {
+		_, _, err := bf16TimesVariant(bad)
+		require.Error(t, err, bad)
+	}
 }

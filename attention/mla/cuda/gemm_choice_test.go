@@ -60,7 +60,7 @@ func gemmChoice(s engineGEMM, m int) string {
 	a := cudatune.ForDevice(9, 0, cudatune.Resources{SMs: 132, SharedPerBlockOptin: 227 << 10, SharedPerSM: 228 << 10, RegistersPerSM: 65536, L2Bytes: 50 << 20}) // what an H200 reports
 	if s.bf16 {
 		if m <= a.Knobs.BF16MMAMaxRows && s.n%16 == 0 && s.k%bf16MMAStage == 0 {
-			kn, err := bf16MMAKernelOf(a.Knobs.BF16MMADepth, a.Knobs.BF16MMAReduce)
+			kn, err := bf16MMAKernelOf(a.Knobs.BF16MMADepth, a.Knobs.BF16MMAReduce, a.Knobs.BF16MMAWarpRows)
 			if err != nil {
 				return err.Error()
 			}
