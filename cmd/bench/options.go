@@ -18,8 +18,9 @@ import (
 // streaming pipeline), direct=N directbf16=N dmin=N dwarps=N dhalf=N qrows=N dminb=N nodirect (the
 // direct path: its largest launch in Q rows with FP8 Q and with bf16 Q, its smallest, warps a block, the
 // largest launch in Q rows with whole blocks (larger: half), Q rows a warp,
-// __launch_bounds__ minimum of blocks a multiprocessor, and off), nopdl separate. A zero number keeps the
-// backend's default.
+// __launch_bounds__ minimum of blocks a multiprocessor, and off), ikeys=N iquery=N (the indexer's kernels:
+// cudatune.IndexerKeys 1 split, 2 fused; cudatune.IndexerQuery 1 late, 2 early), nopdl separate. A zero
+// number keeps the backend's default.
 type variant struct {
 	Name                    string // the text it was parsed from
 	Warps, KVDepth, QDepth  int
@@ -32,6 +33,8 @@ type variant struct {
 	DirectHalfBlockRows     int
 	DirectQRows             int
 	DirectMinBlocks         int
+	IndexerKeys             int
+	IndexerQuery            int
 	NoDirect                bool
 	NoPDL, SeparateLaunches bool
 }
@@ -66,6 +69,10 @@ func (v *variant) field(key string) (*int, *bool) {
 		return &v.DirectQRows, nil
 	case "dminb":
 		return &v.DirectMinBlocks, nil
+	case "ikeys":
+		return &v.IndexerKeys, nil
+	case "iquery":
+		return &v.IndexerQuery, nil
 	case "nodirect":
 		return nil, &v.NoDirect
 	case "nopdl":
@@ -110,7 +117,7 @@ func parseVariant(text string) (variant, error) {
 			*sw = true
 			continue
 		}
-		return variant{}, fmt.Errorf("variant %q: unknown option %q (known: warps=N kvd=N qd=N qchunk=N bpsm=N maxblocks=N direct=N directbf16=N dmin=N dwarps=N dhalf=N qrows=N dminb=N nodirect nopdl separate)", text, key)
+		return variant{}, fmt.Errorf("variant %q: unknown option %q (known: warps=N kvd=N qd=N qchunk=N bpsm=N maxblocks=N direct=N directbf16=N dmin=N dwarps=N dhalf=N qrows=N dminb=N ikeys=N iquery=N nodirect nopdl separate)", text, key)
 	}
 	return v, nil
 }
@@ -156,6 +163,8 @@ func (v variant) options(verbose bool) (cuda.Options, cudatune.Knobs) {
 		DirectQRows:         v.DirectQRows,
 		DirectHalfBlockRows: v.DirectHalfBlockRows,
 		DirectMinBlocks:     v.DirectMinBlocks,
+		IndexerKeys:         cudatune.IndexerKeys(v.IndexerKeys),
+		IndexerQuery:        cudatune.IndexerQuery(v.IndexerQuery),
 		SeparateLaunches:    v.SeparateLaunches,
 		Verbose:             verbose,
 	}

@@ -227,6 +227,10 @@ var SM90 = Arch{
 		// BF16MMAReduce, BF16MMAWarpRows: the separate reduction launch,
 		// 16 W rows a warp, as measured so far.
 		BF16MMAReduce: 1, BF16MMAWarpRows: 16,
+		// The indexer's kernels: the two-launch key step and the query
+		// reading its metadata after the wait, until the device times the
+		// one-kernel step and the early query against them.
+		IndexerKeys: IndexerKeysSplit, IndexerQuery: IndexerQueryLate,
 	},
 }
 

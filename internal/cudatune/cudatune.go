@@ -68,6 +68,12 @@ type Knobs struct {
 	// two warps a block, each X fragment feeding twice the MMAs). 0:
 	// SM90.Knobs.BF16MMAWarpRows.
 	BF16MMAWarpRows int
+	// IndexerKeys picks the kernels of the indexer compressor's step
+	// (CompressStep with mla.EntryIndexer; 0: SM90.Knobs.IndexerKeys).
+	IndexerKeys IndexerKeys
+	// IndexerQuery picks the indexer query's kernel (IndexerQuery; 0:
+	// SM90.Knobs.IndexerQuery).
+	IndexerQuery IndexerQuery
 	// SeparateLaunches makes RunLayer issue the KV and Q kernels as two
 	// launches instead of one fused layer launch.
 	SeparateLaunches bool
@@ -111,8 +117,39 @@ func (k Knobs) Defaults() Knobs {
 	threshold(&k.DirectHalfBlockRows, d.DirectHalfBlockRows)
 	threshold(&k.DirectMaxRows, d.DirectMaxRows)
 	threshold(&k.DirectMaxRowsBF16, d.DirectMaxRowsBF16)
+	if k.IndexerKeys == 0 {
+		k.IndexerKeys = d.IndexerKeys
+	}
+	if k.IndexerQuery == 0 {
+		k.IndexerQuery = d.IndexerQuery
+	}
 	return k
 }
+
+// IndexerKeys names the kernels of the indexer compressor's step; all of
+// them write the same bytes (kernels/cuda/compress.cu, indexer.cu).
+type IndexerKeys int
+
+const (
+	// IndexerKeysSplit: compress_step at width 128 into a scratch buffer,
+	// then indexer_step_finish (two launches).
+	IndexerKeysSplit IndexerKeys = iota + 1
+	// IndexerKeysFused: indexer_step, the pooling and the entry in one
+	// kernel, one entry a block.
+	IndexerKeysFused
+)
+
+// IndexerQuery names the indexer query's kernel; both write the same
+// bytes (kernels/cuda/indexer.cu).
+type IndexerQuery int
+
+const (
+	// IndexerQueryLate: indexer_query, the metadata read after the wait.
+	IndexerQueryLate IndexerQuery = iota + 1
+	// IndexerQueryEarly: indexer_query_early, the metadata and RoPE pairs
+	// read before the wait, the head weight with the row.
+	IndexerQueryEarly
+)
 
 // DirectBlockWarps is the warps a block of a direct launch of qRows Q rows
 // (tokens x heads) under k (with its defaults applied).

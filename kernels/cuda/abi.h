@@ -90,6 +90,7 @@ enum {
     ENTRY_INDEXER    = 1,          // mla.CompressEntry: the indexer's compressor
     IQ_WARPS         = 8,          // warps of an indexer_query block
     IQ_ROWS          = 4,          // (token, head) rows of one token an indexer_query warp carries at once
+    IKEY_THREADS     = 128,        // threads of an indexer_step block, one per channel
 };
 
 // Streaming pipeline shared memory (StreamingSharedBytes).
@@ -396,6 +397,8 @@ static_assert(sizeof(IndexerQueryParams) == 24, "IndexerQueryParams differs from
 //   compress_step
 //   compress_step_finish
 //   indexer_step_finish
+//   indexer_step
 //   indexer_query
+//   indexer_query_early
 
 #endif // DSV4_PROLOGUE_ABI_H

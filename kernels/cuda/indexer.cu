@@ -131,12 +131,43 @@ __device__ __forceinline__ void warp_mxfp4_store(u8* dst, const float v[4], int 
 
 // RoPE of the lane's two pairs of the rope half (lanes 16..31: pairs
 // 2(lane-16) and 2(lane-16)+1 of the table's row pos).
-__device__ __forceinline__ void indexer_rope(float v[4], const float* rope, int pos, int lane) {
+__device__ __forceinline__ float4 indexer_rope_cs(const float* rope, int pos, int lane) {
+    return lane >= 16 ? ld_f4(rope + (size_t)pos * ROPE_DIM + 4 * (lane - 16)) : make_float4(0.f, 0.f, 0.f, 0.f);
+}
+__device__ __forceinline__ void indexer_rope(float v[4], float4 cs, int lane) {
     if (lane >= 16) {
-        const float4 cs = ld_f4(rope + (size_t)pos * ROPE_DIM + 4 * (lane - 16));
         rope_pair(v[0], v[1], cs.x, cs.y);
         rope_pair(v[2], v[3], cs.z, cs.w);
     }
+}
+
+// indexer_entry_store turns the lane's 4 pooled values x (values [4 lane,
+// 4 lane + 4) of an entry, float32 as pooled) into the entry at dst: bf16,
+// RMSNorm with the lane's norm weights w (W = 128), RoPE with the lane's
+// table pairs cs (indexer_rope_cs at position index*4), Hadamard, MXFP4.
+// The one source of the indexer entry's rounding: indexer_step_finish and
+// indexer_step both call it.
+__device__ __forceinline__ void indexer_entry_store(u8* dst, float x[4], float4 w, float4 cs, float eps, float hscale,
+                                                    int lane) {
+    round2(x[0], x[1]);
+    round2(x[2], x[3]);
+    // The canonical sum of squares at W = 128: lane j's 4 squares in
+    // order (0 + x0*x0 is x0*x0 bit for bit), then the xor butterfly.
+    float s = __fmul_rn(x[0], x[0]);
+#pragma unroll
+    for (int i = 1; i < 4; i++) s = __fadd_rn(s, __fmul_rn(x[i], x[i]));
+#pragma unroll
+    for (int d = 16; d >= 1; d >>= 1) s = __fadd_rn(s, __shfl_xor_sync(FULL, s, d));
+    // s / 128 and 1 / root as multiplication by the exact 2^-7 and the
+    // correctly rounded reciprocal (warp_rms_inv's argument).
+    const float r = __frcp_rn(__fsqrt_rn(__fadd_rn(__fmul_rn(s, 1.f / (float)INDEXER_DIM), eps)));
+    float v[4] = {__fmul_rn(__fmul_rn(x[0], r), w.x), __fmul_rn(__fmul_rn(x[1], r), w.y),
+                  __fmul_rn(__fmul_rn(x[2], r), w.z), __fmul_rn(__fmul_rn(x[3], r), w.w)};
+    round2(v[0], v[1]);
+    round2(v[2], v[3]);
+    indexer_rope(v, cs, lane);
+    warp_hadamard(v, hscale, lane);
+    warp_mxfp4_store(dst, v, lane);
 }
 
 // indexer_step_finish: one warp per plan job turns the 128 pooled values
@@ -168,26 +199,264 @@ extern "C" __global__ void __launch_bounds__(32 * CFIN_WARPS) indexer_step_finis
         if (!cstep_job(seqs, jobs, nseqs, jb, kg_rows, slots, ratio, rope_positions, num_pages, page_size, J)) continue;
         const float4 p = *reinterpret_cast<const float4*>(scratch + (size_t)jb * INDEXER_DIM + 4 * lane);
         float x[4] = {p.x, p.y, p.z, p.w};
-        round2(x[0], x[1]);
-        round2(x[2], x[3]);
-        // The canonical sum of squares at W = 128: lane j's 4 squares in
-        // order (0 + x0*x0 is x0*x0 bit for bit), then the xor butterfly.
-        float s = __fmul_rn(x[0], x[0]);
+        indexer_entry_store(pool + ((size_t)J.page * page_size + J.off) * MXFP4_ROW_BYTES, x, ld_f4(norm + 4 * lane),
+                            indexer_rope_cs(rope, J.index * ratio, lane), eps, hscale, lane);
+    }
+}
+
+// indexer_step: the indexer compressor's whole step in one kernel
+// (compress_step with dim 128, then indexer_step_finish, without the
+// pooled values' round trip through scratch and the second launch). The
+// arguments are the two kernels' (s: compress_step's, f:
+// indexer_step_finish's; f.scratch unused), the same plan, the same
+// checks, the same bytes.
+//
+// Blocks [0, s.job_blocks): one entry a block at a time (grid-stride over
+// the plan's jobs), thread c pools channel c over all of the entry's n
+// candidates exactly as compress_entries does (PoolChannel's order: m
+// ascending with a strict >, s = sum of exp32(fl(G_j - m)) ascending, E =
+// sum of fl(fl(e_j / s) * K_j) ascending), every candidate's G, ape and K
+// loaded before the first use; the 128 pooled values go through shared
+// memory to warp 0, which stores the entry (indexer_entry_store).
+// The other blocks: compress_step's store of the kept rows (the same
+// items, ring slots and hazards), four values a thread as one 16-byte
+// load and store (KGStride, KGOffset and the rows are 16-byte multiples:
+// mla.CompressStepArgs.Validate), every load of an item before its stores.
+//
+// Ordering under programmatic dependent launch, as the prologue's direct
+// kernels (prologue.cu): before the wait a block reads only what no grid
+// in flight writes: the plan (uploaded by the host with the iteration's
+// metadata, engine Begin; read-only on the device), the norm weight and
+// the RoPE table: its first job's (or store item's) plan words, the
+// entry's norm weights and RoPE pairs. After the wait it reads the
+// projections and the ring (the GEMM's and the previous step's outputs)
+// and writes. So the wait is followed by one round of loads, not the five
+// dependent rounds (the header, the job, the sequence's words one by one,
+// the candidates, then K) of compress_step and four more of
+// indexer_step_finish after the grid between them.
+static_assert(IKEY_THREADS == INDEXER_DIM, "one thread per channel of the indexer's pooled row");
+static_assert(CPLAN_HDR_SEQS == 0 && CPLAN_HDR_JOBS == 1 && CPLAN_HDR_WORDS == 4 && CPLAN_JOB_WORDS == 4 && CPLAN_JOB_INDEX == 0 &&
+                  CPLAN_JOB_SEQ == 1 && CPLAN_JOB_PAGE == 2 && CPLAN_JOB_OFFSET == 3 && CPLAN_SEQ_WORDS == 8 &&
+                  CPLAN_SEQ_ROW == 0 && CPLAN_SEQ_ROWS == 1 && CPLAN_SEQ_START == 2 && CPLAN_SEQ_FROM == 3 && CPLAN_SEQ_TO == 4,
+              "indexer_step reads the plan's words as 16-byte vectors");
+#define IKEY_STORE_VEC 8  // 16-byte pieces a store thread loads before it stores
+
+// IKeyJob is plan job jb as indexer_step reads it: live (jb < the plan's
+// job count), ok (live and every check of cstep_job passes) and the
+// fields.
+struct IKeyJob {
+    bool live, ok;
+    int index, page, off, row, start, from;
+};
+
+// ikey_job reads job jb (< max_jobs) in two rounds: the header and the job
+// together (the job's words are inside the plan whatever the count says),
+// then the job's sequence, its two 16-byte halves at once. Every word of a
+// round is loaded before any is tested (ld_dep_v4 is volatile asm, so no
+// load sinks below a branch on another's value), and the checks are
+// cstep_job's, without its short-circuit chain of loads.
+__device__ __forceinline__ IKeyJob ikey_job(const int* plan, int jb, int max_seqs, int max_jobs, int kg_rows, int slots,
+                                            int ratio, int rope_positions, int num_pages, int page_size) {
+    const int* seqs = plan + CPLAN_HDR_WORDS;
+    const int* jobs = seqs + (size_t)max_seqs * CPLAN_SEQ_WORDS;
+    const uint4 hdr = ld_dep_v4(plan);
+    const uint4 jw = ld_dep_v4(jobs + (size_t)jb * CPLAN_JOB_WORDS);
+    IKeyJob J;
+    const int nseqs = min(max((int)hdr.x, 0), max_seqs), njobs = min(max((int)hdr.y, 0), max_jobs);
+    J.index = (int)jw.x;
+    const int si = (int)jw.y;
+    J.page = (int)jw.z;
+    J.off = (int)jw.w;
+    const uint4 q0 = ld_dep_v4(seqs + (size_t)min(max(si, 0), max_seqs - 1) * CPLAN_SEQ_WORDS);
+    const uint4 q1 = ld_dep_v4(seqs + (size_t)min(max(si, 0), max_seqs - 1) * CPLAN_SEQ_WORDS + 4);
+    J.row = (int)q0.x;
+    const int rows = (int)q0.y;
+    J.start = (int)q0.z;
+    J.from = (int)q0.w;
+    const int to = (int)q1.x;
+    const long long end = (long long)J.start + rows;
+    J.live = jb < njobs;
+    J.ok = J.live & (si >= 0) & (si < nseqs) & (J.row >= 0) & (rows >= 0) & ((long long)J.row <= (long long)kg_rows - rows) &
+           (J.start >= 0) & (J.from >= 0) & (J.from < slots) & (to >= 0) & (to < slots) & (J.index >= 0) &
+           ((long long)J.index * ratio < rope_positions) & (((long long)J.index + 1) * ratio <= end) & (J.page >= 0) &
+           (J.page < num_pages) & (J.off >= 0) & (J.off < page_size);
+    return J;
+}
+
+// IKeySeq is plan sequence si as indexer_step's store blocks read it (with
+// the header, in one round): live (si < the plan's sequence count), ok
+// (live and cplan_seq_ok) and the fields.
+struct IKeySeq {
+    bool live, ok;
+    int row, rows, start, from, to;
+};
+
+__device__ __forceinline__ IKeySeq ikey_seq(const int* plan, int si, int max_seqs, int kg_rows, int slots) {
+    const int* q = plan + CPLAN_HDR_WORDS + (size_t)si * CPLAN_SEQ_WORDS;
+    const uint4 hdr = ld_dep_v4(plan), q0 = ld_dep_v4(q), q1 = ld_dep_v4(q + 4);
+    IKeySeq S;
+    S.row = (int)q0.x;
+    S.rows = (int)q0.y;
+    S.start = (int)q0.z;
+    S.from = (int)q0.w;
+    S.to = (int)q1.x;
+    S.live = si < min(max((int)hdr.x, 0), max_seqs);
+    S.ok = S.live & (S.row >= 0) & (S.rows >= 0) & ((long long)S.row <= (long long)kg_rows - S.rows) & (S.start >= 0) &
+           (S.from >= 0) & (S.from < slots) & (S.to >= 0) & (S.to < slots);
+    return S;
+}
+
+extern "C" __global__ void __launch_bounds__(IKEY_THREADS) indexer_step(const CompressStepParams s, const CompressFinishParams f) {
+    const float *kg = s.kg, *ape = s.ape;
+    float* ring = s.ring;
+    const int* plan = s.plan;
+    const int kg_rows = s.kg_rows, ring_rows = s.ring_rows, slots = s.slots, max_seqs = s.max_seqs,
+              max_jobs = s.max_jobs, ratio = s.ratio, width = s.width, rope_positions = s.rope_positions,
+              page_size = s.page_size, num_pages = s.num_pages, job_blocks = s.job_blocks;
+    const size_t kg_stride = (size_t)s.kg_stride;
+    const size_t row_vals = 2 * (size_t)width;  // K then G
+    const int c = threadIdx.x, lane = threadIdx.x % 32;
+    __shared__ __align__(16) float pooled[INDEXER_DIM];
+
+    if ((int)blockIdx.x < job_blocks) {
+        const float* rope = f.rope;
+        u8* pool = f.pool;
+        const float eps = f.eps, hscale = f.hscale;
+        // Before the wait: warp 0's norm weights (every entry's), the
+        // block's first job and its RoPE pairs.
+        const float4 w = c < 32 ? ld_f4(f.norm + 4 * lane) : make_float4(0.f, 0.f, 0.f, 0.f);
+        int jb = blockIdx.x;
+        IKeyJob J;
+        J.live = J.ok = false;
+        if (jb < max_jobs) J = ikey_job(plan, jb, max_seqs, max_jobs, kg_rows, slots, ratio, rope_positions, num_pages, page_size);
+        float4 cs = c < 32 && J.ok ? indexer_rope_cs(rope, J.index * ratio, lane) : make_float4(0.f, 0.f, 0.f, 0.f);
+        pdl_wait();
+        pdl_trigger();
+        // Block-uniform: every thread reads the same job.
+        while (J.live) {
+            if (J.ok) {
+                const int index = J.index, jrow = J.row, jstart = J.start, jfrom = J.from;
+                const int n = index > 0 ? 8 : 4;  // ratio 4
+                const int nlo = n - 4;             // candidates [0, nlo) read columns [0, 128), the rest [128, 256)
+                const int first = (index + 1) * ratio - n;  // position of candidate 0
+                const int ring0 = first % ring_rows;
+                const float* ring_s = ring + (size_t)jfrom * ring_rows * row_vals;
+                const float* kg_s = kg + (size_t)jrow * kg_stride;
+                float gv[8], kv[8], av[8];
 #pragma unroll
-        for (int i = 1; i < 4; i++) s = __fadd_rn(s, __fmul_rn(x[i], x[i]));
+                for (int j = 0; j < 8; j++) {
+                    gv[j] = kv[j] = av[j] = 0.f;
+                    if (j < n) {
+                        // The candidates are n < ring_rows consecutive
+                        // positions: ring row (first + j) mod ring_rows is
+                        // first's row plus j, wrapped once at most.
+                        const int p = first + j;
+                        const int rr = ring0 + j >= ring_rows ? ring0 + j - ring_rows : ring0 + j;
+                        const float* src = p >= jstart ? kg_s + (size_t)(p - jstart) * kg_stride : ring_s + (size_t)rr * row_vals;
+                        const int col = j < nlo ? c : INDEXER_DIM + c;
+                        gv[j] = src[width + col];
+                        kv[j] = src[col];
+                        if (p >= jstart && ape != nullptr) av[j] = ape[(size_t)(p & (ratio - 1)) * width + col];
+                    }
+                }
+                float m = __uint_as_float(0xff800000u);  // -Inf
 #pragma unroll
-        for (int d = 16; d >= 1; d >>= 1) s = __fadd_rn(s, __shfl_xor_sync(FULL, s, d));
-        // s / 128 and 1 / root as multiplication by the exact 2^-7 and the
-        // correctly rounded reciprocal (warp_rms_inv's argument).
-        const float r = __frcp_rn(__fsqrt_rn(__fadd_rn(__fmul_rn(s, 1.f / (float)INDEXER_DIM), eps)));
-        const float4 w = ld_f4(norm + 4 * lane);
-        float v[4] = {__fmul_rn(__fmul_rn(x[0], r), w.x), __fmul_rn(__fmul_rn(x[1], r), w.y),
-                      __fmul_rn(__fmul_rn(x[2], r), w.z), __fmul_rn(__fmul_rn(x[3], r), w.w)};
-        round2(v[0], v[1]);
-        round2(v[2], v[3]);
-        indexer_rope(v, rope, J.index * ratio, lane);
-        warp_hadamard(v, hscale, lane);
-        warp_mxfp4_store(pool + ((size_t)J.page * page_size + J.off) * MXFP4_ROW_BYTES, v, lane);
+                for (int j = 0; j < 8; j++) {
+                    if (j < n) {
+                        if (first + j >= jstart && ape != nullptr) gv[j] = __fadd_rn(gv[j], av[j]);
+                        m = gv[j] > m ? gv[j] : m;
+                    }
+                }
+                float sum = 0.f;
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    if (j < n) {
+                        gv[j] = exp32(__fsub_rn(gv[j], m));
+                        sum = __fadd_rn(sum, gv[j]);
+                    }
+                }
+                float acc = 0.f;
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+                    if (j < n) acc = __fadd_rn(acc, __fmul_rn(__fdiv_rn(gv[j], sum), kv[j]));
+                pooled[c] = acc;
+                __syncthreads();
+                if (c < 32) {
+                    const float4 pv = *reinterpret_cast<const float4*>(pooled + 4 * lane);
+                    float x[4] = {pv.x, pv.y, pv.z, pv.w};
+                    indexer_entry_store(pool + ((size_t)J.page * page_size + J.off) * MXFP4_ROW_BYTES, x, w, cs, eps, hscale, lane);
+                }
+                __syncthreads();  // pooled is rewritten by the block's next job
+            }
+            jb += job_blocks;
+            if (jb >= max_jobs) break;
+            J = ikey_job(plan, jb, max_seqs, max_jobs, kg_rows, slots, ratio, rope_positions, num_pages, page_size);
+            cs = c < 32 && J.ok ? indexer_rope_cs(rope, J.index * ratio, lane) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+        return;
+    }
+
+    // compress_step's store items: (sequence, chunk of CSTEP_STORE_ROWS
+    // kept rows); the block's first item's plan words before the wait.
+    const int sb = blockIdx.x - job_blocks, nsb = gridDim.x - job_blocks;
+    const int chunks = (ring_rows + CSTEP_STORE_ROWS - 1) / CSTEP_STORE_ROWS;
+    int item = sb;
+    IKeySeq S;
+    S.live = S.ok = false;
+    if (item < max_seqs * chunks) S = ikey_seq(plan, item / chunks, max_seqs, kg_rows, slots);
+    pdl_wait();
+    pdl_trigger();
+    while (S.live) {
+        const int ch = item % chunks;
+        const int row = S.row, start = S.start, from = S.from, to = S.to;
+        const long long end = (long long)start + S.rows;
+        const long long lo0 = to != from ? max(0LL, end - ring_rows) : max((long long)start, end - ring_rows);
+        const long long lo = lo0 + (long long)ch * CSTEP_STORE_ROWS;
+        const int rv4 = (int)row_vals / 4;
+        const int vals4 = S.ok && lo < end ? (int)min((long long)CSTEP_STORE_ROWS, end - lo) * rv4 : 0;
+        for (int i0 = threadIdx.x; i0 < vals4; i0 += IKEY_STORE_VEC * blockDim.x) {
+            // Every load of the batch (the rows' values and their ape
+            // terms) before the first add: an add right after its load
+            // would hold the next load back until the first returns.
+            float4 x[IKEY_STORE_VEC], a[IKEY_STORE_VEC];
+#pragma unroll
+            for (int u = 0; u < IKEY_STORE_VEC; u++) {
+                const int i = i0 + u * blockDim.x;
+                x[u] = a[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+                if (i < vals4) {
+                    const long long p = lo + i / rv4;
+                    const int v = 4 * (i % rv4);
+                    if (p >= start) {
+                        x[u] = *reinterpret_cast<const float4*>(kg + (size_t)(row + (p - start)) * kg_stride + v);
+                        if (v >= width && ape != nullptr)
+                            a[u] = *reinterpret_cast<const float4*>(ape + (size_t)(p & (ratio - 1)) * width + (v - width));
+                    } else {
+                        x[u] = *reinterpret_cast<const float4*>(ring + ((size_t)from * ring_rows + (size_t)(p % ring_rows)) * row_vals + v);
+                    }
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < IKEY_STORE_VEC; u++) {
+                const int i = i0 + u * blockDim.x;
+                if (i < vals4 && lo + i / rv4 >= start && 4 * (i % rv4) >= width && ape != nullptr) {
+                    x[u].x = __fadd_rn(x[u].x, a[u].x);
+                    x[u].y = __fadd_rn(x[u].y, a[u].y);
+                    x[u].z = __fadd_rn(x[u].z, a[u].z);
+                    x[u].w = __fadd_rn(x[u].w, a[u].w);
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < IKEY_STORE_VEC; u++) {
+                const int i = i0 + u * blockDim.x;
+                if (i < vals4) {
+                    const long long p = lo + i / rv4;
+                    *reinterpret_cast<float4*>(ring + ((size_t)to * ring_rows + (size_t)(p % ring_rows)) * row_vals + 4 * (i % rv4)) = x[u];
+                }
+            }
+        }
+        item += nsb;
+        if (item >= max_seqs * chunks) break;
+        S = ikey_seq(plan, item / chunks, max_seqs, kg_rows, slots);
     }
 }
 
@@ -205,26 +474,62 @@ extern "C" __global__ void __launch_bounds__(32 * CFIN_WARPS) indexer_step_finis
 // scale folded in. Padding rows and positions outside the table write
 // zeros to both. The rows go side by side, each with one row's arithmetic.
 static_assert(INDEXER_HEADS % IQ_ROWS == 0, "a warp's rows are heads of one token");
-extern "C" __global__ void __launch_bounds__(32 * IQ_WARPS)
-    indexer_query(const Params p0, const IndexerQueryParams args) {
+//
+// indexer_query_early (EARLY): the same rows and bytes, but the metadata
+// (the header, the token's sequence and position) and the RoPE pairs of
+// the warp's first unit are read before pdl_wait, as the prologue's
+// direct kernels read them (prologue.cu: before the wait a grid reads only
+// what no grid in flight writes: the metadata, uploaded by the host before
+// the iteration, and the RoPE table), and the head weight is loaded with
+// the row instead of after the Hadamard: after the wait a warp has one
+// round of loads (its rows and the weight) before its arithmetic, not
+// three or four.
+template <bool EARLY>
+__device__ __forceinline__ void indexer_query_impl(const Params& p0, const IndexerQueryParams& args) {
     constexpr int R = IQ_ROWS;
     void* w_out = args.w_out;
     const int w_stride = args.w_stride, fp8 = args.fp8;
     const float hscale = args.hscale, wscale = args.wscale;
-    pdl_wait();
-    pdl_trigger();
-    const Params p = with_header(p0);
     const int lane = threadIdx.x % 32;
     const int warps = gridDim.x * IQ_WARPS;
+    const int unit0 = blockIdx.x * IQ_WARPS + threadIdx.x / 32;
+    Params p;
+    bool ok0 = false;
+    int pos0 = 0;
+    float4 cs0 = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (EARLY) {
+        p = with_header(p0);
+        if (unit0 < p.rows * (INDEXER_HEADS / R)) {
+            int b;
+            ok0 = resolve(p, unit0 / (INDEXER_HEADS / R), b, pos0);
+            if (ok0 && lane >= 16) cs0 = ld_f4(p.rope + (size_t)pos0 * ROPE_DIM + 4 * (lane - 16));
+        }
+        pdl_wait();
+        pdl_trigger();
+    } else {
+        pdl_wait();
+        pdl_trigger();
+        p = with_header(p0);
+    }
     const float* weight = p.weight;
     const int row_bytes = fp8 ? INDEXER_DIM : MXFP4_ROW_BYTES;
-    for (int unit = blockIdx.x * IQ_WARPS + threadIdx.x / 32; unit < p.rows * (INDEXER_HEADS / R); unit += warps) {
+    for (int unit = unit0; unit < p.rows * (INDEXER_HEADS / R); unit += warps) {
         const int local = unit / (INDEXER_HEADS / R), h0 = unit % (INDEXER_HEADS / R) * R;
         const int t = p.row_begin + local;
         const size_t row0 = (size_t)t * INDEXER_HEADS + h0;
         u8* dst0 = p.out + row0 * row_bytes;
         int b, pos;
-        if (!resolve(p, local, b, pos)) {
+        bool ok;
+        float4 cs = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (EARLY && unit == unit0) {
+            ok = ok0;
+            pos = pos0;
+            cs = cs0;
+        } else {
+            ok = resolve(p, local, b, pos);
+            if (ok && lane >= 16) cs = ld_f4(p.rope + (size_t)pos * ROPE_DIM + 4 * (lane - 16));
+        }
+        if (!ok) {
 #pragma unroll
             for (int r = 0; r < R; r++) {
                 u8* dst = dst0 + (size_t)r * row_bytes;
@@ -243,8 +548,11 @@ extern "C" __global__ void __launch_bounds__(32 * IQ_WARPS)
         uint2 raw[R];
 #pragma unroll
         for (int r = 0; r < R; r++) raw[r] = *reinterpret_cast<const uint2*>(src + (size_t)r * INDEXER_DIM * 2);
-        float4 cs = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (lane >= 16) cs = ld_f4(p.rope + (size_t)pos * ROPE_DIM + 4 * (lane - 16));
+        float wv[R];
+        if (EARLY && lane == 0) {
+#pragma unroll
+            for (int r = 0; r < R; r++) wv[r] = ld_dep_f32(weight + (size_t)t * w_stride + h0 + r);
+        }
         float v[R][4];
 #pragma unroll
         for (int r = 0; r < R; r++) {
@@ -258,8 +566,7 @@ extern "C" __global__ void __launch_bounds__(32 * IQ_WARPS)
             }
         }
         warp_hadamard_rows<R>(v, hscale, lane);
-        float wv[R];
-        if (lane == 0) {
+        if (!EARLY && lane == 0) {
 #pragma unroll
             for (int r = 0; r < R; r++) wv[r] = ld_dep_f32(weight + (size_t)t * w_stride + h0 + r);
         }
@@ -295,4 +602,14 @@ extern "C" __global__ void __launch_bounds__(32 * IQ_WARPS)
             }
         }
     }
+}
+
+extern "C" __global__ void __launch_bounds__(32 * IQ_WARPS)
+    indexer_query(const Params p0, const IndexerQueryParams args) {
+    indexer_query_impl<false>(p0, args);
+}
+
+extern "C" __global__ void __launch_bounds__(32 * IQ_WARPS)
+    indexer_query_early(const Params p0, const IndexerQueryParams args) {
+    indexer_query_impl<true>(p0, args);
 }

@@ -129,6 +129,12 @@ func NewTuned(opts Options, k cudatune.Knobs) (*Backend, error) {
 	if _, err := bf16MMAKernelOf(k.BF16MMADepth, k.BF16MMAReduce, k.BF16MMAWarpRows); err != nil {
 		return nil, err
 	}
+	if k.IndexerKeys != cudatune.IndexerKeysSplit && k.IndexerKeys != cudatune.IndexerKeysFused {
+		return nil, fmt.Errorf("cuda: Knobs.IndexerKeys = %d names no kernels", k.IndexerKeys)
+	}
+	if k.IndexerQuery != cudatune.IndexerQueryLate && k.IndexerQuery != cudatune.IndexerQueryEarly {
+		return nil, fmt.Errorf("cuda: Knobs.IndexerQuery = %d names no kernel", k.IndexerQuery)
+	}
 	c, err := driver.Open(opts.Device)
 	if err != nil {
 		return nil, err

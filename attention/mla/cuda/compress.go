@@ -35,7 +35,9 @@ type compressState struct {
 	step    *driver.Function // compress_step
 	finish  *driver.Function // compress_step_finish
 	ifinish *driver.Function // indexer_step_finish
+	istep   *driver.Function // indexer_step
 	iquery  *driver.Function // indexer_query
+	iqearly *driver.Function // indexer_query_early
 	err     error            // a failed load, returned by every later call
 	scratch mla.Buffer       // jobs then candidate codes of CompressEntries
 }
@@ -234,7 +236,8 @@ func (b *Backend) LoadCompressor() error {
 		}
 	}
 	c.mod, c.fn, c.step, c.finish = mod, fns["compress_entries"], fns["compress_step"], fns["compress_step_finish"]
-	c.ifinish, c.iquery = fns["indexer_step_finish"], fns["indexer_query"]
+	c.ifinish, c.istep = fns["indexer_step_finish"], fns["indexer_step"]
+	c.iquery, c.iqearly = fns["indexer_query"], fns["indexer_query_early"]
 	return nil
 }
 
@@ -417,7 +420,8 @@ func (b *Backend) closeCompress() error {
 	b.comp.scratch = nil
 	if b.comp.mod != nil {
 		errs = append(errs, b.comp.mod.Unload())
-		b.comp.mod, b.comp.fn, b.comp.step, b.comp.finish, b.comp.ifinish, b.comp.iquery = nil, nil, nil, nil, nil, nil
+		b.comp.mod, b.comp.fn, b.comp.step, b.comp.finish = nil, nil, nil, nil
+		b.comp.ifinish, b.comp.istep, b.comp.iquery, b.comp.iqearly = nil, nil, nil, nil
 	}
 	return errors.Join(errs...)
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/dsv4mla/prologue/attention/mla"
+	"github.com/dsv4mla/prologue/internal/cudatune"
 	"github.com/dsv4mla/prologue/kernels/cuda/abi"
 	"github.com/dsv4mla/prologue/kernels/cuda/driver"
 	"github.com/dsv4mla/prologue/numerics"
@@ -24,7 +25,9 @@ const (
 
 // CompressStep implements mla.CompressStepper: compress_step then
 // compress_step_finish of kernels/cuda/compress.cu (indexer_step_finish of
-// indexer.cu for the indexer's entries) on the backend's current
+// indexer.cu for the indexer's entries; with Knobs.IndexerKeys
+// IndexerKeysFused the indexer's step is indexer_step alone, one launch)
+// on the backend's current
 // stream (the main stream, or the side stream inside Side), with
 // programmatic dependent launch like the other kernels. The grids depend on
 // the capacities (MaxJobs, MaxSeqs, RingRows) only, so a CUDA graph
@@ -40,7 +43,11 @@ func (b *Backend) CompressStep(ctx context.Context, a *mla.CompressStepArgs) err
 	if err := b.LoadCompressor(); err != nil {
 		return err
 	}
+	fused := a.Entry == mla.EntryIndexer && b.knobs.IndexerKeys == cudatune.IndexerKeysFused
 	jobBlocks := int(b.chainGrid(a.MaxJobs * abi.CompressStepTilesDim(a.Ratio, a.Entry.Dim())))
+	if fused {
+		jobBlocks = int(b.chainGrid(a.MaxJobs)) // one entry a block
+	}
 	step, finish, err := compressStepParams(a, jobBlocks)
 	if err != nil {
 		return err
@@ -48,6 +55,12 @@ func (b *Backend) CompressStep(ctx context.Context, a *mla.CompressStepArgs) err
 	// The blocks that write the ring rows, a chunk of compressStoreRows rows
 	// of one sequence at a time, capped by the architecture description.
 	storeBlocks := min(a.MaxSeqs*((a.RingRows+compressStoreRows-1)/compressStoreRows), b.arch.CompressStoreBlocksPerSM*b.arch.SMs)
+	if fused {
+		// indexer_step: the pooling, the entries and the kept rows in one
+		// launch (both parameter structs; the finish's scratch unused).
+		return b.launchShared(b.comp.istep, driver.Dim3{uint32(jobBlocks + storeBlocks), 1, 1}, driver.Dim3{abi.IndexerStepThreads, 1, 1}, 0,
+			driver.Bytes(step), driver.Bytes(finish))
+	}
 	if err := b.launchShared(b.comp.step, driver.Dim3{uint32(jobBlocks + storeBlocks), 1, 1}, driver.Dim3{compressStepThreads, 1, 1}, 0,
 		driver.Bytes(step)); err != nil {
 		return err

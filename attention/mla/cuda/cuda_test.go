@@ -168,6 +168,32 @@ func TestCUDAIndexerRotation(t *testing.T) {
 	mlatest.TestIndexerRotation(t, backend(t))
 }
 
+// TestCUDAIndexerKernels runs the compressor step's and the indexer
+// query's conformance suites and rotate both or neither under each choice
+// of the indexer's kernels (cudatune.Knobs.IndexerKeys, IndexerQuery):
+// every one writes mlatest's reference bytes, whichever is the default.
+func TestCUDAIndexerKernels(t *testing.T) {
+	if err := cuda.Available(); err != nil {
+		t.Skipf("CUDA backend unavailable: %v", err)
+	}
+	for _, v := range []struct {
+		name string
+		k    cudatune.Knobs
+	}{
+		{"split+late", cudatune.Knobs{IndexerKeys: cudatune.IndexerKeysSplit, IndexerQuery: cudatune.IndexerQueryLate}},
+		{"fused+early", cudatune.Knobs{IndexerKeys: cudatune.IndexerKeysFused, IndexerQuery: cudatune.IndexerQueryEarly}},
+	} {
+		b, err := cuda.NewTuned(cuda.Options{}, v.k)
+		require.NoError(t, err)
+		t.Run(v.name, func(t *testing.T) {
+			t.Run("CompressStep", func(t *testing.T) { mlatest.TestCompressStep(t, b) })
+			t.Run("IndexerQuery", func(t *testing.T) { mlatest.TestIndexerQuery(t, b) })
+			t.Run("IndexerRotation", func(t *testing.T) { mlatest.TestIndexerRotation(t, b) })
+		})
+		require.NoError(t, b.Close())
+	}
+}
+
 func TestCUDAMixedEqualsParts(t *testing.T) {
 	mlatest.MixedEqualsParts(t, backend(t))
 }

@@ -62,7 +62,11 @@
 // weight, or in mla.IndexerQueryFP8 e4m3 with one UE8M0 scale a row folded
 // into a float32 head weight) and
 // indexer_step_finish (CompressStep with mla.EntryIndexer, after
-// compress_step at width 128).
+// compress_step at width 128). cudatune.Knobs picks other kernels with
+// the same bytes: IndexerKeysFused runs the key step as indexer_step (the
+// pooling and the entry in one launch, one entry a block, its plan words
+// read before the PDL wait), IndexerQueryEarly the query as
+// indexer_query_early (its metadata read before the wait).
 //
 // The indexer's top-k selection (DESIGN.md section 9, mla.TopKSelector)
 // runs kernels/cuda/topk.cu, loaded at first use (LoadTopK): topk_score

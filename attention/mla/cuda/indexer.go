@@ -4,13 +4,15 @@ import (
 	"context"
 
 	"github.com/dsv4mla/prologue/attention/mla"
+	"github.com/dsv4mla/prologue/internal/cudatune"
 	"github.com/dsv4mla/prologue/kernels/cuda/abi"
 	"github.com/dsv4mla/prologue/kernels/cuda/driver"
 	"github.com/dsv4mla/prologue/numerics"
 )
 
 // IndexerQuery implements mla.IndexerQuerier: indexer_query of
-// kernels/cuda/indexer.cu (in the compressor's module) on the backend's
+// kernels/cuda/indexer.cu (in the compressor's module; indexer_query_early
+// with Knobs.IndexerQuery IndexerQueryEarly, the same bytes) on the backend's
 // current stream, one warp per abi.IndexerQueryRows (token, head) rows in a's Format, with the
 // Q prologue's Params (kernels/cuda/abi) for the token's position and its
 // own IndexerQueryParams (the head weights, the format): the grid depends on
@@ -39,7 +41,11 @@ func (b *Backend) IndexerQuery(ctx context.Context, l mla.Launch, a *mla.Indexer
 	}
 	warps := l.Rows * mla.IndexerHeads / abi.IndexerQueryRows
 	blocks := b.chainGrid((warps + abi.IndexerQueryWarps - 1) / abi.IndexerQueryWarps)
-	return b.launchShared(b.comp.iquery, driver.Dim3{blocks, 1, 1}, driver.Dim3{32 * abi.IndexerQueryWarps, 1, 1}, 0,
+	fn := b.comp.iquery
+	if b.knobs.IndexerQuery == cudatune.IndexerQueryEarly {
+		fn = b.comp.iqearly
+	}
+	return b.launchShared(fn, driver.Dim3{blocks, 1, 1}, driver.Dim3{32 * abi.IndexerQueryWarps, 1, 1}, 0,
 		driver.Bytes(p), driver.Bytes(iq))
 }
 

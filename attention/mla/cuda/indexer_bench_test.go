@@ -12,32 +12,48 @@ import (
 	"github.com/dsv4mla/prologue/attention/mla"
 	"github.com/dsv4mla/prologue/attention/mla/cuda"
 	"github.com/dsv4mla/prologue/attention/mla/mlatest"
+	"github.com/dsv4mla/prologue/internal/cudatune"
 	"github.com/dsv4mla/prologue/metadata"
 )
 
 // BenchmarkCUDAIndexer times the indexer's prologue kernels of one ratio-4
 // layer (DESIGN.md section 9) after their GEMMs: the query (RoPE, Hadamard,
-// MXFP4 of 64 heads and the head weights: indexer_query) and the key cache
-// (the indexer compressor's step: compress_step at width 128 and
-// indexer_step_finish), at b = 32 MTP 3 (128 rows, decode steps of 4 rows
-// mid-sequence) and at 4K and 16K-token prefill. Each is captured 20 times
-// in one CUDA graph; the best replay of b.N is reported per call, beside
-// its copy floor: the time a device-to-device copy takes to move as many
-// bytes (each byte a copy moves is read once and written once, so the
-// floor of R bytes read and W written is (R+W)/2 at the copy rate).
+// MXFP4 of 64 heads and the head weights) and the key cache (the indexer
+// compressor's step), at b = 32 MTP 3 (128 rows, decode steps of 4 rows
+// mid-sequence), b = 1 MTP 3 (4 rows) and at 4K and 16K-token prefill,
+// each under every kernel choice (cudatune.Knobs.IndexerQuery: late =
+// indexer_query, early = indexer_query_early; IndexerKeys: split =
+// compress_step at width 128 then indexer_step_finish, fused =
+// indexer_step). Each is captured 20 times in one CUDA graph; the best
+// replay of b.N is reported per call, beside its copy floor: the time a
+// device-to-device copy takes to move as many bytes (each byte a copy
+// moves is read once and written once, so the floor of R bytes read and W
+// written is (R+W)/2 at the copy rate).
 func BenchmarkCUDAIndexer(bm *testing.B) {
 	if err := cuda.Available(); err != nil {
 		bm.Skipf("CUDA backend unavailable: %v", err)
 	}
-	b, err := cuda.New(cuda.Options{})
-	require.NoError(bm, err)
-	defer b.Close()
-	require.NoError(bm, b.LoadCompressor())
-	copyRate := measureCopyRate(bm, b)
+	type kernels struct {
+		name string
+		k    cudatune.Knobs
+	}
+	queryKernels := []kernels{{"late", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryLate}},
+		{"early", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryEarly}}}
+	keyKernels := []kernels{{"split", cudatune.Knobs{IndexerKeys: cudatune.IndexerKeysSplit}},
+		{"fused", cudatune.Knobs{IndexerKeys: cudatune.IndexerKeysFused}}}
+	backends := map[string]*cuda.Backend{}
+	for _, v := range append(append([]kernels(nil), queryKernels...), keyKernels...) {
+		b, err := cuda.NewTuned(cuda.Options{}, v.k)
+		require.NoError(bm, err)
+		defer b.Close()
+		require.NoError(bm, b.LoadCompressor())
+		backends[v.name] = b
+	}
+	copyRate := measureCopyRate(bm, backends["late"])
 	bm.Logf("device-to-device copy: %.0f GB/s", copyRate/1e9)
 	ctx := context.Background()
 	const reps = 20
-	timeGraph := func(bm *testing.B, f func() error) float64 {
+	timeGraph := func(bm *testing.B, b *cuda.Backend, f func() error) float64 {
 		g, err := b.Capture(func() error {
 			for range reps {
 				if err := f(); err != nil {
@@ -65,53 +81,61 @@ func BenchmarkCUDAIndexer(bm *testing.B) {
 		reqs []metadata.Request
 		seqs []mlatest.CompressSeqSpec
 	}
-	var gen []metadata.Request
-	var genSeqs []mlatest.CompressSeqSpec
 	cached := map[uint64]int{}
-	for i := range 32 {
-		gen = append(gen, metadata.Request{Seq: uint64(i + 1), Phase: metadata.Generation, MTP: 3})
-		cached[uint64(i+1)] = 1000 + 97*i
-		genSeqs = append(genSeqs, mlatest.CompressSeqSpec{Start: 1000 + 97*i, Rows: 4})
+	decode := func(n int) shape {
+		s := shape{name: fmt.Sprintf("b%d-mtp3", n)}
+		for i := range n {
+			s.reqs = append(s.reqs, metadata.Request{Seq: uint64(i + 1), Phase: metadata.Generation, MTP: 3})
+			cached[uint64(i+1)] = 1000 + 97*i
+			s.seqs = append(s.seqs, mlatest.CompressSeqSpec{Start: 1000 + 97*i, Rows: 4})
+		}
+		return s
 	}
-	shapes := []shape{{"b32-mtp3", gen, genSeqs}}
+	shapes := []shape{decode(32), decode(1)}
 	for _, n := range []int{4096, 16384} {
 		shapes = append(shapes, shape{fmt.Sprintf("prefill-%dK", n/1024),
 			[]metadata.Request{{Seq: 1, Phase: metadata.Context, NewTokens: n}}, []mlatest.CompressSeqSpec{{Start: 0, Rows: n}}})
 	}
 	for _, s := range shapes {
-		bm.Run("query/"+s.name, func(bm *testing.B) {
-			c, err := mlatest.NewIndexerQueryCase(mlatest.Scenario{Name: s.name, Reqs: s.reqs, Cached: cached, Heads: 1, PageSize: 64}, 1)
-			require.NoError(bm, err)
-			a, free, err := c.Upload(b)
-			require.NoError(bm, err)
-			defer free()
-			launches := mla.Plan(c.M)
-			per := timeGraph(bm, func() error { return mla.RunIndexerQuery(ctx, b, launches, a) })
-			rows := c.M.Tokens
-			moved := float64(rows) * mla.IndexerHeads * (mla.IndexerDim*2 + 4 + mla.IndexerEntryBytes + 2)
-			bm.ReportMetric(per*1e6, "us/layer")
-			floor := moved / 2 / copyRate
-			bm.ReportMetric(floor*1e6, "us-copy-floor")
-			bm.Logf("indexer query %s: %d rows, %.2f us a layer (floor %.2f us: %.0f bytes read and written)", s.name, rows, per*1e6, floor*1e6, moved)
-		})
-		bm.Run("keys/"+s.name, func(bm *testing.B) {
-			cs, err := mlatest.NewCompressCase(mlatest.CompressScenario{Name: s.name, Ratio: 4, MaxDrafts: 3, PageSize: 64, APE: true,
-				Indexer: true, Seqs: s.seqs}, 1)
-			require.NoError(bm, err)
-			a, free, err := cs.Upload(b)
-			require.NoError(bm, err)
-			defer free()
-			per := timeGraph(bm, func() error { return b.CompressStep(ctx, a) })
-			rows := 0
-			for _, q := range s.seqs {
-				rows += q.Rows
-			}
-			moved := float64(rows)*2*256*4*2 + float64(len(cs.Plan.Jobs))*mla.IndexerEntryBytes // KG read, ring written, entries
-			bm.ReportMetric(per*1e6, "us/layer")
-			floor := moved / 2 / copyRate
-			bm.ReportMetric(floor*1e6, "us-copy-floor")
-			bm.Logf("indexer keys %s: %d rows, %d entries, %.2f us a layer (floor %.2f us)", s.name, rows, len(cs.Plan.Jobs), per*1e6, floor*1e6)
-		})
+		for _, kv := range queryKernels {
+			b := backends[kv.name]
+			bm.Run("query/"+s.name+"/"+kv.name, func(bm *testing.B) {
+				c, err := mlatest.NewIndexerQueryCase(mlatest.Scenario{Name: s.name, Reqs: s.reqs, Cached: cached, Heads: 1, PageSize: 64}, 1)
+				require.NoError(bm, err)
+				a, free, err := c.Upload(b)
+				require.NoError(bm, err)
+				defer free()
+				launches := mla.Plan(c.M)
+				per := timeGraph(bm, b, func() error { return mla.RunIndexerQuery(ctx, b, launches, a) })
+				rows := c.M.Tokens
+				moved := float64(rows) * mla.IndexerHeads * (mla.IndexerDim*2 + 4 + mla.IndexerEntryBytes + 2)
+				bm.ReportMetric(per*1e6, "us/layer")
+				floor := moved / 2 / copyRate
+				bm.ReportMetric(floor*1e6, "us-copy-floor")
+				bm.Logf("indexer query %s %s: %d rows, %.2f us a layer (floor %.2f us: %.0f bytes read and written)", s.name, kv.name, rows, per*1e6, floor*1e6, moved)
+			})
+		}
+		for _, kv := range keyKernels {
+			b := backends[kv.name]
+			bm.Run("keys/"+s.name+"/"+kv.name, func(bm *testing.B) {
+				cs, err := mlatest.NewCompressCase(mlatest.CompressScenario{Name: s.name, Ratio: 4, MaxDrafts: 3, PageSize: 64, APE: true,
+					Indexer: true, Seqs: s.seqs}, 1)
+				require.NoError(bm, err)
+				a, free, err := cs.Upload(b)
+				require.NoError(bm, err)
+				defer free()
+				per := timeGraph(bm, b, func() error { return b.CompressStep(ctx, a) })
+				rows := 0
+				for _, q := range s.seqs {
+					rows += q.Rows
+				}
+				moved := float64(rows)*2*256*4*2 + float64(len(cs.Plan.Jobs))*mla.IndexerEntryBytes // KG read, ring written, entries
+				bm.ReportMetric(per*1e6, "us/layer")
+				floor := moved / 2 / copyRate
+				bm.ReportMetric(floor*1e6, "us-copy-floor")
+				bm.Logf("indexer keys %s %s: %d rows, %d entries, %.2f us a layer (floor %.2f us)", s.name, kv.name, rows, len(cs.Plan.Jobs), per*1e6, floor*1e6)
+			})
+		}
 	}
 }
 

@@ -123,9 +123,15 @@ const (
 	IndexerQueryRows  = 4
 )
 
+// IndexerStepThreads is an indexer_step block (the indexer compressor's
+// step in one kernel): one thread per channel of the indexer's pooled row
+// (mla.IndexerDim), one entry a block at a time.
+const IndexerStepThreads = 128
+
 // CompressKernels are the kernels the CUDA backend loads by name from the
 // compressor's module (compress.cu and indexer.cu, kernels/cuda.CompressSource).
-var CompressKernels = []string{"compress_entries", "compress_step", "compress_step_finish", "indexer_step_finish", "indexer_query"}
+var CompressKernels = []string{"compress_entries", "compress_step", "compress_step_finish", "indexer_step_finish", "indexer_step",
+	"indexer_query", "indexer_query_early"}
 
 // CompressStepTilesDim is the blocks (channel tiles) of one entry of a
 // ratio whose pooled rows have dim channels (512, or 128 for the indexer).
@@ -230,6 +236,7 @@ func Constants() []ConstGroup {
 			{"ENTRY_INDEXER", int(mla.EntryIndexer), "mla.CompressEntry: the indexer's compressor"},
 			{"IQ_WARPS", IndexerQueryWarps, "warps of an indexer_query block"},
 			{"IQ_ROWS", IndexerQueryRows, "(token, head) rows of one token an indexer_query warp carries at once"},
+			{"IKEY_THREADS", IndexerStepThreads, "threads of an indexer_step block, one per channel"},
 		}},
 		{"Streaming pipeline shared memory (StreamingSharedBytes).", []Const{
 			{"KV_SLOT_BYTES", KVSlotBytes, "a KV warp's ring slot: the latent row, then its RoPE row"},
