@@ -287,6 +287,9 @@ func (d *device) chainLayer(ctx context.Context, md model, cl *chainLayout, w *c
 			if err := d.compressStep(ctx, cl, comp, l, kg, stride); err != nil {
 				return err
 			}
+			if idx.noKeys {
+				return nil
+			}
 			return idx.x.keyStep(ctx, d.be, l)
 		}
 		if err := d.be.Side(ctx, side); err != nil {

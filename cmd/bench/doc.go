@@ -30,8 +30,10 @@
 // its wq_b GEMM after the Q prologue, its query step after the join) and
 // with its top-k selection too, every layer with its own weights in one
 // CUDA graph, the L2 flushed before each replay, and one layer alone so;
-// beside them two variants (the indexer's query on the side stream; the
-// three bf16 projections as three GEMMs, the engine before its one GEMM),
+// beside them three variants (the indexer's query on the side stream; the
+// three bf16 projections as three GEMMs, the engine before its one GEMM;
+// the prologue without its key step, whose difference is what the key
+// step on the side stream costs the layer),
 // the indexer's work alone, the added
 // weights' streaming floor and the share (b-a)/a against the 15% goal, and
 // at 128 tokens the query step alone in both query formats beside vLLM's

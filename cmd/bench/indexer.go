@@ -39,6 +39,7 @@ const (
 	idxTopK                      // (c) with the prologue and the top-k selection
 	idxSide                      // (b') as (b), its query's GEMM and step on the side stream
 	idxSeparate                  // (b'') as (b), the three bf16 projections as three GEMMs (the engine before its one GEMM)
+	idxNoKeys                    // (b-k) as (b) without the indexer's key step: what the step costs the layer
 	idxAlone                     // the indexer's prologue alone: its GEMMs and steps in order on one stream
 	idxQueryAlone                // the query step alone (no GEMM)
 	idxTopKAlone                 // the top-k selection alone
@@ -56,6 +57,8 @@ func (m idxMode) String() string {
 		return "with its prologue, query on the side stream"
 	case idxSeparate:
 		return "with its prologue, three bf16 projections"
+	case idxNoKeys:
+		return "with its prologue but the key step"
 	case idxAlone:
 		return "prologue alone"
 	case idxQueryAlone:
@@ -69,7 +72,7 @@ func (m idxMode) String() string {
 // idxModes are the graphs timed per shape, in order: those without the
 // selection first, so that a run cut short during the selection keeps
 // the prologue's figures.
-var idxModes = []idxMode{idxOff, idxPrologue, idxSide, idxSeparate, idxAlone, idxQueryAlone, idxTopK, idxTopKAlone}
+var idxModes = []idxMode{idxOff, idxPrologue, idxNoKeys, idxSide, idxSeparate, idxAlone, idxQueryAlone, idxTopK, idxTopKAlone}
 
 // idxWidth is one K or G row of the indexer compressor's projections.
 var idxWidth = compressor.Overlap(kvcache.DSv4IndexerRatio) * mla.IndexerDim
@@ -552,4 +555,6 @@ func (x *chainIdx) alone(ctx context.Context, be idxBackend, l int, mode idxMode
 type chainIdxStep struct {
 	x                    *chainIdx
 	topk, side, separate bool
+	// noKeys leaves the key step out (idxNoKeys).
+	noKeys bool
 }

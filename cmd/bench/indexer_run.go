@@ -59,6 +59,11 @@ type IndexerResult struct {
 	// engine before its one GEMM of the three); SeparateAddedPct its share.
 	SeparateUs       float64 `json:"separate_us"`
 	SeparateAddedPct float64 `json:"separate_added_pct"`
+	// NoKeysUs (b-k) is (b) without the indexer's key step (its
+	// compressor step on the side stream): PrologueUs - NoKeysUs is what
+	// the step costs the layer through the graph, 0 where the main stream
+	// hides it.
+	NoKeysUs float64 `json:"no_keys_us,omitempty"`
 	// ColdBaseUs, ColdPrologueUs and ColdTopKUs are (a), (b) and (c) of
 	// one layer alone in its graph, the L2 flushed before each replay: no
 	// neighbour layer overlaps its start or end. ColdAddedPct is
@@ -104,6 +109,8 @@ func (r *IndexerResult) modeUs(m idxMode) *float64 {
 		return &r.SideUs
 	case idxSeparate:
 		return &r.SeparateUs
+	case idxNoKeys:
+		return &r.NoKeysUs
 	case idxAlone:
 		return &r.AloneUs
 	case idxQueryAlone:
@@ -350,6 +357,8 @@ func indexerShape(c *config, d *device, md model, w *chainWeights, s shape, rep 
 			idx = &chainIdxStep{x: x, side: true}
 		case idxSeparate:
 			idx = &chainIdxStep{x: x, separate: true}
+		case idxNoKeys:
+			idx = &chainIdxStep{x: x, noKeys: true}
 		}
 		if mode == idxTopK && s.Tokens == 128 && s.Phase == "generation" && s.Context == 0 {
 			// The query step alone before the selection's graphs.
@@ -423,9 +432,9 @@ func (r *IndexerResult) line() string {
 	if !r.GoalMet {
 		verdict = "goal missed"
 	}
-	return fmt.Sprintf("indexer %-5s %-10s b=%-3d mtp=%d tokens=%-6d context=%-7d rows=%-6d: chain %8.2f, (a) ratio-4 layer %8.2f, (b) with the indexer's prologue %8.2f us/layer (%+7.2f us, %+6.1f%%: <= %g%% %s), (c) with top-k %8.2f (%+7.2f us, %+6.1f%%), (b') query on the side stream %8.2f (%+6.1f%%), (b'') three bf16 projections %8.2f (%+6.1f%%); one layer cold: (a) %8.2f, (b) %8.2f (%+6.1f%%), (c) %8.2f; alone: prologue %7.2f, query step %6.2f, top-k %7.2f; added weights %4.1f MB, floor %5.2f us (layer's %5.1f MB: %5.2f us); visible <= %d entries, %d rows score (top-k %d)",
+	return fmt.Sprintf("indexer %-5s %-10s b=%-3d mtp=%d tokens=%-6d context=%-7d rows=%-6d: chain %8.2f, (a) ratio-4 layer %8.2f, (b) with the indexer's prologue %8.2f us/layer (%+7.2f us, %+6.1f%%: <= %g%% %s), (c) with top-k %8.2f (%+7.2f us, %+6.1f%%), (b') query on the side stream %8.2f (%+6.1f%%), (b'') three bf16 projections %8.2f (%+6.1f%%), (b-k) without the key step %8.2f (keys %+6.2f us); one layer cold: (a) %8.2f, (b) %8.2f (%+6.1f%%), (c) %8.2f; alone: prologue %7.2f, query step %6.2f, top-k %7.2f; added weights %4.1f MB, floor %5.2f us (layer's %5.1f MB: %5.2f us); visible <= %d entries, %d rows score (top-k %d)",
 		r.Model, r.Phase, r.Batch, r.MTP, r.Tokens, r.Context, r.Rows, r.ChainUs, r.BaseUs, r.PrologueUs, r.AddedUs, r.AddedPct, r.GoalPct, verdict,
-		r.TopKUs, r.TopKAddedUs, r.TopKAddedPct, r.SideUs, r.SideAddedPct, r.SeparateUs, r.SeparateAddedPct, r.ColdBaseUs, r.ColdPrologueUs, r.ColdAddedPct, r.ColdTopKUs, r.AloneUs, r.QueryAloneUs, r.TopKAloneUs,
+		r.TopKUs, r.TopKAddedUs, r.TopKAddedPct, r.SideUs, r.SideAddedPct, r.SeparateUs, r.SeparateAddedPct, r.NoKeysUs, r.PrologueUs-r.NoKeysUs, r.ColdBaseUs, r.ColdPrologueUs, r.ColdAddedPct, r.ColdTopKUs, r.AloneUs, r.QueryAloneUs, r.TopKAloneUs,
 		float64(r.AddedWeightBytes)/1e6, r.AddedFloorUs, float64(r.BaseWeightBytes)/1e6, r.BaseFloorUs, r.Visible, r.ScoredRows, r.TopK)
 }
 
