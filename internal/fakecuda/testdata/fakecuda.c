@@ -9,7 +9,8 @@
 //     structs, so the Go mirrors of both are checked by a C compiler; the
 //     launch attributes are validated as the driver does (PDL, and cluster
 //     shapes that divide the grid, more than 8 blocks only where the
-//     function allows non-portable sizes);
+//     function allows non-portable sizes), for cuOccupancyMaxActiveClusters
+//     too, which answers from a stated device model;
 //   - stream capture records launches (copying argument values, as the
 //     driver does) and graphs replay them.
 // "Device" memory is host memory and kernels run on the host, synchronously.
@@ -417,18 +418,14 @@ CUresult cuFuncSetAttribute(CUfunction f, int attr, int v) {
     return CUDA_ERROR_INVALID_VALUE;
 }
 
-static CUresult launch(kernel_t* k, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
-                       unsigned shared, CUstream hs, void** params, void** extra, const CUlaunchAttribute* attrs,
-                       unsigned nattrs) {
-    if (extra) return CUDA_ERROR_INVALID_VALUE;
-    if (!gx || !gy || !gz || !bx || !by || !bz) return CUDA_ERROR_INVALID_VALUE;
-    if ((unsigned long long)bx * by * bz > 1024) return CUDA_ERROR_INVALID_VALUE;
-    if ((int)shared > k->max_dynamic_shared) return CUDA_ERROR_INVALID_VALUE;
-    if (!params) return CUDA_ERROR_INVALID_VALUE;
+// check_attrs validates launch attributes as the driver does (for a launch
+// or an occupancy query of k over grid) and sets cluster to the cluster
+// shape they ask for, leaving it where they ask for none.
+static CUresult check_attrs(const kernel_t* k, const unsigned grid[3], const CUlaunchAttribute* attrs, unsigned nattrs,
+                            unsigned cluster[3]) {
     if (nattrs > MAX_ATTRS) return CUDA_ERROR_INVALID_VALUE;
-    node_t node = {k, {gx, gy, gz}, {bx, by, bz}, {1, 1, 1}, nattrs, {{0}}, {0}};
     int seen_pdl = 0, seen_cluster = 0;
-    for (unsigned i = 0; i < nattrs; i++) {  // validated as the driver does
+    for (unsigned i = 0; i < nattrs; i++) {
         const CUlaunchAttribute* a = &attrs[i];
         int from = 0;
         switch (a->id) {
@@ -439,10 +436,10 @@ static CUresult launch(kernel_t* k, unsigned gx, unsigned gy, unsigned gz, unsig
         case CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION: {
             unsigned cx = a->value.clusterDim.x, cy = a->value.clusterDim.y, cz = a->value.clusterDim.z;
             if (seen_cluster++) return CUDA_ERROR_INVALID_VALUE;
-            if (!cx || !cy || !cz || gx % cx || gy % cy || gz % cz) return CUDA_ERROR_INVALID_CLUSTER_SIZE;
+            if (!cx || !cy || !cz || grid[0] % cx || grid[1] % cy || grid[2] % cz) return CUDA_ERROR_INVALID_CLUSTER_SIZE;
             unsigned long long size = (unsigned long long)cx * cy * cz;
             if (size > 16 || (size > 8 && !k->non_portable_cluster)) return CUDA_ERROR_INVALID_CLUSTER_SIZE;
-            node.cluster[0] = cx; node.cluster[1] = cy; node.cluster[2] = cz;
+            cluster[0] = cx; cluster[1] = cy; cluster[2] = cz;
             from = 12;
             break;
         }
@@ -451,8 +448,22 @@ static CUresult launch(kernel_t* k, unsigned gx, unsigned gy, unsigned gz, unsig
         }
         for (int b = from; b < 64; b++)
             if (a->value.pad[b]) return CUDA_ERROR_INVALID_VALUE;
-        node.attrs[i] = *a;
     }
+    return 0;
+}
+
+static CUresult launch(kernel_t* k, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                       unsigned shared, CUstream hs, void** params, void** extra, const CUlaunchAttribute* attrs,
+                       unsigned nattrs) {
+    if (extra) return CUDA_ERROR_INVALID_VALUE;
+    if (!gx || !gy || !gz || !bx || !by || !bz) return CUDA_ERROR_INVALID_VALUE;
+    if ((unsigned long long)bx * by * bz > 1024) return CUDA_ERROR_INVALID_VALUE;
+    if ((int)shared > k->max_dynamic_shared) return CUDA_ERROR_INVALID_VALUE;
+    if (!params) return CUDA_ERROR_INVALID_VALUE;
+    node_t node = {k, {gx, gy, gz}, {bx, by, bz}, {1, 1, 1}, nattrs, {{0}}, {0}};
+    CUresult r = check_attrs(k, node.grid, attrs, nattrs, node.cluster);
+    if (r) return r;
+    for (unsigned i = 0; i < nattrs; i++) node.attrs[i] = attrs[i];
     char* slot[12];
     size_t off = 0;
     for (int i = 0; i < k->nparams; i++) {  // copy argument values now, as the driver does
@@ -483,6 +494,38 @@ CUresult cuLaunchKernelEx(const CUlaunchConfig* c, CUfunction f, void** params, 
     if (c->numAttrs > 0 && !c->attrs) return CUDA_ERROR_INVALID_VALUE;
     return launch(f, c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->blockDimY, c->blockDimZ,
                   c->sharedMemBytes, c->hStream, params, extra, c->attrs, c->numAttrs);
+}
+
+// ---- occupancy ----
+
+// The fake's device model for cuOccupancyMaxActiveClusters: an SM holds
+// min(32, 2048 / threads, 233472 / (shared + 1024)) blocks of a kernel (1 KB
+// of shared memory is reserved a block, as on sm_90; the host kernels use
+// too few registers to limit it), and a cluster's blocks share one GPC: the
+// 132 SMs are 8 GPCs of these sizes (a made-up floorsweep, under which 14
+// clusters of 8 one-block-an-SM blocks fit, as 12 but not 16 do on the H200).
+static const unsigned gpc_sms[] = {18, 18, 18, 18, 16, 16, 14, 14};
+
+CUresult cuOccupancyMaxActiveClusters(int* n, CUfunction f, const CUlaunchConfig* c) {
+    NEED_CONTEXT();
+    if (!n || !f || !c) return CUDA_ERROR_INVALID_VALUE;
+    const kernel_t* k = f;
+    unsigned grid[3] = {c->gridDimX, c->gridDimY, c->gridDimZ}, cluster[3] = {0, 0, 0};
+    unsigned long long threads = (unsigned long long)c->blockDimX * c->blockDimY * c->blockDimZ;
+    if (!grid[0] || !grid[1] || !grid[2] || !threads || threads > 1024) return CUDA_ERROR_INVALID_VALUE;
+    if ((int)c->sharedMemBytes > k->max_dynamic_shared) return CUDA_ERROR_INVALID_VALUE;
+    if (c->numAttrs > 0 && !c->attrs) return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = check_attrs(k, grid, c->attrs, c->numAttrs, cluster);
+    if (r) return r;
+    // The host kernels have no compile-time cluster shape: the config must give one.
+    if (!cluster[0]) return CUDA_ERROR_INVALID_CLUSTER_SIZE;
+    unsigned long long per_sm = 32;
+    if (2048 / threads < per_sm) per_sm = 2048 / threads;
+    if (233472 / (c->sharedMemBytes + 1024ull) < per_sm) per_sm = 233472 / (c->sharedMemBytes + 1024ull);
+    unsigned long long size = (unsigned long long)cluster[0] * cluster[1] * cluster[2], total = 0;
+    for (unsigned i = 0; i < sizeof gpc_sms / sizeof gpc_sms[0]; i++) total += gpc_sms[i] * per_sm / size;
+    *n = (int)total;
+    return 0;
 }
 
 // ---- tensor maps ----

@@ -66,13 +66,16 @@ type driverAPI struct {
 	//                unsigned sharedMemBytes, CUstream, void** kernelParams, void** extra)
 	cuLaunchKernel uintptr
 	// cuLaunchKernelEx(const CUlaunchConfig*, CUfunction, void** kernelParams, void** extra); optional.
-	cuLaunchKernelEx   uintptr
-	cuBeginCapture     func(s handle, mode int32) Result              // cuStreamBeginCapture_v2(CUstream, CUstreamCaptureMode)
-	cuEndCapture       func(s handle, g *handle) Result               // cuStreamEndCapture(CUstream, CUgraph*)
-	cuGraphInstantiate func(e *handle, g handle, flags uint64) Result // cuGraphInstantiateWithFlags(CUgraphExec*, CUgraph, unsigned long long)
-	cuGraphLaunch      func(e, s handle) Result                       // (CUgraphExec, CUstream)
-	cuGraphExecDestroy func(e handle) Result                          // (CUgraphExec)
-	cuGraphDestroy     func(g handle) Result                          // (CUgraph)
+	cuLaunchKernelEx uintptr
+	// cuOccupancyMaxActiveClusters(int* numClusters, CUfunction, const CUlaunchConfig*); optional
+	// (CUDA 12.0). Raw too, so a query on the owner allocates nothing.
+	cuOccupancyMaxActiveClusters uintptr
+	cuBeginCapture               func(s handle, mode int32) Result              // cuStreamBeginCapture_v2(CUstream, CUstreamCaptureMode)
+	cuEndCapture                 func(s handle, g *handle) Result               // cuStreamEndCapture(CUstream, CUgraph*)
+	cuGraphInstantiate           func(e *handle, g handle, flags uint64) Result // cuGraphInstantiateWithFlags(CUgraphExec*, CUgraph, unsigned long long)
+	cuGraphLaunch                func(e, s handle) Result                       // (CUgraphExec, CUstream)
+	cuGraphExecDestroy           func(e handle) Result                          // (CUgraphExec)
+	cuGraphDestroy               func(g handle) Result                          // (CUgraph)
 	// cuTensorMapEncodeTiled(CUtensorMap*, CUtensorMapDataType, cuuint32_t rank, void* globalAddress,
 	//     const cuuint64_t* globalDim, const cuuint64_t* globalStrides, const cuuint32_t* boxDim,
 	//     const cuuint32_t* elementStrides, CUtensorMapInterleave, CUtensorMapSwizzle,
@@ -129,6 +132,7 @@ func (a *driverAPI) bindings() []binding {
 		req(&a.cuFuncSetAttr, "cuFuncSetAttribute"),
 		{sym: &a.cuLaunchKernel, names: []string{"cuLaunchKernel"}},
 		{sym: &a.cuLaunchKernelEx, names: []string{"cuLaunchKernelEx"}, optional: true},
+		{sym: &a.cuOccupancyMaxActiveClusters, names: []string{"cuOccupancyMaxActiveClusters"}, optional: true},
 		req(&a.cuBeginCapture, "cuStreamBeginCapture_v2"),
 		req(&a.cuEndCapture, "cuStreamEndCapture"),
 		// cuGraphInstantiate is a macro for cuGraphInstantiateWithFlags since CUDA 12.0.
@@ -155,6 +159,14 @@ func (a *driverAPI) launchKernel(call *[11]uintptr, f handle, grid, block Dim3, 
 func (a *driverAPI) launchKernelEx(call *[11]uintptr, cfg unsafe.Pointer, f handle, params unsafe.Pointer) Result {
 	*call = [11]uintptr{uintptr(cfg), f, uintptr(params), 0}
 	r, _, _ := purego.SyscallN(a.cuLaunchKernelEx, call[:4]...)
+	return Result(int32(r))
+}
+
+// maxActiveClusters calls cuOccupancyMaxActiveClusters (the caller checks
+// that it exists); n and cfg point outside the Go heap (launchArea).
+func (a *driverAPI) maxActiveClusters(call *[11]uintptr, n *int32, f handle, cfg unsafe.Pointer) Result {
+	*call = [11]uintptr{uintptr(unsafe.Pointer(n)), f, uintptr(cfg)}
+	r, _, _ := purego.SyscallN(a.cuOccupancyMaxActiveClusters, call[:3]...)
 	return Result(int32(r))
 }
 

@@ -46,6 +46,9 @@
 // driver without cuLaunchKernelEx; a cluster launch fails on such a driver
 // (ErrNoClusterLaunch), and a cluster shape that does not divide the grid
 // fails everywhere (ErrClusterShape), both before reaching the driver.
+// MaxActiveClusters says how many clusters of a shape fit on the device at
+// once (cuOccupancyMaxActiveClusters; ErrNoClusterOccupancy without it),
+// so a planner can size a grid to one wave.
 //
 // # Streams
 //

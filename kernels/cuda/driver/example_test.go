@@ -154,3 +154,46 @@ func ExampleContext_LaunchWith() {
 	}
 	fmt.Println(ranks) // [0 1 2 3 0 1 2 3]
 }
+
+// ExampleContext_MaxActiveClusters asks how many clusters of 8 blocks, each
+// with 200 KB of dynamic shared memory, run at once: a grid of at most that
+// many clusters runs in one wave.
+func ExampleContext_MaxActiveClusters() {
+	if driver.Available() != nil {
+		return
+	}
+	ctx, err := driver.Open(0)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer ctx.Close()
+	if !ctx.Props().ClusterLaunches {
+		fmt.Println("no thread-block clusters on", ctx.Props().Name)
+		return
+	}
+	const src = `extern "C" __global__ void stage(float* out) {
+	extern __shared__ float tile[];
+	tile[threadIdx.x] = threadIdx.x;
+	__syncthreads();
+	if (threadIdx.x == 0) out[blockIdx.x] = tile[blockDim.x - 1];
+}`
+	mod, err := ctx.CompileModule(src, "stage.cu", driver.CompileOptions{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	fn, err := mod.Function("stage")
+	if err != nil {
+		log.Fatal(err)
+	}
+	const shared = 200 << 10
+	// Above 48 KiB a block, the function must be allowed its shared memory
+	// before the query (and the launch).
+	if err := fn.SetAttribute(driver.FuncMaxDynamicSharedSizeBytes, shared); err != nil {
+		log.Fatal(err)
+	}
+	n, err := ctx.MaxActiveClusters(fn, driver.Dim3{384, 1, 1}, shared, driver.Dim3{8, 1, 1})
+	if err != nil {
+		log.Fatal(err) // e.g. ErrNoClusterOccupancy on a driver before CUDA 12
+	}
+	fmt.Printf("%d clusters of 8 blocks at once: grids of up to %d blocks run in one wave\n", n, 8*n)
+}

@@ -768,3 +768,143 @@ func TestGPUClusterLaunch(t *testing.T) {
 	}))
 	require.Zero(t, allocs, "allocations per cluster launch on the owner")
 }
+
+// fakeMaxActiveClusters is the fake libcuda's device model for
+// cuOccupancyMaxActiveClusters (internal/fakecuda/testdata/fakecuda.c):
+// min(32, 2048/threads, 233472/(shared+1024)) blocks an SM, and clusters
+// kept within GPCs of 18, 18, 18, 18, 16, 16, 14 and 14 SMs.
+func fakeMaxActiveClusters(threads, shared, size uint32) int {
+	perSM := min(32, 2048/threads, 233472/(shared+1024))
+	n := 0
+	for _, sms := range []uint32{18, 18, 18, 18, 16, 16, 14, 14} {
+		n += int(sms * perSM / size)
+	}
+	return n
+}
+
+// TestGPUMaxActiveClusters: MaxActiveClusters of cluster_echo, 384 threads
+// a block, without dynamic shared memory and with 200 KB (one block an SM,
+// once FuncMaxDynamicSharedSizeBytes allows it), for clusters of 1, 2, 4
+// and 8 blocks: positive, non-increasing with the cluster's size, and with
+// 200 KB at most one block an SM; 16 blocks only with
+// FuncNonPortableClusterSizeAllowed; the same count from the owner (where
+// it allocates nothing) as from another goroutine. Against the fake driver
+// every count equals the fake's model, which shows block, shared memory and
+// cluster shape reach the driver.
+func TestGPUMaxActiveClusters(t *testing.T) {
+	c := openTestContext(t)
+	if !c.Props().ClusterLaunches {
+		skipOrFail(t, "thread-block clusters need compute capability 9.0 and cuLaunchKernelEx (device %d.%d, cuLaunchKernelEx %v)",
+			c.Props().Major, c.Props().Minor, c.Props().ProgrammaticLaunches)
+	}
+	rng := newRand(t)
+	m := loadTestModule(t, c)
+	echo := mustFunction(t, m, "cluster_echo")
+	if c.api.cuOccupancyMaxActiveClusters == 0 {
+		_, err := c.MaxActiveClusters(echo, Dim3{32, 1, 1}, 0, Dim3{2, 1, 1})
+		require.ErrorIs(t, err, ErrNoClusterOccupancy)
+		skipOrFail(t, "%v", err)
+	}
+	smallShared, err := echo.Attribute(FuncMaxDynamicSharedSizeBytes)
+	require.NoError(t, err)
+	const bigShared = 200 << 10
+	require.NoError(t, echo.SetAttribute(FuncMaxDynamicSharedSizeBytes, bigShared))
+	t.Cleanup(func() { assert.NoError(t, echo.SetAttribute(FuncMaxDynamicSharedSizeBytes, smallShared)) })
+	block := Dim3{384, 1, 1}
+	p := c.Props()
+
+	counts := map[uint32][]int{} // per shared size, per cluster size 1, 2, 4, 8
+	for _, shared := range []uint32{0, bigShared} {
+		t.Run(fmt.Sprintf("%d shared bytes", shared), func(t *testing.T) {
+			prev := math.MaxInt
+			for _, size := range []uint32{1, 2, 4, 8} {
+				n, err := c.MaxActiveClusters(echo, block, shared, Dim3{size, 1, 1})
+				require.NoError(t, err, "cluster of %d", size)
+				t.Logf("%d clusters of %d blocks (%v threads, %d shared bytes) at once", n, size, block, shared)
+				require.Positive(t, n, "cluster of %d", size)
+				require.LessOrEqual(t, n, prev, "cluster of %d: more clusters than of half the size", size)
+				if shared > 0 {
+					require.LessOrEqual(t, n*int(size), p.SMCount*(p.SharedBytesPerSM/int(shared)),
+						"cluster of %d: more blocks than the SMs' shared memory holds", size)
+				}
+				if underFakeDriver() {
+					require.Equal(t, fakeMaxActiveClusters(block[0], shared, size), n, "cluster of %d", size)
+				}
+				counts[shared] = append(counts[shared], n)
+				prev = n
+			}
+		})
+	}
+
+	t.Run("on the owner", func(t *testing.T) {
+		cluster := Dim3{4, 2, 1}
+		want, err := c.MaxActiveClusters(echo, block, bigShared, cluster)
+		require.NoError(t, err)
+		var got int
+		var allocs float64
+		require.NoError(t, c.Do(func() error {
+			allocs = testing.AllocsPerRun(50, func() {
+				got, err = c.MaxActiveClusters(echo, block, bigShared, cluster)
+			})
+			return err
+		}))
+		require.Equal(t, want, got)
+		require.Zero(t, allocs, "allocations per query on the owner")
+	})
+
+	t.Run("non-portable sizes", func(t *testing.T) {
+		require.NoError(t, echo.SetAttribute(FuncNonPortableClusterSizeAllowed, 0))
+		n, err := c.MaxActiveClusters(echo, block, bigShared, Dim3{16, 1, 1})
+		t.Logf("16 blocks a cluster, not allowed: %d clusters, %v", n, err)
+		if underFakeDriver() {
+			require.ErrorIs(t, err, ResultInvalidClusterSize)
+			require.ErrorContains(t, err, "max active clusters of cluster_echo (block [384 1 1], 204800 shared bytes, cluster [16 1 1]): cuOccupancyMaxActiveClusters: CUDA_ERROR_INVALID_CLUSTER_SIZE")
+		} else {
+			require.True(t, err != nil || n == 0, "16 blocks a cluster without FuncNonPortableClusterSizeAllowed: %d clusters", n)
+		}
+		require.NoError(t, echo.SetAttribute(FuncNonPortableClusterSizeAllowed, 1))
+		t.Cleanup(func() { assert.NoError(t, echo.SetAttribute(FuncNonPortableClusterSizeAllowed, 0)) })
+		n, err = c.MaxActiveClusters(echo, block, bigShared, Dim3{16, 1, 1})
+		require.NoError(t, err)
+		t.Logf("%d clusters of 16 blocks (%d shared bytes) at once", n, bigShared)
+		require.Positive(t, n)
+		require.Len(t, counts[bigShared], 4, "the counts for 1 to 8 blocks")
+		require.LessOrEqual(t, n, counts[bigShared][3], "more clusters of 16 than of 8")
+		if underFakeDriver() {
+			require.Equal(t, fakeMaxActiveClusters(block[0], bigShared, 16), n)
+		}
+	})
+
+	t.Run("shared memory above the function's maximum", func(t *testing.T) {
+		require.NoError(t, echo.SetAttribute(FuncMaxDynamicSharedSizeBytes, smallShared))
+		t.Cleanup(func() { assert.NoError(t, echo.SetAttribute(FuncMaxDynamicSharedSizeBytes, bigShared)) })
+		n, err := c.MaxActiveClusters(echo, block, bigShared, Dim3{2, 1, 1})
+		t.Logf("%d shared bytes with FuncMaxDynamicSharedSizeBytes %d: %d clusters, %v", bigShared, smallShared, n, err)
+		if underFakeDriver() {
+			require.ErrorIs(t, err, ResultInvalidValue)
+		} else {
+			require.True(t, err != nil || n == 0, "%d shared bytes past FuncMaxDynamicSharedSizeBytes %d: %d clusters", bigShared, smallShared, n)
+		}
+	})
+
+	t.Run("zero cluster component", func(t *testing.T) {
+		_, err := c.MaxActiveClusters(echo, block, 0, Dim3{2, 0, 1})
+		require.ErrorIs(t, err, ErrClusterShape)
+	})
+
+	if !underFakeDriver() {
+		return
+	}
+	// Random blocks, shared sizes and three-dimensional shapes: each
+	// reaches the driver (the fake's count depends on all three).
+	for i := range 8 {
+		y, z := 1+uint32(rng.IntN(2)), 1+uint32(rng.IntN(2))
+		shape := Dim3{1 + uint32(rng.IntN(int(8/(y*z)))), y, z} // portable: at most 8 blocks
+		blk := Dim3{32 * (1 + uint32(rng.IntN(16))), 1 + uint32(rng.IntN(2)), 1}
+		shared := uint32(rng.IntN(bigShared + 1))
+		n, err := c.MaxActiveClusters(echo, blk, shared, shape)
+		require.NoError(t, err, "case %d: block %v, %d shared bytes, cluster %v", i, blk, shared, shape)
+		require.Equal(t, fakeMaxActiveClusters(blk[0]*blk[1]*blk[2], shared, shape[0]*shape[1]*shape[2]), n,
+			"case %d: block %v, %d shared bytes, cluster %v", i, blk, shared, shape)
+	}
+}
