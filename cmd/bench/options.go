@@ -19,7 +19,9 @@ import (
 // direct path: its largest launch in Q rows with FP8 Q and with bf16 Q, its smallest, warps a block, the
 // largest launch in Q rows with whole blocks (larger: half), Q rows a warp,
 // __launch_bounds__ minimum of blocks a multiprocessor, and off), ikeys=N iquery=N (the indexer's kernels:
-// cudatune.IndexerKeys 1 split, 2 fused; cudatune.IndexerQuery 1 late, 2 early), nopdl separate. A zero
+// cudatune.IndexerKeys 1 split, 2 fused; cudatune.IndexerQuery 1 late, 2 early), nopdl separate, wgmma
+// nowgmma wgcluster=N (every FP8 GEMM on the sm_90a wgmma kernel, or none; its split K finished by
+// clusters of up to N blocks). A zero
 // number keeps the backend's default.
 type variant struct {
 	Name                    string // the text it was parsed from
@@ -37,6 +39,9 @@ type variant struct {
 	IndexerQuery            int
 	NoDirect                bool
 	NoPDL, SeparateLaunches bool
+	WGMMA                   bool // every FP8 GEMM on the sm_90a wgmma kernel
+	NoWGMMA                 bool // never the wgmma kernel
+	WGMMAClusterSplits      int  // its split finish: clusters of up to N splits
 }
 
 // field returns where key's value goes: a number or a switch (nil, nil for
@@ -79,6 +84,12 @@ func (v *variant) field(key string) (*int, *bool) {
 		return nil, &v.NoPDL
 	case "separate":
 		return nil, &v.SeparateLaunches
+	case "wgmma":
+		return nil, &v.WGMMA
+	case "nowgmma":
+		return nil, &v.NoWGMMA
+	case "wgcluster":
+		return &v.WGMMAClusterSplits, nil
 	}
 	return nil, nil
 }
@@ -117,7 +128,7 @@ func parseVariant(text string) (variant, error) {
 			*sw = true
 			continue
 		}
-		return variant{}, fmt.Errorf("variant %q: unknown option %q (known: warps=N kvd=N qd=N qchunk=N bpsm=N maxblocks=N direct=N directbf16=N dmin=N dwarps=N dhalf=N qrows=N dminb=N ikeys=N iquery=N nodirect nopdl separate)", text, key)
+		return variant{}, fmt.Errorf("variant %q: unknown option %q (known: warps=N kvd=N qd=N qchunk=N bpsm=N maxblocks=N direct=N directbf16=N dmin=N dwarps=N dhalf=N qrows=N dminb=N ikeys=N iquery=N nodirect nopdl separate wgmma nowgmma wgcluster=N)", text, key)
 	}
 	return v, nil
 }
@@ -149,7 +160,7 @@ func (v variant) options(verbose bool) (cuda.Options, cudatune.Knobs) {
 	if v.NoDirect {
 		direct, directBF16 = -1, -1
 	}
-	return cuda.Options{NoPDL: v.NoPDL}, cudatune.Knobs{
+	return cuda.Options{NoPDL: v.NoPDL, GEMMWGMMA: v.WGMMA, NoWGMMA: v.NoWGMMA, WGMMAClusterSplits: v.WGMMAClusterSplits}, cudatune.Knobs{
 		Warps:               v.Warps,
 		KVDepth:             v.KVDepth,
 		QDepth:              v.QDepth,

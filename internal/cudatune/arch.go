@@ -69,6 +69,19 @@ type FP8GEMMArch struct {
 type WGMMAArch struct {
 	TokenTiles []int
 	MaxStages  int
+	// ClusterSplits > 0: a split K is finished through distributed shared
+	// memory, the splits of a unit one thread-block cluster of at most
+	// ClusterSplits blocks (8: the portable cluster size); 0: by the
+	// tile's last block from float32 partials in global memory.
+	ClusterSplits int
+	// MaxClusters[s] is how many clusters of s blocks the device runs at
+	// once (the backend asks the driver, cuOccupancyMaxActiveClusters, when
+	// it loads the kernel; missing or 0: unknown, no clusters of s). A
+	// split GEMM with more units than that is finished by the tile's last
+	// block instead: a second wave of clusters costs more than the global
+	// partials (2026-12-02, V4-Pro's [wq_a; wkv], 16 clusters of 8: 14.7 us
+	// at one row against 10.1).
+	MaxClusters []int
 	// Use: the first rule whose MaxN is at least N decides, the kernel
 	// running up to MaxM rows; no rule for N (and no rules, the default
 	// until the device has measured it): the other implementations'
@@ -121,6 +134,11 @@ type BF16GEMMArch struct {
 // gemmTimes is where the FP8 GEMM's choices were measured.
 const gemmTimes = "bench/results/2026-11-30-h200-b/diagnostic/gemm-times-old-kernel.txt (TestGEMMTimes, graph-timed, L2 flushed)"
 
+// wgmmaTimes is the measurement behind the wgmma kernel's rules: its scales
+// through shared memory and the cluster split finish beside the own kernel
+// and cuBLASLt, one H200 call.
+const wgmmaTimes = "bench/results/2026-12-02-h200-f/gemm-times.txt (TestGEMMTimes, graph-timed, L2 flushed)"
+
 // SM90 is the H200 (sm_90, 132 multiprocessors), the architecture every
 // choice of the backend was measured on.
 var SM90 = Arch{
@@ -137,8 +155,24 @@ var SM90 = Arch{
 			// kernel runs those whatever the rule).
 			{MaxN: math.MaxInt, MaxM: 8, Source: gemmTimes},
 		},
-		// Not chosen for any shape until measured on the device.
-		WGMMA: WGMMAArch{TokenTiles: []int{8, 16, 32, 64, 128}, MaxStages: 8},
+		// Chosen where it was the fastest of the three in one call
+		// (wgmmaTimes; cold us, wgmma / own / cuBLASLt).
+		WGMMA: WGMMAArch{TokenTiles: []int{8, 16, 32, 64, 128}, MaxStages: 8, ClusterSplits: 8,
+			Use: []OwnRule{
+				// V4-Flash [wq_a; wkv], 12 clusters of 8 splits: 1 row 6.7 /
+				// 8.4 / -, 8 rows 6.8 / 8.4 / 14.1, 32 rows 8.0 / 12.4 / 14.1,
+				// 128 rows 11.6 / 29.2 / 14.4; 512 rows cuBLASLt (14.8 against 15.9).
+				{MaxN: 1536, MaxM: 128, Source: wgmmaTimes},
+				// V4-Pro [wq_a; wkv], 16 units (the last block's finish): 1 row
+				// 10.1 / 11.8 / -, 8 rows 10.3 / 12.2 / 15.6, 32 rows 13.8 / 20.5 /
+				// 15.6; 128 rows cuBLASLt (17.0 against 24.0).
+				{MaxN: 2048, MaxM: 32, Source: wgmmaTimes},
+				// wq_b: V4-Flash 1 row 13.4 / 16.6 / -, 8 rows 13.4 / 17.7 / 17.5,
+				// 32 rows 14.0 / 34.0 / 16.5; V4-Pro 33.2 / 40.9 / -, 33.2 / 45.0 /
+				// 39.7, 34.3 / 85.6 / 41.2; at 128 rows cuBLASLt (15.9 against
+				// 17.9, 39.0 against 40.3).
+				{MaxN: math.MaxInt, MaxM: 32, Source: wgmmaTimes},
+			}},
 	},
 	BF16: BF16GEMMArch{SplitBlocksPerSM: 2},
 	// 264 blocks on the H200 since the kernel came (d614e60); not measured

@@ -98,13 +98,22 @@ func TestForDevice(t *testing.T) {
 	require.Empty(t, ForDevice(10, 0, Resources{}).FP8.WGMMA.TokenTiles)
 }
 
-// TestWGMMAChosen: the wgmma kernel is chosen by its rules only, and for no
-// shape until measured (SM90 has no rule yet).
+// TestWGMMAChosen: the wgmma kernel is chosen by its rules only: on SM90
+// the measured shapes (V4-Flash's [wq_a; wkv] up to 128 rows, V4-Pro's up
+// to 32, every wq_b up to 32), each rule naming its measurement.
 func TestWGMMAChosen(t *testing.T) {
-	for _, m := range []int{1, 8, 128, 4096} {
-		for _, n := range []int{128, 1536, 32768} {
-			require.False(t, SM90.FP8.WGMMA.Chosen(m, n), "m %d n %d: not chosen before a measurement", m, n)
-		}
+	for _, c := range []struct {
+		m, n int
+		want bool
+	}{
+		{1, 1536, true}, {128, 1536, true}, {129, 1536, false}, {512, 1536, false},
+		{1, 2048, true}, {32, 2048, true}, {33, 2048, false}, {128, 2048, false},
+		{1, 32768, true}, {32, 32768, true}, {33, 32768, false}, {128, 65536, false}, {4096, 65536, false},
+	} {
+		require.Equal(t, c.want, SM90.FP8.WGMMA.Chosen(c.m, c.n), "m %d n %d", c.m, c.n)
+	}
+	for _, r := range SM90.FP8.WGMMA.Use {
+		require.Contains(t, r.Source, "bench/results/", "rule %+v names its measurement", r)
 	}
 	a := WGMMAArch{TokenTiles: []int{8}, Use: []OwnRule{{MaxN: 4096, MaxM: 64}, {MaxN: math.MaxInt, MaxM: 128}}}
 	for _, c := range []struct {

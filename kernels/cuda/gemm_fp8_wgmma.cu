@@ -10,26 +10,37 @@
 // consumer warpgroup, 128 a block: one row of 128x128 weight scale blocks)
 // and up to BN tokens its N side (wgmma m64nBNk32; FP8 wgmma takes both
 // operands K-major from shared memory, which W [n][k] and X [m][k] are).
-// A work unit is (128-row tile of W, K range of a split, BN-token chunk);
-// the grid is persistent (at most one block an SM), each block walking the
-// units blockIdx.x, + gridDim.x, ...; the ring runs on across units, so the
-// next unit's weights arrive while a unit's epilogue runs.
+// A work unit is (128-row tile of W, BN-token chunk, K range of a split),
+// numbered split fastest, then chunk, then tile; the grid is persistent (at
+// most one block an SM), each block walking the units blockIdx.x, +
+// gridDim.x, ...; the ring runs on across units, so the next unit's
+// weights arrive while a unit's epilogue runs.
 //
 // Block: two consumer warpgroups, then one producer warpgroup whose first
 // thread issues every bulk tensor copy (128-byte swizzle; a stage is one
 // 128-wide K block: 128 W rows and BN token rows of 128 bytes) into a ring
 // of `stages` stages with full (transaction-counted) and empty (one arrival
-// a consumer warp) mbarriers. Programmatic dependent launch: the weights do
-// not depend on the kernel before, so the producer issues the first stages'
-// W copies before griddepcontrol.wait and their X copies after it; the
-// consumers wait before reading X's scales.
+// a consumer warp) mbarriers. The producer's second warp, the scale loader,
+// brings each stage's scales (BN x scales and the tile's W scales of the K
+// block) into shared memory beside it with 4-byte cp.async whose
+// completion arrives on the same full barrier (one arrival a lane): the
+// consumers read scales from shared memory, never from global memory in
+// the K loop (the latency of a global load a K block, 52% of the stalls of
+// the first version under Nsight Compute, 2026-12-02). Programmatic
+// dependent launch: the weights do not depend on the kernel before, so the
+// producer issues the first stages' W copies before griddepcontrol.wait
+// and their X copies after it; the loader waits before its first copy.
 //
 // Accumulation: each scale block's MMA sum starts from zero (scale-d 0 on
 // its first wgmma), is scaled by fl(x_scale * w_scale) and added to a
 // float32 running sum with one fma (the promotion DESIGN.md's bound
 // assumes). Out: bf16 Y with row stride y_stride when splits == 1 (through
-// shared memory, 16-byte stores), else float32 partials part[z][m][n] that
-// gemm_fp8.cu's gemm_fp8_reduce adds in split order (deterministic).
+// shared memory, 16-byte stores). A split K is added in split order
+// (deterministic) one of three ways: float32 partials part[z][m][n] that
+// gemm_fp8.cu's gemm_fp8_reduce adds; the same partials added by the
+// tile's last block (split_finish); or, launched as clusters of the splits
+// (cluster != 0, a block a unit), partial tiles in shared memory added
+// across the cluster (cluster_finish).
 //
 // Accumulator fragment of wgmma m64nN (f32): warp w of the warpgroup holds
 // rows 16w..16w+15; lane (g = lane/4, t = lane%4) holds, for each 8-column
@@ -51,6 +62,8 @@ constexpr int kThreads = 128 * (kConsumerWGs + 1);
 constexpr int kRowTile = 64 * kConsumerWGs;  // W rows a unit
 constexpr int kWStage = kRowTile * 128;      // bytes of W a stage
 constexpr int kEpiPitch = 64 + 8;            // u16 a token row of a warpgroup's bf16 tile
+constexpr int kLoaderWarp = kConsumerWGs * 4 + 1;  // the scale loader: the producer warpgroup's second warp
+constexpr int kPartPitch = kRowTile + 4;  // floats a token row of a cluster's partial tile (conflict-free writes)
 
 __device__ __forceinline__ u32 smem_u32(const void* p) { return (u32)__cvta_generic_to_shared(p); }
 
@@ -135,6 +148,38 @@ __device__ __forceinline__ u64 policy_evict_last() {
 #define TMA_W(dst, map, c0, c1, bar) tma_load_2d(dst, map, c0, c1, bar)
 #define TMA_X(dst, map, c0, c1, bar) tma_load_2d(dst, map, c0, c1, bar)
 #endif
+
+// 4 bytes global -> shared through the asynchronous copy unit; src_bytes 0
+// writes a zero without reading.
+__device__ __forceinline__ void cp_async4(u32 dst, const void* src, u32 src_bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+
+// An arrival on bar once this thread's earlier cp.async copies complete,
+// counted in the barrier's expected arrivals (.noinc).
+__device__ __forceinline__ void cp_async_arrive(u32 bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];" ::"r"(bar) : "memory");
+}
+
+// Thread-block clusters: a barrier of every thread of the cluster (its
+// shared-memory writes visible to the others after it), and loads from a
+// peer block's shared memory at the same offset as a local address.
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
+}
+__device__ __forceinline__ u32 mapa(u32 local, int rank) {
+    u32 r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(local), "r"(rank));
+    return r;
+}
+__device__ __forceinline__ float4 ld_cluster_f4(u32 addr) {
+    float4 v;
+    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                 : "r"(addr)
+                 : "memory");
+    return v;
+}
 
 __device__ __forceinline__ void tma_prefetch_map(const TensorMap* map) {
     asm volatile("prefetch.tensormap [%0];" ::"l"((u64)map) : "memory");
@@ -247,14 +292,21 @@ template <> struct Wgmma<128> {
 };
 
 // Shared memory of a block: `stages` stages of (W tile, X tile), then the
-// consumer warpgroups' bf16 tiles, then the barriers, after up to 1024
-// bytes of alignment; the host's allocation (gemm_wgmma.go's
-// wgmmaSmemBytes) comes as smem_bytes and the kernel checks it.
-template <int BN>
+// consumer warpgroups' bf16 tiles, then each stage's scales, then the
+// barriers, after up to 1024 bytes of alignment; the host's allocation
+// (gemm_wgmma.go's wgmmaSmemBytes) comes as smem_bytes and the kernel
+// checks it. A stage's scales: x_scale[kb SUBS + sub][m0 + i] at
+// [sub BN + i], then the tile's W scales w_scale[tile 128 / SB + r][kb
+// SUBS + sub] at [SUBS BN + r SUBS + sub] (SUBS = 128 / SB scale blocks a
+// K block, as many W scale rows a tile), padded to 16 bytes.
+template <int BN, int SB>
 struct Layout {
     static constexpr int kXStage = BN * 128;
     static constexpr int kStage = kWStage + kXStage;
     static constexpr int kEpi = kConsumerWGs * BN * kEpiPitch * 2;
+    static constexpr int kSubs = 128 / SB;
+    static constexpr int kScales = kSubs * BN + kSubs * kSubs;    // floats a stage
+    static constexpr int kScaleStage = (kScales * 4 + 15) & ~15;  // bytes a stage
 };
 
 // The split-K finish inside the kernel (counters != nullptr): each
@@ -289,44 +341,13 @@ __device__ __forceinline__ void split_finish(const float* part, u8* y, int* coun
     if (ctid == 0) *count = 0;
 }
 
-template <int BN, int SB>
-__device__ __forceinline__ void gemm_body(const TensorMap* tw, const TensorMap* tx, const float* __restrict__ ws,
-                                          const float* xs, u8* __restrict__ y, float* __restrict__ part,
-                                          int* counters, int m, int n, int k, int xs_stride, int y_stride, int kb_per_split,
-                                          int splits, int chunks, int stages, int smem_bytes) {
-    static_assert(BN % 8 == 0 && BN >= 8 && BN <= 128, "wgmma N");
-    static_assert(SB == 32 || SB == 64 || SB == 128, "scale block");
-    typedef Layout<BN> L;
-    extern __shared__ u8 smem_raw[];
-    const u32 raw = smem_u32(smem_raw);
-    const u32 base = (raw + 1023) & ~1023u;  // the 128-byte swizzle wants 1024-byte aligned tiles
-    u8* const gbase = smem_raw + (base - raw);
-    const u32 epi = base + stages * L::kStage;
-    const u32 bars = epi + L::kEpi;  // full[s] at bars + 8s, empty[s] at bars + 8 (stages + s)
-    // The host sizes the allocation (gemm_wgmma.go's wgmmaSmemBytes): a
-    // layout that outgrew it stops here instead of overwriting memory.
-    if (bars + 16 * stages > raw + (u32)smem_bytes) __trap();
 
-    const int kbn = k >> 7;  // 128-wide K blocks (stages)
-    const int units = (n / kRowTile) * splits * chunks;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < stages; s++) {
-            mbar_init(bars + 8 * s, 1);
-            mbar_init(bars + 8 * (stages + s), kConsumerWGs * 4);
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-    }
-    __syncthreads();
-
-    if (warp >= kConsumerWGs * 4) {
-#ifdef WGMMA_SETMAXNREG
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
-#endif
-        // Producer: one thread.
-        if (warp != kConsumerWGs * 4 || lane != 0) return;
+// The producer thread: every bulk tensor copy of the block's units.
+template <int BN>
+__device__ __forceinline__ void produce(const TensorMap* tw, const TensorMap* tx, u32 base, u32 bars, int units, int kbn,
+                                        int kb_per_split, int splits, int chunks, int stages) {
+    typedef Layout<BN, 128> L;  // kStage does not depend on SB
+    {
         tma_prefetch_map(tw);
         tma_prefetch_map(tx);
 #ifdef WGMMA_L2_HINTS
@@ -336,8 +357,8 @@ __device__ __forceinline__ void gemm_body(const TensorMap* tw, const TensorMap* 
         u32 ph = 0;
         bool first = true;
         for (int u = blockIdx.x; u < units; u += gridDim.x) {
-            const int c = u % chunks, rest = u / chunks;
-            const int z = rest % splits, tile = rest / splits;
+            const int z = u % splits, rest = u / splits;
+            const int c = rest % chunks, tile = rest / chunks;
             const int kb0 = z * kb_per_split, kb1 = min(kbn, kb0 + kb_per_split);
             // The first unit's first stages: W now, X after the wait.
             const int pre = first ? min(stages, kb1 - kb0) : 0;
@@ -358,28 +379,36 @@ __device__ __forceinline__ void gemm_body(const TensorMap* tw, const TensorMap* 
             first = false;
         }
         pdl_trigger();
-        return;
     }
+}
 
-    // Consumers.
+// The consumer warpgroups: MMA, promotion, and the unit's output (bf16 Y,
+// float32 partials, or, in a cluster, the partial tile in shared memory).
+template <int BN, int SB>
+__device__ __forceinline__ void consume(const float* __restrict__ ws, const float* xs, u8* __restrict__ y,
+                                        float* __restrict__ part, int* counters, u8* gbase, u32 base, u32 epi, u32 scl,
+                                        u32 bars, int m, int n, int kbn, int y_stride, int kb_per_split, int splits,
+                                        int chunks, int stages, int units, int cluster) {
+    typedef Layout<BN, SB> L;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 #ifdef WGMMA_SETMAXNREG
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
 #endif
-    pdl_wait();  // X's scales come from the kernel before
+    pdl_wait();  // before any store (the kernel before may still read Y's memory)
     const int wg = warp >> 2, wl = warp & 3, g = lane >> 2, t = lane & 3;
     const int tid = threadIdx.x & 127;
     constexpr int R = BN / 2;  // accumulator registers a thread
-    constexpr int SUBS = 128 / SB;
-    const int kscales = k / SB;
+    constexpr int SUBS = L::kSubs;
+    const float* const scales = reinterpret_cast<const float*>(gbase + (scl - base));
+    const int wrow = (wg * 64 + wl * 16) / SB;  // this warp's W scale row in the tile (16 rows in one scale block)
     int s = 0;
     u32 ph = 0;
     for (int u = blockIdx.x; u < units; u += gridDim.x) {
-        const int c = u % chunks, rest = u / chunks;
-        const int z = rest % splits, tile = rest / splits;
+        const int z = u % splits, rest = u / splits;
+        const int c = rest % chunks, tile = rest / chunks;
         const int kb0 = z * kb_per_split, kb1 = min(kbn, kb0 + kb_per_split);
         const int m0 = c * BN;
-        const int row0 = tile * kRowTile + wg * 64 + wl * 16;  // this warp's first W row (16 in one scale block)
-        const float* wsr = ws + (size_t)(row0 / SB) * kscales;
+        const int row0 = tile * kRowTile + wg * 64 + wl * 16;  // this warp's first W row
 
         float acc[R];
 #pragma unroll
@@ -394,9 +423,9 @@ __device__ __forceinline__ void gemm_body(const TensorMap* tw, const TensorMap* 
             const u64 da = smem_desc(st + wg * 64 * 128);
             const u64 db = smem_desc(st + kWStage);
             mbar_wait(full, ph);
+            const float* const sc = scales + s * (L::kScaleStage / 4);
 #pragma unroll
             for (int sub = 0; sub < SUBS; sub++) {
-                const int ks = kb * SUBS + sub;
                 fence_regs<R>(d);
                 wgmma_fence();
 #pragma unroll
@@ -405,32 +434,44 @@ __device__ __forceinline__ void gemm_body(const TensorMap* tw, const TensorMap* 
                     Wgmma<BN>::mma(d, da + off, db + off, kk);
                 }
                 wgmma_commit();
-                const float wsc = __ldg(wsr + ks);
-                const float* xsk = xs + (size_t)ks * xs_stride;
+                const float wsc = sc[SUBS * BN + wrow * SUBS + sub];
                 wgmma_wait0();
                 fence_regs<R>(d);
-                if (sub == SUBS - 1) {
-                    __syncwarp();
-                    if (lane == 0) mbar_arrive(empty);
-                }
 #pragma unroll
                 for (int j = 0; j < BN / 8; j++) {
-                    const int tok = m0 + 8 * j + 2 * t;
-                    // X's scales are the kernel before's output: plain
-                    // (coherent) loads after the wait, not the read-only path.
-                    const float s0 = tok < m ? __fmul_rn(xsk[tok], wsc) : 0.f;
-                    const float s1 = tok + 1 < m ? __fmul_rn(xsk[tok + 1], wsc) : 0.f;
+                    // Past m the loader wrote zeros (and X's rows are zero).
+                    const float s0 = __fmul_rn(sc[sub * BN + 8 * j + 2 * t], wsc);
+                    const float s1 = __fmul_rn(sc[sub * BN + 8 * j + 2 * t + 1], wsc);
                     acc[4 * j] = __fmaf_rn(d[4 * j], s0, acc[4 * j]);
                     acc[4 * j + 1] = __fmaf_rn(d[4 * j + 1], s1, acc[4 * j + 1]);
                     acc[4 * j + 2] = __fmaf_rn(d[4 * j + 2], s0, acc[4 * j + 2]);
                     acc[4 * j + 3] = __fmaf_rn(d[4 * j + 3], s1, acc[4 * j + 3]);
                 }
             }
+            // The stage's tiles and scales read: the ring may refill it.
+            __syncwarp();
+            if (lane == 0) mbar_arrive(empty);
             if (++s == stages) s = 0, ph ^= 1;
         }
         if (u + (int)gridDim.x >= units) pdl_trigger();
 
         const int row = row0 + g;  // rows row (acc 4j, 4j+1) and row + 8 (4j+2, 4j+3)
+        if (cluster) {
+            // The partial tile [BN][kPartPitch] over the ring, which both
+            // warpgroups have finished reading (the unit is the block's only one).
+            named_sync(3, 128 * kConsumerWGs);
+            float* pt = reinterpret_cast<float*>(gbase);
+            const int r = row - tile * kRowTile;
+#pragma unroll
+            for (int j = 0; j < BN / 8; j++) {
+                const int tk = 8 * j + 2 * t;
+                pt[tk * kPartPitch + r] = acc[4 * j];
+                pt[(tk + 1) * kPartPitch + r] = acc[4 * j + 1];
+                pt[tk * kPartPitch + r + 8] = acc[4 * j + 2];
+                pt[(tk + 1) * kPartPitch + r + 8] = acc[4 * j + 3];
+            }
+            continue;
+        }
         if (splits > 1) {
             float* p = part + (size_t)z * m * n;
 #pragma unroll
@@ -473,21 +514,135 @@ __device__ __forceinline__ void gemm_body(const TensorMap* tw, const TensorMap* 
     }
 }
 
+// The split finish through distributed shared memory: the splits of a
+// unit are one cluster (rank z = split z), each block's partial tile in
+// its shared memory. After a cluster barrier each block adds a 1/splits
+// share of the tile's outputs over the peers in split order (the same
+// operations, so the same bits, as split_finish and gemm_fp8_reduce) and
+// stores bf16 Y; a second barrier keeps every tile readable until all
+// shares are done. Run by every thread of the block.
+template <int BN>
+__device__ __forceinline__ void cluster_finish(u8* __restrict__ y, u32 base, int m, int y_stride, int splits, int chunks) {
+    cluster_sync();
+    const int u = blockIdx.x;
+    const int z = u % splits, rest = u / splits;
+    const int c = rest % chunks, tile = rest / chunks;
+    const int m0 = c * BN;
+    constexpr int kGroups = BN * (kRowTile / 4);  // float4 groups of the tile
+    const int g0 = z * kGroups / splits, g1 = (z + 1) * kGroups / splits;
+    for (int i = g0 + (int)threadIdx.x; i < g1; i += kThreads) {
+        const int tk = i / (kRowTile / 4), c4 = i % (kRowTile / 4);
+        const u32 local = base + (u32)(tk * kPartPitch + 4 * c4) * 4;
+        float4 acc = ld_cluster_f4(mapa(local, 0));
+        for (int zz = 1; zz < splits; zz++) {
+            const float4 v = ld_cluster_f4(mapa(local, zz));
+            acc.x = __fadd_rn(acc.x, v.x);
+            acc.y = __fadd_rn(acc.y, v.y);
+            acc.z = __fadd_rn(acc.z, v.z);
+            acc.w = __fadd_rn(acc.w, v.w);
+        }
+        if (m0 + tk < m) splitk_store4(reinterpret_cast<u16*>(y) + (size_t)(m0 + tk) * y_stride + tile * kRowTile + 4 * c4, acc);
+    }
+    cluster_sync();
+}
+
+template <int BN, int SB>
+__device__ __forceinline__ void gemm_body(const TensorMap* tw, const TensorMap* tx, const float* __restrict__ ws,
+                                          const float* xs, u8* __restrict__ y, float* __restrict__ part,
+                                          int* counters, int m, int n, int k, int xs_stride, int y_stride, int kb_per_split,
+                                          int splits, int chunks, int stages, int smem_bytes, int cluster) {
+    static_assert(BN % 8 == 0 && BN >= 8 && BN <= 128, "wgmma N");
+    static_assert(SB == 32 || SB == 64 || SB == 128, "scale block");
+    typedef Layout<BN, SB> L;
+    extern __shared__ u8 smem_raw[];
+    const u32 raw = smem_u32(smem_raw);
+    const u32 base = (raw + 1023) & ~1023u;  // the 128-byte swizzle wants 1024-byte aligned tiles
+    u8* const gbase = smem_raw + (base - raw);
+    const u32 epi = base + stages * L::kStage;
+    const u32 scl = epi + L::kEpi;                     // stage s's scales at scl + s kScaleStage
+    const u32 bars = scl + stages * L::kScaleStage;  // full[s] at bars + 8s, empty[s] at bars + 8 (stages + s)
+    // The host sizes the allocation (gemm_wgmma.go's wgmmaSmemBytes): a
+    // layout that outgrew it stops here instead of overwriting memory.
+    if (bars + 16 * stages > raw + (u32)smem_bytes) __trap();
+    // A cluster's block holds one unit (its partial tile over the ring).
+    if (cluster && ((int)gridDim.x != (n / kRowTile) * splits * chunks || BN * kPartPitch * 4 > stages * L::kStage))
+        __trap();
+
+    const int kbn = k >> 7;  // 128-wide K blocks (stages)
+    const int kscales = k / SB;  // scale blocks a W scale row
+    const int units = (n / kRowTile) * splits * chunks;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < stages; s++) {
+            mbar_init(bars + 8 * s, 1 + 32);  // the producer's expect_tx, the loader's 32 lanes
+            mbar_init(bars + 8 * (stages + s), kConsumerWGs * 4);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    }
+    __syncthreads();
+
+    if (warp >= kConsumerWGs * 4) {
+#ifdef WGMMA_SETMAXNREG
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+#endif
+        if (warp == kLoaderWarp) {
+            pdl_wait();  // X's scales come from the kernel before
+            int s = 0;
+            u32 ph = 0;
+            for (int u = blockIdx.x; u < units; u += gridDim.x) {
+                const int z = u % splits, rest = u / splits;
+                const int c = rest % chunks, tile = rest / chunks;
+                const int kb0 = z * kb_per_split, kb1 = min(kbn, kb0 + kb_per_split);
+                const int m0 = c * BN;
+                const float* wst = ws + (size_t)tile * L::kSubs * kscales;  // the tile's first W scale row
+                for (int kb = kb0; kb < kb1; kb++) {
+                    mbar_wait(bars + 8 * (stages + s), ph ^ 1);
+                    const u32 dst = scl + s * L::kScaleStage;
+                    for (int i = lane; i < L::kSubs * BN; i += 32) {
+                        const int sub = i / BN, tok = m0 + i % BN;
+                        const float* src = xs + (size_t)(kb * L::kSubs + sub) * xs_stride + tok;
+                        cp_async4(dst + 4 * i, tok < m ? src : xs, tok < m ? 4 : 0);
+                    }
+                    for (int i = lane; i < L::kSubs * L::kSubs; i += 32) {
+                        const int r = i / L::kSubs, sub = i % L::kSubs;
+                        cp_async4(dst + 4 * (L::kSubs * BN + i), wst + (size_t)r * kscales + kb * L::kSubs + sub, 4);
+                    }
+                    cp_async_arrive(bars + 8 * s);
+                    if (++s == stages) s = 0, ph ^= 1;
+                }
+            }
+            asm volatile("cp.async.wait_all;" ::: "memory");  // no copy outlives its warp
+        } else if (warp == kConsumerWGs * 4 && lane == 0) {
+            produce<BN>(tw, tx, base, bars, units, kbn, kb_per_split, splits, chunks, stages);
+        }
+    } else {
+        consume<BN, SB>(ws, xs, y, part, counters, gbase, base, epi, scl, bars, m, n, kbn, y_stride, kb_per_split,
+                        splits, chunks, stages, units, cluster);
+    }
+    if (cluster) cluster_finish<BN>(y, base, m, y_stride, splits, chunks);
+}
+
 }  // namespace wgm
 
 // counters: nullptr, the partials then reduced by gemm_fp8_reduce; or
 // chunks x (N / 128) zeroed ints (left zeroed), the kernel finishing the
-// split itself (split_finish).
-// Grid: min(units, SMs) blocks of wgm::kThreads; smem_bytes is the dynamic
-// shared memory launched with, stages * (16384 + 128 BN + 16) + 2 * BN *
+// split itself (split_finish). cluster: 1 when launched with clusters of
+// `splits` blocks (part and counters unused).
+// Grid: min(units, SMs) blocks of wgm::kThreads (cluster: exactly the
+// units x splits); smem_bytes is the dynamic
+// shared memory launched with, stages * (16384 + 128 BN + 16 + the
+// stage's scales, 4 (BN + 1) bytes rounded up to 16 for SB 128) + 2 BN
 // 144 + 1024 bytes (gemm_wgmma.go's wgmmaSmemBytes).
 #define WGMMA_GEMM_KERNEL(NAME, BN, SB)                                                                          \
     extern "C" __global__ void __launch_bounds__(wgm::kThreads, 1)                                              \
         NAME(const __grid_constant__ wgm::TensorMap tw, const __grid_constant__ wgm::TensorMap tx,               \
              const float* ws, const float* xs, u8* y, float* part, int* counters, int m, int n, int k,           \
-             int xs_stride, int y_stride, int kb_per_split, int splits, int chunks, int stages, int smem_bytes) { \
+             int xs_stride, int y_stride, int kb_per_split, int splits, int chunks, int stages, int smem_bytes,  \
+             int cluster) {                                                                                     \
         wgm::gemm_body<BN, SB>(&tw, &tx, ws, xs, y, part, counters, m, n, k, xs_stride, y_stride, kb_per_split, \
-                               splits, chunks, stages, smem_bytes);                                              \
+                               splits, chunks, stages, smem_bytes, cluster);                                     \
     }
 
 WGMMA_GEMM_KERNEL(gemm_fp8_wgmma_bn8, 8, 128)

@@ -53,6 +53,15 @@ type Options struct {
 	// cannot run (compute capability other than 9.0, a driver without
 	// tensor maps).
 	GEMMWGMMA bool
+	// NoWGMMA keeps the wgmma kernel unloaded: the architecture
+	// description's wgmma rules are ignored and the other two kernels run
+	// every FP8 GEMM (the choice before the rules were measured).
+	NoWGMMA bool
+	// WGMMAClusterSplits overrides how the wgmma kernel finishes a split K
+	// (0: the architecture description's choice, cudatune's
+	// WGMMAArch.ClusterSplits; -1: the tile's last block from global
+	// partials; n > 0: thread-block clusters of up to n splits).
+	WGMMAClusterSplits int
 }
 
 // Backend runs the prologue kernels on one device.
@@ -113,6 +122,12 @@ func NewTuned(opts Options, k cudatune.Knobs) (*Backend, error) {
 		return nil, fmt.Errorf("cuda: Knobs.Warps = %d with KVDepth = %d and QDepth = %d exceeds 48 KiB of shared memory a block (KV %d bytes, Q %d bytes)",
 			k.Warps, k.KVDepth, k.QDepth, kvShared, qShared)
 	}
+	if opts.NoWGMMA && opts.GEMMWGMMA {
+		return nil, errors.New("cuda: Options.NoWGMMA and Options.GEMMWGMMA both set")
+	}
+	if opts.WGMMAClusterSplits > 8 {
+		return nil, fmt.Errorf("cuda: Options.WGMMAClusterSplits = %d exceeds 8 blocks, the portable cluster size", opts.WGMMAClusterSplits)
+	}
 	if k.QChunk > 1<<10 {
 		return nil, fmt.Errorf("cuda: Knobs.QChunk = %d exceeds %d rows", k.QChunk, 1<<10)
 	}
@@ -143,6 +158,15 @@ func NewTuned(opts Options, k cudatune.Knobs) (*Backend, error) {
 	b := &Backend{ctx: c, log: opts.Logger, opts: opts, knobs: k, fns: map[string]*driver.Function{},
 		arch: cudatune.ForDevice(p.Major, p.Minor, cudatune.Resources{SMs: p.SMCount, SharedPerBlockOptin: p.MaxSharedBytesOptin,
 			SharedPerSM: p.SharedBytesPerSM, RegistersPerSM: p.RegistersPerSM, L2Bytes: p.L2Bytes})}
+	if opts.NoWGMMA {
+		b.arch.FP8.WGMMA.Use = nil
+	}
+	switch {
+	case opts.WGMMAClusterSplits < 0:
+		b.arch.FP8.WGMMA.ClusterSplits = 0
+	case opts.WGMMAClusterSplits > 0:
+		b.arch.FP8.WGMMA.ClusterSplits = opts.WGMMAClusterSplits
+	}
 	b.layerCalls.New = b.newLayerCall
 	if err := b.init(); err != nil {
 		_ = c.Close()

@@ -136,10 +136,42 @@ func TestPlanWGMMA(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, c.want, p, c.name)
 	}
+	// Clusters: one wave of at most 8 splits a unit, a block a unit.
+	ac := a
+	ac.ClusterSplits = 8
+	ac.MaxClusters = []int{0, 0, 66, 0, 33, 0, 0, 0, 12} // clusters of 2, 4 and 8 at once
+	for _, c := range []struct {
+		name    string
+		m, n, k int
+		want    wgmmaPlan
+	}{
+		{"flash A m1", 1, 1536, 4096, wgmmaPlan{bn: 8, chunks: 1, splits: 8, kbPerSplit: 4, grid: 96, stages: 8, smem: wgmmaSmemBytes(8, 8), cluster: true}},
+		{"flash A m128", 128, 1536, 4096, wgmmaPlan{bn: 128, chunks: 1, splits: 8, kbPerSplit: 4, grid: 96, stages: 5, smem: wgmmaSmemBytes(128, 5), cluster: true}},
+		// 16 clusters of 8 would take two waves: the last block's finish.
+		{"pro A m64", 64, 2048, 7168, wgmmaPlan{bn: 64, chunks: 1, splits: 8, kbPerSplit: 7, grid: 128, stages: 8, smem: wgmmaSmemBytes(64, 8)}},
+		// 64 tiles (an indexer wq_b): clusters of 2.
+		{"n8192 m128", 128, 8192, 1024, wgmmaPlan{bn: 128, chunks: 1, splits: 2, kbPerSplit: 4, grid: 128, stages: 5, smem: wgmmaSmemBytes(128, 5), cluster: true}},
+		// 256 row tiles fill the device: no split, no cluster.
+		{"flash wq_b m32", 32, 32768, 1024, wgmmaPlan{bn: 32, chunks: 1, splits: 1, kbPerSplit: 8, grid: 132, stages: 8, smem: wgmmaSmemBytes(32, 8)}},
+		// 100 tiles: one wave holds no cluster of two (132 / 100 = 1), the
+		// last block finishes 2 splits.
+		{"n12800 m1", 1, 12800, 1024, wgmmaPlan{bn: 8, chunks: 1, splits: 2, kbPerSplit: 4, grid: 132, stages: 8, smem: wgmmaSmemBytes(8, 8)}},
+	} {
+		p, err := planWGMMA(ac, c.m, c.n, c.k, 132, optin, gemmPartBytes)
+		require.NoError(t, err)
+		require.Equal(t, c.want, p, "cluster "+c.name)
+		require.LessOrEqual(t, p.grid, 132, "one wave")
+		require.GreaterOrEqual(t, p.stages*(wgmmaRowTile*128+p.bn*128), p.bn*wgmmaPartPitch*4, "the partial tile fits the ring")
+	}
+	ac.MaxClusters[8] = 16
+	p, err := planWGMMA(ac, 64, 2048, 7168, 132, optin, gemmPartBytes)
+	require.NoError(t, err)
+	require.Equal(t, wgmmaPlan{bn: 64, chunks: 1, splits: 8, kbPerSplit: 7, grid: 128, stages: 8, smem: wgmmaSmemBytes(64, 8), cluster: true}, p, "16 clusters fit at once")
 	// The layout: 128 W rows and 128 token rows of 128 bytes a stage, two
 	// barriers; two 128 x 72 bf16 tiles; the alignment slack.
-	require.Equal(t, 5*(32768+16)+2*128*144+1024, wgmmaSmemBytes(128, 5))
-	_, err := planWGMMA(a, 1, 128, 128, 132, 30<<10, gemmPartBytes)
+	require.Equal(t, 5*(32768+528+16)+2*128*144+1024, wgmmaSmemBytes(128, 5))
+	require.Equal(t, 48, wgmmaScaleBytes(8))
+	_, err = planWGMMA(a, 1, 128, 128, 132, 30<<10, gemmPartBytes)
 	require.ErrorIs(t, err, ErrWGMMAUnavailable, "30 KiB hold one stage")
 	_, err = planWGMMA(cudatune.WGMMAArch{}, 1, 128, 128, 132, optin, gemmPartBytes)
 	require.ErrorIs(t, err, ErrWGMMAUnavailable, "no tiles")

@@ -164,7 +164,7 @@ var (
 	gemmTimesRows = flag.String("gemm.times.rows", "1,8,32,128,256,512,1024,4096", "TestGEMMTimes: the batch sizes, comma-separated")
 	// A profiler run wants one shape and one path, not all of them.
 	gemmTimesShapes = flag.String("gemm.times.shapes", "", "TestGEMMTimes: a regexp the shape names must match (empty: every shape)")
-	gemmTimesPaths  = flag.String("gemm.times.paths", "own,cublaslt,wgmma", "TestGEMMTimes: the implementations, comma-separated")
+	gemmTimesPaths  = flag.String("gemm.times.paths", "own,cublaslt,wgmma,wgmma-cluster", "TestGEMMTimes: the implementations, comma-separated")
 )
 
 // TestGEMMTimes prints device times of the GEMM at V4-Flash and V4-Pro
@@ -190,6 +190,8 @@ func TestGEMMTimes(t *testing.T) {
 		ms = append(ms, m)
 	}
 	shapes := append(slices.Clone(mlatest.FlashGEMMs), mlatest.ProGEMMs...)
+	// The ratio-4 layers' indexer wq_b (64 heads x 128 from q_lora_rank).
+	shapes = append(shapes, mlatest.GEMMShape{Name: "flash-idx-wqb", N: 8192, K: 1024}, mlatest.GEMMShape{Name: "pro-idx-wqb", N: 8192, K: 1536})
 	shapeRe, err := regexp.Compile(*gemmTimesShapes)
 	require.NoError(t, err, "-gemm.times.shapes")
 	shapes = slices.DeleteFunc(shapes, func(s mlatest.GEMMShape) bool { return !shapeRe.MatchString(s.Name) })
@@ -201,7 +203,8 @@ func TestGEMMTimes(t *testing.T) {
 		name string
 		opts cuda.Options
 	}{{"own", cuda.Options{NoCuBLASLt: true}}, {"cublaslt", cuda.Options{GEMMOwnMaxM: -1}},
-		{"wgmma", cuda.Options{GEMMWGMMA: true, NoCuBLASLt: true}}} {
+		{"wgmma", cuda.Options{GEMMWGMMA: true, NoCuBLASLt: true, WGMMAClusterSplits: -1}},
+		{"wgmma-cluster", cuda.Options{GEMMWGMMA: true, NoCuBLASLt: true, WGMMAClusterSplits: 8}}} {
 		if !slices.Contains(paths, path.name) {
 			continue
 		}
@@ -292,8 +295,8 @@ func TestGEMMTimes(t *testing.T) {
 	}
 	us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
 	fmt.Printf("%-22s", "GEMM")
-	for range 3 {
-		fmt.Printf(" %-11s %8s %8s %9s  ", "path", "cold us", "b2b us", "cold GB/s")
+	for range 4 {
+		fmt.Printf(" %-13s %8s %8s %9s  ", "path", "cold us", "b2b us", "cold GB/s")
 	}
 	fmt.Printf(" %8s\n", "floor us")
 	for _, s := range shapes {
@@ -301,13 +304,13 @@ func TestGEMMTimes(t *testing.T) {
 		for _, m := range ms {
 			key := fmt.Sprintf("%s/m%d", s.Name, m)
 			line := fmt.Sprintf("%-22s", key)
-			for _, p := range []string{"own", "cublaslt", "wgmma"} {
+			for _, p := range []string{"own", "cublaslt", "wgmma", "wgmma-cluster"} {
 				rw, ok := results[key][p]
 				if !ok {
-					line += fmt.Sprintf(" %-11s %8s %8s %9s  ", p, "-", "-", "-")
+					line += fmt.Sprintf(" %-13s %8s %8s %9s  ", p, "-", "-", "-")
 					continue
 				}
-				line += fmt.Sprintf(" %-11s %8.1f %8.1f %9.0f  ", ran[key+"/"+p], us(rw.cold), us(rw.b2b), wbytes/us(rw.cold)/1e3)
+				line += fmt.Sprintf(" %-13s %8.1f %8.1f %9.0f  ", ran[key+"/"+p], us(rw.cold), us(rw.b2b), wbytes/us(rw.cold)/1e3)
 			}
 			line += fmt.Sprintf(" %8.1f", wbytes/4.1e12*1e6)
 			fmt.Println(line)

@@ -28,6 +28,9 @@ const wgmmaArch = "sm_90a"
 const (
 	wgmmaThreads = 384
 	wgmmaRowTile = 128
+	// wgmmaPartPitch is the floats a token row of a cluster's partial tile
+	// (kPartPitch), laid over the ring.
+	wgmmaPartPitch = wgmmaRowTile + 4
 )
 
 // ErrWGMMAUnavailable: the wgmma GEMM cannot run here (not compute
@@ -35,18 +38,34 @@ const (
 // architecture description); the error it wraps says which.
 var ErrWGMMAUnavailable = errors.New("cuda: the sm_90a wgmma GEMM is unavailable")
 
+// wgmmaScaleBlock is the scale block the kernels are instantiated for
+// (gemm_fp8_wgmma.cu's SB: DeepSeek-V4's 128 x 128 weight and 1 x 128
+// activation blocks).
+const wgmmaScaleBlock = 128
+
 // wgmmaSmemBytes is a block's dynamic shared memory for token tile bn and
 // a ring of `stages` stages, as gemm_fp8_wgmma.cu lays it out: each stage
-// 128 W rows and bn token rows of 128 bytes plus its two 8-byte
-// mbarriers, the two warpgroups' bf16 tiles (bn rows of 72 u16 each), and
-// 1024 bytes to align the ring for the 128-byte swizzle.
+// 128 W rows and bn token rows of 128 bytes, its scales (wgmmaScaleBytes)
+// and its two 8-byte mbarriers, the two warpgroups' bf16 tiles (bn rows of
+// 72 u16 each), and 1024 bytes to align the ring for the 128-byte swizzle.
 func wgmmaSmemBytes(bn, stages int) int {
-	return stages*(wgmmaRowTile*128+bn*128+16) + 2*bn*72*2 + 1024
+	return stages*(wgmmaRowTile*128+bn*128+wgmmaScaleBytes(bn)+16) + 2*bn*72*2 + 1024
 }
 
-// wgmmaPlan is one GEMM's launch of the wgmma kernel.
+// wgmmaScaleBytes is one stage's scales (the kernel's Layout::kScaleStage):
+// the bn tokens' x scales and the tile's W scales of each of the K block's
+// 128 / wgmmaScaleBlock scale blocks, padded to 16 bytes.
+func wgmmaScaleBytes(bn int) int {
+	subs := 128 / wgmmaScaleBlock
+	return (4*(subs*bn+subs*subs) + 15) &^ 15
+}
+
+// wgmmaPlan is one GEMM's launch of the wgmma kernel; cluster: the splits
+// of a unit are one thread-block cluster that finishes the unit through
+// distributed shared memory (grid = units x splits, one unit a block).
 type wgmmaPlan struct {
 	bn, chunks, splits, kbPerSplit, grid, stages, smem int
+	cluster                                            bool
 }
 
 // planWGMMA picks the token tile (the smallest of a.TokenTiles holding M,
@@ -72,16 +91,30 @@ func planWGMMA(a cudatune.WGMMAArch, m, n, k, sms, smemOptin, partBytes int) (wg
 	s := 1
 	if units < sms {
 		s = min((sms+units-1)/units, kbn, max(1, k/(4*m)), max(1, partBytes/(4*m*n)))
+		// Clusters of the splits where one wave of them fits: the grid is
+		// units x splits blocks.
+		if c := min(max(1, sms/units), a.ClusterSplits, kbn, max(1, k/(4*m))); c > 1 {
+			c = (kbn + (kbn+c-1)/c - 1) / ((kbn + c - 1) / c) // the splits c K ranges make
+			if c < len(a.MaxClusters) && units <= a.MaxClusters[c] {
+				s, p.cluster = c, true
+			}
+		}
 	}
 	p.kbPerSplit = (kbn + s - 1) / s
 	p.splits = (kbn + p.kbPerSplit - 1) / p.kbPerSplit
 	p.grid = min(units*p.splits, sms)
+	if p.cluster {
+		p.grid = units * p.splits
+	}
 	fixed := wgmmaSmemBytes(p.bn, 0)
 	p.stages = min(a.MaxStages, (smemOptin-fixed)/(wgmmaSmemBytes(p.bn, 1)-fixed))
 	if p.stages < 2 {
 		return p, fmt.Errorf("%w: %d bytes of shared memory a block hold fewer than 2 stages of token tile %d", ErrWGMMAUnavailable, smemOptin, p.bn)
 	}
 	p.smem = wgmmaSmemBytes(p.bn, p.stages)
+	if p.cluster && p.bn*wgmmaPartPitch*4 > p.stages*(wgmmaRowTile*128+p.bn*128) {
+		return p, fmt.Errorf("%w: a %d-token partial tile outgrows a %d-stage ring", ErrWGMMAUnavailable, p.bn, p.stages)
+	}
 	return p, nil
 }
 
@@ -230,17 +263,25 @@ func (b *Backend) wgmmaGEMM(w, ws, x, xs, y driver.DevicePtr, m, n, k, xsStride,
 	// the partials in split order: split_finish), the path the device
 	// verified; gemm_fp8_reduce is not launched for it.
 	var part, counters driver.DevicePtr
-	if p.splits > 1 {
+	if p.splits > 1 && !p.cluster {
 		if 4*n/wgmmaRowTile*p.chunks > wgmmaCounterBytes {
 			return fmt.Errorf("cuda: wgmma GEMM: %d units outgrow the split counters", n/wgmmaRowTile*p.chunks)
 		}
 		part, counters = g.parts[b.streamSlot()], g.wg.counters[b.streamSlot()]
 	}
 	g.wgmmaRun.Add(1)
+	cluster := int32(0)
+	if p.cluster {
+		cluster = 1
+	}
+	grid, block := driver.Dim3{uint32(p.grid), 1, 1}, driver.Dim3{wgmmaThreads, 1, 1}
+	args := []any{tw, tx, ws, xs, y, part, counters, int32(m), int32(n), int32(k), int32(xsStride), int32(yStride),
+		int32(p.kbPerSplit), int32(p.splits), int32(p.chunks), int32(p.stages), int32(p.smem), cluster}
 	return b.ctx.Do(func() error {
-		return b.launchShared(fn, driver.Dim3{uint32(p.grid), 1, 1}, driver.Dim3{wgmmaThreads, 1, 1}, p.smem,
-			tw, tx, ws, xs, y, part, counters, int32(m), int32(n), int32(k), int32(xsStride), int32(yStride),
-			int32(p.kbPerSplit), int32(p.splits), int32(p.chunks), int32(p.stages), int32(p.smem))
+		if p.cluster {
+			return b.launchCluster(fn, grid, block, driver.Dim3{uint32(p.splits), 1, 1}, p.smem, args...)
+		}
+		return b.launchShared(fn, grid, block, p.smem, args...)
 	})
 }
 

@@ -18,36 +18,48 @@ import (
 	"github.com/dsv4mla/prologue/weights"
 )
 
-var (
-	wgmmaOnce    sync.Once
-	wgmmaShared  *cuda.Backend
-	wgmmaErr     error
-	wgmmaSkipErr error
-)
+// wgmmaShared is one backend a split finish, made once.
+type wgmmaShared struct {
+	once         sync.Once
+	b            *cuda.Backend
+	err, skipErr error
+}
+
+var wgmmaBackends [2]wgmmaShared
+
+// wgmmaFinishes are the wgmma kernel's two ways to finish a split K, as
+// Options.WGMMAClusterSplits names them: the tile's last block from
+// global partials, and thread-block clusters of up to 8 splits reduced
+// through distributed shared memory.
+var wgmmaFinishes = []struct {
+	name          string
+	clusterSplits int
+}{{"last-block", -1}, {"cluster", 8}}
 
 // wgmmaBackend is a backend whose every FP8 GEMM runs the sm_90a wgmma
-// kernel (Options.GEMMWGMMA, cuBLASLt not loaded), or skips the test
-// saying why the kernel cannot run here.
-func wgmmaBackend(t *testing.T) *cuda.Backend {
+// kernel (Options.GEMMWGMMA, cuBLASLt not loaded) with split finish f of
+// wgmmaFinishes, or skips the test saying why the kernel cannot run here.
+func wgmmaBackend(t *testing.T, f int) *cuda.Backend {
 	t.Helper()
 	if err := cuda.Available(); err != nil {
 		t.Skipf("CUDA backend unavailable: %v", err)
 	}
-	wgmmaOnce.Do(func() {
-		wgmmaShared, wgmmaErr = cuda.New(cuda.Options{GEMMWGMMA: true, NoCuBLASLt: true})
-		if wgmmaErr == nil {
-			if err := wgmmaShared.InitGEMM(); errors.Is(err, cuda.ErrWGMMAUnavailable) {
-				wgmmaSkipErr = err
+	w := &wgmmaBackends[f]
+	w.once.Do(func() {
+		w.b, w.err = cuda.New(cuda.Options{GEMMWGMMA: true, NoCuBLASLt: true, WGMMAClusterSplits: wgmmaFinishes[f].clusterSplits})
+		if w.err == nil {
+			if err := w.b.InitGEMM(); errors.Is(err, cuda.ErrWGMMAUnavailable) {
+				w.skipErr = err
 			} else {
-				wgmmaErr = err
+				w.err = err
 			}
 		}
 	})
-	if wgmmaSkipErr != nil {
-		t.Skipf("%v", wgmmaSkipErr)
+	if w.skipErr != nil {
+		t.Skipf("%v", w.skipErr)
 	}
-	require.NoError(t, wgmmaErr)
-	return wgmmaShared
+	require.NoError(t, w.err)
+	return w.b
 }
 
 // wgmmaRows are the batch sizes the wgmma kernel is checked at: every
@@ -97,29 +109,34 @@ func wgmmaCases() []mlatest.GEMMCase {
 // scales over many octaves, Y poisoned and its padding checked), then the
 // refusals.
 func TestCUDAWGMMAGEMM(t *testing.T) {
-	b := wgmmaBackend(t)
-	before := b.WGMMACount()
-	ran := 0
-	for _, c := range wgmmaCases() {
-		t.Run(c.String(), func(t *testing.T) {
-			ran++
-			seed := mlatest.Seed(t)
-			cmp, err := mlatest.CheckGEMM(b, c, seed)
-			require.NoError(t, err)
-			t.Logf("worst element %.3g of the bound; accumulation difference %.3g S (bound %.3g S)", cmp.Worst, cmp.AccumRel, gemm.Bound(c.Shape.K))
+	for f, fin := range wgmmaFinishes {
+		t.Run(fin.name, func(t *testing.T) {
+			b := wgmmaBackend(t, f)
+			before := b.WGMMACount()
+			ran := 0
+			for _, c := range wgmmaCases() {
+				t.Run(c.String(), func(t *testing.T) {
+					ran++
+					seed := mlatest.Seed(t)
+					cmp, err := mlatest.CheckGEMM(b, c, seed)
+					require.NoError(t, err)
+					t.Logf("worst element %.3g of the bound; accumulation difference %.3g S (bound %.3g S)", cmp.Worst, cmp.AccumRel, gemm.Bound(c.Shape.K))
+				})
+			}
+			own, lt := b.GEMMCounts()
+			require.Zero(t, own+lt, "a GEMM did not run on the wgmma kernel")
+			require.GreaterOrEqual(t, b.WGMMACount()-before, int64(ran))
 		})
 	}
-	own, lt := b.GEMMCounts()
-	require.Zero(t, own+lt, "a GEMM did not run on the wgmma kernel")
-	require.GreaterOrEqual(t, b.WGMMACount()-before, int64(ran))
 }
 
 // TestCUDAWGMMASmallShapes runs mlatest's small cases (one and two K
 // blocks, a strided offset Y, NaN inputs) and its refusals (bad arguments
 // refused before the kernel is launched, Y untouched) on the wgmma kernel.
 func TestCUDAWGMMASmallShapes(t *testing.T) {
-	b := wgmmaBackend(t)
-	mlatest.TestGEMMShapes(t, b, nil)
+	for f, fin := range wgmmaFinishes {
+		t.Run(fin.name, func(t *testing.T) { mlatest.TestGEMMShapes(t, wgmmaBackend(t, f), nil) })
+	}
 }
 
 // wgmmaFront is one GEMM shape's operands for TestCUDAWGMMAReplay: a main
@@ -143,16 +160,13 @@ type wgmmaFront struct {
 // its wq_b (half its outputs) at 129 (two token chunks, two units a block), V4-Pro's
 // [wq_a; wkv] at 64.
 func TestCUDAWGMMAReplay(t *testing.T) {
-	b := backend(t)
+	for f, fin := range wgmmaFinishes {
+		t.Run(fin.name, func(t *testing.T) { testWGMMAReplay(t, wgmmaBackend(t, f)) })
+	}
+}
+
+func testWGMMAReplay(t *testing.T, b *cuda.Backend) {
 	ctx := context.Background()
-	if err := b.InitGEMM(); err != nil {
-		t.Fatal(err)
-	}
-	if err := b.LoadWGMMA(); errors.Is(err, cuda.ErrWGMMAUnavailable) {
-		t.Skipf("%v", err)
-	} else {
-		require.NoError(t, err)
-	}
 	seed := rand.Uint64()
 	t.Logf("seed %d", seed)
 	for _, s := range []struct {
