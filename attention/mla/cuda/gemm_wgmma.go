@@ -240,7 +240,36 @@ func (b *Backend) initWGMMA() error {
 	}
 	w.mod = mod
 	g.wg = w
+	b.clusterCapacity(a.ClusterSplits)
 	return nil
+}
+
+// clusterCapacity asks the driver how many clusters of 2 .. maxSplits
+// blocks of the wgmma kernel run at once (the architecture description's
+// MaxClusters, which the planner reads); where it cannot say, the split K
+// is finished by the tiles' last blocks.
+func (b *Backend) clusterCapacity(maxSplits int) {
+	w := &b.arch.FP8.WGMMA
+	w.MaxClusters = nil
+	if maxSplits < 2 {
+		return
+	}
+	bn := w.TokenTiles[len(w.TokenTiles)-1]
+	p, err := planWGMMA(*w, bn, wgmmaRowTile, 128, b.arch.SMs, b.arch.SharedPerBlockOptin, gemmPartBytes)
+	if err != nil {
+		return
+	}
+	caps := make([]int, maxSplits+1)
+	for s := 2; s <= maxSplits; s++ {
+		n, err := b.ctx.MaxActiveClusters(b.gemm.wg.byTile[bn], driver.Dim3{wgmmaThreads, 1, 1}, uint32(p.smem), driver.Dim3{uint32(s), 1, 1})
+		if err != nil {
+			b.log.Info().Err(err).Int("blocks", s).Msg("wgmma GEMM: no cluster split finish")
+			return
+		}
+		caps[s] = n
+	}
+	w.MaxClusters = caps
+	b.log.Debug().Ints("clusters", caps).Msg("wgmma GEMM: clusters of 2 .. 8 blocks at once")
 }
 
 // wgmmaGEMM runs one GEMM on the wgmma kernel, on the backend's stream.
