@@ -23,13 +23,13 @@ import (
 )
 
 // TestCUDAGEMM runs the GEMM conformance cases at V4-Flash's shapes with
-// the default choice of implementation (the own kernel up to 128 rows,
-// cuBLASLt above).
+// the default choice of implementation (the architecture description's
+// rules: the wgmma kernel, the own kernel or cuBLASLt by shape).
 func TestCUDAGEMM(t *testing.T) {
 	b := backend(t)
 	mlatest.TestGEMM(t, b)
 	own, lt := b.GEMMCounts()
-	t.Logf("GEMMs run: own kernel %d, cuBLASLt %d (cuBLASLt: %v)", own, lt, b.CuBLASLtError())
+	t.Logf("GEMMs run: own kernel %d, cuBLASLt %d, wgmma %d (cuBLASLt: %v)", own, lt, b.WGMMACount(), b.CuBLASLtError())
 }
 
 // TestCUDAGEMMPaths runs the cases once per implementation: the own kernel
@@ -37,8 +37,8 @@ func TestCUDAGEMM(t *testing.T) {
 func TestCUDAGEMMPaths(t *testing.T) {
 	backend(t)
 	for name, opts := range map[string]cuda.Options{
-		"own":      {NoCuBLASLt: true},
-		"cublaslt": {GEMMOwnMaxM: -1},
+		"own":      {NoCuBLASLt: true, NoWGMMA: true},
+		"cublaslt": {GEMMOwnMaxM: -1, NoWGMMA: true},
 		"wgmma":    {GEMMWGMMA: true, NoCuBLASLt: true},
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -202,7 +202,7 @@ func TestGEMMTimes(t *testing.T) {
 	for _, path := range []struct {
 		name string
 		opts cuda.Options
-	}{{"own", cuda.Options{NoCuBLASLt: true}}, {"cublaslt", cuda.Options{GEMMOwnMaxM: -1}},
+	}{{"own", cuda.Options{NoCuBLASLt: true, NoWGMMA: true}}, {"cublaslt", cuda.Options{GEMMOwnMaxM: -1, NoWGMMA: true}},
 		{"wgmma", cuda.Options{GEMMWGMMA: true, NoCuBLASLt: true, WGMMAClusterSplits: -1}},
 		{"wgmma-cluster", cuda.Options{GEMMWGMMA: true, NoCuBLASLt: true, WGMMAClusterSplits: 8}}} {
 		if !slices.Contains(paths, path.name) {
