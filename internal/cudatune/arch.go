@@ -139,6 +139,10 @@ const gemmTimes = "bench/results/2026-11-30-h200-b/diagnostic/gemm-times-old-ker
 // and cuBLASLt, one H200 call.
 const wgmmaTimes = "bench/results/2026-12-02-h200-f/gemm-times.txt (TestGEMMTimes, graph-timed, L2 flushed)"
 
+// wgmmaIndexerTimes: the indexer's wq_b and V4-Pro's [wq_a; wkv] with the
+// cluster capacity the driver reports (15 clusters of 8 at once).
+const wgmmaIndexerTimes = "bench/results/2026-12-02-h200-f/gemm-times-indexer.txt (TestGEMMTimes, graph-timed, L2 flushed)"
+
 // SM90 is the H200 (sm_90, 132 multiprocessors), the architecture every
 // choice of the backend was measured on.
 var SM90 = Arch{
@@ -167,6 +171,12 @@ var SM90 = Arch{
 				// 10.1 / 11.8 / -, 8 rows 10.3 / 12.2 / 15.6, 32 rows 13.8 / 20.5 /
 				// 15.6; 128 rows cuBLASLt (17.0 against 24.0).
 				{MaxN: 2048, MaxM: 32, Source: wgmmaTimes},
+				// The indexer's wq_b (64 heads x 128), 64 units in clusters of 2:
+				// V4-Flash 1 row 7.3 / 8.2 (own) / -, 8 rows 7.4 / - / 7.1; V4-Pro
+				// 8.3 / 10.2 / -, 8.6 / - / 8.5: faster than the own kernel, which
+				// the own rules pick up to 8 rows; cuBLASLt above (32 rows 7.1
+				// against 8.2, V4-Pro 8.6 against 9.6).
+				{MaxN: 8192, MaxM: 8, Source: wgmmaIndexerTimes},
 				// wq_b: V4-Flash 1 row 13.4 / 16.6 / -, 8 rows 13.4 / 17.7 / 17.5,
 				// 32 rows 14.0 / 34.0 / 16.5; V4-Pro 33.2 / 40.9 / -, 33.2 / 45.0 /
 				// 39.7, 34.3 / 85.6 / 41.2; at 128 rows cuBLASLt (15.9 against
