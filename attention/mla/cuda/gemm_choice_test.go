@@ -70,11 +70,17 @@ func gemmChoice(s engineGEMM, m int) string {
 		return "cublaslt-or-simple"
 	}
 	if a.FP8.WGMMA.Chosen(m, s.n) {
-		p, err := planWGMMA(a.FP8.WGMMA, m, s.n, s.k, a.SMs, a.SharedPerBlockOptin, gemmPartBytes)
+		w := a.FP8.WGMMA
+		w.MaxClusters = []int{0, 0, 66, 0, 30, 0, 0, 0, 15} // what the H200's driver reports (2026-12-02-h200-f/occupancy.log)
+		p, err := planWGMMA(w, m, s.n, s.k, a.SMs, a.SharedPerBlockOptin, gemmPartBytes)
 		if err != nil {
 			return "wgmma: " + err.Error()
 		}
-		return fmt.Sprintf("wgmma bn=%d chunks=%d splits=%d kb=%d grid=%d stages=%d", p.bn, p.chunks, p.splits, p.kbPerSplit, p.grid, p.stages)
+		finish := ""
+		if p.cluster {
+			finish = " clusters"
+		}
+		return fmt.Sprintf("wgmma bn=%d chunks=%d splits=%d kb=%d grid=%d stages=%d%s", p.bn, p.chunks, p.splits, p.kbPerSplit, p.grid, p.stages, finish)
 	}
 	p := planOwnGEMM(a.FP8, m, s.n, s.k, a.SMs, gemmPartBytes)
 	plan := fmt.Sprintf("mt=%d chunks=%d splits=%d kb=%d", p.mt, p.chunks, p.splits, p.kbPerSplit)
@@ -90,7 +96,8 @@ func gemmChoice(s engineGEMM, m int) string {
 // testdata/gemm_choices_h200.txt (runs of M with the same choice on one
 // line). The table was written by the code before the GEMM choices moved
 // into one architecture description (cudatune.Arch; the table is cfeb712's), so
-// the move keeps them.
+// the move kept them; the wgmma rules (2026-12-02-h200-f) changed the
+// shapes they name, with the H200's cluster capacity.
 func TestGEMMChoicesH200(t *testing.T) {
 	var b strings.Builder
 	for _, s := range engineGEMMs() {

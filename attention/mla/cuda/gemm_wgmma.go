@@ -69,9 +69,11 @@ type wgmmaPlan struct {
 }
 
 // planWGMMA picks the token tile (the smallest of a.TokenTiles holding M,
-// else the largest, over several chunks), the split of K (narrow N splits
-// until the units fill every multiprocessor once, as long as the float32
-// partials stay within the workspace and no larger than the weight), the
+// else the largest, over several chunks), the split of K (N so narrow that
+// the units fill at most half the multiprocessors splits until they fill
+// every one once, as long as the float32 partials stay within the
+// workspace and no larger than the weight; clusters of the splits where
+// one wave of them fits, a.MaxClusters), the
 // persistent grid and the deepest ring that fits in smemOptin.
 func planWGMMA(a cudatune.WGMMAArch, m, n, k, sms, smemOptin, partBytes int) (wgmmaPlan, error) {
 	var p wgmmaPlan
@@ -89,7 +91,10 @@ func planWGMMA(a cudatune.WGMMAArch, m, n, k, sms, smemOptin, partBytes int) (wg
 	kbn, tiles := k/128, n/wgmmaRowTile
 	units := tiles * p.chunks
 	s := 1
-	if units < sms {
+	// Splitting pays only below half the multiprocessors: from there on s
+	// splits of every unit take as many rounds of the persistent grid as
+	// the units do whole, plus the finish.
+	if 2*units <= sms {
 		s = min((sms+units-1)/units, kbn, max(1, k/(4*m)), max(1, partBytes/(4*m*n)))
 		// Clusters of the splits where one wave of them fits: the grid is
 		// units x splits blocks.
