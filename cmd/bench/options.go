@@ -19,7 +19,7 @@ import (
 // direct path: its largest launch in Q rows with FP8 Q and with bf16 Q, its smallest, warps a block, the
 // largest launch in Q rows with whole blocks (larger: half), Q rows a warp,
 // __launch_bounds__ minimum of blocks a multiprocessor, and off), ikeys=N iquery=N (the indexer's kernels:
-// cudatune.IndexerKeys 1 split, 2 fused; cudatune.IndexerQuery 1 late, 2 early), nopdl separate, wgmma
+// cudatune.IndexerKeys 1 split, 2 fused; cudatune.IndexerQuery 1 late, 2 early, 3 lean), nopdl separate, wgmma
 // nowgmma wgcluster=N (every FP8 GEMM on the sm_90a wgmma kernel, or none; its split K finished by
 // clusters of up to N blocks). A zero
 // number keeps the backend's default.

@@ -149,6 +149,10 @@ const (
 	// IndexerQueryEarly: indexer_query_early, the metadata and RoPE pairs
 	// read before the wait, the head weight with the row.
 	IndexerQueryEarly
+	// IndexerQueryLean: indexer_query_lean, IndexerQueryEarly with fewer
+	// instructions a row (the Hadamard's sign by an xor, e2m1 without
+	// its compare chain).
+	IndexerQueryLean
 )
 
 // DirectBlockWarps is the warps a block of a direct launch of qRows Q rows

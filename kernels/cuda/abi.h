@@ -400,5 +400,6 @@ static_assert(sizeof(IndexerQueryParams) == 24, "IndexerQueryParams differs from
 //   indexer_step
 //   indexer_query
 //   indexer_query_early
+//   indexer_query_lean
 
 #endif // DSV4_PROLOGUE_ABI_H

@@ -35,11 +35,31 @@ __device__ __forceinline__ u32 e2m1(float x) {
     return s | m;
 }
 
+// e2m1 without the compare chain (the lean query, indexer_query_lean):
+// below 1 the index is rint(2a), one rounding of the exact 2a + 1.5*2^23;
+// from 1 on, a rounded to one mantissa bit on its bits (nearest even),
+// whose exponent and bit give the index 2(exp - 127) + 2 + bit, at most 7.
+// Equal to e2m1 for every float32 (kernels/cuda TestE2M1IntMatchesReference:
+// its host port against numerics.E2M1FromF32, all 2^32 inputs with
+// PROLOGUE_EXHAUSTIVE=1).
+__device__ __forceinline__ u32 e2m1_int(float x) {
+    const u32 u = __float_as_uint(x);
+    const u32 b = u & 0x7fffffffu;
+    const u32 lo = __float_as_uint(__fadd_rn(__fadd_rn(__uint_as_float(b), __uint_as_float(b)), 12582912.0f)) - 0x4B400000u;
+    const u32 hi = min(((b + 0x1FFFFFu + ((b >> 22) & 1u)) >> 22) - 252u, 7u);
+    const u32 m = b < 0x3f800000u ? lo : hi;
+    return b > 0x7f800000u ? 7u : (((u >> 28) & 8u) | m);
+}
+
 // The normalized Walsh-Hadamard transform of R rows of the warp, v[r] the
 // lane's four bf16 values of row r, rounded to bf16 in place; hscale is
 // fl32(128^-0.5) (numerics.HadamardScale, from the host). Every row gets
-// the same operations as one alone; the rows' shuffles interleave.
-template <int R>
+// the same operations as one alone; the rows' shuffles interleave. LEAN:
+// the upper lane's fl(b - a) as fl((-a) + b), the sign flipped by an xor
+// instead of both results computed and one selected (IEEE defines b - a as
+// b + (-a); a NaN's payload may differ, and the bf16 rounding after the
+// transform makes every NaN the canonical one).
+template <int R, bool LEAN = false>
 __device__ __forceinline__ void warp_hadamard_rows(float (&v)[R][4], float hscale, int lane) {
 #pragma unroll
     for (int r = 0; r < R; r++) {
@@ -52,13 +72,16 @@ __device__ __forceinline__ void warp_hadamard_rows(float (&v)[R][4], float hscal
 #pragma unroll
     for (int d = 1; d <= 16; d <<= 1) {  // h = 4d
         const bool upper = lane & d;
+        const u32 flip = upper ? 0x80000000u : 0u;
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             float q[R];
 #pragma unroll
             for (int r = 0; r < R; r++) q[r] = __shfl_xor_sync(FULL, v[r][i], d);
 #pragma unroll
-            for (int r = 0; r < R; r++) v[r][i] = upper ? __fsub_rn(q[r], v[r][i]) : __fadd_rn(v[r][i], q[r]);
+            for (int r = 0; r < R; r++)
+                v[r][i] = LEAN ? __fadd_rn(__uint_as_float(__float_as_uint(v[r][i]) ^ flip), q[r])
+                               : upper ? __fsub_rn(q[r], v[r][i]) : __fadd_rn(v[r][i], q[r]);
         }
     }
 #pragma unroll
@@ -110,13 +133,15 @@ __device__ __forceinline__ void warp_absmax_rows(const float (&v)[R][4], float (
 // non-zero, at most 254; nibble i = e2m1(fl(v_i * 2^(127-e))), element 2k
 // in the low nibble of byte k; the scale bytes follow the 64 nibble bytes
 // (numerics.QuantizeMXFP4).
+template <bool LEAN = false>
 __device__ __forceinline__ void mxfp4_store(u8* dst, const float v[4], float a, int lane) {
     a = fmaxf(a, __uint_as_float((u32)MXFP4_FLOOR_BITS));  // 6 * 2^-126
     const u32 tb = __float_as_uint(__fmul_rn(a, __uint_as_float((u32)MXFP4_INV6_BITS)));  // fl32(1/6)
     const int e = min((int)((tb >> 23) & 0xffu) + ((tb & 0x7fffffu) != 0u ? 1 : 0), 254);
     const float inv = pow2i(127 - e);
-    const u32 q0 = e2m1(__fmul_rn(v[0], inv)), q1 = e2m1(__fmul_rn(v[1], inv));
-    const u32 q2 = e2m1(__fmul_rn(v[2], inv)), q3 = e2m1(__fmul_rn(v[3], inv));
+    auto q = [](float x) { return LEAN ? e2m1_int(x) : e2m1(x); };
+    const u32 q0 = q(__fmul_rn(v[0], inv)), q1 = q(__fmul_rn(v[1], inv));
+    const u32 q2 = q(__fmul_rn(v[2], inv)), q3 = q(__fmul_rn(v[3], inv));
     *reinterpret_cast<u16*>(dst + 2 * lane) = (u16)(q0 | (q1 << 4) | (q2 << 8) | (q3 << 12));
     if ((lane & 7) == 0) dst[INDEXER_DIM / 2 + lane / 8] = (u8)e;
 }
@@ -484,7 +509,11 @@ static_assert(INDEXER_HEADS % IQ_ROWS == 0, "a warp's rows are heads of one toke
 // the row instead of after the Hadamard: after the wait a warp has one
 // round of loads (its rows and the weight) before its arithmetic, not
 // three or four.
-template <bool EARLY>
+// indexer_query_lean (EARLY and LEAN): indexer_query_early with fewer
+// instructions a row (at 128 rows the grid's 2048 warps keep every
+// scheduler issuing): the Hadamard's LEAN stages and e2m1_int, the same
+// bytes.
+template <bool EARLY, bool LEAN>
 __device__ __forceinline__ void indexer_query_impl(const Params& p0, const IndexerQueryParams& args) {
     constexpr int R = IQ_ROWS;
     void* w_out = args.w_out;
@@ -565,7 +594,7 @@ __device__ __forceinline__ void indexer_query_impl(const Params& p0, const Index
                 rope_pair(v[r][2], v[r][3], cs.z, cs.w);
             }
         }
-        warp_hadamard_rows<R>(v, hscale, lane);
+        warp_hadamard_rows<R, LEAN>(v, hscale, lane);
         if (!EARLY && lane == 0) {
 #pragma unroll
             for (int r = 0; r < R; r++) wv[r] = ld_dep_f32(weight + (size_t)t * w_stride + h0 + r);
@@ -595,7 +624,7 @@ __device__ __forceinline__ void indexer_query_impl(const Params& p0, const Index
         warp_absmax_rows<R, 8>(v, a);  // each MXFP4 block's maximum
 #pragma unroll
         for (int r = 0; r < R; r++) {
-            mxfp4_store(dst0 + (size_t)r * row_bytes, v[r], a[r], lane);
+            mxfp4_store<LEAN>(dst0 + (size_t)r * row_bytes, v[r], a[r], lane);
             if (lane == 0) {
                 const u32 wr = bf16x2_rn(wv[r], 0.f) << 16;
                 static_cast<u16*>(w_out)[row0 + r] = (u16)(bf16x2_rn(__fmul_rn(__uint_as_float(wr), wscale), 0.f) & 0xffffu);
@@ -606,10 +635,15 @@ __device__ __forceinline__ void indexer_query_impl(const Params& p0, const Index
 
 extern "C" __global__ void __launch_bounds__(32 * IQ_WARPS)
     indexer_query(const Params p0, const IndexerQueryParams args) {
-    indexer_query_impl<false>(p0, args);
+    indexer_query_impl<false, false>(p0, args);
 }
 
 extern "C" __global__ void __launch_bounds__(32 * IQ_WARPS)
     indexer_query_early(const Params p0, const IndexerQueryParams args) {
-    indexer_query_impl<true>(p0, args);
+    indexer_query_impl<true, false>(p0, args);
+}
+
+extern "C" __global__ void __launch_bounds__(32 * IQ_WARPS)
+    indexer_query_lean(const Params p0, const IndexerQueryParams args) {
+    indexer_query_impl<true, true>(p0, args);
 }

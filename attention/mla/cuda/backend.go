@@ -147,7 +147,7 @@ func NewTuned(opts Options, k cudatune.Knobs) (*Backend, error) {
 	if k.IndexerKeys != cudatune.IndexerKeysSplit && k.IndexerKeys != cudatune.IndexerKeysFused {
 		return nil, fmt.Errorf("cuda: Knobs.IndexerKeys = %d names no kernels", k.IndexerKeys)
 	}
-	if k.IndexerQuery != cudatune.IndexerQueryLate && k.IndexerQuery != cudatune.IndexerQueryEarly {
+	if k.IndexerQuery < cudatune.IndexerQueryLate || k.IndexerQuery > cudatune.IndexerQueryLean {
 		return nil, fmt.Errorf("cuda: Knobs.IndexerQuery = %d names no kernel", k.IndexerQuery)
 	}
 	c, err := driver.Open(opts.Device)

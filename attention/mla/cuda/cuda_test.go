@@ -168,10 +168,11 @@ func TestCUDAIndexerRotation(t *testing.T) {
 	mlatest.TestIndexerRotation(t, backend(t))
 }
 
-// TestCUDAIndexerKernels runs the compressor step's and the indexer
-// query's conformance suites and rotate both or neither under each choice
-// of the indexer's kernels (cudatune.Knobs.IndexerKeys, IndexerQuery):
-// every one writes mlatest's reference bytes, whichever is the default.
+// TestCUDAIndexerKernels runs the conformance suites of the indexer's
+// kernels under each choice (cudatune.Knobs.IndexerKeys: the compressor
+// step's suite; IndexerQuery: the query's) and rotate both or neither
+// under each: every one writes mlatest's reference bytes, whichever is the
+// default.
 func TestCUDAIndexerKernels(t *testing.T) {
 	if err := cuda.Available(); err != nil {
 		t.Skipf("CUDA backend unavailable: %v", err)
@@ -180,17 +181,23 @@ func TestCUDAIndexerKernels(t *testing.T) {
 		name string
 		k    cudatune.Knobs
 	}{
-		{"split+late", cudatune.Knobs{IndexerKeys: cudatune.IndexerKeysSplit, IndexerQuery: cudatune.IndexerQueryLate}},
-		{"fused+early", cudatune.Knobs{IndexerKeys: cudatune.IndexerKeysFused, IndexerQuery: cudatune.IndexerQueryEarly}},
+		{"keys=split", cudatune.Knobs{IndexerKeys: cudatune.IndexerKeysSplit}},
+		{"keys=fused", cudatune.Knobs{IndexerKeys: cudatune.IndexerKeysFused}},
+		{"query=late", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryLate}},
+		{"query=early", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryEarly}},
+		{"query=lean", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryLean}},
 	} {
-		b, err := cuda.NewTuned(cuda.Options{}, v.k)
-		require.NoError(t, err)
 		t.Run(v.name, func(t *testing.T) {
-			t.Run("CompressStep", func(t *testing.T) { mlatest.TestCompressStep(t, b) })
-			t.Run("IndexerQuery", func(t *testing.T) { mlatest.TestIndexerQuery(t, b) })
+			b, err := cuda.NewTuned(cuda.Options{}, v.k)
+			require.NoError(t, err)
+			defer func() { require.NoError(t, b.Close()) }()
+			if v.k.IndexerKeys != 0 {
+				t.Run("CompressStep", func(t *testing.T) { mlatest.TestCompressStep(t, b) })
+			} else {
+				t.Run("IndexerQuery", func(t *testing.T) { mlatest.TestIndexerQuery(t, b) })
+			}
 			t.Run("IndexerRotation", func(t *testing.T) { mlatest.TestIndexerRotation(t, b) })
 		})
-		require.NoError(t, b.Close())
 	}
 }
 

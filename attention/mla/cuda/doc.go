@@ -66,7 +66,9 @@
 // the same bytes: IndexerKeysFused runs the key step as indexer_step (the
 // pooling and the entry in one launch, one entry a block, its plan words
 // read before the PDL wait), IndexerQueryEarly the query as
-// indexer_query_early (its metadata read before the wait).
+// indexer_query_early (its metadata read before the wait) and
+// IndexerQueryLean as indexer_query_lean (that with fewer instructions a
+// row).
 //
 // The indexer's top-k selection (DESIGN.md section 9, mla.TopKSelector)
 // runs kernels/cuda/topk.cu, loaded at first use (LoadTopK): topk_score

@@ -12,7 +12,8 @@ import (
 
 // IndexerQuery implements mla.IndexerQuerier: indexer_query of
 // kernels/cuda/indexer.cu (in the compressor's module; indexer_query_early
-// with Knobs.IndexerQuery IndexerQueryEarly, the same bytes) on the backend's
+// or indexer_query_lean with Knobs.IndexerQuery IndexerQueryEarly or
+// IndexerQueryLean, the same bytes) on the backend's
 // current stream, one warp per abi.IndexerQueryRows (token, head) rows in a's Format, with the
 // Q prologue's Params (kernels/cuda/abi) for the token's position and its
 // own IndexerQueryParams (the head weights, the format): the grid depends on
@@ -42,8 +43,11 @@ func (b *Backend) IndexerQuery(ctx context.Context, l mla.Launch, a *mla.Indexer
 	warps := l.Rows * mla.IndexerHeads / abi.IndexerQueryRows
 	blocks := b.chainGrid((warps + abi.IndexerQueryWarps - 1) / abi.IndexerQueryWarps)
 	fn := b.comp.iquery
-	if b.knobs.IndexerQuery == cudatune.IndexerQueryEarly {
+	switch b.knobs.IndexerQuery {
+	case cudatune.IndexerQueryEarly:
 		fn = b.comp.iqearly
+	case cudatune.IndexerQueryLean:
+		fn = b.comp.iqlean
 	}
 	return b.launchShared(fn, driver.Dim3{blocks, 1, 1}, driver.Dim3{32 * abi.IndexerQueryWarps, 1, 1}, 0,
 		driver.Bytes(p), driver.Bytes(iq))

@@ -131,7 +131,7 @@ const IndexerStepThreads = 128
 // CompressKernels are the kernels the CUDA backend loads by name from the
 // compressor's module (compress.cu and indexer.cu, kernels/cuda.CompressSource).
 var CompressKernels = []string{"compress_entries", "compress_step", "compress_step_finish", "indexer_step_finish", "indexer_step",
-	"indexer_query", "indexer_query_early"}
+	"indexer_query", "indexer_query_early", "indexer_query_lean"}
 
 // CompressStepTilesDim is the blocks (channel tiles) of one entry of a
 // ratio whose pooled rows have dim channels (512, or 128 for the indexer).
