@@ -126,6 +126,15 @@ func CompareF32(o *BF16Operands, yA, yB []float32) (Comparison, error) {
 	if err != nil {
 		return Comparison{}, err
 	}
+	return CompareF32Sums(o, s, yA, yB)
+}
+
+// CompareF32Sums is CompareF32 with S given (AbsSumsBF16(o)): several
+// outputs of one GEMM are compared for the cost of one S.
+func CompareF32Sums(o *BF16Operands, s []float64, yA, yB []float32) (Comparison, error) {
+	if len(s) != o.Rows*o.N {
+		return Comparison{}, fmt.Errorf("gemm: %d sums, [Rows=%d][N=%d] is %d", len(s), o.Rows, o.N, o.Rows*o.N)
+	}
 	if len(yA) != len(s) || len(yB) != len(s) {
 		return Comparison{}, fmt.Errorf("gemm: outputs have %d and %d values, [Rows=%d][N=%d] is %d", len(yA), len(yB), o.Rows, o.N, len(s))
 	}

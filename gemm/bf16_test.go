@@ -1,6 +1,7 @@
 package gemm_test
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -210,9 +211,17 @@ func TestCompareF32Specials(t *testing.T) {
 		cmp, err := gemm.CompareF32(o, c.a, c.b)
 		require.NoError(t, err)
 		require.Equal(t, c.violations, cmp.Violations, "%s: %v", c.name, cmp)
+		// CompareF32Sums with S given is the same comparison.
+		sums, err := gemm.AbsSumsBF16(o)
+		require.NoError(t, err)
+		again, err := gemm.CompareF32Sums(o, sums, c.a, c.b)
+		require.NoError(t, err)
+		require.Equal(t, fmt.Sprint(cmp), fmt.Sprint(again), c.name)
 	}
 	_, err := gemm.CompareF32(o, []float32{1}, []float32{1, 2})
 	require.ErrorContains(t, err, "outputs have 1 and 2 values")
+	_, err = gemm.CompareF32Sums(o, []float64{1}, []float32{8, 0}, []float32{8, 0})
+	require.ErrorContains(t, err, "1 sums, [Rows=1][N=2] is 2")
 }
 
 func TestBF16OperandsValidate(t *testing.T) {

@@ -132,12 +132,23 @@ __device__ __forceinline__ void splitk_reduce(const SplitKParams& p) {
     if (i < (long long)m * per_row) {
         const int r = (int)(i / per_row), c = (int)(i - (long long)r * per_row) * 4;
         float4 s = ld_dep_f4(part + (size_t)r * n + c);
-        for (int z = 1; z < splits; z++) {
-            const float4 v = ld_dep_f4(part + ((size_t)z * m + r) * n + c);
-            s.x = __fadd_rn(s.x, v.x);
-            s.y = __fadd_rn(s.y, v.y);
-            s.z = __fadd_rn(s.z, v.z);
-            s.w = __fadd_rn(s.w, v.w);
+        // Eight splits' loads in flight at once, then their adds in split
+        // order: a load-add loop waits on L2 once a split (the loads are
+        // volatile, so they stay in program order behind each add).
+        for (int z0 = 1; z0 < splits; z0 += 8) {
+            float4 v[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++)
+                if (z0 + u < splits) v[u] = ld_dep_f4(part + ((size_t)(z0 + u) * m + r) * n + c);
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                if (z0 + u < splits) {
+                    s.x = __fadd_rn(s.x, v[u].x);
+                    s.y = __fadd_rn(s.y, v[u].y);
+                    s.z = __fadd_rn(s.z, v[u].z);
+                    s.w = __fadd_rn(s.w, v[u].w);
+                }
+            }
         }
         splitk_store4(y + (size_t)r * y_stride + c, s);
     }
