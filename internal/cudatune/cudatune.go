@@ -68,6 +68,12 @@ type Knobs struct {
 	// two warps a block, each X fragment feeding twice the MMAs). 0:
 	// SM90.Knobs.BF16MMAWarpRows.
 	BF16MMAWarpRows int
+	// BF16MMAMaxSplits caps the tensor-core kernel's split of K (0:
+	// SM90.Knobs.BF16MMAMaxSplits; 0 there or negative: only the planner's
+	// own limits). The reduction reads every split's partials:
+	// weights_proj's one output block splits 112 ways at V4-Pro's hidden
+	// size without a cap.
+	BF16MMAMaxSplits int
 	// IndexerKeys picks the kernels of the indexer compressor's step
 	// (CompressStep with mla.EntryIndexer; 0: SM90.Knobs.IndexerKeys).
 	IndexerKeys IndexerKeys
@@ -114,6 +120,7 @@ func (k Knobs) Defaults() Knobs {
 	def(&k.BF16MMADepth, d.BF16MMADepth)
 	def(&k.BF16MMAReduce, d.BF16MMAReduce)
 	def(&k.BF16MMAWarpRows, d.BF16MMAWarpRows)
+	threshold(&k.BF16MMAMaxSplits, d.BF16MMAMaxSplits)
 	threshold(&k.DirectHalfBlockRows, d.DirectHalfBlockRows)
 	threshold(&k.DirectMaxRows, d.DirectMaxRows)
 	threshold(&k.DirectMaxRowsBF16, d.DirectMaxRowsBF16)

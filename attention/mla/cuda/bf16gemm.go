@@ -141,9 +141,10 @@ type bf16MMAPlan struct {
 // multiprocessor (but no more than resident a multiprocessor, what the
 // kernel holds at once: a second wave would double the time), as long as
 // every split keeps a stage, the partials fit the workspace and stay
-// within half the weight's bytes; a split's X is staged in as few equal
-// chunks as the shared memory cap allows.
-func planBF16MMA(perSM, resident, m, n, k, sms, partBytes int) bf16MMAPlan {
+// within half the weight's bytes and, with maxSplits > 0, there are at
+// most maxSplits; a split's X is staged in as few equal chunks as the
+// shared memory cap allows.
+func planBF16MMA(perSM, resident, maxSplits, m, n, k, sms, partBytes int) bf16MMAPlan {
 	p := bf16MMAPlan{tiles: (n + bf16MMARows - 1) / bf16MMARows, chunks: (m + bf16MMATokens - 1) / bf16MMATokens}
 	stages := k / bf16MMAStage
 	splits := 1
@@ -153,6 +154,9 @@ func planBF16MMA(perSM, resident, m, n, k, sms, partBytes int) bf16MMAPlan {
 	}
 	if most := resident * sms / blocks; splits > most {
 		splits = most
+	}
+	if maxSplits > 0 {
+		splits = min(splits, maxSplits)
 	}
 	splits = max(1, min(splits, stages, partBytes/4/m/n, k/(4*m)))
 	per := (stages + splits - 1) / splits
@@ -368,7 +372,7 @@ func (b *Backend) bf16MMAPlan(rows, n, k int) bf16MMAPlan {
 	if perSM <= 0 {
 		perSM = b.arch.BF16.SplitBlocksPerSM
 	}
-	return planBF16MMA(perSM, b.bf16.mmaKernel.resident, rows, n, k, b.arch.SMs, bf16MMAPartBytes)
+	return planBF16MMA(perSM, b.bf16.mmaKernel.resident, b.knobs.BF16MMAMaxSplits, rows, n, k, b.arch.SMs, bf16MMAPartBytes)
 }
 
 // bf16MMA enqueues the tensor-core kernel and, with several splits of K,

@@ -19,7 +19,7 @@ func TestPlanBF16MMA(t *testing.T) {
 	for _, s := range []struct{ n, k int }{{512, 1024}, {1024, 4096}, {2048, 4096}, {2048, 7168}, {16, 64}, {48, 192}, {65536, 64}} {
 		for _, m := range []int{1, 2, 3, 7, 8, 9, 15, 16, 17, 32, 33, 63, 64, 65, 128, 1000, 4096} {
 			for _, sms := range []int{1, 78, 132} {
-				p := planBF16MMA(cudatune.SM90.BF16.SplitBlocksPerSM, 4, m, s.n, s.k, sms, bf16MMAPartBytes)
+				p := planBF16MMA(cudatune.SM90.BF16.SplitBlocksPerSM, 4, 0, m, s.n, s.k, sms, bf16MMAPartBytes)
 				require.Equal(t, (s.n+63)/64, p.tiles)
 				require.Equal(t, (m+63)/64, p.chunks)
 				require.Zero(t, p.kSplit%bf16MMAStage, "%+v", p)
@@ -41,14 +41,14 @@ func TestPlanBF16MMA(t *testing.T) {
 	// V4-Flash ratio 4's [wkv; wgate] at 64 rows: 32 output blocks split 8
 	// ways (256 blocks), each split's X staged in two halves.
 	require.Equal(t, bf16MMAPlan{tiles: 32, chunks: 1, splits: 8, kSplit: 512, kChunk: 256, shared: 2 * 64 * 288},
-		planBF16MMA(cudatune.SM90.BF16.SplitBlocksPerSM, 4, 64, 2048, 4096, 132, bf16MMAPartBytes))
+		planBF16MMA(cudatune.SM90.BF16.SplitBlocksPerSM, 4, 0, 64, 2048, 4096, 132, bf16MMAPartBytes))
 	// At 8 rows: the same grid, each split's X staged at once.
 	require.Equal(t, bf16MMAPlan{tiles: 32, chunks: 1, splits: 8, kSplit: 512, kChunk: 512, shared: 2 * 8 * 544},
-		planBF16MMA(cudatune.SM90.BF16.SplitBlocksPerSM, 4, 8, 2048, 4096, 132, bf16MMAPartBytes))
+		planBF16MMA(cudatune.SM90.BF16.SplitBlocksPerSM, 4, 0, 8, 2048, 4096, 132, bf16MMAPartBytes))
 	// Ratio 128's 1024 outputs at V4-Pro's 7168: 16 blocks split 16 ways
 	// (7 stages each, the last split 7 too: 112 stages).
 	require.Equal(t, bf16MMAPlan{tiles: 16, chunks: 1, splits: 16, kSplit: 448, kChunk: 448, shared: 2 * 32 * 480},
-		planBF16MMA(cudatune.SM90.BF16.SplitBlocksPerSM, 4, 32, 1024, 7168, 132, bf16MMAPartBytes))
+		planBF16MMA(cudatune.SM90.BF16.SplitBlocksPerSM, 4, 0, 32, 1024, 7168, 132, bf16MMAPartBytes))
 }
 
 // bf16MMABlockModel replays one block's loops of gemm_bf16_mma.cu (the
@@ -148,11 +148,15 @@ func TestPlanBF16MMAKernels(t *testing.T) {
 	}
 	for _, kn := range bf16MMAKernels {
 		for _, perSM := range []int{1, 2, 3, 4} {
+			maxSplits := []int{0, 16, 0, 5}[perSM-1]
 			for _, s := range shapes {
 				for _, m := range []int{1, 2, 7, 8, 9, 31, 32, 33, 63, 64, 65, 127, 128, 129, 4096} {
 					for _, sms := range []int{1, 132} {
-						p := planBF16MMA(perSM, kn.resident, m, s.n, s.k, sms, bf16MMAPartBytes)
-						name := fmt.Sprintf("%s perSM=%d m=%d n=%d k=%d sms=%d: %+v", kn.name, perSM, m, s.n, s.k, sms, p)
+						p := planBF16MMA(perSM, kn.resident, maxSplits, m, s.n, s.k, sms, bf16MMAPartBytes)
+						name := fmt.Sprintf("%s perSM=%d maxSplits=%d m=%d n=%d k=%d sms=%d: %+v", kn.name, perSM, maxSplits, m, s.n, s.k, sms, p)
+						if maxSplits > 0 {
+							require.LessOrEqual(t, p.splits, maxSplits, name)
+						}
 						for _, d := range []int{p.tiles, p.splits, p.chunks} {
 							require.Positive(t, d, name)
 						}
@@ -190,12 +194,15 @@ func TestPlanBF16MMAKernels(t *testing.T) {
 	// split 56 ways at 32 rows (2 stages each), 14 ways at 128 rows (two
 	// chunks of tokens, 8 stages a split, X in two pieces).
 	require.Equal(t, bf16MMAPlan{tiles: 1, chunks: 1, splits: 56, kSplit: 128, kChunk: 128, shared: 2 * 32 * 160},
-		planBF16MMA(cudatune.SM90.BF16.SplitBlocksPerSM, 4, 32, 64, 7168, 132, bf16MMAPartBytes))
+		planBF16MMA(cudatune.SM90.BF16.SplitBlocksPerSM, 4, 0, 32, 64, 7168, 132, bf16MMAPartBytes))
 	require.Equal(t, bf16MMAPlan{tiles: 1, chunks: 2, splits: 14, kSplit: 512, kChunk: 256, shared: 2 * 64 * 288},
-		planBF16MMA(cudatune.SM90.BF16.SplitBlocksPerSM, 4, 128, 64, 7168, 132, bf16MMAPartBytes))
+		planBF16MMA(cudatune.SM90.BF16.SplitBlocksPerSM, 4, 0, 128, 64, 7168, 132, bf16MMAPartBytes))
+	// With at most 16 splits, weights_proj at 1 row: 16 splits of 7 stages.
+	require.Equal(t, bf16MMAPlan{tiles: 1, chunks: 1, splits: 16, kSplit: 448, kChunk: 448, shared: 2 * 8 * 480},
+		planBF16MMA(cudatune.SM90.BF16.SplitBlocksPerSM, 4, 16, 1, 64, 7168, 132, bf16MMAPartBytes))
 	// The ring kernel of depth 8 (2 blocks resident) on the fused ratio-4
 	// projection (41 output blocks) at V4-Flash decode: 6 splits, 246
 	// blocks, not 7 (287, past the 264 resident).
 	require.Equal(t, bf16MMAPlan{tiles: 41, chunks: 1, splits: 6, kSplit: 704, kChunk: 704, shared: 2 * 32 * 736},
-		planBF16MMA(2, 2, 32, 2624, 4096, 132, bf16MMAPartBytes))
+		planBF16MMA(2, 2, 0, 32, 2624, 4096, 132, bf16MMAPartBytes))
 }

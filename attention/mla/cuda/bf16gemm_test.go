@@ -80,8 +80,8 @@ func bf16Cases() []mlatest.BF16GEMMCase {
 
 // bf16Rings are the tensor-core ring kernels the tests run beside the
 // default kernel (cudatune.Knobs.BF16MMADepth; BF16MMAReduce 2: the split
-// K finished in the kernel; BF16MMAWarpRows 32: two row groups a warp),
-// each on a backend of its own made once.
+// K finished in the kernel; BF16MMAWarpRows 32: two row groups a warp;
+// BF16MMAMaxSplits), each on a backend of its own made once.
 var bf16Rings = []struct {
 	name  string
 	knobs cudatune.Knobs
@@ -92,6 +92,8 @@ var bf16Rings = []struct {
 	{"mma-d8f", cudatune.Knobs{BF16MMADepth: 8, BF16MMAReduce: 2}},
 	{"mma-d4w", cudatune.Knobs{BF16MMADepth: 4, BF16MMAWarpRows: 32}},
 	{"mma-d4wf", cudatune.Knobs{BF16MMADepth: 4, BF16MMAReduce: 2, BF16MMAWarpRows: 32}},
+	{"mma-s16", cudatune.Knobs{BF16MMAMaxSplits: 16}},
+	{"mma-d8f-s16", cudatune.Knobs{BF16MMADepth: 8, BF16MMAReduce: 2, BF16MMAMaxSplits: 16}},
 }
 
 var (

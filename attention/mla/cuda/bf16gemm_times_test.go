@@ -24,8 +24,8 @@ import (
 var (
 	bf16Times         = flag.Bool("bf16.times", false, "TestBF16GEMMTimes: time the projection GEMM's implementations at V4-Flash and V4-Pro shapes")
 	bf16TimesRows     = flag.String("bf16.times.rows", "1,8,32,64,128", "TestBF16GEMMTimes: the batch sizes, comma-separated")
-	bf16TimesVariants = flag.String("bf16.times.variants", "d2,d4,d8,d4f,d8f,d4w,d4wf,d8f/b1,cublaslt",
-		"TestBF16GEMMTimes: the implementations, comma-separated: dD[w][f][/bB] (the tensor-core kernel of Knobs.BF16MMADepth D, w: 32 W rows a warp, f: its split K finished in the kernel, the split aiming at B blocks a multiprocessor) or cublaslt")
+	bf16TimesVariants = flag.String("bf16.times.variants", "d2,d2/s16,d4,d8,d4f,d8f,d8f/s16,d4w,d4wf,d4wf/s16,cublaslt",
+		"TestBF16GEMMTimes: the implementations, comma-separated: dD[w][f][/bB] (the tensor-core kernel of Knobs.BF16MMADepth D, w: 32 W rows a warp, f: its split K finished in the kernel, the split aiming at B blocks a multiprocessor, at most S splits) or cublaslt")
 )
 
 // bf16TimesShapes are the projection GEMMs of the engine at decode: the
@@ -46,6 +46,13 @@ func bf16TimesVariant(v string) (cudatune.Knobs, bool, error) {
 		return cudatune.Knobs{}, true, nil
 	}
 	var k cudatune.Knobs
+	v, sp, _ := strings.Cut(v, "/s")
+	if sp != "" {
+		var err error
+		if k.BF16MMAMaxSplits, err = strconv.Atoi(sp); err != nil {
+			return k, false, fmt.Errorf("-bf16.times.variants: %q is not dD[w][f][/bB][/sS] or cublaslt", v)
+		}
+	}
 	d, b, _ := strings.Cut(strings.TrimPrefix(v, "d"), "/b")
 	for strings.HasSuffix(d, "f") || strings.HasSuffix(d, "w") {
 		if strings.HasSuffix(d, "f") {
@@ -56,11 +63,11 @@ func bf16TimesVariant(v string) (cudatune.Knobs, bool, error) {
 	}
 	var err error
 	if k.BF16MMADepth, err = strconv.Atoi(d); err != nil || !strings.HasPrefix(v, "d") {
-		return k, false, fmt.Errorf("-bf16.times.variants: %q is not dD[/bB] or cublaslt", v)
+		return k, false, fmt.Errorf("-bf16.times.variants: %q is not dD[w][f][/bB][/sS] or cublaslt", v)
 	}
 	if b != "" {
 		if k.BF16MMABlocksPerSM, err = strconv.Atoi(b); err != nil {
-			return k, false, fmt.Errorf("-bf16.times.variants: %q is not dD[/bB] or cublaslt", v)
+			return k, false, fmt.Errorf("-bf16.times.variants: %q is not dD[w][f][/bB][/sS] or cublaslt", v)
 		}
 	}
 	return k, false, nil
@@ -231,6 +238,8 @@ func TestBF16TimesVariant(t *testing.T) {
 		{"d8f/b1", cudatune.Knobs{BF16MMADepth: 8, BF16MMAReduce: 2, BF16MMABlocksPerSM: 1}, false},
 		{"d4wf", cudatune.Knobs{BF16MMADepth: 4, BF16MMAReduce: 2, BF16MMAWarpRows: 32}, false},
 		{"d4w/b3", cudatune.Knobs{BF16MMADepth: 4, BF16MMAWarpRows: 32, BF16MMABlocksPerSM: 3}, false},
+		{"d8f/b1/s16", cudatune.Knobs{BF16MMADepth: 8, BF16MMAReduce: 2, BF16MMABlocksPerSM: 1, BF16MMAMaxSplits: 16}, false},
+		{"d2/s16", cudatune.Knobs{BF16MMADepth: 2, BF16MMAMaxSplits: 16}, false},
 		{"cublaslt", cudatune.Knobs{}, true},
 	} {
 		k, lt, err := bf16TimesVariant(c.v)
@@ -238,7 +247,7 @@ func TestBF16TimesVariant(t *testing.T) {
 		require.Equal(t, c.knobs, k, c.v)
 		require.Equal(t, c.lt, lt, c.v)
 	}
-	for _, bad := range []string{"x4", "d", "d4/bx", "4"} {
+	for _, bad := range []string{"x4", "d", "d4/bx", "4", "d4/sx"} {
 		_, _, err := bf16TimesVariant(bad)
 		require.Error(t, err, bad)
 	}

@@ -64,7 +64,7 @@ func gemmChoice(s engineGEMM, m int) string {
 			if err != nil {
 				return err.Error()
 			}
-			p := planBF16MMA(a.BF16.SplitBlocksPerSM, kn.resident, m, s.n, s.k, a.SMs, bf16MMAPartBytes)
+			p := planBF16MMA(a.BF16.SplitBlocksPerSM, kn.resident, a.Knobs.BF16MMAMaxSplits, m, s.n, s.k, a.SMs, bf16MMAPartBytes)
 			return fmt.Sprintf("mma tiles=%d chunks=%d splits=%d ksplit=%d kchunk=%d shared=%d", p.tiles, p.chunks, p.splits, p.kSplit, p.kChunk, p.shared)
 		}
 		return "cublaslt-or-simple"
