@@ -120,13 +120,15 @@ __device__ __forceinline__ void splitk_store4(float* dst, float4 s) { *reinterpr
 // offsets to splits * m * n, which the kernel cannot bound (the host's
 // workspace sizes keep them small today, but a 32-bit product would wrap
 // silently, not fail). The division costs one 64-bit divide a thread, and
-// split-K runs only where M is small.
-template <typename OUT>
+// split-K runs only where M is small. EARLY_TRIGGER lets the next kernel
+// launch right after the wait instead of at the end.
+template <typename OUT, bool EARLY_TRIGGER = false>
 __device__ __forceinline__ void splitk_reduce(const SplitKParams& p) {
     const float* __restrict__ part = p.part;
     OUT* __restrict__ y = static_cast<OUT*>(p.y);
     const int m = p.m, n = p.n, y_stride = p.y_stride, splits = p.splits;
     pdl_wait();
+    if (EARLY_TRIGGER) pdl_trigger();  // the next kernel launched now (it waits for this one's end)
     const int per_row = n >> 2;
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < (long long)m * per_row) {
@@ -152,7 +154,7 @@ __device__ __forceinline__ void splitk_reduce(const SplitKParams& p) {
         }
         splitk_store4(y + (size_t)r * y_stride + c, s);
     }
-    pdl_trigger();
+    if (!EARLY_TRIGGER) pdl_trigger();
 }
 
 #endif  // DSV4_PROLOGUE_COMMON_CUH

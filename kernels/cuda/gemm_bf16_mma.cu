@@ -183,6 +183,12 @@ extern "C" __global__ void __launch_bounds__(BF16_MMA_WARPS * 32, 4) gemm_bf16_m
         if (k0 + BF16_MMA_STAGE < k1) nxt = load_stage(row_g, row_h, k0 + BF16_MMA_STAGE);
     }
     pdl_wait();  // X is written by an earlier kernel
+    // The next kernel may launch now: it waits for this one's end before
+    // it reads anything (every kernel's pdl_wait), and it launches only
+    // once all of this grid's blocks are resident, so it takes no slot one
+    // of them needs; launching it early hides its launch under this one
+    // (the reduction's, the next GEMM's weight prefetch).
+    pdl_trigger();
 
     float acc[BF16_MMA_TOKENS / 8][4];
 #pragma unroll
@@ -200,8 +206,6 @@ extern "C" __global__ void __launch_bounds__(BF16_MMA_WARPS * 32, 4) gemm_bf16_m
             nxt = after;
         }
     }
-    pdl_trigger();
-
     if (active) {
         // d0: (W row n0+g, token 2t), d1: (n0+g, 2t+1), d2: (n0+g+8, 2t), d3: (n0+g+8, 2t+1).
         float* o = out + (size_t)blockIdx.y * m * out_stride;
@@ -327,6 +331,12 @@ __device__ __forceinline__ void bf16_mma_ring(const BF16MMAParams& p) {
         }
     }
     pdl_wait();  // X is written by an earlier kernel
+    // The next kernel may launch now: it waits for this one's end before
+    // it reads anything (every kernel's pdl_wait), and it launches only
+    // once all of this grid's blocks are resident, so it takes no slot one
+    // of them needs; launching it early hides its launch under this one
+    // (the reduction's, the next GEMM's weight prefetch).
+    pdl_trigger();
 
     float acc[RG][BF16_MMA_TOKENS / 8][4];
 #pragma unroll
@@ -364,8 +374,6 @@ __device__ __forceinline__ void bf16_mma_ring(const BF16MMAParams& p) {
             }
         }
     }
-    pdl_trigger();
-
     float* o = out + (size_t)blockIdx.y * m * out_stride;
 #pragma unroll
     for (int q = 0; q < RG; q++) {
@@ -424,5 +432,5 @@ BF16_RING(gemm_bf16_mma_d4wf, 4, 2, true, 4)
 // the splits added in order (common.cuh's splitk_reduce). One thread per 4
 // outputs (n % 4 == 0).
 extern "C" __global__ void gemm_bf16_mma_reduce(const SplitKParams p) {
-    splitk_reduce<float>(p);
+    splitk_reduce<float, true>(p);  // the next kernel launched early, as the GEMM's is
 }
