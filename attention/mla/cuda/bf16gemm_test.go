@@ -234,8 +234,8 @@ func TestBF16GEMM(t *testing.T) {
 }
 
 // TestBF16GEMMAuto: by default the tensor-core kernel runs every shape
-// it can up to 64 rows, cuBLASLt every other shape it accepts, and the
-// simple kernel the rest.
+// it can up to cudatune's BF16MMAMaxRows rows, cuBLASLt every other shape
+// it accepts, and the simple kernel the rest.
 func TestBF16GEMMAuto(t *testing.T) {
 	b := backend(t)
 	require.NoError(t, b.InitBF16GEMM())
@@ -255,7 +255,7 @@ func TestBF16GEMMAuto(t *testing.T) {
 		require.NoError(t, err)
 		want := 2 // cuBLASLt
 		switch {
-		case mmaErr == nil && c.Rows <= 64 && c.N%16 == 0 && c.K%64 == 0:
+		case mmaErr == nil && c.Rows <= cudatune.SM90.Knobs.BF16MMAMaxRows && c.N%16 == 0 && c.K%64 == 0:
 			want = 1
 		case b.CuBLASLtSupportsBF16(c.Rows, c.N, c.K, c.K, c.N) != nil:
 			want = 0

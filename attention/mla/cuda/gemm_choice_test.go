@@ -48,6 +48,9 @@ func engineGEMMs() []engineGEMM {
 			engineGEMM{m.name + "/compressor-r128", true, 2 * compressor.Overlap(128) * numerics.HeadDim, c.HiddenSize},
 			engineGEMM{m.name + "/indexer-projection", true, 2 * compressor.Overlap(kvcache.DSv4IndexerRatio) * mla.IndexerDim, c.HiddenSize},
 			engineGEMM{m.name + "/indexer-weights_proj", true, mla.IndexerHeads, c.HiddenSize},
+			// The ratio-4 layer's one projection GEMM since ab58d7f: the
+			// three above in one weight (engine/indexer.go).
+			engineGEMM{m.name + "/r4-projection", true, 2*compressor.Overlap(4)*numerics.HeadDim + 2*compressor.Overlap(kvcache.DSv4IndexerRatio)*mla.IndexerDim + mla.IndexerHeads, c.HiddenSize},
 		)
 	}
 	return out
@@ -65,7 +68,7 @@ func gemmChoice(s engineGEMM, m int) string {
 				return err.Error()
 			}
 			p := planBF16MMA(a.BF16.SplitBlocksPerSM, kn.resident, a.Knobs.BF16MMAMaxSplits, m, s.n, s.k, a.SMs, bf16MMAPartBytes)
-			return fmt.Sprintf("mma tiles=%d chunks=%d splits=%d ksplit=%d kchunk=%d shared=%d", p.tiles, p.chunks, p.splits, p.kSplit, p.kChunk, p.shared)
+			return fmt.Sprintf("mma %s tiles=%d chunks=%d splits=%d ksplit=%d kchunk=%d shared=%d", kn.name, p.tiles, p.chunks, p.splits, p.kSplit, p.kChunk, p.shared)
 		}
 		return "cublaslt-or-simple"
 	}
