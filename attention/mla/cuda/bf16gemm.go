@@ -25,6 +25,7 @@ import (
 //     leave most SMs idle), where N % 16 == 0 and K % 64 == 0;
 //   - cuBLASLt (the handle the FP8 GEMM uses) for every other shape it has
 //     an algorithm for;
+//   - the tensor-core kernel again where cuBLASLt is absent or refuses;
 //   - the simple kernel of kernels/cuda/gemm_bf16.cu for the rest, and
 //     everything when neither of the others can run.
 
@@ -33,7 +34,7 @@ import (
 type bf16GEMMPath int
 
 const (
-	bf16GEMMAuto     bf16GEMMPath = iota // the tensor-core kernel at small M, cuBLASLt where it has an algorithm, else the simple kernel
+	bf16GEMMAuto     bf16GEMMPath = iota // the tensor-core kernel at small M, cuBLASLt where it has an algorithm, else the tensor-core kernel where it runs, else the simple kernel
 	bf16GEMMOwn                          // the simple kernel for every shape
 	bf16GEMMCuBLASLt                     // cuBLASLt only: a shape it refuses is an error
 	bf16GEMMMMA                          // the tensor-core kernel only: a shape it cannot run is an error
@@ -327,8 +328,12 @@ func (b *Backend) BF16GEMM(ctx context.Context, a *mla.BF16GEMMArgs) error {
 	useLt, useMMA := false, false
 	switch g.path {
 	case bf16GEMMAuto:
-		useMMA = a.Rows <= b.knobs.BF16MMAMaxRows && g.bf16MMASupports(a.Rows, a.N, a.K) == nil
+		mmaOK := g.bf16MMASupports(a.Rows, a.N, a.K) == nil
+		useMMA = a.Rows <= b.knobs.BF16MMAMaxRows && mmaOK
 		useLt = !useMMA && b.gemm.lt != nil && b.gemm.lt.SupportedBF16(shape) == nil
+		// Where cuBLASLt is absent or refuses, the tensor-core kernel
+		// rather than the simple one, whatever the rows.
+		useMMA = useMMA || !useLt && mmaOK
 	case bf16GEMMCuBLASLt:
 		if b.gemm.lt == nil {
 			return fmt.Errorf("cuda: bf16 GEMM forced to cuBLASLt: %w", b.gemm.ltErr)

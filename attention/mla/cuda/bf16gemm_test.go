@@ -235,7 +235,8 @@ func TestBF16GEMM(t *testing.T) {
 
 // TestBF16GEMMAuto: by default the tensor-core kernel runs every shape
 // it can up to cudatune's BF16MMAMaxRows rows, cuBLASLt every other shape
-// it accepts, and the simple kernel the rest.
+// it accepts, the tensor-core kernel what cuBLASLt refuses, and the simple
+// kernel the rest.
 func TestBF16GEMMAuto(t *testing.T) {
 	b := backend(t)
 	require.NoError(t, b.InitBF16GEMM())
@@ -254,9 +255,12 @@ func TestBF16GEMMAuto(t *testing.T) {
 		x, w, err := mlatest.UploadBF16Operands(b, o, 0)
 		require.NoError(t, err)
 		want := 2 // cuBLASLt
+		mmaRuns := mmaErr == nil && c.N%16 == 0 && c.K%64 == 0
 		switch {
-		case mmaErr == nil && c.Rows <= cudatune.SM90.Knobs.BF16MMAMaxRows && c.N%16 == 0 && c.K%64 == 0:
+		case mmaRuns && c.Rows <= cudatune.SM90.Knobs.BF16MMAMaxRows:
 			want = 1
+		case b.CuBLASLtSupportsBF16(c.Rows, c.N, c.K, c.K, c.N) != nil && mmaRuns:
+			want = 1 // where cuBLASLt refuses, the tensor-core kernel
 		case b.CuBLASLtSupportsBF16(c.Rows, c.N, c.K, c.K, c.N) != nil:
 			want = 0
 		}

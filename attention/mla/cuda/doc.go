@@ -46,8 +46,10 @@
 // the rows the sequence keeps, so a CUDA graph replays it for any batch. BF16GEMM (mla.BF16GEMMBackend:
 // bf16 operands, float32 output) writes the projections with the
 // tensor-core weight-streaming kernel of kernels/cuda/gemm_bf16_mma.cu up
-// to 64 rows (decode), cuBLASLt above, or kernels/cuda/gemm_bf16.cu for
-// the shapes neither runs, within gemm.BoundBF16 of the CPU backend
+// to cudatune's BF16MMAMaxRows rows (decode), cuBLASLt above (the
+// tensor-core kernel where cuBLASLt is absent or refuses), or
+// kernels/cuda/gemm_bf16.cu for the shapes neither runs, within
+// gemm.BoundBF16 of the CPU backend
 // (cudatune.Knobs.BF16MMADepth picks the tensor-core kernel: the stages of
 // W a lane keeps in flight); Side puts both on the second stream under the
 // layer's GEMMs, each stream with its own split-K workspaces, cuBLASLt's
