@@ -82,6 +82,12 @@ type WGMMAArch struct {
 	// partials (2026-12-02, V4-Pro's [wq_a; wkv], 16 clusters of 8: 14.7 us
 	// at one row against 10.1).
 	MaxClusters []int
+	// Multicast > 1: GEMMs of one token chunk and no split run in clusters
+	// of Multicast blocks that share the activation tile, each bringing
+	// 1/Multicast of it to every block by TMA multicast (at 128 rows the
+	// tile is as many bytes as a block's weights, and every block read it
+	// from L2); token tiles of at least MulticastMinTile rows. 0: off.
+	Multicast, MulticastMinTile int
 	// Use: the first rule whose MaxN is at least N decides, the kernel
 	// running up to MaxM rows; no rule for N (and no rules, the default
 	// until the device has measured it): the other implementations'

@@ -161,6 +161,29 @@ __device__ __forceinline__ void cp_async_arrive(u32 bar) {
     asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];" ::"r"(bar) : "memory");
 }
 
+// The 2D box into the shared memory of every block of the cluster in
+// cta_mask, at dst's offset, each block's barrier at bar's offset
+// completing the box's bytes.
+__device__ __forceinline__ void tma_load_2d_multicast(u32 dst, const TensorMap* map, int c0, int c1, u32 bar,
+                                                      u16 cta_mask) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, "
+        "%3}], [%4], %5;" ::"r"(dst),
+        "l"((u64)map), "r"(c0), "r"(c1), "r"(bar), "h"(cta_mask)
+        : "memory");
+}
+
+// An arrival on the barrier at a shared::cluster address (another block's).
+__device__ __forceinline__ void mbar_arrive_cluster(u32 bar) {
+    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+
+__device__ __forceinline__ u32 cluster_rank() {
+    u32 r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+
 // Thread-block clusters: a barrier of every thread of the cluster (its
 // shared-memory writes visible to the others after it), and loads from a
 // peer block's shared memory at the same offset as a local address.
@@ -342,10 +365,12 @@ __device__ __forceinline__ void split_finish(const float* part, u8* y, int* coun
 }
 
 
-// The producer thread: every bulk tensor copy of the block's units.
+// The producer thread: every bulk tensor copy of the block's units. With
+// mc > 1 the mc blocks of a cluster share X: each brings the rank-th of
+// mc slices of the tile (tx's box BN / mc rows) into every block's stage.
 template <int BN>
 __device__ __forceinline__ void produce(const TensorMap* tw, const TensorMap* tx, u32 base, u32 bars, int units, int kbn,
-                                        int kb_per_split, int splits, int chunks, int stages) {
+                                        int kb_per_split, int splits, int chunks, int stages, int mc) {
     typedef Layout<BN, 128> L;  // kStage does not depend on SB
     {
         tma_prefetch_map(tw);
@@ -353,6 +378,14 @@ __device__ __forceinline__ void produce(const TensorMap* tw, const TensorMap* tx
 #ifdef WGMMA_L2_HINTS
         const u64 pol_w = policy_evict_first(), pol_x = policy_evict_last();
 #endif
+        const int slice = mc > 1 ? BN / mc : BN, off = mc > 1 ? (int)cluster_rank() * slice : 0;
+        const u16 mask = (u16)((1u << mc) - 1);
+        auto load_x = [&](u32 dst, int kb, int c, u32 bar) {
+            if (mc > 1)
+                tma_load_2d_multicast(dst + off * 128, tx, kb * 128, c * BN + off, bar, mask);
+            else
+                TMA_X(dst, tx, kb * 128, c * BN, bar);
+        };
         int s = 0;
         u32 ph = 0;
         bool first = true;
@@ -368,11 +401,10 @@ __device__ __forceinline__ void produce(const TensorMap* tw, const TensorMap* tx
                 mbar_expect_tx(full, L::kStage);
                 const u32 st = base + s * L::kStage;
                 TMA_W(st, tw, kb * 128, tile * kRowTile, full);
-                if (kb - kb0 >= pre) TMA_X(st + kWStage, tx, kb * 128, c * BN, full);
+                if (kb - kb0 >= pre) load_x(st + kWStage, kb, c, full);
                 if (pre > 0 && kb - kb0 == pre - 1) {
                     pdl_wait();
-                    for (int i = 0; i < pre; i++)
-                        TMA_X(base + i * L::kStage + kWStage, tx, (kb0 + i) * 128, c * BN, bars + 8 * i);
+                    for (int i = 0; i < pre; i++) load_x(base + i * L::kStage + kWStage, kb0 + i, c, bars + 8 * i);
                 }
                 if (++s == stages) s = 0, ph ^= 1;
             }
@@ -388,7 +420,7 @@ template <int BN, int SB>
 __device__ __forceinline__ void consume(const float* __restrict__ ws, const float* xs, u8* __restrict__ y,
                                         float* __restrict__ part, int* counters, u8* gbase, u32 base, u32 epi, u32 scl,
                                         u32 bars, int m, int n, int kbn, int y_stride, int kb_per_split, int splits,
-                                        int chunks, int stages, int units, int cluster) {
+                                        int chunks, int stages, int units, int cluster, int mc) {
     typedef Layout<BN, SB> L;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 #ifdef WGMMA_SETMAXNREG
@@ -448,9 +480,15 @@ __device__ __forceinline__ void consume(const float* __restrict__ ws, const floa
                     acc[4 * j + 3] = __fmaf_rn(d[4 * j + 3], s1, acc[4 * j + 3]);
                 }
             }
-            // The stage's tiles and scales read: the ring may refill it.
+            // The stage's tiles and scales read: the ring may refill it (with
+            // X shared, every block's producer writes it: each hears of it).
             __syncwarp();
-            if (lane == 0) mbar_arrive(empty);
+            if (lane == 0) {
+                if (mc > 1)
+                    for (int r = 0; r < mc; r++) mbar_arrive_cluster(mapa(empty, r));
+                else
+                    mbar_arrive(empty);
+            }
             if (++s == stages) s = 0, ph ^= 1;
         }
         if (u + (int)gridDim.x >= units) pdl_trigger();
@@ -550,7 +588,8 @@ template <int BN, int SB>
 __device__ __forceinline__ void gemm_body(const TensorMap* tw, const TensorMap* tx, const float* __restrict__ ws,
                                           const float* xs, u8* __restrict__ y, float* __restrict__ part,
                                           int* counters, int m, int n, int k, int xs_stride, int y_stride, int kb_per_split,
-                                          int splits, int chunks, int stages, int smem_bytes, int cluster) {
+                                          int splits, int chunks, int stages, int smem_bytes, int cluster,
+                                          int multicast) {
     static_assert(BN % 8 == 0 && BN >= 8 && BN <= 128, "wgmma N");
     static_assert(SB == 32 || SB == 64 || SB == 128, "scale block");
     typedef Layout<BN, SB> L;
@@ -567,6 +606,10 @@ __device__ __forceinline__ void gemm_body(const TensorMap* tw, const TensorMap* 
     // A cluster's block holds one unit (its partial tile over the ring).
     if (cluster && ((int)gridDim.x != (n / kRowTile) * splits * chunks || BN * kPartPitch * 4 > stages * L::kStage))
         __trap();
+    // Shared X: one chunk, no split, whole clusters of units (the host's plan).
+    if (multicast > 1 && (cluster || chunks != 1 || splits != 1 || BN % (8 * multicast) != 0 ||
+                          (n / kRowTile) % multicast != 0 || gridDim.x % multicast != 0))
+        __trap();
 
     const int kbn = k >> 7;  // 128-wide K blocks (stages)
     const int kscales = k / SB;  // scale blocks a W scale row
@@ -576,12 +619,17 @@ __device__ __forceinline__ void gemm_body(const TensorMap* tw, const TensorMap* 
     if (threadIdx.x == 0) {
         for (int s = 0; s < stages; s++) {
             mbar_init(bars + 8 * s, 1 + 32);  // the producer's expect_tx, the loader's 32 lanes
-            mbar_init(bars + 8 * (stages + s), kConsumerWGs * 4);
+            mbar_init(bars + 8 * (stages + s), kConsumerWGs * 4 * max(1, multicast));
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     }
-    __syncthreads();
+    // With X shared, every block's barriers exist before any block's copy
+    // or arrival reaches them.
+    if (multicast > 1)
+        cluster_sync();
+    else
+        __syncthreads();
 
     if (warp >= kConsumerWGs * 4) {
 #ifdef WGMMA_SETMAXNREG
@@ -615,13 +663,16 @@ __device__ __forceinline__ void gemm_body(const TensorMap* tw, const TensorMap* 
             }
             asm volatile("cp.async.wait_all;" ::: "memory");  // no copy outlives its warp
         } else if (warp == kConsumerWGs * 4 && lane == 0) {
-            produce<BN>(tw, tx, base, bars, units, kbn, kb_per_split, splits, chunks, stages);
+            produce<BN>(tw, tx, base, bars, units, kbn, kb_per_split, splits, chunks, stages, multicast);
         }
     } else {
         consume<BN, SB>(ws, xs, y, part, counters, gbase, base, epi, scl, bars, m, n, kbn, y_stride, kb_per_split,
-                        splits, chunks, stages, units, cluster);
+                        splits, chunks, stages, units, cluster, multicast);
     }
     if (cluster) cluster_finish<BN>(y, base, m, y_stride, splits, chunks);
+    // No block leaves while another may still write its X slice into it
+    // or arrive on its barriers.
+    if (multicast > 1) cluster_sync();
 }
 
 }  // namespace wgm
@@ -629,7 +680,9 @@ __device__ __forceinline__ void gemm_body(const TensorMap* tw, const TensorMap* 
 // counters: nullptr, the partials then reduced by gemm_fp8_reduce; or
 // chunks x (N / 128) zeroed ints (left zeroed), the kernel finishing the
 // split itself (split_finish). cluster: 1 when launched with clusters of
-// `splits` blocks (part and counters unused).
+// `splits` blocks (part and counters unused). multicast: 0 or 1, or the
+// size of the clusters it is launched with whose blocks share X (one
+// chunk, no split; tx's box then BN / multicast rows).
 // Grid: min(units, SMs) blocks of wgm::kThreads (cluster: exactly the
 // units x splits); smem_bytes is the dynamic
 // shared memory launched with, stages * (16384 + 128 BN + 16 + the
@@ -640,9 +693,9 @@ __device__ __forceinline__ void gemm_body(const TensorMap* tw, const TensorMap* 
         NAME(const __grid_constant__ wgm::TensorMap tw, const __grid_constant__ wgm::TensorMap tx,               \
              const float* ws, const float* xs, u8* y, float* part, int* counters, int m, int n, int k,           \
              int xs_stride, int y_stride, int kb_per_split, int splits, int chunks, int stages, int smem_bytes,  \
-             int cluster) {                                                                                     \
+             int cluster, int multicast) {                                                                      \
         wgm::gemm_body<BN, SB>(&tw, &tx, ws, xs, y, part, counters, m, n, k, xs_stride, y_stride, kb_per_split, \
-                               splits, chunks, stages, smem_bytes, cluster);                                     \
+                               splits, chunks, stages, smem_bytes, cluster, multicast);                          \
     }
 
 WGMMA_GEMM_KERNEL(gemm_fp8_wgmma_bn8, 8, 128)

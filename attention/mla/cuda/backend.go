@@ -62,6 +62,10 @@ type Options struct {
 	// WGMMAArch.ClusterSplits; -1: the tile's last block from global
 	// partials; n > 0: thread-block clusters of up to n splits).
 	WGMMAClusterSplits int
+	// WGMMAMulticast overrides whether the wgmma kernel's blocks share the
+	// activation tile in clusters (0: the architecture description's
+	// WGMMAArch.Multicast; -1: never; 2 or 4: clusters of that many).
+	WGMMAMulticast int
 }
 
 // Backend runs the prologue kernels on one device.
@@ -125,6 +129,9 @@ func NewTuned(opts Options, k cudatune.Knobs) (*Backend, error) {
 	if opts.NoWGMMA && opts.GEMMWGMMA {
 		return nil, errors.New("cuda: Options.NoWGMMA and Options.GEMMWGMMA both set")
 	}
+	if m := opts.WGMMAMulticast; m != 0 && m != -1 && m != 2 && m != 4 {
+		return nil, fmt.Errorf("cuda: Options.WGMMAMulticast = %d, want 0, -1, 2 or 4", m)
+	}
 	if opts.WGMMAClusterSplits > 8 {
 		return nil, fmt.Errorf("cuda: Options.WGMMAClusterSplits = %d exceeds 8 blocks, the portable cluster size", opts.WGMMAClusterSplits)
 	}
@@ -160,6 +167,12 @@ func NewTuned(opts Options, k cudatune.Knobs) (*Backend, error) {
 			SharedPerSM: p.SharedBytesPerSM, RegistersPerSM: p.RegistersPerSM, L2Bytes: p.L2Bytes})}
 	if opts.NoWGMMA {
 		b.arch.FP8.WGMMA.Use = nil
+	}
+	switch {
+	case opts.WGMMAMulticast < 0:
+		b.arch.FP8.WGMMA.Multicast = 0
+	case opts.WGMMAMulticast > 0:
+		b.arch.FP8.WGMMA.Multicast = opts.WGMMAMulticast
 	}
 	switch {
 	case opts.WGMMAClusterSplits < 0:

@@ -139,7 +139,7 @@ func TestPlanWGMMA(t *testing.T) {
 	// Clusters: one wave of at most 8 splits a unit, a block a unit.
 	ac := a
 	ac.ClusterSplits = 8
-	ac.MaxClusters = []int{0, 0, 66, 0, 33, 0, 0, 0, 12} // clusters of 2, 4 and 8 at once
+	ac.MaxClusters = []int{0, 0, 66, 0, 30, 0, 0, 0, 15} // clusters of 2, 4 and 8 at once, as the H200 reports
 	for _, c := range []struct {
 		name    string
 		m, n, k int
@@ -171,6 +171,36 @@ func TestPlanWGMMA(t *testing.T) {
 	p, err := planWGMMA(ac, 64, 2048, 7168, 132, optin, gemmPartBytes)
 	require.NoError(t, err)
 	require.Equal(t, wgmmaPlan{bn: 64, chunks: 1, splits: 8, kbPerSplit: 7, grid: 128, stages: 8, smem: wgmmaSmemBytes(64, 8), cluster: true}, p, "16 clusters fit at once")
+	// Shared activation tiles: one chunk, no split, whole clusters that fit.
+	am := ac
+	for _, c := range []struct {
+		name    string
+		mc      int
+		m, n, k int
+		want    wgmmaPlan
+	}{
+		{"flash wq_b m128 mc2", 2, 128, 32768, 1024, wgmmaPlan{bn: 128, chunks: 1, splits: 1, kbPerSplit: 8, grid: 132, stages: 5, smem: wgmmaSmemBytes(128, 5), multicast: 2}},
+		// 30 clusters of 4 at once: 120 blocks.
+		{"flash wq_b m128 mc4", 4, 128, 32768, 1024, wgmmaPlan{bn: 128, chunks: 1, splits: 1, kbPerSplit: 8, grid: 120, stages: 5, smem: wgmmaSmemBytes(128, 5), multicast: 4}},
+		{"flash wq_b m16 mc2", 2, 16, 32768, 1024, wgmmaPlan{bn: 16, chunks: 1, splits: 1, kbPerSplit: 8, grid: 132, stages: 8, smem: wgmmaSmemBytes(16, 8), multicast: 2}},
+		// Slices of fewer than 8 rows would break the swizzle: no sharing.
+		{"flash wq_b m16 mc4", 4, 16, 32768, 1024, wgmmaPlan{bn: 16, chunks: 1, splits: 1, kbPerSplit: 8, grid: 132, stages: 8, smem: wgmmaSmemBytes(16, 8)}},
+		{"flash wq_b m8 mc2", 2, 8, 32768, 1024, wgmmaPlan{bn: 8, chunks: 1, splits: 1, kbPerSplit: 8, grid: 132, stages: 8, smem: wgmmaSmemBytes(8, 8)}},
+		// Two chunks, or a split: no sharing.
+		{"pro wq_b m129 mc2", 2, 129, 65536, 1536, wgmmaPlan{bn: 128, chunks: 2, splits: 1, kbPerSplit: 12, grid: 132, stages: 5, smem: wgmmaSmemBytes(128, 5)}},
+		{"flash A m128 mc2", 2, 128, 1536, 4096, wgmmaPlan{bn: 128, chunks: 1, splits: 8, kbPerSplit: 4, grid: 96, stages: 5, smem: wgmmaSmemBytes(128, 5), cluster: true}},
+		// 67 tiles: not whole clusters of 2.
+		{"n8576 m32 mc2", 2, 32, 8576, 1024, wgmmaPlan{bn: 32, chunks: 1, splits: 1, kbPerSplit: 8, grid: 67, stages: 8, smem: wgmmaSmemBytes(32, 8)}},
+	} {
+		am.Multicast = c.mc
+		p, err := planWGMMA(am, c.m, c.n, c.k, 132, optin, gemmPartBytes)
+		require.NoError(t, err)
+		require.Equal(t, c.want, p, c.name)
+		if p.multicast > 1 {
+			require.Zero(t, p.grid%p.multicast, "whole clusters")
+			require.Zero(t, (c.n/128)%p.multicast, "every cluster's blocks have the same units")
+		}
+	}
 	// The layout: 128 W rows and 128 token rows of 128 bytes a stage, two
 	// barriers; two 128 x 72 bf16 tiles; the alignment slack.
 	require.Equal(t, 5*(32768+528+16)+2*128*144+1024, wgmmaSmemBytes(128, 5))

@@ -164,7 +164,7 @@ var (
 	gemmTimesRows = flag.String("gemm.times.rows", "1,8,32,128,256,512,1024,4096", "TestGEMMTimes: the batch sizes, comma-separated")
 	// A profiler run wants one shape and one path, not all of them.
 	gemmTimesShapes = flag.String("gemm.times.shapes", "", "TestGEMMTimes: a regexp the shape names must match (empty: every shape)")
-	gemmTimesPaths  = flag.String("gemm.times.paths", "own,cublaslt,wgmma,wgmma-cluster", "TestGEMMTimes: the implementations, comma-separated")
+	gemmTimesPaths  = flag.String("gemm.times.paths", "own,cublaslt,wgmma,wgmma-cluster,wgmma-mc2,wgmma-mc4", "TestGEMMTimes: the implementations, comma-separated")
 )
 
 // TestGEMMTimes prints device times of the GEMM at V4-Flash and V4-Pro
@@ -203,8 +203,10 @@ func TestGEMMTimes(t *testing.T) {
 		name string
 		opts cuda.Options
 	}{{"own", cuda.Options{NoCuBLASLt: true, NoWGMMA: true}}, {"cublaslt", cuda.Options{GEMMOwnMaxM: -1, NoWGMMA: true}},
-		{"wgmma", cuda.Options{GEMMWGMMA: true, NoCuBLASLt: true, WGMMAClusterSplits: -1}},
-		{"wgmma-cluster", cuda.Options{GEMMWGMMA: true, NoCuBLASLt: true, WGMMAClusterSplits: 8}}} {
+		{"wgmma", cuda.Options{GEMMWGMMA: true, NoCuBLASLt: true, WGMMAClusterSplits: -1, WGMMAMulticast: -1}},
+		{"wgmma-cluster", cuda.Options{GEMMWGMMA: true, NoCuBLASLt: true, WGMMAClusterSplits: 8, WGMMAMulticast: -1}},
+		{"wgmma-mc2", cuda.Options{GEMMWGMMA: true, NoCuBLASLt: true, WGMMAClusterSplits: 8, WGMMAMulticast: 2}},
+		{"wgmma-mc4", cuda.Options{GEMMWGMMA: true, NoCuBLASLt: true, WGMMAClusterSplits: 8, WGMMAMulticast: 4}}} {
 		if !slices.Contains(paths, path.name) {
 			continue
 		}
@@ -295,7 +297,7 @@ func TestGEMMTimes(t *testing.T) {
 	}
 	us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
 	fmt.Printf("%-22s", "GEMM")
-	for range 4 {
+	for range 6 {
 		fmt.Printf(" %-13s %8s %8s %9s  ", "path", "cold us", "b2b us", "cold GB/s")
 	}
 	fmt.Printf(" %8s\n", "floor us")
@@ -304,7 +306,7 @@ func TestGEMMTimes(t *testing.T) {
 		for _, m := range ms {
 			key := fmt.Sprintf("%s/m%d", s.Name, m)
 			line := fmt.Sprintf("%-22s", key)
-			for _, p := range []string{"own", "cublaslt", "wgmma", "wgmma-cluster"} {
+			for _, p := range []string{"own", "cublaslt", "wgmma", "wgmma-cluster", "wgmma-mc2", "wgmma-mc4"} {
 				rw, ok := results[key][p]
 				if !ok {
 					line += fmt.Sprintf(" %-13s %8s %8s %9s  ", p, "-", "-", "-")

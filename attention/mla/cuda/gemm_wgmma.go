@@ -66,6 +66,9 @@ func wgmmaScaleBytes(bn int) int {
 type wgmmaPlan struct {
 	bn, chunks, splits, kbPerSplit, grid, stages, smem int
 	cluster                                            bool
+	// multicast > 1: clusters of that many blocks sharing the activation
+	// tile (one chunk, no split), the persistent grid whole clusters.
+	multicast int
 }
 
 // planWGMMA picks the token tile (the smallest of a.TokenTiles holding M,
@@ -110,6 +113,11 @@ func planWGMMA(a cudatune.WGMMAArch, m, n, k, sms, smemOptin, partBytes int) (wg
 	p.grid = min(units*p.splits, sms)
 	if p.cluster {
 		p.grid = units * p.splits
+	}
+	if mc := a.Multicast; mc > 1 && p.splits == 1 && p.chunks == 1 && p.bn >= max(a.MulticastMinTile, 8*mc) && p.bn%(8*mc) == 0 &&
+		units%mc == 0 && mc < len(a.MaxClusters) && a.MaxClusters[mc] > 0 {
+		p.multicast = mc
+		p.grid = min(units, sms, a.MaxClusters[mc]*mc) / mc * mc
 	}
 	fixed := wgmmaSmemBytes(p.bn, 0)
 	p.stages = min(a.MaxStages, (smemOptin-fixed)/(wgmmaSmemBytes(p.bn, 1)-fixed))
@@ -245,14 +253,15 @@ func (b *Backend) initWGMMA() error {
 	}
 	w.mod = mod
 	g.wg = w
-	b.clusterCapacity(a.ClusterSplits)
+	b.clusterCapacity(max(a.ClusterSplits, a.Multicast))
 	return nil
 }
 
 // clusterCapacity asks the driver how many clusters of 2 .. maxSplits
 // blocks of the wgmma kernel run at once (the architecture description's
 // MaxClusters, which the planner reads); where it cannot say, the split K
-// is finished by the tiles' last blocks.
+// is finished by the tiles' last blocks and no block shares its
+// activation tile.
 func (b *Backend) clusterCapacity(maxSplits int) {
 	w := &b.arch.FP8.WGMMA
 	w.MaxClusters = nil
@@ -288,7 +297,11 @@ func (b *Backend) wgmmaGEMM(w, ws, x, xs, y driver.DevicePtr, m, n, k, xsStride,
 	if err != nil {
 		return err
 	}
-	tx, err := g.wg.tensorMap(b.ctx, tensorMapKey{addr: x, rows: m, cols: k, box: p.bn})
+	xBox := p.bn
+	if p.multicast > 1 {
+		xBox /= p.multicast // each block of a cluster brings a slice
+	}
+	tx, err := g.wg.tensorMap(b.ctx, tensorMapKey{addr: x, rows: m, cols: k, box: xBox})
 	if err != nil {
 		return err
 	}
@@ -310,10 +323,13 @@ func (b *Backend) wgmmaGEMM(w, ws, x, xs, y driver.DevicePtr, m, n, k, xsStride,
 	}
 	grid, block := driver.Dim3{uint32(p.grid), 1, 1}, driver.Dim3{wgmmaThreads, 1, 1}
 	args := []any{tw, tx, ws, xs, y, part, counters, int32(m), int32(n), int32(k), int32(xsStride), int32(yStride),
-		int32(p.kbPerSplit), int32(p.splits), int32(p.chunks), int32(p.stages), int32(p.smem), cluster}
+		int32(p.kbPerSplit), int32(p.splits), int32(p.chunks), int32(p.stages), int32(p.smem), cluster, int32(p.multicast)}
 	return b.ctx.Do(func() error {
 		if p.cluster {
 			return b.launchCluster(fn, grid, block, driver.Dim3{uint32(p.splits), 1, 1}, p.smem, args...)
+		}
+		if p.multicast > 1 {
+			return b.launchCluster(fn, grid, block, driver.Dim3{uint32(p.multicast), 1, 1}, p.smem, args...)
 		}
 		return b.launchShared(fn, grid, block, p.smem, args...)
 	})

@@ -25,16 +25,18 @@ type wgmmaShared struct {
 	err, skipErr error
 }
 
-var wgmmaBackends [2]wgmmaShared
+var wgmmaBackends [4]wgmmaShared
 
-// wgmmaFinishes are the wgmma kernel's two ways to finish a split K, as
-// Options.WGMMAClusterSplits names them: the tile's last block from
-// global partials, and thread-block clusters of up to 8 splits reduced
-// through distributed shared memory.
+// wgmmaFinishes are the wgmma kernel's ways to finish a split K, as
+// Options.WGMMAClusterSplits names them (the tile's last block from global
+// partials, thread-block clusters of up to 8 splits reduced through
+// distributed shared memory), and its blocks sharing the activation tile
+// in clusters of 2 and 4 (Options.WGMMAMulticast), which run
+// wgmmaMulticastCases.
 var wgmmaFinishes = []struct {
-	name          string
-	clusterSplits int
-}{{"last-block", -1}, {"cluster", 8}}
+	name                     string
+	clusterSplits, multicast int
+}{{"last-block", -1, -1}, {"cluster", 8, -1}, {"multicast-2", 8, 2}, {"multicast-4", 8, 4}}
 
 // wgmmaBackend is a backend whose every FP8 GEMM runs the sm_90a wgmma
 // kernel (Options.GEMMWGMMA, cuBLASLt not loaded) with split finish f of
@@ -46,7 +48,8 @@ func wgmmaBackend(t *testing.T, f int) *cuda.Backend {
 	}
 	w := &wgmmaBackends[f]
 	w.once.Do(func() {
-		w.b, w.err = cuda.New(cuda.Options{GEMMWGMMA: true, NoCuBLASLt: true, WGMMAClusterSplits: wgmmaFinishes[f].clusterSplits})
+		w.b, w.err = cuda.New(cuda.Options{GEMMWGMMA: true, NoCuBLASLt: true,
+			WGMMAClusterSplits: wgmmaFinishes[f].clusterSplits, WGMMAMulticast: wgmmaFinishes[f].multicast})
 		if w.err == nil {
 			if err := w.b.InitGEMM(); errors.Is(err, cuda.ErrWGMMAUnavailable) {
 				w.skipErr = err
@@ -104,6 +107,24 @@ func wgmmaCases() []mlatest.GEMMCase {
 		mlatest.GEMMCase{Shape: mlatest.GEMMShape{Name: "n256-k384", N: 256, K: 384}, Rows: 130, NaN: true})
 }
 
+// wgmmaMulticastCases are the shapes whose blocks share the activation
+// tile: 68 row tiles (more than half the device, so no split; a multiple
+// of 4) at one chunk, every token tile from 16 rows, odd sizes with a
+// padded scale stride and a strided Y; and V4-Flash's wq_b at 32 rows.
+func wgmmaMulticastCases() []mlatest.GEMMCase {
+	s := mlatest.GEMMShape{Name: "n8704-k1024", N: 8704, K: 1024}
+	var cs []mlatest.GEMMCase
+	for _, m := range []int{16, 17, 31, 32, 64, 100, 127, 128} {
+		c := mlatest.GEMMCase{Shape: s, Rows: m}
+		if m%2 == 1 {
+			c.ScaleStride, c.YOffset, c.YStride = m+3, 48, s.N+24
+		}
+		cs = append(cs, c)
+	}
+	return append(cs, mlatest.GEMMCase{Shape: mlatest.FlashGEMMs[1], Rows: 32},
+		mlatest.GEMMCase{Shape: mlatest.GEMMShape{Name: "n8704-k384", N: 8704, K: 384}, Rows: 99, NaN: true})
+}
+
 // TestCUDAWGMMAGEMM runs wgmmaCases on the wgmma kernel against the host
 // reference within package gemm's bound (fresh random operands with block
 // scales over many octaves, Y poisoned and its padding checked), then the
@@ -114,7 +135,11 @@ func TestCUDAWGMMAGEMM(t *testing.T) {
 			b := wgmmaBackend(t, f)
 			before := b.WGMMACount()
 			ran := 0
-			for _, c := range wgmmaCases() {
+			cases := wgmmaCases()
+			if fin.multicast > 1 {
+				cases = wgmmaMulticastCases()
+			}
+			for _, c := range cases {
 				t.Run(c.String(), func(t *testing.T) {
 					ran++
 					seed := mlatest.Seed(t)
@@ -177,6 +202,7 @@ func testWGMMAReplay(t *testing.T, b *cuda.Backend) {
 		{"flash-wqa-wkv-m31", 31, 1536, 512, 4096},
 		{"flash-wqb-n16384-m129", 129, 16384, 1536, 1024},
 		{"pro-wqa-wkv-m64", 64, 2048, 512, 7168},
+		{"n8704-m100", 100, 8704, 512, 1024}, // shared activation tiles under multicast
 	} {
 		t.Run(s.name, func(t *testing.T) {
 			r := rand.New(rand.NewPCG(seed, uint64(s.m)<<32|uint64(s.n)))
