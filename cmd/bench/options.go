@@ -20,8 +20,8 @@ import (
 // largest launch in Q rows with whole blocks (larger: half), Q rows a warp,
 // __launch_bounds__ minimum of blocks a multiprocessor, and off), ikeys=N iquery=N (the indexer's kernels:
 // cudatune.IndexerKeys 1 split, 2 fused; cudatune.IndexerQuery 1 late, 2 early, 3 lean), nopdl separate, wgmma
-// nowgmma wgcluster=N (every FP8 GEMM on the sm_90a wgmma kernel, or none; its split K finished by
-// clusters of up to N blocks). A zero
+// nowgmma wgcluster=N wgmc=N (every FP8 GEMM on the sm_90a wgmma kernel, or none; its split K finished
+// by clusters of up to N blocks; clusters of N blocks sharing the activation tile). A zero
 // number keeps the backend's default.
 type variant struct {
 	Name                    string // the text it was parsed from
@@ -42,6 +42,7 @@ type variant struct {
 	WGMMA                   bool // every FP8 GEMM on the sm_90a wgmma kernel
 	NoWGMMA                 bool // never the wgmma kernel
 	WGMMAClusterSplits      int  // its split finish: clusters of up to N splits
+	WGMMAMulticast          int  // clusters of N blocks sharing the activation tile
 }
 
 // field returns where key's value goes: a number or a switch (nil, nil for
@@ -90,6 +91,8 @@ func (v *variant) field(key string) (*int, *bool) {
 		return nil, &v.NoWGMMA
 	case "wgcluster":
 		return &v.WGMMAClusterSplits, nil
+	case "wgmc":
+		return &v.WGMMAMulticast, nil
 	}
 	return nil, nil
 }
@@ -128,7 +131,7 @@ func parseVariant(text string) (variant, error) {
 			*sw = true
 			continue
 		}
-		return variant{}, fmt.Errorf("variant %q: unknown option %q (known: warps=N kvd=N qd=N qchunk=N bpsm=N maxblocks=N direct=N directbf16=N dmin=N dwarps=N dhalf=N qrows=N dminb=N ikeys=N iquery=N nodirect nopdl separate wgmma nowgmma wgcluster=N)", text, key)
+		return variant{}, fmt.Errorf("variant %q: unknown option %q (known: warps=N kvd=N qd=N qchunk=N bpsm=N maxblocks=N direct=N directbf16=N dmin=N dwarps=N dhalf=N qrows=N dminb=N ikeys=N iquery=N nodirect nopdl separate wgmma nowgmma wgcluster=N wgmc=N)", text, key)
 	}
 	return v, nil
 }
@@ -160,23 +163,24 @@ func (v variant) options(verbose bool) (cuda.Options, cudatune.Knobs) {
 	if v.NoDirect {
 		direct, directBF16 = -1, -1
 	}
-	return cuda.Options{NoPDL: v.NoPDL, GEMMWGMMA: v.WGMMA, NoWGMMA: v.NoWGMMA, WGMMAClusterSplits: v.WGMMAClusterSplits}, cudatune.Knobs{
-		Warps:               v.Warps,
-		KVDepth:             v.KVDepth,
-		QDepth:              v.QDepth,
-		QChunk:              v.QChunk,
-		BlocksPerSM:         v.BlocksPerSM,
-		MaxBlocks:           v.MaxBlocks,
-		DirectMaxRows:       direct,
-		DirectMaxRowsBF16:   directBF16,
-		DirectMinRows:       v.DirectMinRows,
-		DirectWarps:         v.DirectWarps,
-		DirectQRows:         v.DirectQRows,
-		DirectHalfBlockRows: v.DirectHalfBlockRows,
-		DirectMinBlocks:     v.DirectMinBlocks,
-		IndexerKeys:         cudatune.IndexerKeys(v.IndexerKeys),
-		IndexerQuery:        cudatune.IndexerQuery(v.IndexerQuery),
-		SeparateLaunches:    v.SeparateLaunches,
-		Verbose:             verbose,
-	}
+	return cuda.Options{NoPDL: v.NoPDL, GEMMWGMMA: v.WGMMA, NoWGMMA: v.NoWGMMA, WGMMAClusterSplits: v.WGMMAClusterSplits,
+			WGMMAMulticast: v.WGMMAMulticast}, cudatune.Knobs{
+			Warps:               v.Warps,
+			KVDepth:             v.KVDepth,
+			QDepth:              v.QDepth,
+			QChunk:              v.QChunk,
+			BlocksPerSM:         v.BlocksPerSM,
+			MaxBlocks:           v.MaxBlocks,
+			DirectMaxRows:       direct,
+			DirectMaxRowsBF16:   directBF16,
+			DirectMinRows:       v.DirectMinRows,
+			DirectWarps:         v.DirectWarps,
+			DirectQRows:         v.DirectQRows,
+			DirectHalfBlockRows: v.DirectHalfBlockRows,
+			DirectMinBlocks:     v.DirectMinBlocks,
+			IndexerKeys:         cudatune.IndexerKeys(v.IndexerKeys),
+			IndexerQuery:        cudatune.IndexerQuery(v.IndexerQuery),
+			SeparateLaunches:    v.SeparateLaunches,
+			Verbose:             verbose,
+		}
 }
