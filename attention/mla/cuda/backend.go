@@ -259,18 +259,23 @@ func (b *Backend) FreeMemory() (int64, error) {
 
 // workspaceBytes is every workspace the GEMMs allocate for themselves on
 // first use: the FP8 and the bf16 kernels' split-K partials, one of each a
-// stream, and cuBLASLt's, one a stream too (unless Options.NoCuBLASLt).
+// stream, cuBLASLt's, one a stream too (unless Options.NoCuBLASLt), and
+// the wgmma kernel's split counters, one array a stream, where it is to
+// be loaded (forced, or chosen for some shape).
 func (b *Backend) workspaceBytes() int64 {
 	n := int64(len(b.gemm.parts))*gemmPartBytes + int64(len(b.bf16.parts))*(bf16MMAPartBytes+4*bf16MMACounters)
 	if !b.opts.NoCuBLASLt {
 		n += cublaslt.Workspaces * cublaslt.WorkspaceBytes
 	}
+	if b.wgmmaWanted() {
+		n += wgmmaCounterArrays * wgmmaCounterBytes
+	}
 	return n
 }
 
 // WorkspaceReserve is the part of the GEMMs' workspaces not allocated yet
-// (nor known to be unneeded), which FreeMemory keeps back: 144 MiB and 32 KiB before
-// the first GEMM, 0 once the FP8 and bf16 GEMMs have run.
+// (nor known to be unneeded), which FreeMemory keeps back: 144 MiB and 40 KiB before
+// the first GEMM on the H200, 0 once the FP8 and bf16 GEMMs have run.
 func (b *Backend) WorkspaceReserve() int64 {
 	return max(0, b.workspaceBytes()-b.workspaceSettled.Load())
 }

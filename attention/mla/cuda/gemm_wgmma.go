@@ -155,6 +155,9 @@ type tensorMapKey struct {
 // multiprocessors.
 const wgmmaCounterBytes = 4 << 10
 
+// wgmmaCounterArrays: one counter array a stream (wgmmaState.counters).
+const wgmmaCounterArrays = int64(len(wgmmaState{}.counters))
+
 // free releases the counters (the module is unloaded by closeGEMM).
 func (w *wgmmaState) free(c *driver.Context) error {
 	var errs []error
@@ -201,8 +204,19 @@ func (w *wgmmaState) tensorMap(c *driver.Context, key tensorMapKey) (driver.Tens
 // returned as it is).
 func (b *Backend) loadWGMMA() error {
 	g := &b.gemm
-	g.wgOnce.Do(func() { g.wgErr = b.initWGMMA() })
+	g.wgOnce.Do(func() {
+		g.wgErr = b.initWGMMA()
+		// Its counters are allocated now, or never will be.
+		b.workspaceSettled.Add(wgmmaCounterArrays * wgmmaCounterBytes)
+	})
 	return g.wgErr
+}
+
+// wgmmaWanted reports whether InitGEMM loads the wgmma kernel: forced, or
+// chosen by the architecture description for some shape.
+func (b *Backend) wgmmaWanted() bool {
+	w := b.arch.FP8.WGMMA
+	return len(w.TokenTiles) > 0 && (b.opts.GEMMWGMMA || len(w.Use) > 0)
 }
 
 func (b *Backend) initWGMMA() error {
