@@ -60,7 +60,8 @@ type Knobs struct {
 	BF16MMABlocksPerSM int
 	// BF16MMAReduce is how a split K of the tensor-core kernel is finished:
 	// 1 by the gemm_bf16_mma_reduce launch after it, 2 by the kernel's last
-	// block of each output block (BF16MMADepth 4 or 8). 0:
+	// block of each output block (the ring kernels gemm_bf16_mma_d2f,
+	// _d4f, _d8f, _d4wf). 0:
 	// SM90.Knobs.BF16MMAReduce.
 	BF16MMAReduce int
 	// BF16MMAWarpRows is the W rows a warp of the tensor-core kernel owns:

@@ -244,7 +244,7 @@ extern "C" __global__ void __launch_bounds__(BF16_MMA_WARPS * 32, 4) gemm_bf16_m
 // The ring is indexed by compile-time slots only (the stage loop unrolled
 // by DEPTH), so it stays in registers.
 //
-// FINISH (gemm_bf16_mma_d4f, _d8f; Knobs.BF16MMAReduce): with several
+// FINISH (gemm_bf16_mma_d2f, _d4f, _d8f, _d4wf; Knobs.BF16MMAReduce): with several
 // splits the kernel finishes the split K itself instead of the separate
 // gemm_bf16_mma_reduce launch: each block writes its partials as before,
 // then counts itself in at its (output block, token chunk)'s counter; the
@@ -421,6 +421,7 @@ __device__ __forceinline__ void bf16_mma_ring(const BF16MMAParams& p) {
     extern "C" __global__ void __launch_bounds__(BF16_MMA_WARPS / (rg) * 32, minb) name(const BF16MMAParams p) { \
         bf16_mma_ring<depth, rg, finish>(p);                                                                   \
     }
+BF16_RING(gemm_bf16_mma_d2f, 2, 1, true, 4)
 BF16_RING(gemm_bf16_mma_d4, 4, 1, false, 3)
 BF16_RING(gemm_bf16_mma_d8, 8, 1, false, 2)
 BF16_RING(gemm_bf16_mma_d4f, 4, 1, true, 3)

@@ -34,14 +34,14 @@ func TestBF16MMAGEMMSourceCompiles(t *testing.T) {
 	c, err := driver.CompileDetailed(kernels.BF16MMAGEMMSource(), "gemm_bf16_mma.cu", driver.CompileOptions{Arch: "sm_90", NoFMAD: true, NoCache: true, Headers: kernels.Headers()})
 	require.NoError(t, err)
 	require.Empty(t, c.Log, "NVRTC log")
-	for _, name := range []string{"gemm_bf16_mma", "gemm_bf16_mma_d4", "gemm_bf16_mma_d8", "gemm_bf16_mma_d4f", "gemm_bf16_mma_d8f", "gemm_bf16_mma_d4w", "gemm_bf16_mma_d4wf", "gemm_bf16_mma_reduce"} {
+	for _, name := range []string{"gemm_bf16_mma", "gemm_bf16_mma_d2f", "gemm_bf16_mma_d4", "gemm_bf16_mma_d8", "gemm_bf16_mma_d4f", "gemm_bf16_mma_d8f", "gemm_bf16_mma_d4w", "gemm_bf16_mma_d4wf", "gemm_bf16_mma_reduce"} {
 		require.True(t, bytes.Contains(c.Cubin, []byte(name)), "the cubin has no %s", name)
 	}
 	v, err := driver.CompileDetailed(kernels.BF16MMAGEMMSource(), "gemm_bf16_mma.cu",
 		driver.CompileOptions{Arch: "sm_90", NoFMAD: true, NoCache: true, Headers: kernels.Headers(), Extra: []string{"--ptxas-options=-v"}})
 	require.NoError(t, err)
 	t.Logf("ptxas:\n%s", v.Log)
-	for _, name := range []string{"gemm_bf16_mma", "gemm_bf16_mma_d4", "gemm_bf16_mma_d8", "gemm_bf16_mma_d4f", "gemm_bf16_mma_d8f", "gemm_bf16_mma_d4w", "gemm_bf16_mma_d4wf", "gemm_bf16_mma_reduce"} {
+	for _, name := range []string{"gemm_bf16_mma", "gemm_bf16_mma_d2f", "gemm_bf16_mma_d4", "gemm_bf16_mma_d8", "gemm_bf16_mma_d4f", "gemm_bf16_mma_d8f", "gemm_bf16_mma_d4w", "gemm_bf16_mma_d4wf", "gemm_bf16_mma_reduce"} {
 		require.Regexp(t, `Function properties for `+name+`\n[^\n]* 0 bytes spill stores, 0 bytes spill loads\n`, v.Log, "%s spills", name)
 	}
 }

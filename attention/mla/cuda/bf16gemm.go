@@ -103,6 +103,7 @@ type bf16MMAKernel struct {
 // cudatune.Knobs.BF16MMAReduce and cudatune.Knobs.BF16MMAWarpRows.
 var bf16MMAKernels = []bf16MMAKernel{
 	{"gemm_bf16_mma", 2, 4, false, 16},
+	{"gemm_bf16_mma_d2f", 2, 4, true, 16}, // the ring kernel at gemm_bf16_mma's depth
 	{"gemm_bf16_mma_d4", 4, 3, false, 16},
 	{"gemm_bf16_mma_d8", 8, 2, false, 16},
 	{"gemm_bf16_mma_d4f", 4, 3, true, 16},

@@ -86,6 +86,7 @@ var bf16Rings = []struct {
 	name  string
 	knobs cudatune.Knobs
 }{
+	{"mma-d2f", cudatune.Knobs{BF16MMADepth: 2, BF16MMAReduce: 2}},
 	{"mma-d4", cudatune.Knobs{BF16MMADepth: 4}},
 	{"mma-d8", cudatune.Knobs{BF16MMADepth: 8}},
 	{"mma-d4f", cudatune.Knobs{BF16MMADepth: 4, BF16MMAReduce: 2}},

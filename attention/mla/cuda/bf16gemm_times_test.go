@@ -24,7 +24,7 @@ import (
 var (
 	bf16Times         = flag.Bool("bf16.times", false, "TestBF16GEMMTimes: time the projection GEMM's implementations at V4-Flash and V4-Pro shapes")
 	bf16TimesRows     = flag.String("bf16.times.rows", "1,8,32,64,128", "TestBF16GEMMTimes: the batch sizes, comma-separated")
-	bf16TimesVariants = flag.String("bf16.times.variants", "d2,d2/s16,d4,d8,d4f,d8f,d8f/s16,d4w,d4wf,d4wf/s16,cublaslt",
+	bf16TimesVariants = flag.String("bf16.times.variants", "d2,d2/s16,d2f,d2f/s16,d4,d8,d4f,d8f,d8f/s16,d4w,d4wf,cublaslt",
 		"TestBF16GEMMTimes: the implementations, comma-separated: dD[w][f][/bB] (the tensor-core kernel of Knobs.BF16MMADepth D, w: 32 W rows a warp, f: its split K finished in the kernel, the split aiming at B blocks a multiprocessor, at most S splits) or cublaslt")
 )
 
