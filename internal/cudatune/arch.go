@@ -277,10 +277,17 @@ var SM90 = Arch{
 		// BF16MMAReduce, BF16MMAWarpRows: the separate reduction launch,
 		// 16 W rows a warp, as measured so far.
 		BF16MMAReduce: 1, BF16MMAWarpRows: 16,
-		// The indexer's kernels: the two-launch key step and the query
-		// reading its metadata after the wait, until the device times the
-		// one-kernel step and the early query against them.
-		IndexerKeys: IndexerKeysSplit, IndexerQuery: IndexerQueryLate,
+		// The indexer's kernels: indexer_step (the key step in one launch)
+		// and indexer_query_lean, bit-exact with the CPU in every indexer
+		// and compressor-step test and the fastest at every shape measured
+		// (H200, 2026-12-02, bench/results/2026-12-02-h200-g/idxkeys: 20
+		// calls in a graph, best of 20, us a call). Keys, split against
+		// fused: 7.65 / 5.25 at b=32 MTP 3, 7.00 / 4.61 at b=1 MTP 3,
+		// 33.50 / 11.66 at 4K prefill. Query, late / early / lean: 5.52 /
+		// 5.09 / 3.69, 4.28 / 3.80 / 2.34, 97.92 / 102.6 / 78.78. V4-Flash's
+		// ratio-4 layer through the graph: +23.3% -> +19.8% at b=32 MTP 3,
+		// +35.8% -> +30.8% at 4K.
+		IndexerKeys: IndexerKeysFused, IndexerQuery: IndexerQueryLean,
 	},
 }
 

@@ -336,7 +336,7 @@ struct CompressStepParams {
 };
 static_assert(sizeof(CompressStepParams) == 96, "CompressStepParams differs from the Go table in kernels/cuda/abi");
 
-// Launch parameters of compress_step_finish and indexer_step_finish (mla.CompressStepArgs), passed by value.
+// Launch parameters of compress_step_finish, indexer_step_finish and indexer_step (after CompressStepParams) (mla.CompressStepArgs), passed by value.
 // Layout (offset: member): natural alignment, 88 bytes.
 struct CompressFinishParams {
     const float* scratch; //   0: [max_jobs][dim] pooled values (compress_step's)

@@ -24,10 +24,10 @@ const (
 )
 
 // CompressStep implements mla.CompressStepper: compress_step then
-// compress_step_finish of kernels/cuda/compress.cu (indexer_step_finish of
-// indexer.cu for the indexer's entries; with Knobs.IndexerKeys
-// IndexerKeysFused the indexer's step is indexer_step alone, one launch)
-// on the backend's current
+// compress_step_finish of kernels/cuda/compress.cu, and for the indexer's
+// entries indexer_step of indexer.cu alone (one launch; Knobs.IndexerKeys
+// IndexerKeysSplit: compress_step then indexer_step_finish) on the
+// backend's current
 // stream (the main stream, or the side stream inside Side), with
 // programmatic dependent launch like the other kernels. The grids depend on
 // the capacities (MaxJobs, MaxSeqs, RingRows) only, so a CUDA graph

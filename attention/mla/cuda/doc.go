@@ -58,19 +58,20 @@
 // kernel tests' entry point).
 //
 // The indexer's prologue (DESIGN.md section 9) lives in the compressor's
-// module (kernels/cuda/indexer.cu): indexer_query (IndexerQuery: one warp
-// per (token, head) row with the Q prologue's Params for positions; RoPE,
-// the canonical Hadamard by xor shuffles, then MXFP4 and the bf16 head
+// module (kernels/cuda/indexer.cu). The query (IndexerQuery) runs
+// indexer_query_lean by default: one warp per four (token, head) rows of a
+// token with the Q prologue's Params for positions, its metadata and RoPE
+// pairs read before the PDL wait; RoPE, the canonical Hadamard by xor
+// shuffles, then MXFP4 (e2m1 by integer rounding) and the bf16 head
 // weight, or in mla.IndexerQueryFP8 e4m3 with one UE8M0 scale a row folded
-// into a float32 head weight) and
-// indexer_step_finish (CompressStep with mla.EntryIndexer, after
-// compress_step at width 128). cudatune.Knobs picks other kernels with
-// the same bytes: IndexerKeysFused runs the key step as indexer_step (the
-// pooling and the entry in one launch, one entry a block, its plan words
-// read before the PDL wait), IndexerQueryEarly the query as
-// indexer_query_early (its metadata read before the wait) and
-// IndexerQueryLean as indexer_query_lean (that with fewer instructions a
-// row).
+// into a float32 head weight. The key step (CompressStep with
+// mla.EntryIndexer) runs indexer_step by default: the pooling and the
+// entry in one launch, one entry a block, its plan words read before the
+// wait. cudatune.Knobs selects the earlier kernels, the same bytes and
+// slower on the H200 at every measured shape: IndexerKeysSplit
+// (compress_step at width 128, then indexer_step_finish),
+// IndexerQueryLate (indexer_query) and IndexerQueryEarly
+// (indexer_query_early).
 //
 // The indexer's top-k selection (DESIGN.md section 9, mla.TopKSelector)
 // runs kernels/cuda/topk.cu, loaded at first use (LoadTopK): topk_score

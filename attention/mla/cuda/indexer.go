@@ -10,10 +10,10 @@ import (
 	"github.com/dsv4mla/prologue/numerics"
 )
 
-// IndexerQuery implements mla.IndexerQuerier: indexer_query of
-// kernels/cuda/indexer.cu (in the compressor's module; indexer_query_early
-// or indexer_query_lean with Knobs.IndexerQuery IndexerQueryEarly or
-// IndexerQueryLean, the same bytes) on the backend's
+// IndexerQuery implements mla.IndexerQuerier: indexer_query_lean of
+// kernels/cuda/indexer.cu (in the compressor's module; indexer_query or
+// indexer_query_early with Knobs.IndexerQuery IndexerQueryLate or
+// IndexerQueryEarly, the same bytes) on the backend's
 // current stream, one warp per abi.IndexerQueryRows (token, head) rows in a's Format, with the
 // Q prologue's Params (kernels/cuda/abi) for the token's position and its
 // own IndexerQueryParams (the head weights, the format): the grid depends on

@@ -158,10 +158,11 @@ const (
 
 // CompressFinishParams is the struct compress_step_finish
 // (kernels/cuda/compress.cu) and indexer_step_finish (indexer.cu) take by
-// value: one launch's fields serve either.
+// value, and indexer_step after its CompressStepParams (scratch unused):
+// one launch's fields serve any of them.
 var CompressFinishParams = &Struct{
 	Name:   "CompressFinishParams",
-	Doc:    "Launch parameters of compress_step_finish and indexer_step_finish (mla.CompressStepArgs), passed by value.",
+	Doc:    "Launch parameters of compress_step_finish, indexer_step_finish and indexer_step (after CompressStepParams) (mla.CompressStepArgs), passed by value.",
 	Fields: cfinFields[:],
 }
 
