@@ -20,6 +20,9 @@
 //                fit: the same indices.
 //   topk_select3 topk_select2 with one sampled candidate sweep where they
 //                do not: the same indices.
+//   topk_select4, topk_select5  topk_select3 with a row's fixed cost cut
+//                (the plan resolved from a copy in shared memory, two
+//                barriers a radix pass or one): the same indices.
 //
 // The score is exact by construction: e2m1 values doubled are small
 // integers, so a 32-value block's dot product is an exact int32 (dp4a);
@@ -38,11 +41,12 @@ struct TkRow {
     long long keys;
 };
 
-__device__ __forceinline__ TkRow tk_resolve(const TopKParams& p, int r) {
+// plan: the plan's words (p.plan, or a copy of its header and sequences).
+__device__ __forceinline__ TkRow tk_resolve_in(const TopKParams& p, const int* plan, int r) {
     TkRow t = {0, 0, 0, 0};
-    int ns = p.plan[TOPK_PLAN_HDR_SEQS];
+    int ns = plan[TOPK_PLAN_HDR_SEQS];
     if (ns < 0 || ns > p.max_seqs) ns = 0;
-    const int* seqs = p.plan + TOPK_PLAN_HDR_WORDS;
+    const int* seqs = plan + TOPK_PLAN_HDR_WORDS;
     int lo = 0, hi = ns;
     while (lo < hi) {
         int m = (lo + hi) >> 1;
@@ -67,6 +71,8 @@ __device__ __forceinline__ TkRow tk_resolve(const TopKParams& p, int r) {
     }
     return t;
 }
+
+__device__ __forceinline__ TkRow tk_resolve(const TopKParams& p, int r) { return tk_resolve_in(p, p.plan, r); }
 
 // The cache page of entry e of sequence seq, or -1 (mla.TopKPage).
 __device__ __forceinline__ int tk_page(const TopKParams& p, const int* table, int e) {
@@ -1272,15 +1278,34 @@ __device__ __forceinline__ u32 tk_key_at(const u32* sk, const u32* gk, int i) {
 // else read-only global memory): *th receives the want-th largest key and
 // *take how many of the keys equal to it are among the want largest. Every
 // thread must call it.
-template <bool SH>
+//
+// M (the barriers a pass, topk_select's four with M = 0): with M > 0 hist
+// holds four histograms (4 x 256 words, 16-byte aligned), one a pass,
+// zeroed at once, and s_pick a pair a pass (8 words), so that nothing is
+// rewritten while a warp may still read it. M = 2: warp 0 scans the
+// pass's histogram and every warp reads its choice after a barrier. M = 1:
+// every warp scans the histogram itself, no broadcast (more instructions:
+// for a short row alone on its multiprocessor, whose passes are their
+// latency). With M > 0 the caller puts a barrier between two calls (a warp
+// may still read the last pass's histogram when another returns).
+template <bool SH, int M = 0>
 __device__ __forceinline__ void tk_radix(const u32* sk, const u32* gk, int n, u32 want, u32* hist, u32* s_pick, u32* th,
                                          u32* take) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const unsigned full = 0xFFFFFFFFu;
     u32 prefix = 0u, mask = 0u, remain = want;
-    for (int shift = 24; shift >= 0; shift -= 8) {
-        for (int i = threadIdx.x; i < 256; i += TOPK_SELECT_THREADS) hist[i] = 0u;
+    if (M > 0) {
+        for (int i = threadIdx.x; i < 4 * 256; i += TOPK_SELECT_THREADS) hist[i] = 0u;
         __syncthreads();
+    }
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        const int pass = 3 - shift / 8;
+        u32* h = M > 0 ? hist + pass * 256 : hist;
+        u32* pick = M > 0 ? s_pick + 2 * pass : s_pick;
+        if (M == 0) {
+            for (int i = threadIdx.x; i < 256; i += TOPK_SELECT_THREADS) hist[i] = 0u;
+            __syncthreads();
+        }
         // A row's keys share their top bits, so most lanes of a warp fall
         // in the first active lane's bin: that lane adds their count at
         // once, the others one each (atomics on one address serialize).
@@ -1295,17 +1320,22 @@ __device__ __forceinline__ void tk_radix(const u32* sk, const u32* gk, int n, u3
             const int ld = __ffs(act) - 1;
             const u32 lbin = __shfl_sync(full, bin, ld);
             const unsigned same = __ballot_sync(full, in && bin == lbin);
-            if (lane == ld) atomicAdd(&hist[lbin], (u32)__popc(same));
-            else if (in && bin != lbin) atomicAdd(&hist[bin], 1u);
+            if (lane == ld) atomicAdd(&h[lbin], (u32)__popc(same));
+            else if (in && bin != lbin) atomicAdd(&h[bin], 1u);
         }
         __syncthreads();
-        if (warp == 0) { // topk_select's choice of the bin
+        if (M == 1 || warp == 0) { // topk_select's choice of the bin
             u32 c[8], sum = 0u;
+            if (M > 0) { // bins 255 - 8 lane down to 248 - 8 lane, two vector loads
+                const uint4 hi = *reinterpret_cast<const uint4*>(h + 252 - 8 * lane);
+                const uint4 lo = *reinterpret_cast<const uint4*>(h + 248 - 8 * lane);
+                c[0] = hi.w, c[1] = hi.z, c[2] = hi.y, c[3] = hi.x, c[4] = lo.w, c[5] = lo.z, c[6] = lo.y, c[7] = lo.x;
+            } else {
 #pragma unroll
-            for (int j = 0; j < 8; j++) {
-                c[j] = hist[255 - (lane * 8 + j)];
-                sum += c[j];
+                for (int j = 0; j < 8; j++) c[j] = hist[255 - (lane * 8 + j)];
             }
+#pragma unroll
+            for (int j = 0; j < 8; j++) sum += c[j];
             u32 incl = sum;
 #pragma unroll
             for (int o = 1; o < 32; o <<= 1) {
@@ -1313,19 +1343,27 @@ __device__ __forceinline__ void tk_radix(const u32* sk, const u32* gk, int n, u3
                 if (lane >= o) incl += y;
             }
             const int first = __ffs(__ballot_sync(full, incl >= remain)) - 1;
-            if (lane == first) {
+            if (M == 1 || lane == first) {
                 u32 acc = incl - sum;
                 int j = 0;
                 for (; j < 7 && acc + c[j] < remain; j++) acc += c[j];
-                s_pick[0] = prefix | ((u32)(255 - (lane * 8 + j)) << shift);
-                s_pick[1] = remain - acc;
+                const u32 np = prefix | ((u32)(255 - (lane * 8 + j)) << shift), nr = remain - acc;
+                if (M == 1) {
+                    prefix = __shfl_sync(full, np, first);
+                    remain = __shfl_sync(full, nr, first);
+                } else {
+                    pick[0] = np;
+                    pick[1] = nr;
+                }
             }
         }
-        __syncthreads();
-        prefix = s_pick[0];
-        remain = s_pick[1];
+        if (M != 1) {
+            __syncthreads();
+            prefix = pick[0];
+            remain = pick[1];
+        }
         mask |= 0xFFu << shift;
-        __syncthreads(); // s_pick and hist are rewritten by the next pass
+        if (M == 0) __syncthreads(); // s_pick and hist are rewritten by the next pass
     }
     *th = prefix;
     *take = remain;
@@ -1369,12 +1407,13 @@ __device__ __forceinline__ void tk_gather(const u32* sk, const u32* gk, int n, u
     }
 }
 
-// topk_select2's work on a row's n keys (SH: staged in shared memory).
-template <bool SH>
+// topk_select2's work on a row's n keys (SH: staged in shared memory; M:
+// tk_radix's passes).
+template <bool SH, int M = 0>
 __device__ __forceinline__ void tk_select2(const TopKParams& p, const u32* sk, const u32* gk, int n, int* out, u32* hist,
                                            u32* s_pick, int (*wsum)[32]) {
     u32 th, take;
-    tk_radix<SH>(sk, gk, n, (u32)p.top_k, hist, s_pick, &th, &take);
+    tk_radix<SH, M>(sk, gk, n, (u32)p.top_k, hist, s_pick, &th, &take);
     tk_gather<SH>(sk, gk, n, th, take, out, wsum);
 }
 
@@ -1459,18 +1498,12 @@ __device__ __forceinline__ void tk_gather_list(const u32* ol, int m, const u32* 
 // sorted (bitonic) and gathered. Where L lets fewer than index_topk keys
 // or more than the room through, or the room is short, the row takes
 // topk_select2's way.
-extern "C" __global__ void __launch_bounds__(TOPK_SELECT_THREADS) topk_select3(const TopKParams p) {
-    extern __shared__ u32 tks3[];
-    __shared__ u32 hist[256];
-    __shared__ u32 s_pick[2];
-    __shared__ int wsum[2][32];
-    __shared__ int s_cnt;
-    pdl_wait();
-    pdl_trigger();
-    const int r = blockIdx.x;
-    if (r >= p.rows) return;
+// (tk_select3 is that work on row r, t resolved, with the kernel's shared
+// memory: tks3 the dynamic part; hist and s_pick as tk_radix<M> takes them.)
+template <int M>
+__device__ __forceinline__ void tk_select3(const TopKParams& p, int r, const TkRow& t, u32* tks3, u32* hist, u32* s_pick,
+                                           int (*wsum)[32], int& s_cnt) {
     int* out = p.out + (size_t)r * p.top_k;
-    const TkRow t = tk_resolve(p, r);
     const int n = t.valid ? t.visible : 0;
     if (n <= p.top_k) {
         for (int i = threadIdx.x; i < p.top_k; i += TOPK_SELECT_THREADS) out[i] = i < n ? i : -1;
@@ -1484,7 +1517,7 @@ extern "C" __global__ void __launch_bounds__(TOPK_SELECT_THREADS) topk_select3(c
         for (int i = threadIdx.x; i < n; i += TOPK_SELECT_THREADS) tk_cp4(tks3 + i, keys + i, true);
         tk_cp_commit();
         tk_cp_wait<0>();
-        tk_select2<true>(p, tks3, keys, n, out, hist, s_pick, wsum);
+        tk_select2<true, M>(p, tks3, keys, n, out, hist, s_pick, wsum);
         return;
     }
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -1503,7 +1536,7 @@ extern "C" __global__ void __launch_bounds__(TOPK_SELECT_THREADS) topk_select3(c
         if (threadIdx.x == 0) s_cnt = 0;
         // (tk_radix's first barrier makes the sample and s_cnt visible)
         u32 L, lt;
-        tk_radix<true>(samp, keys, ns, (u32)q, hist, s_pick, &L, &lt);
+        tk_radix<true, M>(samp, keys, ns, (u32)q, hist, s_pick, &L, &lt);
 #pragma unroll 4
         for (int b0 = warp * 32; b0 < n; b0 += TOPK_SELECT_THREADS) { // warp-uniform
             const int i = b0 + lane;
@@ -1525,7 +1558,7 @@ extern "C" __global__ void __launch_bounds__(TOPK_SELECT_THREADS) topk_select3(c
         ok = cnt >= top && cnt <= room;
         if (ok) {
             u32 T, take;
-            tk_radix<true>(ck, keys, cnt, (u32)top, hist, s_pick, &T, &take); // every thread read cnt before its barriers
+            tk_radix<true, M>(ck, keys, cnt, (u32)top, hist, s_pick, &T, &take); // every thread read cnt before its barriers
             if (threadIdx.x == 0) s_cnt = 0;
             __syncthreads();
             for (int b0 = warp * 32; b0 < cnt; b0 += TOPK_SELECT_THREADS) {
@@ -1564,5 +1597,62 @@ extern "C" __global__ void __launch_bounds__(TOPK_SELECT_THREADS) topk_select3(c
             }
         }
     }
-    if (!ok) tk_select2<false>(p, tks3, keys, n, out, hist, s_pick, wsum);
+    if (!ok) tk_select2<false, M>(p, tks3, keys, n, out, hist, s_pick, wsum);
 }
+
+extern "C" __global__ void __launch_bounds__(TOPK_SELECT_THREADS) topk_select3(const TopKParams p) {
+    extern __shared__ u32 tks3[];
+    __shared__ u32 hist[256];
+    __shared__ u32 s_pick[2];
+    __shared__ int wsum[2][32];
+    __shared__ int s_cnt;
+    pdl_wait();
+    pdl_trigger();
+    const int r = blockIdx.x;
+    if (r >= p.rows) return;
+    const TkRow t = tk_resolve(p, r);
+    tk_select3<0>(p, r, t, tks3, hist, s_pick, wsum, s_cnt);
+}
+
+// TK_RSEQS: the sequences of a plan topk_select4 copies to shared memory
+// to resolve its row there (a plan of more resolves it in global memory).
+#define TK_RSEQS 256
+
+// topk_select4 and topk_select5 are topk_select3 (the same indices) with
+// the fixed cost of a row cut, the whole of a short row's select (8K
+// context: 2048 keys): the row resolved before waiting for the score
+// kernel (the plan is the launch's input, written before it, and a
+// dependent grid starts only after every block of the score kernel has
+// passed its own wait), in a copy of the plan's sequences made at once
+// (one read of global memory, not the binary search's six dependent
+// ones), and tk_radix's passes with two barriers each (select4: eight in
+// all instead of sixteen) or one (select5: every warp picks the bin
+// itself).
+template <int M>
+__device__ __forceinline__ void tk_select45(const TopKParams& p) {
+    extern __shared__ u32 tks3[];
+    __shared__ __align__(16) u32 hist[4 * 256];
+    __shared__ u32 s_pick[8];
+    __shared__ int wsum[2][32];
+    __shared__ int s_cnt;
+    __shared__ int s_plan[TOPK_PLAN_HDR_WORDS + TK_RSEQS * TOPK_SEQ_WORDS];
+    const int r = blockIdx.x;
+    TkRow t = {0, 0, 0, 0};
+    if (r < p.rows) {
+        if (p.max_seqs <= TK_RSEQS) { // block-uniform; the plan's buffer holds max_seqs sequences
+            for (int i = threadIdx.x; i < TOPK_PLAN_HDR_WORDS + p.max_seqs * TOPK_SEQ_WORDS; i += TOPK_SELECT_THREADS)
+                s_plan[i] = p.plan[i];
+            __syncthreads();
+            t = tk_resolve_in(p, s_plan, r);
+        } else {
+            t = tk_resolve(p, r);
+        }
+    }
+    pdl_wait();
+    pdl_trigger();
+    if (r >= p.rows) return;
+    tk_select3<M>(p, r, t, tks3, hist, s_pick, wsum, s_cnt);
+}
+
+extern "C" __global__ void __launch_bounds__(TOPK_SELECT_THREADS) topk_select4(const TopKParams p) { tk_select45<2>(p); }
+extern "C" __global__ void __launch_bounds__(TOPK_SELECT_THREADS) topk_select5(const TopKParams p) { tk_select45<1>(p); }

@@ -21,6 +21,10 @@ const (
 	// TopKSelect3Kernel is topk_select2 with a sampled candidate sweep for
 	// the rows whose keys do not fit.
 	TopKSelect3Kernel = "topk_select3"
+	// TopKSelect4Kernel and TopKSelect5Kernel are topk_select3 with a
+	// row's fixed cost cut (two barriers a radix pass, and one).
+	TopKSelect4Kernel = "topk_select4"
+	TopKSelect5Kernel = "topk_select5"
 )
 
 // TopKSource returns the compilable source of the indexer's top-k module

@@ -21,7 +21,7 @@ type topkState struct {
 	mod                                 *driver.Module
 	score, scoreMMA, scoreMMA4, select_ *driver.Function
 	scoreMMA4P, scoreMMA4Q              *driver.Function
-	select2, select3                    *driver.Function
+	select2, select3, select4, select5  *driver.Function
 	err                                 error // a failed load, returned by every later call
 	// kernel is the score kernel the backend launches; every one writes
 	// the same keys.
@@ -40,6 +40,10 @@ const (
 	topkSelect2Global                   // topk_select2 without shared memory: every row reads its keys from global memory
 	topkSelect3                         // topk_select3: topk_select2, a sampled candidate sweep where the keys do not fit
 	topkSelect3Small                    // topk_select3 with topkSelect3SmallBytes: the rows of a 64K context take the sweep
+	topkSelect4                         // topk_select4: topk_select3 with a row's fixed cost cut (two barriers a radix pass)
+	topkSelect4Small                    // topk_select4 with topkSelect3SmallBytes
+	topkSelect5                         // topk_select5: topk_select4 with one barrier a radix pass
+	topkSelect5Small                    // topk_select5 with topkSelect3SmallBytes
 )
 
 // topkDefaultSelect is the select kernel IndexerTopK launches unless a
@@ -143,8 +147,8 @@ func (b *Backend) LoadTopK() error {
 		s.err = errors.Join(fmt.Errorf("cuda: top-k kernels: %w", err), mod.Unload())
 		return s.err
 	}
-	var sels [2]*driver.Function
-	for i, name := range []string{kernels.TopKSelect2Kernel, kernels.TopKSelect3Kernel} {
+	var sels [4]*driver.Function
+	for i, name := range []string{kernels.TopKSelect2Kernel, kernels.TopKSelect3Kernel, kernels.TopKSelect4Kernel, kernels.TopKSelect5Kernel} {
 		fn, err := mod.Function(name)
 		if err == nil {
 			err = fn.SetAttribute(driver.FuncMaxDynamicSharedSizeBytes, 4*topkSelect2Keys)
@@ -157,7 +161,7 @@ func (b *Backend) LoadTopK() error {
 	}
 	sel2 := sels[0]
 	s.mod, s.score, s.scoreMMA, s.scoreMMA4, s.select_, s.select2 = mod, score, scoreMMA, scoreMMA4, sel, sel2
-	s.scoreMMA4P, s.scoreMMA4Q, s.select3 = pipelined[0], pipelined[1], sels[1]
+	s.scoreMMA4P, s.scoreMMA4Q, s.select3, s.select4, s.select5 = pipelined[0], pipelined[1], sels[1], sels[2], sels[3]
 	return nil
 }
 
@@ -293,6 +297,14 @@ func (b *Backend) indexerTopK(ctx context.Context, a *mla.TopKArgs, scoring, sel
 		fn, shared = b.topk.select3, 4*min(topkSelect2Keys, a.PageStride*a.PageSize)
 	case topkSelect3Small:
 		fn, shared = b.topk.select3, topkSelect3SmallBytes
+	case topkSelect4:
+		fn, shared = b.topk.select4, 4*min(topkSelect2Keys, a.PageStride*a.PageSize)
+	case topkSelect4Small:
+		fn, shared = b.topk.select4, topkSelect3SmallBytes
+	case topkSelect5:
+		fn, shared = b.topk.select5, 4*min(topkSelect2Keys, a.PageStride*a.PageSize)
+	case topkSelect5Small:
+		fn, shared = b.topk.select5, topkSelect3SmallBytes
 	}
 	if err := b.launchShared(fn, driver.Dim3{uint32(a.Rows), 1, 1}, driver.Dim3{abi.TopKSelectThreads, 1, 1}, shared, driver.Bytes(params)); err != nil {
 		return fmt.Errorf("cuda: %s: %w", fn.Name, err)

@@ -20,7 +20,7 @@ import (
 // topkKernels are the score kernels (and select kernels, after a "+"),
 // each test run with every one (the shared backend is left on the
 // default).
-var topkKernels = []string{"mma", "dp4a", "mma4", "mma4p", "mma4q", "mma4+select2", "mma4+select2g", "mma4+select3", "mma4+select3s"}
+var topkKernels = []string{"mma", "dp4a", "mma4", "mma4p", "mma4q", "mma4+select2", "mma4+select2g", "mma4+select3", "mma4+select3s", "mma4q+select4", "mma4+select4s", "mma4q+select5", "mma4+select5s"}
 
 func TestCUDATopKConformance(t *testing.T) {
 	b := backend(t)
@@ -47,8 +47,9 @@ func topkDecode(r *rand.Rand, seqs, mtp, ctx int) []mlatest.TopKSeqSpec {
 // reach, every index against the CPU backend: decode b=32 MTP 3 at 8K
 // context for both models' index_topk (and with the narrow scales of
 // rotated vectors), at 64K (several tiles a block), a 256-token prefill
-// chunk at a cached offset of 8K, a mixed batch, and one sequence at the
-// model's 1M-token limit (262,144 entries, pages shuffled).
+// chunk at a cached offset of 8K, a mixed batch, 300 sequences of one
+// token, and one sequence at the model's 1M-token limit (262,144 entries,
+// pages shuffled).
 func TestCUDATopKLarge(t *testing.T) {
 	b := backend(t)
 	host := cpu.New(0)
@@ -66,6 +67,9 @@ func TestCUDATopKLarge(t *testing.T) {
 		// (8K and the small cases take one a block): the tile pipeline.
 		{Name: "decode-b32-mtp3-64k/flash", TopK: 512, PageSize: 64, Seqs: topkDecode(r, 32, 3, 65536)},
 		{Name: "decode-b32-mtp3-64k-narrow/pro", TopK: 1024, PageSize: 64, Keys: mlatest.KeysNarrow, Seqs: topkDecode(r, 32, 3, 65536)},
+		// More sequences than topk_select4 copies to shared memory (its
+		// plan's MaxSeqs 301 > 256): the rows resolved in global memory.
+		{Name: "decode-b300/flash", TopK: 512, PageSize: 64, Seqs: topkDecode(r, 300, 0, 2400)},
 		{Name: "1M/pro", TopK: 1024, PageSize: 64, Seqs: []mlatest.TopKSeqSpec{{Start: mla.MaxTopKPositions - 2, Rows: 2}}},
 		{Name: "1M-planted/flash", TopK: 512, PageSize: 64, Planted: true, Seqs: []mlatest.TopKSeqSpec{{Start: mla.MaxTopKPositions - 1, Rows: 1}}},
 	}
@@ -185,7 +189,8 @@ func testTopKGraph(t *testing.T, b *cuda.Backend) {
 // rotated vectors), and a 16K prefill from position 0, V4-Flash's and
 // V4-Pro's index_topk, each score kernel (the dp4a one at 8K and 64K
 // only; "+radix" names topk_select, the default select before
-// topk_select3, "+select2" topk_select2): the device time per
+// topk_select3, "+select2" topk_select2, "+select4" and "+select5"
+// topk_select4 and topk_select5): the device time per
 // call, the score and select kernels alone, and two floors: the indexer cache bytes
 // the batch reads at the device-to-device copy rate measured here, and
 // the score's multiply-adds at the H200's nominal dense int8 tensor-core
@@ -209,9 +214,9 @@ func BenchmarkCUDATopK(bm *testing.B) {
 	}
 	var cases []benchCase
 	for _, ctxLen := range []int{8 << 10, 64 << 10, 128 << 10, 1 << 20} {
-		kernels := []string{"mma+radix", "dp4a+radix", "mma4+radix", "mma4p", "mma4q", "mma4q+select2"}
+		kernels := []string{"mma+radix", "dp4a+radix", "mma4+radix", "mma4p", "mma4q", "mma4q+select2", "mma4q+select4", "mma4q+select5"}
 		if ctxLen > 64<<10 {
-			kernels = []string{"mma+radix", "mma4+radix", "mma4p", "mma4q", "mma4q+select2"}
+			kernels = []string{"mma+radix", "mma4+radix", "mma4p", "mma4q", "mma4q+select2", "mma4q+select4", "mma4q+select5"}
 		}
 		for _, topk := range []int{512, 1024} {
 			cases = append(cases, benchCase{fmt.Sprintf("decode-b32-mtp3/ctx=%dK/topk=%d", ctxLen>>10, topk), topk, kernels,
@@ -219,11 +224,11 @@ func BenchmarkCUDATopK(bm *testing.B) {
 		}
 		// The scales of rotated vectors (each row's four within 2), which
 		// topk_score_mma4's exact path takes.
-		cases = append(cases, benchCase{fmt.Sprintf("decode-b32-mtp3-narrow/ctx=%dK/topk=512", ctxLen>>10), 512, []string{"mma+radix", "mma4+radix", "mma4p", "mma4q", "mma4q+select2"},
+		cases = append(cases, benchCase{fmt.Sprintf("decode-b32-mtp3-narrow/ctx=%dK/topk=512", ctxLen>>10), 512, []string{"mma+radix", "mma4+radix", "mma4p", "mma4q", "mma4q+select2", "mma4q+select4", "mma4q+select5"},
 			func(r *rand.Rand) []mlatest.TopKSeqSpec { return topkDecode(r, 32, 3, ctxLen) }, mlatest.KeysNarrow})
 	}
 	for _, topk := range []int{512, 1024} {
-		cases = append(cases, benchCase{fmt.Sprintf("prefill=16K/topk=%d", topk), topk, []string{"mma+radix", "mma4+radix", "mma4p", "mma4q", "mma4q+select2"},
+		cases = append(cases, benchCase{fmt.Sprintf("prefill=16K/topk=%d", topk), topk, []string{"mma+radix", "mma4+radix", "mma4p", "mma4q", "mma4q+select2", "mma4q+select4", "mma4q+select5"},
 			func(*rand.Rand) []mlatest.TopKSeqSpec { return []mlatest.TopKSeqSpec{{Start: 0, Rows: 16 << 10}} }, mlatest.KeysRandom})
 	}
 	ctx := context.Background()
@@ -260,9 +265,12 @@ func BenchmarkCUDATopK(bm *testing.B) {
 			mmaFloor := float64(pairs) * 64 * 128 * 2 / 1979e12
 			for _, kernel := range bc.kernels {
 				bm.Run(kernel, func(bm *testing.B) {
-					score, _, _ := strings.Cut(kernel, "+")
+					score, sel, _ := strings.Cut(kernel, "+")
 					// (The parent benchmark's log is not printed.)
 					bm.Logf("kernel %s: %s", score, b.TopKKernelResources(score))
+					if sel != "" && sel != "radix" {
+						bm.Logf("kernel %s: %s", sel, b.TopKKernelResources(sel))
+					}
 					b.SetTopKScore(kernel)
 					defer b.SetTopKScore("default")
 					const reps = 10
