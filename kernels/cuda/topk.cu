@@ -20,9 +20,10 @@
 //                fit: the same indices.
 //   topk_select3 topk_select2 with one sampled candidate sweep where they
 //                do not: the same indices.
-//   topk_select4, topk_select5  topk_select3 with a row's fixed cost cut
-//                (the plan resolved from a copy in shared memory, two
-//                barriers a radix pass or one): the same indices.
+//   topk_select4, topk_select5, topk_select6  topk_select3 with a row's
+//                fixed cost cut (the plan resolved before the wait, two
+//                barriers a radix pass or one; select6 in smaller blocks):
+//                the same indices.
 //
 // The score is exact by construction: e2m1 values doubled are small
 // integers, so a 32-value block's dot product is an exact int32 (dp4a);
@@ -41,16 +42,16 @@ struct TkRow {
     long long keys;
 };
 
-// plan: the plan's words (p.plan, or a copy of its header and sequences).
-__device__ __forceinline__ TkRow tk_resolve_in(const TopKParams& p, const int* plan, int r) {
+// ns: the plan's header word TOPK_PLAN_HDR_SEQS; the search reads
+// sequence m's first row at firsts[m * fstride] (in the plan, or a copy).
+__device__ __forceinline__ TkRow tk_resolve_in(const TopKParams& p, int ns, const int* firsts, int fstride, int r) {
     TkRow t = {0, 0, 0, 0};
-    int ns = plan[TOPK_PLAN_HDR_SEQS];
     if (ns < 0 || ns > p.max_seqs) ns = 0;
-    const int* seqs = plan + TOPK_PLAN_HDR_WORDS;
+    const int* seqs = p.plan + TOPK_PLAN_HDR_WORDS;
     int lo = 0, hi = ns;
     while (lo < hi) {
         int m = (lo + hi) >> 1;
-        if (seqs[m * TOPK_SEQ_WORDS + TOPK_SEQ_ROW] <= r) lo = m + 1;
+        if (firsts[m * fstride] <= r) lo = m + 1;
         else hi = m;
     }
     int i = lo - 1;
@@ -72,7 +73,9 @@ __device__ __forceinline__ TkRow tk_resolve_in(const TopKParams& p, const int* p
     return t;
 }
 
-__device__ __forceinline__ TkRow tk_resolve(const TopKParams& p, int r) { return tk_resolve_in(p, p.plan, r); }
+__device__ __forceinline__ TkRow tk_resolve(const TopKParams& p, int r) {
+    return tk_resolve_in(p, p.plan[TOPK_PLAN_HDR_SEQS], p.plan + TOPK_PLAN_HDR_WORDS + TOPK_SEQ_ROW, TOPK_SEQ_WORDS, r);
+}
 
 // The cache page of entry e of sequence seq, or -1 (mla.TopKPage).
 __device__ __forceinline__ int tk_page(const TopKParams& p, const int* table, int e) {
@@ -1288,14 +1291,14 @@ __device__ __forceinline__ u32 tk_key_at(const u32* sk, const u32* gk, int i) {
 // for a short row alone on its multiprocessor, whose passes are their
 // latency). With M > 0 the caller puts a barrier between two calls (a warp
 // may still read the last pass's histogram when another returns).
-template <bool SH, int M = 0>
+template <bool SH, int M = 0, int NT = TOPK_SELECT_THREADS>
 __device__ __forceinline__ void tk_radix(const u32* sk, const u32* gk, int n, u32 want, u32* hist, u32* s_pick, u32* th,
                                          u32* take) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const unsigned full = 0xFFFFFFFFu;
     u32 prefix = 0u, mask = 0u, remain = want;
     if (M > 0) {
-        for (int i = threadIdx.x; i < 4 * 256; i += TOPK_SELECT_THREADS) hist[i] = 0u;
+        for (int i = threadIdx.x; i < 4 * 256; i += NT) hist[i] = 0u;
         __syncthreads();
     }
     for (int shift = 24; shift >= 0; shift -= 8) {
@@ -1303,14 +1306,14 @@ __device__ __forceinline__ void tk_radix(const u32* sk, const u32* gk, int n, u3
         u32* h = M > 0 ? hist + pass * 256 : hist;
         u32* pick = M > 0 ? s_pick + 2 * pass : s_pick;
         if (M == 0) {
-            for (int i = threadIdx.x; i < 256; i += TOPK_SELECT_THREADS) hist[i] = 0u;
+            for (int i = threadIdx.x; i < 256; i += NT) hist[i] = 0u;
             __syncthreads();
         }
         // A row's keys share their top bits, so most lanes of a warp fall
         // in the first active lane's bin: that lane adds their count at
         // once, the others one each (atomics on one address serialize).
 #pragma unroll 4
-        for (int b0 = warp * 32; b0 < n; b0 += TOPK_SELECT_THREADS) { // warp-uniform
+        for (int b0 = warp * 32; b0 < n; b0 += NT) { // warp-uniform
             const int i = b0 + lane;
             const u32 k = i < n ? tk_key_at<SH>(sk, gk, i) : 0u;
             const bool in = i < n && (k & mask) == prefix;
@@ -1374,11 +1377,11 @@ __device__ __forceinline__ void tk_radix(const u32* sk, const u32* gk, int n, u3
 // gathers keys [w*seg, w*seg + seg) in order: a taken key's place is the
 // keys above the threshold before it plus min(remain, the keys equal to it
 // before it), the warps' counts first added up. Every thread must call it.
-template <bool SH>
+template <bool SH, int NT = TOPK_SELECT_THREADS>
 __device__ __forceinline__ void tk_gather(const u32* sk, const u32* gk, int n, u32 prefix, u32 remain, int* out, int (*wsum)[32]) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const unsigned full = 0xFFFFFFFFu;
-    const int seg = (n + 32 * 32 - 1) / (32 * 32) * 32;
+    const int seg = (n + NT - 1) / NT * 32; // keys a warp, NT / 32 warps
     const int lo = warp * seg, hi = min(n, lo + seg);
     int ngt = 0, neq = 0;
     for (int b = lo; b < hi; b += 32) {
@@ -1409,12 +1412,12 @@ __device__ __forceinline__ void tk_gather(const u32* sk, const u32* gk, int n, u
 
 // topk_select2's work on a row's n keys (SH: staged in shared memory; M:
 // tk_radix's passes).
-template <bool SH, int M = 0>
+template <bool SH, int M = 0, int NT = TOPK_SELECT_THREADS>
 __device__ __forceinline__ void tk_select2(const TopKParams& p, const u32* sk, const u32* gk, int n, int* out, u32* hist,
                                            u32* s_pick, int (*wsum)[32]) {
     u32 th, take;
-    tk_radix<SH, M>(sk, gk, n, (u32)p.top_k, hist, s_pick, &th, &take);
-    tk_gather<SH>(sk, gk, n, th, take, out, wsum);
+    tk_radix<SH, M, NT>(sk, gk, n, (u32)p.top_k, hist, s_pick, &th, &take);
+    tk_gather<SH, NT>(sk, gk, n, th, take, out, wsum);
 }
 
 // topk_select2 is topk_select (the same radix select, the same indices)
@@ -1455,10 +1458,11 @@ extern "C" __global__ void __launch_bounds__(TOPK_SELECT_THREADS) topk_select2(c
 
 // tk_gather over the m entry indices at ol (ascending, each key at least
 // the threshold): the same output.
+template <int NT = TOPK_SELECT_THREADS>
 __device__ __forceinline__ void tk_gather_list(const u32* ol, int m, const u32* gk, u32 prefix, u32 remain, int* out, int (*wsum)[32]) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const unsigned full = 0xFFFFFFFFu;
-    const int seg = (m + 32 * 32 - 1) / (32 * 32) * 32;
+    const int seg = (m + NT - 1) / NT * 32;
     const int lo = warp * seg, hi = min(m, lo + seg);
     int ngt = 0, neq = 0;
     for (int b = lo; b < hi; b += 32) {
@@ -1500,13 +1504,13 @@ __device__ __forceinline__ void tk_gather_list(const u32* ol, int m, const u32* 
 // topk_select2's way.
 // (tk_select3 is that work on row r, t resolved, with the kernel's shared
 // memory: tks3 the dynamic part; hist and s_pick as tk_radix<M> takes them.)
-template <int M>
+template <int M, int NT = TOPK_SELECT_THREADS>
 __device__ __forceinline__ void tk_select3(const TopKParams& p, int r, const TkRow& t, u32* tks3, u32* hist, u32* s_pick,
                                            int (*wsum)[32], int& s_cnt) {
     int* out = p.out + (size_t)r * p.top_k;
     const int n = t.valid ? t.visible : 0;
     if (n <= p.top_k) {
-        for (int i = threadIdx.x; i < p.top_k; i += TOPK_SELECT_THREADS) out[i] = i < n ? i : -1;
+        for (int i = threadIdx.x; i < p.top_k; i += NT) out[i] = i < n ? i : -1;
         return;
     }
     const u32* keys = p.scratch + t.keys;
@@ -1514,10 +1518,10 @@ __device__ __forceinline__ void tk_select3(const TopKParams& p, int r, const TkR
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dsm));
     const int cap = (int)(dsm / 4u); // words
     if (n <= cap) {
-        for (int i = threadIdx.x; i < n; i += TOPK_SELECT_THREADS) tk_cp4(tks3 + i, keys + i, true);
+        for (int i = threadIdx.x; i < n; i += NT) tk_cp4(tks3 + i, keys + i, true);
         tk_cp_commit();
         tk_cp_wait<0>();
-        tk_select2<true, M>(p, tks3, keys, n, out, hist, s_pick, wsum);
+        tk_select2<true, M, NT>(p, tks3, keys, n, out, hist, s_pick, wsum);
         return;
     }
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -1532,13 +1536,13 @@ __device__ __forceinline__ void tk_select3(const TopKParams& p, int r, const TkR
         u32* ck = samp + ns;
         u32* ci = ck + room;
         u32* ol = ci + room;
-        for (int j = threadIdx.x; j < ns; j += TOPK_SELECT_THREADS) samp[j] = __ldg(keys + (j >> 3) * 128 + (j & 7));
+        for (int j = threadIdx.x; j < ns; j += NT) samp[j] = __ldg(keys + (j >> 3) * 128 + (j & 7));
         if (threadIdx.x == 0) s_cnt = 0;
         // (tk_radix's first barrier makes the sample and s_cnt visible)
         u32 L, lt;
-        tk_radix<true, M>(samp, keys, ns, (u32)q, hist, s_pick, &L, &lt);
+        tk_radix<true, M, NT>(samp, keys, ns, (u32)q, hist, s_pick, &L, &lt);
 #pragma unroll 4
-        for (int b0 = warp * 32; b0 < n; b0 += TOPK_SELECT_THREADS) { // warp-uniform
+        for (int b0 = warp * 32; b0 < n; b0 += NT) { // warp-uniform
             const int i = b0 + lane;
             const u32 k = i < n ? __ldg(keys + i) : 0u;
             const bool c = i < n && k >= L;
@@ -1558,10 +1562,10 @@ __device__ __forceinline__ void tk_select3(const TopKParams& p, int r, const TkR
         ok = cnt >= top && cnt <= room;
         if (ok) {
             u32 T, take;
-            tk_radix<true, M>(ck, keys, cnt, (u32)top, hist, s_pick, &T, &take); // every thread read cnt before its barriers
+            tk_radix<true, M, NT>(ck, keys, cnt, (u32)top, hist, s_pick, &T, &take); // every thread read cnt before its barriers
             if (threadIdx.x == 0) s_cnt = 0;
             __syncthreads();
-            for (int b0 = warp * 32; b0 < cnt; b0 += TOPK_SELECT_THREADS) {
+            for (int b0 = warp * 32; b0 < cnt; b0 += NT) {
                 const int i = b0 + lane;
                 const bool c = i < cnt && ck[i] >= T;
                 const unsigned cm = __ballot_sync(full, c);
@@ -1577,11 +1581,11 @@ __device__ __forceinline__ void tk_select3(const TopKParams& p, int r, const TkR
             while (P < m) P <<= 1;
             ok = P <= room;
             if (ok) {
-                for (int i = m + threadIdx.x; i < P; i += TOPK_SELECT_THREADS) ol[i] = 0x7FFFFFFFu;
+                for (int i = m + threadIdx.x; i < P; i += NT) ol[i] = 0x7FFFFFFFu;
                 __syncthreads();
                 for (int k = 2; k <= P; k <<= 1)
                     for (int j = k >> 1; j > 0; j >>= 1) {
-                        for (int i = threadIdx.x; i < P; i += TOPK_SELECT_THREADS) {
+                        for (int i = threadIdx.x; i < P; i += NT) {
                             const int l = i ^ j;
                             if (l > i) {
                                 const u32 a = ol[i], b = ol[l];
@@ -1593,11 +1597,11 @@ __device__ __forceinline__ void tk_select3(const TopKParams& p, int r, const TkR
                         }
                         __syncthreads();
                     }
-                tk_gather_list(ol, m, keys, T, take, out, wsum);
+                tk_gather_list<NT>(ol, m, keys, T, take, out, wsum);
             }
         }
     }
-    if (!ok) tk_select2<false, M>(p, tks3, keys, n, out, hist, s_pick, wsum);
+    if (!ok) tk_select2<false, M, NT>(p, tks3, keys, n, out, hist, s_pick, wsum);
 }
 
 extern "C" __global__ void __launch_bounds__(TOPK_SELECT_THREADS) topk_select3(const TopKParams p) {
@@ -1614,36 +1618,39 @@ extern "C" __global__ void __launch_bounds__(TOPK_SELECT_THREADS) topk_select3(c
     tk_select3<0>(p, r, t, tks3, hist, s_pick, wsum, s_cnt);
 }
 
-// TK_RSEQS: the sequences of a plan topk_select4 copies to shared memory
-// to resolve its row there (a plan of more resolves it in global memory).
+// TK_RSEQS: the sequences whose first rows topk_select4..6 copy to shared
+// memory to find their row's there (a plan of more searches global memory).
 #define TK_RSEQS 256
 
-// topk_select4 and topk_select5 are topk_select3 (the same indices) with
-// the fixed cost of a row cut, the whole of a short row's select (8K
-// context: 2048 keys): the row resolved before waiting for the score
-// kernel (the plan is the launch's input, written before it, and a
-// dependent grid starts only after every block of the score kernel has
-// passed its own wait), in a copy of the plan's sequences made at once
-// (one read of global memory, not the binary search's six dependent
-// ones), and tk_radix's passes with two barriers each (select4: eight in
-// all instead of sixteen) or one (select5: every warp picks the bin
-// itself).
-template <int M>
+// topk_select4, topk_select5 and topk_select6 are topk_select3 (the same
+// indices) with the fixed cost of a row cut, the whole of a short row's
+// select (8K context: 2048 keys). The row is resolved before waiting for
+// the score kernel (the plan is the launch's input, written before it,
+// and a dependent grid starts only after every block of the score kernel
+// has passed its own wait), searching a copy of the sequences' first rows
+// made at once (two reads of global memory, not the binary search's six
+// dependent ones); tk_radix's passes take two barriers each (select4:
+// eight in all instead of sixteen) or one (select5, select6: every warp
+// picks the bin itself). select6 is select5 in blocks of
+// TOPK_SELECT_SMALL_THREADS: several rows a multiprocessor at once, for
+// launches of many short rows (a prefill), where a row's latency is not
+// the launch's.
+template <int M, int NT>
 __device__ __forceinline__ void tk_select45(const TopKParams& p) {
-    extern __shared__ u32 tks3[];
+    extern __shared__ u32 tks45[];
     __shared__ __align__(16) u32 hist[4 * 256];
     __shared__ u32 s_pick[8];
     __shared__ int wsum[2][32];
     __shared__ int s_cnt;
-    __shared__ int s_plan[TOPK_PLAN_HDR_WORDS + TK_RSEQS * TOPK_SEQ_WORDS];
+    __shared__ int s_rows[1 + TK_RSEQS]; // the plan's sequence count, then each sequence's first row
     const int r = blockIdx.x;
     TkRow t = {0, 0, 0, 0};
     if (r < p.rows) {
         if (p.max_seqs <= TK_RSEQS) { // block-uniform; the plan's buffer holds max_seqs sequences
-            for (int i = threadIdx.x; i < TOPK_PLAN_HDR_WORDS + p.max_seqs * TOPK_SEQ_WORDS; i += TOPK_SELECT_THREADS)
-                s_plan[i] = p.plan[i];
+            for (int i = threadIdx.x; i <= p.max_seqs; i += NT)
+                s_rows[i] = i == 0 ? p.plan[TOPK_PLAN_HDR_SEQS] : p.plan[TOPK_PLAN_HDR_WORDS + (i - 1) * TOPK_SEQ_WORDS + TOPK_SEQ_ROW];
             __syncthreads();
-            t = tk_resolve_in(p, s_plan, r);
+            t = tk_resolve_in(p, s_rows[0], s_rows + 1, 1, r);
         } else {
             t = tk_resolve(p, r);
         }
@@ -1651,8 +1658,11 @@ __device__ __forceinline__ void tk_select45(const TopKParams& p) {
     pdl_wait();
     pdl_trigger();
     if (r >= p.rows) return;
-    tk_select3<M>(p, r, t, tks3, hist, s_pick, wsum, s_cnt);
+    tk_select3<M, NT>(p, r, t, tks45, hist, s_pick, wsum, s_cnt);
 }
 
-extern "C" __global__ void __launch_bounds__(TOPK_SELECT_THREADS) topk_select4(const TopKParams p) { tk_select45<2>(p); }
-extern "C" __global__ void __launch_bounds__(TOPK_SELECT_THREADS) topk_select5(const TopKParams p) { tk_select45<1>(p); }
+extern "C" __global__ void __launch_bounds__(TOPK_SELECT_THREADS) topk_select4(const TopKParams p) { tk_select45<2, TOPK_SELECT_THREADS>(p); }
+extern "C" __global__ void __launch_bounds__(TOPK_SELECT_THREADS) topk_select5(const TopKParams p) { tk_select45<1, TOPK_SELECT_THREADS>(p); }
+extern "C" __global__ void __launch_bounds__(TOPK_SELECT_SMALL_THREADS) topk_select6(const TopKParams p) {
+    tk_select45<1, TOPK_SELECT_SMALL_THREADS>(p);
+}

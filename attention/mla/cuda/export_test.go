@@ -103,7 +103,8 @@ func (b *Backend) KernelSharedBytes(name string) (int, error) {
 // "select3" (topk_select3) or "select3s" (topk_select3 with 40 KiB of
 // shared memory: a 64K context's rows take its candidate sweep),
 // "select4" or "select4s" (topk_select4, likewise), "select5" or
-// "select5s" (topk_select5); without one, the default select.
+// "select5s" (topk_select5), "select6" or "select6s" (topk_select6);
+// without one, the default select.
 func (b *Backend) SetTopKScore(kernel string) {
 	score, sel, _ := strings.Cut(kernel, "+")
 	switch score {
@@ -143,6 +144,10 @@ func (b *Backend) SetTopKScore(kernel string) {
 		b.topk.sel = topkSelect5
 	case "select5s":
 		b.topk.sel = topkSelect5Small
+	case "select6":
+		b.topk.sel = topkSelect6
+	case "select6s":
+		b.topk.sel = topkSelect6Small
 	default:
 		panic("cuda: SetTopKScore(" + kernel + ")")
 	}
@@ -156,7 +161,7 @@ func (b *Backend) TopKKernelResources(kernel string) string {
 		return err.Error()
 	}
 	fn := map[string]*driver.Function{"dp4a": b.topk.score, "mma": b.topk.scoreMMA, "mma4": b.topk.scoreMMA4,
-		"mma4p": b.topk.scoreMMA4P, "mma4q": b.topk.scoreMMA4Q, "select": b.topk.select_, "select2": b.topk.select2, "select3": b.topk.select3, "select4": b.topk.select4, "select5": b.topk.select5}[kernel]
+		"mma4p": b.topk.scoreMMA4P, "mma4q": b.topk.scoreMMA4Q, "select": b.topk.select_, "select2": b.topk.select2, "select3": b.topk.select3, "select4": b.topk.select4, "select5": b.topk.select5, "select6": b.topk.select6}[kernel]
 	if fn == nil {
 		return "no such kernel"
 	}

@@ -22,6 +22,7 @@ type topkState struct {
 	score, scoreMMA, scoreMMA4, select_ *driver.Function
 	scoreMMA4P, scoreMMA4Q              *driver.Function
 	select2, select3, select4, select5  *driver.Function
+	select6                             *driver.Function
 	err                                 error // a failed load, returned by every later call
 	// kernel is the score kernel the backend launches; every one writes
 	// the same keys.
@@ -44,6 +45,8 @@ const (
 	topkSelect4Small                    // topk_select4 with topkSelect3SmallBytes
 	topkSelect5                         // topk_select5: topk_select4 with one barrier a radix pass
 	topkSelect5Small                    // topk_select5 with topkSelect3SmallBytes
+	topkSelect6                         // topk_select6: topk_select5 in blocks of abi.TopKSelectSmallThreads
+	topkSelect6Small                    // topk_select6 with topkSelect3SmallBytes
 )
 
 // topkDefaultSelect is the select kernel IndexerTopK launches unless a
@@ -147,8 +150,8 @@ func (b *Backend) LoadTopK() error {
 		s.err = errors.Join(fmt.Errorf("cuda: top-k kernels: %w", err), mod.Unload())
 		return s.err
 	}
-	var sels [4]*driver.Function
-	for i, name := range []string{kernels.TopKSelect2Kernel, kernels.TopKSelect3Kernel, kernels.TopKSelect4Kernel, kernels.TopKSelect5Kernel} {
+	var sels [5]*driver.Function
+	for i, name := range []string{kernels.TopKSelect2Kernel, kernels.TopKSelect3Kernel, kernels.TopKSelect4Kernel, kernels.TopKSelect5Kernel, kernels.TopKSelect6Kernel} {
 		fn, err := mod.Function(name)
 		if err == nil {
 			err = fn.SetAttribute(driver.FuncMaxDynamicSharedSizeBytes, 4*topkSelect2Keys)
@@ -161,7 +164,7 @@ func (b *Backend) LoadTopK() error {
 	}
 	sel2 := sels[0]
 	s.mod, s.score, s.scoreMMA, s.scoreMMA4, s.select_, s.select2 = mod, score, scoreMMA, scoreMMA4, sel, sel2
-	s.scoreMMA4P, s.scoreMMA4Q, s.select3, s.select4, s.select5 = pipelined[0], pipelined[1], sels[1], sels[2], sels[3]
+	s.scoreMMA4P, s.scoreMMA4Q, s.select3, s.select4, s.select5, s.select6 = pipelined[0], pipelined[1], sels[1], sels[2], sels[3], sels[4]
 	return nil
 }
 
@@ -285,7 +288,7 @@ func (b *Backend) indexerTopK(ctx context.Context, a *mla.TopKArgs, scoring, sel
 	if sel == topkSelectDefault {
 		sel = topkDefaultSelect
 	}
-	fn, shared := b.topk.select_, 0
+	fn, shared, threads := b.topk.select_, 0, uint32(abi.TopKSelectThreads)
 	switch sel {
 	case topkSelect2:
 		// The most keys a row of the shape can have (its block table's
@@ -305,8 +308,12 @@ func (b *Backend) indexerTopK(ctx context.Context, a *mla.TopKArgs, scoring, sel
 		fn, shared = b.topk.select5, 4*min(topkSelect2Keys, a.PageStride*a.PageSize)
 	case topkSelect5Small:
 		fn, shared = b.topk.select5, topkSelect3SmallBytes
+	case topkSelect6:
+		fn, shared, threads = b.topk.select6, 4*min(topkSelect2Keys, a.PageStride*a.PageSize), abi.TopKSelectSmallThreads
+	case topkSelect6Small:
+		fn, shared, threads = b.topk.select6, topkSelect3SmallBytes, abi.TopKSelectSmallThreads
 	}
-	if err := b.launchShared(fn, driver.Dim3{uint32(a.Rows), 1, 1}, driver.Dim3{abi.TopKSelectThreads, 1, 1}, shared, driver.Bytes(params)); err != nil {
+	if err := b.launchShared(fn, driver.Dim3{uint32(a.Rows), 1, 1}, driver.Dim3{threads, 1, 1}, shared, driver.Bytes(params)); err != nil {
 		return fmt.Errorf("cuda: %s: %w", fn.Name, err)
 	}
 	return nil
