@@ -85,7 +85,10 @@
 // (cp.async, a warp's own double buffer) and a shorter decode; mma4q is the
 // default. topk_select2 keeps a row's keys in shared memory where they fit,
 // and topk_select3 (the default) adds a sampled candidate sweep for the rows
-// whose keys do not. All read the plan from device memory, so a CUDA graph
+// whose keys do not; topk_select4 and topk_select5 are topk_select3 with a
+// row's fixed cost cut (the row resolved before the wait, fewer barriers a
+// radix pass), topk_select6 is topk_select5 in smaller blocks (several rows
+// a multiprocessor). All read the plan from device memory, so a CUDA graph
 // replays them for any batch of the shape.
 //
 // Options hold what a user chooses (device, logger, PDL); the launch-shape
