@@ -1290,7 +1290,8 @@ __device__ __forceinline__ u32 tk_key_at(const u32* sk, const u32* gk, int i) {
 // every warp scans the histogram itself, no broadcast (more instructions:
 // for a short row alone on its multiprocessor, whose passes are their
 // latency). With M > 0 the caller puts a barrier between two calls (a warp
-// may still read the last pass's histogram when another returns).
+// may still read the last pass's histogram when another returns), and a
+// warp carries its leading bin's count over its iterations (below).
 template <bool SH, int M = 0, int NT = TOPK_SELECT_THREADS>
 __device__ __forceinline__ void tk_radix(const u32* sk, const u32* gk, int n, u32 want, u32* hist, u32* s_pick, u32* th,
                                          u32* take) {
@@ -1312,6 +1313,11 @@ __device__ __forceinline__ void tk_radix(const u32* sk, const u32* gk, int n, u3
         // A row's keys share their top bits, so most lanes of a warp fall
         // in the first active lane's bin: that lane adds their count at
         // once, the others one each (atomics on one address serialize).
+        // With M > 0 the warp also carries that count over its iterations
+        // while the bin stays the same (run, warp-uniform), adding it once
+        // the bin changes or the keys end: one atomic a warp a pass where
+        // its keys share the pass's byte.
+        u32 run = 0xFFFFFFFFu, rcnt = 0u;
 #pragma unroll 4
         for (int b0 = warp * 32; b0 < n; b0 += NT) { // warp-uniform
             const int i = b0 + lane;
@@ -1323,9 +1329,20 @@ __device__ __forceinline__ void tk_radix(const u32* sk, const u32* gk, int n, u3
             const int ld = __ffs(act) - 1;
             const u32 lbin = __shfl_sync(full, bin, ld);
             const unsigned same = __ballot_sync(full, in && bin == lbin);
-            if (lane == ld) atomicAdd(&h[lbin], (u32)__popc(same));
-            else if (in && bin != lbin) atomicAdd(&h[bin], 1u);
+            if (M > 0) {
+                if (lbin != run) {
+                    if (lane == 0 && rcnt != 0u) atomicAdd(&h[run], rcnt);
+                    run = lbin;
+                    rcnt = 0u;
+                }
+                rcnt += (u32)__popc(same);
+                if (in && bin != lbin) atomicAdd(&h[bin], 1u);
+            } else {
+                if (lane == ld) atomicAdd(&h[lbin], (u32)__popc(same));
+                else if (in && bin != lbin) atomicAdd(&h[bin], 1u);
+            }
         }
+        if (M > 0 && lane == 0 && rcnt != 0u) atomicAdd(&h[run], rcnt);
         __syncthreads();
         if (M == 1 || warp == 0) { // topk_select's choice of the bin
             u32 c[8], sum = 0u;
@@ -1631,7 +1648,8 @@ extern "C" __global__ void __launch_bounds__(TOPK_SELECT_THREADS) topk_select3(c
 // made at once (two reads of global memory, not the binary search's six
 // dependent ones); tk_radix's passes take two barriers each (select4:
 // eight in all instead of sixteen) or one (select5, select6: every warp
-// picks the bin itself). select6 is select5 in blocks of
+// picks the bin itself), and a warp's histogram atomics are carried over
+// its iterations while their bin stays the same. select6 is select5 in blocks of
 // TOPK_SELECT_SMALL_THREADS: several rows a multiprocessor at once, for
 // launches of many short rows (a prefill), where a row's latency is not
 // the launch's.
