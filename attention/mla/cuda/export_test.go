@@ -102,9 +102,11 @@ func (b *Backend) KernelSharedBytes(name string) (int, error) {
 // "select2g" (topk_select2 reading every row's keys from global memory),
 // "select3" (topk_select3) or "select3s" (topk_select3 with 40 KiB of
 // shared memory: a 64K context's rows take its candidate sweep),
-// "select4" or "select4s" (topk_select4, likewise), "select5" or
-// "select5s" (topk_select5), "select6" or "select6s" (topk_select6);
-// without one, the default select.
+// "select4" or "select4s" (topk_select4, likewise), "select5",
+// "select5s" or "select5g" (topk_select5, the last without shared memory:
+// its rows take topk_select2's way from global memory), "select6",
+// "select6s" or "select6g" (topk_select6); without one, the default
+// select.
 func (b *Backend) SetTopKScore(kernel string) {
 	score, sel, _ := strings.Cut(kernel, "+")
 	switch score {
@@ -148,6 +150,10 @@ func (b *Backend) SetTopKScore(kernel string) {
 		b.topk.sel = topkSelect6
 	case "select6s":
 		b.topk.sel = topkSelect6Small
+	case "select5g":
+		b.topk.sel = topkSelect5Global
+	case "select6g":
+		b.topk.sel = topkSelect6Global
 	default:
 		panic("cuda: SetTopKScore(" + kernel + ")")
 	}

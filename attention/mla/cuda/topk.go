@@ -47,6 +47,8 @@ const (
 	topkSelect5Small                    // topk_select5 with topkSelect3SmallBytes
 	topkSelect6                         // topk_select6: topk_select5 in blocks of abi.TopKSelectSmallThreads
 	topkSelect6Small                    // topk_select6 with topkSelect3SmallBytes
+	topkSelect5Global                   // topk_select5 without shared memory: every row reads its keys from global memory
+	topkSelect6Global                   // topk_select6 likewise
 )
 
 // topkDefaultSelect is the select kernel IndexerTopK launches unless a
@@ -312,6 +314,10 @@ func (b *Backend) indexerTopK(ctx context.Context, a *mla.TopKArgs, scoring, sel
 		fn, shared, threads = b.topk.select6, 4*min(topkSelect2Keys, a.PageStride*a.PageSize), abi.TopKSelectSmallThreads
 	case topkSelect6Small:
 		fn, shared, threads = b.topk.select6, topkSelect3SmallBytes, abi.TopKSelectSmallThreads
+	case topkSelect5Global:
+		fn = b.topk.select5
+	case topkSelect6Global:
+		fn, threads = b.topk.select6, abi.TopKSelectSmallThreads
 	}
 	if err := b.launchShared(fn, driver.Dim3{uint32(a.Rows), 1, 1}, driver.Dim3{threads, 1, 1}, shared, driver.Bytes(params)); err != nil {
 		return fmt.Errorf("cuda: %s: %w", fn.Name, err)

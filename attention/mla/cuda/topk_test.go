@@ -20,7 +20,7 @@ import (
 // topkKernels are the score kernels (and select kernels, after a "+"),
 // each test run with every one (the shared backend is left on the
 // default).
-var topkKernels = []string{"mma", "dp4a", "mma4", "mma4p", "mma4q", "mma4+select2", "mma4+select2g", "mma4+select3", "mma4+select3s", "mma4q+select4", "mma4+select4s", "mma4q+select5", "mma4+select5s", "mma4q+select6", "mma4+select6s"}
+var topkKernels = []string{"mma", "dp4a", "mma4", "mma4p", "mma4q", "mma4+select2", "mma4+select2g", "mma4+select3", "mma4+select3s", "mma4q+select4", "mma4+select4s", "mma4q+select5", "mma4+select5s", "mma4q+select6", "mma4+select6s", "mma4+select5g", "mma4+select6g"}
 
 func TestCUDATopKConformance(t *testing.T) {
 	b := backend(t)
