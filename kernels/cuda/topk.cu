@@ -20,9 +20,8 @@
 //                fit: the same indices.
 //   topk_select3 topk_select2 with one sampled candidate sweep where they
 //                do not: the same indices.
-//   topk_select4, topk_select5, topk_select6  topk_select3 with a row's
-//                fixed cost cut (the plan resolved before the wait, two
-//                barriers a radix pass or one; select6 in smaller blocks):
+//   topk_select4 topk_select3 with a row's fixed cost cut (the plan
+//                resolved before the wait, two barriers a radix pass):
 //                the same indices.
 //
 // The score is exact by construction: e2m1 values doubled are small
@@ -1282,44 +1281,41 @@ __device__ __forceinline__ u32 tk_key_at(const u32* sk, const u32* gk, int i) {
 // *take how many of the keys equal to it are among the want largest. Every
 // thread must call it.
 //
-// M (the barriers a pass, topk_select's four with M = 0): with M > 0 hist
-// holds four histograms (4 x 256 words, 16-byte aligned), one a pass,
+// PP (per-pass arrays, topk_select4): two barriers a pass instead of four.
+// hist holds four histograms (4 x 256 words, 16-byte aligned), one a pass,
 // zeroed at once, and s_pick a pair a pass (8 words), so that nothing is
-// rewritten while a warp may still read it. M = 2: warp 0 scans the
-// pass's histogram and every warp reads its choice after a barrier. M = 1:
-// every warp scans the histogram itself, no broadcast (more instructions:
-// for a short row alone on its multiprocessor, whose passes are their
-// latency). With M > 0 the caller puts a barrier between two calls (a warp
-// may still read the last pass's histogram when another returns), and a
-// warp carries its leading bin's count over its iterations (below).
-template <bool SH, int M = 0, int NT = TOPK_SELECT_THREADS>
+// rewritten while a warp may still read it; the caller puts a barrier
+// between two calls (a warp may still read the last pass's choice when
+// another returns). A warp also carries its leading bin's count over its
+// iterations (below).
+template <bool SH, bool PP = false>
 __device__ __forceinline__ void tk_radix(const u32* sk, const u32* gk, int n, u32 want, u32* hist, u32* s_pick, u32* th,
                                          u32* take) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const unsigned full = 0xFFFFFFFFu;
     u32 prefix = 0u, mask = 0u, remain = want;
-    if (M > 0) {
-        for (int i = threadIdx.x; i < 4 * 256; i += NT) hist[i] = 0u;
+    if (PP) {
+        for (int i = threadIdx.x; i < 4 * 256; i += TOPK_SELECT_THREADS) hist[i] = 0u;
         __syncthreads();
     }
     for (int shift = 24; shift >= 0; shift -= 8) {
         const int pass = 3 - shift / 8;
-        u32* h = M > 0 ? hist + pass * 256 : hist;
-        u32* pick = M > 0 ? s_pick + 2 * pass : s_pick;
-        if (M == 0) {
-            for (int i = threadIdx.x; i < 256; i += NT) hist[i] = 0u;
+        u32* h = PP ? hist + pass * 256 : hist;
+        u32* pick = PP ? s_pick + 2 * pass : s_pick;
+        if (!PP) {
+            for (int i = threadIdx.x; i < 256; i += TOPK_SELECT_THREADS) hist[i] = 0u;
             __syncthreads();
         }
         // A row's keys share their top bits, so most lanes of a warp fall
         // in the first active lane's bin: that lane adds their count at
         // once, the others one each (atomics on one address serialize).
-        // With M > 0 the warp also carries that count over its iterations
+        // With PP the warp also carries that count over its iterations
         // while the bin stays the same (run, warp-uniform), adding it once
         // the bin changes or the keys end: one atomic a warp a pass where
         // its keys share the pass's byte.
         u32 run = 0xFFFFFFFFu, rcnt = 0u;
 #pragma unroll 4
-        for (int b0 = warp * 32; b0 < n; b0 += NT) { // warp-uniform
+        for (int b0 = warp * 32; b0 < n; b0 += TOPK_SELECT_THREADS) { // warp-uniform
             const int i = b0 + lane;
             const u32 k = i < n ? tk_key_at<SH>(sk, gk, i) : 0u;
             const bool in = i < n && (k & mask) == prefix;
@@ -1329,7 +1325,7 @@ __device__ __forceinline__ void tk_radix(const u32* sk, const u32* gk, int n, u3
             const int ld = __ffs(act) - 1;
             const u32 lbin = __shfl_sync(full, bin, ld);
             const unsigned same = __ballot_sync(full, in && bin == lbin);
-            if (M > 0) {
+            if (PP) {
                 if (lbin != run) {
                     if (lane == 0 && rcnt != 0u) atomicAdd(&h[run], rcnt);
                     run = lbin;
@@ -1342,11 +1338,11 @@ __device__ __forceinline__ void tk_radix(const u32* sk, const u32* gk, int n, u3
                 else if (in && bin != lbin) atomicAdd(&h[bin], 1u);
             }
         }
-        if (M > 0 && lane == 0 && rcnt != 0u) atomicAdd(&h[run], rcnt);
+        if (PP && lane == 0 && rcnt != 0u) atomicAdd(&h[run], rcnt);
         __syncthreads();
-        if (M == 1 || warp == 0) { // topk_select's choice of the bin
+        if (warp == 0) { // topk_select's choice of the bin
             u32 c[8], sum = 0u;
-            if (M > 0) { // bins 255 - 8 lane down to 248 - 8 lane, two vector loads
+            if (PP) { // bins 255 - 8 lane down to 248 - 8 lane, two vector loads
                 const uint4 hi = *reinterpret_cast<const uint4*>(h + 252 - 8 * lane);
                 const uint4 lo = *reinterpret_cast<const uint4*>(h + 248 - 8 * lane);
                 c[0] = hi.w, c[1] = hi.z, c[2] = hi.y, c[3] = hi.x, c[4] = lo.w, c[5] = lo.z, c[6] = lo.y, c[7] = lo.x;
@@ -1363,27 +1359,20 @@ __device__ __forceinline__ void tk_radix(const u32* sk, const u32* gk, int n, u3
                 if (lane >= o) incl += y;
             }
             const int first = __ffs(__ballot_sync(full, incl >= remain)) - 1;
-            if (M == 1 || lane == first) {
+            if (lane == first) {
                 u32 acc = incl - sum;
                 int j = 0;
                 for (; j < 7 && acc + c[j] < remain; j++) acc += c[j];
                 const u32 np = prefix | ((u32)(255 - (lane * 8 + j)) << shift), nr = remain - acc;
-                if (M == 1) {
-                    prefix = __shfl_sync(full, np, first);
-                    remain = __shfl_sync(full, nr, first);
-                } else {
-                    pick[0] = np;
-                    pick[1] = nr;
-                }
+                pick[0] = np;
+                pick[1] = nr;
             }
         }
-        if (M != 1) {
-            __syncthreads();
-            prefix = pick[0];
-            remain = pick[1];
-        }
+        __syncthreads();
+        prefix = pick[0];
+        remain = pick[1];
         mask |= 0xFFu << shift;
-        if (M == 0) __syncthreads(); // s_pick and hist are rewritten by the next pass
+        if (!PP) __syncthreads(); // s_pick and hist are rewritten by the next pass
     }
     *th = prefix;
     *take = remain;
@@ -1394,11 +1383,11 @@ __device__ __forceinline__ void tk_radix(const u32* sk, const u32* gk, int n, u3
 // gathers keys [w*seg, w*seg + seg) in order: a taken key's place is the
 // keys above the threshold before it plus min(remain, the keys equal to it
 // before it), the warps' counts first added up. Every thread must call it.
-template <bool SH, int NT = TOPK_SELECT_THREADS>
+template <bool SH>
 __device__ __forceinline__ void tk_gather(const u32* sk, const u32* gk, int n, u32 prefix, u32 remain, int* out, int (*wsum)[32]) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const unsigned full = 0xFFFFFFFFu;
-    const int seg = (n + NT - 1) / NT * 32; // keys a warp, NT / 32 warps
+    const int seg = (n + TOPK_SELECT_THREADS - 1) / TOPK_SELECT_THREADS * 32; // keys a warp
     const int lo = warp * seg, hi = min(n, lo + seg);
     int ngt = 0, neq = 0;
     for (int b = lo; b < hi; b += 32) {
@@ -1427,14 +1416,14 @@ __device__ __forceinline__ void tk_gather(const u32* sk, const u32* gk, int n, u
     }
 }
 
-// topk_select2's work on a row's n keys (SH: staged in shared memory; M:
-// tk_radix's passes).
-template <bool SH, int M = 0, int NT = TOPK_SELECT_THREADS>
+// topk_select2's work on a row's n keys (SH: staged in shared memory; PP:
+// tk_radix's per-pass arrays).
+template <bool SH, bool PP = false>
 __device__ __forceinline__ void tk_select2(const TopKParams& p, const u32* sk, const u32* gk, int n, int* out, u32* hist,
                                            u32* s_pick, int (*wsum)[32]) {
     u32 th, take;
-    tk_radix<SH, M, NT>(sk, gk, n, (u32)p.top_k, hist, s_pick, &th, &take);
-    tk_gather<SH, NT>(sk, gk, n, th, take, out, wsum);
+    tk_radix<SH, PP>(sk, gk, n, (u32)p.top_k, hist, s_pick, &th, &take);
+    tk_gather<SH>(sk, gk, n, th, take, out, wsum);
 }
 
 // topk_select2 is topk_select (the same radix select, the same indices)
@@ -1475,11 +1464,10 @@ extern "C" __global__ void __launch_bounds__(TOPK_SELECT_THREADS) topk_select2(c
 
 // tk_gather over the m entry indices at ol (ascending, each key at least
 // the threshold): the same output.
-template <int NT = TOPK_SELECT_THREADS>
 __device__ __forceinline__ void tk_gather_list(const u32* ol, int m, const u32* gk, u32 prefix, u32 remain, int* out, int (*wsum)[32]) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const unsigned full = 0xFFFFFFFFu;
-    const int seg = (m + NT - 1) / NT * 32;
+    const int seg = (m + TOPK_SELECT_THREADS - 1) / TOPK_SELECT_THREADS * 32;
     const int lo = warp * seg, hi = min(m, lo + seg);
     int ngt = 0, neq = 0;
     for (int b = lo; b < hi; b += 32) {
@@ -1520,14 +1508,14 @@ __device__ __forceinline__ void tk_gather_list(const u32* ol, int m, const u32* 
 // or more than the room through, or the room is short, the row takes
 // topk_select2's way.
 // (tk_select3 is that work on row r, t resolved, with the kernel's shared
-// memory: tks3 the dynamic part; hist and s_pick as tk_radix<M> takes them.)
-template <int M, int NT = TOPK_SELECT_THREADS>
+// memory: tks3 the dynamic part; hist and s_pick as tk_radix<PP> takes them.)
+template <bool PP>
 __device__ __forceinline__ void tk_select3(const TopKParams& p, int r, const TkRow& t, u32* tks3, u32* hist, u32* s_pick,
                                            int (*wsum)[32], int& s_cnt) {
     int* out = p.out + (size_t)r * p.top_k;
     const int n = t.valid ? t.visible : 0;
     if (n <= p.top_k) {
-        for (int i = threadIdx.x; i < p.top_k; i += NT) out[i] = i < n ? i : -1;
+        for (int i = threadIdx.x; i < p.top_k; i += TOPK_SELECT_THREADS) out[i] = i < n ? i : -1;
         return;
     }
     const u32* keys = p.scratch + t.keys;
@@ -1535,10 +1523,10 @@ __device__ __forceinline__ void tk_select3(const TopKParams& p, int r, const TkR
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dsm));
     const int cap = (int)(dsm / 4u); // words
     if (n <= cap) {
-        for (int i = threadIdx.x; i < n; i += NT) tk_cp4(tks3 + i, keys + i, true);
+        for (int i = threadIdx.x; i < n; i += TOPK_SELECT_THREADS) tk_cp4(tks3 + i, keys + i, true);
         tk_cp_commit();
         tk_cp_wait<0>();
-        tk_select2<true, M, NT>(p, tks3, keys, n, out, hist, s_pick, wsum);
+        tk_select2<true, PP>(p, tks3, keys, n, out, hist, s_pick, wsum);
         return;
     }
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -1553,13 +1541,13 @@ __device__ __forceinline__ void tk_select3(const TopKParams& p, int r, const TkR
         u32* ck = samp + ns;
         u32* ci = ck + room;
         u32* ol = ci + room;
-        for (int j = threadIdx.x; j < ns; j += NT) samp[j] = __ldg(keys + (j >> 3) * 128 + (j & 7));
+        for (int j = threadIdx.x; j < ns; j += TOPK_SELECT_THREADS) samp[j] = __ldg(keys + (j >> 3) * 128 + (j & 7));
         if (threadIdx.x == 0) s_cnt = 0;
         // (tk_radix's first barrier makes the sample and s_cnt visible)
         u32 L, lt;
-        tk_radix<true, M, NT>(samp, keys, ns, (u32)q, hist, s_pick, &L, &lt);
+        tk_radix<true, PP>(samp, keys, ns, (u32)q, hist, s_pick, &L, &lt);
 #pragma unroll 4
-        for (int b0 = warp * 32; b0 < n; b0 += NT) { // warp-uniform
+        for (int b0 = warp * 32; b0 < n; b0 += TOPK_SELECT_THREADS) { // warp-uniform
             const int i = b0 + lane;
             const u32 k = i < n ? __ldg(keys + i) : 0u;
             const bool c = i < n && k >= L;
@@ -1579,10 +1567,10 @@ __device__ __forceinline__ void tk_select3(const TopKParams& p, int r, const TkR
         ok = cnt >= top && cnt <= room;
         if (ok) {
             u32 T, take;
-            tk_radix<true, M, NT>(ck, keys, cnt, (u32)top, hist, s_pick, &T, &take); // every thread read cnt before its barriers
+            tk_radix<true, PP>(ck, keys, cnt, (u32)top, hist, s_pick, &T, &take); // every thread read cnt before its barriers
             if (threadIdx.x == 0) s_cnt = 0;
             __syncthreads();
-            for (int b0 = warp * 32; b0 < cnt; b0 += NT) {
+            for (int b0 = warp * 32; b0 < cnt; b0 += TOPK_SELECT_THREADS) {
                 const int i = b0 + lane;
                 const bool c = i < cnt && ck[i] >= T;
                 const unsigned cm = __ballot_sync(full, c);
@@ -1598,11 +1586,11 @@ __device__ __forceinline__ void tk_select3(const TopKParams& p, int r, const TkR
             while (P < m) P <<= 1;
             ok = P <= room;
             if (ok) {
-                for (int i = m + threadIdx.x; i < P; i += NT) ol[i] = 0x7FFFFFFFu;
+                for (int i = m + threadIdx.x; i < P; i += TOPK_SELECT_THREADS) ol[i] = 0x7FFFFFFFu;
                 __syncthreads();
                 for (int k = 2; k <= P; k <<= 1)
                     for (int j = k >> 1; j > 0; j >>= 1) {
-                        for (int i = threadIdx.x; i < P; i += NT) {
+                        for (int i = threadIdx.x; i < P; i += TOPK_SELECT_THREADS) {
                             const int l = i ^ j;
                             if (l > i) {
                                 const u32 a = ol[i], b = ol[l];
@@ -1614,11 +1602,11 @@ __device__ __forceinline__ void tk_select3(const TopKParams& p, int r, const TkR
                         }
                         __syncthreads();
                     }
-                tk_gather_list<NT>(ol, m, keys, T, take, out, wsum);
+                tk_gather_list(ol, m, keys, T, take, out, wsum);
             }
         }
     }
-    if (!ok) tk_select2<false, M, NT>(p, tks3, keys, n, out, hist, s_pick, wsum);
+    if (!ok) tk_select2<false, PP>(p, tks3, keys, n, out, hist, s_pick, wsum);
 }
 
 extern "C" __global__ void __launch_bounds__(TOPK_SELECT_THREADS) topk_select3(const TopKParams p) {
@@ -1632,30 +1620,25 @@ extern "C" __global__ void __launch_bounds__(TOPK_SELECT_THREADS) topk_select3(c
     const int r = blockIdx.x;
     if (r >= p.rows) return;
     const TkRow t = tk_resolve(p, r);
-    tk_select3<0>(p, r, t, tks3, hist, s_pick, wsum, s_cnt);
+    tk_select3<false>(p, r, t, tks3, hist, s_pick, wsum, s_cnt);
 }
 
-// TK_RSEQS: the sequences whose first rows topk_select4..6 copy to shared
-// memory to find their row's there (a plan of more searches global memory).
+// TK_RSEQS: the sequences whose first rows topk_select4 copies to shared
+// memory to find its row's there (a plan of more searches global memory).
 #define TK_RSEQS 256
 
-// topk_select4, topk_select5 and topk_select6 are topk_select3 (the same
-// indices) with the fixed cost of a row cut, the whole of a short row's
-// select (8K context: 2048 keys). The row is resolved before waiting for
-// the score kernel (the plan is the launch's input, written before it,
-// and a dependent grid starts only after every block of the score kernel
-// has passed its own wait), searching a copy of the sequences' first rows
-// made at once (two reads of global memory, not the binary search's six
-// dependent ones); tk_radix's passes take two barriers each (select4:
-// eight in all instead of sixteen) or one (select5, select6: every warp
-// picks the bin itself), and a warp's histogram atomics are carried over
-// its iterations while their bin stays the same. select6 is select5 in blocks of
-// TOPK_SELECT_SMALL_THREADS: several rows a multiprocessor at once, for
-// launches of many short rows (a prefill), where a row's latency is not
-// the launch's.
-template <int M, int NT>
-__device__ __forceinline__ void tk_select45(const TopKParams& p) {
-    extern __shared__ u32 tks45[];
+// topk_select4 is topk_select3 (the same indices) with the fixed cost of a
+// row cut, the whole of a short row's select (8K context: 2048 keys). The
+// row is resolved before waiting for the score kernel (the plan is the
+// launch's input, written before it, and a dependent grid starts only
+// after every block of the score kernel has passed its own wait),
+// searching a copy of the sequences' first rows made at once (two reads
+// of global memory, not the binary search's six dependent ones);
+// tk_radix's passes take two barriers each (eight in all instead of
+// sixteen), and a warp's histogram atomics are carried over its
+// iterations while their bin stays the same.
+extern "C" __global__ void __launch_bounds__(TOPK_SELECT_THREADS) topk_select4(const TopKParams p) {
+    extern __shared__ u32 tks4[];
     __shared__ __align__(16) u32 hist[4 * 256];
     __shared__ u32 s_pick[8];
     __shared__ int wsum[2][32];
@@ -1665,7 +1648,7 @@ __device__ __forceinline__ void tk_select45(const TopKParams& p) {
     TkRow t = {0, 0, 0, 0};
     if (r < p.rows) {
         if (p.max_seqs <= TK_RSEQS) { // block-uniform; the plan's buffer holds max_seqs sequences
-            for (int i = threadIdx.x; i <= p.max_seqs; i += NT)
+            for (int i = threadIdx.x; i <= p.max_seqs; i += TOPK_SELECT_THREADS)
                 s_rows[i] = i == 0 ? p.plan[TOPK_PLAN_HDR_SEQS] : p.plan[TOPK_PLAN_HDR_WORDS + (i - 1) * TOPK_SEQ_WORDS + TOPK_SEQ_ROW];
             __syncthreads();
             t = tk_resolve_in(p, s_rows[0], s_rows + 1, 1, r);
@@ -1676,11 +1659,5 @@ __device__ __forceinline__ void tk_select45(const TopKParams& p) {
     pdl_wait();
     pdl_trigger();
     if (r >= p.rows) return;
-    tk_select3<M, NT>(p, r, t, tks45, hist, s_pick, wsum, s_cnt);
-}
-
-extern "C" __global__ void __launch_bounds__(TOPK_SELECT_THREADS) topk_select4(const TopKParams p) { tk_select45<2, TOPK_SELECT_THREADS>(p); }
-extern "C" __global__ void __launch_bounds__(TOPK_SELECT_THREADS) topk_select5(const TopKParams p) { tk_select45<1, TOPK_SELECT_THREADS>(p); }
-extern "C" __global__ void __launch_bounds__(TOPK_SELECT_SMALL_THREADS) topk_select6(const TopKParams p) {
-    tk_select45<1, TOPK_SELECT_SMALL_THREADS>(p);
+    tk_select3<true>(p, r, t, tks4, hist, s_pick, wsum, s_cnt);
 }

@@ -21,13 +21,8 @@ const (
 	// TopKSelect3Kernel is topk_select2 with a sampled candidate sweep for
 	// the rows whose keys do not fit.
 	TopKSelect3Kernel = "topk_select3"
-	// TopKSelect4Kernel and TopKSelect5Kernel are topk_select3 with a
-	// row's fixed cost cut (two barriers a radix pass, and one);
-	// TopKSelect6Kernel is TopKSelect5Kernel in blocks of
-	// abi.TopKSelectSmallThreads.
+	// TopKSelect4Kernel is topk_select3 with a row's fixed cost cut.
 	TopKSelect4Kernel = "topk_select4"
-	TopKSelect5Kernel = "topk_select5"
-	TopKSelect6Kernel = "topk_select6"
 )
 
 // TopKSource returns the compilable source of the indexer's top-k module

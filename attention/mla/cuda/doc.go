@@ -84,12 +84,11 @@
 // topk_score_mma4p/q are topk_score_mma4 with its loads pipelined
 // (cp.async, a warp's own double buffer) and a shorter decode; mma4q is the
 // default. topk_select2 keeps a row's keys in shared memory where they fit,
-// and topk_select3 (the default) adds a sampled candidate sweep for the rows
-// whose keys do not; topk_select4 and topk_select5 are topk_select3 with a
-// row's fixed cost cut (the row resolved before the wait, fewer barriers a
-// radix pass), topk_select6 is topk_select5 in smaller blocks (several rows
-// a multiprocessor). All read the plan from device memory, so a CUDA graph
-// replays them for any batch of the shape.
+// and topk_select3 adds a sampled candidate sweep for the rows
+// whose keys do not; topk_select4 (the default) is topk_select3 with a
+// row's fixed cost cut (the row resolved before the wait, two barriers a
+// radix pass instead of four). All read the plan from device memory, so a
+// CUDA graph replays them for any batch of the shape.
 //
 // Options hold what a user chooses (device, logger, PDL); the launch-shape
 // knobs the tests and cmd/bench vary live in internal/cudatune (NewTuned),

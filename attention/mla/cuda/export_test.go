@@ -102,11 +102,9 @@ func (b *Backend) KernelSharedBytes(name string) (int, error) {
 // "select2g" (topk_select2 reading every row's keys from global memory),
 // "select3" (topk_select3) or "select3s" (topk_select3 with 40 KiB of
 // shared memory: a 64K context's rows take its candidate sweep),
-// "select4" or "select4s" (topk_select4, likewise), "select5",
-// "select5s" or "select5g" (topk_select5, the last without shared memory:
-// its rows take topk_select2's way from global memory), "select6",
-// "select6s" or "select6g" (topk_select6); without one, the default
-// select.
+// "select4", "select4s" (likewise) or "select4g" (topk_select4 without
+// shared memory: its rows take topk_select2's way from global memory);
+// without one, the default select.
 func (b *Backend) SetTopKScore(kernel string) {
 	score, sel, _ := strings.Cut(kernel, "+")
 	switch score {
@@ -142,18 +140,8 @@ func (b *Backend) SetTopKScore(kernel string) {
 		b.topk.sel = topkSelect4
 	case "select4s":
 		b.topk.sel = topkSelect4Small
-	case "select5":
-		b.topk.sel = topkSelect5
-	case "select5s":
-		b.topk.sel = topkSelect5Small
-	case "select6":
-		b.topk.sel = topkSelect6
-	case "select6s":
-		b.topk.sel = topkSelect6Small
-	case "select5g":
-		b.topk.sel = topkSelect5Global
-	case "select6g":
-		b.topk.sel = topkSelect6Global
+	case "select4g":
+		b.topk.sel = topkSelect4Global
 	default:
 		panic("cuda: SetTopKScore(" + kernel + ")")
 	}
@@ -167,7 +155,7 @@ func (b *Backend) TopKKernelResources(kernel string) string {
 		return err.Error()
 	}
 	fn := map[string]*driver.Function{"dp4a": b.topk.score, "mma": b.topk.scoreMMA, "mma4": b.topk.scoreMMA4,
-		"mma4p": b.topk.scoreMMA4P, "mma4q": b.topk.scoreMMA4Q, "select": b.topk.select_, "select2": b.topk.select2, "select3": b.topk.select3, "select4": b.topk.select4, "select5": b.topk.select5, "select6": b.topk.select6}[kernel]
+		"mma4p": b.topk.scoreMMA4P, "mma4q": b.topk.scoreMMA4Q, "select": b.topk.select_, "select2": b.topk.select2, "select3": b.topk.select3, "select4": b.topk.select4}[kernel]
 	if fn == nil {
 		return "no such kernel"
 	}

@@ -21,8 +21,7 @@ type topkState struct {
 	mod                                 *driver.Module
 	score, scoreMMA, scoreMMA4, select_ *driver.Function
 	scoreMMA4P, scoreMMA4Q              *driver.Function
-	select2, select3, select4, select5  *driver.Function
-	select6                             *driver.Function
+	select2, select3, select4           *driver.Function
 	err                                 error // a failed load, returned by every later call
 	// kernel is the score kernel the backend launches; every one writes
 	// the same keys.
@@ -41,23 +40,21 @@ const (
 	topkSelect2Global                   // topk_select2 without shared memory: every row reads its keys from global memory
 	topkSelect3                         // topk_select3: topk_select2, a sampled candidate sweep where the keys do not fit
 	topkSelect3Small                    // topk_select3 with topkSelect3SmallBytes: the rows of a 64K context take the sweep
-	topkSelect4                         // topk_select4: topk_select3 with a row's fixed cost cut (two barriers a radix pass)
+	topkSelect4                         // topk_select4: topk_select3 with a row's fixed cost cut
 	topkSelect4Small                    // topk_select4 with topkSelect3SmallBytes
-	topkSelect5                         // topk_select5: topk_select4 with one barrier a radix pass
-	topkSelect5Small                    // topk_select5 with topkSelect3SmallBytes
-	topkSelect6                         // topk_select6: topk_select5 in blocks of abi.TopKSelectSmallThreads
-	topkSelect6Small                    // topk_select6 with topkSelect3SmallBytes
-	topkSelect5Global                   // topk_select5 without shared memory: every row reads its keys from global memory
-	topkSelect6Global                   // topk_select6 likewise
+	topkSelect4Global                   // topk_select4 without shared memory: every row reads its keys from global memory
 )
 
 // topkDefaultSelect is the select kernel IndexerTopK launches unless a
-// test picks another: topk_select3, the same indices as topk_select on the
-// H200 in every top-k test (its candidate sweep too, through
-// topkSelect3Small) and faster from 64K on at decode b=32 MTP 3 (us: 21.4
-// against 25 at 64K, 34.6 against 43 at 128K, 155 against 491 at 1M; 8.9
-// against 8.5-8.9 at 8K).
-const topkDefaultSelect = topkSelect3
+// test picks another: topk_select4, the same indices as topk_select on the
+// H200 in every top-k test (its candidate sweep too; racecheck clean)
+// and, with topk_score_mma4q at decode b=32 MTP 3, faster than
+// topk_select3 at 8K (us a layer: 37.3 against 41.1, 32.6 against 37.9
+// with narrow scales; the select alone 7.4 against 8.5) and 64K (176.7
+// against 190.0; 128.1 against 141.7; alone 20.9 against 20.7), the same
+// at 128K (336.1 against 335.8) and 1M (2455.2 against 2470.0;
+// bench/results/2026-12-02-h200-g/topk).
+const topkDefaultSelect = topkSelect4
 
 // topkSelect2Keys caps topk_select2's dynamic shared memory: the keys of
 // a row at 128K context (32,768 entries, 128 KiB); a row with more reads
@@ -152,8 +149,8 @@ func (b *Backend) LoadTopK() error {
 		s.err = errors.Join(fmt.Errorf("cuda: top-k kernels: %w", err), mod.Unload())
 		return s.err
 	}
-	var sels [5]*driver.Function
-	for i, name := range []string{kernels.TopKSelect2Kernel, kernels.TopKSelect3Kernel, kernels.TopKSelect4Kernel, kernels.TopKSelect5Kernel, kernels.TopKSelect6Kernel} {
+	var sels [3]*driver.Function
+	for i, name := range []string{kernels.TopKSelect2Kernel, kernels.TopKSelect3Kernel, kernels.TopKSelect4Kernel} {
 		fn, err := mod.Function(name)
 		if err == nil {
 			err = fn.SetAttribute(driver.FuncMaxDynamicSharedSizeBytes, 4*topkSelect2Keys)
@@ -166,7 +163,7 @@ func (b *Backend) LoadTopK() error {
 	}
 	sel2 := sels[0]
 	s.mod, s.score, s.scoreMMA, s.scoreMMA4, s.select_, s.select2 = mod, score, scoreMMA, scoreMMA4, sel, sel2
-	s.scoreMMA4P, s.scoreMMA4Q, s.select3, s.select4, s.select5, s.select6 = pipelined[0], pipelined[1], sels[1], sels[2], sels[3], sels[4]
+	s.scoreMMA4P, s.scoreMMA4Q, s.select3, s.select4 = pipelined[0], pipelined[1], sels[1], sels[2]
 	return nil
 }
 
@@ -290,7 +287,7 @@ func (b *Backend) indexerTopK(ctx context.Context, a *mla.TopKArgs, scoring, sel
 	if sel == topkSelectDefault {
 		sel = topkDefaultSelect
 	}
-	fn, shared, threads := b.topk.select_, 0, uint32(abi.TopKSelectThreads)
+	fn, shared := b.topk.select_, 0
 	switch sel {
 	case topkSelect2:
 		// The most keys a row of the shape can have (its block table's
@@ -306,20 +303,10 @@ func (b *Backend) indexerTopK(ctx context.Context, a *mla.TopKArgs, scoring, sel
 		fn, shared = b.topk.select4, 4*min(topkSelect2Keys, a.PageStride*a.PageSize)
 	case topkSelect4Small:
 		fn, shared = b.topk.select4, topkSelect3SmallBytes
-	case topkSelect5:
-		fn, shared = b.topk.select5, 4*min(topkSelect2Keys, a.PageStride*a.PageSize)
-	case topkSelect5Small:
-		fn, shared = b.topk.select5, topkSelect3SmallBytes
-	case topkSelect6:
-		fn, shared, threads = b.topk.select6, 4*min(topkSelect2Keys, a.PageStride*a.PageSize), abi.TopKSelectSmallThreads
-	case topkSelect6Small:
-		fn, shared, threads = b.topk.select6, topkSelect3SmallBytes, abi.TopKSelectSmallThreads
-	case topkSelect5Global:
-		fn = b.topk.select5
-	case topkSelect6Global:
-		fn, threads = b.topk.select6, abi.TopKSelectSmallThreads
+	case topkSelect4Global:
+		fn = b.topk.select4
 	}
-	if err := b.launchShared(fn, driver.Dim3{uint32(a.Rows), 1, 1}, driver.Dim3{threads, 1, 1}, shared, driver.Bytes(params)); err != nil {
+	if err := b.launchShared(fn, driver.Dim3{uint32(a.Rows), 1, 1}, driver.Dim3{abi.TopKSelectThreads, 1, 1}, shared, driver.Bytes(params)); err != nil {
 		return fmt.Errorf("cuda: %s: %w", fn.Name, err)
 	}
 	return nil

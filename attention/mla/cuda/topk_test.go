@@ -20,7 +20,7 @@ import (
 // topkKernels are the score kernels (and select kernels, after a "+"),
 // each test run with every one (the shared backend is left on the
 // default).
-var topkKernels = []string{"mma", "dp4a", "mma4", "mma4p", "mma4q", "mma4+select2", "mma4+select2g", "mma4+select3", "mma4+select3s", "mma4q+select4", "mma4+select4s", "mma4q+select5", "mma4+select5s", "mma4q+select6", "mma4+select6s", "mma4+select5g", "mma4+select6g"}
+var topkKernels = []string{"mma", "dp4a", "mma4", "mma4p", "mma4q", "mma4+select2", "mma4+select2g", "mma4+select3", "mma4+select3s", "mma4q+select4", "mma4+select4s", "mma4+select4g"}
 
 func TestCUDATopKConformance(t *testing.T) {
 	b := backend(t)
@@ -189,8 +189,8 @@ func testTopKGraph(t *testing.T, b *cuda.Backend) {
 // rotated vectors), and a 16K prefill from position 0, V4-Flash's and
 // V4-Pro's index_topk, each score kernel (the dp4a one at 8K and 64K
 // only; "+radix" names topk_select, the default select before
-// topk_select3, "+select2" topk_select2, "+select4" to "+select6"
-// topk_select4 to topk_select6): the device time per
+// topk_select3, "+select2" topk_select2, "+select3" topk_select3, the
+// default select before topk_select4): the device time per
 // call, the score and select kernels alone, and two floors: the indexer cache bytes
 // the batch reads at the device-to-device copy rate measured here, and
 // the score's multiply-adds at the H200's nominal dense int8 tensor-core
@@ -214,9 +214,9 @@ func BenchmarkCUDATopK(bm *testing.B) {
 	}
 	var cases []benchCase
 	for _, ctxLen := range []int{8 << 10, 64 << 10, 128 << 10, 1 << 20} {
-		kernels := []string{"mma+radix", "dp4a+radix", "mma4+radix", "mma4p", "mma4q", "mma4q+select2", "mma4q+select4", "mma4q+select5", "mma4q+select6"}
+		kernels := []string{"mma+radix", "dp4a+radix", "mma4+radix", "mma4p", "mma4q", "mma4q+select2", "mma4q+select3", "mma4q+select4"}
 		if ctxLen > 64<<10 {
-			kernels = []string{"mma+radix", "mma4+radix", "mma4p", "mma4q", "mma4q+select2", "mma4q+select4", "mma4q+select5", "mma4q+select6"}
+			kernels = []string{"mma+radix", "mma4+radix", "mma4p", "mma4q", "mma4q+select2", "mma4q+select3", "mma4q+select4"}
 		}
 		for _, topk := range []int{512, 1024} {
 			cases = append(cases, benchCase{fmt.Sprintf("decode-b32-mtp3/ctx=%dK/topk=%d", ctxLen>>10, topk), topk, kernels,
@@ -224,11 +224,11 @@ func BenchmarkCUDATopK(bm *testing.B) {
 		}
 		// The scales of rotated vectors (each row's four within 2), which
 		// topk_score_mma4's exact path takes.
-		cases = append(cases, benchCase{fmt.Sprintf("decode-b32-mtp3-narrow/ctx=%dK/topk=512", ctxLen>>10), 512, []string{"mma+radix", "mma4+radix", "mma4p", "mma4q", "mma4q+select2", "mma4q+select4", "mma4q+select5", "mma4q+select6"},
+		cases = append(cases, benchCase{fmt.Sprintf("decode-b32-mtp3-narrow/ctx=%dK/topk=512", ctxLen>>10), 512, []string{"mma+radix", "mma4+radix", "mma4p", "mma4q", "mma4q+select2", "mma4q+select3", "mma4q+select4"},
 			func(r *rand.Rand) []mlatest.TopKSeqSpec { return topkDecode(r, 32, 3, ctxLen) }, mlatest.KeysNarrow})
 	}
 	for _, topk := range []int{512, 1024} {
-		cases = append(cases, benchCase{fmt.Sprintf("prefill=16K/topk=%d", topk), topk, []string{"mma+radix", "mma4+radix", "mma4p", "mma4q", "mma4q+select2", "mma4q+select4", "mma4q+select5", "mma4q+select6"},
+		cases = append(cases, benchCase{fmt.Sprintf("prefill=16K/topk=%d", topk), topk, []string{"mma+radix", "mma4+radix", "mma4p", "mma4q", "mma4q+select2", "mma4q+select3", "mma4q+select4"},
 			func(*rand.Rand) []mlatest.TopKSeqSpec { return []mlatest.TopKSeqSpec{{Start: 0, Rows: 16 << 10}} }, mlatest.KeysRandom})
 	}
 	ctx := context.Background()

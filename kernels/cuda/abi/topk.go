@@ -48,15 +48,12 @@ var topkFields = [numTopKFields]Field{
 // TopKScoreThreads entries of one row at a time (a thread each), a
 // topk_score_mma4 block TopKScore4Threads entries (32 a warp) of
 // TopKScore4Rows consecutive rows at a time, a topk_select block selects
-// one row (topk_select6's, TopKSelectSmallThreads threads, too: several
-// of them a multiprocessor).
+// one row.
 const (
 	TopKScoreThreads  = 256
 	TopKScore4Threads = 128
 	TopKScore4Rows    = 4
 	TopKSelectThreads = 1024
-	// TopKSelectSmallThreads is topk_select6's block.
-	TopKSelectSmallThreads = 256
 	// TopKScore4PShared is topk_score_mma4p's dynamic shared memory:
 	// topk_score_mma4's query arrays (32768 + 4224 + 1152 bytes), two
 	// buffers of 32 entries a warp, the query's base bytes; four blocks a
@@ -82,7 +79,6 @@ func topkConstants() []ConstGroup {
 			{"TOPK_SCORE4_THREADS", TopKScore4Threads, "threads of a topk_score_mma4 block, 32 entries a warp"},
 			{"TOPK_SCORE4_ROWS", TopKScore4Rows, "rows of a topk_score_mma4 block: the mma's four column pairs"},
 			{"TOPK_SELECT_THREADS", TopKSelectThreads, "threads of a topk_select block, one row"},
-			{"TOPK_SELECT_SMALL_THREADS", TopKSelectSmallThreads, "threads of a topk_select6 block, one row"},
 			{"TOPK_SCORE4P_SHARED", TopKScore4PShared, "dynamic shared memory of a topk_score_mma4p block, bytes"},
 		}},
 	}
