@@ -265,11 +265,18 @@ var SM90 = Arch{
 		DirectHalfBlockRows: 8192,
 		// BF16MMAMaxRows: the largest projection GEMM (the KV
 		// compressor's bf16 GEMM), in X rows, that the tensor-core weight-streaming
-		// kernel runs by default; cuBLASLt runs larger ones. At decode the GEMM is
-		// the time to read its weights once, which cuBLASLt's large tiles leave
-		// most SMs idle for. Chosen with the kernel (43d2295, 2026-11-30); no
-		// folder under bench/results keeps that measurement.
-		BF16MMAMaxRows: 64,
+		// kernel runs by default; cuBLASLt runs larger ones (and the kernel
+		// what cuBLASLt refuses). None: cuBLASLt was faster at every decode
+		// shape measured, 1 to 128 rows of the fused ratio-4 projection
+		// (2624 outputs) and ratio 128's (1024) at hidden 4096 and 7168, cold
+		// in a graph: e.g. V4-Flash's fused at 1 / 8 / 32 / 64 rows 12.4 /
+		// 12.4 / 13.4 / 11.3 us against the kernel's 12.9 / 13.7 / 16.1 /
+		// 22.4, V4-Pro's ratio 128 10.4 / 10.2 / 10.6 / 11.1 against 11.3 /
+		// 12.2 / 14.6 / 17.8, and than every variant of the kernel
+		// (bench/results/2026-12-02-h200-bf16, TestBF16GEMMTimes, the kernel of
+		// 4ecf717). It was 64 from 43d2295 (2026-11-30), whose measurement no
+		// folder keeps.
+		BF16MMAMaxRows: -1,
 		// BF16MMADepth: gemm_bf16_mma, two stages of W in flight a lane, the
 		// kernel every measurement so far ran; the ring kernels (4, 8) are not
 		// yet measured on the device.

@@ -20,9 +20,9 @@ import (
 // stream, so the GEMM is captured into graphs and ordered with the side
 // stream's fork like the chain's GEMMs:
 //   - the tensor-core weight-streaming kernel of kernels/cuda/gemm_bf16_mma.cu
-//     (sm_80+) up to cudatune.Knobs.BF16MMAMaxRows rows (decode: the GEMM
-//     is the time to read its weights once, and cuBLASLt's large tiles
-//     leave most SMs idle), where N % 16 == 0 and K % 64 == 0;
+//     (sm_80+) up to cudatune.Knobs.BF16MMAMaxRows rows, where N % 16 == 0
+//     and K % 64 == 0 (on the H200 no rows: cuBLASLt was measured faster
+//     at every decode shape, cudatune's SM90);
 //   - cuBLASLt (the handle the FP8 GEMM uses) for every other shape it has
 //     an algorithm for;
 //   - the tensor-core kernel again where cuBLASLt is absent or refuses;

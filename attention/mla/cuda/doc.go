@@ -46,8 +46,9 @@
 // the rows the sequence keeps, so a CUDA graph replays it for any batch. BF16GEMM (mla.BF16GEMMBackend:
 // bf16 operands, float32 output) writes the projections with the
 // tensor-core weight-streaming kernel of kernels/cuda/gemm_bf16_mma.cu up
-// to cudatune's BF16MMAMaxRows rows (decode), cuBLASLt above (the
-// tensor-core kernel where cuBLASLt is absent or refuses), or
+// to cudatune's BF16MMAMaxRows rows (none on the H200, where cuBLASLt was
+// measured faster), cuBLASLt above (the tensor-core kernel where cuBLASLt
+// is absent or refuses), or
 // kernels/cuda/gemm_bf16.cu for the shapes neither runs, within
 // gemm.BoundBF16 of the CPU backend
 // (cudatune.Knobs.BF16MMADepth picks the tensor-core kernel: the stages of
