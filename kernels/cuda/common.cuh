@@ -103,6 +103,12 @@ __device__ __forceinline__ float ld_dep_f32(const float* p) {
     return v;
 }
 
+// s + v lane by lane, each add rounded to nearest: one step of a split-K
+// finish, which adds the splits' partials in split order.
+__device__ __forceinline__ float4 add4_rn(float4 s, float4 v) {
+    return make_float4(__fadd_rn(s.x, v.x), __fadd_rn(s.y, v.y), __fadd_rn(s.z, v.z), __fadd_rn(s.w, v.w));
+}
+
 // Four float32 as four bf16 (bf16x2_rn) at dst, or as themselves: the
 // split-K reduction's two outputs.
 __device__ __forceinline__ void splitk_store4(u16* dst, float4 s) {
@@ -144,12 +150,7 @@ __device__ __forceinline__ void splitk_reduce(const SplitKParams& p) {
                 if (z0 + u < splits) v[u] = ld_dep_f4(part + ((size_t)(z0 + u) * m + r) * n + c);
 #pragma unroll
             for (int u = 0; u < 8; u++) {
-                if (z0 + u < splits) {
-                    s.x = __fadd_rn(s.x, v[u].x);
-                    s.y = __fadd_rn(s.y, v[u].y);
-                    s.z = __fadd_rn(s.z, v[u].z);
-                    s.w = __fadd_rn(s.w, v[u].w);
-                }
+                if (z0 + u < splits) s = add4_rn(s, v[u]);
             }
         }
         splitk_store4(y + (size_t)r * y_stride + c, s);

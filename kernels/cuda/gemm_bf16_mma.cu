@@ -277,12 +277,7 @@ __device__ __forceinline__ void bf16_mma_finish(const BF16MMAParams& p, int m0, 
                 if (z0 + u < splits) v[u] = ld_cg_f4(out + ((size_t)(z0 + u) * m + r) * n + c);
 #pragma unroll
             for (int u = 0; u < 8; u++) {
-                if (z0 + u < splits) {
-                    s.x = __fadd_rn(s.x, v[u].x);
-                    s.y = __fadd_rn(s.y, v[u].y);
-                    s.z = __fadd_rn(s.z, v[u].z);
-                    s.w = __fadd_rn(s.w, v[u].w);
-                }
+                if (z0 + u < splits) s = add4_rn(s, v[u]);
             }
         }
         *reinterpret_cast<float4*>(p.y + (size_t)r * p.y_stride + c) = s;

@@ -337,6 +337,17 @@ struct Layout {
     static constexpr int kScaleStage = (kScales * 4 + 15) & ~15;  // bytes a stage
 };
 
+// A work unit's coordinates, split fastest, then token chunk, then W
+// tile (the numbering the header describes), the one decoding the loader,
+// the producer, the consumers and the cluster finish share.
+struct Unit {
+    int z, c, tile;
+};
+__device__ __forceinline__ Unit unit_at(int u, int splits, int chunks) {
+    const int rest = u / splits;
+    return Unit{u % splits, rest % chunks, rest / chunks};
+}
+
 // The split-K finish inside the kernel (counters != nullptr): each
 // block, its partials written, counts its unit's split in; the block that
 // brings the count to `splits` adds the tile's partials in split order,
@@ -359,10 +370,7 @@ __device__ __forceinline__ void split_finish(const float* part, u8* y, int* coun
         float4 acc = __ldcg(reinterpret_cast<const float4*>(part + (size_t)tok * n + col));
         for (int z = 1; z < splits; z++) {
             const float4 v = __ldcg(reinterpret_cast<const float4*>(part + ((size_t)z * m + tok) * n + col));
-            acc.x = __fadd_rn(acc.x, v.x);
-            acc.y = __fadd_rn(acc.y, v.y);
-            acc.z = __fadd_rn(acc.z, v.z);
-            acc.w = __fadd_rn(acc.w, v.w);
+            acc = add4_rn(acc, v);
         }
         splitk_store4(reinterpret_cast<u16*>(y) + (size_t)tok * y_stride + col, acc);
     }
@@ -395,8 +403,7 @@ __device__ __forceinline__ void produce(const TensorMap* tw, const TensorMap* tx
         u32 ph = 0;
         bool first = true;
         for (int u = blockIdx.x; u < units; u += gridDim.x) {
-            const int z = u % splits, rest = u / splits;
-            const int c = rest % chunks, tile = rest / chunks;
+            const auto [z, c, tile] = unit_at(u, splits, chunks);
             const int kb0 = z * kb_per_split, kb1 = min(kbn, kb0 + kb_per_split);
             // The first unit's first stages: W now, X after the wait.
             const int pre = first ? min(stages, kb1 - kb0) : 0;
@@ -441,8 +448,7 @@ __device__ __forceinline__ void consume(const float* __restrict__ ws, const floa
     int s = 0;
     u32 ph = 0;
     for (int u = blockIdx.x; u < units; u += gridDim.x) {
-        const int z = u % splits, rest = u / splits;
-        const int c = rest % chunks, tile = rest / chunks;
+        const auto [z, c, tile] = unit_at(u, splits, chunks);
         const int kb0 = z * kb_per_split, kb1 = min(kbn, kb0 + kb_per_split);
         const int m0 = c * BN;
         const int row0 = tile * kRowTile + wg * 64 + wl * 16;  // this warp's first W row
@@ -567,8 +573,7 @@ template <int BN>
 __device__ __forceinline__ void cluster_finish(u8* __restrict__ y, u32 base, int m, int y_stride, int splits, int chunks) {
     cluster_sync();
     const int u = blockIdx.x;
-    const int z = u % splits, rest = u / splits;
-    const int c = rest % chunks, tile = rest / chunks;
+    const auto [z, c, tile] = unit_at(u, splits, chunks);
     const int m0 = c * BN;
     constexpr int kGroups = BN * (kRowTile / 4);  // float4 groups of the tile
     const int g0 = z * kGroups / splits, g1 = (z + 1) * kGroups / splits;
@@ -578,10 +583,7 @@ __device__ __forceinline__ void cluster_finish(u8* __restrict__ y, u32 base, int
         float4 acc = ld_cluster_f4(mapa(local, 0));
         for (int zz = 1; zz < splits; zz++) {
             const float4 v = ld_cluster_f4(mapa(local, zz));
-            acc.x = __fadd_rn(acc.x, v.x);
-            acc.y = __fadd_rn(acc.y, v.y);
-            acc.z = __fadd_rn(acc.z, v.z);
-            acc.w = __fadd_rn(acc.w, v.w);
+            acc = add4_rn(acc, v);
         }
         if (m0 + tk < m) splitk_store4(reinterpret_cast<u16*>(y) + (size_t)(m0 + tk) * y_stride + tile * kRowTile + 4 * c4, acc);
     }
@@ -644,8 +646,7 @@ __device__ __forceinline__ void gemm_body(const TensorMap* tw, const TensorMap* 
             int s = 0;
             u32 ph = 0;
             for (int u = blockIdx.x; u < units; u += gridDim.x) {
-                const int z = u % splits, rest = u / splits;
-                const int c = rest % chunks, tile = rest / chunks;
+                const auto [z, c, tile] = unit_at(u, splits, chunks);
                 const int kb0 = z * kb_per_split, kb1 = min(kbn, kb0 + kb_per_split);
                 const int m0 = c * BN;
                 const float* wst = ws + (size_t)tile * L::kSubs * kscales;  // the tile's first W scale row
