@@ -163,24 +163,25 @@ func (v variant) options(verbose bool) (cuda.Options, cudatune.Knobs) {
 	if v.NoDirect {
 		direct, directBF16 = -1, -1
 	}
-	return cuda.Options{NoPDL: v.NoPDL, GEMMWGMMA: v.WGMMA, NoWGMMA: v.NoWGMMA, WGMMAClusterSplits: v.WGMMAClusterSplits,
-			WGMMAMulticast: v.WGMMAMulticast}, cudatune.Knobs{
-			Warps:               v.Warps,
-			KVDepth:             v.KVDepth,
-			QDepth:              v.QDepth,
-			QChunk:              v.QChunk,
-			BlocksPerSM:         v.BlocksPerSM,
-			MaxBlocks:           v.MaxBlocks,
-			DirectMaxRows:       direct,
-			DirectMaxRowsBF16:   directBF16,
-			DirectMinRows:       v.DirectMinRows,
-			DirectWarps:         v.DirectWarps,
-			DirectQRows:         v.DirectQRows,
-			DirectHalfBlockRows: v.DirectHalfBlockRows,
-			DirectMinBlocks:     v.DirectMinBlocks,
-			IndexerKeys:         cudatune.IndexerKeys(v.IndexerKeys),
-			IndexerQuery:        cudatune.IndexerQuery(v.IndexerQuery),
-			SeparateLaunches:    v.SeparateLaunches,
-			Verbose:             verbose,
-		}
+	return cuda.Options{NoPDL: v.NoPDL, GEMMWGMMA: v.WGMMA, NoWGMMA: v.NoWGMMA}, cudatune.Knobs{
+		WGMMAClusterSplits:  v.WGMMAClusterSplits,
+		WGMMAMulticast:      v.WGMMAMulticast,
+		Warps:               v.Warps,
+		KVDepth:             v.KVDepth,
+		QDepth:              v.QDepth,
+		QChunk:              v.QChunk,
+		BlocksPerSM:         v.BlocksPerSM,
+		MaxBlocks:           v.MaxBlocks,
+		DirectMaxRows:       direct,
+		DirectMaxRowsBF16:   directBF16,
+		DirectMinRows:       v.DirectMinRows,
+		DirectWarps:         v.DirectWarps,
+		DirectQRows:         v.DirectQRows,
+		DirectHalfBlockRows: v.DirectHalfBlockRows,
+		DirectMinBlocks:     v.DirectMinBlocks,
+		IndexerKeys:         cudatune.IndexerKeys(v.IndexerKeys),
+		IndexerQuery:        cudatune.IndexerQuery(v.IndexerQuery),
+		SeparateLaunches:    v.SeparateLaunches,
+		Verbose:             verbose,
+	}
 }

@@ -81,6 +81,15 @@ type Knobs struct {
 	// IndexerQuery picks the indexer query's kernel (IndexerQuery; 0:
 	// SM90.Knobs.IndexerQuery).
 	IndexerQuery IndexerQuery
+	// WGMMAClusterSplits overrides how the wgmma FP8 GEMM finishes a split
+	// K (0: the architecture description's FP8.WGMMA.ClusterSplits;
+	// negative: the tile's last block from global partials; n > 0:
+	// thread-block clusters of up to n <= 8 splits).
+	WGMMAClusterSplits int
+	// WGMMAMulticast overrides whether the wgmma GEMM's blocks share the
+	// activation tile in clusters (0: FP8.WGMMA.Multicast; negative: never;
+	// 2 or 4: clusters of that many).
+	WGMMAMulticast int
 	// SeparateLaunches makes RunLayer issue the KV and Q kernels as two
 	// launches instead of one fused layer launch.
 	SeparateLaunches bool

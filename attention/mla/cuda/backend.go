@@ -57,15 +57,6 @@ type Options struct {
 	// description's wgmma rules are ignored and the other two kernels run
 	// every FP8 GEMM (the choice before the rules were measured).
 	NoWGMMA bool
-	// WGMMAClusterSplits overrides how the wgmma kernel finishes a split K
-	// (0: the architecture description's choice, cudatune's
-	// WGMMAArch.ClusterSplits; -1: the tile's last block from global
-	// partials; n > 0: thread-block clusters of up to n splits).
-	WGMMAClusterSplits int
-	// WGMMAMulticast overrides whether the wgmma kernel's blocks share the
-	// activation tile in clusters (0: the architecture description's
-	// WGMMAArch.Multicast; -1: never; 2 or 4: clusters of that many).
-	WGMMAMulticast int
 }
 
 // Backend runs the prologue kernels on one device.
@@ -129,11 +120,11 @@ func NewTuned(opts Options, k cudatune.Knobs) (*Backend, error) {
 	if opts.NoWGMMA && opts.GEMMWGMMA {
 		return nil, errors.New("cuda: Options.NoWGMMA and Options.GEMMWGMMA both set")
 	}
-	if m := opts.WGMMAMulticast; m != 0 && m != -1 && m != 2 && m != 4 {
-		return nil, fmt.Errorf("cuda: Options.WGMMAMulticast = %d, want 0, -1, 2 or 4", m)
+	if m := k.WGMMAMulticast; m > 0 && m != 2 && m != 4 {
+		return nil, fmt.Errorf("cuda: Knobs.WGMMAMulticast = %d, want 0, negative, 2 or 4", m)
 	}
-	if opts.WGMMAClusterSplits > 8 {
-		return nil, fmt.Errorf("cuda: Options.WGMMAClusterSplits = %d exceeds 8 blocks, the portable cluster size", opts.WGMMAClusterSplits)
+	if k.WGMMAClusterSplits > 8 {
+		return nil, fmt.Errorf("cuda: Knobs.WGMMAClusterSplits = %d exceeds 8 blocks, the portable cluster size", k.WGMMAClusterSplits)
 	}
 	if k.QChunk > 1<<10 {
 		return nil, fmt.Errorf("cuda: Knobs.QChunk = %d exceeds %d rows", k.QChunk, 1<<10)
@@ -168,18 +159,8 @@ func NewTuned(opts Options, k cudatune.Knobs) (*Backend, error) {
 	if opts.NoWGMMA {
 		b.arch.FP8.WGMMA.Use = nil
 	}
-	switch {
-	case opts.WGMMAMulticast < 0:
-		b.arch.FP8.WGMMA.Multicast = 0
-	case opts.WGMMAMulticast > 0:
-		b.arch.FP8.WGMMA.Multicast = opts.WGMMAMulticast
-	}
-	switch {
-	case opts.WGMMAClusterSplits < 0:
-		b.arch.FP8.WGMMA.ClusterSplits = 0
-	case opts.WGMMAClusterSplits > 0:
-		b.arch.FP8.WGMMA.ClusterSplits = opts.WGMMAClusterSplits
-	}
+	b.arch.FP8.WGMMA.Multicast = override(b.arch.FP8.WGMMA.Multicast, k.WGMMAMulticast)
+	b.arch.FP8.WGMMA.ClusterSplits = override(b.arch.FP8.WGMMA.ClusterSplits, k.WGMMAClusterSplits)
 	b.layerCalls.New = b.newLayerCall
 	if err := b.init(); err != nil {
 		_ = c.Close()
@@ -536,6 +517,18 @@ func (b *Backend) qGrid(p abi.Path, l mla.Launch, heads int) (driver.Dim3, drive
 		return directGrid(l.Rows*heads, b.knobs.DirectQRows, b.knobs.DirectBlockWarps(l.Rows*heads))
 	}
 	return b.grid(l.Rows * heads)
+}
+
+// override is a knob over the architecture description's value: 0 keeps
+// it, a negative knob turns it off (0), a positive one replaces it.
+func override(arch, knob int) int {
+	switch {
+	case knob < 0:
+		return 0
+	case knob > 0:
+		return knob
+	}
+	return arch
 }
 
 func (b *Backend) launch(fn *driver.Function, grid, block driver.Dim3, args ...any) error {

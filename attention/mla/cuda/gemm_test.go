@@ -19,6 +19,7 @@ import (
 	"github.com/dsv4mla/prologue/attention/mla/cuda"
 	"github.com/dsv4mla/prologue/attention/mla/mlatest"
 	"github.com/dsv4mla/prologue/gemm"
+	"github.com/dsv4mla/prologue/internal/cudatune"
 	"github.com/dsv4mla/prologue/weights"
 )
 
@@ -199,18 +200,20 @@ func TestGEMMTimes(t *testing.T) {
 	type row struct{ cold, b2b time.Duration }
 	results := map[string]map[string]row{}
 	ran := map[string]string{}
+	wg := cuda.Options{GEMMWGMMA: true, NoCuBLASLt: true}
 	for _, path := range []struct {
-		name string
-		opts cuda.Options
-	}{{"own", cuda.Options{NoCuBLASLt: true, NoWGMMA: true}}, {"cublaslt", cuda.Options{GEMMOwnMaxM: -1, NoWGMMA: true}},
-		{"wgmma", cuda.Options{GEMMWGMMA: true, NoCuBLASLt: true, WGMMAClusterSplits: -1, WGMMAMulticast: -1}},
-		{"wgmma-cluster", cuda.Options{GEMMWGMMA: true, NoCuBLASLt: true, WGMMAClusterSplits: 8, WGMMAMulticast: -1}},
-		{"wgmma-mc2", cuda.Options{GEMMWGMMA: true, NoCuBLASLt: true, WGMMAClusterSplits: 8, WGMMAMulticast: 2}},
-		{"wgmma-mc4", cuda.Options{GEMMWGMMA: true, NoCuBLASLt: true, WGMMAClusterSplits: 8, WGMMAMulticast: 4}}} {
+		name  string
+		opts  cuda.Options
+		knobs cudatune.Knobs
+	}{{"own", cuda.Options{NoCuBLASLt: true, NoWGMMA: true}, cudatune.Knobs{}}, {"cublaslt", cuda.Options{GEMMOwnMaxM: -1, NoWGMMA: true}, cudatune.Knobs{}},
+		{"wgmma", wg, cudatune.Knobs{WGMMAClusterSplits: -1, WGMMAMulticast: -1}},
+		{"wgmma-cluster", wg, cudatune.Knobs{WGMMAClusterSplits: 8, WGMMAMulticast: -1}},
+		{"wgmma-mc2", wg, cudatune.Knobs{WGMMAClusterSplits: 8, WGMMAMulticast: 2}},
+		{"wgmma-mc4", wg, cudatune.Knobs{WGMMAClusterSplits: 8, WGMMAMulticast: 4}}} {
 		if !slices.Contains(paths, path.name) {
 			continue
 		}
-		b, err := cuda.New(path.opts)
+		b, err := cuda.NewTuned(path.opts, path.knobs)
 		require.NoError(t, err)
 		if err := b.InitGEMM(); strings.HasPrefix(path.name, "wgmma") && errors.Is(err, cuda.ErrWGMMAUnavailable) {
 			t.Logf("%v", err)

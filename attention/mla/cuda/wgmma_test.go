@@ -14,6 +14,7 @@ import (
 	"github.com/dsv4mla/prologue/attention/mla/cuda"
 	"github.com/dsv4mla/prologue/attention/mla/mlatest"
 	"github.com/dsv4mla/prologue/gemm"
+	"github.com/dsv4mla/prologue/internal/cudatune"
 	"github.com/dsv4mla/prologue/numerics"
 	"github.com/dsv4mla/prologue/weights"
 )
@@ -28,10 +29,10 @@ type wgmmaShared struct {
 var wgmmaBackends [4]wgmmaShared
 
 // wgmmaFinishes are the wgmma kernel's ways to finish a split K, as
-// Options.WGMMAClusterSplits names them (the tile's last block from global
+// cudatune.Knobs.WGMMAClusterSplits names them (the tile's last block from global
 // partials, thread-block clusters of up to 8 splits reduced through
 // distributed shared memory), and its blocks sharing the activation tile
-// in clusters of 2 and 4 (Options.WGMMAMulticast), which run
+// in clusters of 2 and 4 (Knobs.WGMMAMulticast), which run
 // wgmmaMulticastCases.
 var wgmmaFinishes = []struct {
 	name                     string
@@ -48,8 +49,8 @@ func wgmmaBackend(t *testing.T, f int) *cuda.Backend {
 	}
 	w := &wgmmaBackends[f]
 	w.once.Do(func() {
-		w.b, w.err = cuda.New(cuda.Options{GEMMWGMMA: true, NoCuBLASLt: true,
-			WGMMAClusterSplits: wgmmaFinishes[f].clusterSplits, WGMMAMulticast: wgmmaFinishes[f].multicast})
+		w.b, w.err = cuda.NewTuned(cuda.Options{GEMMWGMMA: true, NoCuBLASLt: true},
+			cudatune.Knobs{WGMMAClusterSplits: wgmmaFinishes[f].clusterSplits, WGMMAMulticast: wgmmaFinishes[f].multicast})
 		if w.err == nil {
 			if err := w.b.InitGEMM(); errors.Is(err, cuda.ErrWGMMAUnavailable) {
 				w.skipErr = err
