@@ -219,11 +219,14 @@ func (d *device) setupChain(md model, s shape, layers int, memBytes int64) (_ *c
 // gemmPath runs one GEMM and says which implementation ran it.
 func (d *device) gemmPath(run func() error) (string, error) {
 	own0, lt0 := d.be.GEMMCounts()
+	wg0 := d.be.WGMMACount()
 	if err := run(); err != nil {
 		return "", err
 	}
 	own1, lt1 := d.be.GEMMCounts()
 	switch {
+	case d.be.WGMMACount() > wg0:
+		return "wgmma", nil
 	case lt1 > lt0:
 		return "cublaslt", nil
 	case own1 > own0:

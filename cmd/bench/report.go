@@ -134,7 +134,8 @@ type ChainResult struct {
 	Layers int    `json:"layers"` // layers in the graph, each with its own weights
 	Sets   int    `json:"sets"`   // distinct activation sets the layers cycle over
 	// FusedGEMM and WqBGEMM are the GEMM implementation that ran: "own"
-	// (the weight-streaming kernel) or "cublaslt".
+	// (the weight-streaming kernel), "wgmma" (the sm_90a kernel) or
+	// "cublaslt".
 	FusedGEMM string  `json:"fused_gemm"`
 	WqBGEMM   string  `json:"wq_b_gemm"`
 	TotalUs   float64 `json:"total_us"`
