@@ -15,7 +15,7 @@ set -u
 BUDGET=${BUDGET:-240}
 T0=$(date +%s)
 HERE=$(cd "$(dirname "$0")" && pwd)
-ROOT=$(pwd)
+ROOT=$(cd "$HERE/.." && pwd) # the repository root (run.sh lives in .gpu-dg/)
 OUT=${OUT:-/tmp/dg-out}
 mkdir -p "$OUT"
 LOG=$OUT/dg.log
@@ -51,7 +51,7 @@ export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 } >>"$LOG" 2>&1
 
 ours() { # our GEMMs and cuBLASLt at the same shapes, in the same call
-  timeout "$1" env -C attention/mla/cuda "$W/cuda.test" -test.run 'TestGEMMTimes$' -test.v -gemm.times \
+  timeout "$1" env -C "$ROOT/attention/mla/cuda" "$W/cuda.test" -test.run 'TestGEMMTimes$' -test.v -gemm.times \
     -gemm.times.rows 1,8,32,128,512 -gemm.times.paths own,cublaslt,wgmma,wgmma-cluster >"$W/ours.log" 2>&1
   echo "ours rc=$? ($(grep -c '^TIMES' "$W/ours.log") TIMES lines)" >>"$W/ours.log"
 }
