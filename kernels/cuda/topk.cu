@@ -780,6 +780,30 @@ static_assert(TK4P_QB + TOPK_SCORE4_ROWS * INDEXER_HEADS == TOPK_SCORE4P_SHARED,
 static_assert(TOPK_SCORE4_ROWS * INDEXER_HEADS * MXFP4_ROW_BYTES <= TK4P_QB - TK4P_KS, "the pass's query rows fit the tile buffers");
 static_assert(TK4P_KS % 16 == 0, "cp.async destinations aligned");
 
+// The word of qc (topk_score_mma4p's C words) of row t, block b, head h:
+// [t][b][h] for JG 0; [t][h / 2][b][h % 2] otherwise, a head pair's words
+// for its four blocks in 8 consecutive words, so that one 16-byte load
+// gives blocks 0 and 1, {c0, c1, c0', c1'}: the pair's C quad itself on
+// the exact path (every block of a shifted head has the same C), and two
+// loads give the four blocks'.
+template <int JG>
+__device__ __forceinline__ int tk4_qc(int t, int b, int h) {
+    return JG == 0 ? t * TK4_QC + b * 64 + h : t * TK4_QC + (h >> 1) * 8 + b * 2 + (h & 1);
+}
+
+// tk_mma_c and tk_mma_acc as plain asm (no side effect, so the compiler
+// may interleave independent ones), C a register quad.
+__device__ __forceinline__ void tk_mma_q(int d[4], const uint4 a, const uint2 b, const uint4 c) {
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%11,%12,%13};\n"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b.x), "r"(b.y), "r"(c.x), "r"(c.y), "r"(c.z), "r"(c.w));
+}
+__device__ __forceinline__ void tk_mma_accq(int d[4], const uint4 a, const uint2 b) {
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+        : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b.x), "r"(b.y));
+}
+
 // topk_score_mma4p is topk_score_mma4 with its loads pipelined, the same
 // keys out (the arithmetic is mma4's, line for line). mma4 loads each
 // tile with the whole block (the entries' offsets, a barrier, the words,
@@ -795,7 +819,15 @@ static_assert(TK4P_KS % 16 == 0, "cp.async destinations aligned");
 // NAT (topk_score_mma4q): the nibbles decoded in their stored order (the
 // block's values in ascending index, query and key alike) by tk_dec4, a
 // third of tk_shl4(tk_word()) 's instructions; the same integer dots.
-template <bool NAT>
+//
+// JG > 0 (topk_score_mma4t, 2; topk_score_mma4u, 4): qc laid out by head
+// pair (tk4_qc), and the exact path takes JG head pairs a step, block by
+// block: the first block's mma of each (pair, m-tile) adds the C quad
+// that one 16-byte load gave (no copies of C into the accumulators), the
+// other three accumulate, and 2 JG independent chains of mma stand
+// between two dependent ones. The other paths load their four blocks' C
+// words with two 16-byte loads. The same keys.
+template <bool NAT, int JG>
 __device__ __forceinline__ void tk_score4p(const TopKParams& p) {
     extern __shared__ __align__(16) u8 tk4p_smem[];
     uint2* qf = (uint2*)(tk4p_smem + TK4P_QF); // B fragments: (head pair j, block b) x lane
@@ -883,7 +915,7 @@ __device__ __forceinline__ void tk_score4p(const TopKParams& p) {
 #pragma unroll
                 for (int b = 0; b < 4; b++) {
                     const int e = shifted ? mn : eq[b];
-                    qc[t * TK4_QC + b * 64 + h] = e <= 231 ? ((u32)(e + 23) << 23) | 0x400000u : 0u;
+                    qc[tk4_qc<JG>(t, b, h)] = e <= 231 ? ((u32)(e + 23) << 23) | 0x400000u : 0u;
                 }
                 if (shifted) base = mn;
                 const u32 wb = __float_as_uint(qw[t * TK4_QW + h]) >> 16; // the bf16 weight
@@ -902,7 +934,7 @@ __device__ __forceinline__ void tk_score4p(const TopKParams& p) {
                 thi = min(thi, hi);
             } else {
 #pragma unroll
-                for (int b = 0; b < 4; b++) qc[t * TK4_QC + b * 64 + h] = 0u;
+                for (int b = 0; b < 4; b++) qc[tk4_qc<JG>(t, b, h)] = 0u;
             }
             qbase[i] = (u8)base;
         }
@@ -1040,7 +1072,51 @@ __device__ __forceinline__ void tk_score4p(const TopKParams& p) {
                     }
                 }
                 float acc[2][2] = {{0.f, 0.f}, {0.f, 0.f}}; // the head sums of (m-tile, entry c)
-                if (exact) {
+                if (exact && JG > 0) {
+#pragma unroll 1
+                    for (int j0 = 0; j0 < 32; j0 += (JG > 0 ? JG : 1)) {
+                        constexpr int G = JG > 0 ? JG : 1;
+                        uint4 cm[G]; // {c0, c1, c0, c1}: pair j0 + jj's C quad
+                        int d[G][2][4];
+#pragma unroll
+                        for (int jj = 0; jj < G; jj++) cm[jj] = *(const uint4*)(qcr + (j0 + jj) * 8);
+#pragma unroll
+                        for (int b = 0; b < 4; b++)
+#pragma unroll
+                            for (int jj = 0; jj < G; jj++) {
+                                const uint2 bq = qf[((j0 + jj) * 4 + b) * 32 + lane];
+#pragma unroll
+                                for (int mt = 0; mt < 2; mt++) {
+                                    if (b == 0)
+                                        tk_mma_q(d[jj][mt], a[mt][0], bq, cm[jj]);
+                                    else
+                                        tk_mma_accq(d[jj][mt], a[mt][b], bq);
+                                }
+                            }
+#pragma unroll
+                        for (int jj = 0; jj < G; jj++) {
+                            const float2 wq = *(const float2*)(qwr + 2 * (j0 + jj));
+                            const float nmx = __fmul_rn(-wq.x, __uint_as_float(cm[jj].x)), nmy = __fmul_rn(-wq.y, __uint_as_float(cm[jj].y));
+#pragma unroll
+                            for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                                for (int i = 0; i < 4; i++) {
+                                    const int c = i >> 1, hp = i & 1;
+                                    const float f = __int_as_float(max(d[jj][mt][i], (int)(hp ? cm[jj].y : cm[jj].x)));
+                                    acc[mt][c] = __fadd_rn(acc[mt][c], __fmaf_rn(hp ? wq.y : wq.x, f, hp ? nmy : nmx));
+                                }
+                        }
+                    }
+#pragma unroll
+                    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                        for (int c = 0; c < 2; c++) {
+                            int mn = 255;
+#pragma unroll
+                            for (int b = 0; b < 4; b++) mn = min(mn, (int)((ksc[mt][c] >> (8 * b)) & 0xFFu));
+                            acc[mt][c] = __fmul_rn(acc[mt][c], tk_pow2(mn - 129));
+                        }
+                } else if (exact) {
 #pragma unroll 2 // two head pairs: four independent mma chains a warp
                     for (int j = 0; j < 32; j++) {
                         const uint2 cm = *(const uint2*)(qcr + 2 * j);
@@ -1090,12 +1166,24 @@ __device__ __forceinline__ void tk_score4p(const TopKParams& p) {
                     for (int j = 0; j < 32; j++) {
                         uint2 cq[4];
                         int d[2][4][4];
+                        if (JG > 0) {
+                            const uint4 c01 = *(const uint4*)(qcr + j * 8), c23 = *(const uint4*)(qcr + j * 8 + 4);
+                            cq[0] = make_uint2(c01.x, c01.y);
+                            cq[1] = make_uint2(c01.z, c01.w);
+                            cq[2] = make_uint2(c23.x, c23.y);
+                            cq[3] = make_uint2(c23.z, c23.w);
+                        }
 #pragma unroll
                         for (int b = 0; b < 4; b++) {
                             const uint2 bq = qf[(j * 4 + b) * 32 + lane];
-                            cq[b] = *(const uint2*)(qcr + b * 64 + 2 * j);
+                            if (JG > 0) {
 #pragma unroll
-                            for (int mt = 0; mt < 2; mt++) tk_mma_c(d[mt][b], a[mt][b], bq, cq[b]);
+                                for (int mt = 0; mt < 2; mt++) tk_mma_q(d[mt][b], a[mt][b], bq, make_uint4(cq[b].x, cq[b].y, cq[b].x, cq[b].y));
+                            } else {
+                                cq[b] = *(const uint2*)(qcr + b * 64 + 2 * j);
+#pragma unroll
+                                for (int mt = 0; mt < 2; mt++) tk_mma_c(d[mt][b], a[mt][b], bq, cq[b]);
+                            }
                         }
                         const float2 wq = *(const float2*)(qwr + 2 * j);
 #pragma unroll
@@ -1117,12 +1205,24 @@ __device__ __forceinline__ void tk_score4p(const TopKParams& p) {
                     for (int j = 0; j < 32; j++) {
                         uint2 cq[4];
                         int d[2][4][4];
+                        if (JG > 0) {
+                            const uint4 c01 = *(const uint4*)(qcr + j * 8), c23 = *(const uint4*)(qcr + j * 8 + 4);
+                            cq[0] = make_uint2(c01.x, c01.y);
+                            cq[1] = make_uint2(c01.z, c01.w);
+                            cq[2] = make_uint2(c23.x, c23.y);
+                            cq[3] = make_uint2(c23.z, c23.w);
+                        }
 #pragma unroll
                         for (int b = 0; b < 4; b++) {
                             const uint2 bq = qf[(j * 4 + b) * 32 + lane];
-                            cq[b] = *(const uint2*)(qcr + b * 64 + 2 * j);
+                            if (JG > 0) {
 #pragma unroll
-                            for (int mt = 0; mt < 2; mt++) tk_mma_c(d[mt][b], a[mt][b], bq, cq[b]);
+                                for (int mt = 0; mt < 2; mt++) tk_mma_q(d[mt][b], a[mt][b], bq, make_uint4(cq[b].x, cq[b].y, cq[b].x, cq[b].y));
+                            } else {
+                                cq[b] = *(const uint2*)(qcr + b * 64 + 2 * j);
+#pragma unroll
+                                for (int mt = 0; mt < 2; mt++) tk_mma_c(d[mt][b], a[mt][b], bq, cq[b]);
+                            }
                         }
                         const float2 wq = *(const float2*)(qwr + 2 * j);
 #pragma unroll
@@ -1161,8 +1261,10 @@ __device__ __forceinline__ void tk_score4p(const TopKParams& p) {
     }
 }
 
-extern "C" __global__ void __launch_bounds__(TOPK_SCORE4_THREADS, 4) topk_score_mma4p(const TopKParams p) { tk_score4p<false>(p); }
-extern "C" __global__ void __launch_bounds__(TOPK_SCORE4_THREADS, 4) topk_score_mma4q(const TopKParams p) { tk_score4p<true>(p); }
+extern "C" __global__ void __launch_bounds__(TOPK_SCORE4_THREADS, 4) topk_score_mma4p(const TopKParams p) { tk_score4p<false, 0>(p); }
+extern "C" __global__ void __launch_bounds__(TOPK_SCORE4_THREADS, 4) topk_score_mma4q(const TopKParams p) { tk_score4p<true, 0>(p); }
+extern "C" __global__ void __launch_bounds__(TOPK_SCORE4_THREADS, 4) topk_score_mma4t(const TopKParams p) { tk_score4p<true, 2>(p); }
+extern "C" __global__ void __launch_bounds__(TOPK_SCORE4_THREADS, 4) topk_score_mma4u(const TopKParams p) { tk_score4p<true, 4>(p); }
 
 // Block-wide exclusive prefix sum of v over TOPK_SELECT_THREADS threads;
 // *total receives the sum. Every thread must call it.
