@@ -826,7 +826,8 @@ __device__ __forceinline__ void tk_mma_accq(int d[4], const uint4 a, const uint2
 // that one 16-byte load gave (no copies of C into the accumulators), the
 // other three accumulate, and 2 JG independent chains of mma stand
 // between two dependent ones. The other paths load their four blocks' C
-// words with two 16-byte loads. The same keys.
+// words with two 16-byte loads; with JG 4 the fast path also runs block by
+// block, two head pairs a step. The same keys.
 template <bool NAT, int JG>
 __device__ __forceinline__ void tk_score4p(const TopKParams& p) {
     extern __shared__ __align__(16) u8 tk4p_smem[];
@@ -1154,6 +1155,46 @@ __device__ __forceinline__ void tk_score4p(const TopKParams& p) {
                             for (int b = 0; b < 4; b++) mn = min(mn, (int)((ksc[mt][c] >> (8 * b)) & 0xFFu));
                             acc[mt][c] = __fmul_rn(acc[mt][c], tk_pow2(mn - 129));
                         }
+                } else if (fast && JG >= 4) {
+                    float sk[2][2][4]; // 2^(ek_b - 129) of this lane's entries
+#pragma unroll
+                    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                        for (int c = 0; c < 2; c++)
+#pragma unroll
+                            for (int b = 0; b < 4; b++) sk[mt][c][b] = tk_pow2((int)((ksc[mt][c] >> (8 * b)) & 0xFFu) - 129);
+                    // Block by block, each block's dots folded into the
+                    // (pair, head) sums at once: a block's D alone is live,
+                    // so that two head pairs a step fit the registers.
+#pragma unroll 2
+                    for (int j = 0; j < 32; j++) {
+                        const uint4 c01 = *(const uint4*)(qcr + j * 8), c23 = *(const uint4*)(qcr + j * 8 + 4);
+                        const uint2 cq[4] = {make_uint2(c01.x, c01.y), make_uint2(c01.z, c01.w), make_uint2(c23.x, c23.y), make_uint2(c23.z, c23.w)};
+                        float dot[2][4];
+#pragma unroll
+                        for (int b = 0; b < 4; b++) {
+                            const uint2 bq = qf[(j * 4 + b) * 32 + lane];
+                            int d[2][4];
+#pragma unroll
+                            for (int mt = 0; mt < 2; mt++) tk_mma_q(d[mt], a[mt][b], bq, make_uint4(cq[b].x, cq[b].y, cq[b].x, cq[b].y));
+#pragma unroll
+                            for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                                for (int i = 0; i < 4; i++) {
+                                    const int c = i >> 1, hp = i & 1;
+                                    const float pq = __fsub_rn(__int_as_float(d[mt][i]), __uint_as_float(hp ? cq[b].y : cq[b].x));
+                                    dot[mt][i] = b == 0 ? __fmul_rn(pq, sk[mt][c][b]) : __fmaf_rn(pq, sk[mt][c][b], dot[mt][i]);
+                                }
+                        }
+                        const float2 wq = *(const float2*)(qwr + 2 * j);
+#pragma unroll
+                        for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                            for (int i = 0; i < 4; i++) {
+                                const int c = i >> 1, hp = i & 1;
+                                acc[mt][c] = __fadd_rn(acc[mt][c], __fmul_rn(hp ? wq.y : wq.x, fmaxf(dot[mt][i], 0.f)));
+                            }
+                    }
                 } else if (fast) {
                     float sk[2][2][4]; // 2^(ek_b - 129) of this lane's entries
 #pragma unroll
