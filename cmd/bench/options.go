@@ -19,7 +19,8 @@ import (
 // direct path: its largest launch in Q rows with FP8 Q and with bf16 Q, its smallest, warps a block, the
 // largest launch in Q rows with whole blocks (larger: half), Q rows a warp,
 // __launch_bounds__ minimum of blocks a multiprocessor, and off), ikeys=N iquery=N (the indexer's kernels:
-// cudatune.IndexerKeys 1 split, 2 fused; cudatune.IndexerQuery 1 late, 2 early, 3 lean), nopdl separate, wgmma
+// cudatune.IndexerKeys 1 split, 2 fused; cudatune.IndexerQuery 1 late, 2 early, 3 lean), tkscore=N (the top-k
+// score kernel: cudatune.TopKScore 1 mma4q, 2 mma4t, 3 mma4u), nopdl separate, wgmma
 // nowgmma wgcluster=N wgmc=N (every FP8 GEMM on the sm_90a wgmma kernel, or none; its split K finished
 // by clusters of up to N blocks; clusters of N blocks sharing the activation tile). A zero
 // number keeps the backend's default.
@@ -37,6 +38,7 @@ type variant struct {
 	DirectMinBlocks         int
 	IndexerKeys             int
 	IndexerQuery            int
+	TopKScore               int
 	NoDirect                bool
 	NoPDL, SeparateLaunches bool
 	WGMMA                   bool // every FP8 GEMM on the sm_90a wgmma kernel
@@ -79,6 +81,8 @@ func (v *variant) field(key string) (*int, *bool) {
 		return &v.IndexerKeys, nil
 	case "iquery":
 		return &v.IndexerQuery, nil
+	case "tkscore":
+		return &v.TopKScore, nil
 	case "nodirect":
 		return nil, &v.NoDirect
 	case "nopdl":
@@ -131,7 +135,7 @@ func parseVariant(text string) (variant, error) {
 			*sw = true
 			continue
 		}
-		return variant{}, fmt.Errorf("variant %q: unknown option %q (known: warps=N kvd=N qd=N qchunk=N bpsm=N maxblocks=N direct=N directbf16=N dmin=N dwarps=N dhalf=N qrows=N dminb=N ikeys=N iquery=N nodirect nopdl separate wgmma nowgmma wgcluster=N wgmc=N)", text, key)
+		return variant{}, fmt.Errorf("variant %q: unknown option %q (known: warps=N kvd=N qd=N qchunk=N bpsm=N maxblocks=N direct=N directbf16=N dmin=N dwarps=N dhalf=N qrows=N dminb=N ikeys=N iquery=N tkscore=N nodirect nopdl separate wgmma nowgmma wgcluster=N wgmc=N)", text, key)
 	}
 	return v, nil
 }
@@ -181,6 +185,7 @@ func (v variant) options(verbose bool) (cuda.Options, cudatune.Knobs) {
 		DirectMinBlocks:     v.DirectMinBlocks,
 		IndexerKeys:         cudatune.IndexerKeys(v.IndexerKeys),
 		IndexerQuery:        cudatune.IndexerQuery(v.IndexerQuery),
+		TopKScore:           cudatune.TopKScore(v.TopKScore),
 		SeparateLaunches:    v.SeparateLaunches,
 		Verbose:             verbose,
 	}

@@ -295,6 +295,12 @@ var SM90 = Arch{
 		// ratio-4 layer through the graph: +23.3% -> +19.8% at b=32 MTP 3,
 		// +35.8% -> +30.8% at 4K.
 		IndexerKeys: IndexerKeysFused, IndexerQuery: IndexerQueryLean,
+		// The top-k score kernel: topk_score_mma4q, bit-exact with the CPU
+		// backend in every top-k test and the fastest measured at decode
+		// b=32 MTP 3 (score alone, us: 30.7 at 8K, 158 at 64K, 2292 at 1M;
+		// 27, 110, 1439 with narrow scales;
+		// bench/results/2026-12-02-h200-topkperf).
+		TopKScore: TopKScoreMMA4Q,
 	},
 }
 

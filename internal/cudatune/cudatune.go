@@ -81,6 +81,9 @@ type Knobs struct {
 	// IndexerQuery picks the indexer query's kernel (IndexerQuery; 0:
 	// SM90.Knobs.IndexerQuery).
 	IndexerQuery IndexerQuery
+	// TopKScore picks the indexer top-k selection's score kernel
+	// (IndexerTopK; 0: SM90.Knobs.TopKScore).
+	TopKScore TopKScore
 	// WGMMAClusterSplits overrides how the wgmma FP8 GEMM finishes a split
 	// K (0: the architecture description's FP8.WGMMA.ClusterSplits;
 	// negative: the tile's last block from global partials; n > 0:
@@ -140,6 +143,9 @@ func (k Knobs) Defaults() Knobs {
 	if k.IndexerQuery == 0 {
 		k.IndexerQuery = d.IndexerQuery
 	}
+	if k.TopKScore == 0 {
+		k.TopKScore = d.TopKScore
+	}
 	return k
 }
 
@@ -170,6 +176,22 @@ const (
 	// instructions a row (the Hadamard's sign by an xor, e2m1 without
 	// its compare chain).
 	IndexerQueryLean
+)
+
+// TopKScore names the top-k selection's score kernel; every one writes
+// the same keys (kernels/cuda/topk.cu).
+type TopKScore int
+
+const (
+	// TopKScoreMMA4Q: topk_score_mma4q, four rows of a sequence a block on
+	// the int8 mma, its loads pipelined.
+	TopKScoreMMA4Q TopKScore = iota + 1
+	// TopKScoreMMA4T: topk_score_mma4t, topk_score_mma4q whose exact path
+	// chains its block dots two head pairs a step, with no copies of C.
+	TopKScoreMMA4T
+	// TopKScoreMMA4U: topk_score_mma4t with four head pairs a step, and its
+	// fast path block by block.
+	TopKScoreMMA4U
 )
 
 // DirectBlockWarps is the warps a block of a direct launch of qRows Q rows

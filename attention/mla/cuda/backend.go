@@ -148,6 +148,9 @@ func NewTuned(opts Options, k cudatune.Knobs) (*Backend, error) {
 	if k.IndexerQuery < cudatune.IndexerQueryLate || k.IndexerQuery > cudatune.IndexerQueryLean {
 		return nil, fmt.Errorf("cuda: Knobs.IndexerQuery = %d names no kernel", k.IndexerQuery)
 	}
+	if k.TopKScore < cudatune.TopKScoreMMA4Q || k.TopKScore > cudatune.TopKScoreMMA4U {
+		return nil, fmt.Errorf("cuda: Knobs.TopKScore = %d names no kernel", k.TopKScore)
+	}
 	c, err := driver.Open(opts.Device)
 	if err != nil {
 		return nil, err

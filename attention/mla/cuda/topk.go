@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/dsv4mla/prologue/attention/mla"
+	"github.com/dsv4mla/prologue/internal/cudatune"
 	kernels "github.com/dsv4mla/prologue/kernels/cuda"
 	"github.com/dsv4mla/prologue/kernels/cuda/abi"
 	"github.com/dsv4mla/prologue/kernels/cuda/driver"
@@ -71,7 +72,7 @@ const topkSelect3SmallBytes = 40 << 10
 type topkScore int
 
 const (
-	topkScoreDefault topkScore = iota // topkDefaultScore
+	topkScoreDefault topkScore = iota // topkKnobScore(Knobs.TopKScore)
 	topkScoreMMA                      // topk_score_mma: one row a block, int8 mma.sync block dots
 	topkScoreDP4A                     // topk_score: one row a block, one entry a thread, dp4a
 	topkScoreMMA4                     // topk_score_mma4: four rows of a sequence a block, mma.sync
@@ -81,14 +82,18 @@ const (
 	topkScoreMMA4U                    // topk_score_mma4u: topk_score_mma4t with four head pairs a step
 )
 
-// topkDefaultScore is the score kernel IndexerTopK launches unless a test
-// picks another: topk_score_mma4q, bit-exact with the CPU backend on the
-// H200 in every top-k test and the fastest of them at decode b=32 MTP 3
-// (score alone, us: 30.7 at 8K, 158 at 64K, 300 at 128K, 2292 at 1M
-// against topk_score_mma4's 39, 211, 411, 3098; with narrow scales 27,
-// 110, 199, 1439 against 34, 158, 305, 2207; bench/results/2026-12-02-h200-topkperf).
-// The others compute the same keys.
-const topkDefaultScore = topkScoreMMA4Q
+// topkKnobScore is the score kernel IndexerTopK launches unless a test
+// picks another: the one cudatune.Knobs.TopKScore names (SM90.Knobs says
+// why it is the default). Every one computes the same keys.
+func topkKnobScore(k cudatune.TopKScore) topkScore {
+	switch k {
+	case cudatune.TopKScoreMMA4T:
+		return topkScoreMMA4T
+	case cudatune.TopKScoreMMA4U:
+		return topkScoreMMA4U
+	}
+	return topkScoreMMA4Q
+}
 
 // topkTileBlocksPerSM sets topk_score's and topk_score_mma's grid: about
 // this many blocks a multiprocessor over the launch's rows (each block
@@ -189,7 +194,7 @@ func topkGrid4(sms, rows int) (groups, tiles int) {
 }
 
 // IndexerTopK implements mla.TopKSelector: a score kernel
-// (topkDefaultScore unless a test picks another) then a select kernel
+// (the one Knobs.TopKScore names unless a test picks another) then a select kernel
 // (topkDefaultSelect) on the backend's current stream, with programmatic
 // dependent launch like the other kernels. The grids and shared memory
 // depend on the shape only (Rows, PageStride, PageSize), so a CUDA graph
@@ -264,7 +269,7 @@ func (b *Backend) indexerTopK(ctx context.Context, a *mla.TopKArgs, scoring, sel
 		sms := b.ctx.Props().SMCount
 		kernel := b.topk.kernel
 		if kernel == topkScoreDefault {
-			kernel = topkDefaultScore
+			kernel = topkKnobScore(b.knobs.TopKScore)
 		}
 		fn, grid, block, shared := b.topk.scoreMMA, driver.Dim3{uint32(a.Rows), uint32(topkGrid(sms, a.Rows)), 1}, uint32(abi.TopKScoreThreads), 0
 		switch kernel {
