@@ -827,7 +827,9 @@ __device__ __forceinline__ void tk_mma_accq(int d[4], const uint4 a, const uint2
 // other three accumulate, and 2 JG independent chains of mma stand
 // between two dependent ones. The other paths load their four blocks' C
 // words with two 16-byte loads; with JG 4 the fast path also runs block by
-// block, two head pairs a step. The same keys.
+// block, two head pairs a step. The rows are resolved before the wait for
+// the previous kernel (the plan is the launch's input, written by a copy
+// before it). The same keys.
 template <bool NAT, int JG>
 __device__ __forceinline__ void tk_score4p(const TopKParams& p) {
     extern __shared__ __align__(16) u8 tk4p_smem[];
@@ -840,8 +842,10 @@ __device__ __forceinline__ void tk_score4p(const TopKParams& p) {
     __shared__ long long rkeys[TOPK_SCORE4_ROWS];
     __shared__ int qmn[4], qmx[4]; // the pass's least and largest query scale byte per block
     __shared__ int klo, khi, xbad;  // the exact path: ek_min's range, and whether some query head rules it out
-    pdl_wait();
-    pdl_trigger();
+    if (JG == 0) {
+        pdl_wait();
+        pdl_trigger();
+    }
     const int r0 = blockIdx.x * TOPK_SCORE4_ROWS;
     if (r0 >= p.rows) return;
     if (threadIdx.x < TOPK_SCORE4_ROWS) {
@@ -854,6 +858,10 @@ __device__ __forceinline__ void tk_score4p(const TopKParams& p) {
         rkeys[threadIdx.x] = t.keys;
     }
     __syncthreads();
+    if (JG > 0) { // the rows resolved before the wait, as topk_select4 does: no kernel writes the plan
+        pdl_wait();
+        pdl_trigger();
+    }
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tq = lane & 3;
     const size_t page_bytes = (size_t)p.page_size * MXFP4_ROW_BYTES;
     u32* wks = (u32*)(tk4p_smem + TK4P_KS) + warp * 2 * TK4P_WBUF; // this warp's two tile buffers
