@@ -83,8 +83,11 @@
 // the indices ascending. topk_score_mma and topk_score_mma4 (four rows of a
 // sequence a block) compute the same keys on the int8 tensor cores, and
 // topk_score_mma4p/q are topk_score_mma4 with its loads pipelined
-// (cp.async, a warp's own double buffer) and a shorter decode; mma4q is the
-// default. topk_select2 keeps a row's keys in shared memory where they fit,
+// (cp.async, a warp's own double buffer) and a shorter decode;
+// topk_score_mma4t/u are mma4q with the exact path's block dots chained
+// two or four head pairs a step with no copies of C (and u's fast path
+// block by block). cudatune.Knobs.TopKScore picks one (mma4q by default).
+// topk_select2 keeps a row's keys in shared memory where they fit,
 // and topk_select3 adds a sampled candidate sweep for the rows
 // whose keys do not; topk_select4 (the default) is topk_select3 with a
 // row's fixed cost cut (the row resolved before the wait, two barriers a
