@@ -12,6 +12,9 @@
 //                tokens), each entry read once for them: the same keys.
 //   topk_score_mma4p, topk_score_mma4q  topk_score_mma4 with its loads
 //                pipelined (and, q, a shorter nibble decode): the same keys.
+//   topk_score_mma4t, topk_score_mma4u  topk_score_mma4q with the exact
+//                path's mma chains interleaved and no copies of C: the
+//                same keys.
 //   topk_select  grid (rows): block r finds the threshold key by a radix
 //                select over row r's keys (4 passes of 8 bits from the
 //                top), then writes the entries above it and the first
