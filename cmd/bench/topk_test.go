@@ -97,6 +97,8 @@ func TestTopKResultLogs(t *testing.T) {
 		{"2026-12-02-h200-e/lead.log", 18, 0, []want{{"decode-b32-mtp3", 1 << 20, 512, "mma4q", 2453.6, 155.7}}},
 		{"2026-12-02-h200-g/topk/bench.log", 64, 0, []want{{"decode-b32-mtp3", 8 << 10, 512, "mma4q+select4", 37.3, 7.4},
 			{"decode-b32-mtp3-narrow", 1 << 20, 512, "mma4q+select6", 1948.1, 498.2}}},
+		{"2026-12-02-h200-h/topk/bench.log", 48, 0, []want{{"decode-b32-mtp3", 64 << 10, 512, "mma4u", 174.3, 21.2},
+			{"prefill=16K", 0, 512, "mma4q", 3014.8, 759.7}}},
 	} {
 		t.Run(c.log, func(t *testing.T) {
 			path := filepath.Join("..", "..", "bench", "results", filepath.FromSlash(c.log))

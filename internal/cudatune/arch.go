@@ -295,12 +295,14 @@ var SM90 = Arch{
 		// ratio-4 layer through the graph: +23.3% -> +19.8% at b=32 MTP 3,
 		// +35.8% -> +30.8% at 4K.
 		IndexerKeys: IndexerKeysFused, IndexerQuery: IndexerQueryLean,
-		// The top-k score kernel: topk_score_mma4q, bit-exact with the CPU
-		// backend in every top-k test and the fastest measured at decode
-		// b=32 MTP 3 (score alone, us: 30.7 at 8K, 158 at 64K, 2292 at 1M;
-		// 27, 110, 1439 with narrow scales;
-		// bench/results/2026-12-02-h200-topkperf).
-		TopKScore: TopKScoreMMA4Q,
+		// The top-k score kernel: topk_score_mma4u, bit-exact with the CPU
+		// backend in every top-k test and faster than topk_score_mma4q (the
+		// default before) at every shape measured in the same call
+		// (bench/results/2026-12-02-h200-h/topk, score alone, us, mma4u
+		// against mma4q: decode b=32 MTP 3 29.7 / 30.6 at 8K, 154.3 / 157.5
+		// at 64K, 2273 / 2293 at 1M; with narrow scales 25.7 / 27.1, 106.6
+		// / 109.0, 1403 / 1449; prefill 16K 2234 / 2252).
+		TopKScore: TopKScoreMMA4U,
 	},
 }
 
