@@ -9,6 +9,7 @@ DeepGEMM (github.com/deepseek-ai/DeepGEMM) is built from its public source on th
   prewarm --src DIR --part I --parts N
                                 JIT-compile the kernels `bench` will call (share I of N, so
                                 that N processes fill DG_JIT_CACHE_DIR in parallel)
+  probe   --src DIR [--indexer] one small call of each kind, each step announced before it runs
   bench   --src DIR --out DIR [--budget S]
                                 time and check; writes DIR/deepgemm.json and DIR/deepgemm.txt
 
@@ -87,7 +88,11 @@ def cmd_build(args):
                              os.path.join(src, "deep_gemm/include"),
                              os.path.join(src, "third-party/cutlass/include"),
                              os.path.join(src, "third-party/fmt/include")],
-        extra_ldflags=[f"-L{cuda_home}/lib64", f"-L{cuda_home}/lib", "-lcudart", "-lnvrtc"],
+        # The shared C++ runtime, the one torch uses. This device's /opt/gcc g++ (its $CXX) links
+        # libstdc++ statically: that build carried a second C++ runtime into the process (its
+        # std::locale and exceptions, with std::filesystem taken from torch's), and it segfaulted
+        # at DeepGEMM's first JIT call (2026-12-02 07:38 UTC call).
+        extra_ldflags=[f"-L{cuda_home}/lib64", f"-L{cuda_home}/lib", "-lcudart", "-lnvrtc", "-l:libstdc++.so.6"],
         build_directory=bdir, with_cuda=True, verbose=True, is_python_module=True)
     so = os.path.join(bdir, "_C.so")
     dst = os.path.join(src, "deep_gemm", "_C.so")
@@ -177,6 +182,37 @@ def items():
     for entries, next_n in INDEXER:
         out.insert(8 if next_n == 2 else len(out), ("indexer", f"e{entries}-nn{next_n}", entries, next_n, 0))
     return out
+
+
+def cmd_probe(args):
+    """One small call of each kind, each step announced first, so that a crash names its step."""
+    import torch
+    torch.backends.cuda.matmul.allow_tf32 = False
+    step = lambda what: log(f"PROBE step: {what}")  # noqa: E731
+    step("import deep_gemm")
+    dg = import_dg(args.src)
+    step(f"get_num_sms -> {dg.get_num_sms()}")
+    step(f"get_tma_aligned_size(1, 4) -> {dg.get_tma_aligned_size(1, 4)}")
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    step("inputs (get_mn_major_tma_aligned_tensor on aligned scales)")
+    x, w = gemm_inputs(dg, torch, 8, 1536, 4096, gen)
+    y = torch.full((8, 1536), float("nan"), device="cuda", dtype=torch.bfloat16)
+    step("fp8_gemm_nt m=8 n=1536 k=4096 (JIT compile)")
+    t0 = time.time()
+    dg.fp8_gemm_nt(x, w, y)
+    torch.cuda.synchronize()
+    ref = dequant(x[0], x[1], 1, 128) @ dequant(w[0], w[1], 128, 128).t()
+    from deep_gemm.testing import calc_diff
+    diff = float(calc_diff(y.float(), ref))
+    step(f"fp8_gemm_nt done in {time.time() - t0:.1f} s, diff {diff:.1e}")
+    if args.indexer:
+        step("fp8_paged_mqa_logits entries=256 next_n=2 (JIT compile)")
+        t0 = time.time()
+        paged_call(dg, paged_inputs(torch, 256, 2, gen))
+        torch.cuda.synchronize()
+        step(f"fp8_paged_mqa_logits done in {time.time() - t0:.1f} s")
+    log("PROBE OK" if diff < 1e-3 else "PROBE WRONG")
+    return 0 if diff < 1e-3 else 1
 
 
 def cmd_prewarm(args):
@@ -412,6 +448,9 @@ def main():
     p.add_argument("--src", required=True)
     p.add_argument("--part", type=int, required=True)
     p.add_argument("--parts", type=int, required=True)
+    q = sub.add_parser("probe")
+    q.add_argument("--src", required=True)
+    q.add_argument("--indexer", action="store_true")
     r = sub.add_parser("bench")
     r.add_argument("--src", required=True)
     r.add_argument("--out", required=True)
@@ -419,6 +458,8 @@ def main():
     a = ap.parse_args()
     if a.cmd == "build":
         cmd_build(a)
+    elif a.cmd == "probe":
+        sys.exit(cmd_probe(a))
     elif a.cmd == "prewarm":
         cmd_prewarm(a)
     else:
