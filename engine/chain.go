@@ -120,7 +120,11 @@ func (c Config) heads() int {
 type chainState struct {
 	cb     mla.ChainBackend
 	forker mla.KVForker // nil: the KV prologue runs in order on the one stream
-	hidden mla.Buffer   // [MaxTokens][hidden] bf16
+	// aux is the backend's third stream where its tuning puts the indexer's
+	// query path there (mla.AuxRunner.AuxQuery) and it has the side
+	// stream too; nil: the query path runs on the main stream.
+	aux    mla.AuxRunner
+	hidden mla.Buffer // [MaxTokens][hidden] bf16
 	xq     mla.FP8Activations
 	qn     mla.FP8Activations
 	layers []chainLayer
@@ -144,6 +148,11 @@ func (e *Engine) newChain(alloc func(what string, n int, fill byte) (mla.Buffer,
 	}
 	c := &chainState{cb: cb, eps: float32(cfg.Model.RMSNormEps)}
 	c.forker, _ = e.backend.(mla.KVForker)
+	if a, ok := e.backend.(mla.AuxRunner); ok && c.forker != nil && a.AuxQuery() {
+		if _, side := e.backend.(mla.SideRunner); side {
+			c.aux = a
+		}
+	}
 	T, H, Q := cfg.MaxTokens, cfg.Model.HiddenSize, cfg.Model.QLoraRank
 	var err error
 	if c.hidden, err = alloc("hidden-state input", T*H*2, 0); err != nil {
@@ -366,6 +375,10 @@ func launchRows(ls []mla.Launch) int {
 // fused GEMM, then the KV prologue on the side stream (forked) while
 // q_norm, the wq_b GEMM, the Q prologue and the indexer's wq_b GEMM run on
 // the main stream, the join, and the indexer's query step and selection.
+// Where the backend puts the indexer's query path on its third stream
+// (chainState.aux), its wq_b GEMM and query step run there instead, forked
+// after q_norm, the step after the side stream's projection GEMM (marked
+// by compressLayer), joined with the side stream.
 // On a backend without a second stream the compressor runs first and the
 // KV prologue in order after the fused GEMM.
 func (e *Engine) runChain(ctx context.Context, layer int, launches []mla.Launch) error {
@@ -374,9 +387,11 @@ func (e *Engine) runChain(ctx context.Context, layer int, launches []mla.Launch)
 		return err
 	}
 	c := e.chain
+	rows := launchRows(launches)
+	auxQ := e.indexerOnAux(layer)
 	// The compressor first, on the side stream: it reads only the hidden
 	// rows, so it runs under the layer's GEMMs.
-	compSide, err := e.compressLayer(ctx, layer, launchRows(launches))
+	compSide, err := e.compressLayer(ctx, layer, rows)
 	if err != nil {
 		if compSide {
 			err = errors.Join(err, c.forker.JoinKV(ctx))
@@ -399,15 +414,33 @@ func (e *Engine) runChain(ctx context.Context, layer int, launches []mla.Launch)
 		return fmt.Errorf("forking the KV prologue: %w", err)
 	}
 	err = func() error {
-		for _, s := range []Stage{StageQNorm, StageQGEMM} {
-			if err := e.runStage(ctx, s, layer, launches); err != nil {
+		if err := e.runStage(ctx, StageQNorm, layer, launches); err != nil {
+			return err
+		}
+		if auxQ {
+			if err := c.aux.Aux(ctx, func() error {
+				if err := e.indexerQueryGEMM(ctx, layer, rows); err != nil {
+					return err
+				}
+				// weights_proj's columns of the side stream's projection GEMM.
+				if err := c.aux.AwaitSide(ctx); err != nil {
+					return fmt.Errorf("indexer query: %w", err)
+				}
+				return e.indexerQuery(ctx, layer, launches)
+			}); err != nil {
 				return err
 			}
+		}
+		if err := e.runStage(ctx, StageQGEMM, layer, launches); err != nil {
+			return err
 		}
 		if err := mla.QOnly(ctx, e.backend, launches, a); err != nil {
 			return err
 		}
-		return e.indexerQueryGEMM(ctx, layer, launchRows(launches))
+		if auxQ {
+			return nil
+		}
+		return e.indexerQueryGEMM(ctx, layer, rows)
 	}()
 	if c.forker != nil {
 		// Join even after a failure: a graph capture must end joined, and
@@ -424,10 +457,12 @@ func (e *Engine) runChain(ctx context.Context, layer int, launches []mla.Launch)
 	// decode, so the join costs it nothing there). The selection last: it
 	// reads the query and the entries the side stream's indexer key step
 	// wrote this iteration.
-	if err := e.indexerQuery(ctx, layer, launches); err != nil {
-		return err
+	if !auxQ {
+		if err := e.indexerQuery(ctx, layer, launches); err != nil {
+			return err
+		}
 	}
-	return e.indexerTopK(ctx, layer, launchRows(launches))
+	return e.indexerTopK(ctx, layer, rows)
 }
 
 // RunStage issues one step of the chain of a layer (Config.Input = hidden),

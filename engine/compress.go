@@ -1088,6 +1088,13 @@ func (e *Engine) compressLayer(ctx context.Context, layer, rows int) (onSide boo
 		if err := e.compressProject(ctx, layer, rows); err != nil {
 			return fmt.Errorf("compressor projection: %w", err)
 		}
+		if c.side != nil && e.indexerOnAux(layer) {
+			// The third stream's indexer query step reads weights_proj's
+			// columns of this GEMM's output (runChain).
+			if err := e.chain.aux.MarkSide(ctx); err != nil {
+				return fmt.Errorf("compressor projection: %w", err)
+			}
+		}
 		if err := e.compressStep(ctx, layer); err != nil {
 			return fmt.Errorf("compressor step: %w", err)
 		}

@@ -208,6 +208,15 @@ func (e *Engine) indexerKeys(ctx context.Context, layer int) error {
 	return nil
 }
 
+// indexerOnAux reports whether layer's indexer query path runs on the
+// backend's third stream (runChain): the layer runs the indexer, the
+// backend's tuning says so, and the compressor (whose projection GEMM
+// writes the head weights' input) runs on the side stream.
+func (e *Engine) indexerOnAux(layer int) bool {
+	return e.chain != nil && e.chain.aux != nil && e.idx != nil && e.idx.layers[layer] != nil &&
+		e.comp != nil && e.comp.side != nil && e.comp.layers[layer] != nil
+}
+
 // indexerQueryGEMM issues a ratio-4 layer's indexer wq_b GEMM on q_norm's
 // activation; nothing for a layer without the indexer.
 func (e *Engine) indexerQueryGEMM(ctx context.Context, layer, rows int) error {
@@ -364,3 +373,8 @@ func (d IterationDebug) ReadIndexerQuery() (query, headWeights []byte, err error
 	}
 	return query, headWeights, nil
 }
+
+// IndexerQueryOnAux reports whether layer's indexer query path runs on the
+// backend's third stream (mla.AuxRunner.AuxQuery; the engine's chain
+// issues it there only with the compressor on the side stream).
+func (d Debug) IndexerQueryOnAux(layer int) bool { return d.e.indexerOnAux(layer) }

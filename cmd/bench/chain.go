@@ -286,6 +286,12 @@ func (d *device) chainLayer(ctx context.Context, md model, cl *chainLayout, w *c
 			if err := idx.x.fusedGEMM(ctx, d.be, l); err != nil {
 				return err
 			}
+			if idx.aux {
+				// The third stream's query step waits for weights_proj's columns.
+				if err := d.be.MarkSide(ctx); err != nil {
+					return err
+				}
+			}
 			kg, stride := idx.x.mainKG()
 			if err := d.compressStep(ctx, cl, comp, l, kg, stride); err != nil {
 				return err
@@ -328,9 +334,25 @@ func (d *device) chainLayer(ctx context.Context, md model, cl *chainLayout, w *c
 			Eps: float32(md.cfg.RMSNormEps), Out: cs.qn}); err != nil {
 			return fmt.Errorf("q_norm: %w", err)
 		}
-		if idx != nil && idx.side {
+		switch {
+		case idx != nil && idx.side:
 			if err := d.be.Side(ctx, func() error {
 				if err := idx.x.wqBGEMM(ctx, d.be, l); err != nil {
+					return err
+				}
+				return idx.x.queryStep(ctx, d.be, l, mla.IndexerQueryMXFP4)
+			}); err != nil {
+				return err
+			}
+		case idx != nil && (idx.aux || idx.auxGEMM):
+			if err := d.be.Aux(ctx, func() error {
+				if err := idx.x.wqBGEMM(ctx, d.be, l); err != nil {
+					return err
+				}
+				if idx.auxGEMM {
+					return nil
+				}
+				if err := d.be.AwaitSide(ctx); err != nil {
 					return err
 				}
 				return idx.x.queryStep(ctx, d.be, l, mla.IndexerQueryMXFP4)
@@ -345,7 +367,7 @@ func (d *device) chainLayer(ctx context.Context, md model, cl *chainLayout, w *c
 			return err
 		}
 		switch {
-		case idx == nil || idx.side:
+		case idx == nil || idx.side || idx.aux || idx.auxGEMM:
 			return nil
 		case idx.separate:
 			return idx.x.separateQuery(ctx, d.be, l)
@@ -361,7 +383,7 @@ func (d *device) chainLayer(ctx context.Context, md model, cl *chainLayout, w *c
 	if err != nil || idx == nil {
 		return err
 	}
-	if !idx.side && !idx.separate {
+	if !idx.side && !idx.separate && !idx.aux {
 		// After the join: weights_proj's columns come from the side stream.
 		if err := idx.x.queryStep(ctx, d.be, l, mla.IndexerQueryMXFP4); err != nil {
 			return err

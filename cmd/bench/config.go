@@ -82,6 +82,9 @@ type config struct {
 	// chain's random lengths below maxGenCached, N for every sequence's
 	// last token just below position N (longGenerationShape).
 	IndexerContexts []int
+	// IndexerNoTopK leaves the selection's modes out (the prologue's
+	// figures in less device time).
+	IndexerNoTopK bool
 
 	HostCost bool // the engine's Begin/End host cost
 	HostReps int
@@ -150,6 +153,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.IntVar(&c.IndexerMTP, "indexer-mtp", defaultIndexerMTP, "draft tokens per generation sequence of the indexer's shapes")
 	indexerCtx := fs.String("indexer-ctx-tokens", defaultIndexerCtxTokens, "context batch sizes of the indexer in tokens ('none' for none)")
 	indexerContexts := fs.String("indexer-contexts", "0", "contexts of the indexer's generation shapes: 0 for random lengths below "+strconv.Itoa(maxGenCached)+" (the chain's), N for every sequence ending just below position N")
+	fs.BoolVar(&c.IndexerNoTopK, "indexer-no-topk", false, "leave the indexer's top-k modes (c) and top-k alone out")
 	fs.BoolVar(&c.HostCost, "host-cost", true, "measure the engine's Begin/End host cost on the CUDA backend")
 	fs.IntVar(&c.HostReps, "host-reps", 30, "iterations per batch size of the host-cost measurement")
 	fs.IntVar(&c.HostPrefill, "host-prefill", 2048, "tokens each host-cost sequence holds before its generation steps")

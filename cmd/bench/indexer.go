@@ -40,6 +40,9 @@ const (
 	idxSide                      // (b') as (b), its query's GEMM and step on the side stream
 	idxSeparate                  // (b'') as (b), the three bf16 projections as three GEMMs (the engine before its one GEMM)
 	idxNoKeys                    // (b-k) as (b) without the indexer's key step: what the step costs the layer
+	idxAux                       // (b3) as (b), its wq_b GEMM and query step on a third stream (cudatune.IndexerStreamAux)
+	idxAuxGEMM                   // (b3g) as (b), its wq_b GEMM alone on a third stream, the query step after the join
+	idxMainQ                     // (b1) as (b), the query path on the main stream (cudatune.IndexerStreamMain)
 	idxAlone                     // the indexer's prologue alone: its GEMMs and steps in order on one stream
 	idxQueryAlone                // the query step alone (no GEMM)
 	idxTopKAlone                 // the top-k selection alone
@@ -59,6 +62,12 @@ func (m idxMode) String() string {
 		return "with its prologue, three bf16 projections"
 	case idxNoKeys:
 		return "with its prologue but the key step"
+	case idxAux:
+		return "with its prologue, query path on a third stream"
+	case idxAuxGEMM:
+		return "with its prologue, wq_b GEMM on a third stream"
+	case idxMainQ:
+		return "with its prologue, query path on the main stream"
 	case idxAlone:
 		return "prologue alone"
 	case idxQueryAlone:
@@ -72,7 +81,7 @@ func (m idxMode) String() string {
 // idxModes are the graphs timed per shape, in order: those without the
 // selection first, so that a run cut short during the selection keeps
 // the prologue's figures.
-var idxModes = []idxMode{idxOff, idxPrologue, idxNoKeys, idxSide, idxSeparate, idxAlone, idxQueryAlone, idxTopK, idxTopKAlone}
+var idxModes = []idxMode{idxOff, idxPrologue, idxMainQ, idxAux, idxAuxGEMM, idxNoKeys, idxSide, idxSeparate, idxAlone, idxQueryAlone, idxTopK, idxTopKAlone}
 
 // idxWidth is one K or G row of the indexer compressor's projections.
 var idxWidth = compressor.Overlap(kvcache.DSv4IndexerRatio) * mla.IndexerDim
@@ -545,16 +554,21 @@ func (x *chainIdx) alone(ctx context.Context, be idxBackend, l int, mode idxMode
 // (fusedGEMM, in place of the compressor's own), the compressor's step
 // and the indexer's key step from its columns; its wq_b GEMM after the Q
 // prologue; after the join its query step (weights_proj's columns come
-// from the side stream) and with topk the selection. With side (not the
+// from the side stream) and with topk the selection. With aux (the
+// engine's way under cudatune.IndexerStreamAux), the wq_b GEMM and the
+// query step go to the third stream after q_norm, the step after the side
+// stream's projection GEMM (a mark), under the main wq_b GEMM and the Q
+// prologue; with auxGEMM only the wq_b GEMM does. With side (not the
 // engine's way: a variant to measure), the wq_b GEMM and the query step go
-// to the side stream after q_norm, under the main wq_b GEMM and the Q
-// prologue. With separate (the engine before its one GEMM), the
-// compressor projects alone, the indexer compressor's projection and step
-// follow it on the side stream, and the wq_b and weights_proj GEMMs and the
-// query step follow the Q prologue before the join.
+// to the side stream after q_norm, behind its compressor and KV work.
+// With separate (the engine before its one GEMM), the compressor projects
+// alone, the indexer compressor's projection and step follow it on the
+// side stream, and the wq_b and weights_proj GEMMs and the query step
+// follow the Q prologue before the join.
 type chainIdxStep struct {
 	x                    *chainIdx
 	topk, side, separate bool
+	aux, auxGEMM         bool
 	// noKeys leaves the key step out (idxNoKeys).
 	noKeys bool
 }

@@ -49,6 +49,21 @@ type IndexerResult struct {
 	BaseUs     float64 `json:"base_us"`
 	PrologueUs float64 `json:"prologue_us"`
 	TopKUs     float64 `json:"topk_us"`
+	// Stream is where (b) runs the indexer's query path, the engine's way
+	// under the run's knobs (cudatune.Knobs.IndexerStream): "main" or
+	// "third". MainQUs (b1) is (b) with it on the main stream (the wq_b
+	// GEMM after the Q prologue, the query step after the join), AuxUs
+	// (b3) on the third stream (forked after q_norm, the query step after
+	// the side stream's projection GEMM), AuxGEMMUs (b3g) only its wq_b
+	// GEMM there (the query step after the join); the *AddedPct their
+	// shares.
+	Stream          string  `json:"stream"`
+	MainQUs         float64 `json:"main_q_us"`
+	MainQAddedPct   float64 `json:"main_q_added_pct"`
+	AuxUs           float64 `json:"aux_us"`
+	AuxAddedPct     float64 `json:"aux_added_pct"`
+	AuxGEMMUs       float64 `json:"aux_gemm_us"`
+	AuxGEMMAddedPct float64 `json:"aux_gemm_added_pct"`
 	// SideUs (b') is (b) with the query's GEMMs and step on the side
 	// stream after q_norm and weights_proj after the keys (not the
 	// engine's way: whether the overlap pays); SideAddedPct its share.
@@ -111,6 +126,12 @@ func (r *IndexerResult) modeUs(m idxMode) *float64 {
 		return &r.SeparateUs
 	case idxNoKeys:
 		return &r.NoKeysUs
+	case idxMainQ:
+		return &r.MainQUs
+	case idxAux:
+		return &r.AuxUs
+	case idxAuxGEMM:
+		return &r.AuxGEMMUs
 	case idxAlone:
 		return &r.AloneUs
 	case idxQueryAlone:
@@ -145,6 +166,9 @@ func (r *IndexerResult) derive(copyGBps float64) {
 	r.TopKAddedUs = r.TopKUs - r.BaseUs
 	r.TopKAddedPct = safeDiv(100*r.TopKAddedUs, r.BaseUs)
 	r.SideAddedPct = safeDiv(100*(r.SideUs-r.BaseUs), r.BaseUs)
+	r.MainQAddedPct = safeDiv(100*(r.MainQUs-r.BaseUs), r.BaseUs)
+	r.AuxAddedPct = safeDiv(100*(r.AuxUs-r.BaseUs), r.BaseUs)
+	r.AuxGEMMAddedPct = safeDiv(100*(r.AuxGEMMUs-r.BaseUs), r.BaseUs)
 	r.SeparateAddedPct = safeDiv(100*(r.SeparateUs-r.BaseUs), r.BaseUs)
 	r.ColdAddedPct = safeDiv(100*(r.ColdPrologueUs-r.ColdBaseUs), r.ColdBaseUs)
 	r.GoalPct = IndexerGoalPct
@@ -299,7 +323,9 @@ func indexerShape(c *config, d *device, md model, w *chainWeights, s shape, rep 
 		}
 		return nil
 	}
-	for _, idx := range []*chainIdxStep{{x: x}, {x: x, side: true}, {x: x, separate: true}} {
+	// The engine's way (cudatune.Knobs.IndexerStream).
+	engineAux := d.be.AuxQuery()
+	for _, idx := range []*chainIdxStep{{x: x}, {x: x, aux: true}, {x: x, auxGEMM: true}, {x: x, side: true}, {x: x, separate: true}} {
 		if err := eager(idx); err != nil {
 			return err
 		}
@@ -325,7 +351,10 @@ func indexerShape(c *config, d *device, md model, w *chainWeights, s shape, rep 
 	r := IndexerResult{Model: md.Name, Phase: s.Phase, Batch: s.Batch, MTP: s.MTP, Tokens: s.Tokens, Context: s.Context, Rows: cl.rows,
 		Layers: L, Sets: len(cl.sets), TopK: x.tk.TopK, Visible: x.Visible, ScoredRows: x.Scored,
 		BaseWeightBytes:  chainDimsOf(md).weightBytes() + compressWeightBytes(md, 4),
-		AddedWeightBytes: indexerWeightBytes(md)}
+		AddedWeightBytes: indexerWeightBytes(md), Stream: "main"}
+	if engineAux {
+		r.Stream = "third"
+	}
 	if r.ChainUs, err = graph("chain", func(l int) error {
 		return d.chainLayer(ctx, md, cl, &w.layers[l], l, kvForked, nil, nil, nil)
 	}); err != nil {
@@ -343,12 +372,21 @@ func indexerShape(c *config, d *device, md model, w *chainWeights, s shape, rep 
 		}
 	}
 	for _, mode := range idxModes {
+		if c.IndexerNoTopK && (mode == idxTopK || mode == idxTopKAlone) {
+			continue
+		}
 		var idx *chainIdxStep
 		switch mode {
 		case idxPrologue:
+			idx = &chainIdxStep{x: x, aux: engineAux}
+		case idxMainQ:
 			idx = &chainIdxStep{x: x}
+		case idxAux:
+			idx = &chainIdxStep{x: x, aux: true}
+		case idxAuxGEMM:
+			idx = &chainIdxStep{x: x, auxGEMM: true}
 		case idxTopK:
-			idx = &chainIdxStep{x: x, topk: true}
+			idx = &chainIdxStep{x: x, topk: true, aux: engineAux}
 			if err := eager(idx); err != nil {
 				return err
 			}
@@ -358,7 +396,7 @@ func indexerShape(c *config, d *device, md model, w *chainWeights, s shape, rep 
 		case idxSeparate:
 			idx = &chainIdxStep{x: x, separate: true}
 		case idxNoKeys:
-			idx = &chainIdxStep{x: x, noKeys: true}
+			idx = &chainIdxStep{x: x, noKeys: true, aux: engineAux}
 		}
 		if mode == idxTopK && s.Tokens == 128 && s.Phase == "generation" && s.Context == 0 {
 			// The query step alone before the selection's graphs.
@@ -432,8 +470,9 @@ func (r *IndexerResult) line() string {
 	if !r.GoalMet {
 		verdict = "goal missed"
 	}
-	return fmt.Sprintf("indexer %-5s %-10s b=%-3d mtp=%d tokens=%-6d context=%-7d rows=%-6d: chain %8.2f, (a) ratio-4 layer %8.2f, (b) with the indexer's prologue %8.2f us/layer (%+7.2f us, %+6.1f%%: <= %g%% %s), (c) with top-k %8.2f (%+7.2f us, %+6.1f%%), (b') query on the side stream %8.2f (%+6.1f%%), (b'') three bf16 projections %8.2f (%+6.1f%%), (b-k) without the key step %8.2f (keys %+6.2f us); one layer cold: (a) %8.2f, (b) %8.2f (%+6.1f%%), (c) %8.2f; alone: prologue %7.2f, query step %6.2f, top-k %7.2f; added weights %4.1f MB, floor %5.2f us (layer's %5.1f MB: %5.2f us); visible <= %d entries, %d rows score (top-k %d)",
-		r.Model, r.Phase, r.Batch, r.MTP, r.Tokens, r.Context, r.Rows, r.ChainUs, r.BaseUs, r.PrologueUs, r.AddedUs, r.AddedPct, r.GoalPct, verdict,
+	return fmt.Sprintf("indexer %-5s %-10s b=%-3d mtp=%d tokens=%-6d context=%-7d rows=%-6d: chain %8.2f, (a) ratio-4 layer %8.2f, (b) with the indexer's prologue %8.2f us/layer (%+7.2f us, %+6.1f%%: <= %g%% %s; query path on the %s stream), (b1) query path on the main stream %8.2f (%+6.1f%%), (b3) on a third stream %8.2f (%+6.1f%%), (b3g) its wq_b GEMM there %8.2f (%+6.1f%%), (c) with top-k %8.2f (%+7.2f us, %+6.1f%%), (b') query on the side stream %8.2f (%+6.1f%%), (b'') three bf16 projections %8.2f (%+6.1f%%), (b-k) without the key step %8.2f (keys %+6.2f us); one layer cold: (a) %8.2f, (b) %8.2f (%+6.1f%%), (c) %8.2f; alone: prologue %7.2f, query step %6.2f, top-k %7.2f; added weights %4.1f MB, floor %5.2f us (layer's %5.1f MB: %5.2f us); visible <= %d entries, %d rows score (top-k %d)",
+		r.Model, r.Phase, r.Batch, r.MTP, r.Tokens, r.Context, r.Rows, r.ChainUs, r.BaseUs, r.PrologueUs, r.AddedUs, r.AddedPct, r.GoalPct, verdict, r.Stream,
+		r.MainQUs, r.MainQAddedPct, r.AuxUs, r.AuxAddedPct, r.AuxGEMMUs, r.AuxGEMMAddedPct,
 		r.TopKUs, r.TopKAddedUs, r.TopKAddedPct, r.SideUs, r.SideAddedPct, r.SeparateUs, r.SeparateAddedPct, r.NoKeysUs, r.PrologueUs-r.NoKeysUs, r.ColdBaseUs, r.ColdPrologueUs, r.ColdAddedPct, r.ColdTopKUs, r.AloneUs, r.QueryAloneUs, r.TopKAloneUs,
 		float64(r.AddedWeightBytes)/1e6, r.AddedFloorUs, float64(r.BaseWeightBytes)/1e6, r.BaseFloorUs, r.Visible, r.ScoredRows, r.TopK)
 }
@@ -448,8 +487,8 @@ func (q *IndexerQueryResult) line() string {
 func writeIndexerTable(w io.Writer, rs []IndexerResult, qs []IndexerQueryResult) error {
 	var b strings.Builder
 	if len(rs) > 0 {
-		b.WriteString("| model | shape | (a) ratio-4 layer | (b) + prologue | (b-a)/a | goal | (c) + top-k | (c-a)/a | (b') query on the side | (b'-a)/a | (b'') three bf16 projections | (b''-a)/a | prologue alone | added weights floor |\n")
-		b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+		b.WriteString("| model | shape | (a) ratio-4 layer | (b) + prologue | (b-a)/a | goal | query path | (b1) main stream | (b3) third stream | (b3g) its GEMM there | (c) + top-k | (c-a)/a | (b') query on the side | (b'-a)/a | (b'') three bf16 projections | (b''-a)/a | prologue alone | added weights floor |\n")
+		b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 		for _, r := range rs {
 			shape := fmt.Sprintf("prefill %d", r.Tokens)
 			if r.Phase == "generation" {
@@ -462,8 +501,9 @@ func writeIndexerTable(w io.Writer, rs []IndexerResult, qs []IndexerQueryResult)
 			if !r.GoalMet {
 				verdict = "missed"
 			}
-			fmt.Fprintf(&b, "| %s | %s | %.2f | %.2f | %+.1f%% | <= %g%%: %s | %.2f | %+.1f%% | %.2f | %+.1f%% | %.2f | %+.1f%% | %.2f | %.2f (%.1f MB) |\n",
-				r.Model, shape, r.BaseUs, r.PrologueUs, r.AddedPct, r.GoalPct, verdict, r.TopKUs, r.TopKAddedPct, r.SideUs, r.SideAddedPct,
+			fmt.Fprintf(&b, "| %s | %s | %.2f | %.2f | %+.1f%% | <= %g%%: %s | %s | %.2f (%+.1f%%) | %.2f (%+.1f%%) | %.2f (%+.1f%%) | %.2f | %+.1f%% | %.2f | %+.1f%% | %.2f | %+.1f%% | %.2f | %.2f (%.1f MB) |\n",
+				r.Model, shape, r.BaseUs, r.PrologueUs, r.AddedPct, r.GoalPct, verdict, r.Stream, r.MainQUs, r.MainQAddedPct, r.AuxUs, r.AuxAddedPct,
+				r.AuxGEMMUs, r.AuxGEMMAddedPct, r.TopKUs, r.TopKAddedPct, r.SideUs, r.SideAddedPct,
 				r.SeparateUs, r.SeparateAddedPct, r.AloneUs,
 				r.AddedFloorUs, float64(r.AddedWeightBytes)/1e6)
 		}

@@ -124,7 +124,8 @@ func TestIndexerDerive(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			gbps := 3000 + 2000*r.Float64()
-			res := IndexerResult{BaseUs: tc.base, PrologueUs: tc.pro, TopKUs: tc.topk, SideUs: tc.pro, ColdBaseUs: 2 * tc.base, ColdPrologueUs: 2 * tc.pro,
+			res := IndexerResult{BaseUs: tc.base, PrologueUs: tc.pro, TopKUs: tc.topk, SideUs: tc.pro, MainQUs: tc.pro, AuxUs: tc.topk, AuxGEMMUs: tc.pro,
+				ColdBaseUs: 2 * tc.base, ColdPrologueUs: 2 * tc.pro,
 				BaseWeightBytes: 1e6 + r.Int64N(1e8), AddedWeightBytes: 1e6 + r.Int64N(3e7)}
 			res.derive(gbps)
 			assert.Equal(t, tc.wantMet, res.GoalMet)
@@ -134,6 +135,9 @@ func TestIndexerDerive(t *testing.T) {
 			assert.InDelta(t, tc.topk-tc.base, res.TopKAddedUs, 1e-9)
 			assert.InDelta(t, tc.wantPct, res.ColdAddedPct, 1e-9, "the same share of twice the times")
 			assert.InDelta(t, tc.wantPct, res.SideAddedPct, 1e-9)
+			assert.InDelta(t, tc.wantPct, res.MainQAddedPct, 1e-9)
+			assert.InDelta(t, tc.wantTopK, res.AuxAddedPct, 1e-9)
+			assert.InDelta(t, tc.wantPct, res.AuxGEMMAddedPct, 1e-9)
 			// bytes / (GB/s) in us: bytes / (gbps * 1e9) * 1e6.
 			assert.InDelta(t, float64(res.AddedWeightBytes)/(gbps*1e9)*1e6, res.AddedFloorUs, 1e-9)
 			assert.InDelta(t, float64(res.BaseWeightBytes)/(gbps*1e9)*1e6, res.BaseFloorUs, 1e-9)
@@ -161,7 +165,8 @@ func TestIndexerQueryBytes(t *testing.T) {
 
 func TestWriteIndexerTable(t *testing.T) {
 	rs := []IndexerResult{
-		{Model: "flash", Phase: "generation", Batch: 32, MTP: 3, BaseUs: 60, PrologueUs: 66, TopKUs: 90, SideUs: 63, AddedWeightBytes: 13e6},
+		{Model: "flash", Phase: "generation", Batch: 32, MTP: 3, BaseUs: 60, PrologueUs: 66, TopKUs: 90, SideUs: 63, AddedWeightBytes: 13e6,
+			Stream: "main", MainQUs: 66, AuxUs: 64.5, AuxGEMMUs: 65.1},
 		{Model: "pro", Phase: "context", Tokens: 4096, BaseUs: 900, PrologueUs: 1100, TopKUs: 1200, AddedWeightBytes: 21e6},
 	}
 	for i := range rs {
@@ -179,7 +184,7 @@ func TestWriteIndexerTable(t *testing.T) {
 			assert.Equal(t, strings.Count(tbl[0], "|"), strings.Count(l, "|"), l)
 		}
 	}
-	assert.Contains(t, lines[2], "| flash | b=32 MTP 3 | 60.00 | 66.00 | +10.0% | <= 15%: met | 90.00 | +50.0% | 63.00 | +5.0% |")
+	assert.Contains(t, lines[2], "| flash | b=32 MTP 3 | 60.00 | 66.00 | +10.0% | <= 15%: met | main | 66.00 (+10.0%) | 64.50 (+7.5%) | 65.10 (+8.5%) | 90.00 | +50.0% | 63.00 | +5.0% |")
 	assert.Contains(t, lines[3], "| pro | prefill 4096 | 900.00 | 1100.00 | +22.2% | <= 15%: missed |")
 	assert.Contains(t, lines[len(lines)-1], "| 7.84 |")
 }
@@ -188,6 +193,7 @@ func TestParseFlagsIndexer(t *testing.T) {
 	c, err := parseFlags(nil, nil)
 	require.NoError(t, err)
 	assert.False(t, c.Indexer, "off unless asked")
+	assert.False(t, c.IndexerNoTopK, "the selection's modes run unless left out")
 	assert.Equal(t, []int{32}, c.IndexerBatches)
 	assert.Equal(t, 3, c.IndexerMTP)
 	assert.Equal(t, []int{4096, 16384}, c.IndexerCtxTokens)
@@ -203,6 +209,10 @@ func TestParseFlagsIndexer(t *testing.T) {
 	assert.False(t, c.Chain || c.Kernels || c.Iteration || c.Graph || c.HostCost)
 	assert.Empty(t, c.IndexerCtxTokens)
 	assert.Len(t, c.indexerShapes(), 1)
+
+	c, err = parseFlags([]string{"--indexer-only", "--indexer-no-topk"}, nil)
+	require.NoError(t, err)
+	assert.True(t, c.IndexerNoTopK)
 
 	c, err = parseFlags([]string{"--indexer", "--indexer-contexts", "65536,0", "--indexer-ctx-tokens", "4096", "--indexer-batches", "32,8"}, nil)
 	require.NoError(t, err)

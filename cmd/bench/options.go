@@ -19,8 +19,10 @@ import (
 // direct path: its largest launch in Q rows with FP8 Q and with bf16 Q, its smallest, warps a block, the
 // largest launch in Q rows with whole blocks (larger: half), Q rows a warp,
 // __launch_bounds__ minimum of blocks a multiprocessor, and off), ikeys=N iquery=N (the indexer's kernels:
-// cudatune.IndexerKeys 1 split, 2 fused; cudatune.IndexerQuery 1 late, 2 early, 3 lean), tkscore=N (the top-k
-// score kernel: cudatune.TopKScore 1 mma4q, 2 mma4t, 3 mma4u), nopdl separate, wgmma
+// cudatune.IndexerKeys 1 split, 2 fused; cudatune.IndexerQuery 1 late, 2 early, 3 lean, 4 wide; iwide=N:
+// the wide query kernel from N token rows on; istream=N: cudatune.IndexerStream 1 main, 2 the third
+// stream), tkscore=N (the top-k score kernel: cudatune.TopKScore 1 mma4q, 2 mma4t, 3 mma4u), nopdl
+// separate, wgmma
 // nowgmma wgcluster=N wgmc=N (every FP8 GEMM on the sm_90a wgmma kernel, or none; its split K finished
 // by clusters of up to N blocks; clusters of N blocks sharing the activation tile). A zero
 // number keeps the backend's default.
@@ -39,6 +41,8 @@ type variant struct {
 	IndexerKeys             int
 	IndexerQuery            int
 	TopKScore               int
+	IndexerQueryWideMinRows int
+	IndexerStream           int
 	NoDirect                bool
 	NoPDL, SeparateLaunches bool
 	WGMMA                   bool // every FP8 GEMM on the sm_90a wgmma kernel
@@ -83,6 +87,10 @@ func (v *variant) field(key string) (*int, *bool) {
 		return &v.IndexerQuery, nil
 	case "tkscore":
 		return &v.TopKScore, nil
+	case "iwide":
+		return &v.IndexerQueryWideMinRows, nil
+	case "istream":
+		return &v.IndexerStream, nil
 	case "nodirect":
 		return nil, &v.NoDirect
 	case "nopdl":
@@ -168,25 +176,27 @@ func (v variant) options(verbose bool) (cuda.Options, cudatune.Knobs) {
 		direct, directBF16 = -1, -1
 	}
 	return cuda.Options{NoPDL: v.NoPDL, GEMMWGMMA: v.WGMMA, NoWGMMA: v.NoWGMMA}, cudatune.Knobs{
-		WGMMAClusterSplits:  v.WGMMAClusterSplits,
-		WGMMAMulticast:      v.WGMMAMulticast,
-		Warps:               v.Warps,
-		KVDepth:             v.KVDepth,
-		QDepth:              v.QDepth,
-		QChunk:              v.QChunk,
-		BlocksPerSM:         v.BlocksPerSM,
-		MaxBlocks:           v.MaxBlocks,
-		DirectMaxRows:       direct,
-		DirectMaxRowsBF16:   directBF16,
-		DirectMinRows:       v.DirectMinRows,
-		DirectWarps:         v.DirectWarps,
-		DirectQRows:         v.DirectQRows,
-		DirectHalfBlockRows: v.DirectHalfBlockRows,
-		DirectMinBlocks:     v.DirectMinBlocks,
-		IndexerKeys:         cudatune.IndexerKeys(v.IndexerKeys),
-		IndexerQuery:        cudatune.IndexerQuery(v.IndexerQuery),
-		TopKScore:           cudatune.TopKScore(v.TopKScore),
-		SeparateLaunches:    v.SeparateLaunches,
-		Verbose:             verbose,
+		WGMMAClusterSplits:      v.WGMMAClusterSplits,
+		WGMMAMulticast:          v.WGMMAMulticast,
+		Warps:                   v.Warps,
+		KVDepth:                 v.KVDepth,
+		QDepth:                  v.QDepth,
+		QChunk:                  v.QChunk,
+		BlocksPerSM:             v.BlocksPerSM,
+		MaxBlocks:               v.MaxBlocks,
+		DirectMaxRows:           direct,
+		DirectMaxRowsBF16:       directBF16,
+		DirectMinRows:           v.DirectMinRows,
+		DirectWarps:             v.DirectWarps,
+		DirectQRows:             v.DirectQRows,
+		DirectHalfBlockRows:     v.DirectHalfBlockRows,
+		DirectMinBlocks:         v.DirectMinBlocks,
+		IndexerKeys:             cudatune.IndexerKeys(v.IndexerKeys),
+		IndexerQuery:            cudatune.IndexerQuery(v.IndexerQuery),
+		IndexerStream:           cudatune.IndexerStream(v.IndexerStream),
+		IndexerQueryWideMinRows: v.IndexerQueryWideMinRows,
+		TopKScore:               cudatune.TopKScore(v.TopKScore),
+		SeparateLaunches:        v.SeparateLaunches,
+		Verbose:                 verbose,
 	}
 }

@@ -303,6 +303,10 @@ var SM90 = Arch{
 		// at 64K, 2273 / 2293 at 1M; with narrow scales 25.7 / 27.1, 106.6
 		// / 109.0, 1403 / 1449; prefill 16K 2234 / 2252).
 		TopKScore: TopKScoreMMA4U,
+		// The indexer's query path on the main stream, and
+		// indexer_query_wide at no size: neither the third stream nor the
+		// wide kernel is measured yet.
+		IndexerStream: IndexerStreamMain, IndexerQueryWideMinRows: -1,
 	},
 }
 

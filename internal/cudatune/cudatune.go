@@ -84,6 +84,14 @@ type Knobs struct {
 	// TopKScore picks the indexer top-k selection's score kernel
 	// (IndexerTopK; 0: SM90.Knobs.TopKScore).
 	TopKScore TopKScore
+	// IndexerQueryWideMinRows: a query launch of at least this many token
+	// rows runs indexer_query_wide whatever IndexerQuery names (0:
+	// SM90.Knobs.IndexerQueryWideMinRows; negative: never; IndexerQueryAt).
+	IndexerQueryWideMinRows int
+	// IndexerStream says where a ratio-4 layer's indexer query path (its
+	// wq_b GEMM and query step) runs (mla.AuxRunner; 0:
+	// SM90.Knobs.IndexerStream).
+	IndexerStream IndexerStream
 	// WGMMAClusterSplits overrides how the wgmma FP8 GEMM finishes a split
 	// K (0: the architecture description's FP8.WGMMA.ClusterSplits;
 	// negative: the tile's last block from global partials; n > 0:
@@ -137,6 +145,7 @@ func (k Knobs) Defaults() Knobs {
 	threshold(&k.DirectHalfBlockRows, d.DirectHalfBlockRows)
 	threshold(&k.DirectMaxRows, d.DirectMaxRows)
 	threshold(&k.DirectMaxRowsBF16, d.DirectMaxRowsBF16)
+	threshold(&k.IndexerQueryWideMinRows, d.IndexerQueryWideMinRows)
 	if k.IndexerKeys == 0 {
 		k.IndexerKeys = d.IndexerKeys
 	}
@@ -145,6 +154,9 @@ func (k Knobs) Defaults() Knobs {
 	}
 	if k.TopKScore == 0 {
 		k.TopKScore = d.TopKScore
+	}
+	if k.IndexerStream == 0 {
+		k.IndexerStream = d.IndexerStream
 	}
 	return k
 }
@@ -176,6 +188,34 @@ const (
 	// instructions a row (the Hadamard's sign by an xor, e2m1 without
 	// its compare chain).
 	IndexerQueryLean
+	// IndexerQueryWide: indexer_query_wide, eight rows a warp and four
+	// lanes a row (most of the Hadamard inside a lane: about half the
+	// instructions a row of IndexerQueryLean).
+	IndexerQueryWide
+)
+
+// IndexerQueryAt is the query kernel of a launch of rows token rows under k
+// (with its defaults applied): IndexerQueryWide from
+// IndexerQueryWideMinRows rows on, IndexerQuery below.
+func (k Knobs) IndexerQueryAt(rows int) IndexerQuery {
+	if k.IndexerQueryWideMinRows > 0 && rows >= k.IndexerQueryWideMinRows {
+		return IndexerQueryWide
+	}
+	return k.IndexerQuery
+}
+
+// IndexerStream names where the indexer's query path runs in a layer's
+// chain; both write the same bytes.
+type IndexerStream int
+
+const (
+	// IndexerStreamMain: the wq_b GEMM on the main stream after the Q
+	// prologue, the query step after the join.
+	IndexerStreamMain IndexerStream = iota + 1
+	// IndexerStreamAux: both on the third stream, forked after q_norm
+	// (the GEMM's input), the query step after the side stream's
+	// projection GEMM (its head weights' input), joined at the layer's end.
+	IndexerStreamAux
 )
 
 // TopKScore names the top-k selection's score kernel; every one writes

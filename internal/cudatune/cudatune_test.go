@@ -11,11 +11,11 @@ func TestDefaults(t *testing.T) {
 	// The H200's shapes, as they were before they moved into SM90.
 	h200 := Knobs{Warps: 8, KVDepth: 4, QDepth: 4, QChunk: 8, BlocksPerSM: 2,
 		DirectMaxRows: 1 << 19, DirectMaxRowsBF16: math.MaxInt32, DirectMinRows: 1, DirectWarps: 4, DirectHalfBlockRows: 8192, DirectQRows: 2, DirectMinBlocks: 1,
-		BF16MMAMaxRows: -1, BF16MMADepth: 2, BF16MMAReduce: 1, BF16MMAWarpRows: 16, IndexerKeys: IndexerKeysFused, IndexerQuery: IndexerQueryLean, TopKScore: TopKScoreMMA4U}
+		BF16MMAMaxRows: -1, BF16MMADepth: 2, BF16MMAReduce: 1, BF16MMAWarpRows: 16, IndexerKeys: IndexerKeysFused, IndexerQuery: IndexerQueryLean, IndexerQueryWideMinRows: -1, IndexerStream: IndexerStreamMain, TopKScore: TopKScoreMMA4U}
 	require.Equal(t, h200, Knobs{}.Defaults())
 	require.Equal(t, h200, SM90.Knobs)
 	set := Knobs{Warps: 3, KVDepth: 1, QDepth: 5, QChunk: 3, BlocksPerSM: 2, MaxBlocks: 1, DirectMaxRows: 7, DirectMaxRowsBF16: 8, DirectMinRows: 2, DirectWarps: 2, DirectHalfBlockRows: 5,
-		DirectQRows: 3, DirectMinBlocks: 6, BF16MMAMaxRows: 9, BF16MMADepth: 8, BF16MMABlocksPerSM: 3, BF16MMAReduce: 2, BF16MMAWarpRows: 32, BF16MMAMaxSplits: 16, IndexerKeys: IndexerKeysSplit, IndexerQuery: IndexerQueryEarly,
+		DirectQRows: 3, DirectMinBlocks: 6, BF16MMAMaxRows: 9, BF16MMADepth: 8, BF16MMABlocksPerSM: 3, BF16MMAReduce: 2, BF16MMAWarpRows: 32, BF16MMAMaxSplits: 16, IndexerKeys: IndexerKeysSplit, IndexerQuery: IndexerQueryEarly, IndexerQueryWideMinRows: 512, IndexerStream: IndexerStreamAux,
 		TopKScore: TopKScoreMMA4T, WGMMAClusterSplits: 4, WGMMAMulticast: 2, SeparateLaunches: true, Verbose: true}
 	require.Equal(t, set, set.Defaults(), "set fields stay")
 	require.Equal(t, 8, Knobs{Warps: -1}.Defaults().Warps)
@@ -144,5 +144,26 @@ func TestOwnKernel(t *testing.T) {
 	require.True(t, FP8GEMMArch{}.OwnKernel(4096, 4096), "no rule: the own kernel")
 	for _, r := range SM90.FP8.Own {
 		require.Contains(t, r.Source, "bench/results/")
+	}
+}
+
+func TestIndexerQueryAt(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		k     Knobs
+		rows  int
+		wantQ IndexerQuery
+	}{
+		{"default, decode", Knobs{}, 128, SM90.Knobs.IndexerQuery},
+		{"default, prefill", Knobs{}, 16384, SM90.Knobs.IndexerQuery},
+		{"named kernel", Knobs{IndexerQuery: IndexerQueryEarly, IndexerQueryWideMinRows: -1}, 4096, IndexerQueryEarly},
+		{"wide everywhere", Knobs{IndexerQuery: IndexerQueryWide, IndexerQueryWideMinRows: -1}, 4, IndexerQueryWide},
+		{"below the threshold", Knobs{IndexerQuery: IndexerQueryLean, IndexerQueryWideMinRows: 512}, 511, IndexerQueryLean},
+		{"at the threshold", Knobs{IndexerQuery: IndexerQueryLean, IndexerQueryWideMinRows: 512}, 512, IndexerQueryWide},
+		{"negative: never", Knobs{IndexerQuery: IndexerQueryLate, IndexerQueryWideMinRows: -7}, 1 << 20, IndexerQueryLate},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			require.Equal(t, c.wantQ, c.k.Defaults().IndexerQueryAt(c.rows))
+		})
 	}
 }

@@ -90,6 +90,7 @@ enum {
     ENTRY_INDEXER    = 1,          // mla.CompressEntry: the indexer's compressor
     IQ_WARPS         = 8,          // warps of an indexer_query block
     IQ_ROWS          = 4,          // (token, head) rows of one token an indexer_query warp carries at once
+    IQ_WIDE_ROWS     = 8,          // (token, head) rows of one token an indexer_query_wide warp carries, four lanes a row
     IKEY_THREADS     = 128,        // threads of an indexer_step block, one per channel
 };
 
@@ -401,5 +402,6 @@ static_assert(sizeof(IndexerQueryParams) == 24, "IndexerQueryParams differs from
 //   indexer_query
 //   indexer_query_early
 //   indexer_query_lean
+//   indexer_query_wide
 
 #endif // DSV4_PROLOGUE_ABI_H

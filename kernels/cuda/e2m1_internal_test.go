@@ -60,3 +60,49 @@ func TestE2M1IntMatchesReference(t *testing.T) {
 		check(u)
 	}
 }
+
+// e2m1Scaled is indexer.cu's e2m1_scaled on the host, line by line (the
+// fma as one rounding of the exact 2a + 1.5*2^23: a < 1 there, so 2a is
+// exact and the float32 add rounds once).
+func e2m1Scaled(v, inv float32) uint8 {
+	b := math.Float32bits(v*inv) & 0x7fffffff
+	a := math.Float32frombits(b)
+	lo := math.Float32bits(float32(2*a)+float32(12582912)) - 0x4B400000
+	hi := min((b+0x1FFFFF-252<<22+((b>>22)&1))>>22, 7) // mod 2^32, as the u32 constant
+	m := hi
+	if b < 0x3f800000 {
+		m = lo
+	}
+	return uint8((math.Float32bits(v)>>28)&8 | m)
+}
+
+// TestE2M1ScaledMatchesReference: the wide query's e2m1 of a scaled value
+// equals numerics.E2M1FromF32 of the product on every value the kernel
+// gives it: every bf16 (each NaN as round2 leaves it, the canonical
+// positive one) times every MXFP4 block scale 2^(127-e), e in [1, 254]
+// (the floor 6*2^-126 keeps e >= 1); every other exponent under -short.
+func TestE2M1ScaledMatchesReference(t *testing.T) {
+	step := 1
+	if testing.Short() {
+		step = 2
+	}
+	for e := 1; e <= 254; e += step {
+		k := 127 - e
+		var inv float32
+		if k >= -126 {
+			inv = math.Float32frombits(uint32(k+127) << 23)
+		} else {
+			inv = math.Float32frombits(1 << (k + 149))
+		}
+		for h := range uint32(1 << 16) {
+			u := h << 16
+			if u&0x7fffffff > 0x7f800000 {
+				u = 0x7fff0000 // numerics.BF16FromF32's NaN
+			}
+			v := math.Float32frombits(u)
+			if got, want := e2m1Scaled(v, inv), numerics.E2M1FromF32(v*inv); got != want {
+				t.Fatalf("e2m1_scaled(%08x = %g, 2^%d) = %d, numerics.E2M1FromF32 %d", u, v, k, got, want)
+			}
+		}
+	}
+}

@@ -51,6 +51,23 @@ __device__ __forceinline__ u32 e2m1_int(float x) {
     return b > 0x7f800000u ? 7u : (((u >> 28) & 8u) | m);
 }
 
+// e2m1 of fl(v * inv) for v exactly a bf16 whose NaNs are the canonical
+// positive one (a value after round2) and inv a power of two
+// (indexer_query_wide): e2m1_int with the sign taken from v, which is the
+// product's for every v but a NaN, and so without the NaN select (a NaN's
+// magnitude takes the saturating branch to 7, its sign is +); below 1,
+// fl(2a + 1.5*2^23) in one fma (2a is exact). Equal to e2m1_int(fl(v *
+// inv)) for every such v and every block scale (kernels/cuda
+// TestE2M1ScaledMatchesReference: its host port against
+// numerics.E2M1FromF32 on every bf16 and every exponent).
+__device__ __forceinline__ u32 e2m1_scaled(float v, float inv) {
+    const u32 b = __float_as_uint(__fmul_rn(v, inv)) & 0x7fffffffu;
+    const u32 lo = __float_as_uint(__fmaf_rn(__uint_as_float(b), 2.0f, 12582912.0f)) - 0x4B400000u;
+    // From 1 on b >= 254 << 22: the bias' 252 subtracted before the shift.
+    const u32 hi = min((b + (0x1FFFFFu - (252u << 22)) + ((b >> 22) & 1u)) >> 22, 7u);
+    return ((__float_as_uint(v) >> 28) & 8u) | (b < 0x3f800000u ? lo : hi);
+}
+
 // The normalized Walsh-Hadamard transform of R rows of the warp, v[r] the
 // lane's four bf16 values of row r, rounded to bf16 in place; hscale is
 // fl32(128^-0.5) (numerics.HadamardScale, from the host). Every row gets
@@ -646,4 +663,183 @@ extern "C" __global__ void __launch_bounds__(32 * IQ_WARPS)
 extern "C" __global__ void __launch_bounds__(32 * IQ_WARPS)
     indexer_query_lean(const Params p0, const IndexerQueryParams args) {
     indexer_query_impl<true, true>(p0, args);
+}
+
+// indexer_query_wide: the same rows and bytes as indexer_query_lean,
+// IQ_WIDE_ROWS (token, head) rows of one token a warp, four lanes a row:
+// lane 4r + q holds value 64g + 16q + i of the warp's row r in v[16g + i]
+// (g = 0, 1; i = 0..15), so that the Hadamard's stages h = 1, 2, 4, 8 and
+// 64 pair values inside a lane (plain adds and subtracts), h = 16 and 32
+// pair lane q with q ^ 1 and q ^ 2 (the lower keeps fl(a + b), the upper
+// fl(a - b) as fma(-1, b, a): one rounding of the exact a - b), every lane
+// holds eight RoPE pairs (g = 1), and MXFP4 block 2g + q/2 is v[16g..] of
+// lanes q and q ^ 1. At 32 values a lane the warp issues about half the
+// instructions a row of indexer_query_lean does (its five cross-lane
+// stages cost a shuffle and two operations a value, the MXFP4 maximum
+// three shuffles a block, the rope half idles half the lanes), which
+// bounds the lean kernel at prefill, where every scheduler is busy. The
+// metadata and the first unit's RoPE pairs before the wait, as the early
+// kernel.
+static_assert(INDEXER_HEADS % IQ_WIDE_ROWS == 0 && IQ_WIDE_ROWS * 4 == 32, "a warp's rows are heads of one token, four lanes each");
+extern "C" __global__ void __launch_bounds__(32 * IQ_WARPS)
+    indexer_query_wide(const Params p0, const IndexerQueryParams args) {
+    constexpr int UPT = INDEXER_HEADS / IQ_WIDE_ROWS;  // units (warps' worth of rows) a token
+    void* w_out = args.w_out;
+    const int w_stride = args.w_stride, fp8 = args.fp8;
+    const float hscale = args.hscale, wscale = args.wscale;
+    const int lane = threadIdx.x % 32, r = lane >> 2, q = lane & 3;
+    const int warps = gridDim.x * IQ_WARPS;
+    const int unit0 = blockIdx.x * IQ_WARPS + threadIdx.x / 32;
+    const Params p = with_header(p0);
+    // The lane's RoPE pairs: value pairs (64 + 16q + 2m, +1) rotate with
+    // the table row's columns 16q + 2m (cos) and 16q + 2m + 1 (sin).
+    float cs[16];
+    auto load_cs = [&](int pos) {
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const float4 c = ld_f4(p.rope + (size_t)pos * ROPE_DIM + 16 * q + 4 * k);
+            cs[4 * k] = c.x, cs[4 * k + 1] = c.y, cs[4 * k + 2] = c.z, cs[4 * k + 3] = c.w;
+        }
+    };
+    bool ok0 = false;
+    if (unit0 < p.rows * UPT) {
+        int b, pos0;
+        ok0 = resolve(p, unit0 / UPT, b, pos0);
+        if (ok0) load_cs(pos0);
+    }
+    pdl_wait();
+    pdl_trigger();
+    const float* weight = p.weight;
+    const int row_bytes = fp8 ? INDEXER_DIM : MXFP4_ROW_BYTES;
+    for (int unit = unit0; unit < p.rows * UPT; unit += warps) {
+        const int local = unit / UPT, h = unit % UPT * IQ_WIDE_ROWS + r;
+        const int t = p.row_begin + local;
+        const size_t row = (size_t)t * INDEXER_HEADS + h;
+        u8* dst = p.out + row * row_bytes;
+        bool ok = ok0;
+        if (unit != unit0) {
+            int b, pos;
+            ok = resolve(p, local, b, pos);
+            if (ok) load_cs(pos);
+        }
+        if (!ok) {
+#pragma unroll
+            for (int g = 0; g < 2; g++) {
+                if (fp8) {
+                    *reinterpret_cast<uint4*>(dst + 64 * g + 16 * q) = make_uint4(0u, 0u, 0u, 0u);
+                } else {
+                    *reinterpret_cast<u32*>(dst + 32 * g + 8 * q) = 0u;
+                    *reinterpret_cast<u32*>(dst + 32 * g + 8 * q + 4) = 0u;
+                    if ((q & 1) == 0) dst[INDEXER_DIM / 2 + 2 * g + q / 2] = 0;
+                }
+            }
+            if (q == 0) {
+                if (fp8) static_cast<float*>(w_out)[row] = 0.f;
+                else static_cast<u16*>(w_out)[row] = 0;
+            }
+            continue;
+        }
+        const u8* src = p.in + (size_t)t * p.in_stride + ((size_t)h * INDEXER_DIM + 16 * q) * 2;
+        uint4 raw[4];  // raw[2g + k]: values 64g + 16q + 8k ..
+#pragma unroll
+        for (int k = 0; k < 4; k++) raw[k] = *reinterpret_cast<const uint4*>(src + 128 * (k >> 1) + 16 * (k & 1));
+        const float wv = q == 0 ? ld_dep_f32(weight + (size_t)t * w_stride + h) : 0.f;
+        float v[32];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const u32 x[4] = {raw[k].x, raw[k].y, raw[k].z, raw[k].w};
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                v[8 * k + 2 * i] = bf16_to_f32(x[i] & 0xffffu);
+                v[8 * k + 2 * i + 1] = bf16_to_f32(x[i] >> 16);
+            }
+        }
+        // indexer_rope's pairs: the lane's values of the rope half.
+#pragma unroll
+        for (int m = 0; m < 8; m++) rope_pair(v[16 + 2 * m], v[16 + 2 * m + 1], cs[2 * m], cs[2 * m + 1]);
+        // The Hadamard's stages in the contract's order: h = 1, 2, 4, 8
+        // inside the lane (v's stride h), 16 and 32 across lanes q ^ 1 and
+        // q ^ 2, 64 inside the lane (v's stride 16).
+        auto inlane = [&](int st) {
+#pragma unroll
+            for (int i = 0; i < 32; i++) {
+                if ((i & st) == 0) {
+                    const float a = v[i], b = v[i + st];
+                    v[i] = __fadd_rn(a, b);
+                    v[i + st] = __fsub_rn(a, b);
+                }
+            }
+        };
+        inlane(1);
+        inlane(2);
+        inlane(4);
+        inlane(8);
+#pragma unroll
+        for (int d = 1; d <= 2; d <<= 1) {
+            const float sgn = (q & d) ? -1.f : 1.f;
+#pragma unroll
+            for (int i = 0; i < 32; i++) v[i] = __fmaf_rn(sgn, v[i], __shfl_xor_sync(FULL, v[i], d));
+        }
+        inlane(16);
+#pragma unroll
+        for (int i = 0; i < 32; i += 2) {
+            v[i] = __fmul_rn(v[i], hscale);
+            v[i + 1] = __fmul_rn(v[i + 1], hscale);
+            round2(v[i], v[i + 1]);
+        }
+        float a[2] = {0.f, 0.f};  // fmaxf drops a NaN operand
+#pragma unroll
+        for (int g = 0; g < 2; g++) {
+#pragma unroll
+            for (int i = 0; i < 16; i++) a[g] = fmaxf(a[g], fabsf(v[16 * g + i]));
+            a[g] = fmaxf(a[g], __shfl_xor_sync(FULL, a[g], 1));  // the block's other half
+        }
+        if (fp8) {
+            // The FP8 layout: one UE8M0 exponent over the row's 128 values
+            // (as indexer_query_impl's), value i as e4m3 at byte i.
+            float ar = fmaxf(a[0], a[1]);
+            ar = fmaxf(ar, __shfl_xor_sync(FULL, ar, 2));
+            const int e = ue8m0_exp(ar);
+            const float inv = pow2i(127 - e);
+#pragma unroll
+            for (int g = 0; g < 2; g++) {
+                u32 w8[4];
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    const float* x = v + 16 * g + 4 * k;
+                    const u32 lo = e4m3x2(__fmul_rn(x[1], inv), __fmul_rn(x[0], inv));
+                    const u32 hi = e4m3x2(__fmul_rn(x[3], inv), __fmul_rn(x[2], inv));
+                    w8[k] = (lo & 0xffffu) | (hi << 16);
+                }
+                *reinterpret_cast<uint4*>(dst + 64 * g + 16 * q) = make_uint4(w8[0], w8[1], w8[2], w8[3]);
+            }
+            if (q == 0) {
+                const float ws = __fmul_rn(__uint_as_float(bf16x2_rn(wv, 0.f) << 16), wscale);
+                const float wf = __fmul_rn(ws, pow2i(e - 127));
+                static_cast<float*>(w_out)[row] = wf != wf ? __uint_as_float((u32)F32_NAN_BITS) : wf;
+            }
+            continue;
+        }
+        // MXFP4 of the lane's halves of blocks q/2 and 2 + q/2
+        // (mxfp4_store's scale and nibbles).
+#pragma unroll
+        for (int g = 0; g < 2; g++) {
+            const float am = fmaxf(a[g], __uint_as_float((u32)MXFP4_FLOOR_BITS));
+            const u32 tb = __float_as_uint(__fmul_rn(am, __uint_as_float((u32)MXFP4_INV6_BITS)));
+            const int e = min((int)((tb >> 23) & 0xffu) + ((tb & 0x7fffffu) != 0u ? 1 : 0), 254);
+            const float inv = pow2i(127 - e);
+#pragma unroll
+            for (int w = 0; w < 2; w++) {
+                u32 word = 0u;
+#pragma unroll
+                for (int j = 0; j < 8; j++) word |= e2m1_scaled(v[16 * g + 8 * w + j], inv) << (4 * j);
+                *reinterpret_cast<u32*>(dst + 32 * g + 8 * q + 4 * w) = word;
+            }
+            if ((q & 1) == 0) dst[INDEXER_DIM / 2 + 2 * g + q / 2] = (u8)e;
+        }
+        if (q == 0) {
+            const u32 wr = bf16x2_rn(wv, 0.f) << 16;
+            static_cast<u16*>(w_out)[row] = (u16)(bf16x2_rn(__fmul_rn(__uint_as_float(wr), wscale), 0.f) & 0xffffu);
+        }
+    }
 }

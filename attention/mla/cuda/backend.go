@@ -62,7 +62,7 @@ type Options struct {
 // Backend runs the prologue kernels on one device.
 type Backend struct {
 	ctx    *driver.Context
-	stream *driver.Stream // where launches go: main, or the side stream inside Side
+	stream *driver.Stream // where launches go: main, the side stream inside Side, the third inside Aux
 	main   *driver.Stream // the main stream, never swapped
 	mod    *driver.Module
 	fns    map[string]*driver.Function
@@ -77,6 +77,7 @@ type Backend struct {
 	arch       cudatune.Arch // the device's architecture description: resources, GEMM tiles and choices
 	clog       string
 	fork       sideStream    // the chain's second stream (fork.go)
+	aux        auxStream     // the third stream (fork.go, mla.AuxRunner)
 	gemm       gemmState     // gemm.go
 	bf16       bf16GEMMState // bf16gemm.go
 
@@ -145,11 +146,14 @@ func NewTuned(opts Options, k cudatune.Knobs) (*Backend, error) {
 	if k.IndexerKeys != cudatune.IndexerKeysSplit && k.IndexerKeys != cudatune.IndexerKeysFused {
 		return nil, fmt.Errorf("cuda: Knobs.IndexerKeys = %d names no kernels", k.IndexerKeys)
 	}
-	if k.IndexerQuery < cudatune.IndexerQueryLate || k.IndexerQuery > cudatune.IndexerQueryLean {
+	if k.IndexerQuery < cudatune.IndexerQueryLate || k.IndexerQuery > cudatune.IndexerQueryWide {
 		return nil, fmt.Errorf("cuda: Knobs.IndexerQuery = %d names no kernel", k.IndexerQuery)
 	}
 	if k.TopKScore < cudatune.TopKScoreMMA4Q || k.TopKScore > cudatune.TopKScoreMMA4U {
 		return nil, fmt.Errorf("cuda: Knobs.TopKScore = %d names no kernel", k.TopKScore)
+	}
+	if k.IndexerStream != cudatune.IndexerStreamMain && k.IndexerStream != cudatune.IndexerStreamAux {
+		return nil, fmt.Errorf("cuda: Knobs.IndexerStream = %d names no stream", k.IndexerStream)
 	}
 	c, err := driver.Open(opts.Device)
 	if err != nil {
@@ -207,7 +211,10 @@ func (b *Backend) init() error {
 		return err
 	}
 	b.main = b.stream
-	return b.fork.init(b.ctx)
+	if err := b.fork.init(b.ctx); err != nil {
+		return err
+	}
+	return b.aux.init(b.ctx)
 }
 
 // CompileLog is NVRTC's log of the kernels' compilation (with
@@ -258,7 +265,7 @@ func (b *Backend) workspaceBytes() int64 {
 }
 
 // WorkspaceReserve is the part of the GEMMs' workspaces not allocated yet
-// (nor known to be unneeded), which FreeMemory keeps back: 144 MiB and 40 KiB before
+// (nor known to be unneeded), which FreeMemory keeps back: 216 MiB and 60 KiB before
 // the first GEMM on the H200, 0 once the FP8 and bf16 GEMMs have run.
 func (b *Backend) WorkspaceReserve() int64 {
 	return max(0, b.workspaceBytes()-b.workspaceSettled.Load())
@@ -355,7 +362,7 @@ func (b *Backend) Synchronize(ctx context.Context) error {
 
 // Close releases the module, stream and context.
 func (b *Backend) Close() error {
-	errs := []error{b.fork.close()}
+	errs := []error{b.fork.close(), b.aux.close()}
 	if b.stream != nil {
 		errs = append(errs, b.stream.Synchronize(), b.closeGEMM(), b.closeCompress(), b.closeTopK(), b.stream.Destroy())
 	}

@@ -52,13 +52,13 @@ type bf16GEMMState struct {
 	mmaKernel        bf16MMAKernel // which kernel mmaFn is (cudatune.Knobs.BF16MMADepth)
 	mmaErr           error
 	// parts are the split-K workspaces (bf16MMAPartBytes of float32
-	// partials each) of the main stream and the side stream (Side): a GEMM
-	// on each may be in flight at once.
-	parts [2]driver.DevicePtr
+	// partials each) of the main stream, the side stream (Side) and the
+	// third (Aux): a GEMM on each may be in flight at once.
+	parts [streamSlots]driver.DevicePtr
 	// counters are the finishing ring kernels' arrival counters
 	// (bf16MMACounters int32 each, zero between launches), one set a
 	// stream like parts.
-	counters            [2]driver.DevicePtr
+	counters            [streamSlots]driver.DevicePtr
 	path                bf16GEMMPath
 	own, mma, cublasRun atomic.Int64
 }

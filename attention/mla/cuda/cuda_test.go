@@ -186,6 +186,9 @@ func TestCUDAIndexerKernels(t *testing.T) {
 		{"query=late", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryLate}},
 		{"query=early", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryEarly}},
 		{"query=lean", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryLean}},
+		{"query=wide", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryWide}},
+		// Two blocks: every warp's grid-stride loop past its first unit.
+		{"query=wide,maxblocks=2", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryWide, MaxBlocks: 2}},
 	} {
 		t.Run(v.name, func(t *testing.T) {
 			b, err := cuda.NewTuned(cuda.Options{}, v.k)

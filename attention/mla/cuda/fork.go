@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/dsv4mla/prologue/internal/cudatune"
 	"github.com/dsv4mla/prologue/kernels/cuda/abi"
 
 	"github.com/dsv4mla/prologue/attention/mla"
@@ -49,23 +50,60 @@ func (s *sideStream) close() error {
 	return errors.Join(errs...)
 }
 
+// auxStream is the third stream (mla.AuxRunner): forked from the main
+// stream like the side stream, joined by JoinKV; mark is the side stream's
+// event AwaitSide waits for. pending and marked say whether the third
+// stream's join event and the mark were recorded since the last JoinKV: a
+// capture may wait only for events recorded inside it.
+type auxStream struct {
+	sideStream
+	mark            *driver.Event
+	pending, marked bool
+}
+
+func (s *auxStream) init(c *driver.Context) error {
+	if err := s.sideStream.init(c); err != nil {
+		return err
+	}
+	var err error
+	s.mark, err = c.NewEvent(false)
+	return err
+}
+
+func (s *auxStream) close() error {
+	errs := []error{s.sideStream.close()}
+	if s.mark != nil {
+		errs = append(errs, s.mark.Destroy())
+	}
+	return errors.Join(errs...)
+}
+
 // streamSlot is the index of the stream launches go to now among the
-// per-stream resources (the GEMMs' split-K workspaces): 0 for the main
-// stream, 1 for the side stream (inside Side).
+// per-stream resources (the GEMMs' split-K workspaces, cuBLASLt's): 0 for
+// the main stream, 1 for the side stream (inside Side), 2 for the third
+// stream (inside Aux).
 func (b *Backend) streamSlot() int {
-	if b.fork.stream != nil && b.stream == b.fork.stream {
+	switch {
+	case b.fork.stream != nil && b.stream == b.fork.stream:
 		return 1
+	case b.aux.stream != nil && b.stream == b.aux.stream:
+		return 2
 	}
 	return 0
 }
+
+// streamSlots is how many streams have their own GEMM workspaces.
+const streamSlots = 3
 
 // syncAll waits for the work of both streams, in one hand-over to the
 // driver thread (End waits here on every iteration).
 func (b *Backend) syncAll() error {
 	return b.ctx.Do(func() error {
-		if b.fork.stream != nil {
-			if err := b.fork.stream.Synchronize(); err != nil {
-				return err
+		for _, s := range []*driver.Stream{b.fork.stream, b.aux.stream} {
+			if s != nil {
+				if err := s.Synchronize(); err != nil {
+					return err
+				}
 			}
 		}
 		return b.syncStream(b.main)
@@ -109,14 +147,100 @@ func (b *Backend) ForkKV(ctx context.Context, launches []mla.Launch, a *mla.Laye
 }
 
 // JoinKV implements mla.KVForker: later work on the main stream waits for
-// the side stream's KV kernels.
+// the side stream's KV kernels, and for the third stream's work issued
+// since the last join (Aux).
 func (b *Backend) JoinKV(ctx context.Context) error {
+	a := &b.aux
 	return b.ctx.Do(func() error {
 		if err := b.stream.WaitEvent(b.fork.joined); err != nil {
 			return fmt.Errorf("cuda: join: %w", err)
+		}
+		a.marked = false
+		if !a.pending {
+			return nil
+		}
+		a.pending = false
+		if err := b.stream.WaitEvent(a.joined); err != nil {
+			return fmt.Errorf("cuda: join of the third stream: %w", err)
 		}
 		return nil
 	})
 }
 
-var _ mla.KVForker = (*Backend)(nil)
+// AuxQuery implements mla.AuxRunner: cudatune.Knobs.IndexerStream.
+func (b *Backend) AuxQuery() bool { return b.knobs.IndexerStream == cudatune.IndexerStreamAux }
+
+// Aux implements mla.AuxRunner: the launches fn issues go to the third
+// stream, after the work issued so far on the main stream; JoinKV makes
+// later main-stream work wait for them. It has its own GEMM workspaces
+// (streamSlot), so its GEMMs may run while the other streams' do.
+func (b *Backend) Aux(ctx context.Context, fn func() error) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if b.stream != b.main {
+		return errors.New("cuda: Aux inside Side or Aux: the third stream forks from the main stream")
+	}
+	a := &b.aux
+	if err := b.ctx.Do(func() error {
+		if err := a.forked.Record(b.stream); err != nil {
+			return fmt.Errorf("cuda: third stream: %w", err)
+		}
+		if err := a.stream.WaitEvent(a.forked); err != nil {
+			return fmt.Errorf("cuda: third stream: %w", err)
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	b.stream = a.stream
+	err := fn()
+	b.stream = b.main
+	// Record the join even after a failure: a capture must end joined.
+	if jerr := b.ctx.Do(func() error { return a.joined.Record(a.stream) }); jerr != nil {
+		if err == nil {
+			err = fmt.Errorf("cuda: third stream: recording the join event: %w", jerr)
+		}
+	} else {
+		a.pending = true
+	}
+	return err
+}
+
+// MarkSide implements mla.AuxRunner: the mark is recorded on the side
+// stream, after the work issued there so far.
+func (b *Backend) MarkSide(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	a := &b.aux
+	return b.ctx.Do(func() error {
+		if err := a.mark.Record(b.fork.stream); err != nil {
+			return fmt.Errorf("cuda: side-stream mark: %w", err)
+		}
+		a.marked = true
+		return nil
+	})
+}
+
+// AwaitSide implements mla.AuxRunner.
+func (b *Backend) AwaitSide(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	a := &b.aux
+	if !a.marked {
+		return mla.ErrNoSideMark
+	}
+	return b.ctx.Do(func() error {
+		if err := b.stream.WaitEvent(a.mark); err != nil {
+			return fmt.Errorf("cuda: waiting for the side-stream mark: %w", err)
+		}
+		return nil
+	})
+}
+
+var (
+	_ mla.KVForker  = (*Backend)(nil)
+	_ mla.AuxRunner = (*Backend)(nil)
+)

@@ -47,7 +47,7 @@ type gemmState struct {
 	mod            *driver.Module
 	byTile         map[int]*driver.Function // the own kernel per token tile (cudatune.FP8GEMMArch.TokenTiles)
 	reduce         *driver.Function
-	parts          [2]driver.DevicePtr // the split-K workspaces of the main and the side stream
+	parts          [streamSlots]driver.DevicePtr // the split-K workspaces of the main, the side and the third stream
 	ltOnce         sync.Once
 	lt             *cublaslt.Handle // shared with the bf16 GEMM (bf16gemm.go)
 	ltErr          error            // why cuBLASLt is not used (absent, or Options.NoCuBLASLt)

@@ -63,8 +63,9 @@ func TestRewriteFailureFacts(t *testing.T) {
 }
 
 // TestStreamSlot: launches on the side stream (inside Side) take the side
-// stream's split-K workspaces, everything else the main stream's, so two
-// GEMMs in flight at once on the two streams never share partials.
+// stream's split-K workspaces, those on the third (inside Aux) the third's,
+// everything else the main stream's, so GEMMs in flight at once on the
+// streams never share partials.
 func TestStreamSlot(t *testing.T) {
 	main, side := &driver.Stream{}, &driver.Stream{}
 	b := &Backend{stream: main, main: main}
@@ -75,6 +76,13 @@ func TestStreamSlot(t *testing.T) {
 	require.Equal(t, 1, b.streamSlot())
 	b.stream = main
 	require.Equal(t, 0, b.streamSlot())
+	aux := &driver.Stream{}
+	b.aux.stream = aux
+	require.Equal(t, 0, b.streamSlot())
+	b.stream = aux
+	require.Equal(t, 2, b.streamSlot())
+	b.stream = side
+	require.Equal(t, 1, b.streamSlot())
 }
 
 // TestPlanWGMMA checks the wgmma kernel's launch shapes without a GPU: the

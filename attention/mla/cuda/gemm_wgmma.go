@@ -138,7 +138,7 @@ type wgmmaState struct {
 	byTile map[int]*driver.Function // token tile -> gemm_fp8_wgmma_bn<T>
 	// counters are the split finish's tile counts, one array a stream (as
 	// the partials), zeroed once; the kernel leaves them zeroed.
-	counters [2]driver.DevicePtr
+	counters [streamSlots]driver.DevicePtr
 	mu       sync.Mutex
 	maps     map[tensorMapKey]driver.TensorMap
 }

@@ -10,11 +10,12 @@ import (
 	"github.com/dsv4mla/prologue/numerics"
 )
 
-// IndexerQuery implements mla.IndexerQuerier: indexer_query_lean of
-// kernels/cuda/indexer.cu (in the compressor's module; indexer_query or
-// indexer_query_early with Knobs.IndexerQuery IndexerQueryLate or
-// IndexerQueryEarly, the same bytes) on the backend's
-// current stream, one warp per abi.IndexerQueryRows (token, head) rows in a's Format, with the
+// IndexerQuery implements mla.IndexerQuerier: the kernel of
+// kernels/cuda/indexer.cu that Knobs.IndexerQueryAt names for the launch's
+// rows (in the compressor's module; indexer_query, indexer_query_early,
+// indexer_query_lean, or indexer_query_wide, all the same bytes) on the backend's
+// current stream, one warp per abi.IndexerQueryRows (token, head) rows
+// (abi.IndexerQueryWideRows for the wide kernel) in a's Format, with the
 // Q prologue's Params (kernels/cuda/abi) for the token's position and its
 // own IndexerQueryParams (the head weights, the format): the grid depends on
 // the launch's Rows only, so a CUDA graph replays it for any batch of its
@@ -40,15 +41,17 @@ func (b *Backend) IndexerQuery(ctx context.Context, l mla.Launch, a *mla.Indexer
 	if err != nil {
 		return err
 	}
-	warps := l.Rows * mla.IndexerHeads / abi.IndexerQueryRows
-	blocks := b.chainGrid((warps + abi.IndexerQueryWarps - 1) / abi.IndexerQueryWarps)
-	fn := b.comp.iquery
-	switch b.knobs.IndexerQuery {
+	fn, rowsWarp := b.comp.iquery, abi.IndexerQueryRows
+	switch b.knobs.IndexerQueryAt(l.Rows) {
 	case cudatune.IndexerQueryEarly:
 		fn = b.comp.iqearly
 	case cudatune.IndexerQueryLean:
 		fn = b.comp.iqlean
+	case cudatune.IndexerQueryWide:
+		fn, rowsWarp = b.comp.iqwide, abi.IndexerQueryWideRows
 	}
+	warps := l.Rows * mla.IndexerHeads / rowsWarp
+	blocks := b.chainGrid((warps + abi.IndexerQueryWarps - 1) / abi.IndexerQueryWarps)
 	return b.launchShared(fn, driver.Dim3{blocks, 1, 1}, driver.Dim3{32 * abi.IndexerQueryWarps, 1, 1}, 0,
 		driver.Bytes(p), driver.Bytes(iq))
 }

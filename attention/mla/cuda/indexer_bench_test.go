@@ -22,7 +22,8 @@ import (
 // compressor's step), at b = 32 MTP 3 (128 rows, decode steps of 4 rows
 // mid-sequence), b = 1 MTP 3 (4 rows) and at 4K and 16K-token prefill,
 // each under every kernel choice (cudatune.Knobs.IndexerQuery: late =
-// indexer_query, early = indexer_query_early, lean = indexer_query_lean; IndexerKeys: split =
+// indexer_query, early = indexer_query_early, lean = indexer_query_lean, wide =
+// indexer_query_wide; IndexerKeys: split =
 // compress_step at width 128 then indexer_step_finish, fused =
 // indexer_step). Each is captured 20 times in one CUDA graph; the best
 // replay of b.N is reported per call, beside its copy floor: the time a
@@ -38,7 +39,8 @@ func BenchmarkCUDAIndexer(bm *testing.B) {
 		k    cudatune.Knobs
 	}
 	queryKernels := []kernels{{"late", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryLate}},
-		{"early", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryEarly}}, {"lean", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryLean}}}
+		{"early", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryEarly}}, {"lean", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryLean}},
+		{"wide", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryWide}}}
 	keyKernels := []kernels{{"split", cudatune.Knobs{IndexerKeys: cudatune.IndexerKeysSplit}},
 		{"fused", cudatune.Knobs{IndexerKeys: cudatune.IndexerKeysFused}}}
 	backends := map[string]*cuda.Backend{}

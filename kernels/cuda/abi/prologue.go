@@ -117,10 +117,12 @@ const (
 // IndexerQueryRows the (token, head) rows of one token a warp carries at
 // once (their loads, shuffles and stores interleaved: one row at a time
 // left a warp a single 256-byte load and a chain of dependent shuffles in
-// flight). It divides mla.IndexerHeads.
+// flight). It divides mla.IndexerHeads. IndexerQueryWideRows is the rows
+// an indexer_query_wide warp carries, four lanes a row.
 const (
-	IndexerQueryWarps = 8
-	IndexerQueryRows  = 4
+	IndexerQueryWarps    = 8
+	IndexerQueryRows     = 4
+	IndexerQueryWideRows = 8
 )
 
 // IndexerStepThreads is an indexer_step block (the indexer compressor's
@@ -131,7 +133,7 @@ const IndexerStepThreads = 128
 // CompressKernels are the kernels the CUDA backend loads by name from the
 // compressor's module (compress.cu and indexer.cu, kernels/cuda.CompressSource).
 var CompressKernels = []string{"compress_entries", "compress_step", "compress_step_finish", "indexer_step_finish", "indexer_step",
-	"indexer_query", "indexer_query_early", "indexer_query_lean"}
+	"indexer_query", "indexer_query_early", "indexer_query_lean", "indexer_query_wide"}
 
 // CompressStepTilesDim is the blocks (channel tiles) of one entry of a
 // ratio whose pooled rows have dim channels (512, or 128 for the indexer).
@@ -236,6 +238,7 @@ func Constants() []ConstGroup {
 			{"ENTRY_INDEXER", int(mla.EntryIndexer), "mla.CompressEntry: the indexer's compressor"},
 			{"IQ_WARPS", IndexerQueryWarps, "warps of an indexer_query block"},
 			{"IQ_ROWS", IndexerQueryRows, "(token, head) rows of one token an indexer_query warp carries at once"},
+			{"IQ_WIDE_ROWS", IndexerQueryWideRows, "(token, head) rows of one token an indexer_query_wide warp carries, four lanes a row"},
 			{"IKEY_THREADS", IndexerStepThreads, "threads of an indexer_step block, one per channel"},
 		}},
 		{"Streaming pipeline shared memory (StreamingSharedBytes).", []Const{

@@ -179,12 +179,12 @@ func TestMatmulBF16RefusesMisaligned(t *testing.T) {
 // may run matmuls at once has its own (Workspaces).
 func TestMatmulRefusesWorkspace(t *testing.T) {
 	h := &Handle{}
-	require.Equal(t, 2, Workspaces, "the CUDA backend's main and side streams")
+	require.Equal(t, 3, Workspaces, "the CUDA backend's main, side and third streams")
 	s := BF16Shape{M: 1, N: 8, K: 8, XStride: 8, YStride: 8}
 	for _, i := range []int{-1, Workspaces} {
 		err := h.MatmulBF16(&BF16Matmul{BF16Shape: s, W: 0x100, X: 0x200, Y: 0x300, Workspace: i}, nil)
-		require.ErrorContains(t, err, fmt.Sprintf("workspace %d, the handle has 2", i))
+		require.ErrorContains(t, err, fmt.Sprintf("workspace %d, the handle has 3", i))
 		err = h.Matmul(&FP8Matmul{Shape: Shape{M: 1, N: 128, K: 128, YStride: 128}, Workspace: i}, nil)
-		require.ErrorContains(t, err, fmt.Sprintf("workspace %d, the handle has 2", i))
+		require.ErrorContains(t, err, fmt.Sprintf("workspace %d, the handle has 3", i))
 	}
 }

@@ -15,13 +15,13 @@ import (
 const WorkspaceBytes = 32 << 20
 
 // Workspaces is how many workspaces a Handle allocates: one for each
-// stream whose matmuls may run at the same time (the CUDA backend's main
-// and side streams), chosen by the matmul's Workspace field. The split-K
+// stream whose matmuls may run at the same time (the CUDA backend's main,
+// side and third streams), chosen by the matmul's Workspace field. The split-K
 // algorithms keep their partials, and some the counters their blocks wait
 // on, in the workspace: two kernels sharing one at once overwrite each
 // other's and can wait forever (cmd/bench's three-projection ratio-4 layer
 // at V4-Pro decode hung in its graph so, 2026-12-02-h200-indexer-layer).
-const Workspaces = 2
+const Workspaces = 3
 
 // Handle is a cuBLASLt handle bound to one driver Context, with its
 // workspace and its plans.
