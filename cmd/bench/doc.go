@@ -27,13 +27,17 @@
 // without the lightning indexer, with its prologue as the engine issues it
 // (one bf16 GEMM of the compressor's, the indexer compressor's and
 // weights_proj's projections and both compressor steps on the side stream,
-// its wq_b GEMM after the Q prologue, its query step after the join) and
+// its wq_b GEMM after the Q prologue, its query step after the join; under
+// cudatune.IndexerStreamAux both on the third stream) and
 // with its top-k selection too, every layer with its own weights in one
 // CUDA graph, the L2 flushed before each replay, and one layer alone so;
-// beside them three variants (the indexer's query on the side stream; the
+// beside them the variants: the indexer's query path on the main stream
+// (b1), on the third stream forked after q_norm (b3), only its wq_b GEMM
+// there (b3g), on the side stream behind the compressor (b'); the
 // three bf16 projections as three GEMMs, the engine before its one GEMM;
 // the prologue without its key step, whose difference is what the key
-// step on the side stream costs the layer),
+// step on the side stream costs the layer (b-k) (--indexer-no-topk
+// leaves the selection's modes out),
 // the indexer's work alone, the added
 // weights' streaming floor and the share (b-a)/a against the 15% goal, and
 // at 128 tokens the query step alone in both query formats beside vLLM's

@@ -72,7 +72,17 @@
 // slower on the H200 at every measured shape: IndexerKeysSplit
 // (compress_step at width 128, then indexer_step_finish),
 // IndexerQueryLate (indexer_query) and IndexerQueryEarly
-// (indexer_query_early).
+// (indexer_query_early). IndexerQueryWide (and IndexerQueryWideMinRows,
+// from a number of token rows on) selects indexer_query_wide: eight rows a
+// warp, four lanes a row, so that five of the Hadamard's seven stages and
+// every MXFP4 block maximum stay inside a lane (about half the
+// instructions a row), the same bytes.
+//
+// The backend has a third stream beside the side stream (mla.AuxRunner:
+// Aux, MarkSide, AwaitSide; JoinKV joins it), with its own GEMM workspaces
+// like the other two; with cudatune.IndexerStreamAux (AuxQuery) the
+// engine runs a ratio-4 layer's indexer query path there, its wq_b GEMM
+// and query step under the main stream's wq_b GEMM and Q prologue.
 //
 // The indexer's top-k selection (DESIGN.md section 9, mla.TopKSelector)
 // runs kernels/cuda/topk.cu, loaded at first use (LoadTopK): topk_score
