@@ -303,10 +303,23 @@ var SM90 = Arch{
 		// at 64K, 2273 / 2293 at 1M; with narrow scales 25.7 / 27.1, 106.6
 		// / 109.0, 1403 / 1449; prefill 16K 2234 / 2252).
 		TopKScore: TopKScoreMMA4U,
-		// The indexer's query path on the main stream, and
-		// indexer_query_wide at no size: neither the third stream nor the
-		// wide kernel is measured yet.
-		IndexerStream: IndexerStreamMain, IndexerQueryWideMinRows: -1,
+		// The indexer's query path on the main stream: the third stream
+		// was faster at every shape below, but the engine's tiny model
+		// through graphs failed --verify there (the indexer's wq_b output,
+		// 16 padded rows, K = 256; not understood), so it stays a knob.
+		// indexer_query_wide from 128 token rows on (H200, 2026-12-02
+		// 07:35, bench/results/2026-12-02-h200-h/idx: cmd/bench's indexer
+		// layer, 8 layers a graph, L2 flushed, us a layer, query path on
+		// the main stream / on the third stream; the query kernel alone,
+		// 20 calls a graph, best replay). V4-Flash b=32 MTP 3 71.51 / 66.78
+		// (+23.2% / +15.1% over the layer without the indexer), 4K 896.3
+		// / 896.8 (lean) and 874.3 / 840.9 (wide), 16K 3700 / 3528 (lean)
+		// and 3618 / 3495 (wide); V4-Pro b=32 MTP 3 109.77 / 98.33, 4K
+		// 1918 / 1775 (lean) and 1908 / 1737 (wide). The query alone,
+		// lean / wide: 3.75 / 3.15 at 128 rows, 78.4 / 58.7 at 4096, 2.40
+		// / 2.75 at 4 (b=1 MTP 3: the lean kernel's 16 warps against the
+		// wide one's 4).
+		IndexerStream: IndexerStreamMain, IndexerQueryWideMinRows: 128,
 	},
 }
 

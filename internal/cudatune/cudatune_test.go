@@ -11,7 +11,7 @@ func TestDefaults(t *testing.T) {
 	// The H200's shapes, as they were before they moved into SM90.
 	h200 := Knobs{Warps: 8, KVDepth: 4, QDepth: 4, QChunk: 8, BlocksPerSM: 2,
 		DirectMaxRows: 1 << 19, DirectMaxRowsBF16: math.MaxInt32, DirectMinRows: 1, DirectWarps: 4, DirectHalfBlockRows: 8192, DirectQRows: 2, DirectMinBlocks: 1,
-		BF16MMAMaxRows: -1, BF16MMADepth: 2, BF16MMAReduce: 1, BF16MMAWarpRows: 16, IndexerKeys: IndexerKeysFused, IndexerQuery: IndexerQueryLean, IndexerQueryWideMinRows: -1, IndexerStream: IndexerStreamMain, TopKScore: TopKScoreMMA4U}
+		BF16MMAMaxRows: -1, BF16MMADepth: 2, BF16MMAReduce: 1, BF16MMAWarpRows: 16, IndexerKeys: IndexerKeysFused, IndexerQuery: IndexerQueryLean, IndexerQueryWideMinRows: 128, IndexerStream: IndexerStreamMain, TopKScore: TopKScoreMMA4U}
 	require.Equal(t, h200, Knobs{}.Defaults())
 	require.Equal(t, h200, SM90.Knobs)
 	set := Knobs{Warps: 3, KVDepth: 1, QDepth: 5, QChunk: 3, BlocksPerSM: 2, MaxBlocks: 1, DirectMaxRows: 7, DirectMaxRowsBF16: 8, DirectMinRows: 2, DirectWarps: 2, DirectHalfBlockRows: 5,
@@ -154,8 +154,9 @@ func TestIndexerQueryAt(t *testing.T) {
 		rows  int
 		wantQ IndexerQuery
 	}{
-		{"default, decode", Knobs{}, 128, SM90.Knobs.IndexerQuery},
-		{"default, prefill", Knobs{}, 16384, SM90.Knobs.IndexerQuery},
+		{"default, b=1 MTP 3", Knobs{}, 4, IndexerQueryLean},
+		{"default, b=32 MTP 3", Knobs{}, 128, IndexerQueryWide},
+		{"default, prefill", Knobs{}, 16384, IndexerQueryWide},
 		{"named kernel", Knobs{IndexerQuery: IndexerQueryEarly, IndexerQueryWideMinRows: -1}, 4096, IndexerQueryEarly},
 		{"wide everywhere", Knobs{IndexerQuery: IndexerQueryWide, IndexerQueryWideMinRows: -1}, 4, IndexerQueryWide},
 		{"below the threshold", Knobs{IndexerQuery: IndexerQueryLean, IndexerQueryWideMinRows: 512}, 511, IndexerQueryLean},

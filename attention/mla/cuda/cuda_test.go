@@ -183,9 +183,10 @@ func TestCUDAIndexerKernels(t *testing.T) {
 	}{
 		{"keys=split", cudatune.Knobs{IndexerKeys: cudatune.IndexerKeysSplit}},
 		{"keys=fused", cudatune.Knobs{IndexerKeys: cudatune.IndexerKeysFused}},
-		{"query=late", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryLate}},
-		{"query=early", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryEarly}},
-		{"query=lean", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryLean}},
+		// Each kernel at every size (no wide kernel from a row count on).
+		{"query=late", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryLate, IndexerQueryWideMinRows: -1}},
+		{"query=early", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryEarly, IndexerQueryWideMinRows: -1}},
+		{"query=lean", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryLean, IndexerQueryWideMinRows: -1}},
 		{"query=wide", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryWide}},
 		// Two blocks: every warp's grid-stride loop past its first unit.
 		{"query=wide,maxblocks=2", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryWide, MaxBlocks: 2}},

@@ -60,7 +60,9 @@
 //
 // The indexer's prologue (DESIGN.md section 9) lives in the compressor's
 // module (kernels/cuda/indexer.cu). The query (IndexerQuery) runs
-// indexer_query_lean by default: one warp per four (token, head) rows of a
+// indexer_query_wide from 128 token rows on and indexer_query_lean below
+// by default (cudatune's SM90 IndexerQueryWideMinRows). The lean kernel:
+// one warp per four (token, head) rows of a
 // token with the Q prologue's Params for positions, its metadata and RoPE
 // pairs read before the PDL wait; RoPE, the canonical Hadamard by xor
 // shuffles, then MXFP4 (e2m1 by integer rounding) and the bf16 head
@@ -72,17 +74,18 @@
 // slower on the H200 at every measured shape: IndexerKeysSplit
 // (compress_step at width 128, then indexer_step_finish),
 // IndexerQueryLate (indexer_query) and IndexerQueryEarly
-// (indexer_query_early). IndexerQueryWide (and IndexerQueryWideMinRows,
+// (indexer_query_early). IndexerQueryWide (or IndexerQueryWideMinRows,
 // from a number of token rows on) selects indexer_query_wide: eight rows a
-// warp, four lanes a row, so that five of the Hadamard's seven stages and
-// every MXFP4 block maximum stay inside a lane (about half the
-// instructions a row), the same bytes.
+// warp, four lanes a row, so that five of the Hadamard's seven stages stay
+// inside a lane and a MXFP4 block maximum needs one shuffle (about 40%
+// fewer instructions a row), the same bytes.
 //
 // The backend has a third stream beside the side stream (mla.AuxRunner:
 // Aux, MarkSide, AwaitSide; JoinKV joins it), with its own GEMM workspaces
-// like the other two; with cudatune.IndexerStreamAux (AuxQuery) the
-// engine runs a ratio-4 layer's indexer query path there, its wq_b GEMM
-// and query step under the main stream's wq_b GEMM and Q prologue.
+// like the other two; with cudatune.IndexerStreamAux (AuxQuery; not the
+// default: see cudatune's SM90) the engine runs a ratio-4 layer's indexer query path there, its
+// wq_b GEMM and query step under the main stream's wq_b GEMM and Q
+// prologue.
 //
 // The indexer's top-k selection (DESIGN.md section 9, mla.TopKSelector)
 // runs kernels/cuda/topk.cu, loaded at first use (LoadTopK): topk_score

@@ -38,8 +38,9 @@ func BenchmarkCUDAIndexer(bm *testing.B) {
 		name string
 		k    cudatune.Knobs
 	}
-	queryKernels := []kernels{{"late", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryLate}},
-		{"early", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryEarly}}, {"lean", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryLean}},
+	queryKernels := []kernels{{"late", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryLate, IndexerQueryWideMinRows: -1}},
+		{"early", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryEarly, IndexerQueryWideMinRows: -1}},
+		{"lean", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryLean, IndexerQueryWideMinRows: -1}},
 		{"wide", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryWide}}}
 	keyKernels := []kernels{{"split", cudatune.Knobs{IndexerKeys: cudatune.IndexerKeysSplit}},
 		{"fused", cudatune.Knobs{IndexerKeys: cudatune.IndexerKeysFused}}}
