@@ -25,7 +25,9 @@ func (b *Backend) loadChain() error {
 			return err
 		}
 	}
-	return nil
+	// The widest row's block (one warp and the staged weight) is past the
+	// 48 KiB a launch gets without asking.
+	return b.fns["norm_quant"].SetAttribute(driver.FuncMaxDynamicSharedSizeBytes, normQuantShared(1, mla.MaxNormQuantK))
 }
 
 // chainGrid caps a grid-stride launch's blocks (cudatune.Knobs.MaxBlocks, when
@@ -111,7 +113,18 @@ func normQuantParams(a *mla.NormQuantArgs) ([]byte, error) {
 // normQuantWarps is the warps a block of norm_quant gets for rows of k
 // values: each stages its row in 2k+256 bytes of shared memory, and a block
 // stays within the default 48 KiB.
-func normQuantWarps(k int) int { return max(1, min(abi.ChainWarps, (48<<10)/(2*k+256))) }
+func normQuantWarps(k int) int { return max(1, min(abi.ChainWarps, ((48<<10)-4*k)/(2*k+256))) }
+
+// normQuantShared is the dynamic shared memory of a norm_quant block of
+// warps warps: a 2k + 256-byte row slot a warp, then the staged weight.
+func normQuantShared(warps, k int) int { return warps*(2*k+256) + 4*k }
+
+// normQuantBlockWarps spreads a launch's rows over the SMs: a decode batch
+// (128 rows) gets one warp a block on 128 SMs instead of 16 blocks of 8,
+// each row waiting on its own loads (norm_quant is latency-bound there).
+func normQuantBlockWarps(rows, k, sms int) int {
+	return max(1, min(normQuantWarps(k), rows/max(1, sms)))
+}
 
 // NormQuant implements mla.ChainBackend: q_norm fused with act_quant, one
 // warp per row.
@@ -129,9 +142,9 @@ func (b *Backend) NormQuant(ctx context.Context, a *mla.NormQuantArgs) error {
 	if err != nil {
 		return err
 	}
-	warps := normQuantWarps(a.Out.K)
+	warps := normQuantBlockWarps(a.Out.Rows, a.Out.K, b.ctx.Props().SMCount)
 	grid := driver.Dim3{b.chainGrid((a.Out.Rows + warps - 1) / warps), 1, 1}
-	return b.launchShared(b.fns["norm_quant"], grid, driver.Dim3{uint32(32 * warps), 1, 1}, warps*(2*a.Out.K+256),
+	return b.launchShared(b.fns["norm_quant"], grid, driver.Dim3{uint32(32 * warps), 1, 1}, normQuantShared(warps, a.Out.K),
 		driver.Bytes(params))
 }
 
