@@ -266,6 +266,7 @@ func (d *device) chainLayer(ctx context.Context, md model, cl *chainLayout, w *c
 	if idx != nil && comp == nil {
 		return errors.New("the indexer's keys follow the ratio-4 compressor on the side stream: no compressor given")
 	}
+	forkComp := func() error { return nil }
 	if comp != nil {
 		if kv != kvForked {
 			return fmt.Errorf("the compressor runs on the side stream: KV mode %v has no join", kv)
@@ -301,8 +302,16 @@ func (d *device) chainLayer(ctx context.Context, md model, cl *chainLayout, w *c
 			}
 			return idx.x.keyStep(ctx, d.be, l)
 		}
-		if err := d.be.Side(ctx, side); err != nil {
-			return errors.Join(err, d.be.JoinKV(ctx))
+		forkComp = func() error {
+			if err := d.be.Side(ctx, side); err != nil {
+				return errors.Join(err, d.be.JoinKV(ctx))
+			}
+			return nil
+		}
+	}
+	if comp == nil || !comp.late {
+		if err := forkComp(); err != nil {
+			return err
 		}
 	}
 	gemm := func(i int, g *mla.GEMMArgs) error {
@@ -318,6 +327,11 @@ func (d *device) chainLayer(ctx context.Context, md model, cl *chainLayout, w *c
 	}
 	if err := gemm(0, &mla.GEMMArgs{X: cs.xq, W: &w.fused, Y: a.Latent, YStride: a.LatentStride}); err != nil {
 		return fmt.Errorf("[wq_a; wkv] GEMM: %w", err)
+	}
+	if comp != nil && comp.late {
+		if err := forkComp(); err != nil {
+			return err
+		}
 	}
 	switch kv {
 	case kvForked:
@@ -536,7 +550,13 @@ func chainCompress(c *config, d *device, md model, cl *chainLayout, w *chainWeig
 		return ChainCompResult{}, err
 	}
 	per := map[chainKV]float64{}
-	for _, kv := range []chainKV{kvForked, kvCompAlone, kvCompGEMM} {
+	var late float64
+	for _, run := range []struct {
+		kv   chainKV
+		late bool
+	}{{kvForked, false}, {kvCompAlone, false}, {kvCompGEMM, false}, {kvForked, true}} {
+		kv := run.kv
+		comp.late = run.late
 		total, err := d.timeGraph(c.GraphReps, func() error {
 			for l := range L {
 				if err := d.chainLayer(ctx, md, cl, &w.layers[l], l, kv, nil, comp, nil); err != nil {
@@ -546,15 +566,20 @@ func chainCompress(c *config, d *device, md model, cl *chainLayout, w *chainWeig
 			return nil
 		})
 		if err != nil {
-			return ChainCompResult{}, fmt.Errorf("graph (%v): %w", kv, err)
+			return ChainCompResult{}, fmt.Errorf("graph (%v, late %v): %w", kv, comp.late, err)
+		}
+		if comp.late {
+			late = total / float64(L)
+			continue
 		}
 		per[kv] = total / float64(L)
 	}
+	comp.late = false
 	r := ChainCompResult{Ratio: ratio, UsPerLayer: per[kvForked], AloneUsPerLayer: per[kvCompAlone], GEMMUsPerLayer: per[kvCompGEMM],
-		WeightBytes: int64(2 * comp.width * chainDimsOf(md).hidden * 2)}
+		WeightBytes: int64(2 * comp.width * chainDimsOf(md).hidden * 2), LateUsPerLayer: late}
 	r.AddedUs = r.UsPerLayer - base
 	r.AddedPct = safeDiv(100*r.AddedUs, base)
-	fmt.Printf("chain %-5s compressor ratio %-3d: %8.2f us/layer with it (%+6.2f us, %+5.1f%%), alone %7.2f us (its GEMM %7.2f us, projection weights %4.1f MB)\n",
-		md.Name, ratio, r.UsPerLayer, r.AddedUs, r.AddedPct, r.AloneUsPerLayer, r.GEMMUsPerLayer, float64(r.WeightBytes)/1e6)
+	fmt.Printf("chain %-5s compressor ratio %-3d: %8.2f us/layer with it (%+6.2f us, %+5.1f%%; forked after [wq_a; wkv] %8.2f), alone %7.2f us (its GEMM %7.2f us, projection weights %4.1f MB)\n",
+		md.Name, ratio, r.UsPerLayer, r.AddedUs, r.AddedPct, r.LateUsPerLayer, r.AloneUsPerLayer, r.GEMMUsPerLayer, float64(r.WeightBytes)/1e6)
 	return r, nil
 }

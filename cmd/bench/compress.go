@@ -36,6 +36,9 @@ type chainComp struct {
 	maxSeqs, maxJobs int
 	ringRows, pages  int
 	bufs             []mla.Buffer
+	// late forks the compressor after the layer's [wq_a; wkv] GEMM, not
+	// before its act_quant (the engine's order).
+	late bool
 }
 
 func (d *device) freeComp(c *chainComp) { d.freeBufs(c.bufs) }

@@ -115,6 +115,10 @@ type ChainCompResult struct {
 	AloneUsPerLayer float64 `json:"alone_us_per_layer"`
 	GEMMUsPerLayer  float64 `json:"gemm_us_per_layer"` // the projection GEMM alone
 	WeightBytes     int64   `json:"weight_bytes"`      // the projection weights, [wkv; wgate] bf16
+	// LateUsPerLayer: the same layer with the compressor forked after the
+	// [wq_a; wkv] GEMM instead of before act_quant, so that GEMM has the
+	// device to itself.
+	LateUsPerLayer float64 `json:"late_us_per_layer"`
 }
 
 // ChainResult is one shape of the whole chain from hidden states (DESIGN.md
