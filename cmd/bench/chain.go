@@ -158,8 +158,23 @@ type chainSet struct {
 type chainLayout struct {
 	ls   *layers
 	sets []chainSet
-	rows int // the rows every step runs over: the graph bucket for generation
+	rows int       // the rows every step runs over: the graph bucket for generation
+	skip chainStep // the step chainLayer leaves out (chainShape's leave-one-out timings), 0: none
 }
+
+// chainStep names one main-stream step of the chain.
+type chainStep int
+
+const (
+	stepActQuant chainStep = iota + 1
+	stepFusedGEMM
+	stepNormQuant
+	stepWqBGEMM
+	stepQPrologue
+)
+
+var chainStepNames = map[chainStep]string{stepActQuant: "act_quant", stepFusedGEMM: "fused_gemm",
+	stepNormQuant: "norm_quant", stepWqBGEMM: "wq_b_gemm", stepQPrologue: "q_prologue"}
 
 // setupChain lays out a shape for the chain: setupLayers' buffers (the
 // fused rows, which the first GEMM writes, the Q input, which the second
@@ -322,11 +337,15 @@ func (d *device) chainLayer(ctx context.Context, md model, cl *chainLayout, w *c
 		paths[i] = p
 		return err
 	}
-	if err := d.be.ActQuant(ctx, &mla.ActQuantArgs{X: cs.hidden, XStride: cd.hidden, Out: cs.xq}); err != nil {
-		return fmt.Errorf("act_quant: %w", err)
+	if cl.skip != stepActQuant {
+		if err := d.be.ActQuant(ctx, &mla.ActQuantArgs{X: cs.hidden, XStride: cd.hidden, Out: cs.xq}); err != nil {
+			return fmt.Errorf("act_quant: %w", err)
+		}
 	}
-	if err := gemm(0, &mla.GEMMArgs{X: cs.xq, W: &w.fused, Y: a.Latent, YStride: a.LatentStride}); err != nil {
-		return fmt.Errorf("[wq_a; wkv] GEMM: %w", err)
+	if cl.skip != stepFusedGEMM {
+		if err := gemm(0, &mla.GEMMArgs{X: cs.xq, W: &w.fused, Y: a.Latent, YStride: a.LatentStride}); err != nil {
+			return fmt.Errorf("[wq_a; wkv] GEMM: %w", err)
+		}
 	}
 	if comp != nil && comp.late {
 		if err := forkComp(); err != nil {
@@ -344,9 +363,11 @@ func (d *device) chainLayer(ctx context.Context, md model, cl *chainLayout, w *c
 		}
 	}
 	err = func() error {
-		if err := d.be.NormQuant(ctx, &mla.NormQuantArgs{X: a.Latent, XStride: a.LatentStride, Weight: w.qNorm,
-			Eps: float32(md.cfg.RMSNormEps), Out: cs.qn}); err != nil {
-			return fmt.Errorf("q_norm: %w", err)
+		if cl.skip != stepNormQuant {
+			if err := d.be.NormQuant(ctx, &mla.NormQuantArgs{X: a.Latent, XStride: a.LatentStride, Weight: w.qNorm,
+				Eps: float32(md.cfg.RMSNormEps), Out: cs.qn}); err != nil {
+				return fmt.Errorf("q_norm: %w", err)
+			}
 		}
 		switch {
 		case idx != nil && idx.side:
@@ -374,11 +395,15 @@ func (d *device) chainLayer(ctx context.Context, md model, cl *chainLayout, w *c
 				return err
 			}
 		}
-		if err := gemm(1, &mla.GEMMArgs{X: cs.qn, W: &w.wqB, Y: a.QIn, YStride: cd.qN}); err != nil {
-			return fmt.Errorf("wq_b GEMM: %w", err)
+		if cl.skip != stepWqBGEMM {
+			if err := gemm(1, &mla.GEMMArgs{X: cs.qn, W: &w.wqB, Y: a.QIn, YStride: cd.qN}); err != nil {
+				return fmt.Errorf("wq_b GEMM: %w", err)
+			}
 		}
-		if err := mla.QOnly(ctx, d.be, launches, &a); err != nil {
-			return err
+		if cl.skip != stepQPrologue {
+			if err := mla.QOnly(ctx, d.be, launches, &a); err != nil {
+				return err
+			}
 		}
 		switch {
 		case idx == nil || idx.side || idx.aux || idx.auxGEMM:
@@ -506,6 +531,23 @@ func chainShape(c *config, d *device, md model, w *chainWeights, s shape, copyGB
 			r.TotalUs = total
 		}
 	}
+	r.LeaveOutUs = map[string]float64{}
+	for step := stepActQuant; step <= stepQPrologue; step++ {
+		cl.skip = step
+		total, err := d.timeGraph(c.GraphReps, func() error {
+			for l := range L {
+				if err := d.chainLayer(ctx, md, cl, &w.layers[l], l, kvForked, nil, nil, nil); err != nil {
+					return fmt.Errorf("layer %d: %w", l, err)
+				}
+			}
+			return nil
+		})
+		cl.skip = 0
+		if err != nil {
+			return r, fmt.Errorf("graph without %s: %w", chainStepNames[step], err)
+		}
+		r.LeaveOutUs[chainStepNames[step]] = total / float64(L)
+	}
 	if c.ChainCompress {
 		for _, ratio := range []int{4, 128} {
 			cr, err := chainCompress(c, d, md, cl, w, ratio, perLayer[kvForked])
@@ -528,6 +570,12 @@ func chainShape(c *config, d *device, md model, w *chainWeights, s shape, copyGB
 		r.Model, r.Phase, r.Batch, r.MTP, r.Tokens, r.Rows, r.FusedGEMM, r.WqBGEMM, r.UsPerLayer, r.NoKVUsPerLayer,
 		r.SerialKVUsPerLayer, r.KVAloneUsPerLayer, r.KVExposedUs, float64(r.WeightBytes)/1e6, r.WeightGBps,
 		r.WeightFloorUs, r.PctWeightFloor, r.FloorUs)
+	fmt.Printf("chain %-5s %-10s b=%-4d mtp=%d leave one out (us/layer, KV forked):", r.Model, r.Phase, r.Batch, r.MTP)
+	for step := stepActQuant; step <= stepQPrologue; step++ {
+		n := chainStepNames[step]
+		fmt.Printf(" %s %.2f (%+.2f)", n, r.LeaveOutUs[n], r.LeaveOutUs[n]-r.UsPerLayer)
+	}
+	fmt.Println()
 	return r, nil
 }
 

@@ -155,6 +155,11 @@ type ChainResult struct {
 	// Compressor: the chain with every layer's KV compressor of a ratio
 	// (--chain-compress).
 	Compressor []ChainCompResult `json:"compressor,omitempty"`
+	// LeaveOutUs: the chain (KV forked, no compressor) with one step left
+	// out, per layer, keyed by the step: what each step costs inside the
+	// graph, where programmatic launch overlaps its neighbours (a step
+	// left out leaves its output as the previous replay wrote it).
+	LeaveOutUs map[string]float64 `json:"leave_out_us,omitempty"`
 	// WeightBytes is a layer's GEMM weights with their scales and the q_norm
 	// weight; WeightGBps = WeightBytes / UsPerLayer. WeightFloorUs is the
 	// weights at the measured copy rate (the weight-streaming floor), and
