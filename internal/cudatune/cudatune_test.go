@@ -100,7 +100,7 @@ func TestForDevice(t *testing.T) {
 }
 
 // TestWGMMAChosen: the wgmma kernel is chosen by its rules only: on SM90
-// the measured shapes (V4-Flash's [wq_a; wkv] up to 128 rows, V4-Pro's up
+// the measured shapes (V4-Flash's [wq_a; wkv] up to 32 rows, V4-Pro's up
 // to 32, the indexer's wq_b up to 8, the main wq_b up to 32), each rule
 // naming its measurement.
 func TestWGMMAChosen(t *testing.T) {
@@ -108,7 +108,7 @@ func TestWGMMAChosen(t *testing.T) {
 		m, n int
 		want bool
 	}{
-		{1, 1536, true}, {128, 1536, true}, {129, 1536, false}, {512, 1536, false},
+		{1, 1536, true}, {32, 1536, true}, {33, 1536, false}, {128, 1536, false}, {512, 1536, false},
 		{1, 2048, true}, {32, 2048, true}, {33, 2048, false}, {128, 2048, false},
 		{1, 8192, true}, {8, 8192, true}, {9, 8192, false}, {128, 8192, false},
 		{1, 32768, true}, {32, 32768, true}, {33, 32768, false}, {128, 65536, false}, {4096, 65536, false},
