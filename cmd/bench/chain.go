@@ -515,14 +515,7 @@ func chainShape(c *config, d *device, md model, w *chainWeights, s shape, copyGB
 	r.FusedGEMM, r.WqBGEMM = paths[0], paths[1]
 	perLayer := map[chainKV]float64{}
 	for _, kv := range []chainKV{kvForked, kvNone, kvSerial, kvAlone} {
-		total, err := d.timeGraph(c.GraphReps, func() error {
-			for l := range L {
-				if err := d.chainLayer(ctx, md, cl, &w.layers[l], l, kv, nil, nil, nil); err != nil {
-					return fmt.Errorf("layer %d: %w", l, err)
-				}
-			}
-			return nil
-		})
+		total, err := d.timeChainLayers(c, md, cl, w, kv, nil)
 		if err != nil {
 			return r, fmt.Errorf("graph (%v): %w", kv, err)
 		}
@@ -534,14 +527,7 @@ func chainShape(c *config, d *device, md model, w *chainWeights, s shape, copyGB
 	r.LeaveOutUs = map[string]float64{}
 	for step := stepActQuant; step <= stepQPrologue; step++ {
 		cl.skip = step
-		total, err := d.timeGraph(c.GraphReps, func() error {
-			for l := range L {
-				if err := d.chainLayer(ctx, md, cl, &w.layers[l], l, kvForked, nil, nil, nil); err != nil {
-					return fmt.Errorf("layer %d: %w", l, err)
-				}
-			}
-			return nil
-		})
+		total, err := d.timeChainLayers(c, md, cl, w, kvForked, nil)
 		cl.skip = 0
 		if err != nil {
 			return r, fmt.Errorf("graph without %s: %w", chainStepNames[step], err)
@@ -579,6 +565,20 @@ func chainShape(c *config, d *device, md model, w *chainWeights, s shape, copyGB
 	return r, nil
 }
 
+// timeChainLayers times one graph of every layer's chainLayer (KV as kv,
+// the compressor comp or none) and returns its total over the layers.
+func (d *device) timeChainLayers(c *config, md model, cl *chainLayout, w *chainWeights, kv chainKV, comp *chainComp) (float64, error) {
+	ctx := context.Background()
+	return d.timeGraph(c.GraphReps, func() error {
+		for l := range w.layers {
+			if err := d.chainLayer(ctx, md, cl, &w.layers[l], l, kv, nil, comp, nil); err != nil {
+				return fmt.Errorf("layer %d: %w", l, err)
+			}
+		}
+		return nil
+	})
+}
+
 // chainCompress times the chain with every layer's compressor of a ratio
 // forked (the engine's way) and the compressor alone, each in one graph
 // of every layer; base is the chain's time per layer without it.
@@ -605,14 +605,7 @@ func chainCompress(c *config, d *device, md model, cl *chainLayout, w *chainWeig
 	}{{kvForked, false}, {kvCompAlone, false}, {kvCompGEMM, false}, {kvForked, true}} {
 		kv := run.kv
 		comp.late = run.late
-		total, err := d.timeGraph(c.GraphReps, func() error {
-			for l := range L {
-				if err := d.chainLayer(ctx, md, cl, &w.layers[l], l, kv, nil, comp, nil); err != nil {
-					return fmt.Errorf("layer %d: %w", l, err)
-				}
-			}
-			return nil
-		})
+		total, err := d.timeChainLayers(c, md, cl, w, kv, comp)
 		if err != nil {
 			return ChainCompResult{}, fmt.Errorf("graph (%v, late %v): %w", kv, comp.late, err)
 		}

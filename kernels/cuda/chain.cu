@@ -84,11 +84,12 @@ __device__ __forceinline__ int seg_off(int i, int n, int seg_bytes) {
 
 // norm_quant: one warp per row (grid-stride over rows). The weight does not
 // depend on the kernel before, so the block stages it in shared memory
-// before the programmatic-launch wait; after it, the warp issues all of its
-// row's coalesced 16-byte loads (up to 8 a lane at a time) before copying
-// them into its shared-memory slot: one round trip a row, not one a chunk
-// and another a 128-block for the weight (8.1 us for 128 V4-Flash rows under
-// Nsight Compute, 2026-12-02-h200-h). Lane j sums the squares of its
+// before the programmatic-launch wait, under the kernel before; after it,
+// the warp issues all of its row's coalesced 16-byte loads (up to 8 a lane
+// at a time) before copying them into its shared-memory slot. With one-warp
+// blocks for a decode batch this took 4.47 -> 2.13 us out of V4-Flash's
+// chain in the graph (b=32 MTP 3; alone, caches flushed, it stays 8.2 us:
+// 2026-12-02-h200-h/lead call3). Lane j sums the squares of its
 // segment in ascending order and the xor butterfly completes S; then for
 // each 128-block lane l normalizes values [4l, 4l+4), rounds them to bf16,
 // the warp reduces the block maximum, and lane l stores its 4 e4m3 bytes
