@@ -87,9 +87,9 @@ __device__ __forceinline__ int seg_off(int i, int n, int seg_bytes) {
 // before the programmatic-launch wait, under the kernel before; after it,
 // the warp issues all of its row's coalesced 16-byte loads (up to 8 a lane
 // at a time) before copying them into its shared-memory slot. With one-warp
-// blocks for a decode batch this took 4.47 -> 2.13 us out of V4-Flash's
-// chain in the graph (b=32 MTP 3; alone, caches flushed, it stays 8.2 us:
-// 2026-12-02-h200-h/lead call3). Lane j sums the squares of its
+// blocks for a decode batch, V4-Flash's chain at b=32 MTP 3 went from 38.86
+// to 36.60 us a layer in the graph (alone, caches flushed, the kernel stays
+// at 8.2 us: 2026-12-02-h200-h/lead calls 2 and 3). Lane j sums the squares of its
 // segment in ascending order and the xor butterfly completes S; then for
 // each 128-block lane l normalizes values [4l, 4l+4), rounds them to bf16,
 // the warp reduces the block maximum, and lane l stores its 4 e4m3 bytes
