@@ -252,3 +252,41 @@ func TestBF16OperandsValidate(t *testing.T) {
 		require.ErrorContains(t, err, c.want, c.name)
 	}
 }
+
+// TestCompareWhere pins the box of the violations: their rows counted,
+// the smallest row and column ranges holding them, -1 without any.
+func TestCompareWhere(t *testing.T) {
+	const rows, n, k = 5, 6, 8
+	o := &gemm.BF16Operands{Rows: rows, N: n, K: k, XStride: k, X: make([]uint16, rows*k), W: make([]uint16, n*k)}
+	for i := range o.X {
+		o.X[i] = 0x3F80
+	}
+	for i := range o.W {
+		o.W[i] = 0x3F80 // every S = 8
+	}
+	want := make([]float32, rows*n)
+	for i := range want {
+		want[i] = 8
+	}
+	for _, c := range []struct {
+		name                    string
+		bad                     [][2]int
+		badRows, r0, r1, c0, c1 int
+	}{
+		{"none", nil, 0, -1, -1, -1, -1},
+		{"one", [][2]int{{2, 3}}, 1, 2, 2, 3, 3},
+		{"two rows", [][2]int{{1, 5}, {1, 3}, {4, 2}}, 2, 1, 4, 2, 5},
+	} {
+		got := append([]float32(nil), want...)
+		for _, b := range c.bad {
+			got[b[0]*n+b[1]] = -4080
+		}
+		cmp, err := gemm.CompareF32(o, want, got)
+		require.NoError(t, err)
+		require.Equal(t, len(c.bad), cmp.Violations, c.name)
+		require.Equal(t, [5]int{c.badRows, c.r0, c.r1, c.c0, c.c1}, [5]int{cmp.BadRows, cmp.RowLo, cmp.RowHi, cmp.ColLo, cmp.ColHi}, "%s: %v", c.name, cmp)
+		if len(c.bad) > 0 {
+			require.Contains(t, cmp.String(), fmt.Sprintf("in %d rows, within rows %d-%d, columns %d-%d", c.badRows, c.r0, c.r1, c.c0, c.c1))
+		}
+	}
+}

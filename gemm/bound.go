@@ -80,12 +80,22 @@ type Comparison struct {
 	// CompareF32): the accumulation difference in units of S, to compare
 	// with Bound(K) (= BoundBF16(K)).
 	AccumRel float64
+	// BadRows is how many rows hold a violation, and [RowLo, RowHi] x
+	// [ColLo, ColHi] the smallest box holding them all (-1 without one):
+	// whether a wrong output is some rows, some column tiles or everything
+	// tells a race on the input from one on the output or a wrong operand.
+	BadRows                    int
+	RowLo, RowHi, ColLo, ColHi int
 }
 
 // String describes the comparison and its worst element.
 func (c Comparison) String() string {
-	return fmt.Sprintf("%d of %d elements outside the bound; worst [%d][%d]: %g vs %g, |diff| %g, allowed %g (%.3g x, S = %g); largest accumulation difference %.3g S, bound %.3g S",
-		c.Violations, c.Elements, c.Row, c.Col, c.A, c.B, math.Abs(float64(c.A)-float64(c.B)), c.Allowed, c.Worst, c.S, c.AccumRel, Bound(c.K))
+	where := ""
+	if c.Violations > 0 {
+		where = fmt.Sprintf(" (in %d rows, within rows %d-%d, columns %d-%d)", c.BadRows, c.RowLo, c.RowHi, c.ColLo, c.ColHi)
+	}
+	return fmt.Sprintf("%d of %d elements outside the bound%s; worst [%d][%d]: %g vs %g, |diff| %g, allowed %g (%.3g x, S = %g); largest accumulation difference %.3g S, bound %.3g S",
+		c.Violations, c.Elements, where, c.Row, c.Col, c.A, c.B, math.Abs(float64(c.A)-float64(c.B)), c.Allowed, c.Worst, c.S, c.AccumRel, Bound(c.K))
 }
 
 // AbsSums returns S = sum_k |x_k||w_k| for every output element, [Rows][N],
@@ -153,7 +163,8 @@ func Compare(x *Activations, w *weights.FP8Matrix, yA, yB []uint16) (Comparison,
 // at returns, against eps*s[i] + ulp. A NaN must meet a NaN, an infinity
 // the same infinity.
 func compare(k, n int, s []float64, eps float64, at func(i int) (a, b float32, ulp float64)) Comparison {
-	c := Comparison{K: k, Elements: len(s), Row: -1, Col: -1}
+	c := Comparison{K: k, Elements: len(s), Row: -1, Col: -1, RowLo: -1, RowHi: -1, ColLo: -1, ColHi: -1}
+	lastBadRow := -1
 	for i := range s {
 		a, b, ulp := at(i)
 		fa, fb := float64(a), float64(b)
@@ -183,6 +194,14 @@ func compare(k, n int, s []float64, eps float64, at func(i int) (a, b float32, u
 		}
 		if ratio > 1 {
 			c.Violations++
+			r, col := i/n, i%n
+			if r != lastBadRow {
+				c.BadRows, lastBadRow = c.BadRows+1, r
+			}
+			if c.RowLo < 0 {
+				c.RowLo, c.ColLo, c.ColHi = r, col, col
+			}
+			c.RowHi, c.ColLo, c.ColHi = r, min(c.ColLo, col), max(c.ColHi, col)
 		}
 		if ratio > c.Worst || c.Row < 0 {
 			c.Worst, c.Row, c.Col, c.A, c.B, c.Allowed, c.S = ratio, i/n, i%n, a, b, allowed, s[i]

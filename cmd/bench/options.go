@@ -21,7 +21,8 @@ import (
 // __launch_bounds__ minimum of blocks a multiprocessor, and off), ikeys=N iquery=N (the indexer's kernels:
 // cudatune.IndexerKeys 1 split, 2 fused; cudatune.IndexerQuery 1 late, 2 early, 3 lean, 4 wide; iwide=N:
 // the wide query kernel from N token rows on; istream=N: cudatune.IndexerStream 1 main, 2 the third
-// stream), tkscore=N (the top-k score kernel: cudatune.TopKScore 1 mma4q, 2 mma4t, 3 mma4u), nopdl
+// stream), tkscore=N (the top-k score kernel: cudatune.TopKScore 1 mma4q, 2 mma4t, 3 mma4u), ltsplitk=N
+// (cuBLASLt's split-K reductions: cudatune.CuBLASLtSplitK 1 any, 2 through the workspace, 3 none), nopdl
 // separate, wgmma
 // nowgmma wgcluster=N wgmc=N (every FP8 GEMM on the sm_90a wgmma kernel, or none; its split K finished
 // by clusters of up to N blocks; clusters of N blocks sharing the activation tile). A zero
@@ -43,6 +44,7 @@ type variant struct {
 	TopKScore               int
 	IndexerQueryWideMinRows int
 	IndexerStream           int
+	CuBLASLtSplitK          int
 	NoDirect                bool
 	NoPDL, SeparateLaunches bool
 	WGMMA                   bool // every FP8 GEMM on the sm_90a wgmma kernel
@@ -91,6 +93,8 @@ func (v *variant) field(key string) (*int, *bool) {
 		return &v.IndexerQueryWideMinRows, nil
 	case "istream":
 		return &v.IndexerStream, nil
+	case "ltsplitk":
+		return &v.CuBLASLtSplitK, nil
 	case "nodirect":
 		return nil, &v.NoDirect
 	case "nopdl":
@@ -194,6 +198,7 @@ func (v variant) options(verbose bool) (cuda.Options, cudatune.Knobs) {
 		IndexerKeys:             cudatune.IndexerKeys(v.IndexerKeys),
 		IndexerQuery:            cudatune.IndexerQuery(v.IndexerQuery),
 		IndexerStream:           cudatune.IndexerStream(v.IndexerStream),
+		CuBLASLtSplitK:          cudatune.CuBLASLtSplitK(v.CuBLASLtSplitK),
 		IndexerQueryWideMinRows: v.IndexerQueryWideMinRows,
 		TopKScore:               cudatune.TopKScore(v.TopKScore),
 		SeparateLaunches:        v.SeparateLaunches,

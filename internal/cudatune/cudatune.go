@@ -1,5 +1,7 @@
 package cudatune
 
+import "fmt"
+
 // Knobs are passed to cuda.NewTuned; zero fields take the defaults.
 type Knobs struct {
 	// Warps is the number of warps per block (0: 8); each KV warp streams
@@ -92,6 +94,9 @@ type Knobs struct {
 	// wq_b GEMM and query step) runs (mla.AuxRunner; 0:
 	// SM90.Knobs.IndexerStream).
 	IndexerStream IndexerStream
+	// CuBLASLtSplitK restricts the split-K reductions cuBLASLt's heuristic
+	// may choose for the FP8 and bf16 GEMMs (0: SM90.Knobs.CuBLASLtSplitK).
+	CuBLASLtSplitK CuBLASLtSplitK
 	// WGMMAClusterSplits overrides how the wgmma FP8 GEMM finishes a split
 	// K (0: the architecture description's FP8.WGMMA.ClusterSplits;
 	// negative: the tile's last block from global partials; n > 0:
@@ -158,7 +163,49 @@ func (k Knobs) Defaults() Knobs {
 	if k.IndexerStream == 0 {
 		k.IndexerStream = d.IndexerStream
 	}
+	if k.CuBLASLtSplitK == 0 {
+		k.CuBLASLtSplitK = d.CuBLASLtSplitK
+	}
 	return k
+}
+
+// CuBLASLtSplitK names which split-K reductions cuBLASLt's heuristic may
+// pick (its CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK).
+type CuBLASLtSplitK int
+
+const (
+	// CuBLASLtSplitKAny: every reduction scheme (the library's default).
+	CuBLASLtSplitKAny CuBLASLtSplitK = iota + 1
+	// CuBLASLtSplitKWorkspace: a split K only through the workspace (in
+	// the compute or the output type), not added up in place in the output.
+	CuBLASLtSplitKWorkspace
+	// CuBLASLtSplitKNone: no split of K.
+	CuBLASLtSplitKNone
+)
+
+// ReductionMask is the cublasLtReductionScheme_t mask of s (INPLACE 1,
+// COMPUTE_TYPE 2, OUTPUT_TYPE 4; 0 allows only the unsplit algorithms),
+// and whether the preference is set at all (not for CuBLASLtSplitKAny).
+func (s CuBLASLtSplitK) ReductionMask() (mask uint32, set bool) {
+	switch s {
+	case CuBLASLtSplitKWorkspace:
+		return 2 | 4, true
+	case CuBLASLtSplitKNone:
+		return 0, true
+	}
+	return 0, false
+}
+
+func (s CuBLASLtSplitK) String() string {
+	switch s {
+	case CuBLASLtSplitKAny:
+		return "any"
+	case CuBLASLtSplitKWorkspace:
+		return "workspace"
+	case CuBLASLtSplitKNone:
+		return "none"
+	}
+	return fmt.Sprintf("CuBLASLtSplitK(%d)", int(s))
 }
 
 // IndexerKeys names the kernels of the indexer compressor's step; all of

@@ -74,6 +74,13 @@ func (b *Backend) SetBF16GEMMPath(path string) {
 	}
 }
 
+// SetCuBLASLtAnyK sends every FP8 GEMM shape cuBLASLt accepts to it,
+// those whose weight-scale rows cublasLtScaleRowsOK refuses too.
+func (b *Backend) SetCuBLASLtAnyK(any bool) { b.gemm.ltAnyK = any }
+
+// CuBLASLtScaleRowsOK is cublasLtScaleRowsOK.
+func CuBLASLtScaleRowsOK(k int) bool { return cublasLtScaleRowsOK(k) }
+
 // SetCuBLASLtOneWorkspace puts every cuBLASLt matmul on the handle's first
 // workspace whatever its stream (true), as before each stream had its own,
 // or restores the per-stream workspaces (false). Not safe while GEMMs run.

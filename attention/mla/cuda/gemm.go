@@ -62,7 +62,20 @@ type gemmState struct {
 	// workspace, as before each stream had its own: only tests set it
 	// (SetCuBLASLtOneWorkspace), to show what the second one prevents.
 	ltOneWorkspace bool
+	// ltAnyK sends every shape cuBLASLt accepts to it, those
+	// cublasLtScaleRowsOK refuses too: only tests set it
+	// (SetCuBLASLtAnyK), to map where cuBLASLt goes wrong.
+	ltAnyK bool
 }
+
+// cublasLtScaleRowsOK reports whether cuBLASLt computes FP8 GEMMs of K
+// correctly: its block-scaled kernel (algorithm 66, tile 20, cuBLASLt 13
+// on the H200) wrote wrong columns at K = 256 (weight-scale rows of two
+// float32, 8 bytes) for N = 8192 at M = 16 and 32 (2026-12-02,
+// TestCUDAGEMMStreams, every split-K choice: it split nothing), the tiny
+// model's indexer wq_b; TestCUDACuBLASLtScaleRows maps the shapes. Every
+// DSv4 GEMM has K >= 1024 (scale rows of 32 bytes and more).
+func cublasLtScaleRowsOK(k int) bool { return (k/128*4)%16 == 0 }
 
 // InitGEMM compiles the GEMM kernels, allocates the split-K workspaces (one a stream) and
 // opens cuBLASLt (unless Options.NoCuBLASLt); GEMM calls it on first use.
@@ -124,7 +137,8 @@ func (b *Backend) openCuBLASLt() {
 		}
 		// Allocated, or never to be: either way no longer kept back.
 		defer b.workspaceSettled.Add(cublaslt.Workspaces * cublaslt.WorkspaceBytes)
-		if g.lt, g.ltErr = cublaslt.New(b.ctx); g.ltErr != nil {
+		mask, restrict := b.knobs.CuBLASLtSplitK.ReductionMask()
+		if g.lt, g.ltErr = cublaslt.New(b.ctx, cublaslt.Config{RestrictReductions: restrict, ReductionMask: mask}); g.ltErr != nil {
 			b.log.Info().Err(g.ltErr).Msg("cuBLASLt unavailable: the own GEMM kernels run every batch")
 		} else {
 			b.log.Debug().Int("version", g.lt.Version()).Str("path", g.lt.Path()).Msg("cuBLASLt loaded")
@@ -207,6 +221,19 @@ func (b *Backend) CuBLASLtSupports(m, n, k, yStride int) error {
 		return b.gemm.ltErr
 	}
 	return b.gemm.lt.Supported(cublaslt.Shape{M: m, N: n, K: k, YStride: yStride})
+}
+
+// CuBLASLtAlgorithm describes the algorithm cuBLASLt's heuristic chose
+// for an FP8 GEMM of the shape (under cudatune.Knobs.CuBLASLtSplitK), or
+// why there is none.
+func (b *Backend) CuBLASLtAlgorithm(m, n, k, yStride int) (cublaslt.Algorithm, error) {
+	if err := b.InitGEMM(); err != nil {
+		return cublaslt.Algorithm{}, err
+	}
+	if b.gemm.lt == nil {
+		return cublaslt.Algorithm{}, b.gemm.ltErr
+	}
+	return b.gemm.lt.FP8Algorithm(cublaslt.Shape{M: m, N: n, K: k, YStride: yStride})
 }
 
 // ownGEMMPlan is the launch shape of the own kernel for one GEMM.
@@ -294,7 +321,7 @@ func (b *Backend) gemmOn(ctx context.Context, a *mla.GEMMArgs, wgmma bool) error
 	}
 	// cuBLASLt's VEC128_32F scales have no stride: only an unpadded scale
 	// layout can go to it.
-	if g.lt != nil && !own && a.X.ScaleStride == m {
+	if g.lt != nil && !own && a.X.ScaleStride == m && (cublasLtScaleRowsOK(k) || g.ltAnyK) {
 		shape := cublaslt.Shape{M: m, N: n, K: k, YStride: a.YStride}
 		if err := g.lt.Supported(shape); err == nil {
 			g.cublasRun.Add(1)

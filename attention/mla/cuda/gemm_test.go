@@ -206,6 +206,8 @@ func TestGEMMTimes(t *testing.T) {
 		opts  cuda.Options
 		knobs cudatune.Knobs
 	}{{"own", cuda.Options{NoCuBLASLt: true, NoWGMMA: true}, cudatune.Knobs{}}, {"cublaslt", cuda.Options{GEMMOwnMaxM: -1, NoWGMMA: true}, cudatune.Knobs{}},
+		{"cublaslt-ws", cuda.Options{GEMMOwnMaxM: -1, NoWGMMA: true}, cudatune.Knobs{CuBLASLtSplitK: cudatune.CuBLASLtSplitKWorkspace}},
+		{"cublaslt-nosplit", cuda.Options{GEMMOwnMaxM: -1, NoWGMMA: true}, cudatune.Knobs{CuBLASLtSplitK: cudatune.CuBLASLtSplitKNone}},
 		{"wgmma", wg, cudatune.Knobs{WGMMAClusterSplits: -1, WGMMAMulticast: -1}},
 		{"wgmma-cluster", wg, cudatune.Knobs{WGMMAClusterSplits: 8, WGMMAMulticast: -1}},
 		{"wgmma-mc2", wg, cudatune.Knobs{WGMMAClusterSplits: 8, WGMMAMulticast: 2}},
@@ -222,7 +224,7 @@ func TestGEMMTimes(t *testing.T) {
 		} else {
 			require.NoError(t, err)
 		}
-		if path.name == "cublaslt" && b.CuBLASLtError() != nil {
+		if strings.HasPrefix(path.name, "cublaslt") && b.CuBLASLtError() != nil {
 			t.Logf("cuBLASLt unavailable: %v", b.CuBLASLtError())
 			require.NoError(t, b.Close())
 			continue
@@ -246,6 +248,9 @@ func TestGEMMTimes(t *testing.T) {
 				which := "own"
 				if _, lt1 := b.GEMMCounts(); lt1 > lt0 {
 					which = "cublaslt"
+					if a, err := b.CuBLASLtAlgorithm(m, s.N, s.K, s.N); err == nil {
+						fmt.Printf("ALGO %-16s %s/m%d %v\n", path.name, s.Name, m, a)
+					}
 				} else if b.WGMMACount() > wg0 {
 					which = path.name
 				}
@@ -300,7 +305,7 @@ func TestGEMMTimes(t *testing.T) {
 	}
 	us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
 	fmt.Printf("%-22s", "GEMM")
-	for range 6 {
+	for range paths {
 		fmt.Printf(" %-13s %8s %8s %9s  ", "path", "cold us", "b2b us", "cold GB/s")
 	}
 	fmt.Printf(" %8s\n", "floor us")
@@ -309,7 +314,7 @@ func TestGEMMTimes(t *testing.T) {
 		for _, m := range ms {
 			key := fmt.Sprintf("%s/m%d", s.Name, m)
 			line := fmt.Sprintf("%-22s", key)
-			for _, p := range []string{"own", "cublaslt", "wgmma", "wgmma-cluster", "wgmma-mc2", "wgmma-mc4"} {
+			for _, p := range paths {
 				rw, ok := results[key][p]
 				if !ok {
 					line += fmt.Sprintf(" %-13s %8s %8s %9s  ", p, "-", "-", "-")
@@ -359,4 +364,138 @@ func TestCUDAGEMMWorkspaceReserve(t *testing.T) {
 	require.Zero(t, b.WorkspaceReserve())
 	reported, device = freeOf()
 	require.Equal(t, device, reported)
+}
+
+// TestCUDAGEMMStreams runs each FP8 GEMM path on the main stream alone,
+// then on the main stream, inside Side and inside Aux (the third stream) at
+// once, eagerly and as one captured graph, each into its own output: every
+// result within package gemm's bound of the host reference and the same
+// bytes on every stream (each stream has its own split-K workspaces and
+// cuBLASLt workspace, so GEMMs in flight at once never share partials). It
+// runs under each cudatune.CuBLASLtSplitK and logs cuBLASLt's algorithm
+// for each shape. The shapes are the indexer's wq_b at the graph path's 16
+// padded rows (the tiny model's K = 256, where cuBLASLt's default choice
+// wrote wrong columns on 2026-12-02, and V4-Flash's 1024), at 8 rows (the
+// wgmma kernel) and 128, the tiny model's wq_b and fused A projection, and
+// V4-Flash's fused A projection.
+func TestCUDAGEMMStreams(t *testing.T) {
+	backend(t)
+	seed := rand.Uint64()
+	t.Logf("seed %d", seed)
+	ctx := context.Background()
+	for _, split := range []cudatune.CuBLASLtSplitK{cudatune.CuBLASLtSplitKAny, cudatune.CuBLASLtSplitKWorkspace, cudatune.CuBLASLtSplitKNone} {
+		t.Run(split.String(), func(t *testing.T) {
+			b, err := cuda.NewTuned(cuda.Options{}, cudatune.Knobs{CuBLASLtSplitK: split})
+			require.NoError(t, err)
+			defer b.Close()
+			for _, s := range []struct{ m, n, k int }{{16, 8192, 256}, {32, 8192, 256}, {16, 1024, 256}, {16, 768, 256}, {16, 8192, 1024}, {8, 8192, 256}, {8, 8192, 1024}, {128, 8192, 1024}, {16, 1536, 4096}} {
+				t.Run(fmt.Sprintf("m%d-n%d-k%d", s.m, s.n, s.k), func(t *testing.T) {
+					if a, err := b.CuBLASLtAlgorithm(s.m, s.n, s.k, s.n); err == nil {
+						t.Logf("ALGO %s m%d-n%d-k%d: %v", split, s.m, s.n, s.k, a)
+					} else {
+						t.Logf("ALGO %s m%d-n%d-k%d: none: %v", split, s.m, s.n, s.k, err)
+					}
+					hx, hw, w, x, want := uploadCase(t, b, seed, s.m, s.n, s.k)
+					defer mlatest.FreeGEMMBuffers(b, w, x)
+					n := 2 * s.m * s.n
+					var ys [3]mla.Buffer
+					for i := range ys {
+						y, err := b.Alloc(n)
+						require.NoError(t, err)
+						defer b.Free(y)
+						ys[i] = y
+					}
+					gemmOn := func(i int) error { return b.GEMM(ctx, &mla.GEMMArgs{X: x, W: w, Y: ys[i], YStride: s.n}) }
+					// The three streams: main, side, third; joined at the end.
+					all := func() error {
+						err := errors.Join(b.Side(ctx, func() error { return gemmOn(1) }),
+							b.Aux(ctx, func() error { return gemmOn(2) }), gemmOn(0))
+						return errors.Join(err, b.JoinKV(ctx))
+					}
+					check := func(what string, i int) []byte {
+						require.NoError(t, b.Synchronize(ctx))
+						out := make([]byte, n)
+						require.NoError(t, b.Read(out, ys[i], 0))
+						got := make([]uint16, s.m*s.n)
+						for j := range got {
+							got[j] = uint16(out[2*j]) | uint16(out[2*j+1])<<8
+						}
+						require.NoError(t, gemm.CheckBound(hx, hw, want, got), "%s, stream %d", what, i)
+						return out
+					}
+					read := func(what string) (out [3][]byte) {
+						for i := range ys {
+							out[i] = check(what, i)
+						}
+						return out
+					}
+					poison := func() {
+						for _, y := range ys {
+							require.NoError(t, b.Fill(y, 0, n, 0xA5))
+						}
+					}
+					poison()
+					require.NoError(t, gemmOn(0))
+					alone := check("main stream alone", 0)
+					poison()
+					require.NoError(t, all()) // eager: also plans every shape on every stream before the capture
+					eager := read("eager")
+					require.Equal(t, alone, eager[0], "main stream beside the others differs from it alone")
+					require.Equal(t, eager[0], eager[1], "side stream differs from main")
+					require.Equal(t, eager[0], eager[2], "third stream differs from main")
+					g, err := b.Capture(all)
+					require.NoError(t, err)
+					defer g.Close()
+					for rep := range 3 {
+						poison()
+						require.NoError(t, g.Launch())
+						replayed := read(fmt.Sprintf("replay %d", rep))
+						for i := range replayed {
+							require.Equal(t, eager[0], replayed[i], "replay %d, stream %d differs from the eager main stream", rep, i)
+						}
+					}
+				})
+			}
+		})
+	}
+}
+
+// TestCUDACuBLASLtScaleRows maps where cuBLASLt's FP8 GEMM is right: every
+// shape of M in {16, 32, 128}, N in {1024, 2048, 4096, 8192} and K in
+// {256, 384, 512, 640, 1024} through cuBLASLt (where it accepts the shape),
+// within package gemm's bound or not, logged; the shapes the backend sends
+// to it (cublasLtScaleRowsOK) must all be within the bound.
+func TestCUDACuBLASLtScaleRows(t *testing.T) {
+	backend(t)
+	b, err := cuda.New(cuda.Options{GEMMOwnMaxM: -1, NoWGMMA: true})
+	require.NoError(t, err)
+	defer b.Close()
+	require.NoError(t, b.InitGEMM())
+	if b.CuBLASLtError() != nil {
+		t.Skipf("cuBLASLt unavailable: %v", b.CuBLASLtError())
+	}
+	b.SetCuBLASLtAnyK(true)
+	defer b.SetCuBLASLtAnyK(false)
+	seed := rand.Uint64()
+	t.Logf("seed %d", seed)
+	for _, k := range []int{256, 384, 512, 640, 1024} {
+		for _, n := range []int{1024, 2048, 4096, 8192} {
+			for _, m := range []int{16, 32, 128} {
+				hx, hw, w, x, want := uploadCase(t, b, seed, m, n, k)
+				_, lt0 := b.GEMMCounts()
+				got, err := mlatest.RunGEMM(b, x, w, 0, n)
+				require.NoError(t, err)
+				mlatest.FreeGEMMBuffers(b, w, x)
+				if _, lt1 := b.GEMMCounts(); lt1 == lt0 {
+					t.Logf("LTMAP m%d n%d k%d: cuBLASLt refused the shape", m, n, k)
+					continue
+				}
+				err = gemm.CheckBound(hx, hw, want, got)
+				t.Logf("LTMAP m%d n%d k%d admitted %v: %v", m, n, k, cuda.CuBLASLtScaleRowsOK(k), err)
+				if cuda.CuBLASLtScaleRowsOK(k) {
+					require.NoError(t, err, "m%d n%d k%d", m, n, k)
+				}
+			}
+		}
+	}
 }

@@ -30,6 +30,8 @@ func TestNewTunedRefusesShapes(t *testing.T) {
 		{"bf16 MMA depth", cudatune.Knobs{BF16MMADepth: 3}, "Knobs.BF16MMADepth = 3"},
 		{"top-k score kernel", cudatune.Knobs{TopKScore: 4}, "Knobs.TopKScore = 4"},
 		{"bf16 MMA reduce", cudatune.Knobs{BF16MMAReduce: 3}, "Knobs.BF16MMAReduce = 3"},
+		{"indexer stream", cudatune.Knobs{IndexerStream: 3}, "Knobs.IndexerStream = 3"},
+		{"cuBLASLt split K", cudatune.Knobs{CuBLASLtSplitK: 4}, "Knobs.CuBLASLtSplitK = 4"},
 		{"bf16 MMA wide warps at depth 2", cudatune.Knobs{BF16MMADepth: 2, BF16MMAReduce: 2, BF16MMAWarpRows: 32}, "BF16MMADepth = 2, BF16MMAReduce = 2, BF16MMAWarpRows = 32: the tensor-core bf16 kernels are (2, 1, 16), (2, 2, 16), (4, 1, 16)"},
 		{"bf16 MMA wide warps at depth 8", cudatune.Knobs{BF16MMADepth: 8, BF16MMAWarpRows: 32}, "BF16MMAWarpRows = 32: the"},
 	}

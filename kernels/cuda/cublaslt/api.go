@@ -43,6 +43,7 @@ const (
 	scaleVec128F32      = 4 // CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F
 	scaleBlk128x128F32  = 5 // CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
 	prefMaxWorkspace    = 1 // CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, uint64
+	prefReductionMask   = 3 // CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, uint32
 	typeE4M3            = 28
 	typeBF16            = 14
 	typeF32             = 0
@@ -77,6 +78,7 @@ type api struct {
 	prefSetAttribute func(p uintptr, attr int32, buf unsafe.Pointer, size uint64) Status
 	prefDestroy      func(p uintptr) Status
 	algoGetHeuristic func(h, desc, a, b, c, d, pref uintptr, requested int32, results unsafe.Pointer, returned *int32) Status
+	algoConfigGet    func(algo unsafe.Pointer, attr int32, buf unsafe.Pointer, size uint64, written *uint64) Status
 	matmul           func(h, desc uintptr, alpha unsafe.Pointer, a uintptr, adesc uintptr, b uintptr, bdesc uintptr, beta unsafe.Pointer, c uintptr, cdesc uintptr, d uintptr, ddesc uintptr, algo unsafe.Pointer, workspace uintptr, workspaceSize uint64, stream uintptr) Status
 }
 
@@ -127,6 +129,7 @@ func open(candidates []string) (*api, error) {
 		{&a.prefCreate, "cublasLtMatmulPreferenceCreate"}, {&a.prefSetAttribute, "cublasLtMatmulPreferenceSetAttribute"},
 		{&a.prefDestroy, "cublasLtMatmulPreferenceDestroy"},
 		{&a.algoGetHeuristic, "cublasLtMatmulAlgoGetHeuristic"}, {&a.matmul, "cublasLtMatmul"},
+		{&a.algoConfigGet, "cublasLtMatmulAlgoConfigGetAttribute"},
 	} {
 		sym, err := purego.Dlsym(h, b.name)
 		if err != nil || sym == 0 {

@@ -66,7 +66,7 @@ func (h *Handle) planBF16(s BF16Shape) (*plan, error) {
 		return nil, err
 	}
 	return h.cached(s.key(),
-		func(p *plan) error { return h.api.buildBF16(h.h, p, s) },
+		func(p *plan) error { return h.api.buildBF16(h.h, p, s, h.cfg) },
 		func() string {
 			return fmt.Sprintf("cublaslt: bf16 M = %d, N = %d, K = %d, XStride = %d, YStride = %d", s.M, s.N, s.K, s.XStride, s.YStride)
 		})
@@ -109,7 +109,7 @@ func (h *Handle) MatmulBF16(m *BF16Matmul, s *driver.Stream) error {
 // algorithm (on the owner thread). Column-major, as cuBLASLt sees them: A =
 // W is K x N (ld K) transposed by TRANSA, B = X is K x M (ld XStride), C =
 // D = Y is N x M (ld YStride).
-func (a *api) buildBF16(handle uintptr, p *plan, s BF16Shape) error {
+func (a *api) buildBF16(handle uintptr, p *plan, s BF16Shape, cfg Config) error {
 	if err := a.check("cublasLtMatmulDescCreate", a.descCreate(&p.desc, computeF32, typeF32)); err != nil {
 		return err
 	}
@@ -148,6 +148,7 @@ func (a *api) buildBF16(handle uintptr, p *plan, s BF16Shape) error {
 	for _, attr := range []int32{prefMinAlignmentA, prefMinAlignmentB, prefMinAlignmentC, prefMinAlignmentD} {
 		errs = append(errs, a.check(fmt.Sprintf("cublasLtMatmulPreferenceSetAttribute(%d)", attr), a.prefSetAttribute(pref, attr, unsafe.Pointer(&vals.align), 4)))
 	}
+	errs = append(errs, cfg.prefs(a, pref))
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}

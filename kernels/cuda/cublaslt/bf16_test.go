@@ -89,7 +89,7 @@ func TestBuildBF16(t *testing.T) {
 		f := &fakeLt{}
 		a := f.api()
 		p := &plan{}
-		require.NoError(t, a.buildBF16(7, p, s))
+		require.NoError(t, a.buildBF16(7, p, s, Config{}))
 		require.Equal(t, [2]int32{computeF32, typeF32}, f.compute)
 		require.Equal(t, map[int32][]byte{descTransA: le32(opT)}, f.descAttrs, "only TRANSA is set: no scale modes or pointers")
 		require.Equal(t, [4]int64{typeBF16, int64(s.K), int64(s.N), int64(s.K)}, f.layouts[p.a], "A = W")
@@ -112,20 +112,65 @@ func TestBuildBF16(t *testing.T) {
 	}
 }
 
+// TestBuildRestrictsReductions: Config's reduction mask reaches the
+// heuristic's preference as a uint32, 0 included (only unsplit
+// algorithms), and is not set without RestrictReductions.
+func TestBuildRestrictsReductions(t *testing.T) {
+	s := BF16Shape{M: 16, N: 512, K: 1024, XStride: 1024, YStride: 512}
+	for _, c := range []struct {
+		cfg  Config
+		want []byte
+	}{{Config{}, nil}, {Config{RestrictReductions: true, ReductionMask: 6}, le32(6)}, {Config{RestrictReductions: true}, le32(0)}} {
+		f := &fakeLt{}
+		require.NoError(t, f.api().buildBF16(7, &plan{}, s, c.cfg))
+		got, ok := f.prefAttrs[prefReductionMask]
+		require.Equal(t, c.want != nil, ok, "%+v", c.cfg)
+		require.Equal(t, c.want, got, "%+v", c.cfg)
+	}
+}
+
+// TestReadAlgorithm reads each config attribute at the size the library
+// reports for it.
+func TestReadAlgorithm(t *testing.T) {
+	vals := map[int32]uint64{algoConfigID: 66, algoConfigTile: 20, algoConfigSplitK: 4, algoConfigReduction: 1, algoConfigSwizzle: 0,
+		algoConfigCustom: 3, algoConfigStages: 17, algoConfigInnerShape: 2, algoConfigClusterShape: 0xfffe}
+	sizes := map[int32]uint64{algoConfigInnerShape: 2, algoConfigClusterShape: 2}
+	a := &api{getStatusString: func(Status) string { return "fake" },
+		algoConfigGet: func(algo unsafe.Pointer, attr int32, buf unsafe.Pointer, size uint64, written *uint64) Status {
+			n := uint64(4)
+			if v, ok := sizes[attr]; ok {
+				n = v
+			}
+			*written = n
+			if size == 0 {
+				return 0
+			}
+			if size != n {
+				return 7
+			}
+			copy(unsafe.Slice((*byte)(buf), n), unsafe.Slice((*byte)(unsafe.Pointer(&[]uint64{vals[attr]}[0])), n))
+			return 0
+		}}
+	var got Algorithm
+	require.NoError(t, a.readAlgorithm(&heuristicResult{}, &got))
+	require.Equal(t, Algorithm{ID: 66, Tile: 20, SplitK: 4, Reduction: 1, Custom: 3, Stages: 17, InnerShape: 2, ClusterShape: -2}, got)
+	require.Contains(t, got.String(), "splitK 4 reduction 1")
+}
+
 // TestBuildBF16Refused: the heuristic's refusal, by status or by returning
 // no algorithm, is the library's *Error (cached by the Handle as the
 // shape's answer).
 func TestBuildBF16Refused(t *testing.T) {
 	s := BF16Shape{M: 3, N: 512, K: 1024, XStride: 1024, YStride: 512}
 	f := &fakeLt{heuristic: StatusNotSupported}
-	err := f.api().buildBF16(7, &plan{}, s)
+	err := f.api().buildBF16(7, &plan{}, s, Config{})
 	var le *Error
 	require.ErrorAs(t, err, &le)
 	require.Equal(t, StatusNotSupported, le.Status)
 	require.ErrorContains(t, err, "cublasLtMatmulAlgoGetHeuristic")
 
 	f = &fakeLt{noAlgo: true}
-	err = f.api().buildBF16(7, &plan{}, s)
+	err = f.api().buildBF16(7, &plan{}, s, Config{})
 	require.ErrorAs(t, err, &le)
 	require.ErrorContains(t, err, "no algorithm")
 }

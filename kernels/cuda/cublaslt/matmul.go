@@ -23,12 +23,36 @@ const WorkspaceBytes = 32 << 20
 // at V4-Pro decode hung in its graph so, 2026-12-02-h200-indexer-layer).
 const Workspaces = 3
 
+// Config is what a Handle's plans are built with.
+type Config struct {
+	// RestrictReductions sets the heuristic's preference
+	// CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK to ReductionMask
+	// (cublasLtReductionScheme_t bits: INPLACE 1, COMPUTE_TYPE 2,
+	// OUTPUT_TYPE 4; 0 allows only algorithms that do not split K); without
+	// it the library's default allows every scheme.
+	RestrictReductions bool
+	ReductionMask      uint32
+}
+
+// prefs sets the Config's preferences on a heuristic preference object.
+func (c Config) prefs(a *api, pref uintptr) error {
+	if !c.RestrictReductions {
+		return nil
+	}
+	v := c.ReductionMask
+	var pin runtime.Pinner
+	defer pin.Unpin()
+	pin.Pin(&v)
+	return a.check("cublasLtMatmulPreferenceSetAttribute(REDUCTION_SCHEME_MASK)", a.prefSetAttribute(pref, prefReductionMask, unsafe.Pointer(&v), 4))
+}
+
 // Handle is a cuBLASLt handle bound to one driver Context, with its
 // workspace and its plans.
 type Handle struct {
 	ctx        *driver.Context
 	api        *api
 	h          uintptr
+	cfg        Config
 	workspaces [Workspaces]driver.DevicePtr
 
 	mu    sync.Mutex
@@ -51,13 +75,13 @@ type planKey struct {
 }
 
 // New loads cuBLASLt (once per process), creates a handle on ctx's owner
-// thread and allocates the workspaces.
-func New(ctx *driver.Context) (*Handle, error) {
+// thread and allocates the workspaces; its plans are built with cfg.
+func New(ctx *driver.Context, cfg Config) (*Handle, error) {
 	a, err := load()
 	if err != nil {
 		return nil, fmt.Errorf("cuBLASLt unavailable: %w", err)
 	}
-	h := &Handle{ctx: ctx, api: a, plans: map[planKey]*plan{}}
+	h := &Handle{ctx: ctx, api: a, cfg: cfg, plans: map[planKey]*plan{}}
 	if err := ctx.Do(func() error { return a.check("cublasLtCreate", a.create(&h.h)) }); err != nil {
 		return nil, err
 	}
@@ -235,6 +259,9 @@ func (h *Handle) build(p *plan, s Shape) error {
 	defer pin.Unpin()
 	pin.Pin(&ws)
 	if err := a.check("cublasLtMatmulPreferenceSetAttribute", a.prefSetAttribute(pref, prefMaxWorkspace, unsafe.Pointer(&ws), 8)); err != nil {
+		return err
+	}
+	if err := h.cfg.prefs(a, pref); err != nil {
 		return err
 	}
 	var results [1]heuristicResult
