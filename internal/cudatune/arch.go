@@ -314,10 +314,15 @@ var SM90 = Arch{
 		// at 64K, 2273 / 2293 at 1M; with narrow scales 25.7 / 27.1, 106.6
 		// / 109.0, 1403 / 1449; prefill 16K 2234 / 2252).
 		TopKScore: TopKScoreMMA4U,
-		// The indexer's query path on the main stream: the third stream
-		// was faster at every shape below, but the engine's tiny model
-		// through graphs failed --verify there (the indexer's wq_b output,
-		// 16 padded rows, K = 256; not understood), so it stays a knob.
+		// The indexer's query path on the third stream (its wq_b GEMM and
+		// query step under the main stream's wq_b GEMM and Q prologue),
+		// faster than on the main stream at every shape below. (Its one
+		// failure, the tiny model's graphs, was cuBLASLt's at K = 256,
+		// on any stream: cublasLtScaleRowsOK in attention/mla/cuda.) H200,
+		// 2026-12-02 12:19, bench/results/2026-12-02-h200-i/lead: V4-Flash
+		// b=32 MTP 3 54.41 us without the indexer, 66.04 with its query
+		// path on the main stream (+21.4%), 61.07 on the third (+12.2%);
+		// V4-Pro 90.65, 110.06 (+21.4%), 97.83 (+7.9%).
 		// indexer_query_wide from 128 token rows on (H200, 2026-12-02
 		// 07:35, bench/results/2026-12-02-h200-h/idx: cmd/bench's indexer
 		// layer, 8 layers a graph, L2 flushed, us a layer, query path on
@@ -330,7 +335,8 @@ var SM90 = Arch{
 		// lean / wide: 3.75 / 3.15 at 128 rows, 78.4 / 58.7 at 4096, 2.40
 		// / 2.75 at 4 (b=1 MTP 3: the lean kernel's 16 warps against the
 		// wide one's 4).
-		IndexerStream: IndexerStreamMain, IndexerQueryWideMinRows: 128,
+		IndexerStream: IndexerStreamAux, IndexerQueryWideMinRows: 128,
+		CuBLASLtSplitK: CuBLASLtSplitKAny,
 	},
 }
 

@@ -11,17 +11,33 @@ func TestDefaults(t *testing.T) {
 	// The H200's shapes, as they were before they moved into SM90.
 	h200 := Knobs{Warps: 8, KVDepth: 4, QDepth: 4, QChunk: 8, BlocksPerSM: 2,
 		DirectMaxRows: 1 << 19, DirectMaxRowsBF16: math.MaxInt32, DirectMinRows: 1, DirectWarps: 4, DirectHalfBlockRows: 8192, DirectQRows: 2, DirectMinBlocks: 1,
-		BF16MMAMaxRows: -1, BF16MMADepth: 2, BF16MMAReduce: 1, BF16MMAWarpRows: 16, IndexerKeys: IndexerKeysFused, IndexerQuery: IndexerQueryLean, IndexerQueryWideMinRows: 128, IndexerStream: IndexerStreamMain, TopKScore: TopKScoreMMA4U}
+		BF16MMAMaxRows: -1, BF16MMADepth: 2, BF16MMAReduce: 1, BF16MMAWarpRows: 16, IndexerKeys: IndexerKeysFused, IndexerQuery: IndexerQueryLean, IndexerQueryWideMinRows: 128, IndexerStream: IndexerStreamAux, TopKScore: TopKScoreMMA4U, CuBLASLtSplitK: CuBLASLtSplitKAny}
 	require.Equal(t, h200, Knobs{}.Defaults())
 	require.Equal(t, h200, SM90.Knobs)
 	set := Knobs{Warps: 3, KVDepth: 1, QDepth: 5, QChunk: 3, BlocksPerSM: 2, MaxBlocks: 1, DirectMaxRows: 7, DirectMaxRowsBF16: 8, DirectMinRows: 2, DirectWarps: 2, DirectHalfBlockRows: 5,
-		DirectQRows: 3, DirectMinBlocks: 6, BF16MMAMaxRows: 9, BF16MMADepth: 8, BF16MMABlocksPerSM: 3, BF16MMAReduce: 2, BF16MMAWarpRows: 32, BF16MMAMaxSplits: 16, IndexerKeys: IndexerKeysSplit, IndexerQuery: IndexerQueryEarly, IndexerQueryWideMinRows: 512, IndexerStream: IndexerStreamAux,
-		TopKScore: TopKScoreMMA4T, WGMMAClusterSplits: 4, WGMMAMulticast: 2, SeparateLaunches: true, Verbose: true}
+		DirectQRows: 3, DirectMinBlocks: 6, BF16MMAMaxRows: 9, BF16MMADepth: 8, BF16MMABlocksPerSM: 3, BF16MMAReduce: 2, BF16MMAWarpRows: 32, BF16MMAMaxSplits: 16, IndexerKeys: IndexerKeysSplit, IndexerQuery: IndexerQueryEarly, IndexerQueryWideMinRows: 512, IndexerStream: IndexerStreamMain,
+		TopKScore: TopKScoreMMA4T, CuBLASLtSplitK: CuBLASLtSplitKNone, WGMMAClusterSplits: 4, WGMMAMulticast: 2, SeparateLaunches: true, Verbose: true}
 	require.Equal(t, set, set.Defaults(), "set fields stay")
 	require.Equal(t, 8, Knobs{Warps: -1}.Defaults().Warps)
 	require.Equal(t, -1, Knobs{DirectMaxRows: -5}.Defaults().DirectMaxRows, "negative: never direct")
 	require.Equal(t, -1, Knobs{DirectMaxRowsBF16: -5}.Defaults().DirectMaxRowsBF16, "negative: never direct")
 	require.Equal(t, -1, Knobs{BF16MMAMaxRows: -3}.Defaults().BF16MMAMaxRows, "negative: never the tensor-core kernel")
+}
+
+// TestCuBLASLtSplitKMask pins cublasLtReductionScheme_t's bits (cublasLt.h:
+// NONE 0, INPLACE 1, COMPUTE_TYPE 2, OUTPUT_TYPE 4).
+func TestCuBLASLtSplitKMask(t *testing.T) {
+	for _, c := range []struct {
+		s    CuBLASLtSplitK
+		mask uint32
+		set  bool
+		name string
+	}{{CuBLASLtSplitKAny, 0, false, "any"}, {CuBLASLtSplitKWorkspace, 6, true, "workspace"}, {CuBLASLtSplitKNone, 0, true, "none"}, {0, 0, false, "CuBLASLtSplitK(0)"}} {
+		mask, set := c.s.ReductionMask()
+		require.Equal(t, c.mask, mask, c.name)
+		require.Equal(t, c.set, set, c.name)
+		require.Equal(t, c.name, c.s.String())
+	}
 }
 
 func TestDirect(t *testing.T) {

@@ -82,10 +82,17 @@
 //
 // The backend has a third stream beside the side stream (mla.AuxRunner:
 // Aux, MarkSide, AwaitSide; JoinKV joins it), with its own GEMM workspaces
-// like the other two; with cudatune.IndexerStreamAux (AuxQuery; not the
-// default: see cudatune's SM90) the engine runs a ratio-4 layer's indexer query path there, its
-// wq_b GEMM and query step under the main stream's wq_b GEMM and Q
-// prologue.
+// like the other two; with cudatune.IndexerStreamAux (AuxQuery, the
+// H200's default) the engine runs a ratio-4 layer's indexer query path
+// there, its wq_b GEMM and query step under the main stream's wq_b GEMM
+// and Q prologue.
+//
+// cuBLASLt runs an FP8 GEMM only where its weight-scale rows (K/128
+// float32) are whole 16-byte units (cublasLtScaleRowsOK): at K = 256 its
+// block-scaled kernel wrote wrong columns on the H200, so those shapes (the
+// tiny test model's) run the own kernels. CuBLASLtAlgorithm reports the
+// algorithm its heuristic chose for a shape, under
+// cudatune.Knobs.CuBLASLtSplitK.
 //
 // The indexer's top-k selection (DESIGN.md section 9, mla.TopKSelector)
 // runs kernels/cuda/topk.cu, loaded at first use (LoadTopK): topk_score
