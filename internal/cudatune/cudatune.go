@@ -279,6 +279,10 @@ const (
 	// TopKScoreMMA4U: topk_score_mma4t with four head pairs a step, and its
 	// fast path block by block.
 	TopKScoreMMA4U
+	// TopKScoreMMA4V: topk_score_mma4t with mma4u's fast path, a tile's
+	// entries copied in 16-byte chunks where they are one run, and the
+	// query's fragments built a block at a time.
+	TopKScoreMMA4V
 )
 
 // DirectBlockWarps is the warps a block of a direct launch of qRows Q rows

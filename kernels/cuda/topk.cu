@@ -12,9 +12,9 @@
 //                tokens), each entry read once for them: the same keys.
 //   topk_score_mma4p, topk_score_mma4q  topk_score_mma4 with its loads
 //                pipelined (and, q, a shorter nibble decode): the same keys.
-//   topk_score_mma4t, topk_score_mma4u  topk_score_mma4q with the exact
-//                path's mma chains interleaved and no copies of C: the
-//                same keys.
+//   topk_score_mma4t, topk_score_mma4u, topk_score_mma4v  topk_score_mma4q
+//                with the exact path's mma chains interleaved and no
+//                copies of C (v: fewer instructions a tile): the same keys.
 //   topk_select  grid (rows): block r finds the threshold key by a radix
 //                select over row r's keys (4 passes of 8 bits from the
 //                top), then writes the entries above it and the first
@@ -783,6 +783,25 @@ static_assert(TK4P_QB + TOPK_SCORE4_ROWS * INDEXER_HEADS == TOPK_SCORE4P_SHARED,
 static_assert(TOPK_SCORE4_ROWS * INDEXER_HEADS * MXFP4_ROW_BYTES <= TK4P_QB - TK4P_KS, "the pass's query rows fit the tile buffers");
 static_assert(TK4P_KS % 16 == 0, "cp.async destinations aligned");
 
+// tk_score4p's variant bits V (JG > 0):
+// TK4_FB: the fast path block by block, two head pairs a step (a block's
+//   D alone live).
+// TK4_CI: a warp's 32 entries of a tile, where they are one run of 2176
+//   bytes in a page (the usual case), copied as 136 aligned 16-byte chunks
+//   (5 cp.async a lane, no shuffles) instead of 17 words a lane; a page
+//   size that is a power of two divided by a shift; the pass's B fragments
+//   built one (row, head, block) a thread item (its 16 bytes read once)
+//   instead of one fragment word pair an item; the exact and fast loops'
+//   shared-memory pointers advanced a step (immediate offsets).
+#define TK4_FB 1
+#define TK4_CI 2
+
+// 16 bytes copied to shared memory asynchronously (cp.async, L2 only);
+// both addresses 16-byte aligned.
+__device__ __forceinline__ void tk_cp16(void* dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((u32)__cvta_generic_to_shared(dst)), "l"(src) : "memory");
+}
+
 // The word of qc (topk_score_mma4p's C words) of row t, block b, head h:
 // [t][b][h] for JG 0; [t][h / 2][b][h % 2] otherwise, a head pair's words
 // for its four blocks in 8 consecutive words, so that one 16-byte load
@@ -823,17 +842,17 @@ __device__ __forceinline__ void tk_mma_accq(int d[4], const uint4 a, const uint2
 // block's values in ascending index, query and key alike) by tk_dec4, a
 // third of tk_shl4(tk_word()) 's instructions; the same integer dots.
 //
-// JG > 0 (topk_score_mma4t, 2; topk_score_mma4u, 4): qc laid out by head
+// JG > 0 (topk_score_mma4t, 2; topk_score_mma4u, 4 and TK4_FB;
+// topk_score_mma4v, 2, TK4_FB and TK4_CI): qc laid out by head
 // pair (tk4_qc), and the exact path takes JG head pairs a step, block by
 // block: the first block's mma of each (pair, m-tile) adds the C quad
 // that one 16-byte load gave (no copies of C into the accumulators), the
 // other three accumulate, and 2 JG independent chains of mma stand
 // between two dependent ones. The other paths load their four blocks' C
-// words with two 16-byte loads; with JG 4 the fast path also runs block by
-// block, two head pairs a step. The rows are resolved before the wait for
+// words with two 16-byte loads (V: further variants, below). The rows are resolved before the wait for
 // the previous kernel (the plan is the launch's input, written by a copy
 // before it). The same keys.
-template <bool NAT, int JG>
+template <bool NAT, int JG, int V = 0>
 __device__ __forceinline__ void tk_score4p(const TopKParams& p) {
     extern __shared__ __align__(16) u8 tk4p_smem[];
     uint2* qf = (uint2*)(tk4p_smem + TK4P_QF); // B fragments: (head pair j, block b) x lane
@@ -969,24 +988,47 @@ __device__ __forceinline__ void tk_score4p(const TopKParams& p) {
             atomicMin(&khi, thi);
         }
         __syncthreads(); // qbase, qmn, qmx, klo, khi, xbad written
-        for (int i = threadIdx.x; i < 32 * 4 * 32; i += TOPK_SCORE4_THREADS) {
-            const int j = i >> 7, b = (i >> 5) & 3, ln = i & 31, gg = ln >> 2, tt = ln & 3;
-            const int t = gg >> 1, h = 2 * j + (gg & 1); // B column gg
-            uint2 v = make_uint2(0u, 0u);
-            if ((act >> t) & 1) {
-                const u8* raw = qraw + (t * INDEXER_HEADS + h) * MXFP4_ROW_BYTES;
-                const int base = qbase[t * INDEXER_HEADS + h];
-                const int sh = base == 255 ? 0 : raw[64 + b] - base;
-                if (NAT) {
+        if (NAT && (V & TK4_CI)) {
+            // Item (t, h, b): B column gg = 2 (t) + h % 2 of fragment (h / 2,
+            // b), the words of lanes 4 gg .. 4 gg + 3 (tt): tk_dec4 of the
+            // block's word tt / 2 (x) and 2 + tt / 2 (y), half tt % 2.
+            for (int i = threadIdx.x; i < TOPK_SCORE4_ROWS * INDEXER_HEADS * 4; i += TOPK_SCORE4_THREADS) {
+                const int b = i & 3, th = i >> 2, t = th >> 6, h = th & 63, gg = 2 * t + (h & 1);
+                uint4 lo = make_uint4(0u, 0u, 0u, 0u), hi = lo; // lanes 4 gg, +1 | +2, +3: {x, y, x, y}
+                if ((act >> t) & 1) {
+                    const u8* raw = qraw + th * MXFP4_ROW_BYTES;
+                    const int base = qbase[th];
+                    const int sh = base == 255 ? 0 : raw[64 + b] - base;
                     const u32 tlo = TK_DEC_LO << sh, thi = TK_DEC_HI << sh;
-                    v.x = tk_dec4(*(const u32*)(raw + 16 * b + 4 * (tt >> 1)) >> (16 * (tt & 1)), tlo, thi);
-                    v.y = tk_dec4(*(const u32*)(raw + 16 * b + 4 * (2 + (tt >> 1))) >> (16 * (tt & 1)), tlo, thi);
-                } else {
-                    v.x = tk_shl4(tk_word(*(const u32*)(raw + 16 * b + 4 * (tt >> 1)), tt), sh);
-                    v.y = tk_shl4(tk_word(*(const u32*)(raw + 16 * b + 4 * (2 + (tt >> 1))), tt), sh);
+                    const u32* w = (const u32*)(raw + 16 * b);
+                    const u32 w0 = w[0], w1 = w[1], w2 = w[2], w3 = w[3];
+                    lo = make_uint4(tk_dec4(w0, tlo, thi), tk_dec4(w2, tlo, thi), tk_dec4(w0 >> 16, tlo, thi), tk_dec4(w2 >> 16, tlo, thi));
+                    hi = make_uint4(tk_dec4(w1, tlo, thi), tk_dec4(w3, tlo, thi), tk_dec4(w1 >> 16, tlo, thi), tk_dec4(w3 >> 16, tlo, thi));
                 }
+                uint4* dst = (uint4*)(qf + ((h >> 1) * 4 + b) * 32 + 4 * gg);
+                dst[0] = lo;
+                dst[1] = hi;
             }
-            qf[i] = v;
+        } else {
+            for (int i = threadIdx.x; i < 32 * 4 * 32; i += TOPK_SCORE4_THREADS) {
+                const int j = i >> 7, b = (i >> 5) & 3, ln = i & 31, gg = ln >> 2, tt = ln & 3;
+                const int t = gg >> 1, h = 2 * j + (gg & 1); // B column gg
+                uint2 v = make_uint2(0u, 0u);
+                if ((act >> t) & 1) {
+                    const u8* raw = qraw + (t * INDEXER_HEADS + h) * MXFP4_ROW_BYTES;
+                    const int base = qbase[t * INDEXER_HEADS + h];
+                    const int sh = base == 255 ? 0 : raw[64 + b] - base;
+                    if (NAT) {
+                        const u32 tlo = TK_DEC_LO << sh, thi = TK_DEC_HI << sh;
+                        v.x = tk_dec4(*(const u32*)(raw + 16 * b + 4 * (tt >> 1)) >> (16 * (tt & 1)), tlo, thi);
+                        v.y = tk_dec4(*(const u32*)(raw + 16 * b + 4 * (2 + (tt >> 1))) >> (16 * (tt & 1)), tlo, thi);
+                    } else {
+                        v.x = tk_shl4(tk_word(*(const u32*)(raw + 16 * b + 4 * (tt >> 1)), tt), sh);
+                        v.y = tk_shl4(tk_word(*(const u32*)(raw + 16 * b + 4 * (2 + (tt >> 1))), tt), sh);
+                    }
+                }
+                qf[i] = v;
+            }
         }
         __syncthreads(); // the query arrays in place; the query rows are read: the tile buffers are free
         const int* table = p.plan + TOPK_PLAN_HDR_WORDS + p.max_seqs * TOPK_SEQ_WORDS + (long long)seq * p.page_stride;
@@ -999,9 +1041,16 @@ __device__ __forceinline__ void tk_score4p(const TopKParams& p) {
         const int gy = gridDim.y;
         // The byte offset of this lane's entry of tile x in the cache, -1
         // past the pass's entries or without a page.
+        // log2 of the page size where it is a power of two, else -1.
+        const int pshift = (V & TK4_CI) && (p.page_size & (p.page_size - 1)) == 0 ? __ffs(p.page_size) - 1 : -1;
         auto entry_off = [&](int x) -> long long {
             const int s = x * TOPK_SCORE4_THREADS + warp * 32 + lane;
             if (x >= ntiles || s >= n) return -1;
+            if (V & TK4_CI) { // tk_page, the division a shift where it can be
+                const int j = pshift >= 0 ? s >> pshift : s / p.page_size;
+                const int pg = j < p.page_stride ? table[j] : -1;
+                return pg >= 0 && pg < p.num_pages ? (long long)pg * (long long)page_bytes + (long long)(s - j * p.page_size) * MXFP4_ROW_BYTES : -1;
+            }
             const int pg = tk_page(p, table, s);
             return pg >= 0 ? (long long)pg * (long long)page_bytes + (long long)(s % p.page_size) * MXFP4_ROW_BYTES : -1;
         };
@@ -1009,6 +1058,15 @@ __device__ __forceinline__ void tk_score4p(const TopKParams& p) {
         // o: word i of the buffer is word i % TK_KW of entry i / TK_KW.
         auto issue = [&](int buf, long long o) {
             u32* dst = wks + buf * TK4P_WBUF;
+            if (V & TK4_CI) {
+                const long long o0 = __shfl_sync(0xFFFFFFFFu, o, 0);
+                const u8* src = p.cache + o0;
+                if (__all_sync(0xFFFFFFFFu, o >= 0 && o == o0 + (long long)MXFP4_ROW_BYTES * lane) && ((size_t)src & 15u) == 0) {
+#pragma unroll
+                    for (int c = lane; c < TK4P_WBUF / 4; c += 32) tk_cp16(dst + 4 * c, src + 16 * c);
+                    return;
+                }
+            }
 #pragma unroll
             for (int m = 0; m < TK_KW; m++) {
                 const int i = m * 32 + lane, el = i / TK_KW, wd = i - el * TK_KW;
@@ -1084,7 +1142,56 @@ __device__ __forceinline__ void tk_score4p(const TopKParams& p) {
                     }
                 }
                 float acc[2][2] = {{0.f, 0.f}, {0.f, 0.f}}; // the head sums of (m-tile, entry c)
-                if (exact && JG > 0) {
+                if (exact && JG > 0 && (V & TK4_CI)) {
+                    // mma4t's loop with its shared-memory pointers advanced a
+                    // step (the loads take immediate offsets).
+                    const uint2* qfp = qf + lane;
+                    const u32* qcp = qcr;
+                    const float* qwp = qwr;
+#pragma unroll 1
+                    for (int j0 = 0; j0 < 32; j0 += (JG > 0 ? JG : 1), qfp += (JG > 0 ? JG : 1) * 4 * 32, qcp += (JG > 0 ? JG : 1) * 8, qwp += 2 * (JG > 0 ? JG : 1)) {
+                        constexpr int G = JG > 0 ? JG : 1;
+                        uint4 cm[G]; // {c0, c1, c0, c1}: pair j0 + jj's C quad
+                        int d[G][2][4];
+#pragma unroll
+                        for (int jj = 0; jj < G; jj++) cm[jj] = *(const uint4*)(qcp + jj * 8);
+#pragma unroll
+                        for (int b = 0; b < 4; b++)
+#pragma unroll
+                            for (int jj = 0; jj < G; jj++) {
+                                const uint2 bq = qfp[(jj * 4 + b) * 32];
+#pragma unroll
+                                for (int mt = 0; mt < 2; mt++) {
+                                    if (b == 0)
+                                        tk_mma_q(d[jj][mt], a[mt][0], bq, cm[jj]);
+                                    else
+                                        tk_mma_accq(d[jj][mt], a[mt][b], bq);
+                                }
+                            }
+#pragma unroll
+                        for (int jj = 0; jj < G; jj++) {
+                            const float2 wq = *(const float2*)(qwp + 2 * jj);
+                            const float nmx = __fmul_rn(-wq.x, __uint_as_float(cm[jj].x)), nmy = __fmul_rn(-wq.y, __uint_as_float(cm[jj].y));
+#pragma unroll
+                            for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                                for (int i = 0; i < 4; i++) {
+                                    const int c = i >> 1, hp = i & 1;
+                                    const float f = __int_as_float(max(d[jj][mt][i], (int)(hp ? cm[jj].y : cm[jj].x)));
+                                    acc[mt][c] = __fadd_rn(acc[mt][c], __fmaf_rn(hp ? wq.y : wq.x, f, hp ? nmy : nmx));
+                                }
+                        }
+                    }
+#pragma unroll
+                    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                        for (int c = 0; c < 2; c++) {
+                            int mn = 255;
+#pragma unroll
+                            for (int b = 0; b < 4; b++) mn = min(mn, (int)((ksc[mt][c] >> (8 * b)) & 0xFFu));
+                            acc[mt][c] = __fmul_rn(acc[mt][c], tk_pow2(mn - 129));
+                        }
+                } else if (exact && JG > 0) {
 #pragma unroll 1
                     for (int j0 = 0; j0 < 32; j0 += (JG > 0 ? JG : 1)) {
                         constexpr int G = JG > 0 ? JG : 1;
@@ -1166,7 +1273,50 @@ __device__ __forceinline__ void tk_score4p(const TopKParams& p) {
                             for (int b = 0; b < 4; b++) mn = min(mn, (int)((ksc[mt][c] >> (8 * b)) & 0xFFu));
                             acc[mt][c] = __fmul_rn(acc[mt][c], tk_pow2(mn - 129));
                         }
-                } else if (fast && JG >= 4) {
+                } else if (fast && (V & TK4_FB) && (V & TK4_CI)) {
+                    float sk[2][2][4]; // 2^(ek_b - 129) of this lane's entries
+#pragma unroll
+                    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                        for (int c = 0; c < 2; c++)
+#pragma unroll
+                            for (int b = 0; b < 4; b++) sk[mt][c][b] = tk_pow2((int)((ksc[mt][c] >> (8 * b)) & 0xFFu) - 129);
+                    // Block by block, each block's dots folded into the
+                    // (pair, head) sums at once: a block's D alone is live,
+                    // so that two head pairs a step fit the registers.
+                    const uint2* qfp = qf + lane;
+                    const u32* qcp = qcr;
+                    const float* qwp = qwr;
+#pragma unroll 2
+                    for (int j = 0; j < 32; j++, qfp += 4 * 32, qcp += 8, qwp += 2) {
+                        const uint4 c01 = *(const uint4*)qcp, c23 = *(const uint4*)(qcp + 4);
+                        const uint2 cq[4] = {make_uint2(c01.x, c01.y), make_uint2(c01.z, c01.w), make_uint2(c23.x, c23.y), make_uint2(c23.z, c23.w)};
+                        float dot[2][4];
+#pragma unroll
+                        for (int b = 0; b < 4; b++) {
+                            const uint2 bq = qfp[b * 32];
+                            int d[2][4];
+#pragma unroll
+                            for (int mt = 0; mt < 2; mt++) tk_mma_q(d[mt], a[mt][b], bq, make_uint4(cq[b].x, cq[b].y, cq[b].x, cq[b].y));
+#pragma unroll
+                            for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                                for (int i = 0; i < 4; i++) {
+                                    const int c = i >> 1, hp = i & 1;
+                                    const float pq = __fsub_rn(__int_as_float(d[mt][i]), __uint_as_float(hp ? cq[b].y : cq[b].x));
+                                    dot[mt][i] = b == 0 ? __fmul_rn(pq, sk[mt][c][b]) : __fmaf_rn(pq, sk[mt][c][b], dot[mt][i]);
+                                }
+                        }
+                        const float2 wq = *(const float2*)qwp;
+#pragma unroll
+                        for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                            for (int i = 0; i < 4; i++) {
+                                const int c = i >> 1, hp = i & 1;
+                                acc[mt][c] = __fadd_rn(acc[mt][c], __fmul_rn(hp ? wq.y : wq.x, fmaxf(dot[mt][i], 0.f)));
+                            }
+                    }
+                } else if (fast && (V & TK4_FB)) {
                     float sk[2][2][4]; // 2^(ek_b - 129) of this lane's entries
 #pragma unroll
                     for (int mt = 0; mt < 2; mt++)
@@ -1316,7 +1466,8 @@ __device__ __forceinline__ void tk_score4p(const TopKParams& p) {
 extern "C" __global__ void __launch_bounds__(TOPK_SCORE4_THREADS, 4) topk_score_mma4p(const TopKParams p) { tk_score4p<false, 0>(p); }
 extern "C" __global__ void __launch_bounds__(TOPK_SCORE4_THREADS, 4) topk_score_mma4q(const TopKParams p) { tk_score4p<true, 0>(p); }
 extern "C" __global__ void __launch_bounds__(TOPK_SCORE4_THREADS, 4) topk_score_mma4t(const TopKParams p) { tk_score4p<true, 2>(p); }
-extern "C" __global__ void __launch_bounds__(TOPK_SCORE4_THREADS, 4) topk_score_mma4u(const TopKParams p) { tk_score4p<true, 4>(p); }
+extern "C" __global__ void __launch_bounds__(TOPK_SCORE4_THREADS, 4) topk_score_mma4u(const TopKParams p) { tk_score4p<true, 4, TK4_FB>(p); }
+extern "C" __global__ void __launch_bounds__(TOPK_SCORE4_THREADS, 4) topk_score_mma4v(const TopKParams p) { tk_score4p<true, 2, TK4_FB | TK4_CI>(p); }
 
 // Block-wide exclusive prefix sum of v over TOPK_SELECT_THREADS threads;
 // *total receives the sum. Every thread must call it.

@@ -10,13 +10,14 @@ const (
 	TopKScoreKernel     = "topk_score"
 	TopKScoreMMAKernel  = "topk_score_mma"
 	TopKScoreMMA4Kernel = "topk_score_mma4"
-	// TopKScoreMMA4PKernel, TopKScoreMMA4QKernel, TopKScoreMMA4TKernel and
-	// TopKScoreMMA4UKernel need abi.TopKScore4PShared bytes of dynamic
-	// shared memory.
+	// TopKScoreMMA4PKernel, TopKScoreMMA4QKernel, TopKScoreMMA4TKernel,
+	// TopKScoreMMA4UKernel and TopKScoreMMA4VKernel need
+	// abi.TopKScore4PShared bytes of dynamic shared memory.
 	TopKScoreMMA4PKernel = "topk_score_mma4p"
 	TopKScoreMMA4QKernel = "topk_score_mma4q"
 	TopKScoreMMA4TKernel = "topk_score_mma4t"
 	TopKScoreMMA4UKernel = "topk_score_mma4u"
+	TopKScoreMMA4VKernel = "topk_score_mma4v"
 	TopKSelectKernel     = "topk_select"
 	// TopKSelect2Kernel takes the row's keys in dynamic shared memory
 	// where they fit.

@@ -22,7 +22,7 @@ type topkState struct {
 	mod                                 *driver.Module
 	score, scoreMMA, scoreMMA4, select_ *driver.Function
 	scoreMMA4P, scoreMMA4Q              *driver.Function
-	scoreMMA4T, scoreMMA4U              *driver.Function
+	scoreMMA4T, scoreMMA4U, scoreMMA4V  *driver.Function
 	select2, select3, select4           *driver.Function
 	err                                 error // a failed load, returned by every later call
 	// kernel is the score kernel the backend launches; every one writes
@@ -80,6 +80,7 @@ const (
 	topkScoreMMA4Q                    // topk_score_mma4q: topk_score_mma4p with a shorter nibble decode
 	topkScoreMMA4T                    // topk_score_mma4t: topk_score_mma4q, its exact path two head pairs a step block by block, no C copies
 	topkScoreMMA4U                    // topk_score_mma4u: topk_score_mma4t with four head pairs a step
+	topkScoreMMA4V                    // topk_score_mma4v: topk_score_mma4t with mma4u's fast path, a tile's entries copied in 16-byte chunks
 )
 
 // topkKnobScore is the score kernel IndexerTopK launches unless a test
@@ -91,6 +92,8 @@ func topkKnobScore(k cudatune.TopKScore) topkScore {
 		return topkScoreMMA4T
 	case cudatune.TopKScoreMMA4U:
 		return topkScoreMMA4U
+	case cudatune.TopKScoreMMA4V:
+		return topkScoreMMA4V
 	}
 	return topkScoreMMA4Q
 }
@@ -136,8 +139,8 @@ func (b *Backend) LoadTopK() error {
 		s.err = errors.Join(fmt.Errorf("cuda: top-k kernels: %w", err), mod.Unload())
 		return s.err
 	}
-	var pipelined [4]*driver.Function
-	for i, name := range []string{kernels.TopKScoreMMA4PKernel, kernels.TopKScoreMMA4QKernel, kernels.TopKScoreMMA4TKernel, kernels.TopKScoreMMA4UKernel} {
+	var pipelined [5]*driver.Function
+	for i, name := range []string{kernels.TopKScoreMMA4PKernel, kernels.TopKScoreMMA4QKernel, kernels.TopKScoreMMA4TKernel, kernels.TopKScoreMMA4UKernel, kernels.TopKScoreMMA4VKernel} {
 		fn, err := mod.Function(name)
 		if err == nil {
 			// Their dynamic shared memory is past the default 48 KiB; four
@@ -172,7 +175,7 @@ func (b *Backend) LoadTopK() error {
 	sel2 := sels[0]
 	s.mod, s.score, s.scoreMMA, s.scoreMMA4, s.select_, s.select2 = mod, score, scoreMMA, scoreMMA4, sel, sel2
 	s.scoreMMA4P, s.scoreMMA4Q, s.select3, s.select4 = pipelined[0], pipelined[1], sels[1], sels[2]
-	s.scoreMMA4T, s.scoreMMA4U = pipelined[2], pipelined[3]
+	s.scoreMMA4T, s.scoreMMA4U, s.scoreMMA4V = pipelined[2], pipelined[3], pipelined[4]
 	return nil
 }
 
@@ -275,7 +278,7 @@ func (b *Backend) indexerTopK(ctx context.Context, a *mla.TopKArgs, scoring, sel
 		switch kernel {
 		case topkScoreDP4A:
 			fn = b.topk.score
-		case topkScoreMMA4, topkScoreMMA4P, topkScoreMMA4Q, topkScoreMMA4T, topkScoreMMA4U:
+		case topkScoreMMA4, topkScoreMMA4P, topkScoreMMA4Q, topkScoreMMA4T, topkScoreMMA4U, topkScoreMMA4V:
 			groups, tiles := topkGrid4(sms, a.Rows)
 			fn, grid, block = b.topk.scoreMMA4, driver.Dim3{uint32(groups), uint32(tiles), 1}, abi.TopKScore4Threads
 			switch kernel {
@@ -287,6 +290,8 @@ func (b *Backend) indexerTopK(ctx context.Context, a *mla.TopKArgs, scoring, sel
 				fn, shared = b.topk.scoreMMA4T, abi.TopKScore4PShared
 			case topkScoreMMA4U:
 				fn, shared = b.topk.scoreMMA4U, abi.TopKScore4PShared
+			case topkScoreMMA4V:
+				fn, shared = b.topk.scoreMMA4V, abi.TopKScore4PShared
 			}
 		}
 		if err := b.launchShared(fn, grid, driver.Dim3{block, 1, 1}, shared, driver.Bytes(params)); err != nil {
