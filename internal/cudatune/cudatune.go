@@ -283,6 +283,9 @@ const (
 	// entries copied in 16-byte chunks where they are one run, and the
 	// query's fragments built a block at a time.
 	TopKScoreMMA4V
+	// TopKScoreMMA4W: topk_score_mma4v with a block's values permuted along
+	// the mma's k, query and key alike, so that a key word is decoded once.
+	TopKScoreMMA4W
 )
 
 // DirectBlockWarps is the warps a block of a direct launch of qRows Q rows

@@ -793,8 +793,14 @@ static_assert(TK4P_KS % 16 == 0, "cp.async destinations aligned");
 //   built one (row, head, block) a thread item (its 16 bytes read once)
 //   instead of one fragment word pair an item; the exact and fast loops'
 //   shared-memory pointers advanced a step (immediate offsets).
+// TK4_KP (with TK4_CI): the block's 32 values permuted along the mma's k
+// for query and key alike (the integer dots are the same): lane t takes
+// word t's low half as k 4t..4t+3 and its high half as k 16+4t..16+4t+3,
+// so that a key word is loaded and decoded once for both (two loads and
+// two shifts a (m-tile, block) instead of four).
 #define TK4_FB 1
 #define TK4_CI 2
+#define TK4_KP 4
 
 // 16 bytes copied to shared memory asynchronously (cp.async, L2 only);
 // both addresses 16-byte aligned.
@@ -1002,8 +1008,13 @@ __device__ __forceinline__ void tk_score4p(const TopKParams& p) {
                     const u32 tlo = TK_DEC_LO << sh, thi = TK_DEC_HI << sh;
                     const u32* w = (const u32*)(raw + 16 * b);
                     const u32 w0 = w[0], w1 = w[1], w2 = w[2], w3 = w[3];
-                    lo = make_uint4(tk_dec4(w0, tlo, thi), tk_dec4(w2, tlo, thi), tk_dec4(w0 >> 16, tlo, thi), tk_dec4(w2 >> 16, tlo, thi));
-                    hi = make_uint4(tk_dec4(w1, tlo, thi), tk_dec4(w3, tlo, thi), tk_dec4(w1 >> 16, tlo, thi), tk_dec4(w3 >> 16, tlo, thi));
+                    if (V & TK4_KP) { // lane tt: word tt, low half (x) and high half (y)
+                        lo = make_uint4(tk_dec4(w0, tlo, thi), tk_dec4(w0 >> 16, tlo, thi), tk_dec4(w1, tlo, thi), tk_dec4(w1 >> 16, tlo, thi));
+                        hi = make_uint4(tk_dec4(w2, tlo, thi), tk_dec4(w2 >> 16, tlo, thi), tk_dec4(w3, tlo, thi), tk_dec4(w3 >> 16, tlo, thi));
+                    } else {
+                        lo = make_uint4(tk_dec4(w0, tlo, thi), tk_dec4(w2, tlo, thi), tk_dec4(w0 >> 16, tlo, thi), tk_dec4(w2 >> 16, tlo, thi));
+                        hi = make_uint4(tk_dec4(w1, tlo, thi), tk_dec4(w3, tlo, thi), tk_dec4(w1 >> 16, tlo, thi), tk_dec4(w3 >> 16, tlo, thi));
+                    }
                 }
                 uint4* dst = (uint4*)(qf + ((h >> 1) * 4 + b) * 32 + 4 * gg);
                 dst[0] = lo;
@@ -1126,7 +1137,14 @@ __device__ __forceinline__ void tk_score4p(const TopKParams& p) {
                     for (int b = 0; b < 4; b++) {
                         const int s0b = exact ? (int)((ksc[mt][0] >> (8 * b)) & 0xFFu) - m0 : 0;
                         const int s1b = exact ? (int)((ksc[mt][1] >> (8 * b)) & 0xFFu) - m1 : 0;
-                        if (NAT) {
+                        if (NAT && (V & TK4_KP)) {
+                            const u32 t0l = TK_DEC_LO << s0b, t0h = TK_DEC_HI << s0b, t1l = TK_DEC_LO << s1b, t1h = TK_DEC_HI << s1b;
+                            const u32 w0 = k0[4 * b + tq], w1 = k1[4 * b + tq];
+                            a[mt][b].x = tk_dec4(w0, t0l, t0h);
+                            a[mt][b].y = tk_dec4(w1, t1l, t1h);
+                            a[mt][b].z = tk_dec4(w0 >> 16, t0l, t0h);
+                            a[mt][b].w = tk_dec4(w1 >> 16, t1l, t1h);
+                        } else if (NAT) {
                             const int hs = 16 * (tq & 1);
                             const u32 t0l = TK_DEC_LO << s0b, t0h = TK_DEC_HI << s0b, t1l = TK_DEC_LO << s1b, t1h = TK_DEC_HI << s1b;
                             a[mt][b].x = tk_dec4(k0[4 * b + (tq >> 1)] >> hs, t0l, t0h);
@@ -1468,6 +1486,7 @@ extern "C" __global__ void __launch_bounds__(TOPK_SCORE4_THREADS, 4) topk_score_
 extern "C" __global__ void __launch_bounds__(TOPK_SCORE4_THREADS, 4) topk_score_mma4t(const TopKParams p) { tk_score4p<true, 2>(p); }
 extern "C" __global__ void __launch_bounds__(TOPK_SCORE4_THREADS, 4) topk_score_mma4u(const TopKParams p) { tk_score4p<true, 4, TK4_FB>(p); }
 extern "C" __global__ void __launch_bounds__(TOPK_SCORE4_THREADS, 4) topk_score_mma4v(const TopKParams p) { tk_score4p<true, 2, TK4_FB | TK4_CI>(p); }
+extern "C" __global__ void __launch_bounds__(TOPK_SCORE4_THREADS, 4) topk_score_mma4w(const TopKParams p) { tk_score4p<true, 2, TK4_FB | TK4_CI | TK4_KP>(p); }
 
 // Block-wide exclusive prefix sum of v over TOPK_SELECT_THREADS threads;
 // *total receives the sum. Every thread must call it.

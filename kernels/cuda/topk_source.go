@@ -11,13 +11,14 @@ const (
 	TopKScoreMMAKernel  = "topk_score_mma"
 	TopKScoreMMA4Kernel = "topk_score_mma4"
 	// TopKScoreMMA4PKernel, TopKScoreMMA4QKernel, TopKScoreMMA4TKernel,
-	// TopKScoreMMA4UKernel and TopKScoreMMA4VKernel need
+	// TopKScoreMMA4UKernel, TopKScoreMMA4VKernel and TopKScoreMMA4WKernel need
 	// abi.TopKScore4PShared bytes of dynamic shared memory.
 	TopKScoreMMA4PKernel = "topk_score_mma4p"
 	TopKScoreMMA4QKernel = "topk_score_mma4q"
 	TopKScoreMMA4TKernel = "topk_score_mma4t"
 	TopKScoreMMA4UKernel = "topk_score_mma4u"
 	TopKScoreMMA4VKernel = "topk_score_mma4v"
+	TopKScoreMMA4WKernel = "topk_score_mma4w"
 	TopKSelectKernel     = "topk_select"
 	// TopKSelect2Kernel takes the row's keys in dynamic shared memory
 	// where they fit.

@@ -104,8 +104,8 @@ func (b *Backend) KernelSharedBytes(name string) (int, error) {
 
 // SetTopKScore picks the top-k kernels: a score kernel, "dp4a"
 // (topk_score), "mma" (topk_score_mma), "mma4" (topk_score_mma4), "mma4p"
-// (topk_score_mma4p), "mma4q", "mma4t", "mma4u", "mma4v" (topk_score_mma4q,
-// _mma4t, _mma4u, _mma4v) or "default", optionally followed by "+" and a
+// (topk_score_mma4p), "mma4q", "mma4t", "mma4u", "mma4v", "mma4w"
+// (topk_score_mma4q, _mma4t, _mma4u, _mma4v, _mma4w) or "default", optionally followed by "+" and a
 // select kernel: "radix" (topk_select), "select2" (topk_select2) or
 // "select2g" (topk_select2 reading every row's keys from global memory),
 // "select3" (topk_select3) or "select3s" (topk_select3 with 40 KiB of
@@ -134,6 +134,8 @@ func (b *Backend) SetTopKScore(kernel string) {
 		b.topk.kernel = topkScoreMMA4U
 	case "mma4v":
 		b.topk.kernel = topkScoreMMA4V
+	case "mma4w":
+		b.topk.kernel = topkScoreMMA4W
 	default:
 		panic("cuda: SetTopKScore(" + kernel + ")")
 	}
@@ -169,7 +171,7 @@ func (b *Backend) TopKKernelResources(kernel string) string {
 		return err.Error()
 	}
 	fn := map[string]*driver.Function{"dp4a": b.topk.score, "mma": b.topk.scoreMMA, "mma4": b.topk.scoreMMA4,
-		"mma4p": b.topk.scoreMMA4P, "mma4q": b.topk.scoreMMA4Q, "mma4t": b.topk.scoreMMA4T, "mma4u": b.topk.scoreMMA4U, "mma4v": b.topk.scoreMMA4V, "select": b.topk.select_, "select2": b.topk.select2, "select3": b.topk.select3, "select4": b.topk.select4}[kernel]
+		"mma4p": b.topk.scoreMMA4P, "mma4q": b.topk.scoreMMA4Q, "mma4t": b.topk.scoreMMA4T, "mma4u": b.topk.scoreMMA4U, "mma4v": b.topk.scoreMMA4V, "mma4w": b.topk.scoreMMA4W, "select": b.topk.select_, "select2": b.topk.select2, "select3": b.topk.select3, "select4": b.topk.select4}[kernel]
 	if fn == nil {
 		return "no such kernel"
 	}

@@ -23,6 +23,7 @@ type topkState struct {
 	score, scoreMMA, scoreMMA4, select_ *driver.Function
 	scoreMMA4P, scoreMMA4Q              *driver.Function
 	scoreMMA4T, scoreMMA4U, scoreMMA4V  *driver.Function
+	scoreMMA4W                          *driver.Function
 	select2, select3, select4           *driver.Function
 	err                                 error // a failed load, returned by every later call
 	// kernel is the score kernel the backend launches; every one writes
@@ -81,6 +82,7 @@ const (
 	topkScoreMMA4T                    // topk_score_mma4t: topk_score_mma4q, its exact path two head pairs a step block by block, no C copies
 	topkScoreMMA4U                    // topk_score_mma4u: topk_score_mma4t with four head pairs a step
 	topkScoreMMA4V                    // topk_score_mma4v: topk_score_mma4t with mma4u's fast path, a tile's entries copied in 16-byte chunks
+	topkScoreMMA4W                    // topk_score_mma4w: topk_score_mma4v with the block's values permuted along k (a key word decoded once)
 )
 
 // topkKnobScore is the score kernel IndexerTopK launches unless a test
@@ -94,6 +96,8 @@ func topkKnobScore(k cudatune.TopKScore) topkScore {
 		return topkScoreMMA4U
 	case cudatune.TopKScoreMMA4V:
 		return topkScoreMMA4V
+	case cudatune.TopKScoreMMA4W:
+		return topkScoreMMA4W
 	}
 	return topkScoreMMA4Q
 }
@@ -139,8 +143,9 @@ func (b *Backend) LoadTopK() error {
 		s.err = errors.Join(fmt.Errorf("cuda: top-k kernels: %w", err), mod.Unload())
 		return s.err
 	}
-	var pipelined [5]*driver.Function
-	for i, name := range []string{kernels.TopKScoreMMA4PKernel, kernels.TopKScoreMMA4QKernel, kernels.TopKScoreMMA4TKernel, kernels.TopKScoreMMA4UKernel, kernels.TopKScoreMMA4VKernel} {
+	var pipelined [6]*driver.Function
+	for i, name := range []string{kernels.TopKScoreMMA4PKernel, kernels.TopKScoreMMA4QKernel, kernels.TopKScoreMMA4TKernel, kernels.TopKScoreMMA4UKernel,
+		kernels.TopKScoreMMA4VKernel, kernels.TopKScoreMMA4WKernel} {
 		fn, err := mod.Function(name)
 		if err == nil {
 			// Their dynamic shared memory is past the default 48 KiB; four
@@ -175,7 +180,7 @@ func (b *Backend) LoadTopK() error {
 	sel2 := sels[0]
 	s.mod, s.score, s.scoreMMA, s.scoreMMA4, s.select_, s.select2 = mod, score, scoreMMA, scoreMMA4, sel, sel2
 	s.scoreMMA4P, s.scoreMMA4Q, s.select3, s.select4 = pipelined[0], pipelined[1], sels[1], sels[2]
-	s.scoreMMA4T, s.scoreMMA4U, s.scoreMMA4V = pipelined[2], pipelined[3], pipelined[4]
+	s.scoreMMA4T, s.scoreMMA4U, s.scoreMMA4V, s.scoreMMA4W = pipelined[2], pipelined[3], pipelined[4], pipelined[5]
 	return nil
 }
 
@@ -278,7 +283,7 @@ func (b *Backend) indexerTopK(ctx context.Context, a *mla.TopKArgs, scoring, sel
 		switch kernel {
 		case topkScoreDP4A:
 			fn = b.topk.score
-		case topkScoreMMA4, topkScoreMMA4P, topkScoreMMA4Q, topkScoreMMA4T, topkScoreMMA4U, topkScoreMMA4V:
+		case topkScoreMMA4, topkScoreMMA4P, topkScoreMMA4Q, topkScoreMMA4T, topkScoreMMA4U, topkScoreMMA4V, topkScoreMMA4W:
 			groups, tiles := topkGrid4(sms, a.Rows)
 			fn, grid, block = b.topk.scoreMMA4, driver.Dim3{uint32(groups), uint32(tiles), 1}, abi.TopKScore4Threads
 			switch kernel {
@@ -292,6 +297,8 @@ func (b *Backend) indexerTopK(ctx context.Context, a *mla.TopKArgs, scoring, sel
 				fn, shared = b.topk.scoreMMA4U, abi.TopKScore4PShared
 			case topkScoreMMA4V:
 				fn, shared = b.topk.scoreMMA4V, abi.TopKScore4PShared
+			case topkScoreMMA4W:
+				fn, shared = b.topk.scoreMMA4W, abi.TopKScore4PShared
 			}
 		}
 		if err := b.launchShared(fn, grid, driver.Dim3{block, 1, 1}, shared, driver.Bytes(params)); err != nil {
