@@ -120,20 +120,21 @@ enum {
 
 // Indexer top-k (mla.TopK*; the row sizes are the indexer's above).
 enum {
-    MAX_TOPK_POSITIONS  = 1048576, // max_position_embeddings
-    TOPK_PLAN_HDR_SEQS  = 0,       // header: the sequences
-    TOPK_PLAN_HDR_WORDS = 4,
-    TOPK_SEQ_ROW        = 0,       // first query row
-    TOPK_SEQ_ROWS       = 1,
-    TOPK_SEQ_START      = 2,       // position of the first row
-    TOPK_SEQ_SCRATCH    = 3,       // scratch entry of the first row's keys
-    TOPK_SEQ_STRIDE     = 4,       // scratch entries between rows
-    TOPK_SEQ_WORDS      = 8,
-    TOPK_SCORE_THREADS  = 256,     // threads of a topk_score block, one entry each
-    TOPK_SCORE4_THREADS = 128,     // threads of a topk_score_mma4 block, 32 entries a warp
-    TOPK_SCORE4_ROWS    = 4,       // rows of a topk_score_mma4 block: the mma's four column pairs
-    TOPK_SELECT_THREADS = 1024,    // threads of a topk_select block, one row
-    TOPK_SCORE4P_SHARED = 55808,   // dynamic shared memory of a topk_score_mma4p block, bytes
+    MAX_TOPK_POSITIONS    = 1048576, // max_position_embeddings
+    TOPK_PLAN_HDR_SEQS    = 0,       // header: the sequences
+    TOPK_PLAN_HDR_WORDS   = 4,
+    TOPK_SEQ_ROW          = 0,       // first query row
+    TOPK_SEQ_ROWS         = 1,
+    TOPK_SEQ_START        = 2,       // position of the first row
+    TOPK_SEQ_SCRATCH      = 3,       // scratch entry of the first row's keys
+    TOPK_SEQ_STRIDE       = 4,       // scratch entries between rows
+    TOPK_SEQ_WORDS        = 8,
+    TOPK_SCORE_THREADS    = 256,     // threads of a topk_score block, one entry each
+    TOPK_SCORE4_THREADS   = 128,     // threads of a topk_score_mma4 block, 32 entries a warp
+    TOPK_SCORE4_ROWS      = 4,       // rows of a topk_score_mma4 block: the mma's four column pairs
+    TOPK_SELECT_THREADS   = 1024,    // threads of a topk_select block, one row
+    TOPK_SELECT4N_THREADS = 256,     // threads of a topk_select4n block, one row
+    TOPK_SCORE4P_SHARED   = 55808,   // dynamic shared memory of a topk_score_mma4p block, bytes
 };
 
 // GEMM and chain kernel shapes (kernels/cuda/abi: FP8GEMM*, BF16GEMM*, BF16MMA*, ChainWarps).

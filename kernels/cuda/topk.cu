@@ -26,6 +26,7 @@
 //   topk_select4 topk_select3 with a row's fixed cost cut (the plan
 //                resolved before the wait, two barriers a radix pass):
 //                the same indices.
+//   topk_select4n topk_select4 in blocks of 256 threads: the same indices.
 //
 // The score is exact by construction: e2m1 values doubled are small
 // integers, so a 32-value block's dot product is an exact int32 (dp4a);
@@ -1612,14 +1613,14 @@ __device__ __forceinline__ u32 tk_key_at(const u32* sk, const u32* gk, int i) {
 // between two calls (a warp may still read the last pass's choice when
 // another returns). A warp also carries its leading bin's count over its
 // iterations (below).
-template <bool SH, bool PP = false>
+template <bool SH, bool PP = false, int NT = TOPK_SELECT_THREADS>
 __device__ __forceinline__ void tk_radix(const u32* sk, const u32* gk, int n, u32 want, u32* hist, u32* s_pick, u32* th,
                                          u32* take) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const unsigned full = 0xFFFFFFFFu;
     u32 prefix = 0u, mask = 0u, remain = want;
     if (PP) {
-        for (int i = threadIdx.x; i < 4 * 256; i += TOPK_SELECT_THREADS) hist[i] = 0u;
+        for (int i = threadIdx.x; i < 4 * 256; i += NT) hist[i] = 0u;
         __syncthreads();
     }
     for (int shift = 24; shift >= 0; shift -= 8) {
@@ -1627,7 +1628,7 @@ __device__ __forceinline__ void tk_radix(const u32* sk, const u32* gk, int n, u3
         u32* h = PP ? hist + pass * 256 : hist;
         u32* pick = PP ? s_pick + 2 * pass : s_pick;
         if (!PP) {
-            for (int i = threadIdx.x; i < 256; i += TOPK_SELECT_THREADS) hist[i] = 0u;
+            for (int i = threadIdx.x; i < 256; i += NT) hist[i] = 0u;
             __syncthreads();
         }
         // A row's keys share their top bits, so most lanes of a warp fall
@@ -1639,7 +1640,7 @@ __device__ __forceinline__ void tk_radix(const u32* sk, const u32* gk, int n, u3
         // its keys share the pass's byte.
         u32 run = 0xFFFFFFFFu, rcnt = 0u;
 #pragma unroll 4
-        for (int b0 = warp * 32; b0 < n; b0 += TOPK_SELECT_THREADS) { // warp-uniform
+        for (int b0 = warp * 32; b0 < n; b0 += NT) { // warp-uniform
             const int i = b0 + lane;
             const u32 k = i < n ? tk_key_at<SH>(sk, gk, i) : 0u;
             const bool in = i < n && (k & mask) == prefix;
@@ -1707,11 +1708,11 @@ __device__ __forceinline__ void tk_radix(const u32* sk, const u32* gk, int n, u3
 // gathers keys [w*seg, w*seg + seg) in order: a taken key's place is the
 // keys above the threshold before it plus min(remain, the keys equal to it
 // before it), the warps' counts first added up. Every thread must call it.
-template <bool SH>
+template <bool SH, int NT = TOPK_SELECT_THREADS>
 __device__ __forceinline__ void tk_gather(const u32* sk, const u32* gk, int n, u32 prefix, u32 remain, int* out, int (*wsum)[32]) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const unsigned full = 0xFFFFFFFFu;
-    const int seg = (n + TOPK_SELECT_THREADS - 1) / TOPK_SELECT_THREADS * 32; // keys a warp
+    const int seg = (n + NT - 1) / NT * 32; // keys a warp
     const int lo = warp * seg, hi = min(n, lo + seg);
     int ngt = 0, neq = 0;
     for (int b = lo; b < hi; b += 32) {
@@ -1742,12 +1743,12 @@ __device__ __forceinline__ void tk_gather(const u32* sk, const u32* gk, int n, u
 
 // topk_select2's work on a row's n keys (SH: staged in shared memory; PP:
 // tk_radix's per-pass arrays).
-template <bool SH, bool PP = false>
+template <bool SH, bool PP = false, int NT = TOPK_SELECT_THREADS>
 __device__ __forceinline__ void tk_select2(const TopKParams& p, const u32* sk, const u32* gk, int n, int* out, u32* hist,
                                            u32* s_pick, int (*wsum)[32]) {
     u32 th, take;
-    tk_radix<SH, PP>(sk, gk, n, (u32)p.top_k, hist, s_pick, &th, &take);
-    tk_gather<SH>(sk, gk, n, th, take, out, wsum);
+    tk_radix<SH, PP, NT>(sk, gk, n, (u32)p.top_k, hist, s_pick, &th, &take);
+    tk_gather<SH, NT>(sk, gk, n, th, take, out, wsum);
 }
 
 // topk_select2 is topk_select (the same radix select, the same indices)
@@ -1788,10 +1789,11 @@ extern "C" __global__ void __launch_bounds__(TOPK_SELECT_THREADS) topk_select2(c
 
 // tk_gather over the m entry indices at ol (ascending, each key at least
 // the threshold): the same output.
+template <int NT = TOPK_SELECT_THREADS>
 __device__ __forceinline__ void tk_gather_list(const u32* ol, int m, const u32* gk, u32 prefix, u32 remain, int* out, int (*wsum)[32]) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const unsigned full = 0xFFFFFFFFu;
-    const int seg = (m + TOPK_SELECT_THREADS - 1) / TOPK_SELECT_THREADS * 32;
+    const int seg = (m + NT - 1) / NT * 32;
     const int lo = warp * seg, hi = min(m, lo + seg);
     int ngt = 0, neq = 0;
     for (int b = lo; b < hi; b += 32) {
@@ -1833,13 +1835,13 @@ __device__ __forceinline__ void tk_gather_list(const u32* ol, int m, const u32* 
 // topk_select2's way.
 // (tk_select3 is that work on row r, t resolved, with the kernel's shared
 // memory: tks3 the dynamic part; hist and s_pick as tk_radix<PP> takes them.)
-template <bool PP>
+template <bool PP, int NT = TOPK_SELECT_THREADS>
 __device__ __forceinline__ void tk_select3(const TopKParams& p, int r, const TkRow& t, u32* tks3, u32* hist, u32* s_pick,
                                            int (*wsum)[32], int& s_cnt) {
     int* out = p.out + (size_t)r * p.top_k;
     const int n = t.valid ? t.visible : 0;
     if (n <= p.top_k) {
-        for (int i = threadIdx.x; i < p.top_k; i += TOPK_SELECT_THREADS) out[i] = i < n ? i : -1;
+        for (int i = threadIdx.x; i < p.top_k; i += NT) out[i] = i < n ? i : -1;
         return;
     }
     const u32* keys = p.scratch + t.keys;
@@ -1847,10 +1849,10 @@ __device__ __forceinline__ void tk_select3(const TopKParams& p, int r, const TkR
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dsm));
     const int cap = (int)(dsm / 4u); // words
     if (n <= cap) {
-        for (int i = threadIdx.x; i < n; i += TOPK_SELECT_THREADS) tk_cp4(tks3 + i, keys + i, true);
+        for (int i = threadIdx.x; i < n; i += NT) tk_cp4(tks3 + i, keys + i, true);
         tk_cp_commit();
         tk_cp_wait<0>();
-        tk_select2<true, PP>(p, tks3, keys, n, out, hist, s_pick, wsum);
+        tk_select2<true, PP, NT>(p, tks3, keys, n, out, hist, s_pick, wsum);
         return;
     }
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -1865,13 +1867,13 @@ __device__ __forceinline__ void tk_select3(const TopKParams& p, int r, const TkR
         u32* ck = samp + ns;
         u32* ci = ck + room;
         u32* ol = ci + room;
-        for (int j = threadIdx.x; j < ns; j += TOPK_SELECT_THREADS) samp[j] = __ldg(keys + (j >> 3) * 128 + (j & 7));
+        for (int j = threadIdx.x; j < ns; j += NT) samp[j] = __ldg(keys + (j >> 3) * 128 + (j & 7));
         if (threadIdx.x == 0) s_cnt = 0;
         // (tk_radix's first barrier makes the sample and s_cnt visible)
         u32 L, lt;
-        tk_radix<true, PP>(samp, keys, ns, (u32)q, hist, s_pick, &L, &lt);
+        tk_radix<true, PP, NT>(samp, keys, ns, (u32)q, hist, s_pick, &L, &lt);
 #pragma unroll 4
-        for (int b0 = warp * 32; b0 < n; b0 += TOPK_SELECT_THREADS) { // warp-uniform
+        for (int b0 = warp * 32; b0 < n; b0 += NT) { // warp-uniform
             const int i = b0 + lane;
             const u32 k = i < n ? __ldg(keys + i) : 0u;
             const bool c = i < n && k >= L;
@@ -1891,10 +1893,10 @@ __device__ __forceinline__ void tk_select3(const TopKParams& p, int r, const TkR
         ok = cnt >= top && cnt <= room;
         if (ok) {
             u32 T, take;
-            tk_radix<true, PP>(ck, keys, cnt, (u32)top, hist, s_pick, &T, &take); // every thread read cnt before its barriers
+            tk_radix<true, PP, NT>(ck, keys, cnt, (u32)top, hist, s_pick, &T, &take); // every thread read cnt before its barriers
             if (threadIdx.x == 0) s_cnt = 0;
             __syncthreads();
-            for (int b0 = warp * 32; b0 < cnt; b0 += TOPK_SELECT_THREADS) {
+            for (int b0 = warp * 32; b0 < cnt; b0 += NT) {
                 const int i = b0 + lane;
                 const bool c = i < cnt && ck[i] >= T;
                 const unsigned cm = __ballot_sync(full, c);
@@ -1910,11 +1912,11 @@ __device__ __forceinline__ void tk_select3(const TopKParams& p, int r, const TkR
             while (P < m) P <<= 1;
             ok = P <= room;
             if (ok) {
-                for (int i = m + threadIdx.x; i < P; i += TOPK_SELECT_THREADS) ol[i] = 0x7FFFFFFFu;
+                for (int i = m + threadIdx.x; i < P; i += NT) ol[i] = 0x7FFFFFFFu;
                 __syncthreads();
                 for (int k = 2; k <= P; k <<= 1)
                     for (int j = k >> 1; j > 0; j >>= 1) {
-                        for (int i = threadIdx.x; i < P; i += TOPK_SELECT_THREADS) {
+                        for (int i = threadIdx.x; i < P; i += NT) {
                             const int l = i ^ j;
                             if (l > i) {
                                 const u32 a = ol[i], b = ol[l];
@@ -1926,11 +1928,11 @@ __device__ __forceinline__ void tk_select3(const TopKParams& p, int r, const TkR
                         }
                         __syncthreads();
                     }
-                tk_gather_list(ol, m, keys, T, take, out, wsum);
+                tk_gather_list<NT>(ol, m, keys, T, take, out, wsum);
             }
         }
     }
-    if (!ok) tk_select2<false, PP>(p, tks3, keys, n, out, hist, s_pick, wsum);
+    if (!ok) tk_select2<false, PP, NT>(p, tks3, keys, n, out, hist, s_pick, wsum);
 }
 
 extern "C" __global__ void __launch_bounds__(TOPK_SELECT_THREADS) topk_select3(const TopKParams p) {
@@ -1961,7 +1963,8 @@ extern "C" __global__ void __launch_bounds__(TOPK_SELECT_THREADS) topk_select3(c
 // tk_radix's passes take two barriers each (eight in all instead of
 // sixteen), and a warp's histogram atomics are carried over its
 // iterations while their bin stays the same.
-extern "C" __global__ void __launch_bounds__(TOPK_SELECT_THREADS) topk_select4(const TopKParams p) {
+template <int NT>
+__device__ __forceinline__ void tk_select4(const TopKParams& p) {
     extern __shared__ u32 tks4[];
     __shared__ __align__(16) u32 hist[4 * 256];
     __shared__ u32 s_pick[8];
@@ -1972,7 +1975,7 @@ extern "C" __global__ void __launch_bounds__(TOPK_SELECT_THREADS) topk_select4(c
     TkRow t = {0, 0, 0, 0};
     if (r < p.rows) {
         if (p.max_seqs <= TK_RSEQS) { // block-uniform; the plan's buffer holds max_seqs sequences
-            for (int i = threadIdx.x; i <= p.max_seqs; i += TOPK_SELECT_THREADS)
+            for (int i = threadIdx.x; i <= p.max_seqs; i += NT)
                 s_rows[i] = i == 0 ? p.plan[TOPK_PLAN_HDR_SEQS] : p.plan[TOPK_PLAN_HDR_WORDS + (i - 1) * TOPK_SEQ_WORDS + TOPK_SEQ_ROW];
             __syncthreads();
             t = tk_resolve_in(p, s_rows[0], s_rows + 1, 1, r);
@@ -1983,5 +1986,13 @@ extern "C" __global__ void __launch_bounds__(TOPK_SELECT_THREADS) topk_select4(c
     pdl_wait();
     pdl_trigger();
     if (r >= p.rows) return;
-    tk_select3<true>(p, r, t, tks4, hist, s_pick, wsum, s_cnt);
+    tk_select3<true, NT>(p, r, t, tks4, hist, s_pick, wsum, s_cnt);
 }
+
+extern "C" __global__ void __launch_bounds__(TOPK_SELECT_THREADS) topk_select4(const TopKParams p) { tk_select4<TOPK_SELECT_THREADS>(p); }
+
+// topk_select4n is topk_select4 in blocks of TOPK_SELECT4N_THREADS, for
+// launches of many short rows (a prefill's: a row of 4,096 keys leaves most
+// of 1,024 threads idle and holds a multiprocessor alone; here four or more
+// rows share one). The same indices.
+extern "C" __global__ void __launch_bounds__(TOPK_SELECT4N_THREADS) topk_select4n(const TopKParams p) { tk_select4<TOPK_SELECT4N_THREADS>(p); }

@@ -28,6 +28,9 @@ const (
 	TopKSelect3Kernel = "topk_select3"
 	// TopKSelect4Kernel is topk_select3 with a row's fixed cost cut.
 	TopKSelect4Kernel = "topk_select4"
+	// TopKSelect4NKernel is topk_select4 in blocks of
+	// abi.TopKSelect4NThreads.
+	TopKSelect4NKernel = "topk_select4n"
 )
 
 // TopKSource returns the compilable source of the indexer's top-k module

@@ -111,7 +111,8 @@ func (b *Backend) KernelSharedBytes(name string) (int, error) {
 // "select3" (topk_select3) or "select3s" (topk_select3 with 40 KiB of
 // shared memory: a 64K context's rows take its candidate sweep),
 // "select4", "select4s" (likewise) or "select4g" (topk_select4 without
-// shared memory: its rows take topk_select2's way from global memory);
+// shared memory: its rows take topk_select2's way from global memory),
+// "select4n", "select4ns", "select4ng" (topk_select4n likewise);
 // without one, the default select.
 func (b *Backend) SetTopKScore(kernel string) {
 	score, sel, _ := strings.Cut(kernel, "+")
@@ -158,6 +159,12 @@ func (b *Backend) SetTopKScore(kernel string) {
 		b.topk.sel = topkSelect4Small
 	case "select4g":
 		b.topk.sel = topkSelect4Global
+	case "select4n":
+		b.topk.sel = topkSelect4N
+	case "select4ns":
+		b.topk.sel = topkSelect4NSmall
+	case "select4ng":
+		b.topk.sel = topkSelect4NGlobal
 	default:
 		panic("cuda: SetTopKScore(" + kernel + ")")
 	}
@@ -171,7 +178,7 @@ func (b *Backend) TopKKernelResources(kernel string) string {
 		return err.Error()
 	}
 	fn := map[string]*driver.Function{"dp4a": b.topk.score, "mma": b.topk.scoreMMA, "mma4": b.topk.scoreMMA4,
-		"mma4p": b.topk.scoreMMA4P, "mma4q": b.topk.scoreMMA4Q, "mma4t": b.topk.scoreMMA4T, "mma4u": b.topk.scoreMMA4U, "mma4v": b.topk.scoreMMA4V, "mma4w": b.topk.scoreMMA4W, "select": b.topk.select_, "select2": b.topk.select2, "select3": b.topk.select3, "select4": b.topk.select4}[kernel]
+		"mma4p": b.topk.scoreMMA4P, "mma4q": b.topk.scoreMMA4Q, "mma4t": b.topk.scoreMMA4T, "mma4u": b.topk.scoreMMA4U, "mma4v": b.topk.scoreMMA4V, "mma4w": b.topk.scoreMMA4W, "select": b.topk.select_, "select2": b.topk.select2, "select3": b.topk.select3, "select4": b.topk.select4, "select4n": b.topk.select4n}[kernel]
 	if fn == nil {
 		return "no such kernel"
 	}

@@ -25,6 +25,7 @@ type topkState struct {
 	scoreMMA4T, scoreMMA4U, scoreMMA4V  *driver.Function
 	scoreMMA4W                          *driver.Function
 	select2, select3, select4           *driver.Function
+	select4n                            *driver.Function
 	err                                 error // a failed load, returned by every later call
 	// kernel is the score kernel the backend launches; every one writes
 	// the same keys.
@@ -37,15 +38,18 @@ type topkState struct {
 type topkSelect int
 
 const (
-	topkSelectDefault topkSelect = iota // topkDefaultSelect
-	topkSelectRadix                     // topk_select
-	topkSelect2                         // topk_select2, the keys in shared memory where they fit
-	topkSelect2Global                   // topk_select2 without shared memory: every row reads its keys from global memory
-	topkSelect3                         // topk_select3: topk_select2, a sampled candidate sweep where the keys do not fit
-	topkSelect3Small                    // topk_select3 with topkSelect3SmallBytes: the rows of a 64K context take the sweep
-	topkSelect4                         // topk_select4: topk_select3 with a row's fixed cost cut
-	topkSelect4Small                    // topk_select4 with topkSelect3SmallBytes
-	topkSelect4Global                   // topk_select4 without shared memory: every row reads its keys from global memory
+	topkSelectDefault  topkSelect = iota // topkDefaultSelect
+	topkSelectRadix                      // topk_select
+	topkSelect2                          // topk_select2, the keys in shared memory where they fit
+	topkSelect2Global                    // topk_select2 without shared memory: every row reads its keys from global memory
+	topkSelect3                          // topk_select3: topk_select2, a sampled candidate sweep where the keys do not fit
+	topkSelect3Small                     // topk_select3 with topkSelect3SmallBytes: the rows of a 64K context take the sweep
+	topkSelect4                          // topk_select4: topk_select3 with a row's fixed cost cut
+	topkSelect4Small                     // topk_select4 with topkSelect3SmallBytes
+	topkSelect4Global                    // topk_select4 without shared memory: every row reads its keys from global memory
+	topkSelect4N                         // topk_select4n: topk_select4 in blocks of abi.TopKSelect4NThreads
+	topkSelect4NSmall                    // topk_select4n with topkSelect3SmallBytes
+	topkSelect4NGlobal                   // topk_select4n without shared memory
 )
 
 // topkDefaultSelect is the select kernel IndexerTopK launches unless a
@@ -165,8 +169,8 @@ func (b *Backend) LoadTopK() error {
 		s.err = errors.Join(fmt.Errorf("cuda: top-k kernels: %w", err), mod.Unload())
 		return s.err
 	}
-	var sels [3]*driver.Function
-	for i, name := range []string{kernels.TopKSelect2Kernel, kernels.TopKSelect3Kernel, kernels.TopKSelect4Kernel} {
+	var sels [4]*driver.Function
+	for i, name := range []string{kernels.TopKSelect2Kernel, kernels.TopKSelect3Kernel, kernels.TopKSelect4Kernel, kernels.TopKSelect4NKernel} {
 		fn, err := mod.Function(name)
 		if err == nil {
 			err = fn.SetAttribute(driver.FuncMaxDynamicSharedSizeBytes, 4*topkSelect2Keys)
@@ -181,6 +185,7 @@ func (b *Backend) LoadTopK() error {
 	s.mod, s.score, s.scoreMMA, s.scoreMMA4, s.select_, s.select2 = mod, score, scoreMMA, scoreMMA4, sel, sel2
 	s.scoreMMA4P, s.scoreMMA4Q, s.select3, s.select4 = pipelined[0], pipelined[1], sels[1], sels[2]
 	s.scoreMMA4T, s.scoreMMA4U, s.scoreMMA4V, s.scoreMMA4W = pipelined[2], pipelined[3], pipelined[4], pipelined[5]
+	s.select4n = sels[3]
 	return nil
 }
 
@@ -312,7 +317,7 @@ func (b *Backend) indexerTopK(ctx context.Context, a *mla.TopKArgs, scoring, sel
 	if sel == topkSelectDefault {
 		sel = topkDefaultSelect
 	}
-	fn, shared := b.topk.select_, 0
+	fn, shared, threads := b.topk.select_, 0, abi.TopKSelectThreads
 	switch sel {
 	case topkSelect2:
 		// The most keys a row of the shape can have (its block table's
@@ -330,8 +335,14 @@ func (b *Backend) indexerTopK(ctx context.Context, a *mla.TopKArgs, scoring, sel
 		fn, shared = b.topk.select4, topkSelect3SmallBytes
 	case topkSelect4Global:
 		fn = b.topk.select4
+	case topkSelect4N:
+		fn, shared, threads = b.topk.select4n, 4*min(topkSelect2Keys, a.PageStride*a.PageSize), abi.TopKSelect4NThreads
+	case topkSelect4NSmall:
+		fn, shared, threads = b.topk.select4n, topkSelect3SmallBytes, abi.TopKSelect4NThreads
+	case topkSelect4NGlobal:
+		fn, threads = b.topk.select4n, abi.TopKSelect4NThreads
 	}
-	if err := b.launchShared(fn, driver.Dim3{uint32(a.Rows), 1, 1}, driver.Dim3{abi.TopKSelectThreads, 1, 1}, shared, driver.Bytes(params)); err != nil {
+	if err := b.launchShared(fn, driver.Dim3{uint32(a.Rows), 1, 1}, driver.Dim3{uint32(threads), 1, 1}, shared, driver.Bytes(params)); err != nil {
 		return fmt.Errorf("cuda: %s: %w", fn.Name, err)
 	}
 	return nil

@@ -54,6 +54,9 @@ const (
 	TopKScore4Threads = 128
 	TopKScore4Rows    = 4
 	TopKSelectThreads = 1024
+	// TopKSelect4NThreads is topk_select4n's block: several short rows a
+	// multiprocessor.
+	TopKSelect4NThreads = 256
 	// TopKScore4PShared is topk_score_mma4p's dynamic shared memory:
 	// topk_score_mma4's query arrays (32768 + 4224 + 1152 bytes), two
 	// buffers of 32 entries a warp, the query's base bytes; four blocks a
@@ -79,6 +82,7 @@ func topkConstants() []ConstGroup {
 			{"TOPK_SCORE4_THREADS", TopKScore4Threads, "threads of a topk_score_mma4 block, 32 entries a warp"},
 			{"TOPK_SCORE4_ROWS", TopKScore4Rows, "rows of a topk_score_mma4 block: the mma's four column pairs"},
 			{"TOPK_SELECT_THREADS", TopKSelectThreads, "threads of a topk_select block, one row"},
+			{"TOPK_SELECT4N_THREADS", TopKSelect4NThreads, "threads of a topk_select4n block, one row"},
 			{"TOPK_SCORE4P_SHARED", TopKScore4PShared, "dynamic shared memory of a topk_score_mma4p block, bytes"},
 		}},
 	}
