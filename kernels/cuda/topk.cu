@@ -27,6 +27,9 @@
 //                resolved before the wait, two barriers a radix pass):
 //                the same indices.
 //   topk_select4n topk_select4 in blocks of 256 threads: the same indices.
+//   topk_select5 topk_select4 with three radix passes of 11, 11 and 10 bits
+//                where a row's keys fit shared memory: the same indices.
+//   topk_select5n topk_select5 in blocks of 256 threads.
 //
 // The score is exact by construction: e2m1 values doubled are small
 // integers, so a 32-value block's dot product is an exact int32 (dp4a);
@@ -1996,3 +1999,132 @@ extern "C" __global__ void __launch_bounds__(TOPK_SELECT_THREADS) topk_select4(c
 // of 1,024 threads idle and holds a multiprocessor alone; here four or more
 // rows share one). The same indices.
 extern "C" __global__ void __launch_bounds__(TOPK_SELECT4N_THREADS) topk_select4n(const TopKParams p) { tk_select4<TOPK_SELECT4N_THREADS>(p); }
+
+// tk_radix's result (*th the want-th largest of the n keys at sk, in shared
+// memory; *take how many keys equal to it are among the want largest) in
+// three passes of 11, 11 and 10 bits instead of four of 8. Each pass has
+// its own histogram (hist: 3 x 2048 words) and its own warp totals (wtot:
+// 3 x 32 words), so nothing is rewritten while a warp may still read it,
+// and two barriers: after the histogram, and after each warp's total of
+// its segment of the bins (the bins taken from the top, NT/32 segments);
+// then every warp finds the pass's bin itself (the segment by a scan of
+// the totals, the lane by a scan of the segment's bins, the bin within the
+// lane's), so that no third barrier hands a choice over. Every thread must
+// call it; the keys must be visible to every thread before (its first
+// barrier orders the histograms' zeroing only).
+template <int NT>
+__device__ __forceinline__ void tk_radix11(const u32* sk, int n, u32 want, u32* hist, u32* wtot, u32* th, u32* take) {
+    constexpr int NW = NT / 32;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const unsigned full = 0xFFFFFFFFu;
+    for (int i = threadIdx.x; i < 3 * 2048; i += NT) hist[i] = 0u;
+    __syncthreads();
+    u32 prefix = 0u, mask = 0u, remain = want;
+#pragma unroll
+    for (int pass = 0; pass < 3; pass++) {
+        const int shift = pass == 0 ? 21 : pass == 1 ? 10 : 0;
+        const int nb = pass < 2 ? 2048 : 1024;
+        const int seg = nb / NW, q = seg / 32; // bins a warp's segment, a lane's
+        u32* h = hist + pass * 2048;
+        u32* wt = wtot + pass * 32;
+        // topk_select2's aggregation: the first active lane adds its bin's
+        // count for the warp, the others one each.
+#pragma unroll 4
+        for (int b0 = warp * 32; b0 < n; b0 += NT) { // warp-uniform
+            const int i = b0 + lane;
+            const u32 k = i < n ? sk[i] : 0u;
+            const bool in = i < n && (k & mask) == prefix;
+            const u32 bin = (k >> shift) & (u32)(nb - 1);
+            const unsigned act = __ballot_sync(full, in);
+            if (act == 0u) continue;
+            const int ld = __ffs(act) - 1;
+            const u32 lbin = __shfl_sync(full, bin, ld);
+            const unsigned same = __ballot_sync(full, in && bin == lbin);
+            if (lane == ld) atomicAdd(&h[lbin], (u32)__popc(same));
+            else if (in && bin != lbin) atomicAdd(&h[bin], 1u);
+        }
+        __syncthreads();
+        // Lane l of warp w holds bins nb-1-(w*seg + l*q) down, q of them.
+        u32 s = 0u;
+        for (int j = 0, b = nb - 1 - (warp * seg + lane * q); j < q; j++) s += h[b - j];
+        s = __reduce_add_sync(full, s);
+        if (lane == 0) wt[warp] = s;
+        __syncthreads();
+        const u32 wv = lane < NW ? wt[lane] : 0u;
+        u32 wi = wv;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const u32 y = __shfl_up_sync(full, wi, o);
+            if (lane >= o) wi += y;
+        }
+        const int sg = __ffs(__ballot_sync(full, wi >= remain)) - 1; // the in-keys reach remain: some segment does
+        const u32 before = __shfl_sync(full, wi - wv, sg);
+        u32 c = 0u;
+        for (int j = 0, b = nb - 1 - (sg * seg + lane * q); j < q; j++) c += h[b - j];
+        u32 ci = c;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const u32 y = __shfl_up_sync(full, ci, o);
+            if (lane >= o) ci += y;
+        }
+        const int fl = __ffs(__ballot_sync(full, before + ci >= remain)) - 1;
+        u32 acc = before + __shfl_sync(full, ci - c, fl);
+        int bin = nb - 1 - (sg * seg + fl * q);
+        for (int j = 0; j < q - 1 && acc + h[bin] < remain; j++) acc += h[bin--];
+        prefix |= (u32)bin << shift;
+        remain -= acc;
+        mask |= (u32)(nb - 1) << shift;
+    }
+    *th = prefix;
+    *take = remain;
+}
+
+// topk_select5 is topk_select4 (the same indices) with a row whose keys
+// fit its shared memory selected by tk_radix11: three passes of two
+// barriers instead of four (decode at 8K: a row's select is its fixed
+// cost). Rows past the shared memory take topk_select4's way.
+template <int NT>
+__device__ __forceinline__ void tk_select5(const TopKParams& p) {
+    extern __shared__ u32 tks5[];
+    __shared__ __align__(16) u32 hist[3 * 2048]; // tk_radix11's; tk_select3 uses the first 4 x 256
+    __shared__ u32 wtot[3 * 32];
+    __shared__ u32 s_pick[8];
+    __shared__ int wsum[2][32];
+    __shared__ int s_cnt;
+    __shared__ int s_rows[1 + TK_RSEQS];
+    const int r = blockIdx.x;
+    TkRow t = {0, 0, 0, 0};
+    if (r < p.rows) {
+        if (p.max_seqs <= TK_RSEQS) {
+            for (int i = threadIdx.x; i <= p.max_seqs; i += NT)
+                s_rows[i] = i == 0 ? p.plan[TOPK_PLAN_HDR_SEQS] : p.plan[TOPK_PLAN_HDR_WORDS + (i - 1) * TOPK_SEQ_WORDS + TOPK_SEQ_ROW];
+            __syncthreads();
+            t = tk_resolve_in(p, s_rows[0], s_rows + 1, 1, r);
+        } else {
+            t = tk_resolve(p, r);
+        }
+    }
+    pdl_wait();
+    pdl_trigger();
+    if (r >= p.rows) return;
+    const int n = t.valid ? t.visible : 0;
+    u32 dsm;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dsm));
+    if (n <= p.top_k || n > (int)(dsm / 4u)) {
+        tk_select3<true, NT>(p, r, t, tks5, hist, s_pick, wsum, s_cnt);
+        return;
+    }
+    const u32* keys = p.scratch + t.keys;
+    for (int i = threadIdx.x; i < n; i += NT) tk_cp4(tks5 + i, keys + i, true);
+    tk_cp_commit();
+    tk_cp_wait<0>(); // tk_radix11's first barrier makes every thread's copies visible
+    u32 th, take;
+    tk_radix11<NT>(tks5, n, (u32)p.top_k, hist, wtot, &th, &take);
+    tk_gather<true, NT>(tks5, keys, n, th, take, p.out + (size_t)r * p.top_k, wsum);
+}
+
+extern "C" __global__ void __launch_bounds__(TOPK_SELECT_THREADS) topk_select5(const TopKParams p) { tk_select5<TOPK_SELECT_THREADS>(p); }
+
+// topk_select5n is topk_select5 in blocks of TOPK_SELECT4N_THREADS (a
+// prefill's short rows), as topk_select4n is topk_select4's.
+extern "C" __global__ void __launch_bounds__(TOPK_SELECT4N_THREADS) topk_select5n(const TopKParams p) { tk_select5<TOPK_SELECT4N_THREADS>(p); }

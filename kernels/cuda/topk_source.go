@@ -31,6 +31,12 @@ const (
 	// TopKSelect4NKernel is topk_select4 in blocks of
 	// abi.TopKSelect4NThreads.
 	TopKSelect4NKernel = "topk_select4n"
+	// TopKSelect5Kernel is topk_select4 with three radix passes (11, 11
+	// and 10 bits) where a row's keys fit shared memory.
+	TopKSelect5Kernel = "topk_select5"
+	// TopKSelect5NKernel is topk_select5 in blocks of
+	// abi.TopKSelect4NThreads.
+	TopKSelect5NKernel = "topk_select5n"
 )
 
 // TopKSource returns the compilable source of the indexer's top-k module

@@ -25,7 +25,7 @@ type topkState struct {
 	scoreMMA4T, scoreMMA4U, scoreMMA4V  *driver.Function
 	scoreMMA4W                          *driver.Function
 	select2, select3, select4           *driver.Function
-	select4n                            *driver.Function
+	select4n, select5, select5n         *driver.Function
 	err                                 error // a failed load, returned by every later call
 	// kernel is the score kernel the backend launches; every one writes
 	// the same keys.
@@ -50,6 +50,9 @@ const (
 	topkSelect4N                         // topk_select4n: topk_select4 in blocks of abi.TopKSelect4NThreads
 	topkSelect4NSmall                    // topk_select4n with topkSelect3SmallBytes
 	topkSelect4NGlobal                   // topk_select4n without shared memory
+	topkSelect5                          // topk_select5: topk_select4 with three radix passes where the keys fit
+	topkSelect5Small                     // topk_select5 with topkSelect3SmallBytes
+	topkSelect5N                         // topk_select5n: topk_select5 in blocks of abi.TopKSelect4NThreads
 )
 
 // topkDefaultSelect is the select kernel IndexerTopK launches unless a
@@ -169,8 +172,9 @@ func (b *Backend) LoadTopK() error {
 		s.err = errors.Join(fmt.Errorf("cuda: top-k kernels: %w", err), mod.Unload())
 		return s.err
 	}
-	var sels [4]*driver.Function
-	for i, name := range []string{kernels.TopKSelect2Kernel, kernels.TopKSelect3Kernel, kernels.TopKSelect4Kernel, kernels.TopKSelect4NKernel} {
+	var sels [6]*driver.Function
+	for i, name := range []string{kernels.TopKSelect2Kernel, kernels.TopKSelect3Kernel, kernels.TopKSelect4Kernel, kernels.TopKSelect4NKernel,
+		kernels.TopKSelect5Kernel, kernels.TopKSelect5NKernel} {
 		fn, err := mod.Function(name)
 		if err == nil {
 			err = fn.SetAttribute(driver.FuncMaxDynamicSharedSizeBytes, 4*topkSelect2Keys)
@@ -185,7 +189,7 @@ func (b *Backend) LoadTopK() error {
 	s.mod, s.score, s.scoreMMA, s.scoreMMA4, s.select_, s.select2 = mod, score, scoreMMA, scoreMMA4, sel, sel2
 	s.scoreMMA4P, s.scoreMMA4Q, s.select3, s.select4 = pipelined[0], pipelined[1], sels[1], sels[2]
 	s.scoreMMA4T, s.scoreMMA4U, s.scoreMMA4V, s.scoreMMA4W = pipelined[2], pipelined[3], pipelined[4], pipelined[5]
-	s.select4n = sels[3]
+	s.select4n, s.select5, s.select5n = sels[3], sels[4], sels[5]
 	return nil
 }
 
@@ -341,6 +345,12 @@ func (b *Backend) indexerTopK(ctx context.Context, a *mla.TopKArgs, scoring, sel
 		fn, shared, threads = b.topk.select4n, topkSelect3SmallBytes, abi.TopKSelect4NThreads
 	case topkSelect4NGlobal:
 		fn, threads = b.topk.select4n, abi.TopKSelect4NThreads
+	case topkSelect5:
+		fn, shared = b.topk.select5, 4*min(topkSelect2Keys, a.PageStride*a.PageSize)
+	case topkSelect5Small:
+		fn, shared = b.topk.select5, topkSelect3SmallBytes
+	case topkSelect5N:
+		fn, shared, threads = b.topk.select5n, 4*min(topkSelect2Keys, a.PageStride*a.PageSize), abi.TopKSelect4NThreads
 	}
 	if err := b.launchShared(fn, driver.Dim3{uint32(a.Rows), 1, 1}, driver.Dim3{uint32(threads), 1, 1}, shared, driver.Bytes(params)); err != nil {
 		return fmt.Errorf("cuda: %s: %w", fn.Name, err)
