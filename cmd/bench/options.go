@@ -22,8 +22,9 @@ import (
 // cudatune.IndexerKeys 1 split, 2 fused; cudatune.IndexerQuery 1 late, 2 early, 3 lean, 4 wide; iwide=N:
 // the wide query kernel from N token rows on; istream=N: cudatune.IndexerStream 1 main, 2 the third
 // stream), tkscore=N (the top-k score kernel: cudatune.TopKScore 1 mma4q, 2 mma4t, 3 mma4u, 4 mma4v,
-// 5 mma4w), ltsplitk=N (cuBLASLt's split-K reductions: cudatune.CuBLASLtSplitK 1 any, 2 through the
-// workspace, 3 none), nopdl
+// stream), tkscore=N (the top-k score kernel: cudatune.TopKScore 1 mma4q, 2 mma4t, 3 mma4u, 4 mma4v,
+// 5 mma4w; tknarrow=N: its select in 256-thread blocks from N rows on), ltsplitk=N (cuBLASLt's split-K
+// reductions: cudatune.CuBLASLtSplitK 1 any, 2 through the workspace, 3 none), nopdl
 // nowgmma wgcluster=N wgmc=N (every FP8 GEMM on the sm_90a wgmma kernel, or none; its split K finished
 // by clusters of up to N blocks; clusters of N blocks sharing the activation tile). A zero
 // number keeps the backend's default.
@@ -43,6 +44,7 @@ type variant struct {
 	IndexerQuery            int
 	TopKScore               int
 	IndexerQueryWideMinRows int
+	TopKSelectNarrowMinRows int
 	IndexerStream           int
 	CuBLASLtSplitK          int
 	NoDirect                bool
@@ -91,6 +93,8 @@ func (v *variant) field(key string) (*int, *bool) {
 		return &v.TopKScore, nil
 	case "iwide":
 		return &v.IndexerQueryWideMinRows, nil
+	case "tknarrow":
+		return &v.TopKSelectNarrowMinRows, nil
 	case "istream":
 		return &v.IndexerStream, nil
 	case "ltsplitk":
@@ -147,7 +151,7 @@ func parseVariant(text string) (variant, error) {
 			*sw = true
 			continue
 		}
-		return variant{}, fmt.Errorf("variant %q: unknown option %q (known: warps=N kvd=N qd=N qchunk=N bpsm=N maxblocks=N direct=N directbf16=N dmin=N dwarps=N dhalf=N qrows=N dminb=N ikeys=N iquery=N tkscore=N nodirect nopdl separate wgmma nowgmma wgcluster=N wgmc=N)", text, key)
+		return variant{}, fmt.Errorf("variant %q: unknown option %q (known: warps=N kvd=N qd=N qchunk=N bpsm=N maxblocks=N direct=N directbf16=N dmin=N dwarps=N dhalf=N qrows=N dminb=N ikeys=N iquery=N iwide=N istream=N tkscore=N tknarrow=N nodirect nopdl separate wgmma nowgmma wgcluster=N wgmc=N)", text, key)
 	}
 	return v, nil
 }
@@ -200,6 +204,7 @@ func (v variant) options(verbose bool) (cuda.Options, cudatune.Knobs) {
 		IndexerStream:           cudatune.IndexerStream(v.IndexerStream),
 		CuBLASLtSplitK:          cudatune.CuBLASLtSplitK(v.CuBLASLtSplitK),
 		IndexerQueryWideMinRows: v.IndexerQueryWideMinRows,
+		TopKSelectNarrowMinRows: v.TopKSelectNarrowMinRows,
 		TopKScore:               cudatune.TopKScore(v.TopKScore),
 		SeparateLaunches:        v.SeparateLaunches,
 		Verbose:                 verbose,

@@ -337,6 +337,8 @@ var SM90 = Arch{
 		// wide one's 4).
 		IndexerStream: IndexerStreamAux, IndexerQueryWideMinRows: 128,
 		CuBLASLtSplitK: CuBLASLtSplitKAny,
+		// Not yet measured as a rule: off.
+		TopKSelectNarrowMinRows: -1,
 	},
 }
 

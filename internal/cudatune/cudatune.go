@@ -86,6 +86,12 @@ type Knobs struct {
 	// TopKScore picks the indexer top-k selection's score kernel
 	// (IndexerTopK; 0: SM90.Knobs.TopKScore).
 	TopKScore TopKScore
+	// TopKSelectNarrowMinRows: a top-k select launch of at least this many
+	// rows, each of at most TopKSelectNarrowMaxKeys keys (the shape's block
+	// table), runs the select in blocks of 256 threads (topk_select4n), so
+	// that several short rows share a multiprocessor (0:
+	// SM90.Knobs.TopKSelectNarrowMinRows; negative: never; TopKSelectNarrowAt).
+	TopKSelectNarrowMinRows int
 	// IndexerQueryWideMinRows: a query launch of at least this many token
 	// rows runs indexer_query_wide whatever IndexerQuery names (0:
 	// SM90.Knobs.IndexerQueryWideMinRows; negative: never; IndexerQueryAt).
@@ -151,6 +157,7 @@ func (k Knobs) Defaults() Knobs {
 	threshold(&k.DirectMaxRows, d.DirectMaxRows)
 	threshold(&k.DirectMaxRowsBF16, d.DirectMaxRowsBF16)
 	threshold(&k.IndexerQueryWideMinRows, d.IndexerQueryWideMinRows)
+	threshold(&k.TopKSelectNarrowMinRows, d.TopKSelectNarrowMinRows)
 	if k.IndexerKeys == 0 {
 		k.IndexerKeys = d.IndexerKeys
 	}
@@ -249,6 +256,20 @@ func (k Knobs) IndexerQueryAt(rows int) IndexerQuery {
 		return IndexerQueryWide
 	}
 	return k.IndexerQuery
+}
+
+// TopKSelectNarrowMaxKeys bounds the rows TopKSelectNarrowMinRows sends to
+// the 256-thread select: a prefill's rows (a 16K prompt's see at most 4,096
+// entries); their keys, 16 KiB of shared memory a block, let eight blocks
+// share a multiprocessor, where a decode row of 64K context (16K keys)
+// would hold 64 KiB.
+const TopKSelectNarrowMaxKeys = 4096
+
+// TopKSelectNarrowAt reports whether a select launch of rows rows, each of
+// at most keys keys, runs the 256-thread select under k (with its
+// defaults applied).
+func (k Knobs) TopKSelectNarrowAt(rows, keys int) bool {
+	return k.TopKSelectNarrowMinRows > 0 && rows >= k.TopKSelectNarrowMinRows && keys <= TopKSelectNarrowMaxKeys
 }
 
 // IndexerStream names where the indexer's query path runs in a layer's

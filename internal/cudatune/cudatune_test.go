@@ -11,12 +11,13 @@ func TestDefaults(t *testing.T) {
 	// The H200's shapes, as they were before they moved into SM90.
 	h200 := Knobs{Warps: 8, KVDepth: 4, QDepth: 4, QChunk: 8, BlocksPerSM: 2,
 		DirectMaxRows: 1 << 19, DirectMaxRowsBF16: math.MaxInt32, DirectMinRows: 1, DirectWarps: 4, DirectHalfBlockRows: 8192, DirectQRows: 2, DirectMinBlocks: 1,
-		BF16MMAMaxRows: -1, BF16MMADepth: 2, BF16MMAReduce: 1, BF16MMAWarpRows: 16, IndexerKeys: IndexerKeysFused, IndexerQuery: IndexerQueryLean, IndexerQueryWideMinRows: 128, IndexerStream: IndexerStreamAux, TopKScore: TopKScoreMMA4U, CuBLASLtSplitK: CuBLASLtSplitKAny}
+		BF16MMAMaxRows: -1, BF16MMADepth: 2, BF16MMAReduce: 1, BF16MMAWarpRows: 16, IndexerKeys: IndexerKeysFused, IndexerQuery: IndexerQueryLean, IndexerQueryWideMinRows: 128, IndexerStream: IndexerStreamAux, TopKScore: TopKScoreMMA4U, CuBLASLtSplitK: CuBLASLtSplitKAny,
+		TopKSelectNarrowMinRows: -1}
 	require.Equal(t, h200, Knobs{}.Defaults())
 	require.Equal(t, h200, SM90.Knobs)
 	set := Knobs{Warps: 3, KVDepth: 1, QDepth: 5, QChunk: 3, BlocksPerSM: 2, MaxBlocks: 1, DirectMaxRows: 7, DirectMaxRowsBF16: 8, DirectMinRows: 2, DirectWarps: 2, DirectHalfBlockRows: 5,
 		DirectQRows: 3, DirectMinBlocks: 6, BF16MMAMaxRows: 9, BF16MMADepth: 8, BF16MMABlocksPerSM: 3, BF16MMAReduce: 2, BF16MMAWarpRows: 32, BF16MMAMaxSplits: 16, IndexerKeys: IndexerKeysSplit, IndexerQuery: IndexerQueryEarly, IndexerQueryWideMinRows: 512, IndexerStream: IndexerStreamMain,
-		TopKScore: TopKScoreMMA4T, CuBLASLtSplitK: CuBLASLtSplitKNone, WGMMAClusterSplits: 4, WGMMAMulticast: 2, SeparateLaunches: true, Verbose: true}
+		TopKScore: TopKScoreMMA4T, TopKSelectNarrowMinRows: 300, CuBLASLtSplitK: CuBLASLtSplitKNone, WGMMAClusterSplits: 4, WGMMAMulticast: 2, SeparateLaunches: true, Verbose: true}
 	require.Equal(t, set, set.Defaults(), "set fields stay")
 	require.Equal(t, 8, Knobs{Warps: -1}.Defaults().Warps)
 	require.Equal(t, -1, Knobs{DirectMaxRows: -5}.Defaults().DirectMaxRows, "negative: never direct")
@@ -181,6 +182,26 @@ func TestIndexerQueryAt(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			require.Equal(t, c.wantQ, c.k.Defaults().IndexerQueryAt(c.rows))
+		})
+	}
+}
+
+func TestTopKSelectNarrowAt(t *testing.T) {
+	for _, c := range []struct {
+		name       string
+		k          Knobs
+		rows, keys int
+		want       bool
+	}{
+		{"default, decode b=32 MTP 3 at 8K", Knobs{}, 128, 2048, false},
+		{"below the threshold", Knobs{TopKSelectNarrowMinRows: 1024}, 1023, 4096, false},
+		{"at the threshold", Knobs{TopKSelectNarrowMinRows: 1024}, 1024, 4096, true},
+		{"prefill 16K", Knobs{TopKSelectNarrowMinRows: 1024}, 16384, TopKSelectNarrowMaxKeys, true},
+		{"rows too long", Knobs{TopKSelectNarrowMinRows: 1024}, 16384, TopKSelectNarrowMaxKeys + 1, false},
+		{"negative: never", Knobs{TopKSelectNarrowMinRows: -3}, 1 << 20, 64, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			require.Equal(t, c.want, c.k.Defaults().TopKSelectNarrowAt(c.rows, c.keys))
 		})
 	}
 }

@@ -66,6 +66,10 @@ const (
 // bench/results/2026-12-02-h200-g/topk).
 const topkDefaultSelect = topkSelect4
 
+// topkNarrowSelect is the select kernel of a launch that
+// Knobs.TopKSelectNarrowAt sends to blocks of abi.TopKSelect4NThreads.
+const topkNarrowSelect = topkSelect4N
+
 // topkSelect2Keys caps topk_select2's dynamic shared memory: the keys of
 // a row at 128K context (32,768 entries, 128 KiB); a row with more reads
 // its keys from global memory.
@@ -320,6 +324,9 @@ func (b *Backend) indexerTopK(ctx context.Context, a *mla.TopKArgs, scoring, sel
 	sel := b.topk.sel
 	if sel == topkSelectDefault {
 		sel = topkDefaultSelect
+		if b.knobs.TopKSelectNarrowAt(a.Rows, a.PageStride*a.PageSize) {
+			sel = topkNarrowSelect
+		}
 	}
 	fn, shared, threads := b.topk.select_, 0, abi.TopKSelectThreads
 	switch sel {
