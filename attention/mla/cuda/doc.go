@@ -114,8 +114,12 @@
 // and topk_select3 adds a sampled candidate sweep for the rows
 // whose keys do not; topk_select4 (the default) is topk_select3 with a
 // row's fixed cost cut (the row resolved before the wait, two barriers a
-// radix pass instead of four). All read the plan from device memory, so a
-// CUDA graph replays them for any batch of the shape.
+// radix pass instead of four); topk_select4n is topk_select4 in blocks of
+// 256 threads (a prefill's short rows several a multiprocessor; a launch
+// cudatune.Knobs.TopKSelectNarrowAt names runs it), topk_select5 /
+// topk_select5n topk_select4 / 4n with three radix passes of 11, 11 and
+// 10 bits where a row's keys fit shared memory. All read the plan from
+// device memory, so a CUDA graph replays them for any batch of the shape.
 //
 // Options hold what a user chooses (device, logger, PDL); the launch-shape
 // knobs the tests and cmd/bench vary live in internal/cudatune (NewTuned),

@@ -47,7 +47,7 @@ func topkDecode(r *rand.Rand, seqs, mtp, ctx int) []mlatest.TopKSeqSpec {
 // reach, every index against the CPU backend: decode b=32 MTP 3 at 8K
 // context for both models' index_topk (and with the narrow scales of
 // rotated vectors), at 64K (several tiles a block), a 256-token prefill
-// chunk at a cached offset of 8K, a mixed batch, 300 sequences of one
+// chunk at a cached offset of 8K, a 1024-token one at 2K, a mixed batch, 300 sequences of one
 // token, and one sequence at the model's 1M-token limit (262,144 entries,
 // pages shuffled).
 func TestCUDATopKLarge(t *testing.T) {
@@ -60,6 +60,9 @@ func TestCUDATopKLarge(t *testing.T) {
 		{Name: "decode-b32-mtp3-8k/flash", TopK: 512, PageSize: 64, Seqs: topkDecode(r, 32, 3, 8192), PadRows: 3},
 		{Name: "decode-b32-mtp3-8k/pro", TopK: 1024, PageSize: 64, Seqs: topkDecode(r, 32, 3, 8192)},
 		{Name: "prefill-256-at-8k/pro", TopK: 1024, PageSize: 64, Seqs: []mlatest.TopKSeqSpec{{Start: 8000 + r.IntN(100), Rows: 256}}},
+		// Enough rows of few keys for Knobs.TopKSelectNarrowAt: the
+		// default select of a prefill chunk.
+		{Name: "prefill-1024-at-2k/flash", TopK: 512, PageSize: 64, Seqs: []mlatest.TopKSeqSpec{{Start: 2100 + r.IntN(100), Rows: 1024}}},
 		{Name: "mixed/flash", TopK: 512, PageSize: 64, PadRows: 5,
 			Seqs: append([]mlatest.TopKSeqSpec{{Start: 3000, Rows: 100}, {Start: 0, Rows: 64}}, topkDecode(r, 8, 1, 6000)...)},
 		{Name: "decode-b32-mtp3-8k-narrow/flash", TopK: 512, PageSize: 64, Keys: mlatest.KeysNarrow, Seqs: topkDecode(r, 32, 3, 8192)},
