@@ -30,6 +30,8 @@
 //   topk_select5 topk_select4 with three radix passes of 11, 11 and 10 bits
 //                where a row's keys fit shared memory: the same indices.
 //   topk_select5n topk_select5 in blocks of 256 threads.
+//   topk_select6 topk_select5 with a row of up to 4 keys a thread in
+//                registers: the same indices.
 //
 // The score is exact by construction: e2m1 values doubled are small
 // integers, so a 32-value block's dot product is an exact int32 (dp4a);
@@ -2128,3 +2130,181 @@ extern "C" __global__ void __launch_bounds__(TOPK_SELECT_THREADS) topk_select5(c
 // topk_select5n is topk_select5 in blocks of TOPK_SELECT4N_THREADS (a
 // prefill's short rows), as topk_select4n is topk_select4's.
 extern "C" __global__ void __launch_bounds__(TOPK_SELECT4N_THREADS) topk_select5n(const TopKParams p) { tk_select5<TOPK_SELECT4N_THREADS>(p); }
+
+// tk_radix11 over keys held in registers: thread t's key j is key
+// t + j*NT of the row (kr[j]; R a thread, n <= R*NT). The same result.
+template <int NT, int R>
+__device__ __forceinline__ void tk_radix11r(const u32 (&kr)[R], int n, u32 want, u32* hist, u32* wtot, u32* th, u32* take) {
+    constexpr int NW = NT / 32;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const unsigned full = 0xFFFFFFFFu;
+    u32 prefix = 0u, mask = 0u, remain = want;
+#pragma unroll
+    for (int pass = 0; pass < 3; pass++) {
+        const int shift = pass == 0 ? 21 : pass == 1 ? 10 : 0;
+        const int nb = pass < 2 ? 2048 : 1024;
+        const int seg = nb / NW, q = seg / 32;
+        u32* h = hist + pass * 2048;
+        u32* wt = wtot + pass * 32;
+#pragma unroll
+        for (int j = 0; j < R; j++) {
+            if (warp * 32 + j * NT >= n) break; // warp-uniform
+            const int i = threadIdx.x + j * NT;
+            const u32 k = kr[j];
+            const bool in = i < n && (k & mask) == prefix;
+            const u32 bin = (k >> shift) & (u32)(nb - 1);
+            const unsigned act = __ballot_sync(full, in);
+            if (act == 0u) continue;
+            const int ld = __ffs(act) - 1;
+            const u32 lbin = __shfl_sync(full, bin, ld);
+            const unsigned same = __ballot_sync(full, in && bin == lbin);
+            if (lane == ld) atomicAdd(&h[lbin], (u32)__popc(same));
+            else if (in && bin != lbin) atomicAdd(&h[bin], 1u);
+        }
+        __syncthreads();
+        u32 s = 0u;
+        for (int j = 0, b = nb - 1 - (warp * seg + lane * q); j < q; j++) s += h[b - j];
+        s = __reduce_add_sync(full, s);
+        if (lane == 0) wt[warp] = s;
+        __syncthreads();
+        const u32 wv = lane < NW ? wt[lane] : 0u;
+        u32 wi = wv;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const u32 y = __shfl_up_sync(full, wi, o);
+            if (lane >= o) wi += y;
+        }
+        const int sg = __ffs(__ballot_sync(full, wi >= remain)) - 1;
+        const u32 before = __shfl_sync(full, wi - wv, sg);
+        u32 c = 0u;
+        for (int j = 0, b = nb - 1 - (sg * seg + lane * q); j < q; j++) c += h[b - j];
+        u32 ci = c;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const u32 y = __shfl_up_sync(full, ci, o);
+            if (lane >= o) ci += y;
+        }
+        const int fl = __ffs(__ballot_sync(full, before + ci >= remain)) - 1;
+        u32 acc = before + __shfl_sync(full, ci - c, fl);
+        int bin = nb - 1 - (sg * seg + fl * q);
+        for (int j = 0; j < q - 1 && acc + h[bin] < remain; j++) acc += h[bin--];
+        prefix |= (u32)bin << shift;
+        remain -= acc;
+        mask |= (u32)(nb - 1) << shift;
+    }
+    *th = prefix;
+    *take = remain;
+}
+
+// tk_gather over keys in registers as tk_radix11r holds them: the index
+// order is (j, warp, lane), so each (j, warp)'s counts of keys above and
+// equal to the threshold go to shared memory (cnt: 2 x R*32 words), and
+// every warp scans all R*NW of them for its own places. The same output.
+template <int NT, int R>
+__device__ __forceinline__ void tk_gather_r(const u32 (&kr)[R], int n, u32 prefix, u32 remain, int* out, u32* cnt) {
+    constexpr int NW = NT / 32, E = R * NW, PL = (E + 31) / 32; // (j, warp) entries, a lane's share
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const unsigned full = 0xFFFFFFFFu, below = (1u << lane) - 1u;
+    unsigned gm[R], em[R];
+#pragma unroll
+    for (int j = 0; j < R; j++) {
+        const int i = threadIdx.x + j * NT;
+        gm[j] = __ballot_sync(full, i < n && kr[j] > prefix);
+        em[j] = __ballot_sync(full, i < n && kr[j] == prefix);
+        if (lane == 0) {
+            cnt[j * NW + warp] = (u32)__popc(gm[j]);
+            cnt[E + j * NW + warp] = (u32)__popc(em[j]);
+        }
+    }
+    __syncthreads();
+    // Lane l sums entries [l*PL, l*PL + PL); an exclusive scan over lanes.
+    u32 g = 0u, e = 0u;
+#pragma unroll
+    for (int x = 0; x < PL; x++) {
+        const int en = lane * PL + x;
+        if (en < E) {
+            g += cnt[en];
+            e += cnt[E + en];
+        }
+    }
+    u32 gi = g, ei = e;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const u32 y = __shfl_up_sync(full, gi, o), z = __shfl_up_sync(full, ei, o);
+        if (lane >= o) gi += y, ei += z;
+    }
+    gi -= g, ei -= e; // exclusive: the entries before lane's first
+#pragma unroll
+    for (int j = 0; j < R; j++) {
+        const int en = j * NW + warp, ol = en / PL;
+        u32 gs = __shfl_sync(full, gi, ol), es = __shfl_sync(full, ei, ol);
+        for (int x = ol * PL; x < en; x++) gs += cnt[x], es += cnt[E + x]; // warp-uniform
+        const int i = threadIdx.x + j * NT;
+        const bool gt = i < n && kr[j] > prefix, eq = i < n && kr[j] == prefix;
+        const int er = (int)es + __popc(em[j] & below);
+        if (gt || (eq && er < (int)remain)) out[gs + __popc(gm[j] & below) + min(er, (int)remain)] = i;
+    }
+}
+
+// topk_select6 is topk_select5 (the same indices) with a row of at most
+// TK6_R keys a thread held in registers: no copy to shared memory, the
+// radix passes and the gather read the registers (decode at 8K: 2048
+// keys, two a thread). Longer rows take topk_select5's way.
+#define TK6_R 4
+extern "C" __global__ void __launch_bounds__(TOPK_SELECT_THREADS) topk_select6(const TopKParams p) {
+    constexpr int NT = TOPK_SELECT_THREADS;
+    extern __shared__ u32 tks6[];
+    __shared__ __align__(16) u32 hist[3 * 2048];
+    __shared__ u32 wtot[3 * 32];
+    __shared__ u32 gcnt[2 * TK6_R * 32]; // tk_gather_r's counts
+    __shared__ u32 s_pick[8];
+    __shared__ int wsum[2][32];
+    __shared__ int s_cnt;
+    __shared__ int s_rows[1 + TK_RSEQS];
+    const int r = blockIdx.x;
+    TkRow t = {0, 0, 0, 0};
+    if (r < p.rows) {
+        if (p.max_seqs <= TK_RSEQS) {
+            for (int i = threadIdx.x; i <= p.max_seqs; i += NT)
+                s_rows[i] = i == 0 ? p.plan[TOPK_PLAN_HDR_SEQS] : p.plan[TOPK_PLAN_HDR_WORDS + (i - 1) * TOPK_SEQ_WORDS + TOPK_SEQ_ROW];
+            __syncthreads();
+            t = tk_resolve_in(p, s_rows[0], s_rows + 1, 1, r);
+        } else {
+            t = tk_resolve(p, r);
+        }
+    }
+    // The histograms zeroed before the wait (the rows' keys come after it).
+    for (int i = threadIdx.x; i < 3 * 2048; i += NT) hist[i] = 0u;
+    pdl_wait();
+    pdl_trigger();
+    if (r >= p.rows) return;
+    const int n = t.valid ? t.visible : 0;
+    u32 dsm;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dsm));
+    if (n <= p.top_k || n > TK6_R * NT) {
+        __syncthreads(); // the zeroing above before tk_select3's own use of hist
+        if (n <= p.top_k || n > (int)(dsm / 4u)) {
+            tk_select3<true, NT>(p, r, t, tks6, hist, s_pick, wsum, s_cnt);
+            return;
+        }
+        const u32* keys = p.scratch + t.keys;
+        for (int i = threadIdx.x; i < n; i += NT) tk_cp4(tks6 + i, keys + i, true);
+        tk_cp_commit();
+        tk_cp_wait<0>();
+        u32 th, take;
+        tk_radix11<NT>(tks6, n, (u32)p.top_k, hist, wtot, &th, &take);
+        tk_gather<true, NT>(tks6, keys, n, th, take, p.out + (size_t)r * p.top_k, wsum);
+        return;
+    }
+    const u32* keys = p.scratch + t.keys;
+    u32 kr[TK6_R];
+#pragma unroll
+    for (int j = 0; j < TK6_R; j++) {
+        const int i = threadIdx.x + j * NT;
+        kr[j] = i < n ? keys[i] : 0u;
+    }
+    __syncthreads(); // the histograms' zeroing
+    u32 th, take;
+    tk_radix11r<NT, TK6_R>(kr, n, (u32)p.top_k, hist, wtot, &th, &take);
+    tk_gather_r<NT, TK6_R>(kr, n, th, take, p.out + (size_t)r * p.top_k, gcnt);
+}

@@ -37,6 +37,9 @@ const (
 	// TopKSelect5NKernel is topk_select5 in blocks of
 	// abi.TopKSelect4NThreads.
 	TopKSelect5NKernel = "topk_select5n"
+	// TopKSelect6Kernel is topk_select5 with a short row's keys in
+	// registers.
+	TopKSelect6Kernel = "topk_select6"
 )
 
 // TopKSource returns the compilable source of the indexer's top-k module

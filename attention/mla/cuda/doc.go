@@ -118,7 +118,8 @@
 // 256 threads (a prefill's short rows several a multiprocessor; a launch
 // cudatune.Knobs.TopKSelectNarrowAt names runs it), topk_select5 /
 // topk_select5n topk_select4 / 4n with three radix passes of 11, 11 and
-// 10 bits where a row's keys fit shared memory. All read the plan from
+// 10 bits where a row's keys fit shared memory, and topk_select6
+// topk_select5 with a row of up to 4,096 keys in registers. All read the plan from
 // device memory, so a CUDA graph replays them for any batch of the shape.
 //
 // Options hold what a user chooses (device, logger, PDL); the launch-shape

@@ -114,7 +114,7 @@ func (b *Backend) KernelSharedBytes(name string) (int, error) {
 // shared memory: its rows take topk_select2's way from global memory),
 // "select4n", "select4ns", "select4ng" (topk_select4n likewise);
 // "select5", "select5s" (topk_select5, and with the small shared memory:
-// its rows of 16K keys take topk_select4's sweep), "select5n";
+// its rows of 16K keys take topk_select4's sweep), "select5n", "select6";
 // without one, the default select.
 func (b *Backend) SetTopKScore(kernel string) {
 	score, sel, _ := strings.Cut(kernel, "+")
@@ -173,6 +173,8 @@ func (b *Backend) SetTopKScore(kernel string) {
 		b.topk.sel = topkSelect5Small
 	case "select5n":
 		b.topk.sel = topkSelect5N
+	case "select6":
+		b.topk.sel = topkSelect6
 	default:
 		panic("cuda: SetTopKScore(" + kernel + ")")
 	}
@@ -186,7 +188,7 @@ func (b *Backend) TopKKernelResources(kernel string) string {
 		return err.Error()
 	}
 	fn := map[string]*driver.Function{"dp4a": b.topk.score, "mma": b.topk.scoreMMA, "mma4": b.topk.scoreMMA4,
-		"mma4p": b.topk.scoreMMA4P, "mma4q": b.topk.scoreMMA4Q, "mma4t": b.topk.scoreMMA4T, "mma4u": b.topk.scoreMMA4U, "mma4v": b.topk.scoreMMA4V, "mma4w": b.topk.scoreMMA4W, "select": b.topk.select_, "select2": b.topk.select2, "select3": b.topk.select3, "select4": b.topk.select4, "select4n": b.topk.select4n, "select5": b.topk.select5, "select5n": b.topk.select5n}[kernel]
+		"mma4p": b.topk.scoreMMA4P, "mma4q": b.topk.scoreMMA4Q, "mma4t": b.topk.scoreMMA4T, "mma4u": b.topk.scoreMMA4U, "mma4v": b.topk.scoreMMA4V, "mma4w": b.topk.scoreMMA4W, "select": b.topk.select_, "select2": b.topk.select2, "select3": b.topk.select3, "select4": b.topk.select4, "select4n": b.topk.select4n, "select5": b.topk.select5, "select5n": b.topk.select5n, "select6": b.topk.select6}[kernel]
 	if fn == nil {
 		return "no such kernel"
 	}

@@ -26,6 +26,7 @@ type topkState struct {
 	scoreMMA4W                          *driver.Function
 	select2, select3, select4           *driver.Function
 	select4n, select5, select5n         *driver.Function
+	select6                             *driver.Function
 	err                                 error // a failed load, returned by every later call
 	// kernel is the score kernel the backend launches; every one writes
 	// the same keys.
@@ -53,6 +54,7 @@ const (
 	topkSelect5                          // topk_select5: topk_select4 with three radix passes where the keys fit
 	topkSelect5Small                     // topk_select5 with topkSelect3SmallBytes
 	topkSelect5N                         // topk_select5n: topk_select5 in blocks of abi.TopKSelect4NThreads
+	topkSelect6                          // topk_select6: topk_select5 with a short row's keys in registers
 )
 
 // topkDefaultSelect is the select kernel IndexerTopK launches unless a
@@ -176,9 +178,9 @@ func (b *Backend) LoadTopK() error {
 		s.err = errors.Join(fmt.Errorf("cuda: top-k kernels: %w", err), mod.Unload())
 		return s.err
 	}
-	var sels [6]*driver.Function
+	var sels [7]*driver.Function
 	for i, name := range []string{kernels.TopKSelect2Kernel, kernels.TopKSelect3Kernel, kernels.TopKSelect4Kernel, kernels.TopKSelect4NKernel,
-		kernels.TopKSelect5Kernel, kernels.TopKSelect5NKernel} {
+		kernels.TopKSelect5Kernel, kernels.TopKSelect5NKernel, kernels.TopKSelect6Kernel} {
 		fn, err := mod.Function(name)
 		if err == nil {
 			err = fn.SetAttribute(driver.FuncMaxDynamicSharedSizeBytes, 4*topkSelect2Keys)
@@ -193,7 +195,7 @@ func (b *Backend) LoadTopK() error {
 	s.mod, s.score, s.scoreMMA, s.scoreMMA4, s.select_, s.select2 = mod, score, scoreMMA, scoreMMA4, sel, sel2
 	s.scoreMMA4P, s.scoreMMA4Q, s.select3, s.select4 = pipelined[0], pipelined[1], sels[1], sels[2]
 	s.scoreMMA4T, s.scoreMMA4U, s.scoreMMA4V, s.scoreMMA4W = pipelined[2], pipelined[3], pipelined[4], pipelined[5]
-	s.select4n, s.select5, s.select5n = sels[3], sels[4], sels[5]
+	s.select4n, s.select5, s.select5n, s.select6 = sels[3], sels[4], sels[5], sels[6]
 	return nil
 }
 
@@ -358,6 +360,8 @@ func (b *Backend) indexerTopK(ctx context.Context, a *mla.TopKArgs, scoring, sel
 		fn, shared = b.topk.select5, topkSelect3SmallBytes
 	case topkSelect5N:
 		fn, shared, threads = b.topk.select5n, 4*min(topkSelect2Keys, a.PageStride*a.PageSize), abi.TopKSelect4NThreads
+	case topkSelect6:
+		fn, shared = b.topk.select6, 4*min(topkSelect2Keys, a.PageStride*a.PageSize)
 	}
 	if err := b.launchShared(fn, driver.Dim3{uint32(a.Rows), 1, 1}, driver.Dim3{uint32(threads), 1, 1}, shared, driver.Bytes(params)); err != nil {
 		return fmt.Errorf("cuda: %s: %w", fn.Name, err)
