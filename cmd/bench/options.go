@@ -22,9 +22,9 @@ import (
 // cudatune.IndexerKeys 1 split, 2 fused; cudatune.IndexerQuery 1 late, 2 early, 3 lean, 4 wide; iwide=N:
 // the wide query kernel from N token rows on; istream=N: cudatune.IndexerStream 1 main, 2 the third
 // stream), tkscore=N (the top-k score kernel: cudatune.TopKScore 1 mma4q, 2 mma4t, 3 mma4u, 4 mma4v,
-// stream), tkscore=N (the top-k score kernel: cudatune.TopKScore 1 mma4q, 2 mma4t, 3 mma4u, 4 mma4v,
 // 5 mma4w; tknarrow=N: its select in 256-thread blocks from N rows on), ltsplitk=N (cuBLASLt's split-K
 // reductions: cudatune.CuBLASLtSplitK 1 any, 2 through the workspace, 3 none), nopdl
+// separate, wgmma
 // nowgmma wgcluster=N wgmc=N (every FP8 GEMM on the sm_90a wgmma kernel, or none; its split K finished
 // by clusters of up to N blocks; clusters of N blocks sharing the activation tile). A zero
 // number keeps the backend's default.
