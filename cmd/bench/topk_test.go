@@ -99,6 +99,8 @@ func TestTopKResultLogs(t *testing.T) {
 			{"decode-b32-mtp3-narrow", 1 << 20, 512, "mma4q+select6", 1948.1, 498.2}}},
 		{"2026-12-02-h200-h/topk/bench.log", 48, 0, []want{{"decode-b32-mtp3", 64 << 10, 512, "mma4u", 174.3, 21.2},
 			{"prefill=16K", 0, 512, "mma4q", 3014.8, 759.7}}},
+		{"2026-12-02-h200-i/topkp/call1/bench.log", 30, 0, []want{{"decode-b32-mtp3", 8 << 10, 512, "mma4u+select5", 36.0, 7.1},
+			{"decode-b32-mtp3", 64 << 10, 512, "mma4u+select5", 170.1, 16.9}, {"prefill=16K", 0, 512, "mma4u+select4n", 2521.7, 295.9}}},
 	} {
 		t.Run(c.log, func(t *testing.T) {
 			path := filepath.Join("..", "..", "bench", "results", filepath.FromSlash(c.log))

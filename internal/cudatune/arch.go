@@ -337,8 +337,15 @@ var SM90 = Arch{
 		// wide one's 4).
 		IndexerStream: IndexerStreamAux, IndexerQueryWideMinRows: 128,
 		CuBLASLtSplitK: CuBLASLtSplitKAny,
-		// Not yet measured as a rule: off.
-		TopKSelectNarrowMinRows: -1,
+		// The 256-thread select (topk_select4n) from 1024 rows of up to
+		// TopKSelectNarrowMaxKeys keys: at prefill 16K (16,384 rows) the
+		// select alone 295.9-298.8 us against 755.2-755.3 in 1024-thread
+		// blocks (the layer 2521.7-2522.6 against 3005.7-3010.8), one
+		// block a row either way; at decode b=32 MTP 3 (128 rows, one block
+		// a multiprocessor) it is slower, 9.4-9.5 us against 7.6-7.7 at
+		// 8K (bench/results/2026-12-02-h200-i/topkp/call1). 1024 rows, about
+		// four blocks a multiprocessor, lies between the two, not measured.
+		TopKSelectNarrowMinRows: 1024,
 	},
 }
 

@@ -12,7 +12,7 @@ func TestDefaults(t *testing.T) {
 	h200 := Knobs{Warps: 8, KVDepth: 4, QDepth: 4, QChunk: 8, BlocksPerSM: 2,
 		DirectMaxRows: 1 << 19, DirectMaxRowsBF16: math.MaxInt32, DirectMinRows: 1, DirectWarps: 4, DirectHalfBlockRows: 8192, DirectQRows: 2, DirectMinBlocks: 1,
 		BF16MMAMaxRows: -1, BF16MMADepth: 2, BF16MMAReduce: 1, BF16MMAWarpRows: 16, IndexerKeys: IndexerKeysFused, IndexerQuery: IndexerQueryLean, IndexerQueryWideMinRows: 128, IndexerStream: IndexerStreamAux, TopKScore: TopKScoreMMA4U, CuBLASLtSplitK: CuBLASLtSplitKAny,
-		TopKSelectNarrowMinRows: -1}
+		TopKSelectNarrowMinRows: 1024}
 	require.Equal(t, h200, Knobs{}.Defaults())
 	require.Equal(t, h200, SM90.Knobs)
 	set := Knobs{Warps: 3, KVDepth: 1, QDepth: 5, QChunk: 3, BlocksPerSM: 2, MaxBlocks: 1, DirectMaxRows: 7, DirectMaxRowsBF16: 8, DirectMinRows: 2, DirectWarps: 2, DirectHalfBlockRows: 5,
@@ -194,6 +194,7 @@ func TestTopKSelectNarrowAt(t *testing.T) {
 		want       bool
 	}{
 		{"default, decode b=32 MTP 3 at 8K", Knobs{}, 128, 2048, false},
+		{"default, prefill 16K", Knobs{}, 16384, 4096, true},
 		{"below the threshold", Knobs{TopKSelectNarrowMinRows: 1024}, 1023, 4096, false},
 		{"at the threshold", Knobs{TopKSelectNarrowMinRows: 1024}, 1024, 4096, true},
 		{"prefill 16K", Knobs{TopKSelectNarrowMinRows: 1024}, 16384, TopKSelectNarrowMaxKeys, true},

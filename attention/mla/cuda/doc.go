@@ -112,13 +112,14 @@
 // cudatune.Knobs.TopKScore picks one (mma4u by default).
 // topk_select2 keeps a row's keys in shared memory where they fit,
 // and topk_select3 adds a sampled candidate sweep for the rows
-// whose keys do not; topk_select4 (the default) is topk_select3 with a
+// whose keys do not; topk_select4 is topk_select3 with a
 // row's fixed cost cut (the row resolved before the wait, two barriers a
 // radix pass instead of four); topk_select4n is topk_select4 in blocks of
 // 256 threads (a prefill's short rows several a multiprocessor; a launch
 // cudatune.Knobs.TopKSelectNarrowAt names runs it), topk_select5 /
 // topk_select5n topk_select4 / 4n with three radix passes of 11, 11 and
-// 10 bits where a row's keys fit shared memory, and topk_select6
+// 10 bits where a row's keys fit shared memory (topk_select5 the default;
+// topk_select4n from cudatune's 1024 rows of up to 4,096 keys), and topk_select6
 // topk_select5 with a row of up to 4,096 keys in registers. All read the plan from
 // device memory, so a CUDA graph replays them for any batch of the shape.
 //

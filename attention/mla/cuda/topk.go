@@ -58,18 +58,24 @@ const (
 )
 
 // topkDefaultSelect is the select kernel IndexerTopK launches unless a
-// test picks another: topk_select4, the same indices as topk_select on the
-// H200 in every top-k test (its candidate sweep too; racecheck clean)
-// and, with topk_score_mma4q at decode b=32 MTP 3, faster than
-// topk_select3 at 8K (us a layer: 37.3 against 41.1, 32.6 against 37.9
-// with narrow scales; the select alone 7.4 against 8.5) and 64K (176.7
-// against 190.0; 128.1 against 141.7; alone 20.9 against 20.7), the same
-// at 128K (336.1 against 335.8) and 1M (2455.2 against 2470.0;
-// bench/results/2026-12-02-h200-g/topk).
-const topkDefaultSelect = topkSelect4
+// test picks another or Knobs.TopKSelectNarrowAt sends the launch to
+// topkNarrowSelect: topk_select5, the same indices as topk_select4 on the
+// H200 in every top-k test (conformance, graph, large with the 1M-token
+// scenarios and its candidate sweep) and, with topk_score_mma4u at decode
+// b=32 MTP 3, faster at 8K (us a layer: 36.0-36.4 against 36.8-37.1; the
+// select alone 6.9-7.1 against 7.6-7.7) and 64K (170.1-170.2 against
+// 174.3-174.5; alone 16.6-16.9 against 21.2-21.9;
+// bench/results/2026-12-02-h200-i/topkp/call1). Its rows past shared memory
+// (past 128K context) take topk_select4's way. topk_select6 (the keys in
+// registers) was no faster (7.1-7.2 and 17.0 alone).
+const topkDefaultSelect = topkSelect5
 
 // topkNarrowSelect is the select kernel of a launch that
-// Knobs.TopKSelectNarrowAt sends to blocks of abi.TopKSelect4NThreads.
+// Knobs.TopKSelectNarrowAt sends to blocks of abi.TopKSelect4NThreads:
+// topk_select4n, which at prefill 16K (16,384 rows of up to 4,096 keys)
+// takes 295.9-298.8 us against topk_select4's 755.2-755.3, and
+// topk_select5n's 306.8-308.5 (its histograms' 24 KiB keep fewer blocks a
+// multiprocessor; bench/results/2026-12-02-h200-i/topkp/call1).
 const topkNarrowSelect = topkSelect4N
 
 // topkSelect2Keys caps topk_select2's dynamic shared memory: the keys of
