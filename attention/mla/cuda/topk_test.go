@@ -189,11 +189,12 @@ func testTopKGraph(t *testing.T, b *cuda.Backend) {
 // BenchmarkCUDATopK times the selection of a layer: decode b=32 MTP 3
 // (128 query rows) at 8K, 64K, 128K and 1M context a sequence (scale
 // bytes drawn in [124, 130], and V4-Flash's with the narrow scales of
-// rotated vectors), and a 16K prefill from position 0, V4-Flash's and
-// V4-Pro's index_topk, each score kernel (the dp4a one at 8K and 64K
-// only; "+radix" names topk_select, the default select before
-// topk_select3, "+select2" topk_select2, "+select3" topk_select3, the
-// default select before topk_select4): the device time per
+// rotated vectors), prefill from position 0 at 16K and 4K and a 1K chunk
+// at 3K, V4-Flash's and V4-Pro's index_topk, each score kernel (the dp4a
+// one at 8K and 64K only; "+radix" names topk_select, the default select
+// before topk_select3, "+select2" topk_select2, "+select3" topk_select3,
+// "+select4" topk_select4, the default before topk_select5; a name without
+// "+" the default select, cudatune's rule included): the device time per
 // call, the score and select kernels alone, and two floors: the indexer cache bytes
 // the batch reads at the device-to-device copy rate measured here, and
 // the score's multiply-adds at the H200's nominal dense int8 tensor-core
@@ -230,9 +231,17 @@ func BenchmarkCUDATopK(bm *testing.B) {
 		cases = append(cases, benchCase{fmt.Sprintf("decode-b32-mtp3-narrow/ctx=%dK/topk=512", ctxLen>>10), 512, []string{"mma+radix", "mma4+radix", "mma4p", "mma4q", "mma4t", "mma4u", "mma4v", "mma4w", "mma4q+select2", "mma4q+select3", "mma4q+select4", "mma4u+select4", "mma4u+select4n", "mma4u+select5", "mma4u+select6", "mma4u+select5n", "mma4w+select4n", "mma4w+select5n"},
 			func(r *rand.Rand) []mlatest.TopKSeqSpec { return topkDecode(r, 32, 3, ctxLen) }, mlatest.KeysNarrow})
 	}
-	for _, topk := range []int{512, 1024} {
-		cases = append(cases, benchCase{fmt.Sprintf("prefill=16K/topk=%d", topk), topk, []string{"mma+radix", "mma4+radix", "mma4p", "mma4q", "mma4t", "mma4u", "mma4v", "mma4w", "mma4q+select2", "mma4q+select3", "mma4q+select4", "mma4u+select4", "mma4u+select4n", "mma4u+select5", "mma4u+select6", "mma4u+select5n", "mma4w+select4n", "mma4w+select5n"},
-			func(*rand.Rand) []mlatest.TopKSeqSpec { return []mlatest.TopKSeqSpec{{Start: 0, Rows: 16 << 10}} }, mlatest.KeysRandom})
+	// Prefill from 0 and a chunk at a cached offset: launches of 16,384,
+	// 4,096 and 1,024 rows of at most 4,096 keys (Knobs.TopKSelectNarrowAt's
+	// threshold between them and decode's 128).
+	for _, pc := range []struct {
+		name        string
+		start, rows int
+	}{{"prefill=16K", 0, 16 << 10}, {"prefill=4K", 0, 4 << 10}, {"chunk=1K-at-3K", 3 << 10, 1 << 10}} {
+		for _, topk := range []int{512, 1024} {
+			cases = append(cases, benchCase{fmt.Sprintf("%s/topk=%d", pc.name, topk), topk, []string{"mma+radix", "mma4+radix", "mma4p", "mma4q", "mma4t", "mma4u", "mma4v", "mma4w", "mma4q+select2", "mma4q+select3", "mma4q+select4", "mma4u+select4", "mma4u+select4n", "mma4u+select5", "mma4u+select6", "mma4u+select5n", "mma4w+select4n", "mma4w+select5n"},
+				func(*rand.Rand) []mlatest.TopKSeqSpec { return []mlatest.TopKSeqSpec{{Start: pc.start, Rows: pc.rows}} }, mlatest.KeysRandom})
+		}
 	}
 	ctx := context.Background()
 	for _, bc := range cases {
