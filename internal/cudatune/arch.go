@@ -343,8 +343,10 @@ var SM90 = Arch{
 		// blocks (the layer 2521.7-2522.6 against 3005.7-3010.8), one
 		// block a row either way; at decode b=32 MTP 3 (128 rows, one block
 		// a multiprocessor) it is slower, 9.4-9.5 us against 7.6-7.7 at
-		// 8K (bench/results/2026-12-02-h200-i/topkp/call1). 1024 rows, about
-		// four blocks a multiprocessor, lies between the two, not measured.
+		// 8K (bench/results/2026-12-02-h200-i/topkp/call1). Through this
+		// rule, against topk_select4: a 1024-row chunk at 3K 16.3-17.0
+		// against 40.7-40.8 us, prefill 4K (4096 rows) 28.8-29.0 against
+		// 92.0-93.2 (bench/results/2026-12-02-h200-i/topkp/call2).
 		TopKSelectNarrowMinRows: 1024,
 	},
 }

@@ -260,10 +260,11 @@ func (k Knobs) IndexerQueryAt(rows int) IndexerQuery {
 
 // TopKSelectNarrowMaxKeys bounds the rows TopKSelectNarrowMinRows sends to
 // the 256-thread select: a prefill's rows (a 16K prompt's see at most 4,096
-// entries); their keys, 16 KiB of shared memory a block, let eight blocks
-// share a multiprocessor, where a decode row of 64K context (16K keys)
-// would hold 64 KiB.
-const TopKSelectNarrowMaxKeys = 4096
+// entries, a block table of 65 pages of 64: 4,160 keys, 16 KiB of shared
+// memory a block, six blocks a multiprocessor; measured there), up to a
+// 32K prompt's (32 KiB, not measured), where a decode row of 64K context
+// (16K keys) would hold 64 KiB.
+const TopKSelectNarrowMaxKeys = 8192
 
 // TopKSelectNarrowAt reports whether a select launch of rows rows, each of
 // at most keys keys, runs the 256-thread select under k (with its

@@ -195,6 +195,7 @@ func TestTopKSelectNarrowAt(t *testing.T) {
 	}{
 		{"default, decode b=32 MTP 3 at 8K", Knobs{}, 128, 2048, false},
 		{"default, prefill 16K", Knobs{}, 16384, 4096, true},
+		{"default, prefill 16K with a page more", Knobs{}, 16384, 4160, true},
 		{"below the threshold", Knobs{TopKSelectNarrowMinRows: 1024}, 1023, 4096, false},
 		{"at the threshold", Knobs{TopKSelectNarrowMinRows: 1024}, 1024, 4096, true},
 		{"prefill 16K", Knobs{TopKSelectNarrowMinRows: 1024}, 16384, TopKSelectNarrowMaxKeys, true},

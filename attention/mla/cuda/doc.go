@@ -119,7 +119,7 @@
 // cudatune.Knobs.TopKSelectNarrowAt names runs it), topk_select5 /
 // topk_select5n topk_select4 / 4n with three radix passes of 11, 11 and
 // 10 bits where a row's keys fit shared memory (topk_select5 the default;
-// topk_select4n from cudatune's 1024 rows of up to 4,096 keys), and topk_select6
+// topk_select4n from cudatune's 1024 rows of up to 8,192 keys), and topk_select6
 // topk_select5 with a row of up to 4,096 keys in registers. All read the plan from
 // device memory, so a CUDA graph replays them for any batch of the shape.
 //
