@@ -155,7 +155,7 @@ func NewTuned(opts Options, k cudatune.Knobs) (*Backend, error) {
 	if k.IndexerStream != cudatune.IndexerStreamMain && k.IndexerStream != cudatune.IndexerStreamAux {
 		return nil, fmt.Errorf("cuda: Knobs.IndexerStream = %d names no stream", k.IndexerStream)
 	}
-	if _, set := k.CuBLASLtSplitK.ReductionMask(); !set && k.CuBLASLtSplitK != cudatune.CuBLASLtSplitKAny {
+	if k.CuBLASLtSplitK < cudatune.CuBLASLtSplitKAny || k.CuBLASLtSplitK > cudatune.CuBLASLtSplitKNone {
 		return nil, fmt.Errorf("cuda: Knobs.CuBLASLtSplitK = %d names no choice", k.CuBLASLtSplitK)
 	}
 	c, err := driver.Open(opts.Device)

@@ -43,15 +43,6 @@ func (h *Handle) FP8Algorithm(s Shape) (Algorithm, error) {
 	return h.algorithm(p)
 }
 
-// BF16Algorithm is FP8Algorithm for a bf16 plan.
-func (h *Handle) BF16Algorithm(s BF16Shape) (Algorithm, error) {
-	p, err := h.planBF16(s)
-	if err != nil {
-		return Algorithm{}, err
-	}
-	return h.algorithm(p)
-}
-
 func (h *Handle) algorithm(p *plan) (Algorithm, error) {
 	out := Algorithm{WorkspaceBytes: p.algo.workspaceSize, Waves: p.algo.waves}
 	err := h.ctx.Do(func() error { return h.api.readAlgorithm(&p.algo, &out) })
