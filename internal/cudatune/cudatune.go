@@ -246,6 +246,10 @@ const (
 	// lanes a row (most of the Hadamard inside a lane: about half the
 	// instructions a row of IndexerQueryLean).
 	IndexerQueryWide
+	// IndexerQueryStream: indexer_query_stream, the wide kernel's rows and
+	// lanes with its MXFP4 tail on bf16x2 pairs and the next unit's loads
+	// in flight under the current one's arithmetic.
+	IndexerQueryStream
 )
 
 // IndexerQueryAt is the query kernel of a launch of rows token rows under k

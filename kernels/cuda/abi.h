@@ -404,5 +404,6 @@ static_assert(sizeof(IndexerQueryParams) == 24, "IndexerQueryParams differs from
 //   indexer_query_early
 //   indexer_query_lean
 //   indexer_query_wide
+//   indexer_query_stream
 
 #endif // DSV4_PROLOGUE_ABI_H

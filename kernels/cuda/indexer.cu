@@ -844,3 +844,266 @@ extern "C" __global__ void __launch_bounds__(32 * IQ_WARPS)
         }
     }
 }
+
+// bf16x2 arithmetic (two bf16 in a u32, the low half first), one rounding
+// to nearest even a result, subnormals kept (sm_80's fma, min and max of
+// bf16x2: no flush-to-zero form exists for them).
+__device__ __forceinline__ u32 bf2_fma(u32 a, u32 b, u32 c) {
+    u32 d;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+// fma with negative results clamped to +0; a NaN stays a NaN.
+__device__ __forceinline__ u32 bf2_fma_relu(u32 a, u32 b, u32 c) {
+    u32 d;
+    asm("fma.rn.relu.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+// min and max drop a NaN operand (a NaN only when both are).
+__device__ __forceinline__ u32 bf2_min(u32 a, u32 b) {
+    u32 d;
+    asm("min.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+__device__ __forceinline__ u32 bf2_max(u32 a, u32 b) {
+    u32 d;
+    asm("max.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+
+// The e2m1 magnitudes of a bf16x2 pair of magnitudes m (|v|, v a bf16 as
+// round2 leaves it) under the block scale 2^(127-e): each half 192 + the
+// index of e2m1(fl(v * 2^(127-e))) on the grid {0, 0.5, 1, 1.5, 2, 3, 4,
+// 6}, in bf16 (0x4340 + index). inv = 2^(127-e) and inv2 = 2^(126-e) as
+// bf16x2 (subnormal at e = 254). With x = v * 2^(127-e) (exact, or below
+// 2^-126 where every path gives index 0) and a = x / 2, the index is
+// rint(4 min(a, 1) + min(max(2a - 2, 0), a, 3)): below 2 only the first
+// term is fractional (the grid's step 0.5: rint(2x)), from 2 to 4 the
+// second is 2a - 2 = x - 2 (step 1), from 4 to 6 it is a = 4 + (x - 4)/2
+// (step 2), past 6 it is 3; one term at most is not an integer, so the
+// two bf16 adds to 192 (ulp 1 in [128, 256)) round once, to nearest even:
+// even indices are the grid's even mantissas, e2m1's ties. A NaN's a
+// makes both mins 1 and 3 (they drop it) and relu keeps the NaN: index 7,
+// as numerics.E2M1FromF32's +6. Equal to e2m1_scaled for every bf16 and
+// every block scale (kernels/cuda TestE2M1PairMatchesReference: its host
+// port against numerics.E2M1FromF32).
+__device__ __forceinline__ u32 e2m1x2_mag(u32 m, u32 inv, u32 inv2) {
+    const u32 a = bf2_fma(m, inv2, 0x80008000u);                         // x/2 (+ -0: m*inv2 rounded once)
+    const u32 r = bf2_fma_relu(m, inv, 0xC000C000u);                     // max(x - 2, 0)
+    const u32 g = bf2_min(r, bf2_min(a, 0x40404040u));                   // min(.., a, 3)
+    const u32 y = bf2_fma(bf2_min(a, 0x3F803F80u), 0x40804080u, 0x43404340u);  // 192 + 4 min(a, 1)
+    return bf2_fma(g, 0x3F803F80u, y);                                   // + g, rounded once
+}
+
+// The MXFP4 word of 8 values from four bf16x2 pairs P[j] = (value j, value
+// j + 4) and their e2m1 magnitudes Y[j] (e2m1x2_mag): nibble i is value
+// i's index | its sign << 3. The indices by Horner's rule on Y - 0x43404340
+// (no carries: each nibble receives one index <= 7), the signs (bits 15
+// and 31 of P[j]) shifted to bits 4j + 3 and 4j + 19.
+__device__ __forceinline__ u32 mxfp4_word(const u32 (&P)[4], const u32 (&Y)[4]) {
+    constexpr u32 S = 0x80008000u;
+    u32 s = P[0] & S;
+    s = (s >> 4) | (P[1] & S);
+    s = (s >> 4) | (P[2] & S);
+    s = (s >> 4) | (P[3] & S);
+    const u32 w = ((Y[3] * 16u + Y[2]) * 16u + Y[1]) * 16u + Y[0];
+    return w - 0x43404340u * 0x1111u + s;
+}
+
+// indexer_query_stream: the rows, lanes and bytes of indexer_query_wide
+// with fewer instructions a row and the next unit's loads in flight under
+// the current unit's arithmetic. The MXFP4 tail runs on bf16x2 pairs: the
+// Hadamard's outputs rounded to bf16 as pairs (value j, value j + 4) of
+// each 8-value nibble word and left packed; each block's maximum by
+// max.bf16x2 over the magnitudes; e2m1 by e2m1x2_mag (seven bf16x2
+// operations a pair, where e2m1_scaled takes about a dozen integer
+// operations a value on sm_90's half-rate integer pipe); the word by
+// mxfp4_word. The grid-stride loop converts and rotates the unit's row,
+// then issues the next unit's metadata, RoPE pairs, row and head-weight
+// loads before the transform. The FP8 layout as the wide kernel.
+extern "C" __global__ void __launch_bounds__(32 * IQ_WARPS)
+    indexer_query_stream(const Params p0, const IndexerQueryParams args) {
+    constexpr int UPT = INDEXER_HEADS / IQ_WIDE_ROWS;
+    void* w_out = args.w_out;
+    const int w_stride = args.w_stride, fp8 = args.fp8;
+    const float hscale = args.hscale, wscale = args.wscale;
+    const int lane = threadIdx.x % 32, r = lane >> 2, q = lane & 3;
+    const int warps = gridDim.x * IQ_WARPS;
+    const Params p = with_header(p0);
+    const int units = p.rows * UPT;
+    float cs[16];
+    auto load_cs = [&](int pos) {
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const float4 c = ld_f4(p.rope + (size_t)pos * ROPE_DIM + 16 * q + 4 * k);
+            cs[4 * k] = c.x, cs[4 * k + 1] = c.y, cs[4 * k + 2] = c.z, cs[4 * k + 3] = c.w;
+        }
+    };
+    int unit = blockIdx.x * IQ_WARPS + threadIdx.x / 32;
+    bool ok = false;
+    if (unit < units) {
+        int b, pos;
+        ok = resolve(p, unit / UPT, b, pos);
+        if (ok) load_cs(pos);
+    }
+    pdl_wait();
+    pdl_trigger();
+    const float* weight = p.weight;
+    const int row_bytes = fp8 ? INDEXER_DIM : MXFP4_ROW_BYTES;
+    uint4 raw[4];  // raw[2g + k]: values 64g + 16q + 8k ..
+    float wv = 0.f;
+    auto load_row = [&](int u) {
+        const int t = p.row_begin + u / UPT, h = u % UPT * IQ_WIDE_ROWS + r;
+        const u8* src = p.in + (size_t)t * p.in_stride + ((size_t)h * INDEXER_DIM + 16 * q) * 2;
+#pragma unroll
+        for (int k = 0; k < 4; k++) raw[k] = *reinterpret_cast<const uint4*>(src + 128 * (k >> 1) + 16 * (k & 1));
+        wv = q == 0 ? ld_dep_f32(weight + (size_t)t * w_stride + h) : 0.f;
+    };
+    if (unit < units && ok) load_row(unit);
+    for (; unit < units; unit += warps) {
+        const int local = unit / UPT, h = unit % UPT * IQ_WIDE_ROWS + r;
+        const int t = p.row_begin + local;
+        const size_t row = (size_t)t * INDEXER_HEADS + h;
+        u8* dst = p.out + row * row_bytes;
+        const bool cur_ok = ok;
+        float v[32];
+        const float wcur = wv;
+        if (cur_ok) {
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const u32 x[4] = {raw[k].x, raw[k].y, raw[k].z, raw[k].w};
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    v[8 * k + 2 * i] = bf16_to_f32(x[i] & 0xffffu);
+                    v[8 * k + 2 * i + 1] = bf16_to_f32(x[i] >> 16);
+                }
+            }
+#pragma unroll
+            for (int m = 0; m < 8; m++) rope_pair(v[16 + 2 * m], v[16 + 2 * m + 1], cs[2 * m], cs[2 * m + 1]);
+        }
+        // The next unit's loads, under this one's arithmetic.
+        const int next = unit + warps;
+        ok = false;
+        if (next < units) {
+            int b, pos;
+            ok = resolve(p, next / UPT, b, pos);
+            if (ok) {
+                load_cs(pos);
+                load_row(next);
+            }
+        }
+        if (!cur_ok) {
+#pragma unroll
+            for (int g = 0; g < 2; g++) {
+                if (fp8) {
+                    *reinterpret_cast<uint4*>(dst + 64 * g + 16 * q) = make_uint4(0u, 0u, 0u, 0u);
+                } else {
+                    *reinterpret_cast<u32*>(dst + 32 * g + 8 * q) = 0u;
+                    *reinterpret_cast<u32*>(dst + 32 * g + 8 * q + 4) = 0u;
+                    if ((q & 1) == 0) dst[INDEXER_DIM / 2 + 2 * g + q / 2] = 0;
+                }
+            }
+            if (q == 0) {
+                if (fp8) static_cast<float*>(w_out)[row] = 0.f;
+                else static_cast<u16*>(w_out)[row] = 0;
+            }
+            continue;
+        }
+        // The Hadamard as the wide kernel's: h = 1, 2, 4, 8 inside the
+        // lane, 16 and 32 across lanes q ^ 1 and q ^ 2, 64 inside the lane.
+        auto inlane = [&](int st) {
+#pragma unroll
+            for (int i = 0; i < 32; i++) {
+                if ((i & st) == 0) {
+                    const float a = v[i], b = v[i + st];
+                    v[i] = __fadd_rn(a, b);
+                    v[i + st] = __fsub_rn(a, b);
+                }
+            }
+        };
+        inlane(1);
+        inlane(2);
+        inlane(4);
+        inlane(8);
+#pragma unroll
+        for (int d = 1; d <= 2; d <<= 1) {
+            const float sgn = (q & d) ? -1.f : 1.f;
+#pragma unroll
+            for (int i = 0; i < 32; i++) v[i] = __fmaf_rn(sgn, v[i], __shfl_xor_sync(FULL, v[i], d));
+        }
+        inlane(16);
+        if (fp8) {
+#pragma unroll
+            for (int i = 0; i < 32; i += 2) {
+                v[i] = __fmul_rn(v[i], hscale);
+                v[i + 1] = __fmul_rn(v[i + 1], hscale);
+                round2(v[i], v[i + 1]);
+            }
+            float ar = 0.f;
+#pragma unroll
+            for (int i = 0; i < 32; i++) ar = fmaxf(ar, fabsf(v[i]));
+            ar = fmaxf(ar, __shfl_xor_sync(FULL, ar, 1));
+            ar = fmaxf(ar, __shfl_xor_sync(FULL, ar, 2));
+            const int e = ue8m0_exp(ar);
+            const float inv = pow2i(127 - e);
+#pragma unroll
+            for (int g = 0; g < 2; g++) {
+                u32 w8[4];
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    const float* x = v + 16 * g + 4 * k;
+                    const u32 lo = e4m3x2(__fmul_rn(x[1], inv), __fmul_rn(x[0], inv));
+                    const u32 hi = e4m3x2(__fmul_rn(x[3], inv), __fmul_rn(x[2], inv));
+                    w8[k] = (lo & 0xffffu) | (hi << 16);
+                }
+                *reinterpret_cast<uint4*>(dst + 64 * g + 16 * q) = make_uint4(w8[0], w8[1], w8[2], w8[3]);
+            }
+            if (q == 0) {
+                const float ws = __fmul_rn(__uint_as_float(bf16x2_rn(wcur, 0.f) << 16), wscale);
+                const float wf = __fmul_rn(ws, pow2i(e - 127));
+                static_cast<float*>(w_out)[row] = wf != wf ? __uint_as_float((u32)F32_NAN_BITS) : wf;
+            }
+            continue;
+        }
+        // P[g][w][j]: values 16g + 8w + j and + 4 of the lane, scaled and
+        // rounded to bf16 as a pair; M their magnitudes.
+        u32 P[2][2][4], M[2][2][4];
+#pragma unroll
+        for (int g = 0; g < 2; g++)
+#pragma unroll
+            for (int w = 0; w < 2; w++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    const int i = 16 * g + 8 * w + j;
+                    P[g][w][j] = bf16x2_rn(__fmul_rn(v[i], hscale), __fmul_rn(v[i + 4], hscale));
+                    M[g][w][j] = P[g][w][j] & 0x7fff7fffu;
+                }
+#pragma unroll
+        for (int g = 0; g < 2; g++) {
+            u32 mx = M[g][0][0];
+#pragma unroll
+            for (int k = 1; k < 8; k++) mx = bf2_max(mx, M[g][k >> 2][k & 3]);
+            // The block's maximum, NaN ignored (a NaN only if all are: the
+            // floor then, as fmaxf from 0).
+            float a = fmaxf(__uint_as_float(mx << 16), __uint_as_float(mx & 0xffff0000u));
+            a = fmaxf(a, __shfl_xor_sync(FULL, a, 1));  // the block's other half
+            const float am = fmaxf(a, __uint_as_float((u32)MXFP4_FLOOR_BITS));
+            const u32 tb = __float_as_uint(__fmul_rn(am, __uint_as_float((u32)MXFP4_INV6_BITS)));
+            const int e = min((int)((tb >> 23) & 0xffu) + ((tb & 0x7fffffu) != 0u ? 1 : 0), 254);
+            const u32 inv = (__float_as_uint(pow2i(127 - e)) >> 16) * 0x00010001u;
+            const u32 inv2 = (__float_as_uint(pow2i(126 - e)) >> 16) * 0x00010001u;
+#pragma unroll
+            for (int w = 0; w < 2; w++) {
+                u32 Y[4];
+#pragma unroll
+                for (int j = 0; j < 4; j++) Y[j] = e2m1x2_mag(M[g][w][j], inv, inv2);
+                *reinterpret_cast<u32*>(dst + 32 * g + 8 * q + 4 * w) = mxfp4_word(P[g][w], Y);
+            }
+            if ((q & 1) == 0) dst[INDEXER_DIM / 2 + 2 * g + q / 2] = (u8)e;
+        }
+        if (q == 0) {
+            const u32 wr = bf16x2_rn(wcur, 0.f) << 16;
+            static_cast<u16*>(w_out)[row] = (u16)(bf16x2_rn(__fmul_rn(__uint_as_float(wr), wscale), 0.f) & 0xffffu);
+        }
+    }
+}

@@ -190,6 +190,8 @@ func TestCUDAIndexerKernels(t *testing.T) {
 		{"query=wide", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryWide}},
 		// Two blocks: every warp's grid-stride loop past its first unit.
 		{"query=wide,maxblocks=2", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryWide, MaxBlocks: 2}},
+		{"query=stream", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryStream, IndexerQueryWideMinRows: -1}},
+		{"query=stream,maxblocks=2", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryStream, IndexerQueryWideMinRows: -1, MaxBlocks: 2}},
 	} {
 		t.Run(v.name, func(t *testing.T) {
 			b, err := cuda.NewTuned(cuda.Options{}, v.k)

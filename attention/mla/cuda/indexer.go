@@ -13,9 +13,10 @@ import (
 // IndexerQuery implements mla.IndexerQuerier: the kernel of
 // kernels/cuda/indexer.cu that Knobs.IndexerQueryAt names for the launch's
 // rows (in the compressor's module; indexer_query, indexer_query_early,
-// indexer_query_lean, or indexer_query_wide, all the same bytes) on the backend's
+// indexer_query_lean, indexer_query_wide or indexer_query_stream, all the
+// same bytes) on the backend's
 // current stream, one warp per abi.IndexerQueryRows (token, head) rows
-// (abi.IndexerQueryWideRows for the wide kernel) in a's Format, with the
+// (abi.IndexerQueryWideRows for the wide and stream kernels) in a's Format, with the
 // Q prologue's Params (kernels/cuda/abi) for the token's position and its
 // own IndexerQueryParams (the head weights, the format): the grid depends on
 // the launch's Rows only, so a CUDA graph replays it for any batch of its
@@ -49,6 +50,8 @@ func (b *Backend) IndexerQuery(ctx context.Context, l mla.Launch, a *mla.Indexer
 		fn = b.comp.iqlean
 	case cudatune.IndexerQueryWide:
 		fn, rowsWarp = b.comp.iqwide, abi.IndexerQueryWideRows
+	case cudatune.IndexerQueryStream:
+		fn, rowsWarp = b.comp.iqstrm, abi.IndexerQueryWideRows
 	}
 	warps := l.Rows * mla.IndexerHeads / rowsWarp
 	blocks := b.chainGrid((warps + abi.IndexerQueryWarps - 1) / abi.IndexerQueryWarps)

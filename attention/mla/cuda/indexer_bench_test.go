@@ -23,7 +23,7 @@ import (
 // mid-sequence), b = 1 MTP 3 (4 rows) and at 4K and 16K-token prefill,
 // each under every kernel choice (cudatune.Knobs.IndexerQuery: late =
 // indexer_query, early = indexer_query_early, lean = indexer_query_lean, wide =
-// indexer_query_wide; IndexerKeys: split =
+// indexer_query_wide, stream = indexer_query_stream; IndexerKeys: split =
 // compress_step at width 128 then indexer_step_finish, fused =
 // indexer_step). Each is captured 20 times in one CUDA graph; the best
 // replay of b.N is reported per call, beside its copy floor: the time a
@@ -41,7 +41,12 @@ func BenchmarkCUDAIndexer(bm *testing.B) {
 	queryKernels := []kernels{{"late", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryLate, IndexerQueryWideMinRows: -1}},
 		{"early", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryEarly, IndexerQueryWideMinRows: -1}},
 		{"lean", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryLean, IndexerQueryWideMinRows: -1}},
-		{"wide", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryWide}}}
+		{"wide", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryWide}},
+		{"stream", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryStream, IndexerQueryWideMinRows: -1}},
+		// The stream kernel on fewer blocks (MaxBlocks: 4 and 2 a multiprocessor
+		// of the H200's 132), each warp looping over more units.
+		{"stream-g4", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryStream, IndexerQueryWideMinRows: -1, MaxBlocks: 528}},
+		{"stream-g2", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryStream, IndexerQueryWideMinRows: -1, MaxBlocks: 264}}}
 	keyKernels := []kernels{{"split", cudatune.Knobs{IndexerKeys: cudatune.IndexerKeysSplit}},
 		{"fused", cudatune.Knobs{IndexerKeys: cudatune.IndexerKeysFused}}}
 	backends := map[string]*cuda.Backend{}

@@ -118,7 +118,8 @@ const (
 // once (their loads, shuffles and stores interleaved: one row at a time
 // left a warp a single 256-byte load and a chain of dependent shuffles in
 // flight). It divides mla.IndexerHeads. IndexerQueryWideRows is the rows
-// an indexer_query_wide warp carries, four lanes a row.
+// an indexer_query_wide (and indexer_query_stream) warp carries, four
+// lanes a row.
 const (
 	IndexerQueryWarps    = 8
 	IndexerQueryRows     = 4
@@ -133,7 +134,8 @@ const IndexerStepThreads = 128
 // CompressKernels are the kernels the CUDA backend loads by name from the
 // compressor's module (compress.cu and indexer.cu, kernels/cuda.CompressSource).
 var CompressKernels = []string{"compress_entries", "compress_step", "compress_step_finish", "indexer_step_finish", "indexer_step",
-	"indexer_query", "indexer_query_early", "indexer_query_lean", "indexer_query_wide"}
+	"indexer_query", "indexer_query_early", "indexer_query_lean", "indexer_query_wide",
+	"indexer_query_stream"}
 
 // CompressStepTilesDim is the blocks (channel tiles) of one entry of a
 // ratio whose pooled rows have dim channels (512, or 128 for the indexer).
