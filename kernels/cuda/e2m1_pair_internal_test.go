@@ -46,16 +46,10 @@ func bf16Min(a, b float64) float64 {
 }
 
 // e2m1PairMag is indexer.cu's e2m1x2_mag on one half, line by line.
-func e2m1PairMag(m, inv, inv2 uint16) uint16 {
+func e2m1PairMag(m, s1, s2, s4 uint16) uint16 {
 	mv := bf16Val(m)
-	a := bf16Round(mv * bf16Val(inv2))
-	r := bf16Round(mv*bf16Val(inv) - 2)
-	if !math.IsNaN(r) && r < 0 {
-		r = 0
-	}
-	g := bf16Min(r, bf16Min(a, 3))
-	y := bf16Round(bf16Min(a, 1)*4 + 192)
-	return bf16Bits(bf16Round(g + y))
+	lo := bf16Min(bf16Round(mv*bf16Val(s1)+192), bf16Round(mv*bf16Val(s2)+194))
+	return bf16Bits(bf16Min(lo, bf16Min(bf16Round(mv*bf16Val(s4)+196), 199)))
 }
 
 // TestE2M1PairMatchesReference: the stream query's bf16x2 e2m1 gives
@@ -69,10 +63,12 @@ func TestE2M1PairMatchesReference(t *testing.T) {
 		step = 2
 	}
 	for e := 1; e <= 254; e += step {
-		inv := uint16(math.Float32bits(float32(math.Ldexp(1, 127-e))) >> 16)
-		inv2 := uint16(math.Float32bits(float32(math.Ldexp(1, 126-e))) >> 16)
-		if bf16Val(inv) != math.Ldexp(1, 127-e) || bf16Val(inv2) != math.Ldexp(1, 126-e) {
-			t.Fatalf("e %d: the scales are not exact bf16", e)
+		var s [3]uint16 // 2^(128-e), 2^(127-e), 2^(126-e)
+		for i := range s {
+			s[i] = uint16(math.Float32bits(float32(math.Ldexp(1, 128-i-e))) >> 16)
+			if bf16Val(s[i]) != math.Ldexp(1, 128-i-e) {
+				t.Fatalf("e %d: 2^%d is not an exact bf16", e, 128-i-e)
+			}
 		}
 		for h := range uint32(1 << 16) {
 			u := h << 16
@@ -80,7 +76,7 @@ func TestE2M1PairMatchesReference(t *testing.T) {
 				u = 0x7fff0000
 			}
 			v := math.Float32frombits(u)
-			y := e2m1PairMag(uint16(u>>16)&0x7fff, inv, inv2)
+			y := e2m1PairMag(uint16(u>>16)&0x7fff, s[0], s[1], s[2])
 			if y < 0x4340 || y > 0x4347 {
 				t.Fatalf("e2m1x2_mag(%04x, 2^%d) = %04x, not 0x4340 + an index", u>>16, 127-e, y)
 			}

@@ -853,12 +853,6 @@ __device__ __forceinline__ u32 bf2_fma(u32 a, u32 b, u32 c) {
     asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
     return d;
 }
-// fma with negative results clamped to +0; a NaN stays a NaN.
-__device__ __forceinline__ u32 bf2_fma_relu(u32 a, u32 b, u32 c) {
-    u32 d;
-    asm("fma.rn.relu.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-    return d;
-}
 // min and max drop a NaN operand (a NaN only when both are).
 __device__ __forceinline__ u32 bf2_min(u32 a, u32 b) {
     u32 d;
@@ -874,25 +868,22 @@ __device__ __forceinline__ u32 bf2_max(u32 a, u32 b) {
 // The e2m1 magnitudes of a bf16x2 pair of magnitudes m (|v|, v a bf16 as
 // round2 leaves it) under the block scale 2^(127-e): each half 192 + the
 // index of e2m1(fl(v * 2^(127-e))) on the grid {0, 0.5, 1, 1.5, 2, 3, 4,
-// 6}, in bf16 (0x4340 + index). inv = 2^(127-e) and inv2 = 2^(126-e) as
-// bf16x2 (subnormal at e = 254). With x = v * 2^(127-e) (exact, or below
-// 2^-126 where every path gives index 0) and a = x / 2, the index is
-// rint(4 min(a, 1) + min(max(2a - 2, 0), a, 3)): below 2 only the first
-// term is fractional (the grid's step 0.5: rint(2x)), from 2 to 4 the
-// second is 2a - 2 = x - 2 (step 1), from 4 to 6 it is a = 4 + (x - 4)/2
-// (step 2), past 6 it is 3; one term at most is not an integer, so the
-// two bf16 adds to 192 (ulp 1 in [128, 256)) round once, to nearest even:
-// even indices are the grid's even mantissas, e2m1's ties. A NaN's a
-// makes both mins 1 and 3 (they drop it) and relu keeps the NaN: index 7,
-// as numerics.E2M1FromF32's +6. Equal to e2m1_scaled for every bf16 and
-// every block scale (kernels/cuda TestE2M1PairMatchesReference: its host
-// port against numerics.E2M1FromF32).
-__device__ __forceinline__ u32 e2m1x2_mag(u32 m, u32 inv, u32 inv2) {
-    const u32 a = bf2_fma(m, inv2, 0x80008000u);                         // x/2 (+ -0: m*inv2 rounded once)
-    const u32 r = bf2_fma_relu(m, inv, 0xC000C000u);                     // max(x - 2, 0)
-    const u32 g = bf2_min(r, bf2_min(a, 0x40404040u));                   // min(.., a, 3)
-    const u32 y = bf2_fma(bf2_min(a, 0x3F803F80u), 0x40804080u, 0x43404340u);  // 192 + 4 min(a, 1)
-    return bf2_fma(g, 0x3F803F80u, y);                                   // + g, rounded once
+// 6}, in bf16 (0x4340 + index). s1, s2, s4 = 2^(128-e), 2^(127-e),
+// 2^(126-e) as bf16x2 (subnormal near e = 254). With x = v * 2^(127-e)
+// (exact, or below 2^-126 where every term gives index 0), the grid's
+// index as a function of x is concave and piecewise linear, 2x up to 2
+// (step 0.5), x + 2 up to 4 (step 1), x/2 + 4 up to 6 (step 2), and
+// rounding to nearest even is monotone, so the index is min(rint(2x),
+// rint(x + 2), rint(x/2 + 4), 7): each rint one fma into 192 + (ulp 1 in
+// [128, 256), even indices being the grid's even mantissas, e2m1's ties).
+// A finite block's x is at most 6 (x/2 + 4 <= 7); the 7 is for a NaN,
+// which every fma keeps and min drops, and an Inf. Equal to e2m1_scaled
+// for every bf16 and every block scale (kernels/cuda
+// TestE2M1PairMatchesReference: its host port against
+// numerics.E2M1FromF32).
+__device__ __forceinline__ u32 e2m1x2_mag(u32 m, u32 s1, u32 s2, u32 s4) {
+    const u32 lo = bf2_min(bf2_fma(m, s1, 0x43404340u), bf2_fma(m, s2, 0x43424342u));  // 192 + 2x, 194 + x
+    return bf2_min(lo, bf2_min(bf2_fma(m, s4, 0x43444344u), 0x43474347u));             // 196 + x/2, 199
 }
 
 // The MXFP4 word of 8 values from four bf16x2 pairs P[j] = (value j, value
@@ -1090,13 +1081,14 @@ extern "C" __global__ void __launch_bounds__(32 * IQ_WARPS)
             const float am = fmaxf(a, __uint_as_float((u32)MXFP4_FLOOR_BITS));
             const u32 tb = __float_as_uint(__fmul_rn(am, __uint_as_float((u32)MXFP4_INV6_BITS)));
             const int e = min((int)((tb >> 23) & 0xffu) + ((tb & 0x7fffffu) != 0u ? 1 : 0), 254);
-            const u32 inv = (__float_as_uint(pow2i(127 - e)) >> 16) * 0x00010001u;
-            const u32 inv2 = (__float_as_uint(pow2i(126 - e)) >> 16) * 0x00010001u;
+            const u32 s1 = (__float_as_uint(pow2i(128 - e)) >> 16) * 0x00010001u;
+            const u32 s2 = (__float_as_uint(pow2i(127 - e)) >> 16) * 0x00010001u;
+            const u32 s4 = (__float_as_uint(pow2i(126 - e)) >> 16) * 0x00010001u;
 #pragma unroll
             for (int w = 0; w < 2; w++) {
                 u32 Y[4];
 #pragma unroll
-                for (int j = 0; j < 4; j++) Y[j] = e2m1x2_mag(M[g][w][j], inv, inv2);
+                for (int j = 0; j < 4; j++) Y[j] = e2m1x2_mag(M[g][w][j], s1, s2, s4);
                 *reinterpret_cast<u32*>(dst + 32 * g + 8 * q + 4 * w) = mxfp4_word(P[g][w], Y);
             }
             if ((q & 1) == 0) dst[INDEXER_DIM / 2 + 2 * g + q / 2] = (u8)e;
