@@ -250,6 +250,10 @@ const (
 	// lanes with its MXFP4 tail on bf16x2 pairs and the next unit's loads
 	// in flight under the current one's arithmetic.
 	IndexerQueryStream
+	// IndexerQueryLane: indexer_query_lane, one lane a row (the whole
+	// Hadamard in the lane), 32 rows of a token a warp through shared
+	// memory, the stream kernel's MXFP4 tail.
+	IndexerQueryLane
 )
 
 // IndexerQueryAt is the query kernel of a launch of rows token rows under k

@@ -79,19 +79,21 @@ enum {
 
 // The lightning indexer (mla.Indexer*, numerics.MXFP4*; attention/mla/cuda: IndexerQuery, CompressStep).
 enum {
-    INDEXER_HEADS    = 64,         // index_n_heads
-    INDEXER_DIM      = 128,        // index_head_dim: 64 nope, then 64 rope
-    MXFP4_BLOCK      = 32,         // values per MXFP4 scale byte
-    MXFP4_ROW_BYTES  = 68,         // one 128-value row: 64 nibble bytes, then 4 scale bytes
-    MXFP4_FLOOR_BITS = 29360128,   // float32 bits of the amax floor 6*2^-126
-    MXFP4_INV6_BITS  = 1042983595, // float32 bits of fl32(1/6)
-    F32_NAN_BITS     = 2147483647, // the float32 NaN a float32 output holds (the fp8 query's head weights)
-    ENTRY_KV         = 0,          // mla.CompressEntry: the main compressor
-    ENTRY_INDEXER    = 1,          // mla.CompressEntry: the indexer's compressor
-    IQ_WARPS         = 8,          // warps of an indexer_query block
-    IQ_ROWS          = 4,          // (token, head) rows of one token an indexer_query warp carries at once
-    IQ_WIDE_ROWS     = 8,          // (token, head) rows of one token an indexer_query_wide warp carries, four lanes a row
-    IKEY_THREADS     = 128,        // threads of an indexer_step block, one per channel
+    INDEXER_HEADS     = 64,         // index_n_heads
+    INDEXER_DIM       = 128,        // index_head_dim: 64 nope, then 64 rope
+    MXFP4_BLOCK       = 32,         // values per MXFP4 scale byte
+    MXFP4_ROW_BYTES   = 68,         // one 128-value row: 64 nibble bytes, then 4 scale bytes
+    MXFP4_FLOOR_BITS  = 29360128,   // float32 bits of the amax floor 6*2^-126
+    MXFP4_INV6_BITS   = 1042983595, // float32 bits of fl32(1/6)
+    F32_NAN_BITS      = 2147483647, // the float32 NaN a float32 output holds (the fp8 query's head weights)
+    ENTRY_KV          = 0,          // mla.CompressEntry: the main compressor
+    ENTRY_INDEXER     = 1,          // mla.CompressEntry: the indexer's compressor
+    IQ_WARPS          = 8,          // warps of an indexer_query block
+    IQ_ROWS           = 4,          // (token, head) rows of one token an indexer_query warp carries at once
+    IQ_WIDE_ROWS      = 8,          // (token, head) rows of one token an indexer_query_wide warp carries, four lanes a row
+    IQL_WARPS         = 2,          // warps of an indexer_query_lane block, one lane a row
+    IQL_BLOCKS_PER_SM = 6,          // indexer_query_lane's __launch_bounds__ minimum of blocks a multiprocessor
+    IKEY_THREADS      = 128,        // threads of an indexer_step block, one per channel
 };
 
 // Streaming pipeline shared memory (StreamingSharedBytes).
@@ -405,5 +407,6 @@ static_assert(sizeof(IndexerQueryParams) == 24, "IndexerQueryParams differs from
 //   indexer_query_lean
 //   indexer_query_wide
 //   indexer_query_stream
+//   indexer_query_lane
 
 #endif // DSV4_PROLOGUE_ABI_H

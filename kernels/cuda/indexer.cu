@@ -1099,3 +1099,186 @@ extern "C" __global__ void __launch_bounds__(32 * IQ_WARPS)
         }
     }
 }
+
+// indexer_query_lane: the same bytes as indexer_query_wide, one lane a
+// (token, head) row: a warp owns 32 rows of one token (unit u: token u/2,
+// heads 32(u%2) ..), so that the whole Hadamard is in the lane (no
+// shuffle), each block's maximum too, and the MXFP4 tail is the stream
+// kernel's on bf16x2 pairs. The rows come through shared memory: the
+// unit's 8 KB and its token's RoPE row by cp.async (16-byte pieces, each
+// warp access 512 contiguous bytes), two buffers a warp, the next unit's
+// copies in flight under the current one's arithmetic; the lane reads its
+// row at a stride of 272 bytes (conflict-free 16-byte reads). The outputs
+// go back through the same buffer, the lane's row at a stride of its row
+// bytes, then out in 16-byte pieces (the warp's rows are contiguous in
+// the query buffer, 2176 or 4096 bytes) and the head weights one a lane.
+// The host launches at most IQL_BLOCKS_PER_SM blocks a multiprocessor
+// (one wave); a warp loops over units.
+static_assert(INDEXER_HEADS == 64 && ROPE_DIM == 64, "two units a token, the RoPE row's 32 (cos, sin) pairs");
+extern "C" __global__ void __launch_bounds__(32 * IQL_WARPS, IQL_BLOCKS_PER_SM)
+    indexer_query_lane(const Params p0, const IndexerQueryParams args) {
+    constexpr int RS = INDEXER_DIM * 2 + 16;     // a row in shared memory, padded
+    constexpr int BUF = 32 * RS + ROPE_DIM * 4;  // 32 rows and the RoPE row
+    __shared__ __align__(16) u8 smem[IQL_WARPS][2][BUF];
+    void* w_out = args.w_out;
+    const int w_stride = args.w_stride, fp8 = args.fp8;
+    const float hscale = args.hscale, wscale = args.wscale;
+    const int lane = threadIdx.x % 32, wib = threadIdx.x / 32;
+    const int warps = gridDim.x * IQL_WARPS;
+    const Params p = with_header(p0);
+    const int units = p.rows * 2;
+    auto res = [&](int u, int& pos) {
+        int b;
+        return resolve(p, u / 2, b, pos);
+    };
+    int unit = blockIdx.x * IQL_WARPS + wib;
+    int pos = 0;
+    bool ok = unit < units && res(unit, pos);
+    pdl_wait();
+    pdl_trigger();
+    const float* weight = p.weight;
+    const int row_bytes = fp8 ? INDEXER_DIM : MXFP4_ROW_BYTES;
+    const u32 base = smem_u32(&smem[wib][0][0]);
+    auto issue = [&](int u, bool uok, int upos, int d) {
+        if (uok) {
+            const u8* src = p.in + (size_t)(p.row_begin + u / 2) * p.in_stride + (size_t)(u & 1) * 32 * INDEXER_DIM * 2;
+            const u32 dst = base + d * BUF;
+#pragma unroll
+            for (int k = 0; k < 16; k++) {
+                const int c = lane + 32 * k;  // piece c % 16 of row c / 16
+                cp16(dst + (c >> 4) * RS + (c & 15) * 16, src + 16 * c);
+            }
+            if (lane < ROPE_DIM / 4) cp16(dst + 32 * RS + 16 * lane, p.rope + (size_t)upos * ROPE_DIM + 4 * lane);
+        }
+        cp_commit();
+    };
+    issue(unit, ok, pos, 0);
+    int d = 0;
+    for (; unit < units; unit += warps) {
+        const int next = unit + warps;
+        int npos = 0;
+        const bool nok = next < units && res(next, npos);
+        issue(next, nok, npos, d ^ 1);
+        const int t = p.row_begin + unit / 2, h = (unit & 1) * 32 + lane;
+        const size_t row = (size_t)t * INDEXER_HEADS + h;
+        const float wv = ok ? ld_dep_f32(weight + (size_t)t * w_stride + h) : 0.f;
+        cp_wait<1>();
+        __syncwarp();
+        u8* buf = &smem[wib][d][0];
+        u32* so = reinterpret_cast<u32*>(buf + lane * row_bytes);  // the lane's output row, once every row is read
+        if (!ok) {
+            __syncwarp();
+            for (int i = 0; i < row_bytes / 4; i++) so[i] = 0u;
+            if (fp8) static_cast<float*>(w_out)[row] = 0.f;
+            else static_cast<u16*>(w_out)[row] = 0;
+        } else {
+            float v[128];
+            const u8* rb = buf + lane * RS;
+#pragma unroll
+            for (int k = 0; k < 16; k++) {
+                const uint4 x = *reinterpret_cast<const uint4*>(rb + 16 * k);
+                const u32 w4[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    v[8 * k + 2 * i] = bf16_to_f32(w4[i] & 0xffffu);
+                    v[8 * k + 2 * i + 1] = bf16_to_f32(w4[i] >> 16);
+                }
+            }
+            // indexer_rope's pairs: value pair 64 + 2m with the RoPE row's
+            // columns 2m (cos) and 2m + 1 (sin), read by every lane at once.
+            const float* rs = reinterpret_cast<const float*>(buf + 32 * RS);
+#pragma unroll
+            for (int m = 0; m < 32; m += 2) {
+                const float4 c = *reinterpret_cast<const float4*>(rs + 2 * m);
+                rope_pair(v[64 + 2 * m], v[65 + 2 * m], c.x, c.y);
+                rope_pair(v[66 + 2 * m], v[67 + 2 * m], c.z, c.w);
+            }
+            __syncwarp();  // every row read: the buffer takes the outputs
+            // The Hadamard's stages h = 1, 2, .., 64 in the contract's
+            // order, the lower value of each pair keeping fl(a + b).
+#pragma unroll
+            for (int st = 1; st < 128; st <<= 1) {
+#pragma unroll
+                for (int i = 0; i < 128; i++) {
+                    if ((i & st) == 0) {
+                        const float a = v[i], b = v[i + st];
+                        v[i] = __fadd_rn(a, b);
+                        v[i + st] = __fsub_rn(a, b);
+                    }
+                }
+            }
+            if (fp8) {
+#pragma unroll
+                for (int i = 0; i < 128; i += 2) {
+                    v[i] = __fmul_rn(v[i], hscale);
+                    v[i + 1] = __fmul_rn(v[i + 1], hscale);
+                    round2(v[i], v[i + 1]);
+                }
+                float ar = 0.f;
+#pragma unroll
+                for (int i = 0; i < 128; i++) ar = fmaxf(ar, fabsf(v[i]));
+                const int e = ue8m0_exp(ar);
+                const float inv = pow2i(127 - e);
+#pragma unroll
+                for (int k = 0; k < 32; k++) {
+                    const float* x = v + 4 * k;
+                    const u32 lo = e4m3x2(__fmul_rn(x[1], inv), __fmul_rn(x[0], inv));
+                    const u32 hi = e4m3x2(__fmul_rn(x[3], inv), __fmul_rn(x[2], inv));
+                    so[k] = (lo & 0xffffu) | (hi << 16);
+                }
+                const float ws = __fmul_rn(__uint_as_float(bf16x2_rn(wv, 0.f) << 16), wscale);
+                const float wf = __fmul_rn(ws, pow2i(e - 127));
+                static_cast<float*>(w_out)[row] = wf != wf ? __uint_as_float((u32)F32_NAN_BITS) : wf;
+            } else {
+                u32 scales = 0u;
+#pragma unroll
+                for (int blk = 0; blk < 4; blk++) {
+                    // P[4w + j]: values 32blk + 8w + j and + 4, scaled and
+                    // rounded to bf16 as a pair; M their magnitudes.
+                    u32 P[16], M[16];
+#pragma unroll
+                    for (int w = 0; w < 4; w++)
+#pragma unroll
+                        for (int j = 0; j < 4; j++) {
+                            const int i = 32 * blk + 8 * w + j;
+                            P[4 * w + j] = bf16x2_rn(__fmul_rn(v[i], hscale), __fmul_rn(v[i + 4], hscale));
+                            M[4 * w + j] = P[4 * w + j] & 0x7fff7fffu;
+                        }
+                    u32 mx[4] = {M[0], M[1], M[2], M[3]};
+#pragma unroll
+                    for (int k = 4; k < 16; k++) mx[k & 3] = bf2_max(mx[k & 3], M[k]);
+                    const u32 m2 = bf2_max(bf2_max(mx[0], mx[1]), bf2_max(mx[2], mx[3]));
+                    // NaN ignored (a NaN only if all are: the floor then, as fmaxf from 0).
+                    const float a = fmaxf(__uint_as_float(m2 << 16), __uint_as_float(m2 & 0xffff0000u));
+                    const float am = fmaxf(a, __uint_as_float((u32)MXFP4_FLOOR_BITS));
+                    const u32 tb = __float_as_uint(__fmul_rn(am, __uint_as_float((u32)MXFP4_INV6_BITS)));
+                    const int e = min((int)((tb >> 23) & 0xffu) + ((tb & 0x7fffffu) != 0u ? 1 : 0), 254);
+                    const u32 s1 = (__float_as_uint(pow2i(128 - e)) >> 16) * 0x00010001u;
+                    const u32 s2 = (__float_as_uint(pow2i(127 - e)) >> 16) * 0x00010001u;
+                    const u32 s4 = (__float_as_uint(pow2i(126 - e)) >> 16) * 0x00010001u;
+#pragma unroll
+                    for (int w = 0; w < 4; w++) {
+                        const u32 Pw[4] = {P[4 * w], P[4 * w + 1], P[4 * w + 2], P[4 * w + 3]};
+                        u32 Y[4];
+#pragma unroll
+                        for (int j = 0; j < 4; j++) Y[j] = e2m1x2_mag(M[4 * w + j], s1, s2, s4);
+                        so[4 * blk + w] = mxfp4_word(Pw, Y);
+                    }
+                    scales |= (u32)e << (8 * blk);
+                }
+                so[16] = scales;
+                const u32 wr = bf16x2_rn(wv, 0.f) << 16;
+                static_cast<u16*>(w_out)[row] = (u16)(bf16x2_rn(__fmul_rn(__uint_as_float(wr), wscale), 0.f) & 0xffffu);
+            }
+        }
+        __syncwarp();
+        // The warp's 32 rows out, 16 bytes a lane at a time.
+        u8* dst = p.out + ((size_t)t * INDEXER_HEADS + (unit & 1) * 32) * row_bytes;
+        const int chunks = 2 * row_bytes;  // 32 rows * row_bytes / 16
+        for (int c = lane; c < chunks; c += 32) st_u4(dst + 16 * c, *reinterpret_cast<const uint4*>(buf + 16 * c));
+        __syncwarp();  // the buffer is the one after next's
+        ok = nok;
+        pos = npos;
+        d ^= 1;
+    }
+}

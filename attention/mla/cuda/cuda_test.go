@@ -192,6 +192,8 @@ func TestCUDAIndexerKernels(t *testing.T) {
 		{"query=wide,maxblocks=2", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryWide, MaxBlocks: 2}},
 		{"query=stream", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryStream, IndexerQueryWideMinRows: -1}},
 		{"query=stream,maxblocks=2", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryStream, IndexerQueryWideMinRows: -1, MaxBlocks: 2}},
+		{"query=lane", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryLane, IndexerQueryWideMinRows: -1}},
+		{"query=lane,maxblocks=2", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryLane, IndexerQueryWideMinRows: -1, MaxBlocks: 2}},
 	} {
 		t.Run(v.name, func(t *testing.T) {
 			b, err := cuda.NewTuned(cuda.Options{}, v.k)

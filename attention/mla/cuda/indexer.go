@@ -13,10 +13,11 @@ import (
 // IndexerQuery implements mla.IndexerQuerier: the kernel of
 // kernels/cuda/indexer.cu that Knobs.IndexerQueryAt names for the launch's
 // rows (in the compressor's module; indexer_query, indexer_query_early,
-// indexer_query_lean, indexer_query_wide or indexer_query_stream, all the
-// same bytes) on the backend's
+// indexer_query_lean, indexer_query_wide, indexer_query_stream or
+// indexer_query_lane, all the same bytes) on the backend's
 // current stream, one warp per abi.IndexerQueryRows (token, head) rows
-// (abi.IndexerQueryWideRows for the wide and stream kernels) in a's Format, with the
+// (abi.IndexerQueryWideRows for the wide and stream kernels, 32 for the
+// lane kernel) in a's Format, with the
 // Q prologue's Params (kernels/cuda/abi) for the token's position and its
 // own IndexerQueryParams (the head weights, the format): the grid depends on
 // the launch's Rows only, so a CUDA graph replays it for any batch of its
@@ -52,6 +53,18 @@ func (b *Backend) IndexerQuery(ctx context.Context, l mla.Launch, a *mla.Indexer
 		fn, rowsWarp = b.comp.iqwide, abi.IndexerQueryWideRows
 	case cudatune.IndexerQueryStream:
 		fn, rowsWarp = b.comp.iqstrm, abi.IndexerQueryWideRows
+	case cudatune.IndexerQueryLane:
+		// 32 rows a warp; one wave of the blocks its launch bounds promise
+		// a multiprocessor, each warp looping over units (MaxBlocks
+		// overrides).
+		units := l.Rows * (mla.IndexerHeads / 32)
+		limit := b.ctx.Props().SMCount * abi.IndexerQueryLaneBlocksPerSM
+		if b.knobs.MaxBlocks > 0 {
+			limit = b.knobs.MaxBlocks
+		}
+		blocks := min((units+abi.IndexerQueryLaneWarps-1)/abi.IndexerQueryLaneWarps, limit)
+		return b.launchShared(b.comp.iqlane, driver.Dim3{uint32(max(blocks, 1)), 1, 1}, driver.Dim3{32 * abi.IndexerQueryLaneWarps, 1, 1}, 0,
+			driver.Bytes(p), driver.Bytes(iq))
 	}
 	warps := l.Rows * mla.IndexerHeads / rowsWarp
 	blocks := b.chainGrid((warps + abi.IndexerQueryWarps - 1) / abi.IndexerQueryWarps)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 
@@ -46,7 +47,12 @@ func BenchmarkCUDAIndexer(bm *testing.B) {
 		// The stream kernel on fewer blocks (MaxBlocks: 4 and 2 a multiprocessor
 		// of the H200's 132), each warp looping over more units.
 		{"stream-g4", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryStream, IndexerQueryWideMinRows: -1, MaxBlocks: 528}},
-		{"stream-g2", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryStream, IndexerQueryWideMinRows: -1, MaxBlocks: 264}}}
+		{"stream-g2", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryStream, IndexerQueryWideMinRows: -1, MaxBlocks: 264}},
+		{"lane", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryLane, IndexerQueryWideMinRows: -1}},
+		// The lane kernel on 3 and 12 blocks a multiprocessor (its own
+		// grid is 6, one wave: fewer, or the waves the driver places).
+		{"lane-g3", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryLane, IndexerQueryWideMinRows: -1, MaxBlocks: 396}},
+		{"lane-g12", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryLane, IndexerQueryWideMinRows: -1, MaxBlocks: 1584}}}
 	keyKernels := []kernels{{"split", cudatune.Knobs{IndexerKeys: cudatune.IndexerKeysSplit}},
 		{"fused", cudatune.Knobs{IndexerKeys: cudatune.IndexerKeysFused}}}
 	backends := map[string]*cuda.Backend{}
@@ -56,6 +62,18 @@ func BenchmarkCUDAIndexer(bm *testing.B) {
 		defer b.Close()
 		require.NoError(bm, b.LoadCompressor())
 		backends[v.name] = b
+	}
+	// ptxas's report of the query kernels (registers, spills).
+	if vb, err := cuda.NewTuned(cuda.Options{}, cudatune.Knobs{Verbose: true}); err == nil {
+		if err := vb.LoadCompressor(); err == nil {
+			lines := strings.Split(vb.CompileLog(), "\n")
+			for i, l := range lines {
+				if strings.Contains(l, "Function properties for indexer_query") && i+2 < len(lines) {
+					bm.Logf("ptxas: %s | %s | %s", strings.TrimSpace(l), strings.TrimSpace(lines[i+1]), strings.TrimSpace(lines[i+2]))
+				}
+			}
+		}
+		_ = vb.Close()
 	}
 	copyRate := measureCopyRate(bm, backends["late"])
 	bm.Logf("device-to-device copy: %.0f GB/s", copyRate/1e9)

@@ -126,6 +126,16 @@ const (
 	IndexerQueryWideRows = 8
 )
 
+// IndexerQueryLaneWarps is the warps of an indexer_query_lane block (one
+// lane a (token, head) row, 32 rows of one token a warp, each warp its
+// own two shared-memory buffers); IndexerQueryLaneBlocksPerSM the blocks a
+// multiprocessor its __launch_bounds__ promises (registers for the row's
+// 128 values a lane, and the grid the host launches: one wave).
+const (
+	IndexerQueryLaneWarps       = 2
+	IndexerQueryLaneBlocksPerSM = 6
+)
+
 // IndexerStepThreads is an indexer_step block (the indexer compressor's
 // step in one kernel): one thread per channel of the indexer's pooled row
 // (mla.IndexerDim), one entry a block at a time.
@@ -135,7 +145,7 @@ const IndexerStepThreads = 128
 // compressor's module (compress.cu and indexer.cu, kernels/cuda.CompressSource).
 var CompressKernels = []string{"compress_entries", "compress_step", "compress_step_finish", "indexer_step_finish", "indexer_step",
 	"indexer_query", "indexer_query_early", "indexer_query_lean", "indexer_query_wide",
-	"indexer_query_stream"}
+	"indexer_query_stream", "indexer_query_lane"}
 
 // CompressStepTilesDim is the blocks (channel tiles) of one entry of a
 // ratio whose pooled rows have dim channels (512, or 128 for the indexer).
@@ -241,6 +251,8 @@ func Constants() []ConstGroup {
 			{"IQ_WARPS", IndexerQueryWarps, "warps of an indexer_query block"},
 			{"IQ_ROWS", IndexerQueryRows, "(token, head) rows of one token an indexer_query warp carries at once"},
 			{"IQ_WIDE_ROWS", IndexerQueryWideRows, "(token, head) rows of one token an indexer_query_wide warp carries, four lanes a row"},
+			{"IQL_WARPS", IndexerQueryLaneWarps, "warps of an indexer_query_lane block, one lane a row"},
+			{"IQL_BLOCKS_PER_SM", IndexerQueryLaneBlocksPerSM, "indexer_query_lane's __launch_bounds__ minimum of blocks a multiprocessor"},
 			{"IKEY_THREADS", IndexerStepThreads, "threads of an indexer_step block, one per channel"},
 		}},
 		{"Streaming pipeline shared memory (StreamingSharedBytes).", []Const{
