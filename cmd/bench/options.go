@@ -19,8 +19,9 @@ import (
 // direct path: its largest launch in Q rows with FP8 Q and with bf16 Q, its smallest, warps a block, the
 // largest launch in Q rows with whole blocks (larger: half), Q rows a warp,
 // __launch_bounds__ minimum of blocks a multiprocessor, and off), ikeys=N iquery=N (the indexer's kernels:
-// cudatune.IndexerKeys 1 split, 2 fused; cudatune.IndexerQuery 1 late, 2 early, 3 lean, 4 wide; iwide=N:
-// the wide query kernel from N token rows on; istream=N: cudatune.IndexerStream 1 main, 2 the third
+// cudatune.IndexerKeys 1 split, 2 fused; cudatune.IndexerQuery 1 late, 2 early, 3 lean, 4 wide, 5 stream,
+// 6 lane; iwide=N: the wide query kernel from N token rows on; ilane=N: the lane query kernel from N token
+// rows on (before iwide's rule); istream=N: cudatune.IndexerStream 1 main, 2 the third
 // stream), tkscore=N (the top-k score kernel: cudatune.TopKScore 1 mma4q, 2 mma4t, 3 mma4u, 4 mma4v,
 // 5 mma4w; tknarrow=N: its select in 256-thread blocks from N rows on), ltsplitk=N (cuBLASLt's split-K
 // reductions: cudatune.CuBLASLtSplitK 1 any, 2 through the workspace, 3 none), nopdl
@@ -45,6 +46,7 @@ type variant struct {
 	TopKScore               int
 	IndexerQueryWideMinRows int
 	TopKSelectNarrowMinRows int
+	IndexerQueryLaneMinRows int
 	IndexerStream           int
 	CuBLASLtSplitK          int
 	NoDirect                bool
@@ -95,6 +97,8 @@ func (v *variant) field(key string) (*int, *bool) {
 		return &v.IndexerQueryWideMinRows, nil
 	case "tknarrow":
 		return &v.TopKSelectNarrowMinRows, nil
+	case "ilane":
+		return &v.IndexerQueryLaneMinRows, nil
 	case "istream":
 		return &v.IndexerStream, nil
 	case "ltsplitk":
@@ -151,7 +155,7 @@ func parseVariant(text string) (variant, error) {
 			*sw = true
 			continue
 		}
-		return variant{}, fmt.Errorf("variant %q: unknown option %q (known: warps=N kvd=N qd=N qchunk=N bpsm=N maxblocks=N direct=N directbf16=N dmin=N dwarps=N dhalf=N qrows=N dminb=N ikeys=N iquery=N iwide=N istream=N tkscore=N tknarrow=N nodirect nopdl separate wgmma nowgmma wgcluster=N wgmc=N)", text, key)
+		return variant{}, fmt.Errorf("variant %q: unknown option %q (known: warps=N kvd=N qd=N qchunk=N bpsm=N maxblocks=N direct=N directbf16=N dmin=N dwarps=N dhalf=N qrows=N dminb=N ikeys=N iquery=N iwide=N ilane=N istream=N tkscore=N tknarrow=N ltsplitk=N nodirect nopdl separate wgmma nowgmma wgcluster=N wgmc=N)", text, key)
 	}
 	return v, nil
 }
@@ -205,6 +209,7 @@ func (v variant) options(verbose bool) (cuda.Options, cudatune.Knobs) {
 		CuBLASLtSplitK:          cudatune.CuBLASLtSplitK(v.CuBLASLtSplitK),
 		IndexerQueryWideMinRows: v.IndexerQueryWideMinRows,
 		TopKSelectNarrowMinRows: v.TopKSelectNarrowMinRows,
+		IndexerQueryLaneMinRows: v.IndexerQueryLaneMinRows,
 		TopKScore:               cudatune.TopKScore(v.TopKScore),
 		SeparateLaunches:        v.SeparateLaunches,
 		Verbose:                 verbose,

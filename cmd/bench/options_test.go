@@ -78,12 +78,13 @@ func TestParseVariants(t *testing.T) {
 
 func TestVariantOptions(t *testing.T) {
 	v := variant{Warps: 3, KVDepth: 5, QDepth: 7, QChunk: 4, BlocksPerSM: 2, MaxBlocks: 11, DirectMaxRows: 99, DirectMaxRowsBF16: 98, DirectWarps: 2,
-		DirectHalfBlockRows: 17, DirectQRows: 3, DirectMinBlocks: 6, IndexerKeys: 2, IndexerQuery: 1, IndexerStream: 2, TopKScore: 3, NoPDL: true, SeparateLaunches: true}
+		DirectHalfBlockRows: 17, DirectQRows: 3, DirectMinBlocks: 6, IndexerKeys: 2, IndexerQuery: 1, IndexerStream: 2, IndexerQueryWideMinRows: 64, IndexerQueryLaneMinRows: 1024, TopKScore: 3, NoPDL: true, SeparateLaunches: true}
 	opts, knobs := v.options(true)
 	assert.Equal(t, cuda.Options{NoPDL: true}, opts)
 	assert.Equal(t, cudatune.Knobs{Warps: 3, KVDepth: 5, QDepth: 7, QChunk: 4, BlocksPerSM: 2, MaxBlocks: 11,
 		DirectMaxRows: 99, DirectMaxRowsBF16: 98, DirectWarps: 2, DirectHalfBlockRows: 17, DirectQRows: 3, DirectMinBlocks: 6,
 		IndexerKeys: cudatune.IndexerKeysFused, IndexerQuery: cudatune.IndexerQueryLate, IndexerStream: cudatune.IndexerStreamAux, TopKScore: cudatune.TopKScoreMMA4U,
+		IndexerQueryWideMinRows: 64, IndexerQueryLaneMinRows: 1024,
 		SeparateLaunches: true, Verbose: true}, knobs)
 	_, knobs = variant{DirectMaxRows: 99, DirectMaxRowsBF16: 98, NoDirect: true}.options(false)
 	assert.Equal(t, -1, knobs.DirectMaxRows, "nodirect turns the direct path off")

@@ -348,6 +348,8 @@ var SM90 = Arch{
 		// against 40.7-40.8 us, prefill 4K (4096 rows) 28.8-29.0 against
 		// 92.0-93.2 (bench/results/2026-12-02-h200-i/topkp/call2).
 		TopKSelectNarrowMinRows: 1024,
+		// indexer_query_lane from a row count on: not yet measured.
+		IndexerQueryLaneMinRows: -1,
 	},
 }
 

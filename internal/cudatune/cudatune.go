@@ -96,6 +96,11 @@ type Knobs struct {
 	// rows runs indexer_query_wide whatever IndexerQuery names (0:
 	// SM90.Knobs.IndexerQueryWideMinRows; negative: never; IndexerQueryAt).
 	IndexerQueryWideMinRows int
+	// IndexerQueryLaneMinRows: a query launch of at least this many token
+	// rows runs indexer_query_lane whatever IndexerQuery and
+	// IndexerQueryWideMinRows say (0: SM90.Knobs.IndexerQueryLaneMinRows;
+	// negative: never; IndexerQueryAt).
+	IndexerQueryLaneMinRows int
 	// IndexerStream says where a ratio-4 layer's indexer query path (its
 	// wq_b GEMM and query step) runs (mla.AuxRunner; 0:
 	// SM90.Knobs.IndexerStream).
@@ -158,6 +163,7 @@ func (k Knobs) Defaults() Knobs {
 	threshold(&k.DirectMaxRowsBF16, d.DirectMaxRowsBF16)
 	threshold(&k.IndexerQueryWideMinRows, d.IndexerQueryWideMinRows)
 	threshold(&k.TopKSelectNarrowMinRows, d.TopKSelectNarrowMinRows)
+	threshold(&k.IndexerQueryLaneMinRows, d.IndexerQueryLaneMinRows)
 	if k.IndexerKeys == 0 {
 		k.IndexerKeys = d.IndexerKeys
 	}
@@ -257,9 +263,13 @@ const (
 )
 
 // IndexerQueryAt is the query kernel of a launch of rows token rows under k
-// (with its defaults applied): IndexerQueryWide from
+// (with its defaults applied): IndexerQueryLane from
+// IndexerQueryLaneMinRows rows on, else IndexerQueryWide from
 // IndexerQueryWideMinRows rows on, IndexerQuery below.
 func (k Knobs) IndexerQueryAt(rows int) IndexerQuery {
+	if k.IndexerQueryLaneMinRows > 0 && rows >= k.IndexerQueryLaneMinRows {
+		return IndexerQueryLane
+	}
 	if k.IndexerQueryWideMinRows > 0 && rows >= k.IndexerQueryWideMinRows {
 		return IndexerQueryWide
 	}

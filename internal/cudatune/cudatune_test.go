@@ -11,12 +11,12 @@ func TestDefaults(t *testing.T) {
 	// The H200's shapes, as they were before they moved into SM90.
 	h200 := Knobs{Warps: 8, KVDepth: 4, QDepth: 4, QChunk: 8, BlocksPerSM: 2,
 		DirectMaxRows: 1 << 19, DirectMaxRowsBF16: math.MaxInt32, DirectMinRows: 1, DirectWarps: 4, DirectHalfBlockRows: 8192, DirectQRows: 2, DirectMinBlocks: 1,
-		BF16MMAMaxRows: -1, BF16MMADepth: 2, BF16MMAReduce: 1, BF16MMAWarpRows: 16, IndexerKeys: IndexerKeysFused, IndexerQuery: IndexerQueryLean, IndexerQueryWideMinRows: 128, IndexerStream: IndexerStreamAux, TopKScore: TopKScoreMMA4U, CuBLASLtSplitK: CuBLASLtSplitKAny,
+		BF16MMAMaxRows: -1, BF16MMADepth: 2, BF16MMAReduce: 1, BF16MMAWarpRows: 16, IndexerKeys: IndexerKeysFused, IndexerQuery: IndexerQueryLean, IndexerQueryWideMinRows: 128, IndexerQueryLaneMinRows: -1, IndexerStream: IndexerStreamAux, TopKScore: TopKScoreMMA4U, CuBLASLtSplitK: CuBLASLtSplitKAny,
 		TopKSelectNarrowMinRows: 1024}
 	require.Equal(t, h200, Knobs{}.Defaults())
 	require.Equal(t, h200, SM90.Knobs)
 	set := Knobs{Warps: 3, KVDepth: 1, QDepth: 5, QChunk: 3, BlocksPerSM: 2, MaxBlocks: 1, DirectMaxRows: 7, DirectMaxRowsBF16: 8, DirectMinRows: 2, DirectWarps: 2, DirectHalfBlockRows: 5,
-		DirectQRows: 3, DirectMinBlocks: 6, BF16MMAMaxRows: 9, BF16MMADepth: 8, BF16MMABlocksPerSM: 3, BF16MMAReduce: 2, BF16MMAWarpRows: 32, BF16MMAMaxSplits: 16, IndexerKeys: IndexerKeysSplit, IndexerQuery: IndexerQueryEarly, IndexerQueryWideMinRows: 512, IndexerStream: IndexerStreamMain,
+		DirectQRows: 3, DirectMinBlocks: 6, BF16MMAMaxRows: 9, BF16MMADepth: 8, BF16MMABlocksPerSM: 3, BF16MMAReduce: 2, BF16MMAWarpRows: 32, BF16MMAMaxSplits: 16, IndexerKeys: IndexerKeysSplit, IndexerQuery: IndexerQueryEarly, IndexerQueryWideMinRows: 512, IndexerQueryLaneMinRows: 2048, IndexerStream: IndexerStreamMain,
 		TopKScore: TopKScoreMMA4T, TopKSelectNarrowMinRows: 300, CuBLASLtSplitK: CuBLASLtSplitKNone, WGMMAClusterSplits: 4, WGMMAMulticast: 2, SeparateLaunches: true, Verbose: true}
 	require.Equal(t, set, set.Defaults(), "set fields stay")
 	require.Equal(t, 8, Knobs{Warps: -1}.Defaults().Warps)
@@ -179,6 +179,11 @@ func TestIndexerQueryAt(t *testing.T) {
 		{"below the threshold", Knobs{IndexerQuery: IndexerQueryLean, IndexerQueryWideMinRows: 512}, 511, IndexerQueryLean},
 		{"at the threshold", Knobs{IndexerQuery: IndexerQueryLean, IndexerQueryWideMinRows: 512}, 512, IndexerQueryWide},
 		{"negative: never", Knobs{IndexerQuery: IndexerQueryLate, IndexerQueryWideMinRows: -7}, 1 << 20, IndexerQueryLate},
+		{"stream everywhere", Knobs{IndexerQuery: IndexerQueryStream, IndexerQueryWideMinRows: -1}, 1 << 14, IndexerQueryStream},
+		{"below the lane threshold", Knobs{IndexerQueryLaneMinRows: 1024}, 1023, IndexerQueryWide},
+		{"lane from its threshold", Knobs{IndexerQueryLaneMinRows: 1024}, 1024, IndexerQueryLane},
+		{"lane before the wide rule", Knobs{IndexerQueryWideMinRows: 512, IndexerQueryLaneMinRows: 512}, 4096, IndexerQueryLane},
+		{"lane negative: never", Knobs{IndexerQueryLaneMinRows: -3}, 1 << 20, IndexerQueryWide},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			require.Equal(t, c.wantQ, c.k.Defaults().IndexerQueryAt(c.rows))

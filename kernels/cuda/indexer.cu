@@ -853,6 +853,13 @@ __device__ __forceinline__ u32 bf2_fma(u32 a, u32 b, u32 c) {
     asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
     return d;
 }
+// |a| of both halves (the sign bits cleared, a NaN's too), where ptxas
+// may fold it into the consumer's operand.
+__device__ __forceinline__ u32 bf2_abs(u32 a) {
+    u32 d;
+    asm("abs.bf16x2 %0, %1;" : "=r"(d) : "r"(a));
+    return d;
+}
 // min and max drop a NaN operand (a NaN only when both are).
 __device__ __forceinline__ u32 bf2_min(u32 a, u32 b) {
     u32 d;
@@ -1067,7 +1074,7 @@ extern "C" __global__ void __launch_bounds__(32 * IQ_WARPS)
                 for (int j = 0; j < 4; j++) {
                     const int i = 16 * g + 8 * w + j;
                     P[g][w][j] = bf16x2_rn(__fmul_rn(v[i], hscale), __fmul_rn(v[i + 4], hscale));
-                    M[g][w][j] = P[g][w][j] & 0x7fff7fffu;
+                    M[g][w][j] = bf2_abs(P[g][w][j]);
                 }
 #pragma unroll
         for (int g = 0; g < 2; g++) {
@@ -1242,7 +1249,7 @@ extern "C" __global__ void __launch_bounds__(32 * IQL_WARPS, IQL_BLOCKS_PER_SM)
                         for (int j = 0; j < 4; j++) {
                             const int i = 32 * blk + 8 * w + j;
                             P[4 * w + j] = bf16x2_rn(__fmul_rn(v[i], hscale), __fmul_rn(v[i + 4], hscale));
-                            M[4 * w + j] = P[4 * w + j] & 0x7fff7fffu;
+                            M[4 * w + j] = bf2_abs(P[4 * w + j]);
                         }
                     u32 mx[4] = {M[0], M[1], M[2], M[3]};
 #pragma unroll
