@@ -29,6 +29,7 @@ func TestNewTunedRefusesShapes(t *testing.T) {
 		{"direct occupancy", cudatune.Knobs{DirectWarps: 8, DirectMinBlocks: 9}, "Knobs.DirectMinBlocks = 9"},
 		{"bf16 MMA depth", cudatune.Knobs{BF16MMADepth: 3}, "Knobs.BF16MMADepth = 3"},
 		{"top-k score kernel", cudatune.Knobs{TopKScore: 6}, "Knobs.TopKScore = 6"},
+		{"indexer query kernel", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryLane + 1}, "Knobs.IndexerQuery = 7"},
 		{"bf16 MMA reduce", cudatune.Knobs{BF16MMAReduce: 3}, "Knobs.BF16MMAReduce = 3"},
 		{"indexer stream", cudatune.Knobs{IndexerStream: 3}, "Knobs.IndexerStream = 3"},
 		{"cuBLASLt split K", cudatune.Knobs{CuBLASLtSplitK: 4}, "Knobs.CuBLASLtSplitK = 4"},
@@ -41,6 +42,19 @@ func TestNewTunedRefusesShapes(t *testing.T) {
 			require.Nil(t, b)
 			require.ErrorContains(t, err, c.want)
 		})
+	}
+}
+
+// TestNewTunedAcceptsIndexerQueries: every named query kernel passes the
+// knob checks (without a device NewTuned fails later, opening it).
+func TestNewTunedAcceptsIndexerQueries(t *testing.T) {
+	for q := cudatune.IndexerQueryLate; q <= cudatune.IndexerQueryLane; q++ {
+		b, err := cuda.NewTuned(cuda.Options{}, cudatune.Knobs{IndexerQuery: q, IndexerQueryWideMinRows: -1})
+		if err == nil {
+			require.NoError(t, b.Close())
+			continue
+		}
+		require.NotContains(t, err.Error(), "Knobs.IndexerQuery", "IndexerQuery %d", q)
 	}
 }
 
