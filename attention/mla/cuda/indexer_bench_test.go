@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"strings"
 	"testing"
 	"time"
 
@@ -62,18 +61,6 @@ func BenchmarkCUDAIndexer(bm *testing.B) {
 		defer b.Close()
 		require.NoError(bm, b.LoadCompressor())
 		backends[v.name] = b
-	}
-	// ptxas's report of the query kernels (registers, spills).
-	if vb, err := cuda.NewTuned(cuda.Options{}, cudatune.Knobs{Verbose: true}); err == nil {
-		if err := vb.LoadCompressor(); err == nil {
-			lines := strings.Split(vb.CompileLog(), "\n")
-			for i, l := range lines {
-				if strings.Contains(l, "Function properties for indexer_query") && i+2 < len(lines) {
-					bm.Logf("ptxas: %s | %s | %s", strings.TrimSpace(l), strings.TrimSpace(lines[i+1]), strings.TrimSpace(lines[i+2]))
-				}
-			}
-		}
-		_ = vb.Close()
 	}
 	copyRate := measureCopyRate(bm, backends["late"])
 	bm.Logf("device-to-device copy: %.0f GB/s", copyRate/1e9)
