@@ -20,10 +20,12 @@ import (
 // layer (DESIGN.md section 9) after their GEMMs: the query (RoPE, Hadamard,
 // MXFP4 of 64 heads and the head weights) and the key cache (the indexer
 // compressor's step), at b = 32 MTP 3 (128 rows, decode steps of 4 rows
-// mid-sequence), b = 1 MTP 3 (4 rows) and at 4K and 16K-token prefill,
+// mid-sequence), b = 1 MTP 3 (4 rows) and at 512-token to 16K-token
+// prefill (512, 1K, 2K, 4K, 16K: where the query kernels cross over),
 // each under every kernel choice (cudatune.Knobs.IndexerQuery: late =
 // indexer_query, early = indexer_query_early, lean = indexer_query_lean, wide =
-// indexer_query_wide, stream = indexer_query_stream; IndexerKeys: split =
+// indexer_query_wide, stream = indexer_query_stream, lane =
+// indexer_query_lane, -gN: on N blocks a multiprocessor; IndexerKeys: split =
 // compress_step at width 128 then indexer_step_finish, fused =
 // indexer_step). Each is captured 20 times in one CUDA graph; the best
 // replay of b.N is reported per call, beside its copy floor: the time a
@@ -105,8 +107,12 @@ func BenchmarkCUDAIndexer(bm *testing.B) {
 		return s
 	}
 	shapes := []shape{decode(32), decode(1)}
-	for _, n := range []int{4096, 16384} {
-		shapes = append(shapes, shape{fmt.Sprintf("prefill-%dK", n/1024),
+	for _, n := range []int{512, 1024, 2048, 4096, 16384} {
+		name := fmt.Sprintf("prefill-%dK", n/1024)
+		if n < 1024 {
+			name = fmt.Sprintf("prefill-%d", n)
+		}
+		shapes = append(shapes, shape{name,
 			[]metadata.Request{{Seq: 1, Phase: metadata.Context, NewTokens: n}}, []mlatest.CompressSeqSpec{{Start: 0, Rows: n}}})
 	}
 	for _, s := range shapes {
