@@ -78,7 +78,15 @@
 // from a number of token rows on) selects indexer_query_wide: eight rows a
 // warp, four lanes a row, so that five of the Hadamard's seven stages stay
 // inside a lane and a MXFP4 block maximum needs one shuffle (about 40%
-// fewer instructions a row), the same bytes.
+// fewer instructions a row), the same bytes. IndexerQueryStream selects
+// indexer_query_stream: the wide kernel's lanes with its MXFP4 tail on
+// bf16x2 pairs (e2m1 as the minimum of three fmas into 192, a pair at a
+// time) and the next unit's loads in flight. IndexerQueryLane (or
+// IndexerQueryLaneMinRows) selects indexer_query_lane: one lane a row, 32
+// rows of a token a warp, the rows in through shared memory by cp.async
+// (two buffers a warp) and the outputs out through it in 16-byte pieces,
+// the whole Hadamard and each block maximum inside the lane, the stream
+// kernel's tail; one wave of blocks, each warp looping over units.
 //
 // The backend has a third stream beside the side stream (mla.AuxRunner:
 // Aux, MarkSide, AwaitSide; JoinKV joins it), with its own GEMM workspaces
