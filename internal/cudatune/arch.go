@@ -295,17 +295,26 @@ var SM90 = Arch{
 		// BF16MMAReduce, BF16MMAWarpRows: the separate reduction launch,
 		// 16 W rows a warp, as measured so far.
 		BF16MMAReduce: 1, BF16MMAWarpRows: 16,
-		// The indexer's kernels: indexer_step (the key step in one launch)
-		// and indexer_query_lean, bit-exact with the CPU in every indexer
-		// and compressor-step test and the fastest at every shape measured
-		// (H200, 2026-12-02, bench/results/2026-12-02-h200-g/idxkeys: 20
+		// The indexer's key step: indexer_step (in one launch), bit-exact
+		// with the CPU in every indexer and compressor-step test and the
+		// fastest at every shape measured, as indexer_query_lean was among
+		// the query kernels then (H200, 2026-12-02, bench/results/2026-12-02-h200-g/idxkeys: 20
 		// calls in a graph, best of 20, us a call). Keys, split against
 		// fused: 7.65 / 5.25 at b=32 MTP 3, 7.00 / 4.61 at b=1 MTP 3,
 		// 33.50 / 11.66 at 4K prefill. Query, late / early / lean: 5.52 /
 		// 5.09 / 3.69, 4.28 / 3.80 / 2.34, 97.92 / 102.6 / 78.78. V4-Flash's
 		// ratio-4 layer through the graph: +23.3% -> +19.8% at b=32 MTP 3,
 		// +35.8% -> +30.8% at 4K.
-		IndexerKeys: IndexerKeysFused, IndexerQuery: IndexerQueryLean,
+		// The query: indexer_query_stream at every size (H200, 2026-12-02;
+		// bit-exact through TestCUDAIndexerKernels/query=stream at 14:15,
+		// bench/results/2026-12-02-h200-j/lead/call1.log.gz; the query
+		// alone at 13:35, bench/results/2026-12-02-h200-i/idxq/call2, 20
+		// calls a graph, best replay, us, stream / lean / wide: 2.15 / 2.35
+		// / 2.79 at 4 rows, 2.52 / 3.78 / 3.21 at 128, 6.28 / 11.25 / 8.22
+		// at 512, 39.78 / 78.72 / 59.41 at 4096, 141.44 / 303.44 / 211.04
+		// at 16384). Before it: lean below 128 rows, wide from 128 on
+		// (IndexerQueryWideMinRows; the measurements below).
+		IndexerKeys: IndexerKeysFused, IndexerQuery: IndexerQueryStream,
 		// The top-k score kernel: topk_score_mma4u, bit-exact with the CPU
 		// backend in every top-k test and faster than topk_score_mma4q (the
 		// default before) at every shape measured in the same call
@@ -335,7 +344,7 @@ var SM90 = Arch{
 		// lean / wide: 3.75 / 3.15 at 128 rows, 78.4 / 58.7 at 4096, 2.40
 		// / 2.75 at 4 (b=1 MTP 3: the lean kernel's 16 warps against the
 		// wide one's 4).
-		IndexerStream: IndexerStreamAux, IndexerQueryWideMinRows: 128,
+		IndexerStream: IndexerStreamAux, IndexerQueryWideMinRows: -1,
 		CuBLASLtSplitK: CuBLASLtSplitKAny,
 		// The 256-thread select (topk_select4n) from 1024 rows of up to
 		// TopKSelectNarrowMaxKeys keys: at prefill 16K (16,384 rows) the
@@ -348,7 +357,9 @@ var SM90 = Arch{
 		// against 40.7-40.8 us, prefill 4K (4096 rows) 28.8-29.0 against
 		// 92.0-93.2 (bench/results/2026-12-02-h200-i/topkp/call2).
 		TopKSelectNarrowMinRows: 1024,
-		// indexer_query_lane from a row count on: not yet measured.
+		// indexer_query_lane: never (bit-exact, 14:15 call above; slower
+		// than indexer_query_stream at every size of the 13:35 call but 2K
+		// rows on 1584 blocks, 19.99 against 22.93 us).
 		IndexerQueryLaneMinRows: -1,
 	},
 }

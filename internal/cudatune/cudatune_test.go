@@ -11,7 +11,7 @@ func TestDefaults(t *testing.T) {
 	// The H200's shapes, as they were before they moved into SM90.
 	h200 := Knobs{Warps: 8, KVDepth: 4, QDepth: 4, QChunk: 8, BlocksPerSM: 2,
 		DirectMaxRows: 1 << 19, DirectMaxRowsBF16: math.MaxInt32, DirectMinRows: 1, DirectWarps: 4, DirectHalfBlockRows: 8192, DirectQRows: 2, DirectMinBlocks: 1,
-		BF16MMAMaxRows: -1, BF16MMADepth: 2, BF16MMAReduce: 1, BF16MMAWarpRows: 16, IndexerKeys: IndexerKeysFused, IndexerQuery: IndexerQueryLean, IndexerQueryWideMinRows: 128, IndexerQueryLaneMinRows: -1, IndexerStream: IndexerStreamAux, TopKScore: TopKScoreMMA4U, CuBLASLtSplitK: CuBLASLtSplitKAny,
+		BF16MMAMaxRows: -1, BF16MMADepth: 2, BF16MMAReduce: 1, BF16MMAWarpRows: 16, IndexerKeys: IndexerKeysFused, IndexerQuery: IndexerQueryStream, IndexerQueryWideMinRows: -1, IndexerQueryLaneMinRows: -1, IndexerStream: IndexerStreamAux, TopKScore: TopKScoreMMA4U, CuBLASLtSplitK: CuBLASLtSplitKAny,
 		TopKSelectNarrowMinRows: 1024}
 	require.Equal(t, h200, Knobs{}.Defaults())
 	require.Equal(t, h200, SM90.Knobs)
@@ -171,19 +171,20 @@ func TestIndexerQueryAt(t *testing.T) {
 		rows  int
 		wantQ IndexerQuery
 	}{
-		{"default, b=1 MTP 3", Knobs{}, 4, IndexerQueryLean},
-		{"default, b=32 MTP 3", Knobs{}, 128, IndexerQueryWide},
-		{"default, prefill", Knobs{}, 16384, IndexerQueryWide},
+		{"default, b=1 MTP 3", Knobs{}, 4, IndexerQueryStream},
+		{"default, b=32 MTP 3", Knobs{}, 128, IndexerQueryStream},
+		{"default, prefill", Knobs{}, 16384, IndexerQueryStream},
+		{"the wide rule over the default", Knobs{IndexerQueryWideMinRows: 128}, 128, IndexerQueryWide},
 		{"named kernel", Knobs{IndexerQuery: IndexerQueryEarly, IndexerQueryWideMinRows: -1}, 4096, IndexerQueryEarly},
 		{"wide everywhere", Knobs{IndexerQuery: IndexerQueryWide, IndexerQueryWideMinRows: -1}, 4, IndexerQueryWide},
 		{"below the threshold", Knobs{IndexerQuery: IndexerQueryLean, IndexerQueryWideMinRows: 512}, 511, IndexerQueryLean},
 		{"at the threshold", Knobs{IndexerQuery: IndexerQueryLean, IndexerQueryWideMinRows: 512}, 512, IndexerQueryWide},
 		{"negative: never", Knobs{IndexerQuery: IndexerQueryLate, IndexerQueryWideMinRows: -7}, 1 << 20, IndexerQueryLate},
 		{"stream everywhere", Knobs{IndexerQuery: IndexerQueryStream, IndexerQueryWideMinRows: -1}, 1 << 14, IndexerQueryStream},
-		{"below the lane threshold", Knobs{IndexerQueryLaneMinRows: 1024}, 1023, IndexerQueryWide},
+		{"below the lane threshold", Knobs{IndexerQueryLaneMinRows: 1024}, 1023, IndexerQueryStream},
 		{"lane from its threshold", Knobs{IndexerQueryLaneMinRows: 1024}, 1024, IndexerQueryLane},
 		{"lane before the wide rule", Knobs{IndexerQueryWideMinRows: 512, IndexerQueryLaneMinRows: 512}, 4096, IndexerQueryLane},
-		{"lane negative: never", Knobs{IndexerQueryLaneMinRows: -3}, 1 << 20, IndexerQueryWide},
+		{"lane negative: never", Knobs{IndexerQueryLaneMinRows: -3}, 1 << 20, IndexerQueryStream},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			require.Equal(t, c.wantQ, c.k.Defaults().IndexerQueryAt(c.rows))

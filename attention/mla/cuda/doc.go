@@ -60,8 +60,8 @@
 //
 // The indexer's prologue (DESIGN.md section 9) lives in the compressor's
 // module (kernels/cuda/indexer.cu). The query (IndexerQuery) runs
-// indexer_query_wide from 128 token rows on and indexer_query_lean below
-// by default (cudatune's SM90 IndexerQueryWideMinRows). The lean kernel:
+// indexer_query_stream by default (cudatune's SM90 IndexerQuery), described
+// below with the others. The lean kernel:
 // one warp per four (token, head) rows of a
 // token with the Q prologue's Params for positions, its metadata and RoPE
 // pairs read before the PDL wait; RoPE, the canonical Hadamard by xor
@@ -78,8 +78,8 @@
 // from a number of token rows on) selects indexer_query_wide: eight rows a
 // warp, four lanes a row, so that five of the Hadamard's seven stages stay
 // inside a lane and a MXFP4 block maximum needs one shuffle (about 40%
-// fewer instructions a row), the same bytes. IndexerQueryStream selects
-// indexer_query_stream: the wide kernel's lanes with its MXFP4 tail on
+// fewer instructions a row), the same bytes. IndexerQueryStream (the
+// default) selects indexer_query_stream: the wide kernel's lanes with its MXFP4 tail on
 // bf16x2 pairs (e2m1 as the minimum of three fmas into 192, a pair at a
 // time) and the next unit's loads in flight. IndexerQueryLane (or
 // IndexerQueryLaneMinRows) selects indexer_query_lane: one lane a row, 32
