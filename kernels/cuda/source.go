@@ -14,6 +14,9 @@ var abiHeader string
 //go:embed common.cuh
 var commonHeader string
 
+//go:embed sm90.cuh
+var sm90Header string
+
 //go:embed prologue.cu
 var prologueSource string
 
@@ -27,13 +30,15 @@ func CommonHeader() string { return commonHeader }
 
 // Headers are the in-memory include files every program of this folder is
 // compiled with (driver.CompileOptions.Headers; NVRTC has no include path
-// here): abi.h, common.cuh, exp32.cuh and prologue.cu (whose helpers the
-// compressor's program includes). Each call returns a new slice.
+// here): abi.h, common.cuh, exp32.cuh, sm90.cuh (the Hopper TMA, mbarrier
+// and wgmma helpers of the warpgroup-MMA GEMMs) and prologue.cu (whose
+// helpers the compressor's program includes). Each call returns a new slice.
 func Headers() []driver.Header {
 	return []driver.Header{
 		{Name: "abi.h", Source: abiHeader},
 		{Name: "common.cuh", Source: commonHeader},
 		{Name: "exp32.cuh", Source: exp32Source},
+		{Name: "sm90.cuh", Source: sm90Header},
 		{Name: "prologue.cu", Source: prologueSource},
 	}
 }
