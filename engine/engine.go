@@ -647,7 +647,7 @@ func (e *Engine) Begin(ctx context.Context, reqs []metadata.Request) (_ *Iterati
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("engine: Begin: %w", err)
 	}
-	if err := e.planTopK(m); err != nil {
+	if err := e.planTopK(m, graph); err != nil {
 		return nil, err
 	}
 	// The uploads: on an mla.AsyncWriter backend (CUDA) they are enqueued

@@ -149,6 +149,13 @@ func TestLayersReadTheirOwnInputs(t *testing.T) {
 type graphCPU struct {
 	*cpu.Backend
 	captures, launches int
+	rowKeys            []int // each IndexerTopK's MaxRowKeys, in call order
+}
+
+// IndexerTopK records the launch's MaxRowKeys hint, then selects.
+func (b *graphCPU) IndexerTopK(ctx context.Context, a *mla.TopKArgs) error {
+	b.rowKeys = append(b.rowKeys, a.MaxRowKeys)
+	return b.Backend.IndexerTopK(ctx, a)
 }
 
 type replayGraph struct {

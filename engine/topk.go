@@ -33,6 +33,11 @@ type topkState struct {
 	// backend), host the plan Begin fills, reused.
 	raw  []byte
 	host mla.TopKPlan
+	// rowKeys is the launches' mla.TopKArgs.MaxRowKeys: the plan's own
+	// bound in an eager iteration (a prefill's select sized by its rows'
+	// keys, not by a 1M-token block table), 0 in a graph iteration, whose
+	// capture serves the later, longer contexts too.
+	rowKeys int
 }
 
 // topkScratch is Compressor.IndexerTopKScratch with its default resolved.
@@ -134,7 +139,7 @@ func (e *Engine) newTopK(alloc func(what string, n int, fill byte) (mla.Buffer, 
 // max_position_embeddings (mla.ErrTopKContext) or scores over the scratch
 // space (mla.ErrTopKScratch) is refused here. Called with e.mu held, after
 // beginCompressor.
-func (e *Engine) planTopK(m *metadata.Metadata) error {
+func (e *Engine) planTopK(m *metadata.Metadata, graph bool) error {
 	if e.idx == nil || e.idx.topk == nil {
 		return nil
 	}
@@ -150,6 +155,10 @@ func (e *Engine) planTopK(m *metadata.Metadata) error {
 	}
 	if err := tk.host.EncodeTo(tk.raw, &tk.shape); err != nil {
 		return fmt.Errorf("engine: Begin: the indexer's top-k: %w", err)
+	}
+	tk.rowKeys = 0
+	if !graph {
+		tk.rowKeys = tk.host.MaxRowKeys(tk.shape.TopK)
 	}
 	return nil
 }
@@ -179,7 +188,7 @@ func (e *Engine) topkArgs(layer, rows int) *mla.TopKArgs {
 	tk := e.idx.topk
 	cache, _ := e.indexerBuffers(layer)
 	a := &mla.TopKArgs{TopKShape: tk.shape, Q: e.idx.qOut, W: e.idx.wOut, Cache: cache,
-		Plan: tk.plan, Scratch: tk.scratch, Out: tk.out[layer]}
+		Plan: tk.plan, Scratch: tk.scratch, Out: tk.out[layer], MaxRowKeys: tk.rowKeys}
 	a.Rows = rows
 	return a
 }

@@ -130,7 +130,7 @@ func testIndexerTopK(t *testing.T, graphs bool) {
 		{"decode", []metadata.Request{genReq(1, 0), genReq(2, 0)}, nil},
 		{"mixed", []metadata.Request{ctxReq(3, 50), genReq(1, 1), genReq(2, 1)}, nil},
 	}
-	scored, padded, replayed, padRows := 0, 0, 0, 0
+	scored, padded, replayed, padRows, hinted := 0, 0, 0, 0, 0
 	for _, s := range steps {
 		it, err := e.Begin(ctx, s.reqs)
 		require.NoError(t, err, s.name)
@@ -148,6 +148,22 @@ func testIndexerTopK(t *testing.T, graphs bool) {
 				require.Equal(t, want[i], got[i], "%s: row %d slot %d", s.name, i/k, i%k)
 			}
 			m := it.Metadata()
+			if graphs {
+				// The select's size hint: the plan's own bound in an eager
+				// iteration, none in a graph's (its capture serves longer
+				// contexts later).
+				want := 0
+				if !it.Debug().GraphPath() {
+					for b := range m.NumSeqs {
+						want = max(want, mla.TopKStride(int(m.Cached[b]), int(m.QLen[b]), k))
+					}
+					if want > 0 {
+						hinted++
+					}
+				}
+				require.NotEmpty(t, testGraphs.rowKeys, s.name)
+				require.Equal(t, want, testGraphs.rowKeys[len(testGraphs.rowKeys)-1], "%s: TopKArgs.MaxRowKeys", s.name)
+			}
 			if it.Debug().GraphPath() {
 				replayed++
 				padRows += it.Rows() - it.Tokens()
@@ -187,6 +203,7 @@ func testIndexerTopK(t *testing.T, graphs bool) {
 		require.Positive(t, replayed, "no iteration replayed a graph")
 		require.Positive(t, padRows, "no graph iteration had padding rows")
 		require.Positive(t, testGraphs.launches, "no graph replayed")
+		require.Positive(t, hinted, "no eager iteration had a row that scores")
 	}
 }
 

@@ -196,6 +196,17 @@ func (p *TopKPlan) ScratchEntries(topK int) int64 {
 	return n
 }
 
+// MaxRowKeys is the most keys a row of the plan scores for top-k topK
+// (the largest TopKStride of its sequences; 0 when no row scores any):
+// TopKArgs.MaxRowKeys for a launch of this plan.
+func (p *TopKPlan) MaxRowKeys(topK int) int {
+	n := 0
+	for _, s := range p.Seqs {
+		n = max(n, TopKStride(s.Start, s.Rows, topK))
+	}
+	return n
+}
+
 // check validates the plan against the shape: ErrTopKContext for a token
 // past MaxTopKPositions, ErrTopKScratch when its scores do not fit.
 func (p *TopKPlan) check(s *TopKShape) error {
@@ -375,6 +386,15 @@ type TopKArgs struct {
 	// Out is [Rows][TopK] int32: each row's selected entry indices,
 	// ascending, then -1; a padding row is all -1.
 	Out Buffer
+	// MaxRowKeys, when positive, bounds the keys a row of this plan
+	// scores (TopKPlan.MaxRowKeys), so that a backend may size the
+	// select's launch by it rather than by the block table's capacity
+	// (PageStride x PageSize: an engine sized for a 1M-token context
+	// would otherwise launch every prefill's select for 262,144 keys a
+	// row). It is a hint: a row past it is still selected exactly, only
+	// slower, so a graph captured with it stays right for later plans. 0:
+	// the shape's bound.
+	MaxRowKeys int
 }
 
 // Validate checks the shape and the buffers' sizes (not the plan's
@@ -385,6 +405,9 @@ func (a *TopKArgs) Validate() error {
 	}
 	if a.PlanOffset < 0 || a.PlanOffset%16 != 0 {
 		return fmt.Errorf("mla: TopKArgs.PlanOffset = %d bytes, must be >= 0 and a multiple of 16", a.PlanOffset)
+	}
+	if a.MaxRowKeys < 0 {
+		return fmt.Errorf("mla: TopKArgs.MaxRowKeys = %d, must be >= 0", a.MaxRowKeys)
 	}
 	need := []struct {
 		name string

@@ -32,6 +32,14 @@ func TestTopKPlanFromMetadata(t *testing.T) {
 	p := &mla.TopKPlan{Seqs: make([]mla.TopKPlanSeq, 0, 8)}
 	require.Error(t, p.SetFromMetadata(m, tables[:3]))
 	require.NoError(t, p.SetFromMetadata(m, tables))
+	// The most keys a row scores: 1028 (1025 visible, rounded up to 4) at
+	// index_topk 512 or 1024; the 513 of the last sequence count at 512
+	// only; nothing is scored at 2048.
+	require.Equal(t, 1028, p.MaxRowKeys(512))
+	require.Equal(t, 1028, p.MaxRowKeys(1024))
+	require.Equal(t, 516, (&mla.TopKPlan{Seqs: p.Seqs[3:]}).MaxRowKeys(512))
+	require.Zero(t, (&mla.TopKPlan{Seqs: p.Seqs[3:]}).MaxRowKeys(1024))
+	require.Zero(t, p.MaxRowKeys(2048))
 	shape := mla.TopKShape{TopK: 512, Rows: m.PaddedTokens, MaxSeqs: 4, PageStride: 17, PageSize: 64, NumPages: 64, ScratchEntries: 1 << 16}
 	enc, err := p.Encode(&shape)
 	require.NoError(t, err)

@@ -226,9 +226,9 @@ func topkGrid4(sms, rows int) (groups, tiles int) {
 // (the one Knobs.TopKScore names unless a test picks another) then a select kernel
 // (topkDefaultSelect) on the backend's current stream, with programmatic
 // dependent launch like the other kernels. The grids and shared memory
-// depend on the shape only (Rows, PageStride, PageSize), so a CUDA graph
-// captures them once for every plan; the kernels read the rows'
-// sequences, positions and tables from the plan.
+// depend on the shape only (Rows, PageStride, PageSize, and MaxRowKeys
+// where given), so a CUDA graph captures them once for every plan; the
+// kernels read the rows' sequences, positions and tables from the plan.
 func (b *Backend) IndexerTopK(ctx context.Context, a *mla.TopKArgs) error {
 	return b.indexerTopK(ctx, a, true, true)
 }
@@ -329,45 +329,51 @@ func (b *Backend) indexerTopK(ctx context.Context, a *mla.TopKArgs, scoring, sel
 	if !selecting {
 		return nil
 	}
+	// The most keys a row of the launch can have: the block table's
+	// entries, or the plan's own bound where the caller gives one (a
+	// select kernel takes a row past its shared memory the global way, so
+	// a graph captured under the bound stays right for any later plan).
+	keys := a.PageStride * a.PageSize
+	if a.MaxRowKeys > 0 {
+		keys = min(keys, a.MaxRowKeys)
+	}
 	sel := b.topk.sel
 	if sel == topkSelectDefault {
 		sel = topkDefaultSelect
-		if b.knobs.TopKSelectNarrowAt(a.Rows, a.PageStride*a.PageSize) {
+		if b.knobs.TopKSelectNarrowAt(a.Rows, keys) {
 			sel = topkNarrowSelect
 		}
 	}
 	fn, shared, threads := b.topk.select_, 0, abi.TopKSelectThreads
 	switch sel {
 	case topkSelect2:
-		// The most keys a row of the shape can have (its block table's
-		// entries), so that a graph's launch fits every plan.
-		fn, shared = b.topk.select2, 4*min(topkSelect2Keys, a.PageStride*a.PageSize)
+		fn, shared = b.topk.select2, 4*min(topkSelect2Keys, keys)
 	case topkSelect2Global:
 		fn = b.topk.select2
 	case topkSelect3:
-		fn, shared = b.topk.select3, 4*min(topkSelect2Keys, a.PageStride*a.PageSize)
+		fn, shared = b.topk.select3, 4*min(topkSelect2Keys, keys)
 	case topkSelect3Small:
 		fn, shared = b.topk.select3, topkSelect3SmallBytes
 	case topkSelect4:
-		fn, shared = b.topk.select4, 4*min(topkSelect2Keys, a.PageStride*a.PageSize)
+		fn, shared = b.topk.select4, 4*min(topkSelect2Keys, keys)
 	case topkSelect4Small:
 		fn, shared = b.topk.select4, topkSelect3SmallBytes
 	case topkSelect4Global:
 		fn = b.topk.select4
 	case topkSelect4N:
-		fn, shared, threads = b.topk.select4n, 4*min(topkSelect2Keys, a.PageStride*a.PageSize), abi.TopKSelect4NThreads
+		fn, shared, threads = b.topk.select4n, 4*min(topkSelect2Keys, keys), abi.TopKSelect4NThreads
 	case topkSelect4NSmall:
 		fn, shared, threads = b.topk.select4n, topkSelect3SmallBytes, abi.TopKSelect4NThreads
 	case topkSelect4NGlobal:
 		fn, threads = b.topk.select4n, abi.TopKSelect4NThreads
 	case topkSelect5:
-		fn, shared = b.topk.select5, 4*min(topkSelect2Keys, a.PageStride*a.PageSize)
+		fn, shared = b.topk.select5, 4*min(topkSelect2Keys, keys)
 	case topkSelect5Small:
 		fn, shared = b.topk.select5, topkSelect3SmallBytes
 	case topkSelect5N:
-		fn, shared, threads = b.topk.select5n, 4*min(topkSelect2Keys, a.PageStride*a.PageSize), abi.TopKSelect4NThreads
+		fn, shared, threads = b.topk.select5n, 4*min(topkSelect2Keys, keys), abi.TopKSelect4NThreads
 	case topkSelect6:
-		fn, shared = b.topk.select6, 4*min(topkSelect2Keys, a.PageStride*a.PageSize)
+		fn, shared = b.topk.select6, 4*min(topkSelect2Keys, keys)
 	}
 	if err := b.launchShared(fn, driver.Dim3{uint32(a.Rows), 1, 1}, driver.Dim3{uint32(threads), 1, 1}, shared, driver.Bytes(params)); err != nil {
 		return fmt.Errorf("cuda: %s: %w", fn.Name, err)

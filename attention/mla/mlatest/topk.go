@@ -118,6 +118,11 @@ type TopKCase struct {
 	// Planted lists, per row, the entries planted for it (ascending), nil
 	// where none are.
 	Planted [][]int32
+	// RowKeysHint picks Run's TopKArgs.MaxRowKeys: 0 the plan's own bound
+	// (TopKPlan.MaxRowKeys, as the engine's eager iterations pass it),
+	// negative none (a graph's launch), positive that value (one below
+	// the plan's rows: they must still select exactly).
+	RowKeysHint int
 }
 
 // randomMXFP4Row fills a 68-byte row: random nibbles, scale bytes drawn
@@ -288,7 +293,13 @@ func (c *TopKCase) Run(b mla.Backend) ([]int32, error) {
 	planBuf := append(slices.Repeat([]byte{0xEE}, planOffset), plan...)
 	dev := &deviceBuffers{b: b}
 	defer dev.free()
-	a := &mla.TopKArgs{TopKShape: c.Shape, PlanOffset: planOffset}
+	a := &mla.TopKArgs{TopKShape: c.Shape, PlanOffset: planOffset, MaxRowKeys: c.Plan.MaxRowKeys(c.Shape.TopK)}
+	switch {
+	case c.RowKeysHint < 0:
+		a.MaxRowKeys = 0
+	case c.RowKeysHint > 0:
+		a.MaxRowKeys = c.RowKeysHint
+	}
 	outBytes := 4 * c.Shape.Rows * c.Shape.TopK
 	scratch := make([]byte, 4*c.Shape.ScratchEntries)
 	for i := range scratch {
@@ -516,10 +527,16 @@ func (c *TopKCase) CheckPlanted(got []int32) error {
 // CheckTopK runs one scenario on b and compares every index with the
 // reference, then checks the scenario's own expectations.
 func CheckTopK(b mla.Backend, s TopKScenario, seed uint64) error {
+	return checkTopKHint(b, s, seed, 0)
+}
+
+// checkTopKHint is CheckTopK with the case's RowKeysHint.
+func checkTopKHint(b mla.Backend, s TopKScenario, seed uint64, hint int) error {
 	c, err := NewTopKCase(s, seed)
 	if err != nil {
 		return err
 	}
+	c.RowKeysHint = hint
 	got, err := c.Run(b)
 	if err != nil {
 		return err
@@ -536,12 +553,28 @@ func TestTopK(t *testing.T, b mla.Backend) {
 	if _, ok := b.(mla.TopKSelector); !ok {
 		t.Skipf("backend %s does not implement mla.TopKSelector", b.Name())
 	}
-	for _, s := range TopKScenarios() {
+	for i, s := range TopKScenarios() {
 		t.Run(s.Name, func(t *testing.T) {
 			seed := Seed(t)
 			if err := CheckTopK(b, s, seed); err != nil {
 				t.Fatal(err)
 			}
 		})
+		if i%4 != 0 {
+			continue
+		}
+		// Every fourth scenario also without the size hint (a graph's
+		// launch) and with one too small for its rows.
+		for _, h := range []struct {
+			name string
+			hint int
+		}{{"no-hint", -1}, {"short-hint", s.TopK + 4}} {
+			t.Run(s.Name+"/"+h.name, func(t *testing.T) {
+				seed := Seed(t)
+				if err := checkTopKHint(b, s, seed, h.hint); err != nil {
+					t.Fatal(err)
+				}
+			})
+		}
 	}
 }
