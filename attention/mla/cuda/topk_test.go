@@ -243,6 +243,21 @@ func BenchmarkCUDATopK(bm *testing.B) {
 				func(*rand.Rand) []mlatest.TopKSeqSpec { return []mlatest.TopKSeqSpec{{Start: pc.start, Rows: pc.rows}} }, mlatest.KeysRandom})
 		}
 	}
+	// Prefill 16K in an engine sized for the 1M-token context (a block
+	// table of 4,097 pages of 64 entries: 262,208 keys a row), the select
+	// sized by the table, then by the plan's longest row (TopKArgs.MaxRowKeys,
+	// as the engine's eager iterations pass it).
+	type tableCase struct {
+		stride  int
+		rowKeys bool
+	}
+	tables := map[string]tableCase{}
+	for _, hint := range []bool{false, true} {
+		name := fmt.Sprintf("prefill=16K-table=1M/rowkeys=%t/topk=1024", hint)
+		tables[name] = tableCase{(mla.MaxTopKPositions/mla.TopKRatio+63)/64 + 1, hint}
+		cases = append(cases, benchCase{name, 1024, []string{"mma4u"},
+			func(*rand.Rand) []mlatest.TopKSeqSpec { return []mlatest.TopKSeqSpec{{Start: 0, Rows: 16 << 10}} }, mlatest.KeysRandom})
+	}
 	ctx := context.Background()
 	for _, bc := range cases {
 		// The case is drawn inside its sub-benchmark, so that -test.bench
@@ -260,9 +275,16 @@ func BenchmarkCUDATopK(bm *testing.B) {
 				require.NoError(bm, b.Write(buf, 0, data))
 				return buf
 			}
+			tc, wide := tables[bc.name]
+			if wide {
+				c.Shape.PageStride = tc.stride
+			}
 			plan, err := c.Plan.Encode(&c.Shape)
 			require.NoError(bm, err)
 			a := &mla.TopKArgs{TopKShape: c.Shape}
+			if tc.rowKeys {
+				a.MaxRowKeys = c.Plan.MaxRowKeys(c.Shape.TopK)
+			}
 			a.Q, a.W, a.Cache, a.Plan = alloc(c.Q), alloc(c.W), alloc(c.Cache), alloc(plan)
 			a.Scratch = alloc(make([]byte, 4*c.Shape.ScratchEntries))
 			a.Out = alloc(make([]byte, 4*c.Shape.Rows*c.Shape.TopK))
