@@ -135,6 +135,54 @@ type BF16GEMMArch struct {
 	// blocks resident a multiprocessor, two a multiprocessor keep every
 	// SM streaming without a second wave.
 	SplitBlocksPerSM int
+	// WGMMA is the sm_90a warpgroup-MMA kernel's description.
+	WGMMA BF16WGMMAArch
+}
+
+// The ways the sm_90a bf16 GEMM finishes a split K (kernels/cuda/abi's
+// BF16WGMMAFinish*, abi.h's BF16_WGMMA_FINISH_*; a CPU test keeps them
+// equal).
+const (
+	BF16WGMMAFinishReduce  = 1 // float32 partials, then the split-K reduction launch
+	BF16WGMMAFinishLast    = 2 // float32 partials, added by each unit's last block
+	BF16WGMMAFinishCluster = 3 // thread-block clusters of the splits, through distributed shared memory
+)
+
+// BF16WGMMAArch is the projection GEMM of kernels/cuda/gemm_bf16_wgmma.cu
+// (warpgroup MMA on bf16, operands by the tensor memory accelerator) on an
+// architecture: its token tiles (wgmma's N side, one kernel each:
+// gemm_bf16_wgmma_bn<T>; none: the kernel does not exist there), the
+// deepest shared-memory ring it may use, how it finishes a split K, and
+// the shapes it is the measured choice for.
+type BF16WGMMAArch struct {
+	TokenTiles []int
+	MaxStages  int
+	// Finish is BF16WGMMAFinishReduce, Last or Cluster (the last where one
+	// wave of the clusters fits the device, MaxClusters, and a unit splits
+	// at most 8 ways; else the unit's last block).
+	Finish int
+	// MaxClusters[s] is how many clusters of s blocks of the kernel the
+	// device runs at once (asked of the driver when the kernel loads;
+	// missing or 0: none).
+	MaxClusters []int
+	// Use: the first rule whose MaxN is at least N decides, the kernel
+	// running up to MaxM rows; no rule for N (and no rules, the default
+	// until the device has measured it): the other implementations' choice.
+	Use []OwnRule
+}
+
+// Chosen reports whether the wgmma kernel is the measured choice for an
+// M x N projection GEMM.
+func (a BF16WGMMAArch) Chosen(m, n int) bool {
+	if len(a.TokenTiles) == 0 {
+		return false
+	}
+	for _, r := range a.Use {
+		if n <= r.MaxN {
+			return m <= r.MaxM
+		}
+	}
+	return false
 }
 
 // gemmTimes is where the FP8 GEMM's choices were measured.
@@ -201,7 +249,9 @@ var SM90 = Arch{
 				{MaxN: math.MaxInt, MaxM: 32, Source: wgmmaTimes},
 			}},
 	},
-	BF16: BF16GEMMArch{SplitBlocksPerSM: 2},
+	BF16: BF16GEMMArch{SplitBlocksPerSM: 2,
+		// Not yet the choice for any shape (Use): not measured on the device.
+		WGMMA: BF16WGMMAArch{TokenTiles: []int{8, 16, 32, 64, 128}, MaxStages: 8, Finish: BF16WGMMAFinishCluster}},
 	// 264 blocks on the H200 since the kernel came (d614e60); not measured
 	// against other caps.
 	CompressStoreBlocksPerSM: 2,
@@ -375,6 +425,7 @@ func ForDevice(major, minor int, r Resources) Arch {
 		a.Major, a.Minor = major, minor
 		// sm_90a code (wgmma) runs on compute capability 9.0 alone.
 		a.FP8.WGMMA = WGMMAArch{}
+		a.BF16.WGMMA = BF16WGMMAArch{}
 	}
 	for _, f := range []struct {
 		dst *int

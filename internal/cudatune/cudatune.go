@@ -77,6 +77,16 @@ type Knobs struct {
 	// weights_proj's one output block splits 112 ways at V4-Pro's hidden
 	// size without a cap.
 	BF16MMAMaxSplits int
+	// BF16WGMMAMaxRows: a projection GEMM of at most this many rows runs
+	// the sm_90a warpgroup-MMA kernel (kernels/cuda/gemm_bf16_wgmma.cu)
+	// wherever its shape allows, before the tensor-core kernel's and
+	// cuBLASLt's rules (0: the architecture description's BF16.WGMMA.Use
+	// decides; negative: never).
+	BF16WGMMAMaxRows int
+	// BF16WGMMAFinish is how that kernel finishes a split K (0:
+	// BF16.WGMMA.Finish): BF16WGMMAFinishReduce, BF16WGMMAFinishLast or
+	// BF16WGMMAFinishCluster.
+	BF16WGMMAFinish int
 	// IndexerKeys picks the kernels of the indexer compressor's step
 	// (CompressStep with mla.EntryIndexer; 0: SM90.Knobs.IndexerKeys).
 	IndexerKeys IndexerKeys

@@ -152,8 +152,21 @@ enum {
     CHAIN_WARPS       = 8,   // the most warps of an act_quant or norm_quant block
 };
 
+// The sm_90a bf16 GEMM (kernels/cuda/abi: BF16WGMMA*).
+enum {
+    BF16_WGMMA_ROW_TILE       = 128, // W rows (outputs) a gemm_bf16_wgmma unit owns, 64 a consumer warpgroup
+    BF16_WGMMA_THREADS        = 384, // threads of a block: the consumer warpgroups, then the producer's
+    BF16_WGMMA_STAGE_K        = 64,  // k a ring stage (128 bytes a row)
+    BF16_WGMMA_FINISH_REDUCE  = 1,   // split K: partials, then gemm_bf16_mma_reduce
+    BF16_WGMMA_FINISH_LAST    = 2,   // split K: partials, added by the unit's last block
+    BF16_WGMMA_FINISH_CLUSTER = 3,   // split K: clusters of the splits, through distributed shared memory
+};
+
 // The FP8 GEMM kernels (abi.FP8GEMMTiles): X(name, token tile, min blocks a multiprocessor).
 #define FP8_GEMM_KERNELS(X) X(gemm_fp8_mt64, 64, 2) X(gemm_fp8_mt128, 128, 1)
+
+// The sm_90a bf16 GEMM kernels (abi.BF16WGMMATokenTiles): X(name, token tile).
+#define BF16_WGMMA_KERNELS(X) X(gemm_bf16_wgmma_bn8, 8) X(gemm_bf16_wgmma_bn16, 16) X(gemm_bf16_wgmma_bn32, 32) X(gemm_bf16_wgmma_bn64, 64) X(gemm_bf16_wgmma_bn128, 128)
 
 // Launch parameters of the KV, Q and fused layer kernels, passed by value.
 // Layout (offset: member): natural alignment, 176 bytes.
@@ -274,6 +287,25 @@ struct BF16MMAParams {
     int y_stride;   //  72: values between rows of y
 };
 static_assert(sizeof(BF16MMAParams) == 80, "BF16MMAParams differs from the Go table in kernels/cuda/abi");
+
+// Launch parameters of the sm_90a bf16 GEMM gemm_bf16_wgmma_bn<T> (mla.BF16GEMMArgs; W and X come as tensor maps), passed by value.
+// Layout (offset: member): natural alignment, 64 bytes.
+struct BF16WGMMAParams {
+    float* y;         //   0: Y, row r at y + r*y_stride (offset applied)
+    float* part;      //   8: float32 partials [splits][m][n] (FINISH_REDUCE, FINISH_LAST with splits > 1), else null
+    int* counters;    //  16: FINISH_LAST: one a (W tile, token chunk), zero between launches
+    int m;            //  24
+    int n;            //  28: a multiple of 8
+    int k;            //  32: a multiple of BF16_WGMMA_STAGE_K
+    int y_stride;     //  36: values between rows of y
+    int kb_per_split; //  40: K blocks (stages) of one split
+    int splits;       //  44
+    int chunks;       //  48: token chunks of the tile BN
+    int stages;       //  52: the shared-memory ring's stages
+    int smem_bytes;   //  56: the dynamic shared memory launched with (the kernel checks its layout fits)
+    int finish;       //  60: how a split K is finished: BF16_WGMMA_FINISH_*
+};
+static_assert(sizeof(BF16WGMMAParams) == 64, "BF16WGMMAParams differs from the Go table in kernels/cuda/abi");
 
 // Launch parameters of the chain's act_quant and norm_quant (mla.ActQuantArgs, mla.NormQuantArgs), passed by value.
 // Layout (offset: member): natural alignment, 56 bytes.

@@ -36,3 +36,13 @@ var gemmWGMMASource string
 // kernels gemm_fp8_wgmma_bn{8,16,32,64,128}, one a token tile; split-K
 // partials go through GEMMSource's gemm_fp8_reduce.
 func WGMMAGEMMSource() string { return gemmWGMMASource }
+
+//go:embed gemm_bf16_wgmma.cu
+var gemmBF16WGMMASource string
+
+// BF16WGMMAGEMMSource returns the CUDA source of the bf16 GEMM with
+// float32 output for sm_90a (warpgroup MMA, operands by the tensor memory
+// accelerator; sm90.cuh's helpers): kernels gemm_bf16_wgmma_bn{8,16,32,64,128}
+// (abi.BF16WGMMATokenTiles), one a token tile; split-K partials go through
+// BF16MMAGEMMSource's gemm_bf16_mma_reduce or are finished in the kernel.
+func BF16WGMMAGEMMSource() string { return gemmBF16WGMMASource }

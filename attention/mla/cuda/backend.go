@@ -143,6 +143,10 @@ func NewTuned(opts Options, k cudatune.Knobs) (*Backend, error) {
 	if _, err := bf16MMAKernelOf(k.BF16MMADepth, k.BF16MMAReduce, k.BF16MMAWarpRows); err != nil {
 		return nil, err
 	}
+	if f := k.BF16WGMMAFinish; f < 0 || f > cudatune.BF16WGMMAFinishCluster {
+		return nil, fmt.Errorf("cuda: Knobs.BF16WGMMAFinish = %d, want 0, %d (the reduction launch), %d (the unit's last block) or %d (clusters)",
+			f, cudatune.BF16WGMMAFinishReduce, cudatune.BF16WGMMAFinishLast, cudatune.BF16WGMMAFinishCluster)
+	}
 	if k.IndexerKeys != cudatune.IndexerKeysSplit && k.IndexerKeys != cudatune.IndexerKeysFused {
 		return nil, fmt.Errorf("cuda: Knobs.IndexerKeys = %d names no kernels", k.IndexerKeys)
 	}
@@ -263,6 +267,9 @@ func (b *Backend) workspaceBytes() int64 {
 	}
 	if b.wgmmaWanted() {
 		n += wgmmaCounterArrays * wgmmaCounterBytes
+	}
+	if b.bf16WGMMAWanted() {
+		n += int64(len(b.bf16.wg.counters)) * bf16WGMMACounterBytes
 	}
 	return n
 }

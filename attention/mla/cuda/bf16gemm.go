@@ -16,9 +16,13 @@ import (
 )
 
 // The compressor's projection GEMM (mla.BF16GEMMBackend): bf16 operands,
-// float32 output. Three implementations, all enqueued on the backend's
+// float32 output. Four implementations, all enqueued on the backend's
 // stream, so the GEMM is captured into graphs and ordered with the side
 // stream's fork like the chain's GEMMs:
+//   - the sm_90a warpgroup-MMA kernel of kernels/cuda/gemm_bf16_wgmma.cu
+//     (bf16wgmma.go) where cudatune.Knobs.BF16WGMMAMaxRows or the
+//     architecture description's BF16.WGMMA.Use choose it and K % 64 == 0
+//     (by default no shape until the device has measured it);
 //   - the tensor-core weight-streaming kernel of kernels/cuda/gemm_bf16_mma.cu
 //     (sm_80+) up to cudatune.Knobs.BF16MMAMaxRows rows, where N % 16 == 0
 //     and K % 64 == 0 (on the H200 no rows: cuBLASLt was measured faster
@@ -38,6 +42,7 @@ const (
 	bf16GEMMOwn                          // the simple kernel for every shape
 	bf16GEMMCuBLASLt                     // cuBLASLt only: a shape it refuses is an error
 	bf16GEMMMMA                          // the tensor-core kernel only: a shape it cannot run is an error
+	bf16GEMMWGMMA                        // the sm_90a wgmma kernel only: a shape it cannot run is an error
 )
 
 // bf16GEMMState is the projection GEMM's kernels, loaded at first use, and
@@ -61,6 +66,10 @@ type bf16GEMMState struct {
 	counters            [streamSlots]driver.DevicePtr
 	path                bf16GEMMPath
 	own, mma, cublasRun atomic.Int64
+	// wg is the sm_90a wgmma kernel (bf16wgmma.go), loaded by InitBF16GEMM
+	// where Knobs.BF16WGMMAMaxRows or the architecture choose it.
+	wg    bf16WGMMAState
+	wgRun atomic.Int64
 }
 
 // bf16GEMMWarps is gemm_bf16_f32's warps a block (abi.h's BF16_GEMM_WARPS).
@@ -195,6 +204,12 @@ func (b *Backend) initBF16GEMM() error {
 	if err := b.initBF16MMA(); err != nil {
 		return err
 	}
+	if b.bf16WGMMAWanted() {
+		// A device, driver or table without it leaves the other paths.
+		if err := b.loadBF16WGMMA(); err != nil && !errors.Is(err, ErrBF16WGMMAUnavailable) {
+			return err
+		}
+	}
 	b.openCuBLASLt()
 	return nil
 }
@@ -326,9 +341,13 @@ func (b *Backend) BF16GEMM(ctx context.Context, a *mla.BF16GEMMArgs) error {
 	}
 	g := &b.bf16
 	shape := cublaslt.BF16Shape{M: a.Rows, N: a.N, K: a.K, XStride: a.XStride, YStride: a.YStride}
-	useLt, useMMA := false, false
+	useLt, useMMA, useWG := false, false, false
 	switch g.path {
 	case bf16GEMMAuto:
+		if b.bf16WGMMAChosen(a.Rows, a.N) && b.bf16WGMMASupports(a.Rows, a.N, a.K) == nil {
+			useWG = true
+			break
+		}
 		mmaOK := g.bf16MMASupports(a.Rows, a.N, a.K) == nil
 		useMMA = a.Rows <= b.knobs.BF16MMAMaxRows && mmaOK
 		useLt = !useMMA && b.gemm.lt != nil && b.gemm.lt.SupportedBF16(shape) == nil
@@ -348,6 +367,14 @@ func (b *Backend) BF16GEMM(ctx context.Context, a *mla.BF16GEMMArgs) error {
 			return fmt.Errorf("cuda: bf16 GEMM forced to the tensor-core kernel: %w", err)
 		}
 		useMMA = true
+	case bf16GEMMWGMMA:
+		if err := b.bf16WGMMASupports(a.Rows, a.N, a.K); err != nil {
+			return fmt.Errorf("cuda: bf16 GEMM forced to the wgmma kernel: %w", err)
+		}
+		useWG = true
+	}
+	if useWG {
+		return b.bf16WGMMA(bf16Operands{x: x, w: w, y: y}, a)
 	}
 	if useMMA {
 		g.mma.Add(1)

@@ -23,12 +23,13 @@ import (
 
 // bf16Paths are the projection GEMM's implementations the tests force, in
 // the order BF16GEMMCounts reports them.
-var bf16Paths = []string{"own", "mma", "cublaslt"}
+var bf16Paths = []string{"own", "mma", "cublaslt", "wgmma"}
 
-// bf16Counts is BF16GEMMCounts as an array indexed like bf16Paths.
-func bf16Counts(b *cuda.Backend) [3]int64 {
+// bf16Counts is BF16GEMMCounts and BF16WGMMACount as an array indexed
+// like bf16Paths.
+func bf16Counts(b *cuda.Backend) [4]int64 {
 	own, mma, lt := b.BF16GEMMCounts()
-	return [3]int64{own, mma, lt}
+	return [4]int64{own, mma, lt, b.BF16WGMMACount()}
 }
 
 // bf16Case is the shape grid of the GPU tests: V4's hidden sizes (K) and
@@ -158,6 +159,11 @@ func forcePath(t *testing.T, b *cuda.Backend, path string) bool {
 		return false
 	}
 	b.SetBF16GEMMPath(path)
+	if path == "wgmma" && b.BF16WGMMAError() != nil {
+		b.SetBF16GEMMPath("auto")
+		t.Logf("sm_90a wgmma kernel unavailable: %v", b.BF16WGMMAError())
+		return false
+	}
 	t.Cleanup(func() { b.SetBF16GEMMPath("auto") })
 	return true
 }
@@ -617,6 +623,9 @@ func BenchmarkBF16GEMM(bm *testing.B) {
 			continue
 		}
 		b.SetBF16GEMMPath(path)
+		if path == "wgmma" && b.BF16WGMMAError() != nil {
+			continue
+		}
 		for _, sh := range []struct{ m, n, k int }{
 			{1, 2048, 4096}, {16, 2048, 4096}, {32, 2048, 4096}, {64, 2048, 4096}, {128, 2048, 4096}, {1024, 2048, 4096},
 			{32, 1024, 4096}, {64, 1024, 4096}, {32, 2048, 7168}, {64, 2048, 7168},

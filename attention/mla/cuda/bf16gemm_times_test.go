@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"sort"
@@ -25,7 +26,7 @@ var (
 	bf16Times         = flag.Bool("bf16.times", false, "TestBF16GEMMTimes: time the projection GEMM's implementations at V4-Flash and V4-Pro shapes")
 	bf16TimesRows     = flag.String("bf16.times.rows", "1,8,32,64,128", "TestBF16GEMMTimes: the batch sizes, comma-separated")
 	bf16TimesVariants = flag.String("bf16.times.variants", "d2,d2/s16,d2f,d2f/s16,d4,d8,d4f,d8f,d8f/s16,d4w,d4wf,cublaslt",
-		"TestBF16GEMMTimes: the implementations, comma-separated: dD[w][f][/bB] (the tensor-core kernel of Knobs.BF16MMADepth D, w: 32 W rows a warp, f: its split K finished in the kernel, the split aiming at B blocks a multiprocessor, at most S splits) or cublaslt")
+		"TestBF16GEMMTimes: the implementations, comma-separated: dD[w][f][/bB] (the tensor-core kernel of Knobs.BF16MMADepth D, w: 32 W rows a warp, f: its split K finished in the kernel, the split aiming at B blocks a multiprocessor, at most S splits), wg[/fF] (the sm_90a wgmma kernel, its split K finished by F: 1 the reduction, 2 the last block, 3 clusters) or cublaslt")
 )
 
 // bf16TimesShapes are the projection GEMMs of the engine at decode: the
@@ -40,12 +41,27 @@ var bf16TimesShapes = []struct {
 	{"pro/r4-fused", 2624, 7168}, {"pro/r128", 1024, 7168}, {"pro/weights_proj", 64, 7168},
 }
 
-// bf16TimesVariant parses one -bf16.times.variants entry.
+// bf16TimesVariant parses one -bf16.times.variants entry; wg[/fF] is the
+// sm_90a kernel (Knobs.BF16WGMMAMaxRows set), its split K finished the way
+// F names (Knobs.BF16WGMMAFinish: 1 the reduction launch, 2 the unit's last
+// block, 3 clusters; default the architecture's).
 func bf16TimesVariant(v string) (cudatune.Knobs, bool, error) {
 	if v == "cublaslt" {
 		return cudatune.Knobs{}, true, nil
 	}
 	var k cudatune.Knobs
+	if w, ok := strings.CutPrefix(v, "wg"); ok {
+		k.BF16WGMMAMaxRows = math.MaxInt32
+		if w == "" {
+			return k, false, nil
+		}
+		f, err := strconv.Atoi(strings.TrimPrefix(w, "/f"))
+		if err != nil || !strings.HasPrefix(w, "/f") || f < 1 || f > 3 {
+			return k, false, fmt.Errorf("-bf16.times.variants: %q is not wg[/fF] (F 1, 2 or 3)", v)
+		}
+		k.BF16WGMMAFinish = f
+		return k, false, nil
+	}
 	v, sp, _ := strings.Cut(v, "/s")
 	if sp != "" {
 		var err error
@@ -110,7 +126,15 @@ func TestBF16GEMMTimes(t *testing.T) {
 		require.NoError(t, err)
 		require.NoError(t, b.InitBF16GEMM())
 		path := "mma"
-		if lt {
+		wg := knobs.BF16WGMMAMaxRows > 0
+		if wg {
+			path = "wgmma"
+			if b.BF16WGMMAError() != nil {
+				t.Logf("sm_90a wgmma kernel unavailable: %v", b.BF16WGMMAError())
+				require.NoError(t, b.Close())
+				continue
+			}
+		} else if lt {
 			path = "cublaslt"
 			if b.CuBLASLtError() != nil {
 				t.Logf("cuBLASLt unavailable: %v", b.CuBLASLtError())
@@ -148,7 +172,9 @@ func TestBF16GEMMTimes(t *testing.T) {
 					return gemmCall()
 				}) - timeBF16Graph(t, b, fill)
 				plan := "cublaslt"
-				if !lt {
+				if wg {
+					plan = b.BF16WGMMAPlanOf(m, s.n, s.k)
+				} else if !lt {
 					tiles, splits, chunks, shared := b.BF16MMAPlanOf(m, s.n, s.k)
 					plan = fmt.Sprintf("%s grid %dx%dx%d shared %d", b.BF16MMAKernelName(), tiles, splits, chunks, shared)
 				}
@@ -241,13 +267,15 @@ func TestBF16TimesVariant(t *testing.T) {
 		{"d8f/b1/s16", cudatune.Knobs{BF16MMADepth: 8, BF16MMAReduce: 2, BF16MMABlocksPerSM: 1, BF16MMAMaxSplits: 16}, false},
 		{"d2/s16", cudatune.Knobs{BF16MMADepth: 2, BF16MMAMaxSplits: 16}, false},
 		{"cublaslt", cudatune.Knobs{}, true},
+		{"wg", cudatune.Knobs{BF16WGMMAMaxRows: math.MaxInt32}, false},
+		{"wg/f2", cudatune.Knobs{BF16WGMMAMaxRows: math.MaxInt32, BF16WGMMAFinish: 2}, false},
 	} {
 		k, lt, err := bf16TimesVariant(c.v)
 		require.NoError(t, err, c.v)
 		require.Equal(t, c.knobs, k, c.v)
 		require.Equal(t, c.lt, lt, c.v)
 	}
-	for _, bad := range []string{"x4", "d", "d4/bx", "4", "d4/sx"} {
+	for _, bad := range []string{"x4", "d", "d4/bx", "4", "d4/sx", "wg/f4", "wg/x", "wgf1"} {
 		_, _, err := bf16TimesVariant(bad)
 		require.Error(t, err, bad)
 	}

@@ -57,7 +57,8 @@ func PackCompressJobs(jobs []CompressJob) []byte {
 
 // SetBF16GEMMPath forces the projection GEMM's implementation: "own" (the
 // simple kernel for every shape), "mma" (the tensor-core kernel only; a
-// shape it cannot run is an error), "cublaslt" (cuBLASLt only; a shape it
+// shape it cannot run is an error), "wgmma" (the sm_90a kernel, loaded
+// now, after InitBF16GEMM; a shape it cannot run is an error), "cublaslt" (cuBLASLt only; a shape it
 // refuses is an error) or "auto" (the default). Not safe while GEMMs run.
 func (b *Backend) SetBF16GEMMPath(path string) {
 	switch path {
@@ -67,6 +68,9 @@ func (b *Backend) SetBF16GEMMPath(path string) {
 		b.bf16.path = bf16GEMMMMA
 	case "cublaslt":
 		b.bf16.path = bf16GEMMCuBLASLt
+	case "wgmma":
+		_ = b.loadBF16WGMMA() // BF16WGMMAError says why not
+		b.bf16.path = bf16GEMMWGMMA
 	case "auto":
 		b.bf16.path = bf16GEMMAuto
 	default:
@@ -96,6 +100,32 @@ func (b *Backend) BF16MMAPlanOf(rows, n, k int) (tiles, splits, chunks, shared i
 	p := b.bf16MMAPlan(rows, n, k)
 	return p.tiles, p.splits, p.chunks, p.shared
 }
+
+// BF16WGMMAPlanOf is the sm_90a bf16 kernel's plan for a GEMM on this
+// backend, in words (token tile, grid, splits, finish, ring).
+func (b *Backend) BF16WGMMAPlanOf(rows, n, k int) string {
+	p, err := b.bf16WGMMAPlan(rows, n, k)
+	if err != nil {
+		return err.Error()
+	}
+	return fmt.Sprintf("%s grid %d tiles %d chunks %d splits %d (kb %d) finish %d stages %d smem %d",
+		abi.BF16WGMMAKernel(p.bn), p.grid, p.tiles, p.chunks, p.splits, p.kbPerSplit, p.finish, p.stages, p.smem)
+}
+
+// BF16WGMMASplitKey is the sm_90a bf16 kernel's token tile and split of
+// K for a GEMM (plans with the same key add the same partials in the same
+// order, whatever their finish).
+func (b *Backend) BF16WGMMASplitKey(rows, n, k int) string {
+	p, err := b.bf16WGMMAPlan(rows, n, k)
+	if err != nil {
+		return err.Error()
+	}
+	return fmt.Sprintf("bn %d splits %d kb %d", p.bn, p.splits, p.kbPerSplit)
+}
+
+// BF16WGMMAClusters is the architecture's BF16.WGMMA.MaxClusters on this
+// backend (after the kernel loaded).
+func (b *Backend) BF16WGMMAClusters() []int { return b.arch.BF16.WGMMA.MaxClusters }
 
 // KernelSharedBytes is a loaded prologue kernel's static shared memory.
 func (b *Backend) KernelSharedBytes(name string) (int, error) {

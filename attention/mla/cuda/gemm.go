@@ -178,6 +178,7 @@ func (b *Backend) closeGEMM() error {
 		errs = append(errs, g.wg.mod.Unload(), g.wg.free(b.ctx))
 		g.wg = nil
 	}
+	errs = append(errs, b.bf16.wg.free(b.ctx))
 	if m := b.bf16.mod; m != nil {
 		errs = append(errs, m.Unload())
 		b.bf16.mod = nil

@@ -44,7 +44,11 @@ var (
 		return driver.CompileOptions{Arch: wgmmaArch}
 	}}
 
-	programs = []program{prologueProgram, chainProgram, compressProgram, topkProgram, fp8GEMMProgram, bf16GEMMProgram, bf16MMAProgram, wgmmaGEMMProgram}
+	bf16WGMMAProgram = program{"gemm_bf16_wgmma.cu", kernels.BF16WGMMAGEMMSource, func(string, cudatune.Knobs) driver.CompileOptions {
+		return driver.CompileOptions{Arch: wgmmaArch}
+	}}
+
+	programs = []program{prologueProgram, chainProgram, compressProgram, topkProgram, fp8GEMMProgram, bf16GEMMProgram, bf16MMAProgram, wgmmaGEMMProgram, bf16WGMMAProgram}
 )
 
 // archOnly is the options of a program that compiles nothing in but the

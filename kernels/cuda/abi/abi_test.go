@@ -218,7 +218,7 @@ func TestTopKParamsLayout(t *testing.T) {
 func TestStructTables(t *testing.T) {
 	sizes := map[string]int{
 		"Params": 176, "TopKParams": 80, "FP8GEMMParams": 72, "SplitKParams": 32, "BF16GEMMParams": 48,
-		"BF16MMAParams": 80, "QuantParams": 56, "CompressParams": 120, "CompressStepParams": 96, "CompressFinishParams": 88,
+		"BF16MMAParams": 80, "BF16WGMMAParams": 64, "QuantParams": 56, "CompressParams": 120, "CompressStepParams": 96, "CompressFinishParams": 88,
 		"IndexerQueryParams": 24,
 	}
 	structs := map[string]bool{}
@@ -263,4 +263,14 @@ func TestKernelShapes(t *testing.T) {
 		}
 	}
 	require.Contains(t, abi.Header(), "#define FP8_GEMM_KERNELS(X) X(gemm_fp8_mt64, 64, 2) X(gemm_fp8_mt128, 128, 1)\n")
+	require.Equal(t, 0, abi.BF16WGMMARowTile%64, "64 W rows a consumer warpgroup")
+	require.Equal(t, 64, abi.BF16WGMMAStageK, "a stage is one 128-byte swizzle row of bf16")
+	bns := abi.BF16WGMMATokenTiles()
+	for i, bn := range bns {
+		require.True(t, bn%8 == 0 && bn >= 8 && bn <= 256, "wgmma N %d", bn)
+		if i > 0 {
+			require.Greater(t, bn, bns[i-1], "smallest first")
+		}
+	}
+	require.Contains(t, abi.Header(), "#define BF16_WGMMA_KERNELS(X) X(gemm_bf16_wgmma_bn8, 8) X(gemm_bf16_wgmma_bn16, 16)")
 }

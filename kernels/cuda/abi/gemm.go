@@ -237,6 +237,7 @@ func gemmConstants() []ConstGroup {
 			{"BF16_MMA_PAD", BF16MMAPad, "bf16 past each shared X row of gemm_bf16_mma"},
 			{"CHAIN_WARPS", ChainWarps, "the most warps of an act_quant or norm_quant block"},
 		}},
+		bf16WGMMAConstants(),
 	}
 }
 
@@ -246,6 +247,94 @@ func fp8GEMMKernelsMacro() string {
 	s := "// The FP8 GEMM kernels (abi.FP8GEMMTiles): X(name, token tile, min blocks a multiprocessor).\n#define FP8_GEMM_KERNELS(X)"
 	for _, t := range FP8GEMMTiles() {
 		s += fmt.Sprintf(" X(%s, %d, %d)", FP8GEMMKernel(t.Tokens), t.Tokens, t.MinBlocks)
+	}
+	return s + "\n\n"
+}
+
+// Fields of BF16WGMMAParams, gemm_bf16_wgmma_bn<T>'s launch parameters
+// (after its two tensor maps, which are parameters of their own: the copy
+// engine reads each from the kernel's parameter space).
+const (
+	BF16WGMMAY FieldID = iota
+	BF16WGMMAPart
+	BF16WGMMACounters
+	BF16WGMMAM
+	BF16WGMMAN
+	BF16WGMMAK
+	BF16WGMMAYStride
+	BF16WGMMAKBPerSplit
+	BF16WGMMASplits
+	BF16WGMMAChunks
+	BF16WGMMAStages
+	BF16WGMMASmemBytes
+	BF16WGMMAFinish
+	numBF16WGMMAFields
+)
+
+// BF16WGMMAParams is the struct gemm_bf16_wgmma_bn<T>
+// (kernels/cuda/gemm_bf16_wgmma.cu) takes by value.
+var BF16WGMMAParams = &Struct{
+	Name:   "BF16WGMMAParams",
+	Doc:    "Launch parameters of the sm_90a bf16 GEMM gemm_bf16_wgmma_bn<T> (mla.BF16GEMMArgs; W and X come as tensor maps), passed by value.",
+	Fields: bf16WGMMAFields[:],
+}
+
+var bf16WGMMAFields = [numBF16WGMMAFields]Field{
+	BF16WGMMAY:          {"y", Ptr, "float*", "Y, row r at y + r*y_stride (offset applied)"},
+	BF16WGMMAPart:       {"part", Ptr, "float*", "float32 partials [splits][m][n] (FINISH_REDUCE, FINISH_LAST with splits > 1), else null"},
+	BF16WGMMACounters:   {"counters", Ptr, "int*", "FINISH_LAST: one a (W tile, token chunk), zero between launches"},
+	BF16WGMMAM:          {"m", I32, "", ""},
+	BF16WGMMAN:          {"n", I32, "", "a multiple of 8"},
+	BF16WGMMAK:          {"k", I32, "", "a multiple of BF16_WGMMA_STAGE_K"},
+	BF16WGMMAYStride:    {"y_stride", I32, "", "values between rows of y"},
+	BF16WGMMAKBPerSplit: {"kb_per_split", I32, "", "K blocks (stages) of one split"},
+	BF16WGMMASplits:     {"splits", I32, "", ""},
+	BF16WGMMAChunks:     {"chunks", I32, "", "token chunks of the tile BN"},
+	BF16WGMMAStages:     {"stages", I32, "", "the shared-memory ring's stages"},
+	BF16WGMMASmemBytes:  {"smem_bytes", I32, "", "the dynamic shared memory launched with (the kernel checks its layout fits)"},
+	BF16WGMMAFinish:     {"finish", I32, "", "how a split K is finished: BF16_WGMMA_FINISH_*"},
+}
+
+// The sm_90a bf16 GEMM's shape (kernels/cuda/gemm_bf16_wgmma.cu): two
+// consumer warpgroups of 64 W rows each and a producer warpgroup, a stage
+// of 64 k (one 128-byte swizzle row of bf16), and the ways a split K is
+// finished.
+const (
+	BF16WGMMARowTile = 128
+	BF16WGMMAThreads = 128 * (BF16WGMMARowTile/64 + 1)
+	BF16WGMMAStageK  = 64
+
+	BF16WGMMAFinishReduce  = 1 // partials, then gemm_bf16_mma_reduce
+	BF16WGMMAFinishLast    = 2 // partials, added by the unit's last block
+	BF16WGMMAFinishCluster = 3 // clusters of the splits, partial tiles in distributed shared memory
+)
+
+// BF16WGMMATokenTiles are the token tiles (wgmma's N) gemm_bf16_wgmma.cu
+// instantiates, one kernel each (BF16_WGMMA_KERNELS in abi.h), smallest
+// first.
+func BF16WGMMATokenTiles() []int { return []int{8, 16, 32, 64, 128} }
+
+// BF16WGMMAKernel is the name of the sm_90a bf16 GEMM kernel of a token
+// tile.
+func BF16WGMMAKernel(bn int) string { return fmt.Sprintf("gemm_bf16_wgmma_bn%d", bn) }
+
+// bf16WGMMAConstants are the sm_90a bf16 GEMM's shape constants.
+func bf16WGMMAConstants() ConstGroup {
+	return ConstGroup{"The sm_90a bf16 GEMM (kernels/cuda/abi: BF16WGMMA*).", []Const{
+		{"BF16_WGMMA_ROW_TILE", BF16WGMMARowTile, "W rows (outputs) a gemm_bf16_wgmma unit owns, 64 a consumer warpgroup"},
+		{"BF16_WGMMA_THREADS", BF16WGMMAThreads, "threads of a block: the consumer warpgroups, then the producer's"},
+		{"BF16_WGMMA_STAGE_K", BF16WGMMAStageK, "k a ring stage (128 bytes a row)"},
+		{"BF16_WGMMA_FINISH_REDUCE", BF16WGMMAFinishReduce, "split K: partials, then gemm_bf16_mma_reduce"},
+		{"BF16_WGMMA_FINISH_LAST", BF16WGMMAFinishLast, "split K: partials, added by the unit's last block"},
+		{"BF16_WGMMA_FINISH_CLUSTER", BF16WGMMAFinishCluster, "split K: clusters of the splits, through distributed shared memory"},
+	}}
+}
+
+// bf16WGMMAKernelsMacro is abi.h's list of the sm_90a bf16 GEMM instances.
+func bf16WGMMAKernelsMacro() string {
+	s := "// The sm_90a bf16 GEMM kernels (abi.BF16WGMMATokenTiles): X(name, token tile).\n#define BF16_WGMMA_KERNELS(X)"
+	for _, bn := range BF16WGMMATokenTiles() {
+		s += fmt.Sprintf(" X(%s, %d)", BF16WGMMAKernel(bn), bn)
 	}
 	return s + "\n\n"
 }

@@ -10,7 +10,7 @@ import (
 const HeaderFile = "abi.h"
 
 // Header renders abi.h: the typedefs, the constants (Constants and the
-// top-k and GEMM kernels'), the FP8 GEMM instances, every parameter struct
+// top-k and GEMM kernels'), the FP8 and sm_90a bf16 GEMM instances, every parameter struct
 // of Structs with a static_assert on its size, and the list of kernels.
 // kernels/cuda embeds the rendered file and hands it to NVRTC as an
 // in-memory header of every program; a test keeps the checked-in file equal
@@ -46,6 +46,7 @@ func Header() string {
 		w("};\n\n")
 	}
 	w("%s", fp8GEMMKernelsMacro())
+	w("%s", bf16WGMMAKernelsMacro())
 	for _, st := range Structs() {
 		writeStruct(&b, st)
 	}
@@ -64,7 +65,7 @@ func Header() string {
 // Structs are every parameter struct of the table, in abi.h's order.
 func Structs() []*Struct {
 	return []*Struct{
-		Params, TopKParams, FP8GEMMParams, SplitKParams, BF16GEMMParams, BF16MMAParams, QuantParams,
+		Params, TopKParams, FP8GEMMParams, SplitKParams, BF16GEMMParams, BF16MMAParams, BF16WGMMAParams, QuantParams,
 		CompressParams, CompressStepParams, CompressFinishParams, IndexerQueryParams,
 	}
 }

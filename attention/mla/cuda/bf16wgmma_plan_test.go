@@ -1,0 +1,88 @@
+package cuda
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/dsv4mla/prologue/internal/cudatune"
+	"github.com/dsv4mla/prologue/kernels/cuda/abi"
+)
+
+// TestBF16WGMMAFinishIDs: cudatune's finish ids are abi.h's.
+func TestBF16WGMMAFinishIDs(t *testing.T) {
+	require.Equal(t, abi.BF16WGMMAFinishReduce, cudatune.BF16WGMMAFinishReduce)
+	require.Equal(t, abi.BF16WGMMAFinishLast, cudatune.BF16WGMMAFinishLast)
+	require.Equal(t, abi.BF16WGMMAFinishCluster, cudatune.BF16WGMMAFinishCluster)
+	require.Equal(t, abi.BF16WGMMATokenTiles(), cudatune.SM90.BF16.WGMMA.TokenTiles, "the architecture's tiles are the kernels'")
+}
+
+// TestPlanBF16WGMMA: on the H200's resources, every plan covers K with
+// its splits, keeps one wave of blocks (the persistent grid at most the
+// multiprocessors, a cluster grid exactly the units' splits), fits the
+// shared memory and the partials' workspace, and finishes a split K the
+// way asked where it can (clusters only of at most 8 splits that the
+// device runs at once).
+func TestPlanBF16WGMMA(t *testing.T) {
+	const sms, optin = 132, 227 << 10
+	a := cudatune.SM90.BF16.WGMMA
+	caps := []int{0, 0, 66, 44, 32, 22, 22, 16, 16} // as the driver might answer
+	for _, finish := range []int{0, abi.BF16WGMMAFinishReduce, abi.BF16WGMMAFinishLast, abi.BF16WGMMAFinishCluster} {
+		for _, withCaps := range []bool{false, true} {
+			a.MaxClusters = nil
+			if withCaps {
+				a.MaxClusters = caps
+			}
+			for _, s := range []struct{ n, k int }{{2624, 4096}, {1024, 4096}, {2624, 7168}, {1024, 7168}, {64, 7168}, {16, 64}, {1040, 128}} {
+				for _, m := range []int{1, 3, 8, 9, 31, 64, 128, 129, 512, 4096, 16384} {
+					p, err := planBF16WGMMA(a, finish, m, s.n, s.k, sms, optin, bf16MMAPartBytes)
+					require.NoError(t, err)
+					kbn := s.k / abi.BF16WGMMAStageK
+					units := p.tiles * p.chunks
+					require.Equal(t, (s.n+127)/128, p.tiles)
+					require.GreaterOrEqual(t, p.bn*p.chunks, m)
+					require.True(t, p.bn >= m || p.bn == 128, "the smallest tile holding m")
+					require.GreaterOrEqual(t, p.splits*p.kbPerSplit, kbn, "K covered")
+					require.Less(t, (p.splits-1)*p.kbPerSplit, kbn, "no empty split")
+					require.LessOrEqual(t, p.smem, optin)
+					require.GreaterOrEqual(t, p.stages, 2)
+					require.LessOrEqual(t, p.stages, a.MaxStages)
+					if p.splits == 1 {
+						require.Zero(t, p.finish)
+						require.Equal(t, min(units, sms), p.grid)
+						continue
+					}
+					require.LessOrEqual(t, units*p.splits, sms, "%v m %d: one wave", s, m)
+					want := finish
+					if want == 0 {
+						want = a.Finish
+					}
+					switch p.finish {
+					case abi.BF16WGMMAFinishCluster:
+						require.Equal(t, abi.BF16WGMMAFinishCluster, want)
+						require.True(t, withCaps)
+						require.LessOrEqual(t, p.splits, 8)
+						require.LessOrEqual(t, units, caps[p.splits])
+						require.Equal(t, units*p.splits, p.grid)
+					case abi.BF16WGMMAFinishLast:
+						require.True(t, want == abi.BF16WGMMAFinishLast || want == abi.BF16WGMMAFinishCluster)
+						require.LessOrEqual(t, 4*units, bf16WGMMACounterBytes)
+					default:
+						require.Equal(t, abi.BF16WGMMAFinishReduce, want)
+					}
+					if p.finish != abi.BF16WGMMAFinishCluster {
+						require.LessOrEqual(t, 4*p.splits*m*s.n, bf16MMAPartBytes, "partials within the workspace")
+						require.Equal(t, units*p.splits, p.grid)
+					}
+				}
+			}
+		}
+	}
+	// V4-Flash's fused projection at 128 rows: 21 tiles, 6 splits of 11 K
+	// blocks, 126 blocks, a ring of 7 stages of 32 KiB.
+	a.MaxClusters = nil
+	p, err := planBF16WGMMA(a, abi.BF16WGMMAFinishLast, 128, 2624, 4096, sms, optin, bf16MMAPartBytes)
+	require.NoError(t, err)
+	require.Equal(t, bf16WGMMAPlan{bn: 128, tiles: 21, chunks: 1, splits: 6, kbPerSplit: 11, grid: 126, stages: 7,
+		smem: bf16WGMMASmemBytes(128, 7), finish: abi.BF16WGMMAFinishLast}, p)
+}
