@@ -28,7 +28,7 @@ func TestParseVariant(t *testing.T) {
 		{"ikeys=2 iquery=2", variant{Name: "ikeys=2 iquery=2", IndexerKeys: 2, IndexerQuery: 2}, ""},
 		{"tkscore=2", variant{Name: "tkscore=2", TopKScore: 2}, ""},
 		{"istream=2", variant{Name: "istream=2", IndexerStream: 2}, ""},
-		{"bfwg=128 bfwgfin=2", variant{Name: "bfwg=128 bfwgfin=2", BF16WGMMAMaxRows: 128, BF16WGMMAFinish: 2}, ""},
+		{"bfwg=128 bfwgfin=2 bfwgs=4", variant{Name: "bfwg=128 bfwgfin=2 bfwgs=4", BF16WGMMAMaxRows: 128, BF16WGMMAFinish: 2, BF16WGMMAMaxSplits: 4}, ""},
 		{"nodirect=1", variant{}, "takes no value"},
 		{"direct=-1", variant{}, "outside [0, 16777216]"},
 		{"warps=0", variant{Name: "warps=0"}, ""},

@@ -87,6 +87,9 @@ type Knobs struct {
 	// BF16.WGMMA.Finish): BF16WGMMAFinishReduce, BF16WGMMAFinishLast or
 	// BF16WGMMAFinishCluster.
 	BF16WGMMAFinish int
+	// BF16WGMMAMaxSplits caps that kernel's split of K (0 or negative:
+	// only the planner's own limits).
+	BF16WGMMAMaxSplits int
 	// IndexerKeys picks the kernels of the indexer compressor's step
 	// (CompressStep with mla.EntryIndexer; 0: SM90.Knobs.IndexerKeys).
 	IndexerKeys IndexerKeys

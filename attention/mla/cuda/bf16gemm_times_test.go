@@ -26,7 +26,7 @@ var (
 	bf16Times         = flag.Bool("bf16.times", false, "TestBF16GEMMTimes: time the projection GEMM's implementations at V4-Flash and V4-Pro shapes")
 	bf16TimesRows     = flag.String("bf16.times.rows", "1,8,32,64,128", "TestBF16GEMMTimes: the batch sizes, comma-separated")
 	bf16TimesVariants = flag.String("bf16.times.variants", "d2,d2/s16,d2f,d2f/s16,d4,d8,d4f,d8f,d8f/s16,d4w,d4wf,cublaslt",
-		"TestBF16GEMMTimes: the implementations, comma-separated: dD[w][f][/bB] (the tensor-core kernel of Knobs.BF16MMADepth D, w: 32 W rows a warp, f: its split K finished in the kernel, the split aiming at B blocks a multiprocessor, at most S splits), wg[/fF] (the sm_90a wgmma kernel, its split K finished by F: 1 the reduction, 2 the last block, 3 clusters) or cublaslt")
+		"TestBF16GEMMTimes: the implementations, comma-separated: dD[w][f][/bB] (the tensor-core kernel of Knobs.BF16MMADepth D, w: 32 W rows a warp, f: its split K finished in the kernel, the split aiming at B blocks a multiprocessor, at most S splits), wg[/fF][/sS] (the sm_90a wgmma kernel, its split K finished by F: 1 the reduction, 2 the last block, 3 clusters; at most S splits) or cublaslt")
 )
 
 // bf16TimesShapes are the projection GEMMs of the engine at decode: the
@@ -41,10 +41,11 @@ var bf16TimesShapes = []struct {
 	{"pro/r4-fused", 2624, 7168}, {"pro/r128", 1024, 7168}, {"pro/weights_proj", 64, 7168},
 }
 
-// bf16TimesVariant parses one -bf16.times.variants entry; wg[/fF] is the
-// sm_90a kernel (Knobs.BF16WGMMAMaxRows set), its split K finished the way
-// F names (Knobs.BF16WGMMAFinish: 1 the reduction launch, 2 the unit's last
-// block, 3 clusters; default the architecture's).
+// bf16TimesVariant parses one -bf16.times.variants entry; wg[/fF][/sS] is
+// the sm_90a kernel (Knobs.BF16WGMMAMaxRows set), its split K finished the
+// way F names (Knobs.BF16WGMMAFinish: 1 the reduction launch, 2 the unit's
+// last block, 3 clusters; default the architecture's), at most S splits
+// (Knobs.BF16WGMMAMaxSplits).
 func bf16TimesVariant(v string) (cudatune.Knobs, bool, error) {
 	if v == "cublaslt" {
 		return cudatune.Knobs{}, true, nil
@@ -55,11 +56,19 @@ func bf16TimesVariant(v string) (cudatune.Knobs, bool, error) {
 		if w == "" {
 			return k, false, nil
 		}
-		f, err := strconv.Atoi(strings.TrimPrefix(w, "/f"))
-		if err != nil || !strings.HasPrefix(w, "/f") || f < 1 || f > 3 {
-			return k, false, fmt.Errorf("-bf16.times.variants: %q is not wg[/fF] (F 1, 2 or 3)", v)
+		for _, part := range strings.Split(strings.TrimPrefix(w, "/"), "/") {
+			n, err := strconv.Atoi(part[min(1, len(part)):])
+			switch {
+			case !strings.HasPrefix(w, "/") || err != nil:
+			case part[0] == 'f' && n >= 1 && n <= 3 && k.BF16WGMMAFinish == 0:
+				k.BF16WGMMAFinish = n
+				continue
+			case part[0] == 's' && n >= 1 && k.BF16WGMMAMaxSplits == 0:
+				k.BF16WGMMAMaxSplits = n
+				continue
+			}
+			return k, false, fmt.Errorf("-bf16.times.variants: %q is not wg[/fF][/sS] (F 1, 2 or 3)", v)
 		}
-		k.BF16WGMMAFinish = f
 		return k, false, nil
 	}
 	v, sp, _ := strings.Cut(v, "/s")
@@ -269,13 +278,15 @@ func TestBF16TimesVariant(t *testing.T) {
 		{"cublaslt", cudatune.Knobs{}, true},
 		{"wg", cudatune.Knobs{BF16WGMMAMaxRows: math.MaxInt32}, false},
 		{"wg/f2", cudatune.Knobs{BF16WGMMAMaxRows: math.MaxInt32, BF16WGMMAFinish: 2}, false},
+		{"wg/f1/s4", cudatune.Knobs{BF16WGMMAMaxRows: math.MaxInt32, BF16WGMMAFinish: 1, BF16WGMMAMaxSplits: 4}, false},
+		{"wg/s3", cudatune.Knobs{BF16WGMMAMaxRows: math.MaxInt32, BF16WGMMAMaxSplits: 3}, false},
 	} {
 		k, lt, err := bf16TimesVariant(c.v)
 		require.NoError(t, err, c.v)
 		require.Equal(t, c.knobs, k, c.v)
 		require.Equal(t, c.lt, lt, c.v)
 	}
-	for _, bad := range []string{"x4", "d", "d4/bx", "4", "d4/sx", "wg/f4", "wg/x", "wgf1"} {
+	for _, bad := range []string{"x4", "d", "d4/bx", "4", "d4/sx", "wg/f4", "wg/x", "wgf1", "wg/", "wg/f1/f2", "wg/s0", "wg/s"} {
 		_, _, err := bf16TimesVariant(bad)
 		require.Error(t, err, bad)
 	}

@@ -52,11 +52,12 @@ type bf16WGMMAPlan struct {
 // M, else the largest, over several chunks), the split of K (where the
 // units fill at most half the multiprocessors, as many splits as keep one
 // wave of blocks on the device, as long as the float32 partials stay
-// within the workspace and no larger than the weight), the finish
+// within the workspace and no larger than the weight; at most maxSplits
+// where positive), the finish
 // (finish, or a.Finish when 0; clusters only where at most 8 splits make
 // one wave of clusters, a.MaxClusters, else the unit's last block), the
 // persistent grid and the deepest ring that fits in smemOptin.
-func planBF16WGMMA(a cudatune.BF16WGMMAArch, finish, m, n, k, sms, smemOptin, partBytes int) (bf16WGMMAPlan, error) {
+func planBF16WGMMA(a cudatune.BF16WGMMAArch, finish, maxSplits, m, n, k, sms, smemOptin, partBytes int) (bf16WGMMAPlan, error) {
 	var p bf16WGMMAPlan
 	if len(a.TokenTiles) == 0 {
 		return p, fmt.Errorf("%w: the architecture description has no bf16 wgmma token tiles", ErrBF16WGMMAUnavailable)
@@ -82,6 +83,9 @@ func planBF16WGMMA(a cudatune.BF16WGMMAArch, finish, m, n, k, sms, smemOptin, pa
 	// never outnumber the multiprocessors.
 	if 2*units <= sms {
 		s = min(sms/units, kbn, max(1, k/(2*m)))
+		if maxSplits > 0 {
+			s = min(s, maxSplits)
+		}
 	}
 	splitsOf := func(s int) (per, splits int) {
 		per = (kbn + s - 1) / s
@@ -238,7 +242,7 @@ func (b *Backend) initBF16WGMMA() error {
 		fn, err := mod.Function(abi.BF16WGMMAKernel(bn))
 		if err == nil {
 			var p bf16WGMMAPlan
-			if p, err = planBF16WGMMA(a, 0, bn, abi.BF16WGMMARowTile, abi.BF16WGMMAStageK, b.arch.SMs, b.arch.SharedPerBlockOptin, bf16MMAPartBytes); err == nil {
+			if p, err = planBF16WGMMA(a, 0, 0, bn, abi.BF16WGMMARowTile, abi.BF16WGMMAStageK, b.arch.SMs, b.arch.SharedPerBlockOptin, bf16MMAPartBytes); err == nil {
 				err = fn.SetAttribute(driver.FuncMaxDynamicSharedSizeBytes, p.smem)
 			}
 		}
@@ -259,7 +263,7 @@ func (b *Backend) bf16ClusterCapacity() {
 	a := &b.arch.BF16.WGMMA
 	a.MaxClusters = nil
 	bn := a.TokenTiles[len(a.TokenTiles)-1]
-	p, err := planBF16WGMMA(*a, 0, bn, abi.BF16WGMMARowTile, abi.BF16WGMMAStageK, b.arch.SMs, b.arch.SharedPerBlockOptin, bf16MMAPartBytes)
+	p, err := planBF16WGMMA(*a, 0, 0, bn, abi.BF16WGMMARowTile, abi.BF16WGMMAStageK, b.arch.SMs, b.arch.SharedPerBlockOptin, bf16MMAPartBytes)
 	if err != nil {
 		return
 	}
@@ -296,7 +300,7 @@ func (b *Backend) bf16WGMMASupports(rows, n, k int) error {
 
 // bf16WGMMAPlan is the kernel's plan for a GEMM on this backend.
 func (b *Backend) bf16WGMMAPlan(rows, n, k int) (bf16WGMMAPlan, error) {
-	return planBF16WGMMA(b.arch.BF16.WGMMA, b.knobs.BF16WGMMAFinish, rows, n, k, b.arch.SMs, b.arch.SharedPerBlockOptin, bf16MMAPartBytes)
+	return planBF16WGMMA(b.arch.BF16.WGMMA, b.knobs.BF16WGMMAFinish, b.knobs.BF16WGMMAMaxSplits, rows, n, k, b.arch.SMs, b.arch.SharedPerBlockOptin, bf16MMAPartBytes)
 }
 
 // bf16WGMMAChosen reports whether the automatic path runs the kernel for

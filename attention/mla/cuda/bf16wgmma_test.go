@@ -15,16 +15,18 @@ import (
 	"github.com/dsv4mla/prologue/internal/cudatune"
 )
 
-// bf16WGFinishes are the sm_90a kernel's split-K finishes the tests run,
-// each on a backend of its own (Knobs.BF16WGMMAFinish; "wgmma" is the
-// default backend's, the architecture's finish).
+// bf16WGFinishes are the sm_90a kernel's split-K finishes the tests run
+// beside the default backend's (the architecture's: clusters where they
+// fit, else the last block), each on a backend of its own
+// (Knobs.BF16WGMMAFinish), and the last block's finish of at most 3 splits
+// (Knobs.BF16WGMMAMaxSplits: other K ranges, held to the bound).
 var bf16WGFinishes = []struct {
-	name   string
-	finish int
+	name  string
+	knobs cudatune.Knobs
 }{
-	{"wgmma-reduce", cudatune.BF16WGMMAFinishReduce},
-	{"wgmma-last", cudatune.BF16WGMMAFinishLast},
-	{"wgmma-cluster", cudatune.BF16WGMMAFinishCluster},
+	{"wgmma-reduce", cudatune.Knobs{BF16WGMMAFinish: cudatune.BF16WGMMAFinishReduce}},
+	{"wgmma-last", cudatune.Knobs{BF16WGMMAFinish: cudatune.BF16WGMMAFinishLast}},
+	{"wgmma-last-s3", cudatune.Knobs{BF16WGMMAFinish: cudatune.BF16WGMMAFinishLast, BF16WGMMAMaxSplits: 3}},
 }
 
 // bf16WGRows are the batch sizes of TestBF16WGMMAShapes: decode (1 to 128
@@ -78,7 +80,7 @@ func bf16WGBackends(t *testing.T) []bf16Run {
 	}
 	runs := []bf16Run{{"wgmma", "wgmma", b}}
 	for _, f := range bf16WGFinishes {
-		fb, err := cuda.NewTuned(cuda.Options{}, cudatune.Knobs{BF16WGMMAFinish: f.finish})
+		fb, err := cuda.NewTuned(cuda.Options{}, f.knobs)
 		require.NoError(t, err)
 		t.Cleanup(func() { fb.Close() })
 		require.True(t, forcePath(t, fb, "wgmma"))
