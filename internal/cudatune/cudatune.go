@@ -90,6 +90,10 @@ type Knobs struct {
 	// BF16WGMMAMaxSplits caps that kernel's split of K (0 or negative:
 	// only the planner's own limits).
 	BF16WGMMAMaxSplits int
+	// BF16WGMMAMaxTile caps that kernel's token tile (0: the architecture's
+	// largest): 128 rows in two chunks of 64 read W twice, from L2 where
+	// the chunks' blocks run at once, for twice the units to split.
+	BF16WGMMAMaxTile int
 	// IndexerKeys picks the kernels of the indexer compressor's step
 	// (CompressStep with mla.EntryIndexer; 0: SM90.Knobs.IndexerKeys).
 	IndexerKeys IndexerKeys

@@ -42,31 +42,45 @@ func bf16WGMMASmemBytes(bn, stages int) int {
 	return stages*((abi.BF16WGMMARowTile+bn)*128+16) + 1024
 }
 
+// bf16WGMMAChoice is what the knobs choose of a plan (zero: the
+// planner's own): the finish (Knobs.BF16WGMMAFinish), the most splits
+// (Knobs.BF16WGMMAMaxSplits) and the largest token tile
+// (Knobs.BF16WGMMAMaxTile).
+type bf16WGMMAChoice struct {
+	finish, maxSplits, maxTile int
+}
+
 // bf16WGMMAPlan is one GEMM's launch of the kernel.
 type bf16WGMMAPlan struct {
 	bn, tiles, chunks, splits, kbPerSplit, grid, stages, smem int
 	finish                                                    int // abi.BF16WGMMAFinish*, with splits > 1
 }
 
-// planBF16WGMMA picks the token tile (the smallest of a.TokenTiles holding
-// M, else the largest, over several chunks), the split of K (where the
+// planBF16WGMMA picks the token tile (the smallest of a.TokenTiles, up to
+// o.maxTile where positive, holding M, else the largest, over several
+// chunks), the split of K (where the
 // units fill at most half the multiprocessors, as many splits as keep one
 // wave of blocks on the device, as long as the float32 partials stay
-// within the workspace and no larger than the weight; at most maxSplits
+// within the workspace and no larger than the weight; at most o.maxSplits
 // where positive), the finish
-// (finish, or a.Finish when 0; clusters only where at most 8 splits make
+// (o.finish, or a.Finish when 0; clusters only where at most 8 splits make
 // one wave of clusters, a.MaxClusters, else the unit's last block), the
 // persistent grid and the deepest ring that fits in smemOptin.
-func planBF16WGMMA(a cudatune.BF16WGMMAArch, finish, maxSplits, m, n, k, sms, smemOptin, partBytes int) (bf16WGMMAPlan, error) {
+func planBF16WGMMA(a cudatune.BF16WGMMAArch, o bf16WGMMAChoice, m, n, k, sms, smemOptin, partBytes int) (bf16WGMMAPlan, error) {
 	var p bf16WGMMAPlan
-	if len(a.TokenTiles) == 0 {
+	tiles := a.TokenTiles
+	for len(tiles) > 1 && o.maxTile > 0 && tiles[len(tiles)-1] > o.maxTile {
+		tiles = tiles[:len(tiles)-1]
+	}
+	if len(tiles) == 0 {
 		return p, fmt.Errorf("%w: the architecture description has no bf16 wgmma token tiles", ErrBF16WGMMAUnavailable)
 	}
+	finish, maxSplits := o.finish, o.maxSplits
 	if finish == 0 {
 		finish = a.Finish
 	}
-	p.bn = a.TokenTiles[len(a.TokenTiles)-1]
-	for _, t := range a.TokenTiles {
+	p.bn = tiles[len(tiles)-1]
+	for _, t := range tiles {
 		if t >= m {
 			p.bn = t
 			break
@@ -242,7 +256,7 @@ func (b *Backend) initBF16WGMMA() error {
 		fn, err := mod.Function(abi.BF16WGMMAKernel(bn))
 		if err == nil {
 			var p bf16WGMMAPlan
-			if p, err = planBF16WGMMA(a, 0, 0, bn, abi.BF16WGMMARowTile, abi.BF16WGMMAStageK, b.arch.SMs, b.arch.SharedPerBlockOptin, bf16MMAPartBytes); err == nil {
+			if p, err = planBF16WGMMA(a, bf16WGMMAChoice{}, bn, abi.BF16WGMMARowTile, abi.BF16WGMMAStageK, b.arch.SMs, b.arch.SharedPerBlockOptin, bf16MMAPartBytes); err == nil {
 				err = fn.SetAttribute(driver.FuncMaxDynamicSharedSizeBytes, p.smem)
 			}
 		}
@@ -263,7 +277,7 @@ func (b *Backend) bf16ClusterCapacity() {
 	a := &b.arch.BF16.WGMMA
 	a.MaxClusters = nil
 	bn := a.TokenTiles[len(a.TokenTiles)-1]
-	p, err := planBF16WGMMA(*a, 0, 0, bn, abi.BF16WGMMARowTile, abi.BF16WGMMAStageK, b.arch.SMs, b.arch.SharedPerBlockOptin, bf16MMAPartBytes)
+	p, err := planBF16WGMMA(*a, bf16WGMMAChoice{}, bn, abi.BF16WGMMARowTile, abi.BF16WGMMAStageK, b.arch.SMs, b.arch.SharedPerBlockOptin, bf16MMAPartBytes)
 	if err != nil {
 		return
 	}
@@ -300,7 +314,8 @@ func (b *Backend) bf16WGMMASupports(rows, n, k int) error {
 
 // bf16WGMMAPlan is the kernel's plan for a GEMM on this backend.
 func (b *Backend) bf16WGMMAPlan(rows, n, k int) (bf16WGMMAPlan, error) {
-	return planBF16WGMMA(b.arch.BF16.WGMMA, b.knobs.BF16WGMMAFinish, b.knobs.BF16WGMMAMaxSplits, rows, n, k, b.arch.SMs, b.arch.SharedPerBlockOptin, bf16MMAPartBytes)
+	o := bf16WGMMAChoice{finish: b.knobs.BF16WGMMAFinish, maxSplits: b.knobs.BF16WGMMAMaxSplits, maxTile: b.knobs.BF16WGMMAMaxTile}
+	return planBF16WGMMA(b.arch.BF16.WGMMA, o, rows, n, k, b.arch.SMs, b.arch.SharedPerBlockOptin, bf16MMAPartBytes)
 }
 
 // bf16WGMMAChosen reports whether the automatic path runs the kernel for

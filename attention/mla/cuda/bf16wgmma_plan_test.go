@@ -35,7 +35,7 @@ func TestPlanBF16WGMMA(t *testing.T) {
 			}
 			for _, s := range []struct{ n, k int }{{2624, 4096}, {1024, 4096}, {2624, 7168}, {1024, 7168}, {64, 7168}, {16, 64}, {1040, 128}} {
 				for _, m := range []int{1, 3, 8, 9, 31, 64, 128, 129, 512, 4096, 16384} {
-					p, err := planBF16WGMMA(a, finish, 0, m, s.n, s.k, sms, optin, bf16MMAPartBytes)
+					p, err := planBF16WGMMA(a, bf16WGMMAChoice{finish: finish}, m, s.n, s.k, sms, optin, bf16MMAPartBytes)
 					require.NoError(t, err)
 					kbn := s.k / abi.BF16WGMMAStageK
 					units := p.tiles * p.chunks
@@ -81,12 +81,18 @@ func TestPlanBF16WGMMA(t *testing.T) {
 	// V4-Flash's fused projection at 128 rows: 21 tiles, 6 splits of 11 K
 	// blocks, 126 blocks, a ring of 7 stages of 32 KiB.
 	a.MaxClusters = nil
-	p, err := planBF16WGMMA(a, abi.BF16WGMMAFinishLast, 0, 128, 2624, 4096, sms, optin, bf16MMAPartBytes)
+	p, err := planBF16WGMMA(a, bf16WGMMAChoice{finish: abi.BF16WGMMAFinishLast}, 128, 2624, 4096, sms, optin, bf16MMAPartBytes)
 	require.NoError(t, err)
 	require.Equal(t, bf16WGMMAPlan{bn: 128, tiles: 21, chunks: 1, splits: 6, kbPerSplit: 11, grid: 126, stages: 7,
 		smem: bf16WGMMASmemBytes(128, 7), finish: abi.BF16WGMMAFinishLast}, p)
 	// Capped at 4 splits: 16 K blocks each, 84 blocks.
-	p, err = planBF16WGMMA(a, abi.BF16WGMMAFinishLast, 4, 128, 2624, 4096, sms, optin, bf16MMAPartBytes)
+	p, err = planBF16WGMMA(a, bf16WGMMAChoice{finish: abi.BF16WGMMAFinishLast, maxSplits: 4}, 128, 2624, 4096, sms, optin, bf16MMAPartBytes)
 	require.NoError(t, err)
 	require.Equal(t, [3]int{4, 16, 84}, [3]int{p.splits, p.kbPerSplit, p.grid})
+	// Token tiles of at most 64: V4-Flash's ratio 128 at 128 rows in two
+	// chunks, 16 units split 8 ways (clusters of 8, where 16 fit).
+	a.MaxClusters = caps
+	p, err = planBF16WGMMA(a, bf16WGMMAChoice{maxTile: 64}, 128, 1024, 4096, sms, optin, bf16MMAPartBytes)
+	require.NoError(t, err)
+	require.Equal(t, [5]int{64, 2, 8, 128, abi.BF16WGMMAFinishCluster}, [5]int{p.bn, p.chunks, p.splits, p.grid, p.finish})
 }

@@ -78,6 +78,7 @@ func bf16WGBackends(t *testing.T) []bf16Run {
 	if !forcePath(t, b, "wgmma") {
 		t.Skip("the sm_90a wgmma kernel is unavailable")
 	}
+	t.Logf("clusters of 2..8 blocks at once: %v", b.BF16WGMMAClusters())
 	runs := []bf16Run{{"wgmma", "wgmma", b}}
 	for _, f := range bf16WGFinishes {
 		fb, err := cuda.NewTuned(cuda.Options{}, f.knobs)
