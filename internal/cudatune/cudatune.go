@@ -94,6 +94,10 @@ type Knobs struct {
 	// largest): 128 rows in two chunks of 64 read W twice, from L2 where
 	// the chunks' blocks run at once, for twice the units to split.
 	BF16WGMMAMaxTile int
+	// BF16WGMMAMaxStages caps that kernel's shared-memory ring (0: the
+	// architecture's BF16.WGMMA.MaxStages, what fits): a shallower ring
+	// leaves a multiprocessor's shared memory to the other stream's kernels.
+	BF16WGMMAMaxStages int
 	// IndexerKeys picks the kernels of the indexer compressor's step
 	// (CompressStep with mla.EntryIndexer; 0: SM90.Knobs.IndexerKeys).
 	IndexerKeys IndexerKeys

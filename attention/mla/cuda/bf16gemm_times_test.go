@@ -26,7 +26,7 @@ var (
 	bf16Times         = flag.Bool("bf16.times", false, "TestBF16GEMMTimes: time the projection GEMM's implementations at V4-Flash and V4-Pro shapes")
 	bf16TimesRows     = flag.String("bf16.times.rows", "1,8,32,64,128", "TestBF16GEMMTimes: the batch sizes, comma-separated")
 	bf16TimesVariants = flag.String("bf16.times.variants", "d2,d2/s16,d2f,d2f/s16,d4,d8,d4f,d8f,d8f/s16,d4w,d4wf,cublaslt",
-		"TestBF16GEMMTimes: the implementations, comma-separated: dD[w][f][/bB] (the tensor-core kernel of Knobs.BF16MMADepth D, w: 32 W rows a warp, f: its split K finished in the kernel, the split aiming at B blocks a multiprocessor, at most S splits), wg[/fF][/sS][/tT] (the sm_90a wgmma kernel, its split K finished by F: 1 the reduction, 2 the last block, 3 clusters; at most S splits; token tiles of at most T) or cublaslt")
+		"TestBF16GEMMTimes: the implementations, comma-separated: dD[w][f][/bB] (the tensor-core kernel of Knobs.BF16MMADepth D, w: 32 W rows a warp, f: its split K finished in the kernel, the split aiming at B blocks a multiprocessor, at most S splits), wg[/fF][/sS][/tT][/rR] (the sm_90a wgmma kernel, its split K finished by F: 1 the reduction, 2 the last block, 3 clusters; at most S splits; token tiles of at most T; a ring of at most R stages) or cublaslt")
 )
 
 // bf16TimesShapes are the projection GEMMs of the engine at decode: the
@@ -41,12 +41,13 @@ var bf16TimesShapes = []struct {
 	{"pro/r4-fused", 2624, 7168}, {"pro/r128", 1024, 7168}, {"pro/weights_proj", 64, 7168},
 }
 
-// bf16TimesVariant parses one -bf16.times.variants entry; wg[/fF][/sS][/tT] is
+// bf16TimesVariant parses one -bf16.times.variants entry; wg[/fF][/sS][/tT][/rR] is
 // the sm_90a kernel (Knobs.BF16WGMMAMaxRows set), its split K finished the
 // way F names (Knobs.BF16WGMMAFinish: 1 the reduction launch, 2 the unit's
 // last block, 3 clusters; default the architecture's), at most S splits
 // (Knobs.BF16WGMMAMaxSplits), token tiles of at most T rows
-// (Knobs.BF16WGMMAMaxTile).
+// (Knobs.BF16WGMMAMaxTile), a ring of at most R stages
+// (Knobs.BF16WGMMAMaxStages).
 func bf16TimesVariant(v string) (cudatune.Knobs, bool, error) {
 	if v == "cublaslt" {
 		return cudatune.Knobs{}, true, nil
@@ -70,8 +71,11 @@ func bf16TimesVariant(v string) (cudatune.Knobs, bool, error) {
 			case part[0] == 't' && n >= 8 && k.BF16WGMMAMaxTile == 0:
 				k.BF16WGMMAMaxTile = n
 				continue
+			case part[0] == 'r' && n >= 2 && k.BF16WGMMAMaxStages == 0:
+				k.BF16WGMMAMaxStages = n
+				continue
 			}
-			return k, false, fmt.Errorf("-bf16.times.variants: %q is not wg[/fF][/sS][/tT] (F 1, 2 or 3)", v)
+			return k, false, fmt.Errorf("-bf16.times.variants: %q is not wg[/fF][/sS][/tT][/rR] (F 1, 2 or 3)", v)
 		}
 		return k, false, nil
 	}
@@ -285,13 +289,14 @@ func TestBF16TimesVariant(t *testing.T) {
 		{"wg/f1/s4", cudatune.Knobs{BF16WGMMAMaxRows: math.MaxInt32, BF16WGMMAFinish: 1, BF16WGMMAMaxSplits: 4}, false},
 		{"wg/s3", cudatune.Knobs{BF16WGMMAMaxRows: math.MaxInt32, BF16WGMMAMaxSplits: 3}, false},
 		{"wg/t64", cudatune.Knobs{BF16WGMMAMaxRows: math.MaxInt32, BF16WGMMAMaxTile: 64}, false},
+		{"wg/f2/r4", cudatune.Knobs{BF16WGMMAMaxRows: math.MaxInt32, BF16WGMMAFinish: 2, BF16WGMMAMaxStages: 4}, false},
 	} {
 		k, lt, err := bf16TimesVariant(c.v)
 		require.NoError(t, err, c.v)
 		require.Equal(t, c.knobs, k, c.v)
 		require.Equal(t, c.lt, lt, c.v)
 	}
-	for _, bad := range []string{"x4", "d", "d4/bx", "4", "d4/sx", "wg/f4", "wg/x", "wgf1", "wg/", "wg/f1/f2", "wg/s0", "wg/s", "wg/t4"} {
+	for _, bad := range []string{"x4", "d", "d4/bx", "4", "d4/sx", "wg/f4", "wg/x", "wgf1", "wg/", "wg/f1/f2", "wg/s0", "wg/s", "wg/t4", "wg/r1"} {
 		_, _, err := bf16TimesVariant(bad)
 		require.Error(t, err, bad)
 	}

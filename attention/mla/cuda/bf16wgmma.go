@@ -44,10 +44,10 @@ func bf16WGMMASmemBytes(bn, stages int) int {
 
 // bf16WGMMAChoice is what the knobs choose of a plan (zero: the
 // planner's own): the finish (Knobs.BF16WGMMAFinish), the most splits
-// (Knobs.BF16WGMMAMaxSplits) and the largest token tile
-// (Knobs.BF16WGMMAMaxTile).
+// (Knobs.BF16WGMMAMaxSplits), the largest token tile
+// (Knobs.BF16WGMMAMaxTile) and the deepest ring (Knobs.BF16WGMMAMaxStages).
 type bf16WGMMAChoice struct {
-	finish, maxSplits, maxTile int
+	finish, maxSplits, maxTile, maxStages int
 }
 
 // bf16WGMMAPlan is one GEMM's launch of the kernel.
@@ -58,14 +58,14 @@ type bf16WGMMAPlan struct {
 
 // planBF16WGMMA picks the token tile (the smallest of a.TokenTiles, up to
 // o.maxTile where positive, holding M, else the largest, over several
-// chunks), the split of K (where the
-// units fill at most half the multiprocessors, as many splits as keep one
-// wave of blocks on the device, as long as the float32 partials stay
-// within the workspace and no larger than the weight; at most o.maxSplits
-// where positive), the finish
+// chunks), the deepest ring that fits in smemOptin (at most o.maxStages
+// where positive), the split of K (where the units fill at most half the
+// multiprocessors, as many splits as keep one wave of blocks on the
+// device, as long as the float32 partials stay within the workspace and no
+// larger than the weight; at most o.maxSplits where positive), the finish
 // (o.finish, or a.Finish when 0; clusters only where at most 8 splits make
-// one wave of clusters, a.MaxClusters, else the unit's last block), the
-// persistent grid and the deepest ring that fits in smemOptin.
+// one wave of clusters, a.MaxClusters, and their partial tiles fit the
+// ring, else the unit's last block) and the persistent grid.
 func planBF16WGMMA(a cudatune.BF16WGMMAArch, o bf16WGMMAChoice, m, n, k, sms, smemOptin, partBytes int) (bf16WGMMAPlan, error) {
 	var p bf16WGMMAPlan
 	tiles := a.TokenTiles
@@ -86,6 +86,15 @@ func planBF16WGMMA(a cudatune.BF16WGMMAArch, o bf16WGMMAChoice, m, n, k, sms, sm
 			break
 		}
 	}
+	fixed := bf16WGMMASmemBytes(p.bn, 0)
+	p.stages = min(a.MaxStages, (smemOptin-fixed)/(bf16WGMMASmemBytes(p.bn, 1)-fixed))
+	if o.maxStages > 0 {
+		p.stages = min(p.stages, o.maxStages)
+	}
+	if p.stages < 2 {
+		return p, fmt.Errorf("%w: %d bytes of shared memory a block hold fewer than 2 stages of token tile %d", ErrBF16WGMMAUnavailable, smemOptin, p.bn)
+	}
+	p.smem = bf16WGMMASmemBytes(p.bn, p.stages)
 	p.chunks = (m + p.bn - 1) / p.bn
 	p.tiles = (n + abi.BF16WGMMARowTile - 1) / abi.BF16WGMMARowTile
 	kbn := k / abi.BF16WGMMAStageK
@@ -107,8 +116,10 @@ func planBF16WGMMA(a cudatune.BF16WGMMAArch, o bf16WGMMAChoice, m, n, k, sms, sm
 	}
 	p.finish = finish
 	if s > 1 && finish == abi.BF16WGMMAFinishCluster {
-		// At most 8 splits (the portable cluster), one wave of clusters.
-		if per, c := splitsOf(min(s, 8)); c > 1 && c < len(a.MaxClusters) && units <= a.MaxClusters[c] {
+		// At most 8 splits (the portable cluster), one wave of clusters,
+		// the partial tile within the ring.
+		fits := p.bn*(abi.BF16WGMMARowTile+4)*4 <= p.stages*(abi.BF16WGMMARowTile+p.bn)*128
+		if per, c := splitsOf(min(s, 8)); fits && c > 1 && c < len(a.MaxClusters) && units <= a.MaxClusters[c] {
 			p.kbPerSplit, p.splits, p.grid = per, c, units*c
 		} else {
 			p.finish = abi.BF16WGMMAFinishLast
@@ -121,15 +132,6 @@ func planBF16WGMMA(a cudatune.BF16WGMMAArch, o bf16WGMMAChoice, m, n, k, sms, sm
 	}
 	if p.splits == 1 {
 		p.finish = 0
-	}
-	fixed := bf16WGMMASmemBytes(p.bn, 0)
-	p.stages = min(a.MaxStages, (smemOptin-fixed)/(bf16WGMMASmemBytes(p.bn, 1)-fixed))
-	if p.stages < 2 {
-		return p, fmt.Errorf("%w: %d bytes of shared memory a block hold fewer than 2 stages of token tile %d", ErrBF16WGMMAUnavailable, smemOptin, p.bn)
-	}
-	p.smem = bf16WGMMASmemBytes(p.bn, p.stages)
-	if p.finish == abi.BF16WGMMAFinishCluster && p.bn*(abi.BF16WGMMARowTile+4)*4 > p.stages*(abi.BF16WGMMARowTile+p.bn)*128 {
-		return p, fmt.Errorf("%w: a %d-token partial tile outgrows a %d-stage ring", ErrBF16WGMMAUnavailable, p.bn, p.stages)
 	}
 	return p, nil
 }
@@ -314,7 +316,7 @@ func (b *Backend) bf16WGMMASupports(rows, n, k int) error {
 
 // bf16WGMMAPlan is the kernel's plan for a GEMM on this backend.
 func (b *Backend) bf16WGMMAPlan(rows, n, k int) (bf16WGMMAPlan, error) {
-	o := bf16WGMMAChoice{finish: b.knobs.BF16WGMMAFinish, maxSplits: b.knobs.BF16WGMMAMaxSplits, maxTile: b.knobs.BF16WGMMAMaxTile}
+	o := bf16WGMMAChoice{finish: b.knobs.BF16WGMMAFinish, maxSplits: b.knobs.BF16WGMMAMaxSplits, maxTile: b.knobs.BF16WGMMAMaxTile, maxStages: b.knobs.BF16WGMMAMaxStages}
 	return planBF16WGMMA(b.arch.BF16.WGMMA, o, rows, n, k, b.arch.SMs, b.arch.SharedPerBlockOptin, bf16MMAPartBytes)
 }
 

@@ -44,7 +44,10 @@
 // (KGStride apart: a ratio-4 layer's two steps read their columns of the
 // engine's one projection GEMM) and the sequence's ring slot, and writes
 // the rows the sequence keeps, so a CUDA graph replays it for any batch. BF16GEMM (mla.BF16GEMMBackend:
-// bf16 operands, float32 output) writes the projections with the
+// bf16 operands, float32 output) writes the projections with the sm_90a
+// warpgroup-MMA kernel of kernels/cuda/gemm_bf16_wgmma.cu where
+// cudatune's BF16WGMMAMaxRows or BF16.WGMMA.Use choose it (TMA into a
+// shared-memory ring, a split K finished in split order; bf16wgmma.go), the
 // tensor-core weight-streaming kernel of kernels/cuda/gemm_bf16_mma.cu up
 // to cudatune's BF16MMAMaxRows rows (none on the H200, where cuBLASLt was
 // measured faster), cuBLASLt above (the tensor-core kernel where cuBLASLt
