@@ -3,6 +3,7 @@ package cuda_test
 import (
 	"context"
 	"math/rand/v2"
+	"runtime"
 	"sync"
 	"testing"
 
@@ -40,9 +41,10 @@ var bf16WGRows = []int{1, 2, 3, 8, 16, 31, 32, 64, 127, 128, 129, 256, 512}
 var bf16WGShapes = []struct{ n, k int }{{2624, 4096}, {1024, 4096}, {2624, 7168}, {1024, 7168}, {64, 7168}}
 
 // refBF16 is the host reference of o and its abs sums, rows split over
-// goroutines (the reference is row by row; the shapes here are large).
+// one goroutine a core (the reference is row by row; the shapes here are
+// large).
 func refBF16(t *testing.T, o *gemm.BF16Operands) (ref []float32, sums []float64) {
-	const chunk = 16
+	chunk := max(8, (o.Rows+runtime.GOMAXPROCS(0)-1)/runtime.GOMAXPROCS(0))
 	ref = make([]float32, o.Rows*o.N)
 	sums = make([]float64, o.Rows*o.N)
 	var wg sync.WaitGroup
