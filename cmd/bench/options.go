@@ -25,9 +25,9 @@ import (
 // stream), tkscore=N (the top-k score kernel: cudatune.TopKScore 1 mma4q, 2 mma4t, 3 mma4u, 4 mma4v,
 // 5 mma4w; tknarrow=N: its select in 256-thread blocks from N rows on), ltsplitk=N (cuBLASLt's split-K
 // reductions: cudatune.CuBLASLtSplitK 1 any, 2 through the workspace, 3 none), bfwg=N bfwgfin=N bfwgs=N
-// bfwgt=N bfwgr=N (the compressor's bf16 projection GEMM on the sm_90a wgmma kernel up to N rows; its split K finished
+// bfwgt=N bfwgr=N bfwgpf=N (the compressor's bf16 projection GEMM on the sm_90a wgmma kernel up to N rows; its split K finished
 // by cudatune.BF16WGMMAFinish 1 the reduction launch, 2 the unit's last block, 3 clusters; at most N
-// splits; token tiles of at most N rows; a ring of at most N stages), nopdl
+// splits; token tiles of at most N rows; a ring of at most N stages; 1: W prefetched into L2), nopdl
 // separate, wgmma
 // nowgmma wgcluster=N wgmc=N (every FP8 GEMM on the sm_90a wgmma kernel, or none; its split K finished
 // by clusters of up to N blocks; clusters of N blocks sharing the activation tile). A zero
@@ -57,6 +57,7 @@ type variant struct {
 	BF16WGMMAMaxSplits      int // its split K at most N ways
 	BF16WGMMAMaxTile        int // its token tiles at most N rows
 	BF16WGMMAMaxStages      int // its ring at most N stages
+	BF16WGMMAL2Prefetch     int // 1: its W prefetched into L2 at the start
 	NoDirect                bool
 	NoPDL, SeparateLaunches bool
 	WGMMA                   bool // every FP8 GEMM on the sm_90a wgmma kernel
@@ -121,6 +122,8 @@ func (v *variant) field(key string) (*int, *bool) {
 		return &v.BF16WGMMAMaxTile, nil
 	case "bfwgr":
 		return &v.BF16WGMMAMaxStages, nil
+	case "bfwgpf":
+		return &v.BF16WGMMAL2Prefetch, nil
 	case "nodirect":
 		return nil, &v.NoDirect
 	case "nopdl":
@@ -173,7 +176,7 @@ func parseVariant(text string) (variant, error) {
 			*sw = true
 			continue
 		}
-		return variant{}, fmt.Errorf("variant %q: unknown option %q (known: warps=N kvd=N qd=N qchunk=N bpsm=N maxblocks=N direct=N directbf16=N dmin=N dwarps=N dhalf=N qrows=N dminb=N ikeys=N iquery=N iwide=N ilane=N istream=N tkscore=N tknarrow=N ltsplitk=N bfwg=N bfwgfin=N bfwgs=N bfwgt=N bfwgr=N nodirect nopdl separate wgmma nowgmma wgcluster=N wgmc=N)", text, key)
+		return variant{}, fmt.Errorf("variant %q: unknown option %q (known: warps=N kvd=N qd=N qchunk=N bpsm=N maxblocks=N direct=N directbf16=N dmin=N dwarps=N dhalf=N qrows=N dminb=N ikeys=N iquery=N iwide=N ilane=N istream=N tkscore=N tknarrow=N ltsplitk=N bfwg=N bfwgfin=N bfwgs=N bfwgt=N bfwgr=N bfwgpf=N nodirect nopdl separate wgmma nowgmma wgcluster=N wgmc=N)", text, key)
 	}
 	return v, nil
 }
@@ -230,6 +233,7 @@ func (v variant) options(verbose bool) (cuda.Options, cudatune.Knobs) {
 		BF16WGMMAMaxSplits:      v.BF16WGMMAMaxSplits,
 		BF16WGMMAMaxTile:        v.BF16WGMMAMaxTile,
 		BF16WGMMAMaxStages:      v.BF16WGMMAMaxStages,
+		BF16WGMMAL2Prefetch:     v.BF16WGMMAL2Prefetch,
 		IndexerQueryWideMinRows: v.IndexerQueryWideMinRows,
 		TopKSelectNarrowMinRows: v.TopKSelectNarrowMinRows,
 		IndexerQueryLaneMinRows: v.IndexerQueryLaneMinRows,

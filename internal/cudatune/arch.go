@@ -161,6 +161,9 @@ type BF16WGMMAArch struct {
 	// wave of the clusters fits the device, MaxClusters, and a unit splits
 	// at most 8 ways; else the unit's last block).
 	Finish int
+	// L2Prefetch: the producer asks for the rest of its first unit's W
+	// into L2 at the start (bulk tensor prefetches).
+	L2Prefetch bool
 	// MaxClusters[s] is how many clusters of s blocks of the kernel the
 	// device runs at once (asked of the driver when the kernel loads;
 	// missing or 0: none).
@@ -250,8 +253,16 @@ var SM90 = Arch{
 			}},
 	},
 	BF16: BF16GEMMArch{SplitBlocksPerSM: 2,
-		// Not yet the choice for any shape (Use): not measured on the device.
-		WGMMA: BF16WGMMAArch{TokenTiles: []int{8, 16, 32, 64, 128}, MaxStages: 8, Finish: BF16WGMMAFinishCluster}},
+		// Finish: the reduction launch, the fastest of the three (or within
+		// 0.4 us of it) at every shape and batch measured, cold us, reduce /
+		// last block / clusters where they fit: V4-Flash's fused projection
+		// at 1 / 32 / 128 rows 10.98 / 12.43 / 15.46 against the last
+		// block's 11.71 / 14.87 / 25.60, ratio 128 at 128 rows 11.49 against
+		// 31.52 and clusters of 8 11.82, V4-Pro's fused at 128 rows 21.27
+		// against 31.29 (bench/results/2026-12-02-h200-j/bfwg/call1,
+		// TestBF16GEMMTimes). Not yet the choice for any shape (Use):
+		// cuBLASLt was as fast or faster from 32 rows in the same call.
+		WGMMA: BF16WGMMAArch{TokenTiles: []int{8, 16, 32, 64, 128}, MaxStages: 8, Finish: BF16WGMMAFinishReduce}},
 	// 264 blocks on the H200 since the kernel came (d614e60); not measured
 	// against other caps.
 	CompressStoreBlocksPerSM: 2,

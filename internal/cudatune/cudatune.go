@@ -98,6 +98,10 @@ type Knobs struct {
 	// architecture's BF16.WGMMA.MaxStages, what fits): a shallower ring
 	// leaves a multiprocessor's shared memory to the other stream's kernels.
 	BF16WGMMAMaxStages int
+	// BF16WGMMAL2Prefetch: positive, that kernel's producer asks for the
+	// rest of its first unit's W into L2 at the start; negative, never; 0:
+	// BF16.WGMMA.L2Prefetch.
+	BF16WGMMAL2Prefetch int
 	// IndexerKeys picks the kernels of the indexer compressor's step
 	// (CompressStep with mla.EntryIndexer; 0: SM90.Knobs.IndexerKeys).
 	IndexerKeys IndexerKeys

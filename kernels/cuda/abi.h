@@ -289,7 +289,7 @@ struct BF16MMAParams {
 static_assert(sizeof(BF16MMAParams) == 80, "BF16MMAParams differs from the Go table in kernels/cuda/abi");
 
 // Launch parameters of the sm_90a bf16 GEMM gemm_bf16_wgmma_bn<T> (mla.BF16GEMMArgs; W and X come as tensor maps), passed by value.
-// Layout (offset: member): natural alignment, 64 bytes.
+// Layout (offset: member): natural alignment, 72 bytes.
 struct BF16WGMMAParams {
     float* y;         //   0: Y, row r at y + r*y_stride (offset applied)
     float* part;      //   8: float32 partials [splits][m][n] (FINISH_REDUCE, FINISH_LAST with splits > 1), else null
@@ -304,8 +304,9 @@ struct BF16WGMMAParams {
     int stages;       //  52: the shared-memory ring's stages
     int smem_bytes;   //  56: the dynamic shared memory launched with (the kernel checks its layout fits)
     int finish;       //  60: how a split K is finished: BF16_WGMMA_FINISH_*
+    int l2_prefetch;  //  64: non-zero: the producer asks for its first unit's W past the ring into L2 at the start
 };
-static_assert(sizeof(BF16WGMMAParams) == 64, "BF16WGMMAParams differs from the Go table in kernels/cuda/abi");
+static_assert(sizeof(BF16WGMMAParams) == 72, "BF16WGMMAParams differs from the Go table in kernels/cuda/abi");
 
 // Launch parameters of the chain's act_quant and norm_quant (mla.ActQuantArgs, mla.NormQuantArgs), passed by value.
 // Layout (offset: member): natural alignment, 56 bytes.

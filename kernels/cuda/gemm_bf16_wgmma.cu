@@ -27,7 +27,10 @@
 // Rows of W past n and tokens past m come in as zeros (the tensor map's
 // out-of-bounds fill) and are never stored. Programmatic dependent launch:
 // the producer issues the first stages' W copies before griddepcontrol.wait
-// and their X copies after it; the consumers wait before any store.
+// and their X copies after it; the consumers wait before any store. With
+// l2_prefetch the producer first asks for the rest of its first unit's W
+// into L2 (bulk tensor prefetches), so that HBM sees the whole stream at
+// once rather than a ring's depth of it a block.
 //
 // Out (float32): with one split, Y straight from the accumulators. A split
 // K is added in split order (deterministic, the same operations and so the
@@ -203,6 +206,13 @@ __device__ __forceinline__ void produce(const TensorMap* tw, const TensorMap* tx
     tma_prefetch_map(tw);
     tma_prefetch_map(tx);
     const int stages = p.stages;
+    if (p.l2_prefetch && blockIdx.x < units) {
+        // The first unit's W past the ring's first pass, asked of HBM now
+        // into L2 (its stages then load from there).
+        const auto [z, c, tile] = unit_at(blockIdx.x, p.splits, p.chunks);
+        const int kb0 = z * p.kb_per_split, kb1 = min(kbn, kb0 + p.kb_per_split);
+        for (int kb = kb0 + stages; kb < kb1; kb++) tma_prefetch_2d(tw, kb * 128, tile * kRowTile);
+    }
     int s = 0;
     u32 ph = 0;
     bool first = true;

@@ -161,6 +161,13 @@ __device__ __forceinline__ float4 ld_cluster_f4(u32 addr) {
     return v;
 }
 
+// The 2D box of the tensor map at (inner c0, outer c1) brought into L2
+// only (no shared memory, no barrier): a stream's later boxes requested
+// from HBM early.
+__device__ __forceinline__ void tma_prefetch_2d(const TensorMap* map, int c0, int c1) {
+    asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global [%0, {%1, %2}];" ::"l"((u64)map), "r"(c0), "r"(c1) : "memory");
+}
+
 __device__ __forceinline__ void tma_prefetch_map(const TensorMap* map) {
     asm volatile("prefetch.tensormap [%0];" ::"l"((u64)map) : "memory");
 }

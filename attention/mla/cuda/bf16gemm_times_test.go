@@ -26,28 +26,30 @@ var (
 	bf16Times         = flag.Bool("bf16.times", false, "TestBF16GEMMTimes: time the projection GEMM's implementations at V4-Flash and V4-Pro shapes")
 	bf16TimesRows     = flag.String("bf16.times.rows", "1,8,32,64,128", "TestBF16GEMMTimes: the batch sizes, comma-separated")
 	bf16TimesVariants = flag.String("bf16.times.variants", "d2,d2/s16,d2f,d2f/s16,d4,d8,d4f,d8f,d8f/s16,d4w,d4wf,cublaslt",
-		"TestBF16GEMMTimes: the implementations, comma-separated: dD[w][f][/bB] (the tensor-core kernel of Knobs.BF16MMADepth D, w: 32 W rows a warp, f: its split K finished in the kernel, the split aiming at B blocks a multiprocessor, at most S splits), wg[/fF][/sS][/tT][/rR] (the sm_90a wgmma kernel, its split K finished by F: 1 the reduction, 2 the last block, 3 clusters; at most S splits; token tiles of at most T; a ring of at most R stages) or cublaslt")
+		"TestBF16GEMMTimes: the implementations, comma-separated: dD[w][f][/bB] (the tensor-core kernel of Knobs.BF16MMADepth D, w: 32 W rows a warp, f: its split K finished in the kernel, the split aiming at B blocks a multiprocessor, at most S splits), wg[/fF][/sS][/tT][/rR][/p] (the sm_90a wgmma kernel, its split K finished by F: 1 the reduction, 2 the last block, 3 clusters; at most S splits; token tiles of at most T; a ring of at most R stages; p: W prefetched into L2) or cublaslt")
 )
 
 // bf16TimesShapes are the projection GEMMs of the engine at decode: the
-// ratio-4 layer's one fused projection (2624 outputs) and ratio 128's
-// [wkv; wgate] (1024) at V4-Flash's hidden size 4096 and V4-Pro's 7168,
-// and weights_proj alone (64) at 7168.
+// ratio-4 layer's one fused projection (2624 outputs; 2048, [wkv; wgate]
+// alone, without the indexer) and ratio 128's [wkv; wgate] (1024) at
+// V4-Flash's hidden size 4096 and V4-Pro's 7168, and weights_proj alone
+// (64) at 7168.
 var bf16TimesShapes = []struct {
 	name string
 	n, k int
 }{
-	{"flash/r4-fused", 2624, 4096}, {"flash/r128", 1024, 4096},
-	{"pro/r4-fused", 2624, 7168}, {"pro/r128", 1024, 7168}, {"pro/weights_proj", 64, 7168},
+	{"flash/r4-fused", 2624, 4096}, {"flash/r4", 2048, 4096}, {"flash/r128", 1024, 4096},
+	{"pro/r4-fused", 2624, 7168}, {"pro/r4", 2048, 7168}, {"pro/r128", 1024, 7168}, {"pro/weights_proj", 64, 7168},
 }
 
-// bf16TimesVariant parses one -bf16.times.variants entry; wg[/fF][/sS][/tT][/rR] is
+// bf16TimesVariant parses one -bf16.times.variants entry; wg[/fF][/sS][/tT][/rR][/p] is
 // the sm_90a kernel (Knobs.BF16WGMMAMaxRows set), its split K finished the
 // way F names (Knobs.BF16WGMMAFinish: 1 the reduction launch, 2 the unit's
 // last block, 3 clusters; default the architecture's), at most S splits
 // (Knobs.BF16WGMMAMaxSplits), token tiles of at most T rows
 // (Knobs.BF16WGMMAMaxTile), a ring of at most R stages
-// (Knobs.BF16WGMMAMaxStages).
+// (Knobs.BF16WGMMAMaxStages), p: W prefetched into L2
+// (Knobs.BF16WGMMAL2Prefetch).
 func bf16TimesVariant(v string) (cudatune.Knobs, bool, error) {
 	if v == "cublaslt" {
 		return cudatune.Knobs{}, true, nil
@@ -61,6 +63,9 @@ func bf16TimesVariant(v string) (cudatune.Knobs, bool, error) {
 		for _, part := range strings.Split(strings.TrimPrefix(w, "/"), "/") {
 			n, err := strconv.Atoi(part[min(1, len(part)):])
 			switch {
+			case part == "p" && strings.HasPrefix(w, "/") && k.BF16WGMMAL2Prefetch == 0:
+				k.BF16WGMMAL2Prefetch = 1
+				continue
 			case !strings.HasPrefix(w, "/") || err != nil:
 			case part[0] == 'f' && n >= 1 && n <= 3 && k.BF16WGMMAFinish == 0:
 				k.BF16WGMMAFinish = n
@@ -75,7 +80,7 @@ func bf16TimesVariant(v string) (cudatune.Knobs, bool, error) {
 				k.BF16WGMMAMaxStages = n
 				continue
 			}
-			return k, false, fmt.Errorf("-bf16.times.variants: %q is not wg[/fF][/sS][/tT][/rR] (F 1, 2 or 3)", v)
+			return k, false, fmt.Errorf("-bf16.times.variants: %q is not wg[/fF][/sS][/tT][/rR][/p] (F 1, 2 or 3)", v)
 		}
 		return k, false, nil
 	}
@@ -290,13 +295,15 @@ func TestBF16TimesVariant(t *testing.T) {
 		{"wg/s3", cudatune.Knobs{BF16WGMMAMaxRows: math.MaxInt32, BF16WGMMAMaxSplits: 3}, false},
 		{"wg/t64", cudatune.Knobs{BF16WGMMAMaxRows: math.MaxInt32, BF16WGMMAMaxTile: 64}, false},
 		{"wg/f2/r4", cudatune.Knobs{BF16WGMMAMaxRows: math.MaxInt32, BF16WGMMAFinish: 2, BF16WGMMAMaxStages: 4}, false},
+		{"wg/p", cudatune.Knobs{BF16WGMMAMaxRows: math.MaxInt32, BF16WGMMAL2Prefetch: 1}, false},
+		{"wg/f3/p", cudatune.Knobs{BF16WGMMAMaxRows: math.MaxInt32, BF16WGMMAFinish: 3, BF16WGMMAL2Prefetch: 1}, false},
 	} {
 		k, lt, err := bf16TimesVariant(c.v)
 		require.NoError(t, err, c.v)
 		require.Equal(t, c.knobs, k, c.v)
 		require.Equal(t, c.lt, lt, c.v)
 	}
-	for _, bad := range []string{"x4", "d", "d4/bx", "4", "d4/sx", "wg/f4", "wg/x", "wgf1", "wg/", "wg/f1/f2", "wg/s0", "wg/s", "wg/t4", "wg/r1"} {
+	for _, bad := range []string{"x4", "d", "d4/bx", "4", "d4/sx", "wg/f4", "wg/x", "wgf1", "wg/", "wg/f1/f2", "wg/s0", "wg/s", "wg/t4", "wg/r1", "wg/p/p", "wgp"} {
 		_, _, err := bf16TimesVariant(bad)
 		require.Error(t, err, bad)
 	}

@@ -45,15 +45,18 @@ func bf16WGMMASmemBytes(bn, stages int) int {
 // bf16WGMMAChoice is what the knobs choose of a plan (zero: the
 // planner's own): the finish (Knobs.BF16WGMMAFinish), the most splits
 // (Knobs.BF16WGMMAMaxSplits), the largest token tile
-// (Knobs.BF16WGMMAMaxTile) and the deepest ring (Knobs.BF16WGMMAMaxStages).
+// (Knobs.BF16WGMMAMaxTile), the deepest ring (Knobs.BF16WGMMAMaxStages)
+// and the L2 prefetch of W (Knobs.BF16WGMMAL2Prefetch).
 type bf16WGMMAChoice struct {
 	finish, maxSplits, maxTile, maxStages int
+	l2Prefetch                            int // Knobs.BF16WGMMAL2Prefetch: 0 the architecture's, > 0 on, < 0 off
 }
 
 // bf16WGMMAPlan is one GEMM's launch of the kernel.
 type bf16WGMMAPlan struct {
 	bn, tiles, chunks, splits, kbPerSplit, grid, stages, smem int
 	finish                                                    int // abi.BF16WGMMAFinish*, with splits > 1
+	l2Prefetch                                                bool
 }
 
 // planBF16WGMMA picks the token tile (the smallest of a.TokenTiles, up to
@@ -95,6 +98,7 @@ func planBF16WGMMA(a cudatune.BF16WGMMAArch, o bf16WGMMAChoice, m, n, k, sms, sm
 		return p, fmt.Errorf("%w: %d bytes of shared memory a block hold fewer than 2 stages of token tile %d", ErrBF16WGMMAUnavailable, smemOptin, p.bn)
 	}
 	p.smem = bf16WGMMASmemBytes(p.bn, p.stages)
+	p.l2Prefetch = o.l2Prefetch > 0 || o.l2Prefetch == 0 && a.L2Prefetch
 	p.chunks = (m + p.bn - 1) / p.bn
 	p.tiles = (n + abi.BF16WGMMARowTile - 1) / abi.BF16WGMMARowTile
 	kbn := k / abi.BF16WGMMAStageK
@@ -316,7 +320,8 @@ func (b *Backend) bf16WGMMASupports(rows, n, k int) error {
 
 // bf16WGMMAPlan is the kernel's plan for a GEMM on this backend.
 func (b *Backend) bf16WGMMAPlan(rows, n, k int) (bf16WGMMAPlan, error) {
-	o := bf16WGMMAChoice{finish: b.knobs.BF16WGMMAFinish, maxSplits: b.knobs.BF16WGMMAMaxSplits, maxTile: b.knobs.BF16WGMMAMaxTile, maxStages: b.knobs.BF16WGMMAMaxStages}
+	o := bf16WGMMAChoice{finish: b.knobs.BF16WGMMAFinish, maxSplits: b.knobs.BF16WGMMAMaxSplits, maxTile: b.knobs.BF16WGMMAMaxTile, maxStages: b.knobs.BF16WGMMAMaxStages,
+		l2Prefetch: b.knobs.BF16WGMMAL2Prefetch}
 	return planBF16WGMMA(b.arch.BF16.WGMMA, o, rows, n, k, b.arch.SMs, b.arch.SharedPerBlockOptin, bf16MMAPartBytes)
 }
 
@@ -348,6 +353,11 @@ func bf16WGMMAParams(y, part, counters driver.DevicePtr, a *mla.BF16GEMMArgs, p 
 	g.I32(abi.BF16WGMMAStages, int32(p.stages))
 	g.I32(abi.BF16WGMMASmemBytes, int32(p.smem))
 	g.I32(abi.BF16WGMMAFinish, int32(p.finish))
+	pf := int32(0)
+	if p.l2Prefetch {
+		pf = 1
+	}
+	g.I32(abi.BF16WGMMAL2Prefetch, pf)
 	return g.Bytes()
 }
 

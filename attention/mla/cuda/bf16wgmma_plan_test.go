@@ -92,7 +92,7 @@ func TestPlanBF16WGMMA(t *testing.T) {
 	// Token tiles of at most 64: V4-Flash's ratio 128 at 128 rows in two
 	// chunks, 16 units split 8 ways (clusters of 8, where 16 fit).
 	a.MaxClusters = caps
-	p, err = planBF16WGMMA(a, bf16WGMMAChoice{maxTile: 64}, 128, 1024, 4096, sms, optin, bf16MMAPartBytes)
+	p, err = planBF16WGMMA(a, bf16WGMMAChoice{finish: abi.BF16WGMMAFinishCluster, maxTile: 64}, 128, 1024, 4096, sms, optin, bf16MMAPartBytes)
 	require.NoError(t, err)
 	require.Equal(t, [5]int{64, 2, 8, 128, abi.BF16WGMMAFinishCluster}, [5]int{p.bn, p.chunks, p.splits, p.grid, p.finish})
 }

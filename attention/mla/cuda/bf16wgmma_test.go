@@ -17,16 +17,17 @@ import (
 )
 
 // bf16WGFinishes are the sm_90a kernel's split-K finishes the tests run
-// beside the default backend's (the architecture's: clusters where they
-// fit, else the last block), each on a backend of its own
-// (Knobs.BF16WGMMAFinish), and the last block's finish of at most 3 splits
-// (Knobs.BF16WGMMAMaxSplits: other K ranges, held to the bound).
+// beside the default backend's (the architecture's: the reduction launch),
+// each on a backend of its own (Knobs.BF16WGMMAFinish): the unit's last
+// block, clusters where they fit (with W prefetched into L2,
+// Knobs.BF16WGMMAL2Prefetch), and the last block's finish of at most 3
+// splits (Knobs.BF16WGMMAMaxSplits: other K ranges, held to the bound).
 var bf16WGFinishes = []struct {
 	name  string
 	knobs cudatune.Knobs
 }{
-	{"wgmma-reduce", cudatune.Knobs{BF16WGMMAFinish: cudatune.BF16WGMMAFinishReduce}},
 	{"wgmma-last", cudatune.Knobs{BF16WGMMAFinish: cudatune.BF16WGMMAFinishLast}},
+	{"wgmma-cluster-l2pf", cudatune.Knobs{BF16WGMMAFinish: cudatune.BF16WGMMAFinishCluster, BF16WGMMAL2Prefetch: 1}},
 	{"wgmma-last-s3", cudatune.Knobs{BF16WGMMAFinish: cudatune.BF16WGMMAFinishLast, BF16WGMMAMaxSplits: 3}},
 }
 

@@ -108,8 +108,8 @@ func (b *Backend) BF16WGMMAPlanOf(rows, n, k int) string {
 	if err != nil {
 		return err.Error()
 	}
-	return fmt.Sprintf("%s grid %d tiles %d chunks %d splits %d (kb %d) finish %d stages %d smem %d",
-		abi.BF16WGMMAKernel(p.bn), p.grid, p.tiles, p.chunks, p.splits, p.kbPerSplit, p.finish, p.stages, p.smem)
+	return fmt.Sprintf("%s grid %d tiles %d chunks %d splits %d (kb %d) finish %d stages %d smem %d l2pf %v",
+		abi.BF16WGMMAKernel(p.bn), p.grid, p.tiles, p.chunks, p.splits, p.kbPerSplit, p.finish, p.stages, p.smem, p.l2Prefetch)
 }
 
 // BF16WGMMASplitKey is the sm_90a bf16 kernel's token tile and split of

@@ -218,7 +218,7 @@ func TestTopKParamsLayout(t *testing.T) {
 func TestStructTables(t *testing.T) {
 	sizes := map[string]int{
 		"Params": 176, "TopKParams": 80, "FP8GEMMParams": 72, "SplitKParams": 32, "BF16GEMMParams": 48,
-		"BF16MMAParams": 80, "BF16WGMMAParams": 64, "QuantParams": 56, "CompressParams": 120, "CompressStepParams": 96, "CompressFinishParams": 88,
+		"BF16MMAParams": 80, "BF16WGMMAParams": 72, "QuantParams": 56, "CompressParams": 120, "CompressStepParams": 96, "CompressFinishParams": 88,
 		"IndexerQueryParams": 24,
 	}
 	structs := map[string]bool{}

@@ -268,6 +268,7 @@ const (
 	BF16WGMMAStages
 	BF16WGMMASmemBytes
 	BF16WGMMAFinish
+	BF16WGMMAL2Prefetch
 	numBF16WGMMAFields
 )
 
@@ -293,6 +294,7 @@ var bf16WGMMAFields = [numBF16WGMMAFields]Field{
 	BF16WGMMAStages:     {"stages", I32, "", "the shared-memory ring's stages"},
 	BF16WGMMASmemBytes:  {"smem_bytes", I32, "", "the dynamic shared memory launched with (the kernel checks its layout fits)"},
 	BF16WGMMAFinish:     {"finish", I32, "", "how a split K is finished: BF16_WGMMA_FINISH_*"},
+	BF16WGMMAL2Prefetch: {"l2_prefetch", I32, "", "non-zero: the producer asks for its first unit's W past the ring into L2 at the start"},
 }
 
 // The sm_90a bf16 GEMM's shape (kernels/cuda/gemm_bf16_wgmma.cu): two
