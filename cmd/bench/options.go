@@ -23,7 +23,7 @@ import (
 // 6 lane; iwide=N: the wide query kernel from N token rows on; ilane=N: the lane query kernel from N token
 // rows on (before iwide's rule); istream=N: cudatune.IndexerStream 1 main, 2 the third
 // stream), tkscore=N (the top-k score kernel: cudatune.TopKScore 1 mma4q, 2 mma4t, 3 mma4u, 4 mma4v,
-// 5 mma4w; tknarrow=N: its select in 256-thread blocks from N rows on), ltsplitk=N (cuBLASLt's split-K
+// 5 mma4w, 6 mma4x; tknarrow=N: its select in 256-thread blocks from N rows on), ltsplitk=N (cuBLASLt's split-K
 // reductions: cudatune.CuBLASLtSplitK 1 any, 2 through the workspace, 3 none), bfwg=N bfwgfin=N bfwgs=N
 // bfwgt=N bfwgr=N bfwgpf=N (the compressor's bf16 projection GEMM on the sm_90a wgmma kernel up to N rows; its split K finished
 // by cudatune.BF16WGMMAFinish 1 the reduction launch, 2 the unit's last block, 3 clusters; at most N

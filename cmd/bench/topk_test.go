@@ -103,6 +103,8 @@ func TestTopKResultLogs(t *testing.T) {
 			{"decode-b32-mtp3", 64 << 10, 512, "mma4u+select5", 170.1, 16.9}, {"prefill=16K", 0, 512, "mma4u+select4n", 2521.7, 295.9}}},
 		{"2026-12-02-h200-i/topkp/call2/bench.log", 60, 0, []want{{"decode-b32-mtp3", 128 << 10, 512, "mma4u", 325.0, 28.3},
 			{"chunk=1K-at-3K", 0, 512, "mma4u+select4", 122.2, 40.8}}},
+		{"2026-12-02-h200-j/tscore/call1/bench.log", 92, 0, []want{{"decode-b32-mtp3", 8 << 10, 512, "mma4x", 29.9, 7.0},
+			{"decode-b32-mtp3-narrow", 64 << 10, 512, "mma4x", 99.3, 16.8}, {"prefill=16K", 0, 512, "mma4xe", 2406.9, 299.6}}},
 	} {
 		t.Run(c.log, func(t *testing.T) {
 			path := filepath.Join("..", "..", "bench", "results", filepath.FromSlash(c.log))

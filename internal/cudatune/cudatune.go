@@ -351,6 +351,10 @@ const (
 	// TopKScoreMMA4W: topk_score_mma4v with a block's values permuted along
 	// the mma's k, query and key alike, so that a key word is decoded once.
 	TopKScoreMMA4W
+	// TopKScoreMMA4X: topk_score_mma4w in blocks of 8 warps (the pass's
+	// setup half as often a multiprocessor), two blocks' B fragments a
+	// 16-byte load, the exact path's weight products set once a pass.
+	TopKScoreMMA4X
 )
 
 // DirectBlockWarps is the warps a block of a direct launch of qRows Q rows

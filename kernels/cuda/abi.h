@@ -137,6 +137,8 @@ enum {
     TOPK_SELECT_THREADS   = 1024,    // threads of a topk_select block, one row
     TOPK_SELECT4N_THREADS = 256,     // threads of a topk_select4n block, one row
     TOPK_SCORE4P_SHARED   = 55808,   // dynamic shared memory of a topk_score_mma4p block, bytes
+    TOPK_SCORE4X_THREADS  = 256,     // threads of a topk_score_mma4x block, 32 entries a warp
+    TOPK_SCORE4X_SHARED   = 74240,   // dynamic shared memory of a topk_score_mma4x block, bytes
 };
 
 // GEMM and chain kernel shapes (kernels/cuda/abi: FP8GEMM*, BF16GEMM*, BF16MMA*, ChainWarps).

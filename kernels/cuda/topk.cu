@@ -15,6 +15,9 @@
 //   topk_score_mma4t, topk_score_mma4u, topk_score_mma4v  topk_score_mma4q
 //                with the exact path's mma chains interleaved and no
 //                copies of C (v: fewer instructions a tile): the same keys.
+//   topk_score_mma4w  topk_score_mma4v with a key word decoded once.
+//   topk_score_mma4x  topk_score_mma4w in blocks of 8 warps, fewer loads
+//                and multiplies a head pair: the same keys.
 //   topk_select  grid (rows): block r finds the threshold key by a radix
 //                select over row r's keys (4 passes of 8 bits from the
 //                top), then writes the entries above it and the first
@@ -1493,6 +1496,469 @@ extern "C" __global__ void __launch_bounds__(TOPK_SCORE4_THREADS, 4) topk_score_
 extern "C" __global__ void __launch_bounds__(TOPK_SCORE4_THREADS, 4) topk_score_mma4u(const TopKParams p) { tk_score4p<true, 4, TK4_FB>(p); }
 extern "C" __global__ void __launch_bounds__(TOPK_SCORE4_THREADS, 4) topk_score_mma4v(const TopKParams p) { tk_score4p<true, 2, TK4_FB | TK4_CI>(p); }
 extern "C" __global__ void __launch_bounds__(TOPK_SCORE4_THREADS, 4) topk_score_mma4w(const TopKParams p) { tk_score4p<true, 2, TK4_FB | TK4_CI | TK4_KP>(p); }
+
+// topk_score_mma4x's dynamic shared memory (bytes): mma4w's B fragments
+// and C words, the head weights as quads {w0, w1, nm0, nm1} a head pair
+// (wn: mma4w's qw and the exact path's products), two tile buffers a warp
+// (first the pass's query rows as stored), the query's base bytes.
+#define TK4X_WN 34 // float4 between the rows of wn: 32 and 2, so the rows' LDS.128 hit distinct banks
+#define TK4X_QF 0
+#define TK4X_QC (TK4X_QF + 32 * 4 * 32 * 8)
+#define TK4X_QN (TK4X_QC + TOPK_SCORE4_ROWS * TK4_QC * 4)
+#define TK4X_KS (TK4X_QN + TOPK_SCORE4_ROWS * TK4X_WN * 16)
+#define TK4X_QB (TK4X_KS + TOPK_SCORE4X_THREADS / 32 * 2 * TK4P_WBUF * 4)
+static_assert(TK4X_QB + TOPK_SCORE4_ROWS * INDEXER_HEADS == TOPK_SCORE4X_SHARED, "TOPK_SCORE4X_SHARED is topk_score_mma4x's layout");
+static_assert(TOPK_SCORE4_ROWS * INDEXER_HEADS * MXFP4_ROW_BYTES <= TK4X_QB - TK4X_KS, "the pass's query rows fit the tile buffers");
+static_assert(TK4X_KS % 16 == 0 && TK4X_QN % 16 == 0 && TK4X_QC % 16 == 0, "cp.async destinations and 16-byte loads aligned");
+static_assert((INDEXER_HEADS * MXFP4_ROW_BYTES) % 16 == 0, "a query row is whole 16-byte chunks");
+
+// The uint4 of topk_score_mma4x's B fragments that lane l reads for head
+// pair j, blocks 2 bp and 2 bp + 1: {block 2 bp's pair, block 2 bp + 1's}.
+// One 16-byte load gives two blocks' fragments, 32 lanes 512 consecutive
+// bytes (no bank conflict).
+__device__ __forceinline__ int tk4x_qf(int j, int bp, int l) { return (j * 2 + bp) * 32 + l; }
+
+// topk_score_mma4x is topk_score_mma4w (the same integer dots, the same
+// float32 instructions in the same order for every (row, entry, head), so
+// the same keys) with fewer instructions around its loops and in them:
+// - blocks of NT = TOPK_SCORE4X_THREADS threads (8 warps), two a
+//   multiprocessor (the same 16 warps as mma4w's four blocks of 4): the
+//   pass's setup (the query copied, its scales resolved, its B fragments
+//   decoded) is done half as many times a multiprocessor and by twice the
+//   threads, much of the time of a block at 8K context, where each block
+//   scores one tile;
+// - the pass's query rows copied as 16-byte chunks (272 a row);
+// - the B fragments of two blocks in one 16-byte load (tk4x_qf): 2 loads a
+//   (head pair, m-tile pair) instead of 4, on every path;
+// - on the exact path, a head pair's weights with their products
+//   nm = fl(-w M) (mma4w computes them in the loop, two multiplies a pair)
+//   in one float4 {w0, w1, nm0, nm1} of wn, set once a pass: a pair's loop
+//   body loads its C quad and that quad, 4 loads and no multiply besides
+//   the mma and the contract's three instructions a (pair, head).
+// (H200, bench/results/2026-12-02-h200-j/tscore/call1: the same in blocks
+// of 4 warps, its exact loop software-pipelined, or with a pass's first
+// tile copied before its setup was no faster.)
+extern "C" __global__ void __launch_bounds__(TOPK_SCORE4X_THREADS, 2) topk_score_mma4x(const TopKParams p) {
+    constexpr int NT = TOPK_SCORE4X_THREADS;
+    extern __shared__ __align__(16) u8 tk4x_smem[];
+    uint4* qf = (uint4*)(tk4x_smem + TK4X_QF);   // B fragments: tk4x_qf
+    u32* qc = (u32*)(tk4x_smem + TK4X_QC);       // C: tk4_qc<2>; 0 where E_b > 231
+    float4* wn = (float4*)(tk4x_smem + TK4X_QN); // row t, pair j at t*TK4X_WN + j: {w0, w1, fl(-w0 M0), fl(-w1 M1)}
+    float* wnf = (float*)wn;                     // head h's weight at wq(t, h), its nm 2 floats on
+    u8* qraw = tk4x_smem + TK4X_KS;              // the pass's query rows as stored, [t][h][MXFP4_ROW_BYTES]
+    u8* qbase = tk4x_smem + TK4X_QB;             // row t, head h: E where its blocks are shifted, else 255
+    auto wq = [](int t, int h) { return (t * TK4X_WN + (h >> 1)) * 4 + (h & 1); };
+    __shared__ int rseq[TOPK_SCORE4_ROWS], rvis[TOPK_SCORE4_ROWS];
+    __shared__ long long rkeys[TOPK_SCORE4_ROWS];
+    __shared__ int qmn[4], qmx[4]; // the pass's least and largest query scale byte per block
+    __shared__ int klo, khi, xbad;  // the exact path: ek_min's range, and whether some query head rules it out
+    const int r0 = blockIdx.x * TOPK_SCORE4_ROWS;
+    if (r0 >= p.rows) return;
+    if (threadIdx.x < TOPK_SCORE4_ROWS) {
+        const int r = r0 + threadIdx.x;
+        TkRow t = {0, 0, 0, 0};
+        if (r < p.rows) t = tk_resolve(p, r);
+        const bool scored = t.valid && t.visible > p.top_k; // else topk_select needs no keys
+        rseq[threadIdx.x] = scored ? t.seq : -1;
+        rvis[threadIdx.x] = scored ? t.visible : 0;
+        rkeys[threadIdx.x] = t.keys;
+    }
+    __syncthreads();
+    pdl_wait(); // the rows resolved before the wait, as topk_select4 does: no kernel writes the plan
+    pdl_trigger();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tq = lane & 3;
+    const size_t page_bytes = (size_t)p.page_size * MXFP4_ROW_BYTES;
+    u32* wks = (u32*)(tk4x_smem + TK4X_KS) + warp * 2 * TK4P_WBUF; // this warp's two tile buffers
+    int done = 0; // rows of earlier passes (bit t)
+    for (;;) {
+        int seq = -1;
+        for (int t = 0; t < TOPK_SCORE4_ROWS; t++)
+            if (!((done >> t) & 1) && rseq[t] >= 0) {
+                seq = rseq[t];
+                break;
+            }
+        if (seq < 0) break;
+        int act = 0, n = 0;
+        for (int t = 0; t < TOPK_SCORE4_ROWS; t++)
+            if (rseq[t] == seq) {
+                act |= 1 << t;
+                n = max(n, rvis[t]);
+            }
+        done |= act;
+        const int ntiles = (n + NT - 1) / NT;
+        if ((int)blockIdx.y >= ntiles) continue; // block-uniform
+        __syncthreads(); // the previous pass is done with the query arrays and the tile buffers
+        const int* table = p.plan + TOPK_PLAN_HDR_WORDS + p.max_seqs * TOPK_SEQ_WORDS + (long long)seq * p.page_stride;
+        const int gy = gridDim.y;
+        // log2 of the page size where it is a power of two, else -1.
+        const int pshift = (p.page_size & (p.page_size - 1)) == 0 ? __ffs(p.page_size) - 1 : -1;
+        // The byte offset of this lane's entry of tile x in the cache, -1
+        // past the pass's entries or without a page (tk_page, the division
+        // a shift where it can be).
+        auto entry_off = [&](int x) -> long long {
+            const int s = x * NT + warp * 32 + lane;
+            if (x >= ntiles || s >= n) return -1;
+            const int j = pshift >= 0 ? s >> pshift : s / p.page_size;
+            const int pg = j < p.page_stride ? table[j] : -1;
+            return pg >= 0 && pg < p.num_pages ? (long long)pg * (long long)page_bytes + (long long)(s - j * p.page_size) * MXFP4_ROW_BYTES : -1;
+        };
+        // The warp's 32 entries of a tile into buffer buf, lane l's offset
+        // o: word i of the buffer is word i % TK_KW of entry i / TK_KW; as
+        // 16-byte chunks where they are one aligned run (the usual case).
+        auto issue = [&](int buf, long long o) {
+            u32* dst = wks + buf * TK4P_WBUF;
+            const long long o0 = __shfl_sync(0xFFFFFFFFu, o, 0);
+            const u8* src = p.cache + o0;
+            if (__all_sync(0xFFFFFFFFu, o >= 0 && o == o0 + (long long)MXFP4_ROW_BYTES * lane) && ((size_t)src & 15u) == 0) {
+#pragma unroll
+                for (int c = lane; c < TK4P_WBUF / 4; c += 32) tk_cp16(dst + 4 * c, src + 16 * c);
+                return;
+            }
+#pragma unroll
+            for (int m = 0; m < TK_KW; m++) {
+                const int i = m * 32 + lane, el = i / TK_KW, wd = i - el * TK_KW;
+                const long long oe = __shfl_sync(0xFFFFFFFFu, o, el);
+                tk_cp4(dst + i, p.cache + (oe >= 0 ? oe + 4 * wd : 0), oe >= 0);
+            }
+        };
+        int tile = blockIdx.y;
+        {
+            const u8* src = p.q + (size_t)r0 * (INDEXER_HEADS * MXFP4_ROW_BYTES);
+            constexpr int RW = INDEXER_HEADS * MXFP4_ROW_BYTES; // bytes of a row
+            if (((size_t)src & 15u) == 0) { // block-uniform
+                for (int i = threadIdx.x; i < TOPK_SCORE4_ROWS * RW / 16; i += NT)
+                    if ((act >> (i / (RW / 16))) & 1) tk_cp16(qraw + 16 * i, src + 16 * (size_t)i);
+            } else {
+                for (int i = threadIdx.x; i < TOPK_SCORE4_ROWS * RW / 4; i += NT)
+                    if ((act >> (i / (RW / 4))) & 1) tk_cp4(qraw + 4 * i, src + 4 * (size_t)i, true);
+            }
+        }
+        tk_cp_commit();
+        if (threadIdx.x < 4) {
+            qmn[threadIdx.x] = 255;
+            qmx[threadIdx.x] = 0;
+        }
+        if (threadIdx.x == 0) {
+            klo = -1024;
+            khi = 1024;
+            xbad = 0;
+        }
+        for (int i = threadIdx.x; i < TOPK_SCORE4_ROWS * INDEXER_HEADS; i += NT) {
+            const int t = i >> 6, h = i & 63;
+            wnf[wq(t, h)] = (act >> t) & 1 ? __uint_as_float((u32)p.w[(size_t)(r0 + t) * INDEXER_HEADS + h] << 16) : 0.f;
+        }
+        tk_cp_wait<0>();
+        __syncthreads(); // the query rows, the weights, qmn, qmx, klo, khi, xbad in place
+        // Each thread's share of the ranges, then one atomic a warp for each.
+        int tmn[4] = {255, 255, 255, 255}, tmx[4] = {0, 0, 0, 0}, tbad = 0, tlo = -1024, thi = 1024;
+        for (int i = threadIdx.x; i < TOPK_SCORE4_ROWS * INDEXER_HEADS; i += NT) {
+            const int t = i >> 6, h = i & 63;
+            int base = 255;
+            if ((act >> t) & 1) {
+                const u8* row = qraw + (t * INDEXER_HEADS + h) * MXFP4_ROW_BYTES;
+                int eq[4], mn = 255, mx = 0;
+#pragma unroll
+                for (int b = 0; b < 4; b++) {
+                    eq[b] = row[64 + b];
+                    mn = min(mn, eq[b]);
+                    mx = max(mx, eq[b]);
+                    tmn[b] = min(tmn[b], eq[b]);
+                    tmx[b] = max(tmx[b], eq[b]);
+                }
+                const bool shifted = mx - mn <= 3 && mx <= 231;
+#pragma unroll
+                for (int b = 0; b < 4; b++) {
+                    const int e = shifted ? mn : eq[b];
+                    qc[tk4_qc<2>(t, b, h)] = e <= 231 ? ((u32)(e + 23) << 23) | 0x400000u : 0u;
+                }
+                if (shifted) base = mn;
+                const u32 wb = __float_as_uint(wnf[wq(t, h)]) >> 16; // the bf16 weight
+                const int ef = (int)((wb >> 7) & 0xFFu);
+                const bool wzero = (wb & 0x7FFFu) == 0u;
+                bool bad = !shifted || ef == 255 || (ef == 0 && !wzero);
+                int lo = 107 - mn, hi = 362 - mn;
+                if (!bad && !wzero) {
+                    const int we = ef - 127 + mn;
+                    bad = we < 1 || we > 225;
+                    lo = max(lo, 130 - we);
+                    hi = min(hi, 354 - we);
+                }
+                tbad |= bad;
+                tlo = max(tlo, lo);
+                thi = min(thi, hi);
+            } else {
+#pragma unroll
+                for (int b = 0; b < 4; b++) qc[tk4_qc<2>(t, b, h)] = 0u;
+            }
+            qbase[i] = (u8)base;
+        }
+#pragma unroll
+        for (int b = 0; b < 4; b++) {
+            tmn[b] = __reduce_min_sync(0xFFFFFFFFu, tmn[b]);
+            tmx[b] = __reduce_max_sync(0xFFFFFFFFu, tmx[b]);
+        }
+        tbad = __reduce_or_sync(0xFFFFFFFFu, (unsigned)tbad);
+        tlo = __reduce_max_sync(0xFFFFFFFFu, tlo);
+        thi = __reduce_min_sync(0xFFFFFFFFu, thi);
+        if (lane == 0) {
+#pragma unroll
+            for (int b = 0; b < 4; b++) {
+                atomicMin(&qmn[b], tmn[b]);
+                atomicMax(&qmx[b], tmx[b]);
+            }
+            if (tbad) atomicMax(&xbad, 1);
+            atomicMax(&klo, tlo);
+            atomicMin(&khi, thi);
+        }
+        __syncthreads(); // qc, qbase, qmn, qmx, klo, khi, xbad written
+        // Item (t, h, bp): B column gg = 2 t + h % 2 of fragments (h / 2,
+        // 2 bp) and (h / 2, 2 bp + 1), lanes 4 gg + tt: tk_dec4 of the
+        // block's word tt, low half (x) and high half (y), as mma4w's.
+        for (int i = threadIdx.x; i < TOPK_SCORE4_ROWS * INDEXER_HEADS * 2; i += NT) {
+            const int bp = i & 1, th = i >> 1, t = th >> 6, h = th & 63, gg = 2 * t + (h & 1);
+            uint4 v[4] = {}; // lane 4 gg + tt: {block 2 bp: x, y, block 2 bp + 1: x, y}
+            if ((act >> t) & 1) {
+                const u8* raw = qraw + th * MXFP4_ROW_BYTES;
+                const int base = qbase[th];
+#pragma unroll
+                for (int hb = 0; hb < 2; hb++) {
+                    const int b = 2 * bp + hb;
+                    const int sh = base == 255 ? 0 : raw[64 + b] - base;
+                    const u32 tlo = TK_DEC_LO << sh, thi = TK_DEC_HI << sh;
+                    const u32* w = (const u32*)(raw + 16 * b); // 4-byte aligned (68-byte rows)
+                    const u32 ws[4] = {w[0], w[1], w[2], w[3]};
+#pragma unroll
+                    for (int tt = 0; tt < 4; tt++) {
+                        const u32 x = tk_dec4(ws[tt], tlo, thi), y = tk_dec4(ws[tt] >> 16, tlo, thi);
+                        if (hb == 0) {
+                            v[tt].x = x;
+                            v[tt].y = y;
+                        } else {
+                            v[tt].z = x;
+                            v[tt].w = y;
+                        }
+                    }
+                }
+            }
+#pragma unroll
+            for (int tt = 0; tt < 4; tt++) qf[tk4x_qf(h >> 1, bp, 4 * gg + tt)] = v[tt];
+        }
+        // The exact path's products nm = fl(-w M), M block 0's C (inactive
+        // rows: w = 0, M = 0), as mma4w computes them in its loop.
+        for (int i = threadIdx.x; i < TOPK_SCORE4_ROWS * INDEXER_HEADS; i += NT) {
+            const int t = i >> 6, h = i & 63;
+            wnf[wq(t, h) + 2] = __fmul_rn(-wnf[wq(t, h)], __uint_as_float(qc[tk4_qc<2>(t, 0, h)]));
+        }
+        __syncthreads(); // the query arrays in place; the query rows are read: the tile buffers are free
+        const bool mine = (act >> tq) & 1; // this lane's row is in the pass
+        const int vis = rvis[tq];
+        u32* keys = p.scratch + rkeys[tq];
+        const u8* qrow = p.q + (size_t)(r0 + tq) * (INDEXER_HEADS * MXFP4_ROW_BYTES);
+        const u32* qcr = qc + tq * TK4_QC;
+        const float4* wnr = wn + tq * TK4X_WN;
+        long long ocur = entry_off(tile);
+        issue(0, ocur);
+        tk_cp_commit();
+        long long onxt = entry_off(tile + gy);
+        for (int it = 0; tile < ntiles; it++, tile += gy) {
+            if (tile + gy < ntiles) issue((it + 1) & 1, onxt); // warp-uniform
+            tk_cp_commit();
+            const long long onn = entry_off(tile + 2 * gy); // its table read overlaps this tile's scoring
+            tk_cp_wait<1>();
+            __syncwarp(); // every lane's copies of this tile landed
+            const u32* ks = wks + (it & 1) * TK4P_WBUF;
+            const int sw = tile * NT + warp * 32; // the entry of ks's first
+            const unsigned have = __ballot_sync(0xFFFFFFFFu, ocur >= 0); // entries with a page
+            if (sw < n) { // warp-uniform
+                bool fok = true, xok = true;
+                if (ocur >= 0) {
+                    const u32 sc = ks[lane * TK_KW + 16];
+                    int mn = 255, mx = 0;
+#pragma unroll
+                    for (int b = 0; b < 4; b++) {
+                        const int ek = (int)((sc >> (8 * b)) & 0xFFu);
+                        fok = fok && qmx[b] <= 231 && ek + qmn[b] >= 107 && ek + qmx[b] <= 371;
+                        mn = min(mn, ek);
+                        mx = max(mx, ek);
+                    }
+                    xok = mx - mn <= 3 && mn >= klo && mn <= khi;
+                }
+                const bool exact = __all_sync(0xFFFFFFFFu, xok) && xbad == 0;
+                const bool fast = __all_sync(0xFFFFFFFFu, fok);
+                uint4 a[2][4];
+                u32 ksc[2][2];
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++) {
+                    const u32* k0 = ks + (mt * 16 + g) * TK_KW;
+                    const u32* k1 = k0 + 8 * TK_KW;
+                    ksc[mt][0] = k0[16];
+                    ksc[mt][1] = k1[16];
+                    int m0 = 0, m1 = 0;
+                    if (exact) {
+                        m0 = 255;
+                        m1 = 255;
+#pragma unroll
+                        for (int b = 0; b < 4; b++) {
+                            m0 = min(m0, (int)((ksc[mt][0] >> (8 * b)) & 0xFFu));
+                            m1 = min(m1, (int)((ksc[mt][1] >> (8 * b)) & 0xFFu));
+                        }
+                    }
+#pragma unroll
+                    for (int b = 0; b < 4; b++) {
+                        const int s0b = exact ? (int)((ksc[mt][0] >> (8 * b)) & 0xFFu) - m0 : 0;
+                        const int s1b = exact ? (int)((ksc[mt][1] >> (8 * b)) & 0xFFu) - m1 : 0;
+                        const u32 t0l = TK_DEC_LO << s0b, t0h = TK_DEC_HI << s0b, t1l = TK_DEC_LO << s1b, t1h = TK_DEC_HI << s1b;
+                        const u32 w0 = k0[4 * b + tq], w1 = k1[4 * b + tq];
+                        a[mt][b].x = tk_dec4(w0, t0l, t0h);
+                        a[mt][b].y = tk_dec4(w1, t1l, t1h);
+                        a[mt][b].z = tk_dec4(w0 >> 16, t0l, t0h);
+                        a[mt][b].w = tk_dec4(w1 >> 16, t1l, t1h);
+                    }
+                }
+                float acc[2][2] = {{0.f, 0.f}, {0.f, 0.f}}; // the head sums of (m-tile, entry c)
+                const uint4* qfp = qf + lane;
+                if (exact) {
+                    // mma4w's exact loop, two head pairs a step; its nm from wn.
+                    const u32* qcp = qcr;
+                    const float4* wnp = wnr;
+#pragma unroll 1
+                    for (int j0 = 0; j0 < 32; j0 += 2, qfp += 2 * 2 * 32, qcp += 2 * 8, wnp += 2) {
+                        uint4 cm[2]; // {c0, c1, c0, c1}: pair j0 + jj's C quad
+                        int d[2][2][4];
+#pragma unroll
+                        for (int jj = 0; jj < 2; jj++) cm[jj] = *(const uint4*)(qcp + jj * 8);
+#pragma unroll
+                        for (int bp = 0; bp < 2; bp++) {
+                            uint4 bq2[2];
+#pragma unroll
+                            for (int jj = 0; jj < 2; jj++) bq2[jj] = qfp[(jj * 2 + bp) * 32];
+#pragma unroll
+                            for (int hb = 0; hb < 2; hb++)
+#pragma unroll
+                                for (int jj = 0; jj < 2; jj++) {
+                                    const int b = 2 * bp + hb;
+                                    const uint2 bq = hb ? make_uint2(bq2[jj].z, bq2[jj].w) : make_uint2(bq2[jj].x, bq2[jj].y);
+#pragma unroll
+                                    for (int mt = 0; mt < 2; mt++) {
+                                        if (b == 0)
+                                            tk_mma_q(d[jj][mt], a[mt][0], bq, cm[jj]);
+                                        else
+                                            tk_mma_accq(d[jj][mt], a[mt][b], bq);
+                                    }
+                                }
+                        }
+#pragma unroll
+                        for (int jj = 0; jj < 2; jj++) {
+                            const float4 w4 = wnp[jj]; // {w0, w1, nm0, nm1}
+#pragma unroll
+                            for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                                for (int i = 0; i < 4; i++) {
+                                    const int c = i >> 1, hp = i & 1;
+                                    const float f = __int_as_float(max(d[jj][mt][i], (int)(hp ? cm[jj].y : cm[jj].x)));
+                                    acc[mt][c] = __fadd_rn(acc[mt][c], __fmaf_rn(hp ? w4.y : w4.x, f, hp ? w4.w : w4.z));
+                                }
+                        }
+                    }
+#pragma unroll
+                    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                        for (int c = 0; c < 2; c++) {
+                            int mn = 255;
+#pragma unroll
+                            for (int b = 0; b < 4; b++) mn = min(mn, (int)((ksc[mt][c] >> (8 * b)) & 0xFFu));
+                            acc[mt][c] = __fmul_rn(acc[mt][c], tk_pow2(mn - 129));
+                        }
+                } else if (fast) {
+                    float sk[2][2][4]; // 2^(ek_b - 129) of this lane's entries
+#pragma unroll
+                    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                        for (int c = 0; c < 2; c++)
+#pragma unroll
+                            for (int b = 0; b < 4; b++) sk[mt][c][b] = tk_pow2((int)((ksc[mt][c] >> (8 * b)) & 0xFFu) - 129);
+                    // mma4w's fast path: block by block, each block's dots
+                    // folded into the (pair, head) sums at once.
+                    const u32* qcp = qcr;
+                    const float4* wnp = wnr;
+#pragma unroll 2
+                    for (int j = 0; j < 32; j++, qfp += 2 * 32, qcp += 8, wnp++) {
+                        const uint4 c01 = *(const uint4*)qcp, c23 = *(const uint4*)(qcp + 4);
+                        const uint2 cq[4] = {make_uint2(c01.x, c01.y), make_uint2(c01.z, c01.w), make_uint2(c23.x, c23.y), make_uint2(c23.z, c23.w)};
+                        const uint4 q01 = qfp[0], q23 = qfp[32];
+                        const uint2 bqs[4] = {make_uint2(q01.x, q01.y), make_uint2(q01.z, q01.w), make_uint2(q23.x, q23.y), make_uint2(q23.z, q23.w)};
+                        float dot[2][4];
+#pragma unroll
+                        for (int b = 0; b < 4; b++) {
+                            int d[2][4];
+#pragma unroll
+                            for (int mt = 0; mt < 2; mt++) tk_mma_q(d[mt], a[mt][b], bqs[b], make_uint4(cq[b].x, cq[b].y, cq[b].x, cq[b].y));
+#pragma unroll
+                            for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                                for (int i = 0; i < 4; i++) {
+                                    const int c = i >> 1, hp = i & 1;
+                                    const float pq = __fsub_rn(__int_as_float(d[mt][i]), __uint_as_float(hp ? cq[b].y : cq[b].x));
+                                    dot[mt][i] = b == 0 ? __fmul_rn(pq, sk[mt][c][b]) : __fmaf_rn(pq, sk[mt][c][b], dot[mt][i]);
+                                }
+                        }
+                        const float2 w2 = *(const float2*)wnp;
+#pragma unroll
+                        for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                            for (int i = 0; i < 4; i++) {
+                                const int c = i >> 1, hp = i & 1;
+                                acc[mt][c] = __fadd_rn(acc[mt][c], __fmul_rn(hp ? w2.y : w2.x, fmaxf(dot[mt][i], 0.f)));
+                            }
+                    }
+                } else {
+#pragma unroll 1
+                    for (int j = 0; j < 32; j++) {
+                        const uint4 c01 = *(const uint4*)(qcr + j * 8), c23 = *(const uint4*)(qcr + j * 8 + 4);
+                        const uint2 cq[4] = {make_uint2(c01.x, c01.y), make_uint2(c01.z, c01.w), make_uint2(c23.x, c23.y), make_uint2(c23.z, c23.w)};
+                        const uint4 q01 = qf[tk4x_qf(j, 0, lane)], q23 = qf[tk4x_qf(j, 1, lane)];
+                        const uint2 bqs[4] = {make_uint2(q01.x, q01.y), make_uint2(q01.z, q01.w), make_uint2(q23.x, q23.y), make_uint2(q23.z, q23.w)};
+                        int d[2][4][4];
+#pragma unroll
+                        for (int b = 0; b < 4; b++)
+#pragma unroll
+                            for (int mt = 0; mt < 2; mt++) tk_mma_q(d[mt][b], a[mt][b], bqs[b], make_uint4(cq[b].x, cq[b].y, cq[b].x, cq[b].y));
+                        const float2 w2 = *(const float2*)(wnr + j);
+#pragma unroll
+                        for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                            for (int i = 0; i < 4; i++) {
+                                const int c = i >> 1, hp = i & 1, h = 2 * j + hp;
+                                float dot = 0.f;
+#pragma unroll
+                                for (int b = 0; b < 4; b++) {
+                                    const u32 cb = hp ? cq[b].y : cq[b].x;
+                                    const int dd = d[mt][b][i] - (int)cb;
+                                    const int e = cb != 0u ? (int)(cb >> 23) - 23 : (mine ? (int)qrow[h * MXFP4_ROW_BYTES + 64 + b] : 0);
+                                    const int ek = (int)((ksc[mt][c] >> (8 * b)) & 0xFFu);
+                                    const float pb = tk_scale(dd, e + ek - 256);
+                                    dot = b == 0 ? pb : __fadd_rn(dot, pb);
+                                }
+                                const float rl = dot > 0.f ? dot : 0.f;
+                                acc[mt][c] = __fadd_rn(acc[mt][c], __fmul_rn(hp ? w2.y : w2.x, rl));
+                            }
+                    }
+                }
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                    for (int c = 0; c < 2; c++) {
+                        const int l = mt * 16 + c * 8 + g, s = sw + l;
+                        if (mine && s < vis) keys[s] = (have >> l) & 1u ? tk_key(acc[mt][c]) : 0u; // an entry without a page scores NaN
+                    }
+            }
+            __syncwarp(); // the buffer is read before the next tile but one is copied into it
+            ocur = onxt;
+            onxt = onn;
+        }
+        tk_cp_wait<0>(); // nothing in flight into the buffers the next pass's query rows take
+    }
+}
 
 // Block-wide exclusive prefix sum of v over TOPK_SELECT_THREADS threads;
 // *total receives the sum. Every thread must call it.

@@ -12,13 +12,16 @@ const (
 	TopKScoreMMA4Kernel = "topk_score_mma4"
 	// TopKScoreMMA4PKernel, TopKScoreMMA4QKernel, TopKScoreMMA4TKernel,
 	// TopKScoreMMA4UKernel, TopKScoreMMA4VKernel and TopKScoreMMA4WKernel need
-	// abi.TopKScore4PShared bytes of dynamic shared memory.
+	// abi.TopKScore4PShared bytes of dynamic shared memory;
+	// TopKScoreMMA4XKernel (blocks of abi.TopKScore4XThreads)
+	// abi.TopKScore4XShared.
 	TopKScoreMMA4PKernel = "topk_score_mma4p"
 	TopKScoreMMA4QKernel = "topk_score_mma4q"
 	TopKScoreMMA4TKernel = "topk_score_mma4t"
 	TopKScoreMMA4UKernel = "topk_score_mma4u"
 	TopKScoreMMA4VKernel = "topk_score_mma4v"
 	TopKScoreMMA4WKernel = "topk_score_mma4w"
+	TopKScoreMMA4XKernel = "topk_score_mma4x"
 	TopKSelectKernel     = "topk_select"
 	// TopKSelect2Kernel takes the row's keys in dynamic shared memory
 	// where they fit.

@@ -153,7 +153,7 @@ func NewTuned(opts Options, k cudatune.Knobs) (*Backend, error) {
 	if k.IndexerQuery < cudatune.IndexerQueryLate || k.IndexerQuery > cudatune.IndexerQueryLane {
 		return nil, fmt.Errorf("cuda: Knobs.IndexerQuery = %d names no kernel", k.IndexerQuery)
 	}
-	if k.TopKScore < cudatune.TopKScoreMMA4Q || k.TopKScore > cudatune.TopKScoreMMA4W {
+	if k.TopKScore < cudatune.TopKScoreMMA4Q || k.TopKScore > cudatune.TopKScoreMMA4X {
 		return nil, fmt.Errorf("cuda: Knobs.TopKScore = %d names no kernel", k.TopKScore)
 	}
 	if k.IndexerStream != cudatune.IndexerStreamMain && k.IndexerStream != cudatune.IndexerStreamAux {

@@ -119,7 +119,8 @@
 // two or four head pairs a step with no copies of C (and u's fast path
 // block by block), and topk_score_mma4v is t with u's fast path and fewer
 // instructions around each tile (its entries copied in 16-byte chunks),
-// mma4w v with a block's values permuted along the mma's k.
+// mma4w v with a block's values permuted along the mma's k, and mma4x w
+// in blocks of 8 warps with fewer loads and multiplies a head pair.
 // cudatune.Knobs.TopKScore picks one (mma4u by default).
 // topk_select2 keeps a row's keys in shared memory where they fit,
 // and topk_select3 adds a sampled candidate sweep for the rows

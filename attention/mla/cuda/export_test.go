@@ -134,8 +134,8 @@ func (b *Backend) KernelSharedBytes(name string) (int, error) {
 
 // SetTopKScore picks the top-k kernels: a score kernel, "dp4a"
 // (topk_score), "mma" (topk_score_mma), "mma4" (topk_score_mma4), "mma4p"
-// (topk_score_mma4p), "mma4q", "mma4t", "mma4u", "mma4v", "mma4w"
-// (topk_score_mma4q, _mma4t, _mma4u, _mma4v, _mma4w) or "default", optionally followed by "+" and a
+// (topk_score_mma4p), "mma4q", "mma4t", "mma4u", "mma4v", "mma4w", "mma4x"
+// (topk_score_mma4q, _mma4t, _mma4u, _mma4v, _mma4w, _mma4x) or "default", optionally followed by "+" and a
 // select kernel: "radix" (topk_select), "select2" (topk_select2) or
 // "select2g" (topk_select2 reading every row's keys from global memory),
 // "select3" (topk_select3) or "select3s" (topk_select3 with 40 KiB of
@@ -169,6 +169,8 @@ func (b *Backend) SetTopKScore(kernel string) {
 		b.topk.kernel = topkScoreMMA4V
 	case "mma4w":
 		b.topk.kernel = topkScoreMMA4W
+	case "mma4x":
+		b.topk.kernel = topkScoreMMA4X
 	default:
 		panic("cuda: SetTopKScore(" + kernel + ")")
 	}
@@ -218,7 +220,7 @@ func (b *Backend) TopKKernelResources(kernel string) string {
 		return err.Error()
 	}
 	fn := map[string]*driver.Function{"dp4a": b.topk.score, "mma": b.topk.scoreMMA, "mma4": b.topk.scoreMMA4,
-		"mma4p": b.topk.scoreMMA4P, "mma4q": b.topk.scoreMMA4Q, "mma4t": b.topk.scoreMMA4T, "mma4u": b.topk.scoreMMA4U, "mma4v": b.topk.scoreMMA4V, "mma4w": b.topk.scoreMMA4W, "select": b.topk.select_, "select2": b.topk.select2, "select3": b.topk.select3, "select4": b.topk.select4, "select4n": b.topk.select4n, "select5": b.topk.select5, "select5n": b.topk.select5n, "select6": b.topk.select6}[kernel]
+		"mma4p": b.topk.scoreMMA4P, "mma4q": b.topk.scoreMMA4Q, "mma4t": b.topk.scoreMMA4T, "mma4u": b.topk.scoreMMA4U, "mma4v": b.topk.scoreMMA4V, "mma4w": b.topk.scoreMMA4W, "mma4x": b.topk.scoreMMA4X, "select": b.topk.select_, "select2": b.topk.select2, "select3": b.topk.select3, "select4": b.topk.select4, "select4n": b.topk.select4n, "select5": b.topk.select5, "select5n": b.topk.select5n, "select6": b.topk.select6}[kernel]
 	if fn == nil {
 		return "no such kernel"
 	}

@@ -28,7 +28,7 @@ func TestNewTunedRefusesShapes(t *testing.T) {
 		{"direct Q rows", cudatune.Knobs{DirectQRows: 9}, "Knobs.DirectQRows = 9"},
 		{"direct occupancy", cudatune.Knobs{DirectWarps: 8, DirectMinBlocks: 9}, "Knobs.DirectMinBlocks = 9"},
 		{"bf16 MMA depth", cudatune.Knobs{BF16MMADepth: 3}, "Knobs.BF16MMADepth = 3"},
-		{"top-k score kernel", cudatune.Knobs{TopKScore: 6}, "Knobs.TopKScore = 6"},
+		{"top-k score kernel", cudatune.Knobs{TopKScore: 7}, "Knobs.TopKScore = 7"},
 		{"indexer query kernel", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryLane + 1}, "Knobs.IndexerQuery = 7"},
 		{"bf16 MMA reduce", cudatune.Knobs{BF16MMAReduce: 3}, "Knobs.BF16MMAReduce = 3"},
 		{"indexer stream", cudatune.Knobs{IndexerStream: 3}, "Knobs.IndexerStream = 3"},

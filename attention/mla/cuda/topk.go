@@ -23,7 +23,7 @@ type topkState struct {
 	score, scoreMMA, scoreMMA4, select_ *driver.Function
 	scoreMMA4P, scoreMMA4Q              *driver.Function
 	scoreMMA4T, scoreMMA4U, scoreMMA4V  *driver.Function
-	scoreMMA4W                          *driver.Function
+	scoreMMA4W, scoreMMA4X              *driver.Function
 	select2, select3, select4           *driver.Function
 	select4n, select5, select5n         *driver.Function
 	select6                             *driver.Function
@@ -102,6 +102,7 @@ const (
 	topkScoreMMA4U                    // topk_score_mma4u: topk_score_mma4t with four head pairs a step
 	topkScoreMMA4V                    // topk_score_mma4v: topk_score_mma4t with mma4u's fast path, a tile's entries copied in 16-byte chunks
 	topkScoreMMA4W                    // topk_score_mma4w: topk_score_mma4v with the block's values permuted along k (a key word decoded once)
+	topkScoreMMA4X                    // topk_score_mma4x: topk_score_mma4w in blocks of 8 warps, fewer loads and multiplies a head pair
 )
 
 // topkKnobScore is the score kernel IndexerTopK launches unless a test
@@ -117,6 +118,8 @@ func topkKnobScore(k cudatune.TopKScore) topkScore {
 		return topkScoreMMA4V
 	case cudatune.TopKScoreMMA4W:
 		return topkScoreMMA4W
+	case cudatune.TopKScoreMMA4X:
+		return topkScoreMMA4X
 	}
 	return topkScoreMMA4Q
 }
@@ -133,6 +136,10 @@ const topkTileBlocksPerSM = 16
 // wave of them over the launch's row groups, so that each block scores
 // many tiles for the one decoding of its rows' queries.
 const topkMMA4BlocksPerSM = 4
+
+// topkMMA4XBlocksPerSM is topk_score_mma4x's (blocks of
+// abi.TopKScore4XThreads).
+const topkMMA4XBlocksPerSM = 2
 
 // LoadTopK compiles (or loads from the cache) the top-k module if it is
 // not loaded yet. IndexerTopK calls it; an engine calls it at setup so
@@ -162,15 +169,19 @@ func (b *Backend) LoadTopK() error {
 		s.err = errors.Join(fmt.Errorf("cuda: top-k kernels: %w", err), mod.Unload())
 		return s.err
 	}
-	var pipelined [6]*driver.Function
+	var pipelined [7]*driver.Function
 	for i, name := range []string{kernels.TopKScoreMMA4PKernel, kernels.TopKScoreMMA4QKernel, kernels.TopKScoreMMA4TKernel, kernels.TopKScoreMMA4UKernel,
-		kernels.TopKScoreMMA4VKernel, kernels.TopKScoreMMA4WKernel} {
+		kernels.TopKScoreMMA4VKernel, kernels.TopKScoreMMA4WKernel, kernels.TopKScoreMMA4XKernel} {
 		fn, err := mod.Function(name)
 		if err == nil {
 			// Their dynamic shared memory is past the default 48 KiB; four
-			// blocks a multiprocessor need the whole carveout as shared
-			// memory.
-			err = errors.Join(fn.SetAttribute(driver.FuncMaxDynamicSharedSizeBytes, abi.TopKScore4PShared),
+			// blocks a multiprocessor (mma4x: two) need the whole carveout
+			// as shared memory.
+			shared := abi.TopKScore4PShared
+			if name == kernels.TopKScoreMMA4XKernel {
+				shared = abi.TopKScore4XShared
+			}
+			err = errors.Join(fn.SetAttribute(driver.FuncMaxDynamicSharedSizeBytes, shared),
 				fn.SetAttribute(driver.FuncPreferredSharedCarveout, 100))
 		}
 		if err != nil {
@@ -200,7 +211,7 @@ func (b *Backend) LoadTopK() error {
 	sel2 := sels[0]
 	s.mod, s.score, s.scoreMMA, s.scoreMMA4, s.select_, s.select2 = mod, score, scoreMMA, scoreMMA4, sel, sel2
 	s.scoreMMA4P, s.scoreMMA4Q, s.select3, s.select4 = pipelined[0], pipelined[1], sels[1], sels[2]
-	s.scoreMMA4T, s.scoreMMA4U, s.scoreMMA4V, s.scoreMMA4W = pipelined[2], pipelined[3], pipelined[4], pipelined[5]
+	s.scoreMMA4T, s.scoreMMA4U, s.scoreMMA4V, s.scoreMMA4W, s.scoreMMA4X = pipelined[2], pipelined[3], pipelined[4], pipelined[5], pipelined[6]
 	s.select4n, s.select5, s.select5n, s.select6 = sels[3], sels[4], sels[5], sels[6]
 	return nil
 }
@@ -217,9 +228,15 @@ func topkGrid(sms, rows int) int {
 // all of them are resident at once (at least 1, at most the tiles of a row
 // at MaxTopKEntries).
 func topkGrid4(sms, rows int) (groups, tiles int) {
+	return topkGrid4For(sms, rows, abi.TopKScore4Threads, topkMMA4BlocksPerSM)
+}
+
+// topkGrid4For is topkGrid4 for a kernel of threads entries a tile and
+// perSM resident blocks a multiprocessor.
+func topkGrid4For(sms, rows, threads, perSM int) (groups, tiles int) {
 	groups = (rows + abi.TopKScore4Rows - 1) / abi.TopKScore4Rows
-	maxTiles := (mla.MaxTopKEntries + abi.TopKScore4Threads - 1) / abi.TopKScore4Threads
-	return groups, max(1, min(maxTiles, topkMMA4BlocksPerSM*sms/max(groups, 1)))
+	maxTiles := (mla.MaxTopKEntries + threads - 1) / threads
+	return groups, max(1, min(maxTiles, perSM*sms/max(groups, 1)))
 }
 
 // IndexerTopK implements mla.TopKSelector: a score kernel
@@ -304,6 +321,9 @@ func (b *Backend) indexerTopK(ctx context.Context, a *mla.TopKArgs, scoring, sel
 		switch kernel {
 		case topkScoreDP4A:
 			fn = b.topk.score
+		case topkScoreMMA4X:
+			groups, tiles := topkGrid4For(sms, a.Rows, abi.TopKScore4XThreads, topkMMA4XBlocksPerSM)
+			fn, grid, block, shared = b.topk.scoreMMA4X, driver.Dim3{uint32(groups), uint32(tiles), 1}, abi.TopKScore4XThreads, abi.TopKScore4XShared
 		case topkScoreMMA4, topkScoreMMA4P, topkScoreMMA4Q, topkScoreMMA4T, topkScoreMMA4U, topkScoreMMA4V, topkScoreMMA4W:
 			groups, tiles := topkGrid4(sms, a.Rows)
 			fn, grid, block = b.topk.scoreMMA4, driver.Dim3{uint32(groups), uint32(tiles), 1}, abi.TopKScore4Threads

@@ -20,7 +20,7 @@ import (
 // topkKernels are the score kernels (and select kernels, after a "+"),
 // each test run with every one (the shared backend is left on the
 // default).
-var topkKernels = []string{"mma", "dp4a", "mma4", "mma4p", "mma4q", "mma4t", "mma4u", "mma4v", "mma4w", "mma4+select2", "mma4+select2g", "mma4+select3", "mma4+select3s", "mma4q+select4", "mma4+select4s", "mma4+select4g", "mma4u+select4n", "mma4+select4ns", "mma4+select4ng", "mma4u+select5", "mma4+select5s", "mma4u+select5n", "mma4u+select6"}
+var topkKernels = []string{"mma", "dp4a", "mma4", "mma4p", "mma4q", "mma4t", "mma4u", "mma4v", "mma4w", "mma4x", "mma4+select2", "mma4+select2g", "mma4+select3", "mma4+select3s", "mma4q+select4", "mma4+select4s", "mma4+select4g", "mma4u+select4n", "mma4+select4ns", "mma4+select4ng", "mma4u+select5", "mma4+select5s", "mma4u+select5n", "mma4u+select6"}
 
 func TestCUDATopKConformance(t *testing.T) {
 	b := backend(t)
@@ -218,9 +218,9 @@ func BenchmarkCUDATopK(bm *testing.B) {
 	}
 	var cases []benchCase
 	for _, ctxLen := range []int{8 << 10, 64 << 10, 128 << 10, 1 << 20} {
-		kernels := []string{"mma+radix", "dp4a+radix", "mma4+radix", "mma4p", "mma4q", "mma4t", "mma4u", "mma4v", "mma4w", "mma4q+select2", "mma4q+select3", "mma4q+select4", "mma4u+select4", "mma4u+select4n", "mma4u+select5", "mma4u+select6", "mma4u+select5n", "mma4w+select4n", "mma4w+select5n"}
+		kernels := []string{"mma+radix", "dp4a+radix", "mma4+radix", "mma4p", "mma4q", "mma4t", "mma4u", "mma4v", "mma4w", "mma4x", "mma4q+select2", "mma4q+select3", "mma4q+select4", "mma4u+select4", "mma4u+select4n", "mma4u+select5", "mma4u+select6", "mma4u+select5n", "mma4w+select4n", "mma4w+select5n"}
 		if ctxLen > 64<<10 {
-			kernels = []string{"mma+radix", "mma4+radix", "mma4p", "mma4q", "mma4t", "mma4u", "mma4v", "mma4w", "mma4q+select2", "mma4q+select3", "mma4q+select4", "mma4u+select4", "mma4u+select4n", "mma4u+select5", "mma4u+select6", "mma4u+select5n", "mma4w+select4n", "mma4w+select5n"}
+			kernels = []string{"mma+radix", "mma4+radix", "mma4p", "mma4q", "mma4t", "mma4u", "mma4v", "mma4w", "mma4x", "mma4q+select2", "mma4q+select3", "mma4q+select4", "mma4u+select4", "mma4u+select4n", "mma4u+select5", "mma4u+select6", "mma4u+select5n", "mma4w+select4n", "mma4w+select5n"}
 		}
 		for _, topk := range []int{512, 1024} {
 			cases = append(cases, benchCase{fmt.Sprintf("decode-b32-mtp3/ctx=%dK/topk=%d", ctxLen>>10, topk), topk, kernels,
@@ -228,7 +228,7 @@ func BenchmarkCUDATopK(bm *testing.B) {
 		}
 		// The scales of rotated vectors (each row's four within 2), which
 		// topk_score_mma4's exact path takes.
-		cases = append(cases, benchCase{fmt.Sprintf("decode-b32-mtp3-narrow/ctx=%dK/topk=512", ctxLen>>10), 512, []string{"mma+radix", "mma4+radix", "mma4p", "mma4q", "mma4t", "mma4u", "mma4v", "mma4w", "mma4q+select2", "mma4q+select3", "mma4q+select4", "mma4u+select4", "mma4u+select4n", "mma4u+select5", "mma4u+select6", "mma4u+select5n", "mma4w+select4n", "mma4w+select5n"},
+		cases = append(cases, benchCase{fmt.Sprintf("decode-b32-mtp3-narrow/ctx=%dK/topk=512", ctxLen>>10), 512, []string{"mma+radix", "mma4+radix", "mma4p", "mma4q", "mma4t", "mma4u", "mma4v", "mma4w", "mma4x", "mma4q+select2", "mma4q+select3", "mma4q+select4", "mma4u+select4", "mma4u+select4n", "mma4u+select5", "mma4u+select6", "mma4u+select5n", "mma4w+select4n", "mma4w+select5n"},
 			func(r *rand.Rand) []mlatest.TopKSeqSpec { return topkDecode(r, 32, 3, ctxLen) }, mlatest.KeysNarrow})
 	}
 	// Prefill from 0 and a chunk at a cached offset: launches of 16,384,
@@ -239,7 +239,7 @@ func BenchmarkCUDATopK(bm *testing.B) {
 		start, rows int
 	}{{"prefill=16K", 0, 16 << 10}, {"prefill=4K", 0, 4 << 10}, {"chunk=1K-at-3K", 3 << 10, 1 << 10}} {
 		for _, topk := range []int{512, 1024} {
-			cases = append(cases, benchCase{fmt.Sprintf("%s/topk=%d", pc.name, topk), topk, []string{"mma+radix", "mma4+radix", "mma4p", "mma4q", "mma4t", "mma4u", "mma4v", "mma4w", "mma4q+select2", "mma4q+select3", "mma4q+select4", "mma4u+select4", "mma4u+select4n", "mma4u+select5", "mma4u+select6", "mma4u+select5n", "mma4w+select4n", "mma4w+select5n"},
+			cases = append(cases, benchCase{fmt.Sprintf("%s/topk=%d", pc.name, topk), topk, []string{"mma+radix", "mma4+radix", "mma4p", "mma4q", "mma4t", "mma4u", "mma4v", "mma4w", "mma4x", "mma4q+select2", "mma4q+select3", "mma4q+select4", "mma4u+select4", "mma4u+select4n", "mma4u+select5", "mma4u+select6", "mma4u+select5n", "mma4w+select4n", "mma4w+select5n"},
 				func(*rand.Rand) []mlatest.TopKSeqSpec { return []mlatest.TopKSeqSpec{{Start: pc.start, Rows: pc.rows}} }, mlatest.KeysRandom})
 		}
 	}

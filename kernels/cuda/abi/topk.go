@@ -62,6 +62,16 @@ const (
 	// buffers of 32 entries a warp, the query's base bytes; four blocks a
 	// multiprocessor (one more KiB each) fit the H200's 228 KiB.
 	TopKScore4PShared = 32768 + 4224 + 1152 + TopKScore4Threads/32*2*32*mla.IndexerEntryBytes + TopKScore4Rows*mla.IndexerHeads
+	// TopKScore4XThreads is topk_score_mma4x's block: TopKScore4Rows rows
+	// and TopKScore4XThreads entries a tile, 32 a warp, two blocks a
+	// multiprocessor.
+	TopKScore4XThreads = 256
+	// TopKScore4XShared is topk_score_mma4x's dynamic shared memory (two
+	// blocks a multiprocessor): topk_score_mma4p's B fragments and C words
+	// (32768 + 4224 bytes), the head weights with the exact path's products
+	// (4 rows of 34 x 16 bytes), two buffers of 32 entries a warp, the
+	// query's base bytes.
+	TopKScore4XShared = 32768 + 4224 + TopKScore4Rows*34*16 + TopKScore4XThreads/32*2*32*mla.IndexerEntryBytes + TopKScore4Rows*mla.IndexerHeads
 )
 
 // topkConstants are the top-k kernels' constants, each from the Go package
@@ -84,6 +94,8 @@ func topkConstants() []ConstGroup {
 			{"TOPK_SELECT_THREADS", TopKSelectThreads, "threads of a topk_select block, one row"},
 			{"TOPK_SELECT4N_THREADS", TopKSelect4NThreads, "threads of a topk_select4n block, one row"},
 			{"TOPK_SCORE4P_SHARED", TopKScore4PShared, "dynamic shared memory of a topk_score_mma4p block, bytes"},
+			{"TOPK_SCORE4X_THREADS", TopKScore4XThreads, "threads of a topk_score_mma4x block, 32 entries a warp"},
+			{"TOPK_SCORE4X_SHARED", TopKScore4XShared, "dynamic shared memory of a topk_score_mma4x block, bytes"},
 		}},
 	}
 }
