@@ -1,12 +1,15 @@
 package cuda
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/dsv4mla/prologue/attention/mla"
 	"github.com/dsv4mla/prologue/internal/cudatune"
 	"github.com/dsv4mla/prologue/kernels/cuda/abi"
+	"github.com/dsv4mla/prologue/kernels/cuda/driver"
 )
 
 // TestBF16WGMMAFinishIDs: cudatune's finish ids are abi.h's.
@@ -95,4 +98,55 @@ func TestPlanBF16WGMMA(t *testing.T) {
 	p, err = planBF16WGMMA(a, bf16WGMMAChoice{finish: abi.BF16WGMMAFinishCluster, maxTile: 64}, 128, 1024, 4096, sms, optin, bf16MMAPartBytes)
 	require.NoError(t, err)
 	require.Equal(t, [5]int{64, 2, 8, 128, abi.BF16WGMMAFinishCluster}, [5]int{p.bn, p.chunks, p.splits, p.grid, p.finish})
+}
+
+// TestBF16WGMMAParamsPacking: BF16WGMMAParams from a plan and the GEMM's
+// arguments, each finish (the partials and counters only where the finish
+// reads them: bf16WGMMA passes zero otherwise).
+func TestBF16WGMMAParamsPacking(t *testing.T) {
+	a := &mla.BF16GEMMArgs{Rows: 29, N: 2624, K: 7168, XStride: 7176, YStride: 2628}
+	for _, c := range []struct {
+		p              bf16WGMMAPlan
+		part, counters uint64
+	}{
+		{bf16WGMMAPlan{bn: 32, tiles: 21, chunks: 1, splits: 1, kbPerSplit: 112, grid: 21, stages: 8, smem: 164992}, 0, 0},
+		{bf16WGMMAPlan{bn: 32, tiles: 21, chunks: 1, splits: 6, kbPerSplit: 19, grid: 126, stages: 8, smem: 164992, finish: abi.BF16WGMMAFinishReduce, l2Prefetch: true}, 0xa0000, 0},
+		{bf16WGMMAPlan{bn: 128, tiles: 21, chunks: 2, splits: 3, kbPerSplit: 38, grid: 126, stages: 7, smem: 230512, finish: abi.BF16WGMMAFinishLast}, 0xa0000, 0xb0000},
+		{bf16WGMMAPlan{bn: 16, tiles: 8, chunks: 1, splits: 8, kbPerSplit: 14, grid: 64, stages: 8, smem: 148608, finish: abi.BF16WGMMAFinishCluster}, 0, 0},
+	} {
+		params, err := bf16WGMMAParams(0x90000, driver.DevicePtr(c.part), driver.DevicePtr(c.counters), a, c.p)
+		require.NoError(t, err)
+		pf := uint64(0)
+		if c.p.l2Prefetch {
+			pf = 1
+		}
+		requireFields(t, abi.BF16WGMMAParams, params, map[abi.FieldID]uint64{
+			abi.BF16WGMMAY: 0x90000, abi.BF16WGMMAPart: c.part, abi.BF16WGMMACounters: c.counters,
+			abi.BF16WGMMAM: 29, abi.BF16WGMMAN: 2624, abi.BF16WGMMAK: 7168, abi.BF16WGMMAYStride: 2628,
+			abi.BF16WGMMAKBPerSplit: uint64(c.p.kbPerSplit), abi.BF16WGMMASplits: uint64(c.p.splits), abi.BF16WGMMAChunks: uint64(c.p.chunks),
+			abi.BF16WGMMAStages: uint64(c.p.stages), abi.BF16WGMMASmemBytes: uint64(c.p.smem), abi.BF16WGMMAFinish: uint64(c.p.finish),
+			abi.BF16WGMMAL2Prefetch: pf,
+		}, fmt.Sprintf("gemm_bf16_wgmma %+v", c.p))
+	}
+}
+
+// TestBF16WGMMAKernelsCompiled: gemm_bf16_wgmma.cu, compiled as the
+// backend compiles it (compute_90 where NVRTC has no sm_90a), defines a
+// kernel for every tile of abi.BF16WGMMATokenTiles (expanded from abi.h's
+// BF16_WGMMA_KERNELS), each taking two tensor maps and its struct.
+func TestBF16WGMMAKernelsCompiled(t *testing.T) {
+	if err := driver.NVRTCAvailable(); err != nil {
+		t.Skipf("NVRTC not found: %v", err)
+	}
+	opts := bf16WGMMAProgram.options("sm_90", cudatune.Knobs{}.Defaults())
+	if major, _, _, _ := driver.NVRTCVersion(); major < 12 {
+		opts.Arch = "sm_90"
+	}
+	ptx, err := driver.CompilePTX(bf16WGMMAProgram.src(), bf16WGMMAProgram.file, opts)
+	require.NoError(t, err)
+	for _, bn := range abi.BF16WGMMATokenTiles() {
+		name := abi.BF16WGMMAKernel(bn)
+		require.Contains(t, ptx, fmt.Sprintf(".entry %s(\n\t.param .align 64 .b8 %s_param_0[128],\n\t.param .align 64 .b8 %s_param_1[128],\n\t.param .align 8 .b8 %s_param_2[%d]\n)",
+			name, name, name, name, abi.BF16WGMMAParams.Size()))
+	}
 }
