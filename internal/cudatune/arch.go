@@ -260,8 +260,16 @@ var SM90 = Arch{
 		// block's 11.71 / 14.87 / 25.60, ratio 128 at 128 rows 11.49 against
 		// 31.52 and clusters of 8 11.82, V4-Pro's fused at 128 rows 21.27
 		// against 31.29 (bench/results/2026-12-02-h200-j/bfwg/call1,
-		// TestBF16GEMMTimes). Not yet the choice for any shape (Use):
-		// cuBLASLt was as fast or faster from 32 rows in the same call.
+		// TestBF16GEMMTimes). L2Prefetch off: slower or even at every shape
+		// of the 15:10 call (call2), V4-Pro's fused projection at 1 / 128 rows
+		// 20.09 / 25.61 us against 16.39 / 21.25 without it. The choice for
+		// no shape (Use): cuBLASLt as fast or faster from 32 rows in both
+		// calls, within about 1 us either way below (V4-Flash's fused at 1
+		// row 11.57 against 10.38 in call2, 10.98 against 11.48 in call1),
+		// and the layer with its compressor no faster with it at b = 1, 2 or
+		// 32, MTP 3 (call2, bench --chain-only: V4-Flash ratio 4 39.14 /
+		// 38.58 / 56.90 us a layer against cuBLASLt's 38.74 / 39.16 / 52.82,
+		// V4-Pro 62.41 / 62.83 / 90.73 against 61.70 / 62.51 / 90.00).
 		WGMMA: BF16WGMMAArch{TokenTiles: []int{8, 16, 32, 64, 128}, MaxStages: 8, Finish: BF16WGMMAFinishReduce}},
 	// 264 blocks on the H200 since the kernel came (d614e60); not measured
 	// against other caps.
