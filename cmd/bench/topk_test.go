@@ -105,6 +105,8 @@ func TestTopKResultLogs(t *testing.T) {
 			{"chunk=1K-at-3K", 0, 512, "mma4u+select4", 122.2, 40.8}}},
 		{"2026-12-02-h200-j/tscore/call1/bench.log", 92, 0, []want{{"decode-b32-mtp3", 8 << 10, 512, "mma4x", 29.9, 7.0},
 			{"decode-b32-mtp3-narrow", 64 << 10, 512, "mma4x", 99.3, 16.8}, {"prefill=16K", 0, 512, "mma4xe", 2406.9, 299.6}}},
+		{"2026-12-02-h200-j/tscore/call2/bench.log", 56, 0, []want{{"decode-b32-mtp3", 64 << 10, 512, "mma4x", 157.1, 17.0},
+			{"decode-b32-mtp3-narrow", 1 << 20, 512, "mma4x", 1244.7, 150.8}, {"chunk=1K-at-3K", 0, 512, "mma4u", 97.3, 17.0}}},
 	} {
 		t.Run(c.log, func(t *testing.T) {
 			path := filepath.Join("..", "..", "bench", "results", filepath.FromSlash(c.log))

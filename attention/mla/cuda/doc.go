@@ -121,7 +121,7 @@
 // instructions around each tile (its entries copied in 16-byte chunks),
 // mma4w v with a block's values permuted along the mma's k, and mma4x w
 // in blocks of 8 warps with fewer loads and multiplies a head pair.
-// cudatune.Knobs.TopKScore picks one (mma4u by default).
+// cudatune.Knobs.TopKScore picks one (mma4x by default).
 // topk_select2 keeps a row's keys in shared memory where they fit,
 // and topk_select3 adds a sampled candidate sweep for the rows
 // whose keys do not; topk_select4 is topk_select3 with a
