@@ -30,7 +30,9 @@ import (
 // splits; token tiles of at most N rows; a ring of at most N stages; 1: W prefetched into L2), nopdl
 // separate, wgmma
 // nowgmma wgcluster=N wgmc=N (every FP8 GEMM on the sm_90a wgmma kernel, or none; its split K finished
-// by clusters of up to N blocks; clusters of N blocks sharing the activation tile). A zero
+// by clusters of up to N blocks; clusters of N blocks sharing the activation tile), wgkernel=N (the
+// wgmma kernel family of every GEMM it runs: cudatune.WGMMAKernel 1 wide, 2 narrow, 3 narrow-pipe),
+// wgnarrow=N (GEMMs of at most 8192 outputs at up to 128 rows on wgmma family N). A zero
 // number keeps the backend's default.
 type variant struct {
 	Name                    string // the text it was parsed from
@@ -64,6 +66,8 @@ type variant struct {
 	NoWGMMA                 bool // never the wgmma kernel
 	WGMMAClusterSplits      int  // its split finish: clusters of up to N splits
 	WGMMAMulticast          int  // clusters of N blocks sharing the activation tile
+	WGMMAKernel             int  // the wgmma kernel family of every GEMM it runs
+	WGMMANarrow             int  // the narrow GEMMs at up to 128 rows on that wgmma family
 }
 
 // field returns where key's value goes: a number or a switch (nil, nil for
@@ -138,6 +142,10 @@ func (v *variant) field(key string) (*int, *bool) {
 		return &v.WGMMAClusterSplits, nil
 	case "wgmc":
 		return &v.WGMMAMulticast, nil
+	case "wgkernel":
+		return &v.WGMMAKernel, nil
+	case "wgnarrow":
+		return &v.WGMMANarrow, nil
 	}
 	return nil, nil
 }
@@ -176,7 +184,7 @@ func parseVariant(text string) (variant, error) {
 			*sw = true
 			continue
 		}
-		return variant{}, fmt.Errorf("variant %q: unknown option %q (known: warps=N kvd=N qd=N qchunk=N bpsm=N maxblocks=N direct=N directbf16=N dmin=N dwarps=N dhalf=N qrows=N dminb=N ikeys=N iquery=N iwide=N ilane=N istream=N tkscore=N tknarrow=N ltsplitk=N bfwg=N bfwgfin=N bfwgs=N bfwgt=N bfwgr=N bfwgpf=N nodirect nopdl separate wgmma nowgmma wgcluster=N wgmc=N)", text, key)
+		return variant{}, fmt.Errorf("variant %q: unknown option %q (known: warps=N kvd=N qd=N qchunk=N bpsm=N maxblocks=N direct=N directbf16=N dmin=N dwarps=N dhalf=N qrows=N dminb=N ikeys=N iquery=N iwide=N ilane=N istream=N tkscore=N tknarrow=N ltsplitk=N bfwg=N bfwgfin=N bfwgs=N bfwgt=N bfwgr=N bfwgpf=N nodirect nopdl separate wgmma nowgmma wgcluster=N wgmc=N wgkernel=N wgnarrow=N)", text, key)
 	}
 	return v, nil
 }
@@ -211,6 +219,8 @@ func (v variant) options(verbose bool) (cuda.Options, cudatune.Knobs) {
 	return cuda.Options{NoPDL: v.NoPDL, GEMMWGMMA: v.WGMMA, NoWGMMA: v.NoWGMMA}, cudatune.Knobs{
 		WGMMAClusterSplits:      v.WGMMAClusterSplits,
 		WGMMAMulticast:          v.WGMMAMulticast,
+		WGMMAKernel:             cudatune.WGMMAKernel(v.WGMMAKernel),
+		WGMMANarrow:             cudatune.WGMMAKernel(v.WGMMANarrow),
 		Warps:                   v.Warps,
 		KVDepth:                 v.KVDepth,
 		QDepth:                  v.QDepth,

@@ -69,6 +69,13 @@ type FP8GEMMArch struct {
 type WGMMAArch struct {
 	TokenTiles []int
 	MaxStages  int
+	// NarrowTiles and NarrowPipeTiles are the token tiles of the
+	// WGMMANarrow and WGMMANarrowPipe kernels (one a tile:
+	// gemm_fp8_wgmma_n1_bn<T>, gemm_fp8_wgmma_n1p_bn<T>), smallest first;
+	// NarrowMaxStages their deepest ring (a 64-row stage is half a wide
+	// one's: twice as many K blocks in flight in the same shared memory).
+	NarrowTiles, NarrowPipeTiles []int
+	NarrowMaxStages              int
 	// ClusterSplits > 0: a split K is finished through distributed shared
 	// memory, the splits of a unit one thread-block cluster of at most
 	// ClusterSplits blocks (8: the portable cluster size); 0: by the
@@ -88,8 +95,10 @@ type WGMMAArch struct {
 	// tile is as many bytes as a block's weights, and every block read it
 	// from L2); token tiles of at least MulticastMinTile rows. 0: off.
 	Multicast, MulticastMinTile int
-	// Use: the first rule whose MaxN is at least N decides, the kernel
-	// running up to MaxM rows; no rule for N (and no rules, the default
+	// Use: the first rule whose MaxN is at least N names N's rules (it and
+	// the rules right after it with the same MaxN); the first of them
+	// whose MaxM is at least M decides, the kernel family its Kernel (0:
+	// WGMMAWide); none (no rule for N or M, and no rules, the default
 	// until the device has measured it): the other implementations'
 	// choice.
 	Use []OwnRule
@@ -97,23 +106,41 @@ type WGMMAArch struct {
 
 // Chosen reports whether the wgmma kernel is the measured choice for an
 // M x N GEMM.
-func (a WGMMAArch) Chosen(m, n int) bool {
+func (a WGMMAArch) Chosen(m, n int) bool { return a.KernelFor(m, n) != 0 }
+
+// KernelFor is the wgmma kernel family chosen for an M x N GEMM, 0 where
+// the wgmma kernel is not the choice.
+func (a WGMMAArch) KernelFor(m, n int) WGMMAKernel {
 	if len(a.TokenTiles) == 0 {
-		return false
+		return 0
 	}
-	for _, r := range a.Use {
-		if n <= r.MaxN {
-			return m <= r.MaxM
+	for i, r := range a.Use {
+		if n > r.MaxN {
+			continue
 		}
+		for _, c := range a.Use[i:] {
+			if c.MaxN != r.MaxN {
+				break
+			}
+			if m <= c.MaxM {
+				if c.Kernel == 0 {
+					return WGMMAWide
+				}
+				return c.Kernel
+			}
+		}
+		return 0
 	}
-	return false
+	return 0
 }
 
 // OwnRule: GEMMs of at most MaxN outputs run the own kernel up to MaxM
-// rows, cuBLASLt above.
+// rows, cuBLASLt above (FP8GEMMArch.Own); or the wgmma kernel of family
+// Kernel (WGMMAArch.Use).
 type OwnRule struct {
 	MaxN, MaxM int
-	Source     string // the measurement that chose it
+	Kernel     WGMMAKernel // WGMMAArch.Use only (0: WGMMAWide)
+	Source     string      // the measurement that chose it
 }
 
 // OwnKernel reports whether the own kernel is the measured choice over
@@ -224,6 +251,9 @@ var SM90 = Arch{
 		// Chosen where it was the fastest of the three in one call
 		// (wgmmaTimes; cold us, wgmma / own / cuBLASLt).
 		WGMMA: WGMMAArch{TokenTiles: []int{8, 16, 32, 64, 128}, MaxStages: 8, ClusterSplits: 8,
+			// The narrow kernels' stages: 16, as DeepGEMM's at these shapes
+			// (2026-12-02-h200-i/deepgemm: 64 x 32 tiles, 16 stages).
+			NarrowTiles: []int{16, 32, 64, 128}, NarrowPipeTiles: []int{16, 32, 64}, NarrowMaxStages: 16,
 			Use: []OwnRule{
 				// V4-Flash [wq_a; wkv], 12 clusters of 8 splits: 1 row 6.7 /
 				// 8.4 / -, 8 rows 6.8 / 8.4 / 14.1, 32 rows 8.0 / 12.4 / 14.1,

@@ -142,6 +142,14 @@ type Knobs struct {
 	// activation tile in clusters (0: FP8.WGMMA.Multicast; negative: never;
 	// 2 or 4: clusters of that many).
 	WGMMAMulticast int
+	// WGMMAKernel makes every GEMM the wgmma kernel runs use that family
+	// of its kernels (0: the one the architecture description's
+	// FP8.WGMMA.Use rule names).
+	WGMMAKernel WGMMAKernel
+	// WGMMANarrow > 0 puts GEMMs of at most WGMMANarrowMaxN outputs (every
+	// chain GEMM but wq_b) at up to WGMMANarrowMaxM rows on the wgmma kernel
+	// of that family, before FP8.WGMMA.Use's rules (0: the rules alone).
+	WGMMANarrow WGMMAKernel
 	// SeparateLaunches makes RunLayer issue the KV and Q kernels as two
 	// launches instead of one fused layer launch.
 	SeparateLaunches bool
@@ -375,4 +383,45 @@ func (k Knobs) Direct(qRows int, bf16Q bool) bool {
 		limit = k.DirectMaxRowsBF16
 	}
 	return limit >= 0 && qRows <= limit && qRows >= k.DirectMinRows
+}
+
+// WGMMAKernel names a family of the sm_90a wgmma FP8 GEMM's kernels
+// (kernels/cuda/gemm_fp8_wgmma.cu).
+type WGMMAKernel int
+
+const (
+	// WGMMAWide: gemm_fp8_wgmma_bn<T>, two consumer warpgroups, 128 W rows
+	// a work unit, the token tile the smallest holding M.
+	WGMMAWide WGMMAKernel = iota + 1
+	// WGMMANarrow: gemm_fp8_wgmma_n1_bn<T>, one consumer warpgroup, 64 W
+	// rows a unit; the token tile halved (down to the smallest of
+	// FP8.WGMMA.NarrowTiles) until the units fill half the multiprocessors,
+	// before K is split.
+	WGMMANarrow
+	// WGMMANarrowPipe: WGMMANarrow's with two MMA sums in turn, a K block's
+	// promotion under the next one's MMAs (gemm_fp8_wgmma_n1p_bn<T>, token
+	// tiles up to 64).
+	WGMMANarrowPipe
+)
+
+// WGMMANarrowMaxN and WGMMANarrowMaxM bound the GEMMs Knobs.WGMMANarrow
+// moves: V4-Flash's and V4-Pro's [wq_a; wkv] (1536, 2048 outputs) and
+// the indexer's wq_b (8192), at up to b = 32 with MTP 3.
+const (
+	WGMMANarrowMaxN = 8192
+	WGMMANarrowMaxM = 128
+)
+
+func (k WGMMAKernel) String() string {
+	switch k {
+	case 0:
+		return "default"
+	case WGMMAWide:
+		return "wide"
+	case WGMMANarrow:
+		return "narrow"
+	case WGMMANarrowPipe:
+		return "narrow-pipe"
+	}
+	return fmt.Sprintf("WGMMAKernel(%d)", int(k))
 }

@@ -54,13 +54,21 @@ namespace wgm {
 
 using namespace sm90;
 
-constexpr int kConsumerWGs = 2;
-constexpr int kThreads = 128 * (kConsumerWGs + 1);
-constexpr int kRowTile = 64 * kConsumerWGs;  // W rows a unit
-constexpr int kWStage = kRowTile * 128;      // bytes of W a stage
-constexpr int kEpiPitch = 64 + 8;            // u16 a token row of a warpgroup's bf16 tile
-constexpr int kLoaderWarp = kConsumerWGs * 4 + 1;  // the scale loader: the producer warpgroup's second warp
-constexpr int kPartPitch = kRowTile + 4;  // floats a token row of a cluster's partial tile (conflict-free writes)
+// The block's shape for WGS consumer warpgroups (2: the wide kernels, 128
+// W rows a unit; 1: the narrow ones, 64 rows, for narrow N at up to a few
+// hundred tokens, where 128-row units leave most multiprocessors idle or
+// split K into short chains).
+template <int WGS>
+struct Cfg {
+    static_assert(WGS == 1 || WGS == 2, "consumer warpgroups");
+    static constexpr int kConsumerWGs = WGS;
+    static constexpr int kThreads = 128 * (WGS + 1);
+    static constexpr int kRowTile = 64 * WGS;           // W rows a unit
+    static constexpr int kWStage = kRowTile * 128;      // bytes of W a stage
+    static constexpr int kLoaderWarp = WGS * 4 + 1;     // the scale loader: the producer warpgroup's second warp
+    static constexpr int kPartPitch = kRowTile + 4;     // floats a token row of a cluster's partial tile (conflict-free writes)
+};
+constexpr int kEpiPitch = 64 + 8;  // u16 a token row of a warpgroup's bf16 tile
 
 #ifdef WGMMA_L2_HINTS
 #define TMA_W(dst, map, c0, c1, bar) tma_load_2d_hint(dst, map, c0, c1, bar, pol_w)
@@ -155,16 +163,19 @@ template <> struct Wgmma<128> {
 // barriers, after up to 1024 bytes of alignment; the host's allocation
 // (gemm_wgmma.go's wgmmaSmemBytes) comes as smem_bytes and the kernel
 // checks it. A stage's scales: x_scale[kb SUBS + sub][m0 + i] at
-// [sub BN + i], then the tile's W scales w_scale[tile 128 / SB + r][kb
+// [sub BN + i], then the tile's W scales w_scale[tile kRowTile / SB + r][kb
 // SUBS + sub] at [SUBS BN + r SUBS + sub] (SUBS = 128 / SB scale blocks a
-// K block, as many W scale rows a tile), padded to 16 bytes.
-template <int BN, int SB>
+// K block; WROWS = kRowTile / SB W scale rows a tile, at least one: a
+// 64-row tile is half a 128-row scale block), padded to 16 bytes.
+template <int BN, int SB, int WGS>
 struct Layout {
+    typedef Cfg<WGS> C;
     static constexpr int kXStage = BN * 128;
-    static constexpr int kStage = kWStage + kXStage;
-    static constexpr int kEpi = kConsumerWGs * BN * kEpiPitch * 2;
+    static constexpr int kStage = C::kWStage + kXStage;
+    static constexpr int kEpi = WGS * BN * kEpiPitch * 2;
     static constexpr int kSubs = 128 / SB;
-    static constexpr int kScales = kSubs * BN + kSubs * kSubs;    // floats a stage
+    static constexpr int kWRows = C::kRowTile >= SB ? C::kRowTile / SB : 1;
+    static constexpr int kScales = kSubs * BN + kWRows * kSubs;   // floats a stage
     static constexpr int kScaleStage = (kScales * 4 + 15) & ~15;  // bytes a stage
 };
 
@@ -185,19 +196,21 @@ __device__ __forceinline__ Unit unit_at(int u, int splits, int chunks) {
 // exactly as gemm_fp8_reduce does (the same bits whichever block is last),
 // stores bf16 Y and resets the count for the next GEMM. An integer atomic
 // decides who finishes; no float is added atomically.
+template <int WGS>
 __device__ __forceinline__ void split_finish(const float* part, u8* y, int* count, int m, int n, int y_stride,
                                              int splits, int tile, int m0, int bn) {
+    typedef Cfg<WGS> C;
     __shared__ int last;
     __threadfence();  // this block's partials, before its count
-    named_sync(3, 128 * kConsumerWGs);
-    const int ctid = threadIdx.x;  // consumers are threads 0 .. 128 kConsumerWGs - 1
+    named_sync(3, 128 * WGS);
+    const int ctid = threadIdx.x;  // consumers are threads 0 .. 128 WGS - 1
     if (ctid == 0) last = atomicAdd(count, 1) == splits - 1;
-    named_sync(3, 128 * kConsumerWGs);
+    named_sync(3, 128 * WGS);
     if (!last) return;
     __threadfence();  // the other blocks' partials, after their counts
     const int rows = min(bn, m - m0);
-    for (int i = ctid; i < rows * (kRowTile / 4); i += 128 * kConsumerWGs) {
-        const int tok = m0 + i / (kRowTile / 4), col = tile * kRowTile + (i % (kRowTile / 4)) * 4;
+    for (int i = ctid; i < rows * (C::kRowTile / 4); i += 128 * WGS) {
+        const int tok = m0 + i / (C::kRowTile / 4), col = tile * C::kRowTile + (i % (C::kRowTile / 4)) * 4;
         float4 acc = __ldcg(reinterpret_cast<const float4*>(part + (size_t)tok * n + col));
         for (int z = 1; z < splits; z++) {
             const float4 v = __ldcg(reinterpret_cast<const float4*>(part + ((size_t)z * m + tok) * n + col));
@@ -212,10 +225,11 @@ __device__ __forceinline__ void split_finish(const float* part, u8* y, int* coun
 // The producer thread: every bulk tensor copy of the block's units. With
 // mc > 1 the mc blocks of a cluster share X: each brings the rank-th of
 // mc slices of the tile (tx's box BN / mc rows) into every block's stage.
-template <int BN>
+template <int BN, int WGS>
 __device__ __forceinline__ void produce(const TensorMap* tw, const TensorMap* tx, u32 base, u32 bars, int units, int kbn,
                                         int kb_per_split, int splits, int chunks, int stages, int mc) {
-    typedef Layout<BN, 128> L;  // kStage does not depend on SB
+    typedef Layout<BN, 128, WGS> L;  // kStage does not depend on SB
+    typedef Cfg<WGS> C;
     {
         tma_prefetch_map(tw);
         tma_prefetch_map(tx);
@@ -243,11 +257,11 @@ __device__ __forceinline__ void produce(const TensorMap* tw, const TensorMap* tx
                 mbar_wait(empty, ph ^ 1);
                 mbar_expect_tx(full, L::kStage);
                 const u32 st = base + s * L::kStage;
-                TMA_W(st, tw, kb * 128, tile * kRowTile, full);
-                if (kb - kb0 >= pre) load_x(st + kWStage, kb, c, full);
+                TMA_W(st, tw, kb * 128, tile * C::kRowTile, full);
+                if (kb - kb0 >= pre) load_x(st + C::kWStage, kb, c, full);
                 if (pre > 0 && kb - kb0 == pre - 1) {
                     pdl_wait();
-                    for (int i = 0; i < pre; i++) load_x(base + i * L::kStage + kWStage, kb0 + i, c, bars + 8 * i);
+                    for (int i = 0; i < pre; i++) load_x(base + i * L::kStage + C::kWStage, kb0 + i, c, bars + 8 * i);
                 }
                 if (++s == stages) s = 0, ph ^= 1;
             }
@@ -257,14 +271,87 @@ __device__ __forceinline__ void produce(const TensorMap* tw, const TensorMap* tx
     }
 }
 
+// One scale block's MMAs (the q-th of the unit, sub-block sub of its
+// stage) into d, committed as one group; at a stage's first sub-block the
+// consumer first waits for the stage. (si, phi) is the issuing side's ring
+// position, advanced past the stage at its last sub-block.
+template <int BN, int SB, int WGS>
+__device__ __forceinline__ void mma_block(float* d, int sub, u32 base, u32 bars, int wg, int stages, int& si, u32& phi) {
+    typedef Layout<BN, SB, WGS> L;
+    constexpr int R = BN / 2;
+    if (sub == 0) mbar_wait(bars + 8 * si, phi);
+    const u32 st = base + si * L::kStage;
+    const u64 da = smem_desc(st + wg * 64 * 128);
+    const u64 db = smem_desc(st + Cfg<WGS>::kWStage);
+    fence_regs<R>(d);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < SB / 32; kk++) {
+        const int off = (sub * SB + kk * 32) >> 4;
+        Wgmma<BN>::mma(d, da + off, db + off, kk);
+    }
+    wgmma_commit();
+    if (sub == L::kSubs - 1 && ++si == stages) si = 0, phi ^= 1;
+}
+
+// The promotion of a finished scale block's MMA sum d into acc with its
+// scales from stage sf's shared memory; at the stage's last sub-block the
+// warp releases the stage to the producer (every block's, with shared X)
+// and sf moves on.
+template <int BN, int SB, int WGS>
+__device__ __forceinline__ float w_scale(const float* scales, int sf, int wrow, int sub) {
+    typedef Layout<BN, SB, WGS> L;
+    return scales[sf * (L::kScaleStage / 4) + L::kSubs * BN + wrow * L::kSubs + sub];
+}
+
+// (wsc: the warp's W scale of the block, w_scale's, read by the caller
+// while the MMAs run.)
+template <int BN, int SB, int WGS>
+__device__ __forceinline__ void promote(float* acc, float* d, int sub, float wsc, const float* scales, u32 bars, int t,
+                                        int lane, int stages, int mc, int& sf) {
+    typedef Layout<BN, SB, WGS> L;
+    constexpr int SUBS = L::kSubs;
+    fence_regs<BN / 2>(d);
+    const float* const sc = scales + sf * (L::kScaleStage / 4);
+#pragma unroll
+    for (int j = 0; j < BN / 8; j++) {
+        // Past m the loader wrote zeros (and X's rows are zero).
+        const float s0 = __fmul_rn(sc[sub * BN + 8 * j + 2 * t], wsc);
+        const float s1 = __fmul_rn(sc[sub * BN + 8 * j + 2 * t + 1], wsc);
+        acc[4 * j] = __fmaf_rn(d[4 * j], s0, acc[4 * j]);
+        acc[4 * j + 1] = __fmaf_rn(d[4 * j + 1], s1, acc[4 * j + 1]);
+        acc[4 * j + 2] = __fmaf_rn(d[4 * j + 2], s0, acc[4 * j + 2]);
+        acc[4 * j + 3] = __fmaf_rn(d[4 * j + 3], s1, acc[4 * j + 3]);
+    }
+    if (sub == SUBS - 1) {
+        // The stage's tiles and scales read: the ring may refill it (with
+        // X shared, every block's producer writes it: each hears of it).
+        const u32 empty = bars + 8 * (stages + sf);
+        __syncwarp();
+        if (mc > 1) {
+            if (lane < mc) mbar_arrive_cluster(mapa(empty, lane));  // lane r tells block r
+        } else if (lane == 0) {
+            mbar_arrive(empty);
+        }
+        if (++sf == stages) sf = 0;
+    }
+}
+
+__device__ __forceinline__ void wgmma_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory"); }
+
 // The consumer warpgroups: MMA, promotion, and the unit's output (bf16 Y,
 // float32 partials, or, in a cluster, the partial tile in shared memory).
-template <int BN, int SB>
+// PIPE: two MMA sums in turn, so that scale block q's promotion runs
+// while block q + 1's MMAs are in flight (wgmma.wait_group 1); the sums
+// and their promotions are the same operations in the same order either
+// way, so the output bits are the same.
+template <int BN, int SB, int WGS, bool PIPE>
 __device__ __forceinline__ void consume(const float* __restrict__ ws, const float* xs, u8* __restrict__ y,
                                         float* __restrict__ part, int* counters, u8* gbase, u32 base, u32 epi, u32 scl,
                                         u32 bars, int m, int n, int kbn, int y_stride, int kb_per_split, int splits,
                                         int chunks, int stages, int units, int cluster, int mc) {
-    typedef Layout<BN, SB> L;
+    typedef Layout<BN, SB, WGS> L;
+    typedef Cfg<WGS> C;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 #ifdef WGMMA_SETMAXNREG
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
@@ -276,13 +363,13 @@ __device__ __forceinline__ void consume(const float* __restrict__ ws, const floa
     constexpr int SUBS = L::kSubs;
     const float* const scales = reinterpret_cast<const float*>(gbase + (scl - base));
     const int wrow = (wg * 64 + wl * 16) / SB;  // this warp's W scale row in the tile (16 rows in one scale block)
-    int s = 0;
+    int si = 0, sf = 0;  // the ring's stage: MMAs issued, promoted
     u32 ph = 0;
     for (int u = blockIdx.x; u < units; u += gridDim.x) {
         const auto [z, c, tile] = unit_at(u, splits, chunks);
         const int kb0 = z * kb_per_split, kb1 = min(kbn, kb0 + kb_per_split);
         const int m0 = c * BN;
-        const int row0 = tile * kRowTile + wg * 64 + wl * 16;  // this warp's first W row
+        const int row0 = tile * C::kRowTile + wg * 64 + wl * 16;  // this warp's first W row
 
         float acc[R];
 #pragma unroll
@@ -290,64 +377,60 @@ __device__ __forceinline__ void consume(const float* __restrict__ ws, const floa
         float d[R];
 #pragma unroll
         for (int i = 0; i < R; i++) d[i] = 0.f;
-
-        for (int kb = kb0; kb < kb1; kb++) {
-            const u32 full = bars + 8 * s, empty = bars + 8 * (stages + s);
-            const u32 st = base + s * L::kStage;
-            const u64 da = smem_desc(st + wg * 64 * 128);
-            const u64 db = smem_desc(st + kWStage);
-            mbar_wait(full, ph);
-            const float* const sc = scales + s * (L::kScaleStage / 4);
+        const int nq = (kb1 - kb0) * SUBS;  // scale blocks of the unit
+        if constexpr (PIPE) {
+            float e[R];
 #pragma unroll
-            for (int sub = 0; sub < SUBS; sub++) {
-                fence_regs<R>(d);
-                wgmma_fence();
-#pragma unroll
-                for (int kk = 0; kk < SB / 32; kk++) {
-                    const int off = (sub * SB + kk * 32) >> 4;
-                    Wgmma<BN>::mma(d, da + off, db + off, kk);
-                }
-                wgmma_commit();
-                const float wsc = sc[SUBS * BN + wrow * SUBS + sub];
+            for (int i = 0; i < R; i++) e[i] = 0.f;
+            // Block q's promotion reads stage sf, which is q's (the issuing
+            // side is one block ahead).
+#define WG_PROMOTE(SUM, Q) \
+    promote<BN, SB, WGS>(acc, SUM, (Q) % SUBS, w_scale<BN, SB, WGS>(scales, sf, wrow, (Q) % SUBS), scales, bars, t, lane, stages, mc, sf)
+            mma_block<BN, SB, WGS>(d, 0, base, bars, wg, stages, si, ph);
+            int q = 1;
+            for (; q + 1 < nq; q += 2) {
+                mma_block<BN, SB, WGS>(e, q % SUBS, base, bars, wg, stages, si, ph);
+                wgmma_wait1();
+                WG_PROMOTE(d, q - 1);
+                mma_block<BN, SB, WGS>(d, (q + 1) % SUBS, base, bars, wg, stages, si, ph);
+                wgmma_wait1();
+                WG_PROMOTE(e, q);
+            }
+            if (q < nq) {
+                mma_block<BN, SB, WGS>(e, q % SUBS, base, bars, wg, stages, si, ph);
+                wgmma_wait1();
+                WG_PROMOTE(d, q - 1);
                 wgmma_wait0();
-                fence_regs<R>(d);
-#pragma unroll
-                for (int j = 0; j < BN / 8; j++) {
-                    // Past m the loader wrote zeros (and X's rows are zero).
-                    const float s0 = __fmul_rn(sc[sub * BN + 8 * j + 2 * t], wsc);
-                    const float s1 = __fmul_rn(sc[sub * BN + 8 * j + 2 * t + 1], wsc);
-                    acc[4 * j] = __fmaf_rn(d[4 * j], s0, acc[4 * j]);
-                    acc[4 * j + 1] = __fmaf_rn(d[4 * j + 1], s1, acc[4 * j + 1]);
-                    acc[4 * j + 2] = __fmaf_rn(d[4 * j + 2], s0, acc[4 * j + 2]);
-                    acc[4 * j + 3] = __fmaf_rn(d[4 * j + 3], s1, acc[4 * j + 3]);
-                }
+                WG_PROMOTE(e, q);
+            } else {
+                wgmma_wait0();
+                WG_PROMOTE(d, q - 1);
             }
-            // The stage's tiles and scales read: the ring may refill it (with
-            // X shared, every block's producer writes it: each hears of it).
-            __syncwarp();
-            if (mc > 1) {
-                if (lane < mc) mbar_arrive_cluster(mapa(empty, lane));  // lane r tells block r
-            } else if (lane == 0) {
-                mbar_arrive(empty);
+#undef WG_PROMOTE
+        } else {
+            for (int q = 0; q < nq; q++) {
+                mma_block<BN, SB, WGS>(d, q % SUBS, base, bars, wg, stages, si, ph);
+                const float wsc = w_scale<BN, SB, WGS>(scales, sf, wrow, q % SUBS);
+                wgmma_wait0();
+                promote<BN, SB, WGS>(acc, d, q % SUBS, wsc, scales, bars, t, lane, stages, mc, sf);
             }
-            if (++s == stages) s = 0, ph ^= 1;
         }
         if (u + (int)gridDim.x >= units) pdl_trigger();
 
         const int row = row0 + g;  // rows row (acc 4j, 4j+1) and row + 8 (4j+2, 4j+3)
         if (cluster) {
-            // The partial tile [BN][kPartPitch] over the ring, which both
-            // warpgroups have finished reading (the unit is the block's only one).
-            named_sync(3, 128 * kConsumerWGs);
+            // The partial tile [BN][kPartPitch] over the ring, which every
+            // consumer warpgroup has finished reading (the unit is the block's only one).
+            named_sync(3, 128 * WGS);
             float* pt = reinterpret_cast<float*>(gbase);
-            const int r = row - tile * kRowTile;
+            const int r = row - tile * C::kRowTile;
 #pragma unroll
             for (int j = 0; j < BN / 8; j++) {
                 const int tk = 8 * j + 2 * t;
-                pt[tk * kPartPitch + r] = acc[4 * j];
-                pt[(tk + 1) * kPartPitch + r] = acc[4 * j + 1];
-                pt[tk * kPartPitch + r + 8] = acc[4 * j + 2];
-                pt[(tk + 1) * kPartPitch + r + 8] = acc[4 * j + 3];
+                pt[tk * C::kPartPitch + r] = acc[4 * j];
+                pt[(tk + 1) * C::kPartPitch + r] = acc[4 * j + 1];
+                pt[tk * C::kPartPitch + r + 8] = acc[4 * j + 2];
+                pt[(tk + 1) * C::kPartPitch + r + 8] = acc[4 * j + 3];
             }
             continue;
         }
@@ -365,7 +448,8 @@ __device__ __forceinline__ void consume(const float* __restrict__ ws, const floa
                     p[(size_t)(tok + 1) * n + row + 8] = acc[4 * j + 3];
                 }
             }
-            if (counters != nullptr) split_finish(part, y, counters + tile * chunks + c, m, n, y_stride, splits, tile, m0, BN);
+            if (counters != nullptr)
+                split_finish<WGS>(part, y, counters + tile * chunks + c, m, n, y_stride, splits, tile, m0, BN);
             continue;
         }
         // bf16 through this warpgroup's tile [BN][kEpiPitch], so that each
@@ -387,7 +471,7 @@ __device__ __forceinline__ void consume(const float* __restrict__ ws, const floa
         const int rows = min(BN, m - m0);
         for (int i = tid; i < rows * 8; i += 128) {
             const int r = i >> 3, ch = i & 7;
-            u8* dst = y + ((size_t)(m0 + r) * y_stride + tile * kRowTile + wg * 64) * 2 + ch * 16;
+            u8* dst = y + ((size_t)(m0 + r) * y_stride + tile * C::kRowTile + wg * 64) * 2 + ch * 16;
             *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(tileg + r * kEpiPitch + ch * 8);
         }
     }
@@ -400,28 +484,30 @@ __device__ __forceinline__ void consume(const float* __restrict__ ws, const floa
 // operations, so the same bits, as split_finish and gemm_fp8_reduce) and
 // stores bf16 Y; a second barrier keeps every tile readable until all
 // shares are done. Run by every thread of the block.
-template <int BN>
+template <int BN, int WGS>
 __device__ __forceinline__ void cluster_finish(u8* __restrict__ y, u32 base, int m, int y_stride, int splits, int chunks) {
+    typedef Cfg<WGS> C;
     cluster_sync();
     const int u = blockIdx.x;
     const auto [z, c, tile] = unit_at(u, splits, chunks);
     const int m0 = c * BN;
-    constexpr int kGroups = BN * (kRowTile / 4);  // float4 groups of the tile
+    constexpr int kGroups = BN * (C::kRowTile / 4);  // float4 groups of the tile
     const int g0 = z * kGroups / splits, g1 = (z + 1) * kGroups / splits;
-    for (int i = g0 + (int)threadIdx.x; i < g1; i += kThreads) {
-        const int tk = i / (kRowTile / 4), c4 = i % (kRowTile / 4);
-        const u32 local = base + (u32)(tk * kPartPitch + 4 * c4) * 4;
+    for (int i = g0 + (int)threadIdx.x; i < g1; i += C::kThreads) {
+        const int tk = i / (C::kRowTile / 4), c4 = i % (C::kRowTile / 4);
+        const u32 local = base + (u32)(tk * C::kPartPitch + 4 * c4) * 4;
         float4 acc = ld_cluster_f4(mapa(local, 0));
         for (int zz = 1; zz < splits; zz++) {
             const float4 v = ld_cluster_f4(mapa(local, zz));
             acc = add4_rn(acc, v);
         }
-        if (m0 + tk < m) splitk_store4(reinterpret_cast<u16*>(y) + (size_t)(m0 + tk) * y_stride + tile * kRowTile + 4 * c4, acc);
+        if (m0 + tk < m)
+            splitk_store4(reinterpret_cast<u16*>(y) + (size_t)(m0 + tk) * y_stride + tile * C::kRowTile + 4 * c4, acc);
     }
     cluster_sync();
 }
 
-template <int BN, int SB>
+template <int BN, int SB, int WGS, bool PIPE>
 __device__ __forceinline__ void gemm_body(const TensorMap* tw, const TensorMap* tx, const float* __restrict__ ws,
                                           const float* xs, u8* __restrict__ y, float* __restrict__ part,
                                           int* counters, int m, int n, int k, int xs_stride, int y_stride, int kb_per_split,
@@ -429,7 +515,8 @@ __device__ __forceinline__ void gemm_body(const TensorMap* tw, const TensorMap* 
                                           int multicast) {
     static_assert(BN % 8 == 0 && BN >= 8 && BN <= 128, "wgmma N");
     static_assert(SB == 32 || SB == 64 || SB == 128, "scale block");
-    typedef Layout<BN, SB> L;
+    typedef Layout<BN, SB, WGS> L;
+    typedef Cfg<WGS> C;
     extern __shared__ u8 smem_raw[];
     const u32 raw = smem_u32(smem_raw);
     const u32 base = (raw + 1023) & ~1023u;  // the 128-byte swizzle wants 1024-byte aligned tiles
@@ -441,22 +528,22 @@ __device__ __forceinline__ void gemm_body(const TensorMap* tw, const TensorMap* 
     // layout that outgrew it stops here instead of overwriting memory.
     if (bars + 16 * stages > raw + (u32)smem_bytes) __trap();
     // A cluster's block holds one unit (its partial tile over the ring).
-    if (cluster && ((int)gridDim.x != (n / kRowTile) * splits * chunks || BN * kPartPitch * 4 > stages * L::kStage))
+    if (cluster && ((int)gridDim.x != (n / C::kRowTile) * splits * chunks || BN * C::kPartPitch * 4 > stages * L::kStage))
         __trap();
     // Shared X: one chunk, no split, whole clusters of units (the host's plan).
     if (multicast > 1 && (cluster || chunks != 1 || splits != 1 || BN % (8 * multicast) != 0 ||
-                          (n / kRowTile) % multicast != 0 || gridDim.x % multicast != 0))
+                          (n / C::kRowTile) % multicast != 0 || gridDim.x % multicast != 0))
         __trap();
 
     const int kbn = k >> 7;  // 128-wide K blocks (stages)
     const int kscales = k / SB;  // scale blocks a W scale row
-    const int units = (n / kRowTile) * splits * chunks;
+    const int units = (n / C::kRowTile) * splits * chunks;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 
     if (threadIdx.x == 0) {
         for (int s = 0; s < stages; s++) {
             mbar_init(bars + 8 * s, 1 + 32);  // the producer's expect_tx, the loader's 32 lanes
-            mbar_init(bars + 8 * (stages + s), kConsumerWGs * 4 * max(1, multicast));
+            mbar_init(bars + 8 * (stages + s), WGS * 4 * max(1, multicast));
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
@@ -468,11 +555,11 @@ __device__ __forceinline__ void gemm_body(const TensorMap* tw, const TensorMap* 
     else
         __syncthreads();
 
-    if (warp >= kConsumerWGs * 4) {
+    if (warp >= WGS * 4) {
 #ifdef WGMMA_SETMAXNREG
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
 #endif
-        if (warp == kLoaderWarp) {
+        if (warp == C::kLoaderWarp) {
             pdl_wait();  // X's scales come from the kernel before
             int s = 0;
             u32 ph = 0;
@@ -480,7 +567,8 @@ __device__ __forceinline__ void gemm_body(const TensorMap* tw, const TensorMap* 
                 const auto [z, c, tile] = unit_at(u, splits, chunks);
                 const int kb0 = z * kb_per_split, kb1 = min(kbn, kb0 + kb_per_split);
                 const int m0 = c * BN;
-                const float* wst = ws + (size_t)tile * L::kSubs * kscales;  // the tile's first W scale row
+                // The tile's first W scale row.
+                const float* wst = ws + (size_t)(tile * C::kRowTile / SB) * kscales;
                 for (int kb = kb0; kb < kb1; kb++) {
                     mbar_wait(bars + 8 * (stages + s), ph ^ 1);
                     const u32 dst = scl + s * L::kScaleStage;
@@ -489,7 +577,7 @@ __device__ __forceinline__ void gemm_body(const TensorMap* tw, const TensorMap* 
                         const float* src = xs + (size_t)(kb * L::kSubs + sub) * xs_stride + tok;
                         cp_async4(dst + 4 * i, tok < m ? src : xs, tok < m ? 4 : 0);
                     }
-                    for (int i = lane; i < L::kSubs * L::kSubs; i += 32) {
+                    for (int i = lane; i < L::kWRows * L::kSubs; i += 32) {
                         const int r = i / L::kSubs, sub = i % L::kSubs;
                         cp_async4(dst + 4 * (L::kSubs * BN + i), wst + (size_t)r * kscales + kb * L::kSubs + sub, 4);
                     }
@@ -498,14 +586,14 @@ __device__ __forceinline__ void gemm_body(const TensorMap* tw, const TensorMap* 
                 }
             }
             asm volatile("cp.async.wait_all;" ::: "memory");  // no copy outlives its warp
-        } else if (warp == kConsumerWGs * 4 && lane == 0) {
-            produce<BN>(tw, tx, base, bars, units, kbn, kb_per_split, splits, chunks, stages, multicast);
+        } else if (warp == WGS * 4 && lane == 0) {
+            produce<BN, WGS>(tw, tx, base, bars, units, kbn, kb_per_split, splits, chunks, stages, multicast);
         }
     } else {
-        consume<BN, SB>(ws, xs, y, part, counters, gbase, base, epi, scl, bars, m, n, kbn, y_stride, kb_per_split,
-                        splits, chunks, stages, units, cluster, multicast);
+        consume<BN, SB, WGS, PIPE>(ws, xs, y, part, counters, gbase, base, epi, scl, bars, m, n, kbn, y_stride,
+                                   kb_per_split, splits, chunks, stages, units, cluster, multicast);
     }
-    if (cluster) cluster_finish<BN>(y, base, m, y_stride, splits, chunks);
+    if (cluster) cluster_finish<BN, WGS>(y, base, m, y_stride, splits, chunks);
     // No block leaves while another may still write its X slice into it
     // or arrive on its barriers.
     if (multicast > 1) cluster_sync();
@@ -514,28 +602,40 @@ __device__ __forceinline__ void gemm_body(const TensorMap* tw, const TensorMap* 
 }  // namespace wgm
 
 // counters: nullptr, the partials then reduced by gemm_fp8_reduce; or
-// chunks x (N / 128) zeroed ints (left zeroed), the kernel finishing the
-// split itself (split_finish). cluster: 1 when launched with clusters of
-// `splits` blocks (part and counters unused). multicast: 0 or 1, or the
+// chunks x (N / row tile) zeroed ints (left zeroed), the kernel finishing
+// the split itself (split_finish). cluster: 1 when launched with clusters
+// of `splits` blocks (part and counters unused). multicast: 0 or 1, or the
 // size of the clusters it is launched with whose blocks share X (one
 // chunk, no split; tx's box then BN / multicast rows).
-// Grid: min(units, SMs) blocks of wgm::kThreads (cluster: exactly the
-// units x splits); smem_bytes is the dynamic
-// shared memory launched with, stages * (16384 + 128 BN + 16 + the
-// stage's scales, 4 (BN + 1) bytes rounded up to 16 for SB 128) + 2 BN
-// 144 + 1024 bytes (gemm_wgmma.go's wgmmaSmemBytes).
-#define WGMMA_GEMM_KERNEL(NAME, BN, SB)                                                                          \
-    extern "C" __global__ void __launch_bounds__(wgm::kThreads, 1)                                              \
-        NAME(const __grid_constant__ wgm::TensorMap tw, const __grid_constant__ wgm::TensorMap tx,               \
-             const float* ws, const float* xs, u8* y, float* part, int* counters, int m, int n, int k,           \
-             int xs_stride, int y_stride, int kb_per_split, int splits, int chunks, int stages, int smem_bytes,  \
-             int cluster, int multicast) {                                                                      \
-        wgm::gemm_body<BN, SB>(&tw, &tx, ws, xs, y, part, counters, m, n, k, xs_stride, y_stride, kb_per_split, \
-                               splits, chunks, stages, smem_bytes, cluster, multicast);                          \
+// Grid: min(units, SMs) blocks of wgm::Cfg<WGS>::kThreads (cluster:
+// exactly the units x splits); smem_bytes is the dynamic shared memory
+// launched with, stages * (64 WGS 128 + 128 BN + 16 + the stage's scales,
+// 4 (BN + 1) bytes rounded up to 16 for SB 128) + WGS BN 144 + 1024 bytes
+// (gemm_wgmma.go's wgmmaSmemBytes).
+#define WGMMA_GEMM_KERNEL(NAME, BN, SB, WGS, PIPE)                                                                 \
+    extern "C" __global__ void __launch_bounds__(wgm::Cfg<WGS>::kThreads, 1)                                      \
+        NAME(const __grid_constant__ wgm::TensorMap tw, const __grid_constant__ wgm::TensorMap tx,                 \
+             const float* ws, const float* xs, u8* y, float* part, int* counters, int m, int n, int k,             \
+             int xs_stride, int y_stride, int kb_per_split, int splits, int chunks, int stages, int smem_bytes,    \
+             int cluster, int multicast) {                                                                        \
+        wgm::gemm_body<BN, SB, WGS, PIPE>(&tw, &tx, ws, xs, y, part, counters, m, n, k, xs_stride, y_stride,      \
+                                          kb_per_split, splits, chunks, stages, smem_bytes, cluster, multicast);  \
     }
 
-WGMMA_GEMM_KERNEL(gemm_fp8_wgmma_bn8, 8, 128)
-WGMMA_GEMM_KERNEL(gemm_fp8_wgmma_bn16, 16, 128)
-WGMMA_GEMM_KERNEL(gemm_fp8_wgmma_bn32, 32, 128)
-WGMMA_GEMM_KERNEL(gemm_fp8_wgmma_bn64, 64, 128)
-WGMMA_GEMM_KERNEL(gemm_fp8_wgmma_bn128, 128, 128)
+// The wide kernels (cudatune.WGMMAWide): two consumer warpgroups, 128 W
+// rows a unit.
+WGMMA_GEMM_KERNEL(gemm_fp8_wgmma_bn8, 8, 128, 2, false)
+WGMMA_GEMM_KERNEL(gemm_fp8_wgmma_bn16, 16, 128, 2, false)
+WGMMA_GEMM_KERNEL(gemm_fp8_wgmma_bn32, 32, 128, 2, false)
+WGMMA_GEMM_KERNEL(gemm_fp8_wgmma_bn64, 64, 128, 2, false)
+WGMMA_GEMM_KERNEL(gemm_fp8_wgmma_bn128, 128, 128, 2, false)
+// The narrow kernels (cudatune.WGMMANarrow): one consumer warpgroup, 64 W
+// rows a unit; and with two MMA sums in turn (cudatune.WGMMANarrowPipe;
+// up to 64 tokens: three sets of 128-token accumulators do not fit).
+WGMMA_GEMM_KERNEL(gemm_fp8_wgmma_n1_bn16, 16, 128, 1, false)
+WGMMA_GEMM_KERNEL(gemm_fp8_wgmma_n1_bn32, 32, 128, 1, false)
+WGMMA_GEMM_KERNEL(gemm_fp8_wgmma_n1_bn64, 64, 128, 1, false)
+WGMMA_GEMM_KERNEL(gemm_fp8_wgmma_n1_bn128, 128, 128, 1, false)
+WGMMA_GEMM_KERNEL(gemm_fp8_wgmma_n1p_bn16, 16, 128, 1, true)
+WGMMA_GEMM_KERNEL(gemm_fp8_wgmma_n1p_bn32, 32, 128, 1, true)
+WGMMA_GEMM_KERNEL(gemm_fp8_wgmma_n1p_bn64, 64, 128, 1, true)

@@ -124,6 +124,11 @@ func NewTuned(opts Options, k cudatune.Knobs) (*Backend, error) {
 	if m := k.WGMMAMulticast; m > 0 && m != 2 && m != 4 {
 		return nil, fmt.Errorf("cuda: Knobs.WGMMAMulticast = %d, want 0, negative, 2 or 4", m)
 	}
+	for _, kern := range []cudatune.WGMMAKernel{k.WGMMAKernel, k.WGMMANarrow} {
+		if kern < 0 || kern > cudatune.WGMMANarrowPipe {
+			return nil, fmt.Errorf("cuda: Knobs.WGMMAKernel or WGMMANarrow = %d names no kernel family", kern)
+		}
+	}
 	if k.WGMMAClusterSplits > 8 {
 		return nil, fmt.Errorf("cuda: Knobs.WGMMAClusterSplits = %d exceeds 8 blocks, the portable cluster size", k.WGMMAClusterSplits)
 	}
@@ -170,6 +175,10 @@ func NewTuned(opts Options, k cudatune.Knobs) (*Backend, error) {
 	b := &Backend{ctx: c, log: opts.Logger, opts: opts, knobs: k, fns: map[string]*driver.Function{},
 		arch: cudatune.ForDevice(p.Major, p.Minor, cudatune.Resources{SMs: p.SMCount, SharedPerBlockOptin: p.MaxSharedBytesOptin,
 			SharedPerSM: p.SharedBytesPerSM, RegistersPerSM: p.RegistersPerSM, L2Bytes: p.L2Bytes})}
+	if kern := k.WGMMANarrow; kern > 0 {
+		b.arch.FP8.WGMMA.Use = append([]cudatune.OwnRule{{MaxN: cudatune.WGMMANarrowMaxN, MaxM: cudatune.WGMMANarrowMaxM, Kernel: kern,
+			Source: "Knobs.WGMMANarrow"}}, b.arch.FP8.WGMMA.Use...)
+	}
 	if opts.NoWGMMA {
 		b.arch.FP8.WGMMA.Use = nil
 	}

@@ -3,6 +3,7 @@ package cuda_test
 import (
 	"context"
 	_ "embed"
+	"flag"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -24,6 +25,11 @@ import (
 	"github.com/dsv4mla/prologue/numerics"
 )
 
+// The shared backend's knobs, so that the suites that run on it (the GEMM
+// graph, determinism and streams tests among them) check a variant before
+// it becomes a default.
+var wgmmaNarrowFlag = flag.Int("cuda.wgnarrow", 0, "the shared backend's cudatune.Knobs.WGMMANarrow (a wgmma kernel family for the narrow GEMMs at up to 128 rows)")
+
 var (
 	shared     *cuda.Backend
 	sharedErr  error
@@ -37,7 +43,9 @@ func backend(t *testing.T) *cuda.Backend {
 	if err := cuda.Available(); err != nil {
 		t.Skipf("CUDA backend unavailable: %v", err)
 	}
-	sharedOnce.Do(func() { shared, sharedErr = cuda.New(cuda.Options{}) })
+	sharedOnce.Do(func() {
+		shared, sharedErr = cuda.NewTuned(cuda.Options{}, cudatune.Knobs{WGMMANarrow: cudatune.WGMMAKernel(*wgmmaNarrowFlag)})
+	})
 	require.NoError(t, sharedErr)
 	return shared
 }

@@ -313,8 +313,14 @@ func (b *Backend) gemmOn(ctx context.Context, a *mla.GEMMArgs, wgmma bool) error
 	if wgmma && g.wg == nil {
 		return fmt.Errorf("cuda: the wgmma GEMM is not loaded: %w", g.wgErr)
 	}
-	if wgmma || g.wg != nil && (b.opts.GEMMWGMMA || b.arch.FP8.WGMMA.Chosen(m, n)) {
-		return b.wgmmaGEMM(w, ws, x, xs, y, m, n, k, a.X.ScaleStride, a.YStride)
+	if kern := b.arch.FP8.WGMMA.KernelFor(m, n); wgmma || g.wg != nil && (b.opts.GEMMWGMMA || kern != 0) {
+		if kern == 0 {
+			kern = cudatune.WGMMAWide
+		}
+		if b.knobs.WGMMAKernel != 0 {
+			kern = b.knobs.WGMMAKernel
+		}
+		return b.wgmmaGEMM(kern, w, ws, x, xs, y, m, n, k, a.X.ScaleStride, a.YStride)
 	}
 	own := b.arch.FP8.OwnKernel(m, n)
 	if b.opts.GEMMOwnMaxM != 0 {

@@ -173,7 +173,7 @@ func TestPlanWGMMA(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, c.want, p, "cluster "+c.name)
 		require.LessOrEqual(t, p.grid, 132, "one wave")
-		require.GreaterOrEqual(t, p.stages*(wgmmaRowTile*128+p.bn*128), p.bn*wgmmaPartPitch*4, "the partial tile fits the ring")
+		require.GreaterOrEqual(t, p.stages*(wgmmaRowTile*128+p.bn*128), p.bn*(wgmmaRowTile+4)*4, "the partial tile fits the ring")
 	}
 	ac.MaxClusters[8] = 16
 	p, err := planWGMMA(ac, 64, 2048, 7168, 132, optin, gemmPartBytes)
@@ -212,9 +212,46 @@ func TestPlanWGMMA(t *testing.T) {
 	// The layout: 128 W rows and 128 token rows of 128 bytes a stage, two
 	// barriers; two 128 x 72 bf16 tiles; the alignment slack.
 	require.Equal(t, 5*(32768+528+16)+2*128*144+1024, wgmmaSmemBytes(128, 5))
-	require.Equal(t, 48, wgmmaScaleBytes(8))
+	require.Equal(t, 48, wgmmaScaleBytes(wgmmaRowTile, 8))
 	_, err = planWGMMA(a, 1, 128, 128, 132, 30<<10, gemmPartBytes)
 	require.ErrorIs(t, err, ErrWGMMAUnavailable, "30 KiB hold one stage")
 	_, err = planWGMMA(cudatune.WGMMAArch{}, 1, 128, 128, 132, optin, gemmPartBytes)
 	require.ErrorIs(t, err, ErrWGMMAUnavailable, "no tiles")
+}
+
+// TestPlanWGMMANarrow: the narrow families halve the token tile until
+// the 64-row units fill half the H200 and then run the full K (the
+// shapes of issue 25: DeepGEMM's 96 and 128 blocks at 128 rows), split K
+// only where even the smallest tile leaves the device half empty, and
+// fill shared memory with up to 16 stages.
+func TestPlanWGMMANarrow(t *testing.T) {
+	a := cudatune.SM90.FP8.WGMMA
+	a.MaxClusters = []int{0, 0, 66, 0, 30, 0, 0, 0, 15}
+	optin := cudatune.SM90.SharedPerBlockOptin
+	for _, c := range []struct {
+		name    string
+		kern    cudatune.WGMMAKernel
+		m, n, k int
+		want    wgmmaPlan
+	}{
+		{"flash A m128", cudatune.WGMMANarrow, 128, 1536, 4096, wgmmaPlan{bn: 32, chunks: 4, splits: 1, kbPerSplit: 32, grid: 96, stages: 16, smem: wgmmaSmemBytesRows(64, 32, 16)}},
+		{"flash A m128 pipe", cudatune.WGMMANarrowPipe, 128, 1536, 4096, wgmmaPlan{bn: 32, chunks: 4, splits: 1, kbPerSplit: 32, grid: 96, stages: 16, smem: wgmmaSmemBytesRows(64, 32, 16)}},
+		{"pro A m128", cudatune.WGMMANarrow, 128, 2048, 7168, wgmmaPlan{bn: 32, chunks: 4, splits: 1, kbPerSplit: 56, grid: 128, stages: 16, smem: wgmmaSmemBytesRows(64, 32, 16)}},
+		{"flash A m129", cudatune.WGMMANarrow, 129, 1536, 4096, wgmmaPlan{bn: 64, chunks: 3, splits: 1, kbPerSplit: 32, grid: 72, stages: 13, smem: wgmmaSmemBytesRows(64, 64, 13)}},
+		{"flash idx wq_b m128", cudatune.WGMMANarrow, 128, 8192, 1024, wgmmaPlan{bn: 128, chunks: 1, splits: 1, kbPerSplit: 8, grid: 128, stages: 8, smem: wgmmaSmemBytesRows(64, 128, 8)}},
+		// The pipelined family stops at 64 tokens: two chunks.
+		{"flash idx wq_b m128 pipe", cudatune.WGMMANarrowPipe, 128, 8192, 1024, wgmmaPlan{bn: 64, chunks: 2, splits: 1, kbPerSplit: 8, grid: 132, stages: 13, smem: wgmmaSmemBytesRows(64, 64, 13)}},
+		// 24 units of the smallest tile: 6 splits (clusters of 5 would be
+		// the one wave, unknown to the driver's answer here: the last block).
+		{"flash A m8", cudatune.WGMMANarrow, 8, 1536, 4096, wgmmaPlan{bn: 16, chunks: 1, splits: 6, kbPerSplit: 6, grid: 132, stages: 16, smem: wgmmaSmemBytesRows(64, 16, 16)}},
+	} {
+		p, err := planWGMMAKernel(a, c.kern, c.m, c.n, c.k, 132, optin, gemmPartBytes)
+		require.NoError(t, err, c.name)
+		require.Equal(t, c.want, p, c.name)
+		require.LessOrEqual(t, p.smem, optin, c.name)
+	}
+	// One consumer warpgroup's tile, one W scale row of the 128-row block.
+	require.Equal(t, 16*(64*128+32*128+144+16)+32*144+1024, wgmmaSmemBytesRows(64, 32, 16))
+	_, err := planWGMMAKernel(a, cudatune.WGMMAKernel(9), 1, 128, 128, 132, optin, gemmPartBytes)
+	require.ErrorIs(t, err, ErrWGMMAUnavailable)
 }

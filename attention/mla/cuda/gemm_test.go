@@ -37,16 +37,22 @@ func TestCUDAGEMM(t *testing.T) {
 // for every batch, and cuBLASLt for every batch it accepts.
 func TestCUDAGEMMPaths(t *testing.T) {
 	backend(t)
-	for name, opts := range map[string]cuda.Options{
-		"own":      {NoCuBLASLt: true, NoWGMMA: true},
-		"cublaslt": {GEMMOwnMaxM: -1, NoWGMMA: true},
-		"wgmma":    {GEMMWGMMA: true, NoCuBLASLt: true},
+	wg := cuda.Options{GEMMWGMMA: true, NoCuBLASLt: true}
+	for name, path := range map[string]struct {
+		opts  cuda.Options
+		knobs cudatune.Knobs
+	}{
+		"own":               {cuda.Options{NoCuBLASLt: true, NoWGMMA: true}, cudatune.Knobs{}},
+		"cublaslt":          {cuda.Options{GEMMOwnMaxM: -1, NoWGMMA: true}, cudatune.Knobs{}},
+		"wgmma":             {wg, cudatune.Knobs{}},
+		"wgmma-narrow":      {wg, cudatune.Knobs{WGMMAKernel: cudatune.WGMMANarrow}},
+		"wgmma-narrow-pipe": {wg, cudatune.Knobs{WGMMAKernel: cudatune.WGMMANarrowPipe}},
 	} {
 		t.Run(name, func(t *testing.T) {
-			b, err := cuda.New(opts)
+			b, err := cuda.NewTuned(path.opts, path.knobs)
 			require.NoError(t, err)
 			defer b.Close()
-			if err := b.InitGEMM(); name == "wgmma" && errors.Is(err, cuda.ErrWGMMAUnavailable) {
+			if err := b.InitGEMM(); strings.HasPrefix(name, "wgmma") && errors.Is(err, cuda.ErrWGMMAUnavailable) {
 				t.Skipf("%v", err)
 			} else {
 				require.NoError(t, err)
@@ -63,7 +69,7 @@ func TestCUDAGEMMPaths(t *testing.T) {
 			mlatest.TestGEMMShapes(t, b, append(slices.Clone(mlatest.FlashGEMMs), mlatest.ScaledGEMMs(mlatest.ProGEMMs, 8)...))
 			own, lt := b.GEMMCounts()
 			t.Logf("GEMMs run: own kernel %d, cuBLASLt %d", own, lt)
-			if name == "wgmma" {
+			if strings.HasPrefix(name, "wgmma") {
 				require.Zero(t, own+lt)
 				require.Positive(t, b.WGMMACount())
 			} else if name == "own" {
@@ -210,6 +216,8 @@ func TestGEMMTimes(t *testing.T) {
 		{"cublaslt-nosplit", cuda.Options{GEMMOwnMaxM: -1, NoWGMMA: true}, cudatune.Knobs{CuBLASLtSplitK: cudatune.CuBLASLtSplitKNone}},
 		{"wgmma", wg, cudatune.Knobs{WGMMAClusterSplits: -1, WGMMAMulticast: -1}},
 		{"wgmma-cluster", wg, cudatune.Knobs{WGMMAClusterSplits: 8, WGMMAMulticast: -1}},
+		{"wgmma-narrow", wg, cudatune.Knobs{WGMMAClusterSplits: 8, WGMMAMulticast: -1, WGMMAKernel: cudatune.WGMMANarrow}},
+		{"wgmma-npipe", wg, cudatune.Knobs{WGMMAClusterSplits: 8, WGMMAMulticast: -1, WGMMAKernel: cudatune.WGMMANarrowPipe}},
 		{"wgmma-mc2", wg, cudatune.Knobs{WGMMAClusterSplits: 8, WGMMAMulticast: 2}},
 		{"wgmma-mc4", wg, cudatune.Knobs{WGMMAClusterSplits: 8, WGMMAMulticast: 4}}} {
 		if !slices.Contains(paths, path.name) {

@@ -3,6 +3,7 @@ package cuda
 import (
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 
 	"github.com/dsv4mla/prologue/internal/cudatune"
@@ -23,15 +24,39 @@ import (
 // in the arch-specific sm_90a.
 const wgmmaArch = "sm_90a"
 
-// The kernel's fixed shape (gemm_fp8_wgmma.cu's wgm:: constants): two
-// consumer warpgroups and a producer, 128 rows of W a work unit.
+// The wide kernels' shape (gemm_fp8_wgmma.cu's wgm::Cfg<2>): two
+// consumer warpgroups and a producer, 128 rows of W a work unit; the
+// narrow ones (Cfg<1>) have one consumer warpgroup and 64 rows
+// (wgmmaShapeOf).
 const (
 	wgmmaThreads = 384
 	wgmmaRowTile = 128
-	// wgmmaPartPitch is the floats a token row of a cluster's partial tile
-	// (kPartPitch), laid over the ring.
-	wgmmaPartPitch = wgmmaRowTile + 4
 )
+
+// wgmmaShape is a kernel family's block: threads, W rows a unit, token
+// tiles, deepest ring.
+type wgmmaShape struct {
+	threads, rows int
+	tiles         []int
+	maxStages     int
+	prefix        string // the kernels' names, prefix + token tile
+}
+
+// wgmmaShapeOf is kernel family k's shape in the architecture description.
+func wgmmaShapeOf(a cudatune.WGMMAArch, k cudatune.WGMMAKernel) (wgmmaShape, error) {
+	switch k {
+	case cudatune.WGMMAWide:
+		return wgmmaShape{threads: wgmmaThreads, rows: wgmmaRowTile, tiles: a.TokenTiles, maxStages: a.MaxStages, prefix: "gemm_fp8_wgmma_bn"}, nil
+	case cudatune.WGMMANarrow:
+		return wgmmaShape{threads: 256, rows: 64, tiles: a.NarrowTiles, maxStages: a.NarrowMaxStages, prefix: "gemm_fp8_wgmma_n1_bn"}, nil
+	case cudatune.WGMMANarrowPipe:
+		return wgmmaShape{threads: 256, rows: 64, tiles: a.NarrowPipeTiles, maxStages: a.NarrowMaxStages, prefix: "gemm_fp8_wgmma_n1p_bn"}, nil
+	}
+	return wgmmaShape{}, fmt.Errorf("%w: no wgmma kernel family %v", ErrWGMMAUnavailable, k)
+}
+
+// wgmmaKernels are the families loadWGMMA loads.
+var wgmmaKernels = []cudatune.WGMMAKernel{cudatune.WGMMAWide, cudatune.WGMMANarrow, cudatune.WGMMANarrowPipe}
 
 // ErrWGMMAUnavailable: the wgmma GEMM cannot run here (not compute
 // capability 9.0, no tensor maps in the driver, or no kernels in the
@@ -43,21 +68,27 @@ var ErrWGMMAUnavailable = errors.New("cuda: the sm_90a wgmma GEMM is unavailable
 // activation blocks).
 const wgmmaScaleBlock = 128
 
-// wgmmaSmemBytes is a block's dynamic shared memory for token tile bn and
-// a ring of `stages` stages, as gemm_fp8_wgmma.cu lays it out: each stage
-// 128 W rows and bn token rows of 128 bytes, its scales (wgmmaScaleBytes)
-// and its two 8-byte mbarriers, the two warpgroups' bf16 tiles (bn rows of
-// 72 u16 each), and 1024 bytes to align the ring for the 128-byte swizzle.
-func wgmmaSmemBytes(bn, stages int) int {
-	return stages*(wgmmaRowTile*128+bn*128+wgmmaScaleBytes(bn)+16) + 2*bn*72*2 + 1024
+// wgmmaSmemBytes is a block's dynamic shared memory for the wide
+// kernels (wgmmaSmemBytesRows).
+func wgmmaSmemBytes(bn, stages int) int { return wgmmaSmemBytesRows(wgmmaRowTile, bn, stages) }
+
+// wgmmaSmemBytesRows is a block's dynamic shared memory for `rows` W rows
+// a unit, token tile bn and a ring of `stages` stages, as
+// gemm_fp8_wgmma.cu lays it out: each stage the W rows and bn token rows
+// of 128 bytes, its scales (wgmmaScaleBytes) and its two 8-byte mbarriers,
+// each consumer warpgroup's bf16 tile (bn rows of 72 u16), and 1024 bytes
+// to align the ring for the 128-byte swizzle.
+func wgmmaSmemBytesRows(rows, bn, stages int) int {
+	return stages*(rows*128+bn*128+wgmmaScaleBytes(rows, bn)+16) + rows/64*bn*72*2 + 1024
 }
 
 // wgmmaScaleBytes is one stage's scales (the kernel's Layout::kScaleStage):
-// the bn tokens' x scales and the tile's W scales of each of the K block's
-// 128 / wgmmaScaleBlock scale blocks, padded to 16 bytes.
-func wgmmaScaleBytes(bn int) int {
+// the bn tokens' x scales and the tile's W scales (rows / wgmmaScaleBlock
+// scale rows, at least one) of each of the K block's 128 /
+// wgmmaScaleBlock scale blocks, padded to 16 bytes.
+func wgmmaScaleBytes(rows, bn int) int {
 	subs := 128 / wgmmaScaleBlock
-	return (4*(subs*bn+subs*subs) + 15) &^ 15
+	return (4*(subs*bn+max(1, rows/wgmmaScaleBlock)*subs) + 15) &^ 15
 }
 
 // wgmmaPlan is one GEMM's launch of the wgmma kernel; cluster: the splits
@@ -77,21 +108,46 @@ type wgmmaPlan struct {
 // every one once, as long as the float32 partials stay within the
 // workspace and no larger than the weight; clusters of the splits where
 // one wave of them fits, a.MaxClusters), the
-// persistent grid and the deepest ring that fits in smemOptin.
+// persistent grid and the deepest ring that fits in smemOptin, for the
+// wide kernels (planWGMMAKernel).
 func planWGMMA(a cudatune.WGMMAArch, m, n, k, sms, smemOptin, partBytes int) (wgmmaPlan, error) {
+	return planWGMMAKernel(a, cudatune.WGMMAWide, m, n, k, sms, smemOptin, partBytes)
+}
+
+// planWGMMAKernel is planWGMMA for kernel family kern; the narrow
+// families (64-row units) first halve the token tile, down to their
+// smallest, while the units fill fewer than half the multiprocessors: at
+// narrow N more token chunks of the full K keep each block's chain of K
+// blocks long where a split would cut it (DeepGEMM's choice at these
+// shapes: 2026-12-02-h200-i/deepgemm, V4-Flash [wq_a; wkv] at 128 rows in
+// 96 blocks of 64 tokens x 32 weight rows, the full K each). No multicast.
+func planWGMMAKernel(a cudatune.WGMMAArch, kern cudatune.WGMMAKernel, m, n, k, sms, smemOptin, partBytes int) (wgmmaPlan, error) {
 	var p wgmmaPlan
-	if len(a.TokenTiles) == 0 {
-		return p, fmt.Errorf("%w: the architecture description has no wgmma token tiles", ErrWGMMAUnavailable)
+	sh, err := wgmmaShapeOf(a, kern)
+	if err != nil {
+		return p, err
 	}
-	p.bn = a.TokenTiles[len(a.TokenTiles)-1]
-	for _, t := range a.TokenTiles {
+	if len(sh.tiles) == 0 {
+		return p, fmt.Errorf("%w: the architecture description has no %v wgmma token tiles", ErrWGMMAUnavailable, kern)
+	}
+	if n%sh.rows != 0 {
+		return p, fmt.Errorf("cuda: wgmma GEMM: N = %d is not a multiple of the %v kernel's %d rows", n, kern, sh.rows)
+	}
+	ti := len(sh.tiles) - 1
+	for i, t := range sh.tiles {
 		if t >= m {
-			p.bn = t
+			ti = i
 			break
 		}
 	}
+	kbn, tiles := k/128, n/sh.rows
+	if kern != cudatune.WGMMAWide {
+		for ti > 0 && 2*tiles*((m+sh.tiles[ti]-1)/sh.tiles[ti]) < sms {
+			ti--
+		}
+	}
+	p.bn = sh.tiles[ti]
 	p.chunks = (m + p.bn - 1) / p.bn
-	kbn, tiles := k/128, n/wgmmaRowTile
 	units := tiles * p.chunks
 	s := 1
 	// Splitting pays only below half the multiprocessors: from there on s
@@ -114,18 +170,19 @@ func planWGMMA(a cudatune.WGMMAArch, m, n, k, sms, smemOptin, partBytes int) (wg
 	if p.cluster {
 		p.grid = units * p.splits
 	}
-	if mc := a.Multicast; mc > 1 && p.splits == 1 && p.chunks == 1 && p.bn >= max(a.MulticastMinTile, 8*mc) && p.bn%(8*mc) == 0 &&
+	if mc := a.Multicast; kern == cudatune.WGMMAWide && mc > 1 && p.splits == 1 && p.chunks == 1 && p.bn >= max(a.MulticastMinTile, 8*mc) && p.bn%(8*mc) == 0 &&
 		units%mc == 0 && mc < len(a.MaxClusters) && a.MaxClusters[mc] > 0 {
 		p.multicast = mc
 		p.grid = min(units, sms, a.MaxClusters[mc]*mc) / mc * mc
 	}
-	fixed := wgmmaSmemBytes(p.bn, 0)
-	p.stages = min(a.MaxStages, (smemOptin-fixed)/(wgmmaSmemBytes(p.bn, 1)-fixed))
+	fixed := wgmmaSmemBytesRows(sh.rows, p.bn, 0)
+	p.stages = min(sh.maxStages, (smemOptin-fixed)/(wgmmaSmemBytesRows(sh.rows, p.bn, 1)-fixed))
 	if p.stages < 2 {
 		return p, fmt.Errorf("%w: %d bytes of shared memory a block hold fewer than 2 stages of token tile %d", ErrWGMMAUnavailable, smemOptin, p.bn)
 	}
-	p.smem = wgmmaSmemBytes(p.bn, p.stages)
-	if p.cluster && p.bn*wgmmaPartPitch*4 > p.stages*(wgmmaRowTile*128+p.bn*128) {
+	p.smem = wgmmaSmemBytesRows(sh.rows, p.bn, p.stages)
+	// The partial tile [bn][rows + 4] floats (kPartPitch) over the ring.
+	if p.cluster && p.bn*(sh.rows+4)*4 > p.stages*(sh.rows*128+p.bn*128) {
 		return p, fmt.Errorf("%w: a %d-token partial tile outgrows a %d-stage ring", ErrWGMMAUnavailable, p.bn, p.stages)
 	}
 	return p, nil
@@ -135,12 +192,20 @@ func planWGMMA(a cudatune.WGMMAArch, m, n, k, sms, smemOptin, partBytes int) (wg
 // far.
 type wgmmaState struct {
 	mod    *driver.Module
-	byTile map[int]*driver.Function // token tile -> gemm_fp8_wgmma_bn<T>
+	fns    map[wgmmaFn]*driver.Function // (family, token tile) -> its kernel
+	// caps[family] is the family's MaxClusters (clusterCapacity).
+	caps map[cudatune.WGMMAKernel][]int
 	// counters are the split finish's tile counts, one array a stream (as
 	// the partials), zeroed once; the kernel leaves them zeroed.
 	counters [streamSlots]driver.DevicePtr
 	mu       sync.Mutex
 	maps     map[tensorMapKey]driver.TensorMap
+}
+
+// wgmmaFn names one kernel: its family and token tile.
+type wgmmaFn struct {
+	kernel cudatune.WGMMAKernel
+	bn     int
 }
 
 // tensorMapKey is one operand's map: a [rows][cols] byte matrix at addr
@@ -228,7 +293,7 @@ func (b *Backend) initWGMMA() error {
 	if len(a.TokenTiles) == 0 {
 		return fmt.Errorf("%w: the architecture description %s has no wgmma token tiles", ErrWGMMAUnavailable, b.arch.Name)
 	}
-	w := &wgmmaState{byTile: map[int]*driver.Function{}, maps: map[tensorMapKey]driver.TensorMap{}}
+	w := &wgmmaState{fns: map[wgmmaFn]*driver.Function{}, caps: map[cudatune.WGMMAKernel][]int{}, maps: map[tensorMapKey]driver.TensorMap{}}
 	// The driver encodes maps (CUDA 12 and later): try one on the workspace.
 	if _, err := w.tensorMap(b.ctx, tensorMapKey{addr: g.parts[0], rows: 1, cols: 128, box: 8}); err != nil {
 		return fmt.Errorf("%w: %w", ErrWGMMAUnavailable, err)
@@ -251,23 +316,36 @@ func (b *Backend) initWGMMA() error {
 	if err != nil {
 		return errors.Join(err, w.free(b.ctx))
 	}
-	for _, bn := range a.TokenTiles {
-		fn, err := mod.Function(fmt.Sprintf("gemm_fp8_wgmma_bn%d", bn))
-		if err == nil {
-			p, perr := planWGMMA(a, bn, wgmmaRowTile, 128, b.arch.SMs, b.arch.SharedPerBlockOptin, gemmPartBytes)
-			err = perr
-			if err == nil {
-				err = fn.SetAttribute(driver.FuncMaxDynamicSharedSizeBytes, p.smem)
-			}
-		}
+	for _, kern := range wgmmaKernels {
+		sh, err := wgmmaShapeOf(a, kern)
 		if err != nil {
 			return errors.Join(err, mod.Unload(), w.free(b.ctx))
 		}
-		w.byTile[bn] = fn
+		for _, bn := range sh.tiles {
+			fn, err := mod.Function(sh.prefix + strconv.Itoa(bn))
+			if err == nil {
+				// A GEMM of bn rows and one unit plans the tile's deepest ring.
+				p, perr := planWGMMAKernel(a, kern, bn, sh.rows, 128, b.arch.SMs, b.arch.SharedPerBlockOptin, gemmPartBytes)
+				err = perr
+				if err == nil && p.bn != bn {
+					err = fmt.Errorf("cuda: wgmma GEMM: the %v plan of %d rows took token tile %d", kern, bn, p.bn)
+				}
+				if err == nil {
+					err = fn.SetAttribute(driver.FuncMaxDynamicSharedSizeBytes, p.smem)
+				}
+			}
+			if err != nil {
+				return errors.Join(err, mod.Unload(), w.free(b.ctx))
+			}
+			w.fns[wgmmaFn{kern, bn}] = fn
+		}
 	}
 	w.mod = mod
 	g.wg = w
-	b.clusterCapacity(max(a.ClusterSplits, a.Multicast))
+	for _, kern := range wgmmaKernels {
+		b.clusterCapacity(kern, max(a.ClusterSplits, a.Multicast))
+	}
+	b.arch.FP8.WGMMA.MaxClusters = w.caps[cudatune.WGMMAWide]
 	return nil
 }
 
@@ -276,38 +354,46 @@ func (b *Backend) initWGMMA() error {
 // MaxClusters, which the planner reads); where it cannot say, the split K
 // is finished by the tiles' last blocks and no block shares its
 // activation tile.
-func (b *Backend) clusterCapacity(maxSplits int) {
-	w := &b.arch.FP8.WGMMA
-	w.MaxClusters = nil
-	if maxSplits < 2 {
+// Each family's is asked of its largest token tile's kernel (the most
+// shared memory a block).
+func (b *Backend) clusterCapacity(kern cudatune.WGMMAKernel, maxSplits int) {
+	w := b.gemm.wg
+	a := b.arch.FP8.WGMMA
+	delete(w.caps, kern)
+	sh, err := wgmmaShapeOf(a, kern)
+	if maxSplits < 2 || err != nil || len(sh.tiles) == 0 {
 		return
 	}
-	bn := w.TokenTiles[len(w.TokenTiles)-1]
-	p, err := planWGMMA(*w, bn, wgmmaRowTile, 128, b.arch.SMs, b.arch.SharedPerBlockOptin, gemmPartBytes)
+	bn := sh.tiles[len(sh.tiles)-1]
+	p, err := planWGMMAKernel(a, kern, bn, sh.rows, 128, b.arch.SMs, b.arch.SharedPerBlockOptin, gemmPartBytes)
 	if err != nil {
 		return
 	}
 	caps := make([]int, maxSplits+1)
 	for s := 2; s <= maxSplits; s++ {
-		n, err := b.ctx.MaxActiveClusters(b.gemm.wg.byTile[bn], driver.Dim3{wgmmaThreads, 1, 1}, uint32(p.smem), driver.Dim3{uint32(s), 1, 1})
+		n, err := b.ctx.MaxActiveClusters(w.fns[wgmmaFn{kern, bn}], driver.Dim3{uint32(sh.threads), 1, 1}, uint32(p.smem), driver.Dim3{uint32(s), 1, 1})
 		if err != nil {
-			b.log.Info().Err(err).Int("blocks", s).Msg("wgmma GEMM: no cluster split finish")
+			b.log.Info().Err(err).Int("blocks", s).Stringer("kernel", kern).Msg("wgmma GEMM: no cluster split finish")
 			return
 		}
 		caps[s] = n
 	}
-	w.MaxClusters = caps
-	b.log.Debug().Ints("clusters", caps).Msg("wgmma GEMM: clusters of 2 .. 8 blocks at once")
+	w.caps[kern] = caps
+	b.log.Debug().Ints("clusters", caps).Stringer("kernel", kern).Msg("wgmma GEMM: clusters of 2 .. 8 blocks at once")
 }
 
-// wgmmaGEMM runs one GEMM on the wgmma kernel, on the backend's stream.
-func (b *Backend) wgmmaGEMM(w, ws, x, xs, y driver.DevicePtr, m, n, k, xsStride, yStride int) error {
+// wgmmaGEMM runs one GEMM on the wgmma kernel family kern, on the
+// backend's stream.
+func (b *Backend) wgmmaGEMM(kern cudatune.WGMMAKernel, w, ws, x, xs, y driver.DevicePtr, m, n, k, xsStride, yStride int) error {
 	g := &b.gemm
-	p, err := planWGMMA(b.arch.FP8.WGMMA, m, n, k, b.arch.SMs, b.arch.SharedPerBlockOptin, gemmPartBytes)
+	a := b.arch.FP8.WGMMA
+	a.MaxClusters = g.wg.caps[kern]
+	p, err := planWGMMAKernel(a, kern, m, n, k, b.arch.SMs, b.arch.SharedPerBlockOptin, gemmPartBytes)
 	if err != nil {
 		return err
 	}
-	tw, err := g.wg.tensorMap(b.ctx, tensorMapKey{addr: w, rows: n, cols: k, box: wgmmaRowTile})
+	sh, _ := wgmmaShapeOf(a, kern) // the plan found it
+	tw, err := g.wg.tensorMap(b.ctx, tensorMapKey{addr: w, rows: n, cols: k, box: sh.rows})
 	if err != nil {
 		return err
 	}
@@ -319,14 +405,14 @@ func (b *Backend) wgmmaGEMM(w, ws, x, xs, y driver.DevicePtr, m, n, k, xsStride,
 	if err != nil {
 		return err
 	}
-	fn := g.wg.byTile[p.bn]
+	fn := g.wg.fns[wgmmaFn{kern, p.bn}]
 	// A split K is finished inside the kernel (the tile's last block adds
 	// the partials in split order: split_finish), the path the device
 	// verified; gemm_fp8_reduce is not launched for it.
 	var part, counters driver.DevicePtr
 	if p.splits > 1 && !p.cluster {
-		if 4*n/wgmmaRowTile*p.chunks > wgmmaCounterBytes {
-			return fmt.Errorf("cuda: wgmma GEMM: %d units outgrow the split counters", n/wgmmaRowTile*p.chunks)
+		if 4*n/sh.rows*p.chunks > wgmmaCounterBytes {
+			return fmt.Errorf("cuda: wgmma GEMM: %d units outgrow the split counters", n/sh.rows*p.chunks)
 		}
 		part, counters = g.parts[b.streamSlot()], g.wg.counters[b.streamSlot()]
 	}
@@ -335,7 +421,7 @@ func (b *Backend) wgmmaGEMM(w, ws, x, xs, y driver.DevicePtr, m, n, k, xsStride,
 	if p.cluster {
 		cluster = 1
 	}
-	grid, block := driver.Dim3{uint32(p.grid), 1, 1}, driver.Dim3{wgmmaThreads, 1, 1}
+	grid, block := driver.Dim3{uint32(p.grid), 1, 1}, driver.Dim3{uint32(sh.threads), 1, 1}
 	args := []any{tw, tx, ws, xs, y, part, counters, int32(m), int32(n), int32(k), int32(xsStride), int32(yStride),
 		int32(p.kbPerSplit), int32(p.splits), int32(p.chunks), int32(p.stages), int32(p.smem), cluster, int32(p.multicast)}
 	return b.ctx.Do(func() error {

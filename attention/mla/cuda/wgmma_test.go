@@ -26,18 +26,22 @@ type wgmmaShared struct {
 	err, skipErr error
 }
 
-var wgmmaBackends [4]wgmmaShared
+var wgmmaBackends [8]wgmmaShared
 
 // wgmmaFinishes are the wgmma kernel's ways to finish a split K, as
 // cudatune.Knobs.WGMMAClusterSplits names them (the tile's last block from global
 // partials, thread-block clusters of up to 8 splits reduced through
 // distributed shared memory), and its blocks sharing the activation tile
 // in clusters of 2 and 4 (Knobs.WGMMAMulticast), which run
-// wgmmaMulticastCases.
+// wgmmaMulticastCases; then the narrow kernel families (Knobs.WGMMAKernel)
+// with each split finish, which add wgmmaNarrowCases.
 var wgmmaFinishes = []struct {
 	name                     string
 	clusterSplits, multicast int
-}{{"last-block", -1, -1}, {"cluster", 8, -1}, {"multicast-2", 8, 2}, {"multicast-4", 8, 4}}
+	kernel                   cudatune.WGMMAKernel
+}{{"last-block", -1, -1, 0}, {"cluster", 8, -1, 0}, {"multicast-2", 8, 2, 0}, {"multicast-4", 8, 4, 0},
+	{"narrow-last-block", -1, -1, cudatune.WGMMANarrow}, {"narrow-cluster", 8, -1, cudatune.WGMMANarrow},
+	{"narrow-pipe-last-block", -1, -1, cudatune.WGMMANarrowPipe}, {"narrow-pipe-cluster", 8, -1, cudatune.WGMMANarrowPipe}}
 
 // wgmmaBackend is a backend whose every FP8 GEMM runs the sm_90a wgmma
 // kernel (Options.GEMMWGMMA, cuBLASLt not loaded) with split finish f of
@@ -50,7 +54,8 @@ func wgmmaBackend(t *testing.T, f int) *cuda.Backend {
 	w := &wgmmaBackends[f]
 	w.once.Do(func() {
 		w.b, w.err = cuda.NewTuned(cuda.Options{GEMMWGMMA: true, NoCuBLASLt: true},
-			cudatune.Knobs{WGMMAClusterSplits: wgmmaFinishes[f].clusterSplits, WGMMAMulticast: wgmmaFinishes[f].multicast})
+			cudatune.Knobs{WGMMAClusterSplits: wgmmaFinishes[f].clusterSplits, WGMMAMulticast: wgmmaFinishes[f].multicast,
+				WGMMAKernel: wgmmaFinishes[f].kernel})
 		if w.err == nil {
 			if err := w.b.InitGEMM(); errors.Is(err, cuda.ErrWGMMAUnavailable) {
 				w.skipErr = err
@@ -108,6 +113,26 @@ func wgmmaCases() []mlatest.GEMMCase {
 		mlatest.GEMMCase{Shape: mlatest.GEMMShape{Name: "n256-k384", N: 256, K: 384}, Rows: 130, NaN: true})
 }
 
+// wgmmaNarrowCases are the shapes the narrow kernels are for at the
+// sizes where their token tile narrows (several chunks of the full K, no
+// split) and around them: V4-Flash's and V4-Pro's [wq_a; wkv] and the
+// indexer's wq_b at 64, 96, 127, 128, 129 and 256 rows, odd sizes with a
+// padded scale stride and a strided, offset Y.
+func wgmmaNarrowCases() []mlatest.GEMMCase {
+	var cs []mlatest.GEMMCase
+	for _, s := range []mlatest.GEMMShape{mlatest.FlashGEMMs[0], mlatest.ProGEMMs[0],
+		{Name: "flash-idx-wqb", N: 8192, K: 1024}, {Name: "pro-idx-wqb", N: 8192, K: 1536}} {
+		for _, m := range []int{64, 96, 127, 128, 129, 256} {
+			c := mlatest.GEMMCase{Shape: s, Rows: m}
+			if m%2 == 1 {
+				c.ScaleStride, c.YOffset, c.YStride = m+3, 48, s.N+24
+			}
+			cs = append(cs, c)
+		}
+	}
+	return cs
+}
+
 // wgmmaMulticastCases are the shapes whose blocks share the activation
 // tile: 68 row tiles (more than half the device, so no split; a multiple
 // of 4) at one chunk, every token tile from 16 rows, odd sizes with a
@@ -139,6 +164,9 @@ func TestCUDAWGMMAGEMM(t *testing.T) {
 			cases := wgmmaCases()
 			if fin.multicast > 1 {
 				cases = wgmmaMulticastCases()
+			}
+			if fin.kernel != 0 {
+				cases = append(wgmmaNarrowCases(), cases...)
 			}
 			for _, c := range cases {
 				t.Run(c.String(), func(t *testing.T) {
