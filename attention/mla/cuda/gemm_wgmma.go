@@ -191,8 +191,8 @@ func planWGMMAKernel(a cudatune.WGMMAArch, kern cudatune.WGMMAKernel, m, n, k, s
 // wgmmaState is the loaded wgmma kernels and the tensor maps encoded so
 // far.
 type wgmmaState struct {
-	mod    *driver.Module
-	fns    map[wgmmaFn]*driver.Function // (family, token tile) -> its kernel
+	mod *driver.Module
+	fns map[wgmmaFn]*driver.Function // (family, token tile) -> its kernel
 	// caps[family] is the family's MaxClusters (clusterCapacity).
 	caps map[cudatune.WGMMAKernel][]int
 	// counters are the split finish's tile counts, one array a stream (as
