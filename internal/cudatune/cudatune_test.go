@@ -146,6 +146,27 @@ func TestWGMMAChosen(t *testing.T) {
 	require.False(t, a.Chosen(1, 128), "no kernels: never chosen")
 }
 
+// TestWGMMAKernelFor: the rules of one MaxN are N's, tried in order by M
+// (a wider N's rule never takes a narrower N's rows), each naming its
+// kernel family (none: the wide one).
+func TestWGMMAKernelFor(t *testing.T) {
+	a := WGMMAArch{TokenTiles: []int{8}, Use: []OwnRule{
+		{MaxN: 1536, MaxM: 32}, {MaxN: 1536, MaxM: 128, Kernel: WGMMANarrowPipe},
+		{MaxN: 8192, MaxM: 512, Kernel: WGMMANarrow}, {MaxN: math.MaxInt, MaxM: 32}}}
+	for _, c := range []struct {
+		m, n int
+		want WGMMAKernel
+	}{
+		{1, 1536, WGMMAWide}, {32, 1536, WGMMAWide}, {33, 1536, WGMMANarrowPipe}, {128, 1024, WGMMANarrowPipe},
+		{129, 1536, 0}, {129, 2048, WGMMANarrow}, {512, 8192, WGMMANarrow}, {513, 8192, 0},
+		{32, 32768, WGMMAWide}, {33, 32768, 0},
+	} {
+		require.Equal(t, c.want, a.KernelFor(c.m, c.n), "m %d n %d", c.m, c.n)
+		require.Equal(t, c.want != 0, a.Chosen(c.m, c.n), "m %d n %d", c.m, c.n)
+	}
+	require.Equal(t, "narrow-pipe", WGMMANarrowPipe.String())
+}
+
 // TestOwnKernel: the measured FP8 GEMM choice by shape (the own kernel up
 // to 32 rows for N up to 4096, up to 8 above), and the rules' sources named.
 func TestOwnKernel(t *testing.T) {

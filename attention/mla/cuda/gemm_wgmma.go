@@ -55,6 +55,17 @@ func wgmmaShapeOf(a cudatune.WGMMAArch, k cudatune.WGMMAKernel) (wgmmaShape, err
 	return wgmmaShape{}, fmt.Errorf("%w: no wgmma kernel family %v", ErrWGMMAUnavailable, k)
 }
 
+// ring is the deepest ring of token tile bn that fits in smemOptin (at
+// most maxStages) and the shared memory a block it takes.
+func (sh wgmmaShape) ring(bn, smemOptin int) (stages, smem int, err error) {
+	fixed := wgmmaSmemBytesRows(sh.rows, bn, 0)
+	stages = min(sh.maxStages, (smemOptin-fixed)/(wgmmaSmemBytesRows(sh.rows, bn, 1)-fixed))
+	if stages < 2 {
+		return 0, 0, fmt.Errorf("%w: %d bytes of shared memory a block hold fewer than 2 stages of token tile %d", ErrWGMMAUnavailable, smemOptin, bn)
+	}
+	return stages, wgmmaSmemBytesRows(sh.rows, bn, stages), nil
+}
+
 // wgmmaKernels are the families loadWGMMA loads.
 var wgmmaKernels = []cudatune.WGMMAKernel{cudatune.WGMMAWide, cudatune.WGMMANarrow, cudatune.WGMMANarrowPipe}
 
@@ -175,12 +186,9 @@ func planWGMMAKernel(a cudatune.WGMMAArch, kern cudatune.WGMMAKernel, m, n, k, s
 		p.multicast = mc
 		p.grid = min(units, sms, a.MaxClusters[mc]*mc) / mc * mc
 	}
-	fixed := wgmmaSmemBytesRows(sh.rows, p.bn, 0)
-	p.stages = min(sh.maxStages, (smemOptin-fixed)/(wgmmaSmemBytesRows(sh.rows, p.bn, 1)-fixed))
-	if p.stages < 2 {
-		return p, fmt.Errorf("%w: %d bytes of shared memory a block hold fewer than 2 stages of token tile %d", ErrWGMMAUnavailable, smemOptin, p.bn)
+	if p.stages, p.smem, err = sh.ring(p.bn, smemOptin); err != nil {
+		return p, err
 	}
-	p.smem = wgmmaSmemBytesRows(sh.rows, p.bn, p.stages)
 	// The partial tile [bn][rows + 4] floats (kPartPitch) over the ring.
 	if p.cluster && p.bn*(sh.rows+4)*4 > p.stages*(sh.rows*128+p.bn*128) {
 		return p, fmt.Errorf("%w: a %d-token partial tile outgrows a %d-stage ring", ErrWGMMAUnavailable, p.bn, p.stages)
@@ -324,14 +332,9 @@ func (b *Backend) initWGMMA() error {
 		for _, bn := range sh.tiles {
 			fn, err := mod.Function(sh.prefix + strconv.Itoa(bn))
 			if err == nil {
-				// A GEMM of bn rows and one unit plans the tile's deepest ring.
-				p, perr := planWGMMAKernel(a, kern, bn, sh.rows, 128, b.arch.SMs, b.arch.SharedPerBlockOptin, gemmPartBytes)
-				err = perr
-				if err == nil && p.bn != bn {
-					err = fmt.Errorf("cuda: wgmma GEMM: the %v plan of %d rows took token tile %d", kern, bn, p.bn)
-				}
-				if err == nil {
-					err = fn.SetAttribute(driver.FuncMaxDynamicSharedSizeBytes, p.smem)
+				var smem int
+				if _, smem, err = sh.ring(bn, b.arch.SharedPerBlockOptin); err == nil {
+					err = fn.SetAttribute(driver.FuncMaxDynamicSharedSizeBytes, smem)
 				}
 			}
 			if err != nil {
@@ -365,13 +368,13 @@ func (b *Backend) clusterCapacity(kern cudatune.WGMMAKernel, maxSplits int) {
 		return
 	}
 	bn := sh.tiles[len(sh.tiles)-1]
-	p, err := planWGMMAKernel(a, kern, bn, sh.rows, 128, b.arch.SMs, b.arch.SharedPerBlockOptin, gemmPartBytes)
+	_, smem, err := sh.ring(bn, b.arch.SharedPerBlockOptin)
 	if err != nil {
 		return
 	}
 	caps := make([]int, maxSplits+1)
 	for s := 2; s <= maxSplits; s++ {
-		n, err := b.ctx.MaxActiveClusters(w.fns[wgmmaFn{kern, bn}], driver.Dim3{uint32(sh.threads), 1, 1}, uint32(p.smem), driver.Dim3{uint32(s), 1, 1})
+		n, err := b.ctx.MaxActiveClusters(w.fns[wgmmaFn{kern, bn}], driver.Dim3{uint32(sh.threads), 1, 1}, uint32(smem), driver.Dim3{uint32(s), 1, 1})
 		if err != nil {
 			b.log.Info().Err(err).Int("blocks", s).Stringer("kernel", kern).Msg("wgmma GEMM: no cluster split finish")
 			return
