@@ -294,18 +294,19 @@ __device__ __forceinline__ void mma_block(float* d, int sub, u32 base, u32 bars,
     if (sub == L::kSubs - 1 && ++si == stages) si = 0, phi ^= 1;
 }
 
-// The promotion of a finished scale block's MMA sum d into acc with its
-// scales from stage sf's shared memory; at the stage's last sub-block the
-// warp releases the stage to the producer (every block's, with shared X)
-// and sf moves on.
+// The warp's W scale (scale row wrow of the tile) of sub-block sub of
+// stage sf.
 template <int BN, int SB, int WGS>
 __device__ __forceinline__ float w_scale(const float* scales, int sf, int wrow, int sub) {
     typedef Layout<BN, SB, WGS> L;
     return scales[sf * (L::kScaleStage / 4) + L::kSubs * BN + wrow * L::kSubs + sub];
 }
 
-// (wsc: the warp's W scale of the block, w_scale's, read by the caller
-// while the MMAs run.)
+// The promotion of a finished scale block's MMA sum d into acc with its
+// scales from stage sf's shared memory (wsc: w_scale's, read by the
+// caller while the MMAs run); at the stage's last sub-block the warp
+// releases the stage to the producer (every block's, with shared X) and
+// sf moves on.
 template <int BN, int SB, int WGS>
 __device__ __forceinline__ void promote(float* acc, float* d, int sub, float wsc, const float* scales, u32 bars, int t,
                                         int lane, int stages, int mc, int& sf) {

@@ -385,7 +385,7 @@ func TestCUDAGEMMWorkspaceReserve(t *testing.T) {
 // padded rows (the tiny model's K = 256, where cuBLASLt's default choice
 // wrote wrong columns on 2026-12-02, and V4-Flash's 1024), at 8 rows (the
 // wgmma kernel) and 128, the tiny model's wq_b and fused A projection, and
-// V4-Flash's fused A projection.
+// V4-Flash's fused A projection at 16 and 128 rows. -cuda.wgnarrow runs it under that knob.
 func TestCUDAGEMMStreams(t *testing.T) {
 	backend(t)
 	seed := rand.Uint64()
@@ -393,10 +393,10 @@ func TestCUDAGEMMStreams(t *testing.T) {
 	ctx := context.Background()
 	for _, split := range []cudatune.CuBLASLtSplitK{cudatune.CuBLASLtSplitKAny, cudatune.CuBLASLtSplitKWorkspace, cudatune.CuBLASLtSplitKNone} {
 		t.Run(split.String(), func(t *testing.T) {
-			b, err := cuda.NewTuned(cuda.Options{}, cudatune.Knobs{CuBLASLtSplitK: split})
+			b, err := cuda.NewTuned(cuda.Options{}, cudatune.Knobs{CuBLASLtSplitK: split, WGMMANarrow: cudatune.WGMMAKernel(*wgmmaNarrowFlag)})
 			require.NoError(t, err)
 			defer b.Close()
-			for _, s := range []struct{ m, n, k int }{{16, 8192, 256}, {32, 8192, 256}, {16, 1024, 256}, {16, 768, 256}, {16, 8192, 1024}, {8, 8192, 256}, {8, 8192, 1024}, {128, 8192, 1024}, {16, 1536, 4096}} {
+			for _, s := range []struct{ m, n, k int }{{16, 8192, 256}, {32, 8192, 256}, {16, 1024, 256}, {16, 768, 256}, {16, 8192, 1024}, {8, 8192, 256}, {8, 8192, 1024}, {128, 8192, 1024}, {16, 1536, 4096}, {128, 1536, 4096}} {
 				t.Run(fmt.Sprintf("m%d-n%d-k%d", s.m, s.n, s.k), func(t *testing.T) {
 					if a, err := b.CuBLASLtAlgorithm(s.m, s.n, s.k, s.n); err == nil {
 						t.Logf("ALGO %s m%d-n%d-k%d: %v", split, s.m, s.n, s.k, a)
