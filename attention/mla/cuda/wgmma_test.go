@@ -34,7 +34,8 @@ var wgmmaBackends [8]wgmmaShared
 // distributed shared memory), and its blocks sharing the activation tile
 // in clusters of 2 and 4 (Knobs.WGMMAMulticast), which run
 // wgmmaMulticastCases; then the narrow kernel families (Knobs.WGMMAKernel)
-// with each split finish, which add wgmmaNarrowCases.
+// with each split finish (TestCUDAWGMMANarrowGEMM runs wgmmaNarrowCases
+// on them).
 var wgmmaFinishes = []struct {
 	name                     string
 	clusterSplits, multicast int
@@ -116,13 +117,13 @@ func wgmmaCases() []mlatest.GEMMCase {
 // wgmmaNarrowCases are the shapes the narrow kernels are for at the
 // sizes where their token tile narrows (several chunks of the full K, no
 // split) and around them: V4-Flash's and V4-Pro's [wq_a; wkv] and the
-// indexer's wq_b at 64, 96, 127, 128, 129 and 256 rows, odd sizes with a
+// indexer's wq_b at 64, 96, 127, 128 and 129 rows, odd sizes with a
 // padded scale stride and a strided, offset Y.
 func wgmmaNarrowCases() []mlatest.GEMMCase {
 	var cs []mlatest.GEMMCase
 	for _, s := range []mlatest.GEMMShape{mlatest.FlashGEMMs[0], mlatest.ProGEMMs[0],
 		{Name: "flash-idx-wqb", N: 8192, K: 1024}, {Name: "pro-idx-wqb", N: 8192, K: 1536}} {
-		for _, m := range []int{64, 96, 127, 128, 129, 256} {
+		for _, m := range []int{64, 96, 127, 128, 129} {
 			c := mlatest.GEMMCase{Shape: s, Rows: m}
 			if m%2 == 1 {
 				c.ScaleStride, c.YOffset, c.YStride = m+3, 48, s.N+24
@@ -165,9 +166,7 @@ func TestCUDAWGMMAGEMM(t *testing.T) {
 			if fin.multicast > 1 {
 				cases = wgmmaMulticastCases()
 			}
-			if fin.kernel != 0 {
-				cases = append(wgmmaNarrowCases(), cases...)
-			}
+
 			for _, c := range cases {
 				t.Run(c.String(), func(t *testing.T) {
 					ran++
@@ -180,6 +179,34 @@ func TestCUDAWGMMAGEMM(t *testing.T) {
 			own, lt := b.GEMMCounts()
 			require.Zero(t, own+lt, "a GEMM did not run on the wgmma kernel")
 			require.GreaterOrEqual(t, b.WGMMACount()-before, int64(ran))
+		})
+	}
+}
+
+// TestCUDAWGMMANarrowGEMM runs wgmmaNarrowCases, the sizes at which the
+// narrow families' token tile narrows, on each kernel family (with the
+// cluster split finish, the default; no split happens at these sizes)
+// against the host reference within package gemm's bound.
+func TestCUDAWGMMANarrowGEMM(t *testing.T) {
+	for _, f := range []struct {
+		name string
+		fin  int // of wgmmaFinishes
+	}{{"wide", 1}, {"narrow", 5}, {"narrow-pipe", 7}} {
+		t.Run(f.name, func(t *testing.T) {
+			b := wgmmaBackend(t, f.fin)
+			before := b.WGMMACount()
+			cases := wgmmaNarrowCases()
+			for _, c := range cases {
+				t.Run(c.String(), func(t *testing.T) {
+					seed := mlatest.Seed(t)
+					cmp, err := mlatest.CheckGEMM(b, c, seed)
+					require.NoError(t, err)
+					t.Logf("worst element %.3g of the bound; accumulation difference %.3g S (bound %.3g S)", cmp.Worst, cmp.AccumRel, gemm.Bound(c.Shape.K))
+				})
+			}
+			own, lt := b.GEMMCounts()
+			require.Zero(t, own+lt, "a GEMM did not run on the wgmma kernel")
+			require.GreaterOrEqual(t, b.WGMMACount()-before, int64(len(cases)))
 		})
 	}
 }
