@@ -253,7 +253,7 @@ var SM90 = Arch{
 		WGMMA: WGMMAArch{TokenTiles: []int{8, 16, 32, 64, 128}, MaxStages: 8, ClusterSplits: 8,
 			// The narrow kernels' stages: 16, as DeepGEMM's at these shapes
 			// (2026-12-02-h200-i/deepgemm: 64 x 32 tiles, 16 stages).
-			NarrowTiles: []int{16, 32, 64, 128}, NarrowPipeTiles: []int{16, 32, 64}, NarrowMaxStages: 16,
+			NarrowTiles: []int{16, 32, 64, 128}, NarrowPipeTiles: []int{16, 32, 64, 128}, NarrowMaxStages: 16,
 			Use: []OwnRule{
 				// V4-Flash [wq_a; wkv], 12 clusters of 8 splits: 1 row 6.7 /
 				// 8.4 / -, 8 rows 6.8 / 8.4 / 14.1, 32 rows 8.0 / 12.4 / 14.1,

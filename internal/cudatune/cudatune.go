@@ -399,8 +399,7 @@ const (
 	// before K is split.
 	WGMMANarrow
 	// WGMMANarrowPipe: WGMMANarrow's with two MMA sums in turn, a K block's
-	// promotion under the next one's MMAs (gemm_fp8_wgmma_n1p_bn<T>, token
-	// tiles up to 64).
+	// promotion under the next one's MMAs (gemm_fp8_wgmma_n1p_bn<T>).
 	WGMMANarrowPipe
 )
 

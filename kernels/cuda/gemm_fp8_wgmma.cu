@@ -7,18 +7,19 @@
 // Compiled by NVRTC for sm_90a only (wgmma and the bulk tensor copy).
 //
 // Weight streaming with Y^T tiles: W's rows are the MMA's M side (64 rows a
-// consumer warpgroup, 128 a block: one row of 128x128 weight scale blocks)
-// and up to BN tokens its N side (wgmma m64nBNk32; FP8 wgmma takes both
+// consumer warpgroup; WGS = 2 warpgroups, 128 rows a block, one row of
+// 128x128 weight scale blocks, in the wide kernels, WGS = 1 in the narrow
+// ones, which give narrow N twice as many units) and up to BN tokens its N side (wgmma m64nBNk32; FP8 wgmma takes both
 // operands K-major from shared memory, which W [n][k] and X [m][k] are).
-// A work unit is (128-row tile of W, BN-token chunk, K range of a split),
+// A work unit is (64 WGS-row tile of W, BN-token chunk, K range of a split),
 // numbered split fastest, then chunk, then tile; the grid is persistent (at
 // most one block an SM), each block walking the units blockIdx.x, +
 // gridDim.x, ...; the ring runs on across units, so the next unit's
 // weights arrive while a unit's epilogue runs.
 //
-// Block: two consumer warpgroups, then one producer warpgroup whose first
+// Block: WGS consumer warpgroups, then one producer warpgroup whose first
 // thread issues every bulk tensor copy (128-byte swizzle; a stage is one
-// 128-wide K block: 128 W rows and BN token rows of 128 bytes) into a ring
+// 128-wide K block: 64 WGS W rows and BN token rows of 128 bytes) into a ring
 // of `stages` stages with full (transaction-counted) and empty (one arrival
 // a consumer warp) mbarriers. The producer's second warp, the scale loader,
 // brings each stage's scales (BN x scales and the tile's W scales of the K
@@ -34,7 +35,9 @@
 // Accumulation: each scale block's MMA sum starts from zero (scale-d 0 on
 // its first wgmma), is scaled by fl(x_scale * w_scale) and added to a
 // float32 running sum with one fma (the promotion DESIGN.md's bound
-// assumes). Out: bf16 Y with row stride y_stride when splits == 1 (through
+// assumes); with PIPE two MMA sums take turns, a scale block's promotion
+// running while the next one's MMAs do (the same operations in the same
+// order). Out: bf16 Y with row stride y_stride when splits == 1 (through
 // shared memory, 16-byte stores). A split K is added in split order
 // (deterministic) one of three ways: float32 partials part[z][m][n] that
 // gemm_fp8.cu's gemm_fp8_reduce adds; the same partials added by the
@@ -631,8 +634,9 @@ WGMMA_GEMM_KERNEL(gemm_fp8_wgmma_bn32, 32, 128, 2, false)
 WGMMA_GEMM_KERNEL(gemm_fp8_wgmma_bn64, 64, 128, 2, false)
 WGMMA_GEMM_KERNEL(gemm_fp8_wgmma_bn128, 128, 128, 2, false)
 // The narrow kernels (cudatune.WGMMANarrow): one consumer warpgroup, 64 W
-// rows a unit; and with two MMA sums in turn (cudatune.WGMMANarrowPipe;
-// up to 64 tokens: three sets of 128-token accumulators do not fit).
+// rows a unit; and with two MMA sums in turn (cudatune.WGMMANarrowPipe:
+// at 128 tokens three sets of 64 accumulator registers a thread, which
+// one warpgroup's 256-register budget holds).
 WGMMA_GEMM_KERNEL(gemm_fp8_wgmma_n1_bn16, 16, 128, 1, false)
 WGMMA_GEMM_KERNEL(gemm_fp8_wgmma_n1_bn32, 32, 128, 1, false)
 WGMMA_GEMM_KERNEL(gemm_fp8_wgmma_n1_bn64, 64, 128, 1, false)
@@ -640,3 +644,4 @@ WGMMA_GEMM_KERNEL(gemm_fp8_wgmma_n1_bn128, 128, 128, 1, false)
 WGMMA_GEMM_KERNEL(gemm_fp8_wgmma_n1p_bn16, 16, 128, 1, true)
 WGMMA_GEMM_KERNEL(gemm_fp8_wgmma_n1p_bn32, 32, 128, 1, true)
 WGMMA_GEMM_KERNEL(gemm_fp8_wgmma_n1p_bn64, 64, 128, 1, true)
+WGMMA_GEMM_KERNEL(gemm_fp8_wgmma_n1p_bn128, 128, 128, 1, true)

@@ -239,8 +239,7 @@ func TestPlanWGMMANarrow(t *testing.T) {
 		{"pro A m128", cudatune.WGMMANarrow, 128, 2048, 7168, wgmmaPlan{bn: 32, chunks: 4, splits: 1, kbPerSplit: 56, grid: 128, stages: 16, smem: wgmmaSmemBytesRows(64, 32, 16)}},
 		{"flash A m129", cudatune.WGMMANarrow, 129, 1536, 4096, wgmmaPlan{bn: 64, chunks: 3, splits: 1, kbPerSplit: 32, grid: 72, stages: 13, smem: wgmmaSmemBytesRows(64, 64, 13)}},
 		{"flash idx wq_b m128", cudatune.WGMMANarrow, 128, 8192, 1024, wgmmaPlan{bn: 128, chunks: 1, splits: 1, kbPerSplit: 8, grid: 128, stages: 8, smem: wgmmaSmemBytesRows(64, 128, 8)}},
-		// The pipelined family stops at 64 tokens: two chunks.
-		{"flash idx wq_b m128 pipe", cudatune.WGMMANarrowPipe, 128, 8192, 1024, wgmmaPlan{bn: 64, chunks: 2, splits: 1, kbPerSplit: 8, grid: 132, stages: 13, smem: wgmmaSmemBytesRows(64, 64, 13)}},
+		{"flash idx wq_b m128 pipe", cudatune.WGMMANarrowPipe, 128, 8192, 1024, wgmmaPlan{bn: 128, chunks: 1, splits: 1, kbPerSplit: 8, grid: 128, stages: 8, smem: wgmmaSmemBytesRows(64, 128, 8)}},
 		// 24 units of the smallest tile: 6 splits (clusters of 5 would be
 		// the one wave, unknown to the driver's answer here: the last block).
 		{"flash A m8", cudatune.WGMMANarrow, 8, 1536, 4096, wgmmaPlan{bn: 16, chunks: 1, splits: 6, kbPerSplit: 6, grid: 132, stages: 16, smem: wgmmaSmemBytesRows(64, 16, 16)}},

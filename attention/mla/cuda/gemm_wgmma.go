@@ -15,7 +15,11 @@ import (
 // accelerator through tensor maps). It computes Y^T tiles, W's rows on the
 // MMA's M side and up to 128 tokens on its N side, in a persistent grid
 // of at most one block a multiprocessor; a split K is finished by the
-// kernel's last block of each tile, in split order. It runs where
+// kernel's last block of each tile or a cluster of the splits, in split
+// order. Three kernel families (cudatune.WGMMAKernel): the wide one (128 W
+// rows a unit), the narrow one (64, one consumer warpgroup, its token
+// tile narrowed before K is split) and the narrow one with two MMA sums
+// in turn; the Use rule or Knobs.WGMMAKernel names which. It runs where
 // cudatune.Arch's FP8.WGMMA.Use chooses it (no shape until measured on the
 // device) or for every GEMM with Options.GEMMWGMMA; elsewhere than compute
 // capability 9.0 it does not exist.
