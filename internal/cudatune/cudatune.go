@@ -150,6 +150,10 @@ type Knobs struct {
 	// chain GEMM but wq_b) at up to WGMMANarrowMaxM rows on the wgmma kernel
 	// of that family, before FP8.WGMMA.Use's rules (0: the rules alone).
 	WGMMANarrow WGMMAKernel
+	// WGMMANarrowStages caps the narrow families' ring (0:
+	// FP8.WGMMA.NarrowMaxStages): fewer stages leave a multiprocessor's
+	// shared memory to a kernel running beside the GEMM on another stream.
+	WGMMANarrowStages int
 	// SeparateLaunches makes RunLayer issue the KV and Q kernels as two
 	// launches instead of one fused layer launch.
 	SeparateLaunches bool

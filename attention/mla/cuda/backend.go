@@ -129,6 +129,9 @@ func NewTuned(opts Options, k cudatune.Knobs) (*Backend, error) {
 			return nil, fmt.Errorf("cuda: Knobs.WGMMAKernel or WGMMANarrow = %d names no kernel family", kern)
 		}
 	}
+	if s := k.WGMMANarrowStages; s == 1 || s > 32 {
+		return nil, fmt.Errorf("cuda: Knobs.WGMMANarrowStages = %d, want 0 or 2 .. 32", s)
+	}
 	if k.WGMMAClusterSplits > 8 {
 		return nil, fmt.Errorf("cuda: Knobs.WGMMAClusterSplits = %d exceeds 8 blocks, the portable cluster size", k.WGMMAClusterSplits)
 	}
@@ -181,6 +184,9 @@ func NewTuned(opts Options, k cudatune.Knobs) (*Backend, error) {
 	}
 	if opts.NoWGMMA {
 		b.arch.FP8.WGMMA.Use = nil
+	}
+	if s := k.WGMMANarrowStages; s > 0 {
+		b.arch.FP8.WGMMA.NarrowMaxStages = s
 	}
 	b.arch.FP8.WGMMA.Multicast = override(b.arch.FP8.WGMMA.Multicast, k.WGMMAMulticast)
 	b.arch.FP8.WGMMA.ClusterSplits = override(b.arch.FP8.WGMMA.ClusterSplits, k.WGMMAClusterSplits)
