@@ -33,8 +33,10 @@ var gemmWGMMASource string
 
 // WGMMAGEMMSource returns the CUDA source of the FP8 block-scaled GEMM for
 // sm_90a (warpgroup MMA, operands by the tensor memory accelerator):
-// kernels gemm_fp8_wgmma_bn{8,16,32,64,128}, one a token tile; split-K
-// partials go through GEMMSource's gemm_fp8_reduce.
+// the wide kernels gemm_fp8_wgmma_bn{8,16,32,64,128}, one a token tile,
+// and the narrow ones gemm_fp8_wgmma_n1_bn{16,32,64,128} and
+// gemm_fp8_wgmma_n1p_bn{16,32,64,128}; split-K partials are finished in
+// the kernel (or by GEMMSource's gemm_fp8_reduce).
 func WGMMAGEMMSource() string { return gemmWGMMASource }
 
 //go:embed gemm_bf16_wgmma.cu
