@@ -31,9 +31,9 @@ import (
 // separate, wgmma
 // nowgmma wgcluster=N wgmc=N (every FP8 GEMM on the sm_90a wgmma kernel, or none; its split K finished
 // by clusters of up to N blocks; clusters of N blocks sharing the activation tile), wgkernel=N (the
-// wgmma kernel family of every GEMM it runs: cudatune.WGMMAKernel 1 wide, 2 narrow, 3 narrow-pipe),
+// wgmma kernel family of every GEMM it runs: cudatune.WGMMAKernel 1 wide, 2 narrow, 3 narrow-pipe, 4 wide-pipe),
 // wgnarrow=N (GEMMs of at most 8192 outputs at up to 128 rows on wgmma family N), wgstages=N (the
-// narrow families' deepest ring). A zero
+// narrow families' deepest ring), wgchunks=N (the narrow planner's most token chunks). A zero
 // number keeps the backend's default.
 type variant struct {
 	Name                    string // the text it was parsed from
@@ -70,6 +70,7 @@ type variant struct {
 	WGMMAKernel             int  // the wgmma kernel family of every GEMM it runs
 	WGMMANarrow             int  // the narrow GEMMs at up to 128 rows on that wgmma family
 	WGMMANarrowStages       int  // the narrow families' deepest ring
+	WGMMANarrowChunks       int  // the narrow planner's most token chunks
 }
 
 // field returns where key's value goes: a number or a switch (nil, nil for
@@ -150,6 +151,8 @@ func (v *variant) field(key string) (*int, *bool) {
 		return &v.WGMMANarrow, nil
 	case "wgstages":
 		return &v.WGMMANarrowStages, nil
+	case "wgchunks":
+		return &v.WGMMANarrowChunks, nil
 	}
 	return nil, nil
 }
@@ -188,7 +191,7 @@ func parseVariant(text string) (variant, error) {
 			*sw = true
 			continue
 		}
-		return variant{}, fmt.Errorf("variant %q: unknown option %q (known: warps=N kvd=N qd=N qchunk=N bpsm=N maxblocks=N direct=N directbf16=N dmin=N dwarps=N dhalf=N qrows=N dminb=N ikeys=N iquery=N iwide=N ilane=N istream=N tkscore=N tknarrow=N ltsplitk=N bfwg=N bfwgfin=N bfwgs=N bfwgt=N bfwgr=N bfwgpf=N nodirect nopdl separate wgmma nowgmma wgcluster=N wgmc=N wgkernel=N wgnarrow=N wgstages=N)", text, key)
+		return variant{}, fmt.Errorf("variant %q: unknown option %q (known: warps=N kvd=N qd=N qchunk=N bpsm=N maxblocks=N direct=N directbf16=N dmin=N dwarps=N dhalf=N qrows=N dminb=N ikeys=N iquery=N iwide=N ilane=N istream=N tkscore=N tknarrow=N ltsplitk=N bfwg=N bfwgfin=N bfwgs=N bfwgt=N bfwgr=N bfwgpf=N nodirect nopdl separate wgmma nowgmma wgcluster=N wgmc=N wgkernel=N wgnarrow=N wgstages=N wgchunks=N)", text, key)
 	}
 	return v, nil
 }
@@ -226,6 +229,7 @@ func (v variant) options(verbose bool) (cuda.Options, cudatune.Knobs) {
 		WGMMAKernel:             cudatune.WGMMAKernel(v.WGMMAKernel),
 		WGMMANarrow:             cudatune.WGMMAKernel(v.WGMMANarrow),
 		WGMMANarrowStages:       v.WGMMANarrowStages,
+		WGMMANarrowChunks:       v.WGMMANarrowChunks,
 		Warps:                   v.Warps,
 		KVDepth:                 v.KVDepth,
 		QDepth:                  v.QDepth,

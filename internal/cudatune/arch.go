@@ -76,6 +76,11 @@ type WGMMAArch struct {
 	// one's: twice as many K blocks in flight in the same shared memory).
 	NarrowTiles, NarrowPipeTiles []int
 	NarrowMaxStages              int
+	// NarrowMaxChunks > 0: the narrow planner halves the token tile only
+	// while the chunks stay at most this many (0: no cap).
+	NarrowMaxChunks int
+	// WidePipeTiles are WGMMAWidePipe's token tiles.
+	WidePipeTiles []int
 	// ClusterSplits > 0: a split K is finished through distributed shared
 	// memory, the splits of a unit one thread-block cluster of at most
 	// ClusterSplits blocks (8: the portable cluster size); 0: by the
@@ -254,6 +259,7 @@ var SM90 = Arch{
 			// The narrow kernels' stages: 16, as DeepGEMM's at these shapes
 			// (2026-12-02-h200-i/deepgemm: 64 x 32 tiles, 16 stages).
 			NarrowTiles: []int{16, 32, 64, 128}, NarrowPipeTiles: []int{16, 32, 64, 128}, NarrowMaxStages: 16,
+			WidePipeTiles: []int{16, 32, 64},
 			Use: []OwnRule{
 				// V4-Flash [wq_a; wkv], 12 clusters of 8 splits: 1 row 6.7 /
 				// 8.4 / -, 8 rows 6.8 / 8.4 / 14.1, 32 rows 8.0 / 12.4 / 14.1,

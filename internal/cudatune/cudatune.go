@@ -154,6 +154,10 @@ type Knobs struct {
 	// FP8.WGMMA.NarrowMaxStages): fewer stages leave a multiprocessor's
 	// shared memory to a kernel running beside the GEMM on another stream.
 	WGMMANarrowStages int
+	// WGMMANarrowChunks > 0 caps the token chunks the narrow families'
+	// planner makes before it splits K (0: as many as fill half the
+	// multiprocessors; FP8.WGMMA.NarrowMaxChunks).
+	WGMMANarrowChunks int
 	// SeparateLaunches makes RunLayer issue the KV and Q kernels as two
 	// launches instead of one fused layer launch.
 	SeparateLaunches bool
@@ -405,6 +409,9 @@ const (
 	// WGMMANarrowPipe: WGMMANarrow's with two MMA sums in turn, a K block's
 	// promotion under the next one's MMAs (gemm_fp8_wgmma_n1p_bn<T>).
 	WGMMANarrowPipe
+	// WGMMAWidePipe: WGMMAWide's with two MMA sums in turn
+	// (gemm_fp8_wgmma_p_bn<T>, FP8.WGMMA.WidePipeTiles).
+	WGMMAWidePipe
 )
 
 // WGMMANarrowMaxN and WGMMANarrowMaxM bound the GEMMs Knobs.WGMMANarrow
@@ -425,6 +432,8 @@ func (k WGMMAKernel) String() string {
 		return "narrow"
 	case WGMMANarrowPipe:
 		return "narrow-pipe"
+	case WGMMAWidePipe:
+		return "wide-pipe"
 	}
 	return fmt.Sprintf("WGMMAKernel(%d)", int(k))
 }

@@ -633,6 +633,12 @@ WGMMA_GEMM_KERNEL(gemm_fp8_wgmma_bn16, 16, 128, 2, false)
 WGMMA_GEMM_KERNEL(gemm_fp8_wgmma_bn32, 32, 128, 2, false)
 WGMMA_GEMM_KERNEL(gemm_fp8_wgmma_bn64, 64, 128, 2, false)
 WGMMA_GEMM_KERNEL(gemm_fp8_wgmma_bn128, 128, 128, 2, false)
+// The wide kernels with two MMA sums in turn (cudatune.WGMMAWidePipe), up
+// to 64 tokens (at 128, three 64-register sets outgrow the 168 registers
+// a thread of 384).
+WGMMA_GEMM_KERNEL(gemm_fp8_wgmma_p_bn16, 16, 128, 2, true)
+WGMMA_GEMM_KERNEL(gemm_fp8_wgmma_p_bn32, 32, 128, 2, true)
+WGMMA_GEMM_KERNEL(gemm_fp8_wgmma_p_bn64, 64, 128, 2, true)
 // The narrow kernels (cudatune.WGMMANarrow): one consumer warpgroup, 64 W
 // rows a unit; and with two MMA sums in turn (cudatune.WGMMANarrowPipe:
 // at 128 tokens three sets of 64 accumulator registers a thread, which

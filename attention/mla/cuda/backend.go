@@ -125,7 +125,7 @@ func NewTuned(opts Options, k cudatune.Knobs) (*Backend, error) {
 		return nil, fmt.Errorf("cuda: Knobs.WGMMAMulticast = %d, want 0, negative, 2 or 4", m)
 	}
 	for _, kern := range []cudatune.WGMMAKernel{k.WGMMAKernel, k.WGMMANarrow} {
-		if kern < 0 || kern > cudatune.WGMMANarrowPipe {
+		if kern < 0 || kern > cudatune.WGMMAWidePipe {
 			return nil, fmt.Errorf("cuda: Knobs.WGMMAKernel or WGMMANarrow = %d names no kernel family", kern)
 		}
 	}
@@ -187,6 +187,9 @@ func NewTuned(opts Options, k cudatune.Knobs) (*Backend, error) {
 	}
 	if s := k.WGMMANarrowStages; s > 0 {
 		b.arch.FP8.WGMMA.NarrowMaxStages = s
+	}
+	if c := k.WGMMANarrowChunks; c > 0 {
+		b.arch.FP8.WGMMA.NarrowMaxChunks = c
 	}
 	b.arch.FP8.WGMMA.Multicast = override(b.arch.FP8.WGMMA.Multicast, k.WGMMAMulticast)
 	b.arch.FP8.WGMMA.ClusterSplits = override(b.arch.FP8.WGMMA.ClusterSplits, k.WGMMAClusterSplits)

@@ -249,8 +249,27 @@ func TestPlanWGMMANarrow(t *testing.T) {
 		require.Equal(t, c.want, p, c.name)
 		require.LessOrEqual(t, p.smem, optin, c.name)
 	}
+	// Capped at one and two chunks: K split in clusters (5 and 2 splits).
+	a.MaxClusters = []int{0, 0, 66, 44, 30, 26, 22, 18, 15}
+	for _, c := range []struct {
+		chunks int
+		want   wgmmaPlan
+	}{
+		{1, wgmmaPlan{bn: 128, chunks: 1, splits: 5, kbPerSplit: 7, grid: 120, stages: 8, smem: wgmmaSmemBytesRows(64, 128, 8), cluster: true}},
+		{2, wgmmaPlan{bn: 64, chunks: 2, splits: 2, kbPerSplit: 16, grid: 96, stages: 13, smem: wgmmaSmemBytesRows(64, 64, 13), cluster: true}},
+	} {
+		ac := a
+		ac.NarrowMaxChunks = c.chunks
+		p, err := planWGMMAKernel(ac, cudatune.WGMMANarrowPipe, 128, 1536, 4096, 132, optin, gemmPartBytes)
+		require.NoError(t, err)
+		require.Equal(t, c.want, p, "flash A m128, at most %d chunks", c.chunks)
+	}
+	// The wide pipelined family: up to 64 tokens, two chunks at 128 rows.
+	p, err := planWGMMAKernel(a, cudatune.WGMMAWidePipe, 128, 32768, 1024, 132, optin, gemmPartBytes)
+	require.NoError(t, err)
+	require.Equal(t, wgmmaPlan{bn: 64, chunks: 2, splits: 1, kbPerSplit: 8, grid: 132, stages: 8, smem: wgmmaSmemBytes(64, 8)}, p, "flash wq_b m128")
 	// One consumer warpgroup's tile, one W scale row of the 128-row block.
 	require.Equal(t, 16*(64*128+32*128+144+16)+32*144+1024, wgmmaSmemBytesRows(64, 32, 16))
-	_, err := planWGMMAKernel(a, cudatune.WGMMAKernel(9), 1, 128, 128, 132, optin, gemmPartBytes)
+	_, err = planWGMMAKernel(a, cudatune.WGMMAKernel(9), 1, 128, 128, 132, optin, gemmPartBytes)
 	require.ErrorIs(t, err, ErrWGMMAUnavailable)
 }

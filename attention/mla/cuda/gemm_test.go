@@ -47,6 +47,7 @@ func TestCUDAGEMMPaths(t *testing.T) {
 		"wgmma":             {wg, cudatune.Knobs{}},
 		"wgmma-narrow":      {wg, cudatune.Knobs{WGMMAKernel: cudatune.WGMMANarrow}},
 		"wgmma-narrow-pipe": {wg, cudatune.Knobs{WGMMAKernel: cudatune.WGMMANarrowPipe}},
+		"wgmma-wide-pipe":   {wg, cudatune.Knobs{WGMMAKernel: cudatune.WGMMAWidePipe}},
 	} {
 		t.Run(name, func(t *testing.T) {
 			b, err := cuda.NewTuned(path.opts, path.knobs)
@@ -218,6 +219,12 @@ func TestGEMMTimes(t *testing.T) {
 		{"wgmma-cluster", wg, cudatune.Knobs{WGMMAClusterSplits: 8, WGMMAMulticast: -1}},
 		{"wgmma-narrow", wg, cudatune.Knobs{WGMMAClusterSplits: 8, WGMMAMulticast: -1, WGMMAKernel: cudatune.WGMMANarrow}},
 		{"wgmma-npipe", wg, cudatune.Knobs{WGMMAClusterSplits: 8, WGMMAMulticast: -1, WGMMAKernel: cudatune.WGMMANarrowPipe}},
+		// The narrow planner capped at 1 and 2 token chunks (then K split in clusters), and clusters of at most 4.
+		{"npipe-c1", wg, cudatune.Knobs{WGMMAClusterSplits: 8, WGMMAMulticast: -1, WGMMAKernel: cudatune.WGMMANarrowPipe, WGMMANarrowChunks: 1}},
+		{"npipe-c2", wg, cudatune.Knobs{WGMMAClusterSplits: 8, WGMMAMulticast: -1, WGMMAKernel: cudatune.WGMMANarrowPipe, WGMMANarrowChunks: 2}},
+		{"npipe-c1-cl4", wg, cudatune.Knobs{WGMMAClusterSplits: 4, WGMMAMulticast: -1, WGMMAKernel: cudatune.WGMMANarrowPipe, WGMMANarrowChunks: 1}},
+		{"narrow-c1", wg, cudatune.Knobs{WGMMAClusterSplits: 8, WGMMAMulticast: -1, WGMMAKernel: cudatune.WGMMANarrow, WGMMANarrowChunks: 1}},
+		{"wgmma-wpipe", wg, cudatune.Knobs{WGMMAClusterSplits: 8, WGMMAMulticast: -1, WGMMAKernel: cudatune.WGMMAWidePipe}},
 		{"wgmma-mc2", wg, cudatune.Knobs{WGMMAClusterSplits: 8, WGMMAMulticast: 2}},
 		{"wgmma-mc4", wg, cudatune.Knobs{WGMMAClusterSplits: 8, WGMMAMulticast: 4}}} {
 		if !slices.Contains(paths, path.name) {

@@ -55,6 +55,8 @@ func wgmmaShapeOf(a cudatune.WGMMAArch, k cudatune.WGMMAKernel) (wgmmaShape, err
 		return wgmmaShape{threads: 256, rows: 64, tiles: a.NarrowTiles, maxStages: a.NarrowMaxStages, prefix: "gemm_fp8_wgmma_n1_bn"}, nil
 	case cudatune.WGMMANarrowPipe:
 		return wgmmaShape{threads: 256, rows: 64, tiles: a.NarrowPipeTiles, maxStages: a.NarrowMaxStages, prefix: "gemm_fp8_wgmma_n1p_bn"}, nil
+	case cudatune.WGMMAWidePipe:
+		return wgmmaShape{threads: wgmmaThreads, rows: wgmmaRowTile, tiles: a.WidePipeTiles, maxStages: a.MaxStages, prefix: "gemm_fp8_wgmma_p_bn"}, nil
 	}
 	return wgmmaShape{}, fmt.Errorf("%w: no wgmma kernel family %v", ErrWGMMAUnavailable, k)
 }
@@ -71,7 +73,7 @@ func (sh wgmmaShape) ring(bn, smemOptin int) (stages, smem int, err error) {
 }
 
 // wgmmaKernels are the families loadWGMMA loads.
-var wgmmaKernels = []cudatune.WGMMAKernel{cudatune.WGMMAWide, cudatune.WGMMANarrow, cudatune.WGMMANarrowPipe}
+var wgmmaKernels = []cudatune.WGMMAKernel{cudatune.WGMMAWide, cudatune.WGMMANarrow, cudatune.WGMMANarrowPipe, cudatune.WGMMAWidePipe}
 
 // ErrWGMMAUnavailable: the wgmma GEMM cannot run here (not compute
 // capability 9.0, no tensor maps in the driver, or no kernels in the
@@ -156,8 +158,9 @@ func planWGMMAKernel(a cudatune.WGMMAArch, kern cudatune.WGMMAKernel, m, n, k, s
 		}
 	}
 	kbn, tiles := k/128, n/sh.rows
-	if kern != cudatune.WGMMAWide {
-		for ti > 0 && 2*tiles*((m+sh.tiles[ti]-1)/sh.tiles[ti]) < sms {
+	if sh.rows == 64 {
+		for ti > 0 && 2*tiles*((m+sh.tiles[ti]-1)/sh.tiles[ti]) < sms &&
+			(a.NarrowMaxChunks <= 0 || (m+sh.tiles[ti-1]-1)/sh.tiles[ti-1] <= a.NarrowMaxChunks) {
 			ti--
 		}
 	}
@@ -185,7 +188,7 @@ func planWGMMAKernel(a cudatune.WGMMAArch, kern cudatune.WGMMAKernel, m, n, k, s
 	if p.cluster {
 		p.grid = units * p.splits
 	}
-	if mc := a.Multicast; kern == cudatune.WGMMAWide && mc > 1 && p.splits == 1 && p.chunks == 1 && p.bn >= max(a.MulticastMinTile, 8*mc) && p.bn%(8*mc) == 0 &&
+	if mc := a.Multicast; sh.rows == wgmmaRowTile && mc > 1 && p.splits == 1 && p.chunks == 1 && p.bn >= max(a.MulticastMinTile, 8*mc) && p.bn%(8*mc) == 0 &&
 		units%mc == 0 && mc < len(a.MaxClusters) && a.MaxClusters[mc] > 0 {
 		p.multicast = mc
 		p.grid = min(units, sms, a.MaxClusters[mc]*mc) / mc * mc
