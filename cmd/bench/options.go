@@ -33,7 +33,8 @@ import (
 // by clusters of up to N blocks; clusters of N blocks sharing the activation tile), wgkernel=N (the
 // wgmma kernel family of every GEMM it runs: cudatune.WGMMAKernel 1 wide, 2 narrow, 3 narrow-pipe, 4 wide-pipe),
 // wgnarrow=N (GEMMs of at most 8192 outputs at up to 128 rows on wgmma family N), wgstages=N (the
-// narrow families' deepest ring), wgchunks=N (the narrow planner's most token chunks). A zero
+// narrow families' deepest ring), wgchunks=N (the narrow planner's most token chunks), wgsplits=N (the most K
+// splits, 1: none). A zero
 // number keeps the backend's default.
 type variant struct {
 	Name                    string // the text it was parsed from
@@ -71,6 +72,7 @@ type variant struct {
 	WGMMANarrow             int  // the narrow GEMMs at up to 128 rows on that wgmma family
 	WGMMANarrowStages       int  // the narrow families' deepest ring
 	WGMMANarrowChunks       int  // the narrow planner's most token chunks
+	WGMMAMaxSplits          int  // the wgmma GEMM's most K splits
 }
 
 // field returns where key's value goes: a number or a switch (nil, nil for
@@ -153,6 +155,8 @@ func (v *variant) field(key string) (*int, *bool) {
 		return &v.WGMMANarrowStages, nil
 	case "wgchunks":
 		return &v.WGMMANarrowChunks, nil
+	case "wgsplits":
+		return &v.WGMMAMaxSplits, nil
 	}
 	return nil, nil
 }
@@ -191,7 +195,7 @@ func parseVariant(text string) (variant, error) {
 			*sw = true
 			continue
 		}
-		return variant{}, fmt.Errorf("variant %q: unknown option %q (known: warps=N kvd=N qd=N qchunk=N bpsm=N maxblocks=N direct=N directbf16=N dmin=N dwarps=N dhalf=N qrows=N dminb=N ikeys=N iquery=N iwide=N ilane=N istream=N tkscore=N tknarrow=N ltsplitk=N bfwg=N bfwgfin=N bfwgs=N bfwgt=N bfwgr=N bfwgpf=N nodirect nopdl separate wgmma nowgmma wgcluster=N wgmc=N wgkernel=N wgnarrow=N wgstages=N wgchunks=N)", text, key)
+		return variant{}, fmt.Errorf("variant %q: unknown option %q (known: warps=N kvd=N qd=N qchunk=N bpsm=N maxblocks=N direct=N directbf16=N dmin=N dwarps=N dhalf=N qrows=N dminb=N ikeys=N iquery=N iwide=N ilane=N istream=N tkscore=N tknarrow=N ltsplitk=N bfwg=N bfwgfin=N bfwgs=N bfwgt=N bfwgr=N bfwgpf=N nodirect nopdl separate wgmma nowgmma wgcluster=N wgmc=N wgkernel=N wgnarrow=N wgstages=N wgchunks=N wgsplits=N)", text, key)
 	}
 	return v, nil
 }
@@ -230,6 +234,7 @@ func (v variant) options(verbose bool) (cuda.Options, cudatune.Knobs) {
 		WGMMANarrow:             cudatune.WGMMAKernel(v.WGMMANarrow),
 		WGMMANarrowStages:       v.WGMMANarrowStages,
 		WGMMANarrowChunks:       v.WGMMANarrowChunks,
+		WGMMAMaxSplits:          v.WGMMAMaxSplits,
 		Warps:                   v.Warps,
 		KVDepth:                 v.KVDepth,
 		QDepth:                  v.QDepth,

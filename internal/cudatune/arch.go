@@ -79,6 +79,8 @@ type WGMMAArch struct {
 	// NarrowMaxChunks > 0: the narrow planner halves the token tile only
 	// while the chunks stay at most this many (0: no cap).
 	NarrowMaxChunks int
+	// MaxSplits > 0 caps every family's split of K (0: no cap).
+	MaxSplits int
 	// WidePipeTiles are WGMMAWidePipe's token tiles.
 	WidePipeTiles []int
 	// ClusterSplits > 0: a split K is finished through distributed shared

@@ -158,6 +158,12 @@ type Knobs struct {
 	// planner makes before it splits K (0: as many as fill half the
 	// multiprocessors; FP8.WGMMA.NarrowMaxChunks).
 	WGMMANarrowChunks int
+	// WGMMAMaxSplits > 0 caps the wgmma GEMM's split of K (1: none), so
+	// that a narrow GEMM can run on few multiprocessors beside another
+	// stream's kernel, as cuBLASLt's does (12 blocks for V4-Flash's [wq_a;
+	// wkv] at 128 rows: 0.09 waves, 2026-12-02-h200-j/gnarrow); 0:
+	// FP8.WGMMA.MaxSplits.
+	WGMMAMaxSplits int
 	// SeparateLaunches makes RunLayer issue the KV and Q kernels as two
 	// launches instead of one fused layer launch.
 	SeparateLaunches bool

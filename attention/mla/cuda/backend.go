@@ -191,6 +191,9 @@ func NewTuned(opts Options, k cudatune.Knobs) (*Backend, error) {
 	if c := k.WGMMANarrowChunks; c > 0 {
 		b.arch.FP8.WGMMA.NarrowMaxChunks = c
 	}
+	if s := k.WGMMAMaxSplits; s > 0 {
+		b.arch.FP8.WGMMA.MaxSplits = s
+	}
 	b.arch.FP8.WGMMA.Multicast = override(b.arch.FP8.WGMMA.Multicast, k.WGMMAMulticast)
 	b.arch.FP8.WGMMA.ClusterSplits = override(b.arch.FP8.WGMMA.ClusterSplits, k.WGMMAClusterSplits)
 	b.layerCalls.New = b.newLayerCall

@@ -264,8 +264,14 @@ func TestPlanWGMMANarrow(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, c.want, p, "flash A m128, at most %d chunks", c.chunks)
 	}
+	// No split: 24 blocks of the full K.
+	an := a
+	an.NarrowMaxChunks, an.MaxSplits = 1, 1
+	p, err := planWGMMAKernel(an, cudatune.WGMMANarrowPipe, 128, 1536, 4096, 132, optin, gemmPartBytes)
+	require.NoError(t, err)
+	require.Equal(t, wgmmaPlan{bn: 128, chunks: 1, splits: 1, kbPerSplit: 32, grid: 24, stages: 8, smem: wgmmaSmemBytesRows(64, 128, 8)}, p, "flash A m128 unsplit")
 	// The wide pipelined family: up to 64 tokens, two chunks at 128 rows.
-	p, err := planWGMMAKernel(a, cudatune.WGMMAWidePipe, 128, 32768, 1024, 132, optin, gemmPartBytes)
+	p, err = planWGMMAKernel(a, cudatune.WGMMAWidePipe, 128, 32768, 1024, 132, optin, gemmPartBytes)
 	require.NoError(t, err)
 	require.Equal(t, wgmmaPlan{bn: 64, chunks: 2, splits: 1, kbPerSplit: 8, grid: 132, stages: 8, smem: wgmmaSmemBytes(64, 8)}, p, "flash wq_b m128")
 	// One consumer warpgroup's tile, one W scale row of the 128-row block.

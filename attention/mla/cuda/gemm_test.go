@@ -224,6 +224,11 @@ func TestGEMMTimes(t *testing.T) {
 		{"npipe-c2", wg, cudatune.Knobs{WGMMAClusterSplits: 8, WGMMAMulticast: -1, WGMMAKernel: cudatune.WGMMANarrowPipe, WGMMANarrowChunks: 2}},
 		{"npipe-c1-cl4", wg, cudatune.Knobs{WGMMAClusterSplits: 4, WGMMAMulticast: -1, WGMMAKernel: cudatune.WGMMANarrowPipe, WGMMANarrowChunks: 1}},
 		{"narrow-c1", wg, cudatune.Knobs{WGMMAClusterSplits: 8, WGMMAMulticast: -1, WGMMAKernel: cudatune.WGMMANarrow, WGMMANarrowChunks: 1}},
+		// No split: the GEMM on few multiprocessors (12, 24, 48 blocks at V4-Flash's [wq_a; wkv], 128 rows).
+		{"wide-s1", wg, cudatune.Knobs{WGMMAClusterSplits: 8, WGMMAMulticast: -1, WGMMAMaxSplits: 1}},
+		{"npipe-c1-s1", wg, cudatune.Knobs{WGMMAClusterSplits: 8, WGMMAMulticast: -1, WGMMAKernel: cudatune.WGMMANarrowPipe, WGMMANarrowChunks: 1, WGMMAMaxSplits: 1}},
+		{"narrow-c1-s1", wg, cudatune.Knobs{WGMMAClusterSplits: 8, WGMMAMulticast: -1, WGMMAKernel: cudatune.WGMMANarrow, WGMMANarrowChunks: 1, WGMMAMaxSplits: 1}},
+		{"npipe-c2-s1", wg, cudatune.Knobs{WGMMAClusterSplits: 8, WGMMAMulticast: -1, WGMMAKernel: cudatune.WGMMANarrowPipe, WGMMANarrowChunks: 2, WGMMAMaxSplits: 1}},
 		{"wgmma-wpipe", wg, cudatune.Knobs{WGMMAClusterSplits: 8, WGMMAMulticast: -1, WGMMAKernel: cudatune.WGMMAWidePipe}},
 		{"wgmma-mc2", wg, cudatune.Knobs{WGMMAClusterSplits: 8, WGMMAMulticast: 2}},
 		{"wgmma-mc4", wg, cudatune.Knobs{WGMMAClusterSplits: 8, WGMMAMulticast: 4}}} {

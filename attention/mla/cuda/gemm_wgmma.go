@@ -171,11 +171,14 @@ func planWGMMAKernel(a cudatune.WGMMAArch, kern cudatune.WGMMAKernel, m, n, k, s
 	// Splitting pays only below half the multiprocessors: from there on s
 	// splits of every unit take as many rounds of the persistent grid as
 	// the units do whole, plus the finish.
-	if 2*units <= sms {
+	if 2*units <= sms && a.MaxSplits != 1 {
 		s = min((sms+units-1)/units, kbn, max(1, k/(4*m)), max(1, partBytes/(4*m*n)))
+		if a.MaxSplits > 0 {
+			s = min(s, a.MaxSplits)
+		}
 		// Clusters of the splits where one wave of them fits: the grid is
 		// units x splits blocks.
-		if c := min(max(1, sms/units), a.ClusterSplits, kbn, max(1, k/(4*m))); c > 1 {
+		if c := min(max(1, sms/units), a.ClusterSplits, kbn, max(1, k/(4*m)), s); c > 1 {
 			c = (kbn + (kbn+c-1)/c - 1) / ((kbn + c - 1) / c) // the splits c K ranges make
 			if c < len(a.MaxClusters) && units <= a.MaxClusters[c] {
 				s, p.cluster = c, true
