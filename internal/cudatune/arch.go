@@ -261,7 +261,15 @@ var SM90 = Arch{
 			// The narrow kernels' stages: 16, as DeepGEMM's at these shapes
 			// (2026-12-02-h200-i/deepgemm: 64 x 32 tiles, 16 stages).
 			NarrowTiles: []int{16, 32, 64, 128}, NarrowPipeTiles: []int{16, 32, 64, 128}, NarrowMaxStages: 16,
-			WidePipeTiles: []int{16, 32, 64},
+			// At most two token chunks before K is split (in clusters): the
+			// narrow-pipe kernel at 128 rows, cold us, 2 chunks / 4 chunks
+			// (the cap off): V4-Flash [wq_a; wkv] 11.28 / 12.22, V4-Pro
+			// 15.09 / 17.68 (cuBLASLt 14.50, 16.57), indexer wq_b 10.19 /
+			// 10.12 and 11.92 / 11.46; one chunk split 4 ways 10.82 at
+			// V4-Flash but 34.12 at V4-Pro, whose 32 clusters of 4 take a
+			// second wave (bench/results/2026-12-02-h200-j/gnarrow/call2).
+			NarrowMaxChunks: 2,
+			WidePipeTiles:   []int{16, 32, 64},
 			Use: []OwnRule{
 				// V4-Flash [wq_a; wkv], 12 clusters of 8 splits: 1 row 6.7 /
 				// 8.4 / -, 8 rows 6.8 / 8.4 / 14.1, 32 rows 8.0 / 12.4 / 14.1,

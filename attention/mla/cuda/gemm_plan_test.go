@@ -227,6 +227,7 @@ func TestPlanWGMMA(t *testing.T) {
 func TestPlanWGMMANarrow(t *testing.T) {
 	a := cudatune.SM90.FP8.WGMMA
 	a.MaxClusters = []int{0, 0, 66, 0, 30, 0, 0, 0, 15}
+	a.NarrowMaxChunks = 0 // uncapped first (SM90's cap of 2 below)
 	optin := cudatune.SM90.SharedPerBlockOptin
 	for _, c := range []struct {
 		name    string
@@ -249,7 +250,8 @@ func TestPlanWGMMANarrow(t *testing.T) {
 		require.Equal(t, c.want, p, c.name)
 		require.LessOrEqual(t, p.smem, optin, c.name)
 	}
-	// Capped at one and two chunks: K split in clusters (5 and 2 splits).
+	// Capped at one and two chunks (SM90's cap): K split in clusters (5 and 2 splits).
+	require.Equal(t, 2, cudatune.SM90.FP8.WGMMA.NarrowMaxChunks)
 	a.MaxClusters = []int{0, 0, 66, 44, 30, 26, 22, 18, 15}
 	for _, c := range []struct {
 		chunks int
