@@ -149,39 +149,12 @@ type bf16WGMMAState struct {
 	mod      *driver.Module
 	byTile   map[int]*driver.Function // token tile -> gemm_bf16_wgmma_bn<T>
 	counters [streamSlots]driver.DevicePtr
-	mu       sync.Mutex
-	maps     map[bf16MapKey]driver.TensorMap
+	maps     tensorMaps
 }
 
-// bf16MapKey is one operand's map: rows of cols bytes at addr, stride
-// bytes apart, copied in boxes of 128 bytes x box rows.
-type bf16MapKey struct {
-	addr                    driver.DevicePtr
-	rows, cols, stride, box int
-}
-
-// tensorMap returns the operand's tensor map (128-byte swizzle, zero
-// outside the matrix), encoded once: a GEMM replayed or captured again on
-// the same buffers encodes nothing.
-func (w *bf16WGMMAState) tensorMap(c *driver.Context, key bf16MapKey) (driver.TensorMap, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if m, ok := w.maps[key]; ok {
-		return m, nil
-	}
-	m, err := c.EncodeTiled(driver.TiledTensor{
-		DataType: driver.TensorDataUint8, Addr: key.addr,
-		Dims: []uint64{uint64(key.cols), uint64(key.rows)}, Strides: []uint64{uint64(key.stride)},
-		Box: []uint32{128, uint32(key.box)}, Swizzle: driver.Swizzle128B, L2Promotion: driver.L2Promotion256B,
-	})
-	if err != nil {
-		return m, fmt.Errorf("cuda: bf16 wgmma GEMM operand map %+v: %w", key, err)
-	}
-	if len(w.maps) >= maxTensorMaps {
-		clear(w.maps)
-	}
-	w.maps[key] = m
-	return m, nil
+// tensorMap is tensorMaps.get for the bf16 wgmma GEMM.
+func (w *bf16WGMMAState) tensorMap(c *driver.Context, key tensorMapKey) (driver.TensorMap, error) {
+	return w.maps.get(c, "bf16 wgmma GEMM", key)
 }
 
 // free releases the counters and unloads the module.
@@ -233,13 +206,12 @@ func (b *Backend) initBF16WGMMA() error {
 	if b.bf16.mmaReduce == nil {
 		return fmt.Errorf("%w: the split-K reduction (gemm_bf16_mma_reduce) is not loaded: %w", ErrBF16WGMMAUnavailable, b.bf16.mmaErr)
 	}
-	w.maps = map[bf16MapKey]driver.TensorMap{}
 	w.byTile = map[int]*driver.Function{}
 	// The driver encodes maps (CUDA 12 and later): try one on the workspace.
-	if _, err := w.tensorMap(b.ctx, bf16MapKey{addr: b.bf16.parts[0], rows: 1, cols: 128, stride: 128, box: 8}); err != nil {
+	if _, err := w.tensorMap(b.ctx, tensorMapKey{addr: b.bf16.parts[0], rows: 1, cols: 128, stride: 128, box: 8}); err != nil {
 		return fmt.Errorf("%w: %w", ErrBF16WGMMAUnavailable, err)
 	}
-	clear(w.maps)
+	w.maps.reset()
 	for i := range w.counters {
 		p, err := b.ctx.Alloc(bf16WGMMACounterBytes)
 		if err == nil {
@@ -370,11 +342,11 @@ func (b *Backend) bf16WGMMA(op bf16Operands, a *mla.BF16GEMMArgs) error {
 	if err != nil {
 		return err
 	}
-	tw, err := g.wg.tensorMap(b.ctx, bf16MapKey{addr: op.w, rows: a.N, cols: 2 * a.K, stride: 2 * a.K, box: abi.BF16WGMMARowTile})
+	tw, err := g.wg.tensorMap(b.ctx, tensorMapKey{addr: op.w, rows: a.N, cols: 2 * a.K, stride: 2 * a.K, box: abi.BF16WGMMARowTile})
 	if err != nil {
 		return err
 	}
-	tx, err := g.wg.tensorMap(b.ctx, bf16MapKey{addr: op.x, rows: a.Rows, cols: 2 * a.K, stride: 2 * a.XStride, box: p.bn})
+	tx, err := g.wg.tensorMap(b.ctx, tensorMapKey{addr: op.x, rows: a.Rows, cols: 2 * a.K, stride: 2 * a.XStride, box: p.bn})
 	if err != nil {
 		return err
 	}

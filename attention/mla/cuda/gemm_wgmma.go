@@ -216,8 +216,7 @@ type wgmmaState struct {
 	// counters are the split finish's tile counts, one array a stream (as
 	// the partials), zeroed once; the kernel leaves them zeroed.
 	counters [streamSlots]driver.DevicePtr
-	mu       sync.Mutex
-	maps     map[tensorMapKey]driver.TensorMap
+	maps     tensorMaps
 }
 
 // wgmmaFn names one kernel: its family and token tile.
@@ -226,11 +225,11 @@ type wgmmaFn struct {
 	bn     int
 }
 
-// tensorMapKey is one operand's map: a [rows][cols] byte matrix at addr
-// (row stride cols) copied in boxes of 128 columns x box rows.
+// tensorMapKey is one operand's map: rows of cols bytes at addr, stride
+// bytes apart (0: cols), copied in boxes of 128 bytes x box rows.
 type tensorMapKey struct {
-	addr            driver.DevicePtr
-	rows, cols, box int
+	addr                    driver.DevicePtr
+	rows, cols, stride, box int
 }
 
 // wgmmaCounterBytes holds a count for every unit of a split GEMM: K
@@ -257,28 +256,51 @@ func (w *wgmmaState) free(c *driver.Context) error {
 // without end re-encodes instead of growing it.
 const maxTensorMaps = 4096
 
-// tensorMap returns the operand's tensor map (128-byte swizzle, zero
-// outside the matrix), encoded once: a GEMM replayed or captured again on
-// the same buffers encodes nothing.
-func (w *wgmmaState) tensorMap(c *driver.Context, key tensorMapKey) (driver.TensorMap, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if m, ok := w.maps[key]; ok {
+// tensorMaps caches the operands' tensor maps of the wgmma GEMMs (the
+// FP8 and the bf16 one each keep one).
+type tensorMaps struct {
+	mu sync.Mutex
+	m  map[tensorMapKey]driver.TensorMap
+}
+
+// get returns the operand's tensor map (128-byte swizzle, zero outside
+// the matrix), encoded once: a GEMM replayed or captured again on the
+// same buffers encodes nothing. what names the GEMM in an error.
+func (t *tensorMaps) get(c *driver.Context, what string, key tensorMapKey) (driver.TensorMap, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if m, ok := t.m[key]; ok {
 		return m, nil
+	}
+	stride := key.stride
+	if stride == 0 {
+		stride = key.cols
 	}
 	m, err := c.EncodeTiled(driver.TiledTensor{
 		DataType: driver.TensorDataUint8, Addr: key.addr,
-		Dims: []uint64{uint64(key.cols), uint64(key.rows)}, Strides: []uint64{uint64(key.cols)},
+		Dims: []uint64{uint64(key.cols), uint64(key.rows)}, Strides: []uint64{uint64(stride)},
 		Box: []uint32{128, uint32(key.box)}, Swizzle: driver.Swizzle128B, L2Promotion: driver.L2Promotion256B,
 	})
 	if err != nil {
-		return m, fmt.Errorf("cuda: wgmma GEMM operand map %+v: %w", key, err)
+		return m, fmt.Errorf("cuda: %s operand map %+v: %w", what, key, err)
 	}
-	if len(w.maps) >= maxTensorMaps {
-		clear(w.maps)
+	if t.m == nil || len(t.m) >= maxTensorMaps {
+		t.m = map[tensorMapKey]driver.TensorMap{}
 	}
-	w.maps[key] = m
+	t.m[key] = m
 	return m, nil
+}
+
+// reset forgets every map (their buffers may be freed).
+func (t *tensorMaps) reset() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	clear(t.m)
+}
+
+// tensorMap is tensorMaps.get for the FP8 wgmma GEMM.
+func (w *wgmmaState) tensorMap(c *driver.Context, key tensorMapKey) (driver.TensorMap, error) {
+	return w.maps.get(c, "wgmma GEMM", key)
 }
 
 // loadWGMMA compiles and loads the wgmma kernels once, or says why they
@@ -311,12 +333,12 @@ func (b *Backend) initWGMMA() error {
 	if len(a.TokenTiles) == 0 {
 		return fmt.Errorf("%w: the architecture description %s has no wgmma token tiles", ErrWGMMAUnavailable, b.arch.Name)
 	}
-	w := &wgmmaState{fns: map[wgmmaFn]*driver.Function{}, caps: map[cudatune.WGMMAKernel][]int{}, maps: map[tensorMapKey]driver.TensorMap{}}
+	w := &wgmmaState{fns: map[wgmmaFn]*driver.Function{}, caps: map[cudatune.WGMMAKernel][]int{}}
 	// The driver encodes maps (CUDA 12 and later): try one on the workspace.
 	if _, err := w.tensorMap(b.ctx, tensorMapKey{addr: g.parts[0], rows: 1, cols: 128, box: 8}); err != nil {
 		return fmt.Errorf("%w: %w", ErrWGMMAUnavailable, err)
 	}
-	clear(w.maps)
+	w.maps.reset()
 	for i := range w.counters {
 		p, err := b.ctx.Alloc(wgmmaCounterBytes)
 		if err == nil {
