@@ -299,7 +299,7 @@ func (d *device) chainLayer(ctx context.Context, md model, cl *chainLayout, w *c
 			if comp.ratio != kvcache.DSv4IndexerRatio || comp.width != compWidth4 {
 				return fmt.Errorf("the indexer's projections join the ratio-4 compressor's: compressor of ratio %d", comp.ratio)
 			}
-			if err := idx.x.fusedGEMM(ctx, d.be, l); err != nil {
+			if err := idx.x.fusedGEMM(ctx, d.be, l, idx.narrowProj); err != nil {
 				return err
 			}
 			if idx.aux {
@@ -381,10 +381,12 @@ func (d *device) chainLayer(ctx context.Context, md model, cl *chainLayout, w *c
 			}
 		case idx != nil && (idx.aux || idx.auxGEMM):
 			if err := d.be.Aux(ctx, func() error {
-				if err := idx.x.wqBGEMM(ctx, d.be, l); err != nil {
-					return err
+				if !idx.noWqB {
+					if err := idx.x.wqBGEMM(ctx, d.be, l); err != nil {
+						return err
+					}
 				}
-				if idx.auxGEMM {
+				if idx.auxGEMM || idx.noQuery {
 					return nil
 				}
 				if err := d.be.AwaitSide(ctx); err != nil {
@@ -410,6 +412,8 @@ func (d *device) chainLayer(ctx context.Context, md model, cl *chainLayout, w *c
 			return nil
 		case idx.separate:
 			return idx.x.separateQuery(ctx, d.be, l)
+		case idx.noWqB:
+			return nil
 		}
 		return idx.x.wqBGEMM(ctx, d.be, l)
 	}()
@@ -422,7 +426,7 @@ func (d *device) chainLayer(ctx context.Context, md model, cl *chainLayout, w *c
 	if err != nil || idx == nil {
 		return err
 	}
-	if !idx.side && !idx.separate && !idx.aux {
+	if !idx.side && !idx.separate && !idx.aux && !idx.noQuery {
 		// After the join: weights_proj's columns come from the side stream.
 		if err := idx.x.queryStep(ctx, d.be, l, mla.IndexerQueryMXFP4); err != nil {
 			return err

@@ -34,18 +34,24 @@ import (
 type idxMode int
 
 const (
-	idxOff        idxMode = iota // (a) the ratio-4 layer without the indexer
-	idxPrologue                  // (b) with the indexer's prologue
-	idxTopK                      // (c) with the prologue and the top-k selection
-	idxSide                      // (b') as (b), its query's GEMM and step on the side stream
-	idxSeparate                  // (b'') as (b), the three bf16 projections as three GEMMs (the engine before its one GEMM)
-	idxNoKeys                    // (b-k) as (b) without the indexer's key step: what the step costs the layer
-	idxAux                       // (b3) as (b), its wq_b GEMM and query step on a third stream (cudatune.IndexerStreamAux)
-	idxAuxGEMM                   // (b3g) as (b), its wq_b GEMM alone on a third stream, the query step after the join
-	idxMainQ                     // (b1) as (b), the query path on the main stream (cudatune.IndexerStreamMain)
-	idxAlone                     // the indexer's prologue alone: its GEMMs and steps in order on one stream
-	idxQueryAlone                // the query step alone (no GEMM)
-	idxTopKAlone                 // the top-k selection alone
+	idxOff      idxMode = iota // (a) the ratio-4 layer without the indexer
+	idxPrologue                // (b) with the indexer's prologue
+	idxTopK                    // (c) with the prologue and the top-k selection
+	idxSide                    // (b') as (b), its query's GEMM and step on the side stream
+	idxSeparate                // (b'') as (b), the three bf16 projections as three GEMMs (the engine before its one GEMM)
+	idxNoKeys                  // (b-k) as (b) without the indexer's key step: what the step costs the layer
+	idxAux                     // (b3) as (b), its wq_b GEMM and query step on a third stream (cudatune.IndexerStreamAux)
+	idxAuxGEMM                 // (b3g) as (b), its wq_b GEMM alone on a third stream, the query step after the join
+	idxMainQ                   // (b1) as (b), the query path on the main stream (cudatune.IndexerStreamMain)
+	// What each piece of the prologue costs the layer through the graph
+	// (b minus these): the engine's way without one piece.
+	idxNoQuery    // (b-q) as (b) without the query step
+	idxNoWqB      // (b-g) as (b) without the indexer's wq_b GEMM
+	idxNarrowProj // (b-p) as (b), the projection GEMM at the compressor's width (without the indexer's 576 columns)
+	idxKeysOnly   // (b-qg) as (b) without the wq_b GEMM and the query step: the keys and the projection columns
+	idxAlone      // the indexer's prologue alone: its GEMMs and steps in order on one stream
+	idxQueryAlone // the query step alone (no GEMM)
+	idxTopKAlone  // the top-k selection alone
 )
 
 func (m idxMode) String() string {
@@ -68,6 +74,14 @@ func (m idxMode) String() string {
 		return "with its prologue, wq_b GEMM on a third stream"
 	case idxMainQ:
 		return "with its prologue, query path on the main stream"
+	case idxNoQuery:
+		return "with its prologue but the query step"
+	case idxNoWqB:
+		return "with its prologue but the wq_b GEMM"
+	case idxNarrowProj:
+		return "with its prologue, the projection GEMM without its columns"
+	case idxKeysOnly:
+		return "with its prologue but the wq_b GEMM and the query step"
 	case idxAlone:
 		return "prologue alone"
 	case idxQueryAlone:
@@ -81,7 +95,7 @@ func (m idxMode) String() string {
 // idxModes are the graphs timed per shape, in order: those without the
 // selection first, so that a run cut short during the selection keeps
 // the prologue's figures.
-var idxModes = []idxMode{idxOff, idxPrologue, idxMainQ, idxAux, idxAuxGEMM, idxNoKeys, idxSide, idxSeparate, idxAlone, idxQueryAlone, idxTopK, idxTopKAlone}
+var idxModes = []idxMode{idxOff, idxPrologue, idxMainQ, idxAux, idxAuxGEMM, idxNoKeys, idxNoQuery, idxNoWqB, idxNarrowProj, idxKeysOnly, idxSide, idxSeparate, idxAlone, idxQueryAlone, idxTopK, idxTopKAlone}
 
 // idxWidth is one K or G row of the indexer compressor's projections.
 var idxWidth = compressor.Overlap(kvcache.DSv4IndexerRatio) * mla.IndexerDim
@@ -481,8 +495,12 @@ func fusedN(compWidth int) int { return 2*compWidth + 2*idxWidth + mla.IndexerHe
 // projection rows x.proj, as the engine does (engine/compress.go
 // compressProject): the ratio-4 compressor's step (mainKG), the indexer
 // compressor's (keyStep) and the query step read their columns.
-func (x *chainIdx) fusedGEMM(ctx context.Context, be idxBackend, l int) error {
-	if err := be.BF16GEMM(ctx, x.args(l, mla.IndexerQueryMXFP4).fused); err != nil {
+func (x *chainIdx) fusedGEMM(ctx context.Context, be idxBackend, l int, narrow bool) error {
+	a := x.args(l, mla.IndexerQueryMXFP4).fused
+	if narrow {
+		a.N = 2 * compWidth4
+	}
+	if err := be.BF16GEMM(ctx, a); err != nil {
 		return fmt.Errorf("the ratio-4 layer's projection GEMM: %w", err)
 	}
 	return nil
@@ -569,6 +587,9 @@ type chainIdxStep struct {
 	x                    *chainIdx
 	topk, side, separate bool
 	aux, auxGEMM         bool
-	// noKeys leaves the key step out (idxNoKeys).
-	noKeys bool
+	// noKeys leaves the key step out (idxNoKeys), noQuery the query step
+	// (idxNoQuery), noWqB the wq_b GEMM (idxNoWqB); narrowProj runs the
+	// projection GEMM over the compressor's columns only (idxNarrowProj:
+	// the steps then read stale indexer columns, a timing variant only).
+	noKeys, noQuery, noWqB, narrowProj bool
 }

@@ -79,6 +79,15 @@ type IndexerResult struct {
 	// the step costs the layer through the graph, 0 where the main stream
 	// hides it.
 	NoKeysUs float64 `json:"no_keys_us,omitempty"`
+	// NoQueryUs (b-q), NoWqBUs (b-g), NarrowProjUs (b-p) and KeysOnlyUs
+	// (b-qg) are (b) without the query step, without the wq_b GEMM, with
+	// the projection GEMM at the compressor's width, and without both the
+	// GEMM and the step: PrologueUs minus each is what that piece costs
+	// the layer through the graph.
+	NoQueryUs    float64 `json:"no_query_us,omitempty"`
+	NoWqBUs      float64 `json:"no_wqb_us,omitempty"`
+	NarrowProjUs float64 `json:"narrow_proj_us,omitempty"`
+	KeysOnlyUs   float64 `json:"keys_only_us,omitempty"`
 	// ColdBaseUs, ColdPrologueUs and ColdTopKUs are (a), (b) and (c) of
 	// one layer alone in its graph, the L2 flushed before each replay: no
 	// neighbour layer overlaps its start or end. ColdAddedPct is
@@ -126,6 +135,14 @@ func (r *IndexerResult) modeUs(m idxMode) *float64 {
 		return &r.SeparateUs
 	case idxNoKeys:
 		return &r.NoKeysUs
+	case idxNoQuery:
+		return &r.NoQueryUs
+	case idxNoWqB:
+		return &r.NoWqBUs
+	case idxNarrowProj:
+		return &r.NarrowProjUs
+	case idxKeysOnly:
+		return &r.KeysOnlyUs
 	case idxMainQ:
 		return &r.MainQUs
 	case idxAux:
@@ -325,7 +342,8 @@ func indexerShape(c *config, d *device, md model, w *chainWeights, s shape, rep 
 	}
 	// The engine's way (cudatune.Knobs.IndexerStream).
 	engineAux := d.be.AuxQuery()
-	for _, idx := range []*chainIdxStep{{x: x}, {x: x, aux: true}, {x: x, auxGEMM: true}, {x: x, side: true}, {x: x, separate: true}} {
+	for _, idx := range []*chainIdxStep{{x: x}, {x: x, aux: true}, {x: x, auxGEMM: true}, {x: x, side: true}, {x: x, separate: true},
+		{x: x, narrowProj: true, aux: engineAux}} {
 		if err := eager(idx); err != nil {
 			return err
 		}
@@ -397,6 +415,14 @@ func indexerShape(c *config, d *device, md model, w *chainWeights, s shape, rep 
 			idx = &chainIdxStep{x: x, separate: true}
 		case idxNoKeys:
 			idx = &chainIdxStep{x: x, noKeys: true, aux: engineAux}
+		case idxNoQuery:
+			idx = &chainIdxStep{x: x, noQuery: true, aux: engineAux}
+		case idxNoWqB:
+			idx = &chainIdxStep{x: x, noWqB: true, aux: engineAux}
+		case idxNarrowProj:
+			idx = &chainIdxStep{x: x, narrowProj: true, aux: engineAux}
+		case idxKeysOnly:
+			idx = &chainIdxStep{x: x, noQuery: true, noWqB: true, aux: engineAux}
 		}
 		if mode == idxTopK && s.Tokens == 128 && s.Phase == "generation" && s.Context == 0 {
 			// The query step alone before the selection's graphs.
@@ -470,10 +496,11 @@ func (r *IndexerResult) line() string {
 	if !r.GoalMet {
 		verdict = "goal missed"
 	}
-	return fmt.Sprintf("indexer %-5s %-10s b=%-3d mtp=%d tokens=%-6d context=%-7d rows=%-6d: chain %8.2f, (a) ratio-4 layer %8.2f, (b) with the indexer's prologue %8.2f us/layer (%+7.2f us, %+6.1f%%: <= %g%% %s; query path on the %s stream), (b1) query path on the main stream %8.2f (%+6.1f%%), (b3) on a third stream %8.2f (%+6.1f%%), (b3g) its wq_b GEMM there %8.2f (%+6.1f%%), (c) with top-k %8.2f (%+7.2f us, %+6.1f%%), (b') query on the side stream %8.2f (%+6.1f%%), (b'') three bf16 projections %8.2f (%+6.1f%%), (b-k) without the key step %8.2f (keys %+6.2f us); one layer cold: (a) %8.2f, (b) %8.2f (%+6.1f%%), (c) %8.2f; alone: prologue %7.2f, query step %6.2f, top-k %7.2f; added weights %4.1f MB, floor %5.2f us (layer's %5.1f MB: %5.2f us); visible <= %d entries, %d rows score (top-k %d)",
+	return fmt.Sprintf("indexer %-5s %-10s b=%-3d mtp=%d tokens=%-6d context=%-7d rows=%-6d: chain %8.2f, (a) ratio-4 layer %8.2f, (b) with the indexer's prologue %8.2f us/layer (%+7.2f us, %+6.1f%%: <= %g%% %s; query path on the %s stream), (b1) query path on the main stream %8.2f (%+6.1f%%), (b3) on a third stream %8.2f (%+6.1f%%), (b3g) its wq_b GEMM there %8.2f (%+6.1f%%), (c) with top-k %8.2f (%+7.2f us, %+6.1f%%), (b') query on the side stream %8.2f (%+6.1f%%), (b'') three bf16 projections %8.2f (%+6.1f%%), (b-k) without the key step %8.2f (keys %+6.2f us), (b-q) without the query step %8.2f (query %+6.2f us), (b-g) without the wq_b GEMM %8.2f (GEMM %+6.2f us), (b-p) without the projection columns %8.2f (columns %+6.2f us), (b-qg) without GEMM and query %8.2f (both %+6.2f us); one layer cold: (a) %8.2f, (b) %8.2f (%+6.1f%%), (c) %8.2f; alone: prologue %7.2f, query step %6.2f, top-k %7.2f; added weights %4.1f MB, floor %5.2f us (layer's %5.1f MB: %5.2f us); visible <= %d entries, %d rows score (top-k %d)",
 		r.Model, r.Phase, r.Batch, r.MTP, r.Tokens, r.Context, r.Rows, r.ChainUs, r.BaseUs, r.PrologueUs, r.AddedUs, r.AddedPct, r.GoalPct, verdict, r.Stream,
 		r.MainQUs, r.MainQAddedPct, r.AuxUs, r.AuxAddedPct, r.AuxGEMMUs, r.AuxGEMMAddedPct,
-		r.TopKUs, r.TopKAddedUs, r.TopKAddedPct, r.SideUs, r.SideAddedPct, r.SeparateUs, r.SeparateAddedPct, r.NoKeysUs, r.PrologueUs-r.NoKeysUs, r.ColdBaseUs, r.ColdPrologueUs, r.ColdAddedPct, r.ColdTopKUs, r.AloneUs, r.QueryAloneUs, r.TopKAloneUs,
+		r.TopKUs, r.TopKAddedUs, r.TopKAddedPct, r.SideUs, r.SideAddedPct, r.SeparateUs, r.SeparateAddedPct, r.NoKeysUs, r.PrologueUs-r.NoKeysUs,
+		r.NoQueryUs, r.PrologueUs-r.NoQueryUs, r.NoWqBUs, r.PrologueUs-r.NoWqBUs, r.NarrowProjUs, r.PrologueUs-r.NarrowProjUs, r.KeysOnlyUs, r.PrologueUs-r.KeysOnlyUs, r.ColdBaseUs, r.ColdPrologueUs, r.ColdAddedPct, r.ColdTopKUs, r.AloneUs, r.QueryAloneUs, r.TopKAloneUs,
 		float64(r.AddedWeightBytes)/1e6, r.AddedFloorUs, float64(r.BaseWeightBytes)/1e6, r.BaseFloorUs, r.Visible, r.ScoredRows, r.TopK)
 }
 

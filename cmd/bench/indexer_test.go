@@ -439,7 +439,7 @@ func TestIndexerArgsAtDeviceShapes(t *testing.T) {
 					}
 					// Every launch the modes issue, through the code that issues it.
 					be := &checkBackend{}
-					require.NoError(t, x.fusedGEMM(ctx, be, l))
+					require.NoError(t, x.fusedGEMM(ctx, be, l, false))
 					require.NoError(t, x.keyStep(ctx, be, l))
 					require.NoError(t, x.wqBGEMM(ctx, be, l))
 					require.NoError(t, x.queryStep(ctx, be, l, mla.IndexerQueryMXFP4))
@@ -530,7 +530,7 @@ func checkProjectionColumns(t *testing.T, be *cpu.Backend, x *chainIdx, l int) {
 		}
 	}
 	before := snap()
-	require.NoError(t, x.fusedGEMM(ctx, be, l))
+	require.NoError(t, x.fusedGEMM(ctx, be, l, false))
 	require.NoError(t, x.keyStep(ctx, be, l))
 	require.NoError(t, x.wqBGEMM(ctx, be, l))
 	require.NoError(t, x.queryStep(ctx, be, l, mla.IndexerQueryMXFP4))

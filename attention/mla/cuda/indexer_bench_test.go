@@ -49,6 +49,11 @@ func BenchmarkCUDAIndexer(bm *testing.B) {
 		// of the H200's 132), each warp looping over more units.
 		{"stream-g4", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryStream, IndexerQueryWideMinRows: -1, MaxBlocks: 528}},
 		{"stream-g2", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryStream, IndexerQueryWideMinRows: -1, MaxBlocks: 264}},
+		// And 1, 3, 6 and 8 a multiprocessor (the default grid is up to 16).
+		{"stream-g1", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryStream, IndexerQueryWideMinRows: -1, MaxBlocks: 132}},
+		{"stream-g3", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryStream, IndexerQueryWideMinRows: -1, MaxBlocks: 396}},
+		{"stream-g6", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryStream, IndexerQueryWideMinRows: -1, MaxBlocks: 792}},
+		{"stream-g8", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryStream, IndexerQueryWideMinRows: -1, MaxBlocks: 1056}},
 		{"lane", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryLane, IndexerQueryWideMinRows: -1}},
 		// The lane kernel on 3 and 12 blocks a multiprocessor (its own
 		// grid is 6, one wave: fewer, or the waves the driver places).
