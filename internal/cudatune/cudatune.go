@@ -133,6 +133,11 @@ type Knobs struct {
 	// CuBLASLtSplitK restricts the split-K reductions cuBLASLt's heuristic
 	// may choose for the FP8 and bf16 GEMMs (0: SM90.Knobs.CuBLASLtSplitK).
 	CuBLASLtSplitK CuBLASLtSplitK
+	// CuBLASLtFP8Heuristic: the FP8 GEMMs on cuBLASLt run the heuristic's
+	// N-th result for their shape (1: its first, the library's choice;
+	// past the last it returns, the last; 0: SM90.Knobs.CuBLASLtFP8Heuristic,
+	// 0 there too meaning the first): a measurement knob.
+	CuBLASLtFP8Heuristic int
 	// WGMMAClusterSplits overrides how the wgmma FP8 GEMM finishes a split
 	// K (0: the architecture description's FP8.WGMMA.ClusterSplits;
 	// negative: the tile's last block from global partials; n > 0:
@@ -226,6 +231,7 @@ func (k Knobs) Defaults() Knobs {
 	if k.CuBLASLtSplitK == 0 {
 		k.CuBLASLtSplitK = d.CuBLASLtSplitK
 	}
+	def(&k.CuBLASLtFP8Heuristic, d.CuBLASLtFP8Heuristic)
 	return k
 }
 

@@ -215,6 +215,10 @@ func TestGEMMTimes(t *testing.T) {
 	}{{"own", cuda.Options{NoCuBLASLt: true, NoWGMMA: true}, cudatune.Knobs{}}, {"cublaslt", cuda.Options{GEMMOwnMaxM: -1, NoWGMMA: true}, cudatune.Knobs{}},
 		{"cublaslt-ws", cuda.Options{GEMMOwnMaxM: -1, NoWGMMA: true}, cudatune.Knobs{CuBLASLtSplitK: cudatune.CuBLASLtSplitKWorkspace}},
 		{"cublaslt-nosplit", cuda.Options{GEMMOwnMaxM: -1, NoWGMMA: true}, cudatune.Knobs{CuBLASLtSplitK: cudatune.CuBLASLtSplitKNone}},
+		// The heuristic's 2nd to 4th results (CuBLASLtFP8Heuristic).
+		{"cublaslt-h2", cuda.Options{GEMMOwnMaxM: -1, NoWGMMA: true}, cudatune.Knobs{CuBLASLtFP8Heuristic: 2}},
+		{"cublaslt-h3", cuda.Options{GEMMOwnMaxM: -1, NoWGMMA: true}, cudatune.Knobs{CuBLASLtFP8Heuristic: 3}},
+		{"cublaslt-h4", cuda.Options{GEMMOwnMaxM: -1, NoWGMMA: true}, cudatune.Knobs{CuBLASLtFP8Heuristic: 4}},
 		{"wgmma", wg, cudatune.Knobs{WGMMAClusterSplits: -1, WGMMAMulticast: -1}},
 		{"wgmma-cluster", wg, cudatune.Knobs{WGMMAClusterSplits: 8, WGMMAMulticast: -1}},
 		{"wgmma-narrow", wg, cudatune.Knobs{WGMMAClusterSplits: 8, WGMMAMulticast: -1, WGMMAKernel: cudatune.WGMMANarrow}},

@@ -32,6 +32,10 @@ type Config struct {
 	// it the library's default allows every scheme.
 	RestrictReductions bool
 	ReductionMask      uint32
+	// FP8Heuristic is which of the heuristic's results an FP8 plan runs
+	// (0 its first, the library's choice; past the last it returns, the
+	// last): alternatives to time.
+	FP8Heuristic int
 }
 
 // prefs sets the Config's preferences on a heuristic preference object.
@@ -208,6 +212,10 @@ func (h *Handle) cached(key planKey, build func(p *plan) error, what func() stri
 	return p, p.err
 }
 
+// maxHeuristics is the most results an FP8 plan asks the heuristic for
+// (Config.FP8Heuristic).
+const maxHeuristics = 8
+
 // build runs on the owner thread.
 func (h *Handle) build(p *plan, s Shape) error {
 	a := h.api
@@ -264,17 +272,22 @@ func (h *Handle) build(p *plan, s Shape) error {
 	if err := h.cfg.prefs(a, pref); err != nil {
 		return err
 	}
-	var results [1]heuristicResult
+	var results [maxHeuristics]heuristicResult
 	var n int32
+	want := min(max(h.cfg.FP8Heuristic, 0), maxHeuristics-1) + 1
 	pin.Pin(&results[0])
 	pin.Pin(&n)
-	if err := a.check("cublasLtMatmulAlgoGetHeuristic", a.algoGetHeuristic(h.h, p.desc, p.a, p.b, p.d, p.d, pref, 1, unsafe.Pointer(&results[0]), &n)); err != nil {
+	if err := a.check("cublasLtMatmulAlgoGetHeuristic", a.algoGetHeuristic(h.h, p.desc, p.a, p.b, p.d, p.d, pref, int32(want), unsafe.Pointer(&results[0]), &n)); err != nil {
 		return err
 	}
 	if n < 1 || results[0].state != 0 {
 		return &Error{Call: "cublasLtMatmulAlgoGetHeuristic", Status: Status(results[0].state), Text: "no algorithm"}
 	}
-	p.algo = results[0]
+	i := min(int(n), want) - 1
+	for i > 0 && results[i].state != 0 {
+		i--
+	}
+	p.algo = results[i]
 	return nil
 }
 
