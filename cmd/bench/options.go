@@ -22,10 +22,10 @@ import (
 // cudatune.IndexerKeys 1 split, 2 fused; cudatune.IndexerQuery 1 late, 2 early, 3 lean, 4 wide, 5 stream,
 // 6 lane; iwide=N: the wide query kernel from N token rows on; ilane=N: the lane query kernel from N token
 // rows on (before iwide's rule); istream=N: cudatune.IndexerStream 1 main, 2 the third
-// stream), tkscore=N (the top-k score kernel: cudatune.TopKScore 1 mma4q, 2 mma4t, 3 mma4u, 4 mma4v,
+// stream; iqbpsm=N: the query's grid at most N blocks a multiprocessor), tkscore=N (the top-k score kernel: cudatune.TopKScore 1 mma4q, 2 mma4t, 3 mma4u, 4 mma4v,
 // 5 mma4w, 6 mma4x; tknarrow=N: its select in 256-thread blocks from N rows on), ltsplitk=N (cuBLASLt's split-K
 // reductions: cudatune.CuBLASLtSplitK 1 any, 2 through the workspace, 3 none), lth=N (the FP8 GEMMs on
-// cuBLASLt run its heuristic's N-th result: cudatune.Knobs.CuBLASLtFP8Heuristic), bfwg=N bfwgfin=N bfwgs=N
+// cuBLASLt run its heuristic's N-th result: cudatune.Knobs.CuBLASLtFP8Heuristic; lthbf=N the bf16 GEMMs), bfwg=N bfwgfin=N bfwgs=N
 // bfwgt=N bfwgr=N bfwgpf=N (the compressor's bf16 projection GEMM on the sm_90a wgmma kernel up to N rows; its split K finished
 // by cudatune.BF16WGMMAFinish 1 the reduction launch, 2 the unit's last block, 3 clusters; at most N
 // splits; token tiles of at most N rows; a ring of at most N stages; 1: W prefetched into L2), nopdl
@@ -58,6 +58,8 @@ type variant struct {
 	IndexerStream           int
 	CuBLASLtSplitK          int
 	CuBLASLtFP8Heuristic    int
+	CuBLASLtBF16Heuristic   int
+	IndexerQueryBlocksPerSM int
 	BF16WGMMAMaxRows        int // the projection GEMM on the sm_90a wgmma kernel up to N rows
 	BF16WGMMAFinish         int // its split K finished by 1 the reduction, 2 the last block, 3 clusters
 	BF16WGMMAMaxSplits      int // its split K at most N ways
@@ -125,6 +127,10 @@ func (v *variant) field(key string) (*int, *bool) {
 		return &v.CuBLASLtSplitK, nil
 	case "lth":
 		return &v.CuBLASLtFP8Heuristic, nil
+	case "lthbf":
+		return &v.CuBLASLtBF16Heuristic, nil
+	case "iqbpsm":
+		return &v.IndexerQueryBlocksPerSM, nil
 	case "bfwg":
 		return &v.BF16WGMMAMaxRows, nil
 	case "bfwgfin":
@@ -199,7 +205,7 @@ func parseVariant(text string) (variant, error) {
 			*sw = true
 			continue
 		}
-		return variant{}, fmt.Errorf("variant %q: unknown option %q (known: warps=N kvd=N qd=N qchunk=N bpsm=N maxblocks=N direct=N directbf16=N dmin=N dwarps=N dhalf=N qrows=N dminb=N ikeys=N iquery=N iwide=N ilane=N istream=N tkscore=N tknarrow=N ltsplitk=N lth=N bfwg=N bfwgfin=N bfwgs=N bfwgt=N bfwgr=N bfwgpf=N nodirect nopdl separate wgmma nowgmma wgcluster=N wgmc=N wgkernel=N wgnarrow=N wgstages=N wgchunks=N wgsplits=N)", text, key)
+		return variant{}, fmt.Errorf("variant %q: unknown option %q (known: warps=N kvd=N qd=N qchunk=N bpsm=N maxblocks=N direct=N directbf16=N dmin=N dwarps=N dhalf=N qrows=N dminb=N ikeys=N iquery=N iwide=N ilane=N istream=N tkscore=N tknarrow=N ltsplitk=N lth=N lthbf=N iqbpsm=N bfwg=N bfwgfin=N bfwgs=N bfwgt=N bfwgr=N bfwgpf=N nodirect nopdl separate wgmma nowgmma wgcluster=N wgmc=N wgkernel=N wgnarrow=N wgstages=N wgchunks=N wgsplits=N)", text, key)
 	}
 	return v, nil
 }
@@ -257,6 +263,8 @@ func (v variant) options(verbose bool) (cuda.Options, cudatune.Knobs) {
 		IndexerStream:           cudatune.IndexerStream(v.IndexerStream),
 		CuBLASLtSplitK:          cudatune.CuBLASLtSplitK(v.CuBLASLtSplitK),
 		CuBLASLtFP8Heuristic:    v.CuBLASLtFP8Heuristic,
+		CuBLASLtBF16Heuristic:   v.CuBLASLtBF16Heuristic,
+		IndexerQueryBlocksPerSM: v.IndexerQueryBlocksPerSM,
 		BF16WGMMAMaxRows:        v.BF16WGMMAMaxRows,
 		BF16WGMMAFinish:         v.BF16WGMMAFinish,
 		BF16WGMMAMaxSplits:      v.BF16WGMMAMaxSplits,

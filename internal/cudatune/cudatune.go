@@ -138,6 +138,14 @@ type Knobs struct {
 	// past the last it returns, the last; 0: SM90.Knobs.CuBLASLtFP8Heuristic,
 	// 0 there too meaning the first): a measurement knob.
 	CuBLASLtFP8Heuristic int
+	// CuBLASLtBF16Heuristic: the same for the bf16 GEMMs on cuBLASLt (0:
+	// SM90.Knobs.CuBLASLtBF16Heuristic).
+	CuBLASLtBF16Heuristic int
+	// IndexerQueryBlocksPerSM caps the grid of the indexer query's warp
+	// kernels (all but indexer_query_lane) at this many blocks a
+	// multiprocessor (0: SM90.Knobs.IndexerQueryBlocksPerSM; 0 there too:
+	// the chain kernels' cap of 16; MaxBlocks overrides).
+	IndexerQueryBlocksPerSM int
 	// WGMMAClusterSplits overrides how the wgmma FP8 GEMM finishes a split
 	// K (0: the architecture description's FP8.WGMMA.ClusterSplits;
 	// negative: the tile's last block from global partials; n > 0:
@@ -232,6 +240,8 @@ func (k Knobs) Defaults() Knobs {
 		k.CuBLASLtSplitK = d.CuBLASLtSplitK
 	}
 	def(&k.CuBLASLtFP8Heuristic, d.CuBLASLtFP8Heuristic)
+	def(&k.CuBLASLtBF16Heuristic, d.CuBLASLtBF16Heuristic)
+	def(&k.IndexerQueryBlocksPerSM, d.IndexerQueryBlocksPerSM)
 	return k
 }
 

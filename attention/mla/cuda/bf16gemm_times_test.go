@@ -54,6 +54,13 @@ func bf16TimesVariant(v string) (cudatune.Knobs, bool, error) {
 	if v == "cublaslt" {
 		return cudatune.Knobs{}, true, nil
 	}
+	if h, ok := strings.CutPrefix(v, "cublaslt/h"); ok {
+		n, err := strconv.Atoi(h)
+		if err != nil || n < 1 {
+			return cudatune.Knobs{}, false, fmt.Errorf("-bf16.times.variants: %q is not cublaslt/hN (the heuristic's N-th result)", v)
+		}
+		return cudatune.Knobs{CuBLASLtBF16Heuristic: n}, true, nil
+	}
 	var k cudatune.Knobs
 	if w, ok := strings.CutPrefix(v, "wg"); ok {
 		k.BF16WGMMAMaxRows = math.MaxInt32

@@ -139,7 +139,7 @@ func (b *Backend) openCuBLASLt() {
 		defer b.workspaceSettled.Add(cublaslt.Workspaces * cublaslt.WorkspaceBytes)
 		mask, restrict := b.knobs.CuBLASLtSplitK.ReductionMask()
 		if g.lt, g.ltErr = cublaslt.New(b.ctx, cublaslt.Config{RestrictReductions: restrict, ReductionMask: mask,
-			FP8Heuristic: max(b.knobs.CuBLASLtFP8Heuristic-1, 0)}); g.ltErr != nil {
+			FP8Heuristic: max(b.knobs.CuBLASLtFP8Heuristic-1, 0), BF16Heuristic: max(b.knobs.CuBLASLtBF16Heuristic-1, 0)}); g.ltErr != nil {
 			b.log.Info().Err(g.ltErr).Msg("cuBLASLt unavailable: the own GEMM kernels run every batch")
 		} else {
 			b.log.Debug().Int("version", g.lt.Version()).Str("path", g.lt.Path()).Msg("cuBLASLt loaded")

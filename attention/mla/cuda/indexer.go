@@ -68,6 +68,11 @@ func (b *Backend) IndexerQuery(ctx context.Context, l mla.Launch, a *mla.Indexer
 	}
 	warps := l.Rows * mla.IndexerHeads / rowsWarp
 	blocks := b.chainGrid((warps + abi.IndexerQueryWarps - 1) / abi.IndexerQueryWarps)
+	if n := b.knobs.IndexerQueryBlocksPerSM; n > 0 && b.knobs.MaxBlocks <= 0 {
+		// Fewer blocks, each warp looping over more units (the kernels'
+		// grid-stride loops): the same bytes.
+		blocks = min(blocks, uint32(max(1, n*b.ctx.Props().SMCount)))
+	}
 	return b.launchShared(fn, driver.Dim3{blocks, 1, 1}, driver.Dim3{32 * abi.IndexerQueryWarps, 1, 1}, 0,
 		driver.Bytes(p), driver.Bytes(iq))
 }

@@ -152,18 +152,9 @@ func (a *api) buildBF16(handle uintptr, p *plan, s BF16Shape, cfg Config) error 
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
-	var results [1]heuristicResult
-	var n int32
-	pin.Pin(&results[0])
-	pin.Pin(&n)
-	if err := a.check("cublasLtMatmulAlgoGetHeuristic", a.algoGetHeuristic(handle, p.desc, p.a, p.b, p.d, p.d, pref, 1, unsafe.Pointer(&results[0]), &n)); err != nil {
-		return err
-	}
-	if n < 1 || results[0].state != 0 {
-		return &Error{Call: "cublasLtMatmulAlgoGetHeuristic", Status: Status(results[0].state), Text: "no algorithm"}
-	}
-	p.algo = results[0]
-	return nil
+	var err error
+	p.algo, err = a.heuristic(handle, p, pref, cfg.BF16Heuristic)
+	return err
 }
 
 // matmulBF16 enqueues one bf16 matmul of plan p (on the owner thread).

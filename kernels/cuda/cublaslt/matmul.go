@@ -32,10 +32,10 @@ type Config struct {
 	// it the library's default allows every scheme.
 	RestrictReductions bool
 	ReductionMask      uint32
-	// FP8Heuristic is which of the heuristic's results an FP8 plan runs
-	// (0 its first, the library's choice; past the last it returns, the
-	// last): alternatives to time.
-	FP8Heuristic int
+	// FP8Heuristic and BF16Heuristic are which of the heuristic's results
+	// an FP8 and a bf16 plan run (0 its first, the library's choice; past
+	// the last it returns, the last): alternatives to time.
+	FP8Heuristic, BF16Heuristic int
 }
 
 // prefs sets the Config's preferences on a heuristic preference object.
@@ -272,23 +272,33 @@ func (h *Handle) build(p *plan, s Shape) error {
 	if err := h.cfg.prefs(a, pref); err != nil {
 		return err
 	}
+	var err error
+	p.algo, err = a.heuristic(h.h, p, pref, h.cfg.FP8Heuristic)
+	return err
+}
+
+// heuristic asks for the heuristic's results for plan p's descriptors and
+// returns the one of index (0 the first; past the last it returns, the
+// last usable).
+func (a *api) heuristic(handle uintptr, p *plan, pref uintptr, index int) (heuristicResult, error) {
 	var results [maxHeuristics]heuristicResult
 	var n int32
-	want := min(max(h.cfg.FP8Heuristic, 0), maxHeuristics-1) + 1
+	want := min(max(index, 0), maxHeuristics-1) + 1
+	var pin runtime.Pinner
+	defer pin.Unpin()
 	pin.Pin(&results[0])
 	pin.Pin(&n)
-	if err := a.check("cublasLtMatmulAlgoGetHeuristic", a.algoGetHeuristic(h.h, p.desc, p.a, p.b, p.d, p.d, pref, int32(want), unsafe.Pointer(&results[0]), &n)); err != nil {
-		return err
+	if err := a.check("cublasLtMatmulAlgoGetHeuristic", a.algoGetHeuristic(handle, p.desc, p.a, p.b, p.d, p.d, pref, int32(want), unsafe.Pointer(&results[0]), &n)); err != nil {
+		return heuristicResult{}, err
 	}
 	if n < 1 || results[0].state != 0 {
-		return &Error{Call: "cublasLtMatmulAlgoGetHeuristic", Status: Status(results[0].state), Text: "no algorithm"}
+		return heuristicResult{}, &Error{Call: "cublasLtMatmulAlgoGetHeuristic", Status: Status(results[0].state), Text: "no algorithm"}
 	}
 	i := min(int(n), want) - 1
 	for i > 0 && results[i].state != 0 {
 		i--
 	}
-	p.algo = results[i]
-	return nil
+	return results[i], nil
 }
 
 func (h *Handle) destroyPlan(p *plan) {
