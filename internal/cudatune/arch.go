@@ -102,6 +102,14 @@ type WGMMAArch struct {
 	// tile is as many bytes as a block's weights, and every block read it
 	// from L2); token tiles of at least MulticastMinTile rows. 0: off.
 	Multicast, MulticastMinTile int
+	// WeightMulticast > 1: GEMMs of several token chunks run in clusters
+	// of up to WeightMulticast blocks, the chunks of one weight tile and K
+	// range, each bringing 1/WeightMulticast of the tile to every block by
+	// TMA multicast (the narrow kernel at V4-Flash's [wq_a; wkv], 128
+	// rows, reads each weight tile once a chunk from L2 otherwise); the
+	// largest power of two dividing the chunks, no cluster split finish.
+	// 0: off.
+	WeightMulticast int
 	// Use: the first rule whose MaxN is at least N names N's rules (it and
 	// the rules right after it with the same MaxN); the first of them
 	// whose MaxM is at least M decides, the kernel family its Kernel (0:

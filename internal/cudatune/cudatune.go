@@ -155,6 +155,11 @@ type Knobs struct {
 	// activation tile in clusters (0: FP8.WGMMA.Multicast; negative: never;
 	// 2 or 4: clusters of that many).
 	WGMMAMulticast int
+	// WGMMAWeightMulticast overrides whether the wgmma GEMM's token-chunk
+	// blocks share the weight tile in clusters (0:
+	// FP8.WGMMA.WeightMulticast; negative: never; 2, 4 or 8: clusters of
+	// up to that many).
+	WGMMAWeightMulticast int
 	// WGMMAKernel makes every GEMM the wgmma kernel runs use that family
 	// of its kernels (0: the one the architecture description's
 	// FP8.WGMMA.Use rule names).

@@ -183,12 +183,19 @@ struct Layout {
 };
 
 // A work unit's coordinates, split fastest, then token chunk, then W
-// tile (the numbering the header describes), the one decoding the loader,
-// the producer, the consumers and the cluster finish share.
+// tile (the numbering the header describes); with the weights shared
+// (wcast > 1) token chunk fastest, then split, then tile, so that the
+// wcast blocks of a cluster hold the chunks of one tile and K range. The
+// one decoding the loader, the producer, the consumers and the cluster
+// finish share.
 struct Unit {
     int z, c, tile;
 };
-__device__ __forceinline__ Unit unit_at(int u, int splits, int chunks) {
+__device__ __forceinline__ Unit unit_at(int u, int splits, int chunks, int wcast) {
+    if (wcast > 1) {
+        const int rest = u / chunks;
+        return Unit{rest % splits, u % chunks, rest / splits};
+    }
     const int rest = u / splits;
     return Unit{u % splits, rest % chunks, rest / chunks};
 }
@@ -227,10 +234,13 @@ __device__ __forceinline__ void split_finish(const float* part, u8* y, int* coun
 
 // The producer thread: every bulk tensor copy of the block's units. With
 // mc > 1 the mc blocks of a cluster share X: each brings the rank-th of
-// mc slices of the tile (tx's box BN / mc rows) into every block's stage.
+// mc slices of the tile (tx's box BN / mc rows) into every block's stage;
+// with wc > 1 the wc blocks (the token chunks of one W tile) share W the
+// same way (tw's box kRowTile / wc rows, a multiple of the 8 rows of a
+// 1024-byte swizzle atom, so a slice lands as the whole box would).
 template <int BN, int WGS>
 __device__ __forceinline__ void produce(const TensorMap* tw, const TensorMap* tx, u32 base, u32 bars, int units, int kbn,
-                                        int kb_per_split, int splits, int chunks, int stages, int mc) {
+                                        int kb_per_split, int splits, int chunks, int stages, int mc, int wc) {
     typedef Layout<BN, 128, WGS> L;  // kStage does not depend on SB
     typedef Cfg<WGS> C;
     {
@@ -241,6 +251,14 @@ __device__ __forceinline__ void produce(const TensorMap* tw, const TensorMap* tx
 #endif
         const int slice = mc > 1 ? BN / mc : BN, off = mc > 1 ? (int)cluster_rank() * slice : 0;
         const u16 mask = (u16)((1u << mc) - 1);
+        const int wslice = wc > 1 ? C::kRowTile / wc : C::kRowTile, woff = wc > 1 ? (int)cluster_rank() * wslice : 0;
+        const u16 wmask = (u16)((1u << wc) - 1);
+        auto load_w = [&](u32 dst, int kb, int tile, u32 bar) {
+            if (wc > 1)
+                tma_load_2d_multicast(dst + woff * 128, tw, kb * 128, tile * C::kRowTile + woff, bar, wmask);
+            else
+                TMA_W(dst, tw, kb * 128, tile * C::kRowTile, bar);
+        };
         auto load_x = [&](u32 dst, int kb, int c, u32 bar) {
             if (mc > 1)
                 tma_load_2d_multicast(dst + off * 128, tx, kb * 128, c * BN + off, bar, mask);
@@ -251,7 +269,7 @@ __device__ __forceinline__ void produce(const TensorMap* tw, const TensorMap* tx
         u32 ph = 0;
         bool first = true;
         for (int u = blockIdx.x; u < units; u += gridDim.x) {
-            const auto [z, c, tile] = unit_at(u, splits, chunks);
+            const auto [z, c, tile] = unit_at(u, splits, chunks, wc);
             const int kb0 = z * kb_per_split, kb1 = min(kbn, kb0 + kb_per_split);
             // The first unit's first stages: W now, X after the wait.
             const int pre = first ? min(stages, kb1 - kb0) : 0;
@@ -260,7 +278,7 @@ __device__ __forceinline__ void produce(const TensorMap* tw, const TensorMap* tx
                 mbar_wait(empty, ph ^ 1);
                 mbar_expect_tx(full, L::kStage);
                 const u32 st = base + s * L::kStage;
-                TMA_W(st, tw, kb * 128, tile * C::kRowTile, full);
+                load_w(st, kb, tile, full);
                 if (kb - kb0 >= pre) load_x(st + C::kWStage, kb, c, full);
                 if (pre > 0 && kb - kb0 == pre - 1) {
                     pdl_wait();
@@ -345,6 +363,8 @@ __device__ __forceinline__ void wgmma_wait1() { asm volatile("wgmma.wait_group.s
 
 // The consumer warpgroups: MMA, promotion, and the unit's output (bf16 Y,
 // float32 partials, or, in a cluster, the partial tile in shared memory).
+// mc: the blocks that share the ring's stages (X or W shared), each told
+// of a stage's release; wcast: the unit numbering (unit_at).
 // PIPE: two MMA sums in turn, so that scale block q's promotion runs
 // while block q + 1's MMAs are in flight (wgmma.wait_group 1); the sums
 // and their promotions are the same operations in the same order either
@@ -353,7 +373,7 @@ template <int BN, int SB, int WGS, bool PIPE>
 __device__ __forceinline__ void consume(const float* __restrict__ ws, const float* xs, u8* __restrict__ y,
                                         float* __restrict__ part, int* counters, u8* gbase, u32 base, u32 epi, u32 scl,
                                         u32 bars, int m, int n, int kbn, int y_stride, int kb_per_split, int splits,
-                                        int chunks, int stages, int units, int cluster, int mc) {
+                                        int chunks, int stages, int units, int cluster, int mc, int wcast) {
     typedef Layout<BN, SB, WGS> L;
     typedef Cfg<WGS> C;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -370,7 +390,7 @@ __device__ __forceinline__ void consume(const float* __restrict__ ws, const floa
     int si = 0, sf = 0;  // the ring's stage: MMAs issued, promoted
     u32 ph = 0;
     for (int u = blockIdx.x; u < units; u += gridDim.x) {
-        const auto [z, c, tile] = unit_at(u, splits, chunks);
+        const auto [z, c, tile] = unit_at(u, splits, chunks, wcast);
         const int kb0 = z * kb_per_split, kb1 = min(kbn, kb0 + kb_per_split);
         const int m0 = c * BN;
         const int row0 = tile * C::kRowTile + wg * 64 + wl * 16;  // this warp's first W row
@@ -493,7 +513,7 @@ __device__ __forceinline__ void cluster_finish(u8* __restrict__ y, u32 base, int
     typedef Cfg<WGS> C;
     cluster_sync();
     const int u = blockIdx.x;
-    const auto [z, c, tile] = unit_at(u, splits, chunks);
+    const auto [z, c, tile] = unit_at(u, splits, chunks, 0);
     const int m0 = c * BN;
     constexpr int kGroups = BN * (C::kRowTile / 4);  // float4 groups of the tile
     const int g0 = z * kGroups / splits, g1 = (z + 1) * kGroups / splits;
@@ -516,7 +536,7 @@ __device__ __forceinline__ void gemm_body(const TensorMap* tw, const TensorMap* 
                                           const float* xs, u8* __restrict__ y, float* __restrict__ part,
                                           int* counters, int m, int n, int k, int xs_stride, int y_stride, int kb_per_split,
                                           int splits, int chunks, int stages, int smem_bytes, int cluster,
-                                          int multicast) {
+                                          int multicast, int wcast) {
     static_assert(BN % 8 == 0 && BN >= 8 && BN <= 128, "wgmma N");
     static_assert(SB == 32 || SB == 64 || SB == 128, "scale block");
     typedef Layout<BN, SB, WGS> L;
@@ -538,6 +558,12 @@ __device__ __forceinline__ void gemm_body(const TensorMap* tw, const TensorMap* 
     if (multicast > 1 && (cluster || chunks != 1 || splits != 1 || BN % (8 * multicast) != 0 ||
                           (n / C::kRowTile) % multicast != 0 || gridDim.x % multicast != 0))
         __trap();
+    // Shared W: the chunks of a tile in whole clusters, no split finish
+    // in clusters, not with shared X.
+    if (wcast > 1 && (cluster || multicast > 1 || chunks % wcast != 0 || C::kRowTile % (8 * wcast) != 0 ||
+                      gridDim.x % wcast != 0))
+        __trap();
+    const int share = max(1, max(multicast, wcast));  // the blocks that fill each other's stages
 
     const int kbn = k >> 7;  // 128-wide K blocks (stages)
     const int kscales = k / SB;  // scale blocks a W scale row
@@ -547,14 +573,14 @@ __device__ __forceinline__ void gemm_body(const TensorMap* tw, const TensorMap* 
     if (threadIdx.x == 0) {
         for (int s = 0; s < stages; s++) {
             mbar_init(bars + 8 * s, 1 + 32);  // the producer's expect_tx, the loader's 32 lanes
-            mbar_init(bars + 8 * (stages + s), WGS * 4 * max(1, multicast));
+            mbar_init(bars + 8 * (stages + s), WGS * 4 * share);
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     }
-    // With X shared, every block's barriers exist before any block's copy
-    // or arrival reaches them.
-    if (multicast > 1)
+    // With X or W shared, every block's barriers exist before any block's
+    // copy or arrival reaches them.
+    if (share > 1)
         cluster_sync();
     else
         __syncthreads();
@@ -568,7 +594,7 @@ __device__ __forceinline__ void gemm_body(const TensorMap* tw, const TensorMap* 
             int s = 0;
             u32 ph = 0;
             for (int u = blockIdx.x; u < units; u += gridDim.x) {
-                const auto [z, c, tile] = unit_at(u, splits, chunks);
+                const auto [z, c, tile] = unit_at(u, splits, chunks, wcast);
                 const int kb0 = z * kb_per_split, kb1 = min(kbn, kb0 + kb_per_split);
                 const int m0 = c * BN;
                 // The tile's first W scale row.
@@ -591,16 +617,16 @@ __device__ __forceinline__ void gemm_body(const TensorMap* tw, const TensorMap* 
             }
             asm volatile("cp.async.wait_all;" ::: "memory");  // no copy outlives its warp
         } else if (warp == WGS * 4 && lane == 0) {
-            produce<BN, WGS>(tw, tx, base, bars, units, kbn, kb_per_split, splits, chunks, stages, multicast);
+            produce<BN, WGS>(tw, tx, base, bars, units, kbn, kb_per_split, splits, chunks, stages, multicast, wcast);
         }
     } else {
         consume<BN, SB, WGS, PIPE>(ws, xs, y, part, counters, gbase, base, epi, scl, bars, m, n, kbn, y_stride,
-                                   kb_per_split, splits, chunks, stages, units, cluster, multicast);
+                                   kb_per_split, splits, chunks, stages, units, cluster, share, wcast);
     }
     if (cluster) cluster_finish<BN, WGS>(y, base, m, y_stride, splits, chunks);
-    // No block leaves while another may still write its X slice into it
-    // or arrive on its barriers.
-    if (multicast > 1) cluster_sync();
+    // No block leaves while another may still write its X or W slice into
+    // it or arrive on its barriers.
+    if (share > 1) cluster_sync();
 }
 
 }  // namespace wgm
@@ -610,7 +636,10 @@ __device__ __forceinline__ void gemm_body(const TensorMap* tw, const TensorMap* 
 // the split itself (split_finish). cluster: 1 when launched with clusters
 // of `splits` blocks (part and counters unused). multicast: 0 or 1, or the
 // size of the clusters it is launched with whose blocks share X (one
-// chunk, no split; tx's box then BN / multicast rows).
+// chunk, no split; tx's box then BN / multicast rows). wcast: 0 or 1, or
+// the size of the clusters whose blocks, wcast token chunks of one W tile
+// and K range, share W (tw's box then 64 WGS / wcast rows; the units
+// numbered chunk fastest: unit_at).
 // Grid: min(units, SMs) blocks of wgm::Cfg<WGS>::kThreads (cluster:
 // exactly the units x splits); smem_bytes is the dynamic shared memory
 // launched with, stages * (64 WGS 128 + 128 BN + 16 + the stage's scales,
@@ -621,9 +650,10 @@ __device__ __forceinline__ void gemm_body(const TensorMap* tw, const TensorMap* 
         NAME(const __grid_constant__ wgm::TensorMap tw, const __grid_constant__ wgm::TensorMap tx,                 \
              const float* ws, const float* xs, u8* y, float* part, int* counters, int m, int n, int k,             \
              int xs_stride, int y_stride, int kb_per_split, int splits, int chunks, int stages, int smem_bytes,    \
-             int cluster, int multicast) {                                                                        \
+             int cluster, int multicast, int wcast) {                                                             \
         wgm::gemm_body<BN, SB, WGS, PIPE>(&tw, &tx, ws, xs, y, part, counters, m, n, k, xs_stride, y_stride,      \
-                                          kb_per_split, splits, chunks, stages, smem_bytes, cluster, multicast);  \
+                                          kb_per_split, splits, chunks, stages, smem_bytes, cluster, multicast,   \
+                                          wcast);                                                                 \
     }
 
 // The wide kernels (cudatune.WGMMAWide): two consumer warpgroups, 128 W

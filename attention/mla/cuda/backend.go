@@ -124,6 +124,9 @@ func NewTuned(opts Options, k cudatune.Knobs) (*Backend, error) {
 	if m := k.WGMMAMulticast; m > 0 && m != 2 && m != 4 {
 		return nil, fmt.Errorf("cuda: Knobs.WGMMAMulticast = %d, want 0, negative, 2 or 4", m)
 	}
+	if m := k.WGMMAWeightMulticast; m > 0 && m != 2 && m != 4 && m != 8 {
+		return nil, fmt.Errorf("cuda: Knobs.WGMMAWeightMulticast = %d, want 0, negative, 2, 4 or 8", m)
+	}
 	for _, kern := range []cudatune.WGMMAKernel{k.WGMMAKernel, k.WGMMANarrow} {
 		if kern < 0 || kern > cudatune.WGMMAWidePipe {
 			return nil, fmt.Errorf("cuda: Knobs.WGMMAKernel or WGMMANarrow = %d names no kernel family", kern)
@@ -195,6 +198,7 @@ func NewTuned(opts Options, k cudatune.Knobs) (*Backend, error) {
 		b.arch.FP8.WGMMA.MaxSplits = s
 	}
 	b.arch.FP8.WGMMA.Multicast = override(b.arch.FP8.WGMMA.Multicast, k.WGMMAMulticast)
+	b.arch.FP8.WGMMA.WeightMulticast = override(b.arch.FP8.WGMMA.WeightMulticast, k.WGMMAWeightMulticast)
 	b.arch.FP8.WGMMA.ClusterSplits = override(b.arch.FP8.WGMMA.ClusterSplits, k.WGMMAClusterSplits)
 	b.layerCalls.New = b.newLayerCall
 	if err := b.init(); err != nil {

@@ -28,7 +28,11 @@ import (
 // The shared backend's knobs, so that the suites that run on it (the GEMM
 // graph, determinism and streams tests among them) check a variant before
 // it becomes a default.
-var wgmmaNarrowFlag = flag.Int("cuda.wgnarrow", 0, "the shared backend's cudatune.Knobs.WGMMANarrow (a wgmma kernel family for the narrow GEMMs at up to 128 rows)")
+var (
+	wgmmaNarrowFlag = flag.Int("cuda.wgnarrow", 0, "the shared backend's cudatune.Knobs.WGMMANarrow (a wgmma kernel family for the narrow GEMMs at up to 128 rows)")
+	wgmmaChunksFlag = flag.Int("cuda.wgchunks", 0, "the shared backend's cudatune.Knobs.WGMMANarrowChunks (the narrow planner's most token chunks)")
+	wgmmaWCastFlag  = flag.Int("cuda.wgwcast", 0, "the shared backend's cudatune.Knobs.WGMMAWeightMulticast (clusters of token-chunk blocks sharing the weight tile)")
+)
 
 var (
 	shared     *cuda.Backend
@@ -44,7 +48,8 @@ func backend(t *testing.T) *cuda.Backend {
 		t.Skipf("CUDA backend unavailable: %v", err)
 	}
 	sharedOnce.Do(func() {
-		shared, sharedErr = cuda.NewTuned(cuda.Options{}, cudatune.Knobs{WGMMANarrow: cudatune.WGMMAKernel(*wgmmaNarrowFlag)})
+		shared, sharedErr = cuda.NewTuned(cuda.Options{}, cudatune.Knobs{WGMMANarrow: cudatune.WGMMAKernel(*wgmmaNarrowFlag),
+			WGMMANarrowChunks: *wgmmaChunksFlag, WGMMAWeightMulticast: *wgmmaWCastFlag})
 	})
 	require.NoError(t, sharedErr)
 	return shared

@@ -234,6 +234,13 @@ func TestGEMMTimes(t *testing.T) {
 		{"narrow-c1-s1", wg, cudatune.Knobs{WGMMAClusterSplits: 8, WGMMAMulticast: -1, WGMMAKernel: cudatune.WGMMANarrow, WGMMANarrowChunks: 1, WGMMAMaxSplits: 1}},
 		{"npipe-c2-s1", wg, cudatune.Knobs{WGMMAClusterSplits: 8, WGMMAMulticast: -1, WGMMAKernel: cudatune.WGMMANarrowPipe, WGMMANarrowChunks: 2, WGMMAMaxSplits: 1}},
 		{"wgmma-wpipe", wg, cudatune.Knobs{WGMMAClusterSplits: 8, WGMMAMulticast: -1, WGMMAKernel: cudatune.WGMMAWidePipe}},
+		// The token chunks of a weight tile in clusters sharing it (TMA multicast of the weights).
+		{"npipe-c4", wg, cudatune.Knobs{WGMMAClusterSplits: 8, WGMMAMulticast: -1, WGMMAKernel: cudatune.WGMMANarrowPipe, WGMMANarrowChunks: 4}},
+		{"npipe-wc4", wg, cudatune.Knobs{WGMMAClusterSplits: 8, WGMMAMulticast: -1, WGMMAKernel: cudatune.WGMMANarrowPipe, WGMMANarrowChunks: 4, WGMMAWeightMulticast: 4}},
+		{"npipe-wc2", wg, cudatune.Knobs{WGMMAClusterSplits: 8, WGMMAMulticast: -1, WGMMAKernel: cudatune.WGMMANarrowPipe, WGMMANarrowChunks: 4, WGMMAWeightMulticast: 2}},
+		{"npipe-c2-wc2", wg, cudatune.Knobs{WGMMAClusterSplits: 8, WGMMAMulticast: -1, WGMMAKernel: cudatune.WGMMANarrowPipe, WGMMAWeightMulticast: 2}},
+		{"narrow-wc4", wg, cudatune.Knobs{WGMMAClusterSplits: 8, WGMMAMulticast: -1, WGMMAKernel: cudatune.WGMMANarrow, WGMMANarrowChunks: 4, WGMMAWeightMulticast: 4}},
+		{"wide-wc4", wg, cudatune.Knobs{WGMMAClusterSplits: 8, WGMMAMulticast: -1, WGMMAWeightMulticast: 4}},
 		{"wgmma-mc2", wg, cudatune.Knobs{WGMMAClusterSplits: 8, WGMMAMulticast: 2}},
 		{"wgmma-mc4", wg, cudatune.Knobs{WGMMAClusterSplits: 8, WGMMAMulticast: 4}}} {
 		if !slices.Contains(paths, path.name) {

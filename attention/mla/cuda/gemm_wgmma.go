@@ -117,6 +117,11 @@ type wgmmaPlan struct {
 	// multicast > 1: clusters of that many blocks sharing the activation
 	// tile (one chunk, no split), the persistent grid whole clusters.
 	multicast int
+	// wcast > 1: clusters of that many blocks, token chunks of one weight
+	// tile and K range, sharing the weight tile (the split, if any,
+	// finished by the tile's last block), the persistent grid whole
+	// clusters.
+	wcast int
 }
 
 // planWGMMA picks the token tile (the smallest of a.TokenTiles holding M,
@@ -137,7 +142,9 @@ func planWGMMA(a cudatune.WGMMAArch, m, n, k, sms, smemOptin, partBytes int) (wg
 // narrow N more token chunks of the full K keep each block's chain of K
 // blocks long where a split would cut it (DeepGEMM's choice at these
 // shapes: 2026-12-02-h200-i/deepgemm, V4-Flash [wq_a; wkv] at 128 rows in
-// 96 blocks of 64 tokens x 32 weight rows, the full K each). No multicast.
+// 96 blocks of 64 tokens x 32 weight rows, the full K each). The
+// activation is shared (a.Multicast) only by the wide kernels' blocks of
+// one chunk; the weights (a.WeightMulticast) by any family's chunks.
 func planWGMMAKernel(a cudatune.WGMMAArch, kern cudatune.WGMMAKernel, m, n, k, sms, smemOptin, partBytes int) (wgmmaPlan, error) {
 	var p wgmmaPlan
 	sh, err := wgmmaShapeOf(a, kern)
@@ -167,18 +174,31 @@ func planWGMMAKernel(a cudatune.WGMMAArch, kern cudatune.WGMMAKernel, m, n, k, s
 	p.bn = sh.tiles[ti]
 	p.chunks = (m + p.bn - 1) / p.bn
 	units := tiles * p.chunks
+	// Shared weights: the largest power of two up to a.WeightMulticast
+	// dividing the chunks whose clusters run at once.
+	if wc := a.WeightMulticast; wc > 1 {
+		for wc > 1 && (p.chunks%wc != 0 || sh.rows%(8*wc) != 0 || wc >= len(a.MaxClusters) || a.MaxClusters[wc] == 0) {
+			wc /= 2
+		}
+		if wc > 1 {
+			p.wcast = wc
+		}
+	}
 	s := 1
 	// Splitting pays only below half the multiprocessors: from there on s
 	// splits of every unit take as many rounds of the persistent grid as
 	// the units do whole, plus the finish.
 	if 2*units <= sms && a.MaxSplits != 1 {
 		s = min((sms+units-1)/units, kbn, max(1, k/(4*m)), max(1, partBytes/(4*m*n)))
+		if p.wcast > 1 {
+			s = min(s, max(1, sms/units)) // one round: a cluster's blocks go in step
+		}
 		if a.MaxSplits > 0 {
 			s = min(s, a.MaxSplits)
 		}
 		// Clusters of the splits where one wave of them fits: the grid is
 		// units x splits blocks.
-		if c := min(max(1, sms/units), a.ClusterSplits, kbn, max(1, k/(4*m)), s); c > 1 {
+		if c := min(max(1, sms/units), a.ClusterSplits, kbn, max(1, k/(4*m)), s); c > 1 && p.wcast == 0 {
 			c = (kbn + (kbn+c-1)/c - 1) / ((kbn + c - 1) / c) // the splits c K ranges make
 			if c < len(a.MaxClusters) && units <= a.MaxClusters[c] {
 				s, p.cluster = c, true
@@ -191,7 +211,10 @@ func planWGMMAKernel(a cudatune.WGMMAArch, kern cudatune.WGMMAKernel, m, n, k, s
 	if p.cluster {
 		p.grid = units * p.splits
 	}
-	if mc := a.Multicast; sh.rows == wgmmaRowTile && mc > 1 && p.splits == 1 && p.chunks == 1 && p.bn >= max(a.MulticastMinTile, 8*mc) && p.bn%(8*mc) == 0 &&
+	if p.wcast > 1 {
+		p.grid = min(units*p.splits, sms, a.MaxClusters[p.wcast]*p.wcast) / p.wcast * p.wcast
+	}
+	if mc := a.Multicast; p.wcast == 0 && sh.rows == wgmmaRowTile && mc > 1 && p.splits == 1 && p.chunks == 1 && p.bn >= max(a.MulticastMinTile, 8*mc) && p.bn%(8*mc) == 0 &&
 		units%mc == 0 && mc < len(a.MaxClusters) && a.MaxClusters[mc] > 0 {
 		p.multicast = mc
 		p.grid = min(units, sms, a.MaxClusters[mc]*mc) / mc * mc
@@ -378,7 +401,7 @@ func (b *Backend) initWGMMA() error {
 	w.mod = mod
 	g.wg = w
 	for _, kern := range wgmmaKernels {
-		b.clusterCapacity(kern, max(a.ClusterSplits, a.Multicast))
+		b.clusterCapacity(kern, max(a.ClusterSplits, a.Multicast, a.WeightMulticast))
 	}
 	b.arch.FP8.WGMMA.MaxClusters = w.caps[cudatune.WGMMAWide]
 	return nil
@@ -428,7 +451,11 @@ func (b *Backend) wgmmaGEMM(kern cudatune.WGMMAKernel, w, ws, x, xs, y driver.De
 		return err
 	}
 	sh, _ := wgmmaShapeOf(a, kern) // the plan found it
-	tw, err := g.wg.tensorMap(b.ctx, tensorMapKey{addr: w, rows: n, cols: k, box: sh.rows})
+	wBox := sh.rows
+	if p.wcast > 1 {
+		wBox /= p.wcast // each block of a cluster brings a slice
+	}
+	tw, err := g.wg.tensorMap(b.ctx, tensorMapKey{addr: w, rows: n, cols: k, box: wBox})
 	if err != nil {
 		return err
 	}
@@ -458,13 +485,16 @@ func (b *Backend) wgmmaGEMM(kern cudatune.WGMMAKernel, w, ws, x, xs, y driver.De
 	}
 	grid, block := driver.Dim3{uint32(p.grid), 1, 1}, driver.Dim3{uint32(sh.threads), 1, 1}
 	args := []any{tw, tx, ws, xs, y, part, counters, int32(m), int32(n), int32(k), int32(xsStride), int32(yStride),
-		int32(p.kbPerSplit), int32(p.splits), int32(p.chunks), int32(p.stages), int32(p.smem), cluster, int32(p.multicast)}
+		int32(p.kbPerSplit), int32(p.splits), int32(p.chunks), int32(p.stages), int32(p.smem), cluster, int32(p.multicast), int32(p.wcast)}
 	return b.ctx.Do(func() error {
 		if p.cluster {
 			return b.launchCluster(fn, grid, block, driver.Dim3{uint32(p.splits), 1, 1}, p.smem, args...)
 		}
 		if p.multicast > 1 {
 			return b.launchCluster(fn, grid, block, driver.Dim3{uint32(p.multicast), 1, 1}, p.smem, args...)
+		}
+		if p.wcast > 1 {
+			return b.launchCluster(fn, grid, block, driver.Dim3{uint32(p.wcast), 1, 1}, p.smem, args...)
 		}
 		return b.launchShared(fn, grid, block, p.smem, args...)
 	})

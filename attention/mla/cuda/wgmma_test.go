@@ -26,7 +26,7 @@ type wgmmaShared struct {
 	err, skipErr error
 }
 
-var wgmmaBackends [9]wgmmaShared
+var wgmmaBackends = make([]wgmmaShared, len(wgmmaFinishes))
 
 // wgmmaFinishes are the wgmma kernel's ways to finish a split K, as
 // cudatune.Knobs.WGMMAClusterSplits names them (the tile's last block from global
@@ -35,15 +35,19 @@ var wgmmaBackends [9]wgmmaShared
 // in clusters of 2 and 4 (Knobs.WGMMAMulticast), which run
 // wgmmaMulticastCases; then the narrow kernel families (Knobs.WGMMAKernel)
 // with each split finish (TestCUDAWGMMANarrowGEMM runs wgmmaNarrowCases
-// on them).
+// on them); then the token chunks of a weight tile sharing it in clusters
+// (Knobs.WGMMAWeightMulticast, up to 4 chunks: Knobs.WGMMANarrowChunks).
 var wgmmaFinishes = []struct {
 	name                     string
 	clusterSplits, multicast int
 	kernel                   cudatune.WGMMAKernel
-}{{"last-block", -1, -1, 0}, {"cluster", 8, -1, 0}, {"multicast-2", 8, 2, 0}, {"multicast-4", 8, 4, 0},
-	{"narrow-last-block", -1, -1, cudatune.WGMMANarrow}, {"narrow-cluster", 8, -1, cudatune.WGMMANarrow},
-	{"narrow-pipe-last-block", -1, -1, cudatune.WGMMANarrowPipe}, {"narrow-pipe-cluster", 8, -1, cudatune.WGMMANarrowPipe},
-	{"wide-pipe-cluster", 8, -1, cudatune.WGMMAWidePipe}}
+	wcast, chunks            int
+}{{"last-block", -1, -1, 0, 0, 0}, {"cluster", 8, -1, 0, 0, 0}, {"multicast-2", 8, 2, 0, 0, 0}, {"multicast-4", 8, 4, 0, 0, 0},
+	{"narrow-last-block", -1, -1, cudatune.WGMMANarrow, 0, 0}, {"narrow-cluster", 8, -1, cudatune.WGMMANarrow, 0, 0},
+	{"narrow-pipe-last-block", -1, -1, cudatune.WGMMANarrowPipe, 0, 0}, {"narrow-pipe-cluster", 8, -1, cudatune.WGMMANarrowPipe, 0, 0},
+	{"wide-pipe-cluster", 8, -1, cudatune.WGMMAWidePipe, 0, 0},
+	{"wcast-4", 8, -1, 0, 4, 0}, {"narrow-wcast-4", -1, -1, cudatune.WGMMANarrow, 4, 4},
+	{"narrow-pipe-wcast-4", 8, -1, cudatune.WGMMANarrowPipe, 4, 4}, {"narrow-pipe-wcast-2", 8, -1, cudatune.WGMMANarrowPipe, 2, 0}}
 
 // wgmmaBackend is a backend whose every FP8 GEMM runs the sm_90a wgmma
 // kernel (Options.GEMMWGMMA, cuBLASLt not loaded) with split finish f of
@@ -57,7 +61,7 @@ func wgmmaBackend(t *testing.T, f int) *cuda.Backend {
 	w.once.Do(func() {
 		w.b, w.err = cuda.NewTuned(cuda.Options{GEMMWGMMA: true, NoCuBLASLt: true},
 			cudatune.Knobs{WGMMAClusterSplits: wgmmaFinishes[f].clusterSplits, WGMMAMulticast: wgmmaFinishes[f].multicast,
-				WGMMAKernel: wgmmaFinishes[f].kernel})
+				WGMMAKernel: wgmmaFinishes[f].kernel, WGMMAWeightMulticast: wgmmaFinishes[f].wcast, WGMMANarrowChunks: wgmmaFinishes[f].chunks})
 		if w.err == nil {
 			if err := w.b.InitGEMM(); errors.Is(err, cuda.ErrWGMMAUnavailable) {
 				w.skipErr = err
@@ -192,7 +196,8 @@ func TestCUDAWGMMANarrowGEMM(t *testing.T) {
 	for _, f := range []struct {
 		name string
 		fin  int // of wgmmaFinishes
-	}{{"wide", 1}, {"narrow", 5}, {"narrow-pipe", 7}, {"wide-pipe", 8}} {
+	}{{"wide", 1}, {"narrow", 5}, {"narrow-pipe", 7}, {"wide-pipe", 8}, {"narrow-wcast-4", 10}, {"narrow-pipe-wcast-4", 11},
+		{"narrow-pipe-wcast-2", 12}} {
 		t.Run(f.name, func(t *testing.T) {
 			b := wgmmaBackend(t, f.fin)
 			before := b.WGMMACount()
