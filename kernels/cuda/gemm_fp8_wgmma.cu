@@ -237,7 +237,9 @@ __device__ __forceinline__ void split_finish(const float* part, u8* y, int* coun
 // mc slices of the tile (tx's box BN / mc rows) into every block's stage;
 // with wc > 1 the wc blocks (the token chunks of one W tile) share W the
 // same way (tw's box kRowTile / wc rows, a multiple of the 8 rows of a
-// 1024-byte swizzle atom, so a slice lands as the whole box would).
+// 1024-byte swizzle atom, so a slice lands as the whole box would). Both:
+// a cluster of wc x mc blocks, rank = wc x (W tile) + (token chunk), the
+// wc ranks of a tile sharing its W, the mc ranks of a chunk its X.
 template <int BN, int WGS>
 __device__ __forceinline__ void produce(const TensorMap* tw, const TensorMap* tx, u32 base, u32 bars, int units, int kbn,
                                         int kb_per_split, int splits, int chunks, int stages, int mc, int wc) {
@@ -249,10 +251,13 @@ __device__ __forceinline__ void produce(const TensorMap* tw, const TensorMap* tx
 #ifdef WGMMA_L2_HINTS
         const u64 pol_w = policy_evict_first(), pol_x = policy_evict_last();
 #endif
-        const int slice = mc > 1 ? BN / mc : BN, off = mc > 1 ? (int)cluster_rank() * slice : 0;
-        const u16 mask = (u16)((1u << mc) - 1);
-        const int wslice = wc > 1 ? C::kRowTile / wc : C::kRowTile, woff = wc > 1 ? (int)cluster_rank() * wslice : 0;
-        const u16 wmask = (u16)((1u << wc) - 1);
+        const int wn = max(1, wc), xn = max(1, mc);
+        const int rank = wn * xn > 1 ? (int)cluster_rank() : 0, wr = rank % wn, xr = rank / wn;
+        const int slice = BN / xn, off = xr * slice;
+        u16 mask = 0;  // the ranks of this chunk: wr, wr + wn, ...
+        for (int i = 0; i < xn; i++) mask |= (u16)(1u << (i * wn + wr));
+        const int wslice = C::kRowTile / wn, woff = wr * wslice;
+        const u16 wmask = (u16)(((1u << wn) - 1) << (xr * wn));  // the ranks of this tile
         auto load_w = [&](u32 dst, int kb, int tile, u32 bar) {
             if (wc > 1)
                 tma_load_2d_multicast(dst + woff * 128, tw, kb * 128, tile * C::kRowTile + woff, bar, wmask);
@@ -347,7 +352,8 @@ __device__ __forceinline__ void promote(float* acc, float* d, int sub, float wsc
     }
     if (sub == SUBS - 1) {
         // The stage's tiles and scales read: the ring may refill it (with
-        // X shared, every block's producer writes it: each hears of it).
+        // X or W shared, every block of the cluster hears of it, whether
+        // its producer writes into this block or not).
         const u32 empty = bars + 8 * (stages + sf);
         __syncwarp();
         if (mc > 1) {
@@ -554,16 +560,16 @@ __device__ __forceinline__ void gemm_body(const TensorMap* tw, const TensorMap* 
     // A cluster's block holds one unit (its partial tile over the ring).
     if (cluster && ((int)gridDim.x != (n / C::kRowTile) * splits * chunks || BN * C::kPartPitch * 4 > stages * L::kStage))
         __trap();
-    // Shared X: one chunk, no split, whole clusters of units (the host's plan).
-    if (multicast > 1 && (cluster || chunks != 1 || splits != 1 || BN % (8 * multicast) != 0 ||
-                          (n / C::kRowTile) % multicast != 0 || gridDim.x % multicast != 0))
+    // Shared X: one chunk (with W shared too: wcast chunks), no split,
+    // whole clusters of units (the host's plan).
+    if (multicast > 1 && (cluster || chunks != max(1, wcast) || splits != 1 || BN % (8 * multicast) != 0 ||
+                          (n / C::kRowTile) % multicast != 0 || gridDim.x % (max(1, wcast) * multicast) != 0))
         __trap();
     // Shared W: the chunks of a tile in whole clusters, no split finish
-    // in clusters, not with shared X.
-    if (wcast > 1 && (cluster || multicast > 1 || chunks % wcast != 0 || C::kRowTile % (8 * wcast) != 0 ||
-                      gridDim.x % wcast != 0))
+    // in clusters.
+    if (wcast > 1 && (cluster || chunks % wcast != 0 || C::kRowTile % (8 * wcast) != 0 || gridDim.x % wcast != 0))
         __trap();
-    const int share = max(1, max(multicast, wcast));  // the blocks that fill each other's stages
+    const int share = max(1, multicast) * max(1, wcast);  // the cluster's blocks, which fill each other's stages
 
     const int kbn = k >> 7;  // 128-wide K blocks (stages)
     const int kscales = k / SB;  // scale blocks a W scale row
@@ -639,7 +645,8 @@ __device__ __forceinline__ void gemm_body(const TensorMap* tw, const TensorMap* 
 // chunk, no split; tx's box then BN / multicast rows). wcast: 0 or 1, or
 // the size of the clusters whose blocks, wcast token chunks of one W tile
 // and K range, share W (tw's box then 64 WGS / wcast rows; the units
-// numbered chunk fastest: unit_at).
+// numbered chunk fastest: unit_at). Both: clusters of wcast x multicast
+// blocks, multicast W tiles of wcast chunks (all of them, no split).
 // Grid: min(units, SMs) blocks of wgm::Cfg<WGS>::kThreads (cluster:
 // exactly the units x splits); smem_bytes is the dynamic shared memory
 // launched with, stages * (64 WGS 128 + 128 BN + 16 + the stage's scales,

@@ -274,30 +274,40 @@ func TestPlanWGMMANarrow(t *testing.T) {
 	require.Equal(t, wgmmaPlan{bn: 128, chunks: 1, splits: 1, kbPerSplit: 32, grid: 24, stages: 8, smem: wgmmaSmemBytesRows(64, 128, 8)}, p, "flash A m128 unsplit")
 	// Shared weights: the chunks of a tile in clusters (the largest power
 	// of two up to WeightMulticast dividing them), no cluster split finish,
-	// whole clusters in one round.
+	// whole clusters in one round; with Multicast too, clusters of every
+	// chunk of Multicast tiles (no split, at most 8 blocks).
+	a.MaxClusters = []int{0, 0, 66, 44, 30, 26, 22, 18, 15}
 	for _, c := range []struct {
-		name          string
-		wc, chunks, m int
-		n, k          int
-		want          wgmmaPlan
+		name              string
+		wc, mc, chunks, m int
+		n, k              int
+		want              wgmmaPlan
 	}{
-		{"flash A m128 wc4", 4, 4, 128, 1536, 4096, wgmmaPlan{bn: 32, chunks: 4, splits: 1, kbPerSplit: 32, grid: 96, stages: 16, smem: wgmmaSmemBytesRows(64, 32, 16), wcast: 4}},
-		{"flash A m128 wc8 (4 chunks)", 8, 4, 128, 1536, 4096, wgmmaPlan{bn: 32, chunks: 4, splits: 1, kbPerSplit: 32, grid: 96, stages: 16, smem: wgmmaSmemBytesRows(64, 32, 16), wcast: 4}},
+		{"flash A m128 wc4", 4, 0, 4, 128, 1536, 4096, wgmmaPlan{bn: 32, chunks: 4, splits: 1, kbPerSplit: 32, grid: 96, stages: 16, smem: wgmmaSmemBytesRows(64, 32, 16), wcast: 4}},
+		{"flash A m128 wc8 (4 chunks)", 8, 0, 4, 128, 1536, 4096, wgmmaPlan{bn: 32, chunks: 4, splits: 1, kbPerSplit: 32, grid: 96, stages: 16, smem: wgmmaSmemBytesRows(64, 32, 16), wcast: 4}},
 		// 32 clusters of 4 do not fit at once (30): 120 blocks, a second round for 8 of them.
-		{"pro A m128 wc4", 4, 4, 128, 2048, 7168, wgmmaPlan{bn: 32, chunks: 4, splits: 1, kbPerSplit: 56, grid: 120, stages: 16, smem: wgmmaSmemBytesRows(64, 32, 16), wcast: 4}},
+		{"pro A m128 wc4", 4, 0, 4, 128, 2048, 7168, wgmmaPlan{bn: 32, chunks: 4, splits: 1, kbPerSplit: 56, grid: 120, stages: 16, smem: wgmmaSmemBytesRows(64, 32, 16), wcast: 4}},
 		// Two chunks, split twice by the last block (not in clusters).
-		{"flash A m128 wc2 c2", 2, 2, 128, 1536, 4096, wgmmaPlan{bn: 64, chunks: 2, splits: 2, kbPerSplit: 16, grid: 96, stages: 13, smem: wgmmaSmemBytesRows(64, 64, 13), wcast: 2}},
-		{"flash A m32 wc4 (2 chunks)", 4, 4, 32, 1536, 4096, wgmmaPlan{bn: 16, chunks: 2, splits: 2, kbPerSplit: 16, grid: 96, stages: 16, smem: wgmmaSmemBytesRows(64, 16, 16), wcast: 2}},
+		{"flash A m128 wc2 c2", 2, 0, 2, 128, 1536, 4096, wgmmaPlan{bn: 64, chunks: 2, splits: 2, kbPerSplit: 16, grid: 96, stages: 13, smem: wgmmaSmemBytesRows(64, 64, 13), wcast: 2}},
+		{"flash A m32 wc4 (2 chunks)", 4, 0, 4, 32, 1536, 4096, wgmmaPlan{bn: 16, chunks: 2, splits: 2, kbPerSplit: 16, grid: 96, stages: 16, smem: wgmmaSmemBytesRows(64, 16, 16), wcast: 2}},
 		// One chunk: nothing to share.
-		{"flash A m8 wc4", 4, 4, 8, 1536, 4096, wgmmaPlan{bn: 16, chunks: 1, splits: 5, kbPerSplit: 7, grid: 120, stages: 16, smem: wgmmaSmemBytesRows(64, 16, 16), cluster: true}},
+		{"flash A m8 wc4", 4, 0, 4, 8, 1536, 4096, wgmmaPlan{bn: 16, chunks: 1, splits: 5, kbPerSplit: 7, grid: 120, stages: 16, smem: wgmmaSmemBytesRows(64, 16, 16), cluster: true}},
+		// Both: 12 clusters of 4 chunks x 2 tiles.
+		{"flash A m128 wc4 mc2", 4, 2, 4, 128, 1536, 4096, wgmmaPlan{bn: 32, chunks: 4, splits: 1, kbPerSplit: 32, grid: 96, stages: 16, smem: wgmmaSmemBytesRows(64, 32, 16), wcast: 4, multicast: 2}},
+		// 4 x 4 is past 8 blocks: 4 x 2.
+		{"flash A m128 wc4 mc4", 4, 4, 4, 128, 1536, 4096, wgmmaPlan{bn: 32, chunks: 4, splits: 1, kbPerSplit: 32, grid: 96, stages: 16, smem: wgmmaSmemBytesRows(64, 32, 16), wcast: 4, multicast: 2}},
+		// 16 clusters of 8, 15 at once: 120 blocks.
+		{"pro A m128 wc4 mc2", 4, 2, 4, 128, 2048, 7168, wgmmaPlan{bn: 32, chunks: 4, splits: 1, kbPerSplit: 56, grid: 120, stages: 16, smem: wgmmaSmemBytesRows(64, 32, 16), wcast: 4, multicast: 2}},
+		// Split K: the weights shared alone.
+		{"flash A m32 wc2 mc2", 4, 2, 4, 32, 1536, 4096, wgmmaPlan{bn: 16, chunks: 2, splits: 2, kbPerSplit: 16, grid: 96, stages: 16, smem: wgmmaSmemBytesRows(64, 16, 16), wcast: 2}},
 	} {
 		aw := a
-		aw.WeightMulticast, aw.NarrowMaxChunks = c.wc, c.chunks
+		aw.WeightMulticast, aw.Multicast, aw.NarrowMaxChunks = c.wc, c.mc, c.chunks
 		p, err := planWGMMAKernel(aw, cudatune.WGMMANarrowPipe, c.m, c.n, c.k, 132, optin, gemmPartBytes)
 		require.NoError(t, err, c.name)
 		require.Equal(t, c.want, p, c.name)
 		if p.wcast > 1 {
-			require.Zero(t, p.grid%p.wcast, "whole clusters")
+			require.Zero(t, p.grid%(p.wcast*max(1, p.multicast)), "whole clusters")
 			require.Zero(t, p.chunks%p.wcast, "every cluster's blocks have one tile")
 		}
 	}

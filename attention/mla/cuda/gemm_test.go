@@ -240,6 +240,8 @@ func TestGEMMTimes(t *testing.T) {
 		{"npipe-wc2", wg, cudatune.Knobs{WGMMAClusterSplits: 8, WGMMAMulticast: -1, WGMMAKernel: cudatune.WGMMANarrowPipe, WGMMANarrowChunks: 4, WGMMAWeightMulticast: 2}},
 		{"npipe-c2-wc2", wg, cudatune.Knobs{WGMMAClusterSplits: 8, WGMMAMulticast: -1, WGMMAKernel: cudatune.WGMMANarrowPipe, WGMMAWeightMulticast: 2}},
 		{"narrow-wc4", wg, cudatune.Knobs{WGMMAClusterSplits: 8, WGMMAMulticast: -1, WGMMAKernel: cudatune.WGMMANarrow, WGMMANarrowChunks: 4, WGMMAWeightMulticast: 4}},
+		{"npipe-wc4-mc2", wg, cudatune.Knobs{WGMMAClusterSplits: 8, WGMMAMulticast: 2, WGMMAKernel: cudatune.WGMMANarrowPipe, WGMMANarrowChunks: 4, WGMMAWeightMulticast: 4}},
+		{"narrow-wc4-mc2", wg, cudatune.Knobs{WGMMAClusterSplits: 8, WGMMAMulticast: 2, WGMMAKernel: cudatune.WGMMANarrow, WGMMANarrowChunks: 4, WGMMAWeightMulticast: 4}},
 		{"wide-wc4", wg, cudatune.Knobs{WGMMAClusterSplits: 8, WGMMAMulticast: -1, WGMMAWeightMulticast: 4}},
 		{"wgmma-mc2", wg, cudatune.Knobs{WGMMAClusterSplits: 8, WGMMAMulticast: 2}},
 		{"wgmma-mc4", wg, cudatune.Knobs{WGMMAClusterSplits: 8, WGMMAMulticast: 4}}} {

@@ -120,7 +120,8 @@ type wgmmaPlan struct {
 	// wcast > 1: clusters of that many blocks, token chunks of one weight
 	// tile and K range, sharing the weight tile (the split, if any,
 	// finished by the tile's last block), the persistent grid whole
-	// clusters.
+	// clusters; with multicast > 1 too, clusters of wcast x multicast
+	// blocks (every chunk of multicast tiles, no split).
 	wcast int
 }
 
@@ -213,6 +214,18 @@ func planWGMMAKernel(a cudatune.WGMMAArch, kern cudatune.WGMMAKernel, m, n, k, s
 	}
 	if p.wcast > 1 {
 		p.grid = min(units*p.splits, sms, a.MaxClusters[p.wcast]*p.wcast) / p.wcast * p.wcast
+		// And the activation: clusters of wcast chunks x multicast tiles
+		// (every chunk, no split), at most 8 blocks.
+		if mc := a.Multicast; mc > 1 && p.splits == 1 && p.chunks == p.wcast {
+			for mc > 1 && (tiles%mc != 0 || p.bn%(8*mc) != 0 || p.wcast*mc > 8 || p.wcast*mc >= len(a.MaxClusters) || a.MaxClusters[p.wcast*mc] == 0) {
+				mc /= 2
+			}
+			if mc > 1 {
+				p.multicast = mc
+				cl := p.wcast * mc
+				p.grid = min(units, sms, a.MaxClusters[cl]*cl) / cl * cl
+			}
+		}
 	}
 	if mc := a.Multicast; p.wcast == 0 && sh.rows == wgmmaRowTile && mc > 1 && p.splits == 1 && p.chunks == 1 && p.bn >= max(a.MulticastMinTile, 8*mc) && p.bn%(8*mc) == 0 &&
 		units%mc == 0 && mc < len(a.MaxClusters) && a.MaxClusters[mc] > 0 {
@@ -401,7 +414,7 @@ func (b *Backend) initWGMMA() error {
 	w.mod = mod
 	g.wg = w
 	for _, kern := range wgmmaKernels {
-		b.clusterCapacity(kern, max(a.ClusterSplits, a.Multicast, a.WeightMulticast))
+		b.clusterCapacity(kern, min(8, max(a.ClusterSplits, a.Multicast, a.WeightMulticast, a.Multicast*a.WeightMulticast)))
 	}
 	b.arch.FP8.WGMMA.MaxClusters = w.caps[cudatune.WGMMAWide]
 	return nil
@@ -490,11 +503,11 @@ func (b *Backend) wgmmaGEMM(kern cudatune.WGMMAKernel, w, ws, x, xs, y driver.De
 		if p.cluster {
 			return b.launchCluster(fn, grid, block, driver.Dim3{uint32(p.splits), 1, 1}, p.smem, args...)
 		}
-		if p.multicast > 1 {
+		if p.multicast > 1 && p.wcast <= 1 {
 			return b.launchCluster(fn, grid, block, driver.Dim3{uint32(p.multicast), 1, 1}, p.smem, args...)
 		}
 		if p.wcast > 1 {
-			return b.launchCluster(fn, grid, block, driver.Dim3{uint32(p.wcast), 1, 1}, p.smem, args...)
+			return b.launchCluster(fn, grid, block, driver.Dim3{uint32(p.wcast * max(1, p.multicast)), 1, 1}, p.smem, args...)
 		}
 		return b.launchShared(fn, grid, block, p.smem, args...)
 	})

@@ -36,7 +36,8 @@ var wgmmaBackends = make([]wgmmaShared, len(wgmmaFinishes))
 // wgmmaMulticastCases; then the narrow kernel families (Knobs.WGMMAKernel)
 // with each split finish (TestCUDAWGMMANarrowGEMM runs wgmmaNarrowCases
 // on them); then the token chunks of a weight tile sharing it in clusters
-// (Knobs.WGMMAWeightMulticast, up to 4 chunks: Knobs.WGMMANarrowChunks).
+// (Knobs.WGMMAWeightMulticast, up to 4 chunks: Knobs.WGMMANarrowChunks),
+// and with the activation shared too (clusters of 4 chunks x 2 tiles).
 var wgmmaFinishes = []struct {
 	name                     string
 	clusterSplits, multicast int
@@ -47,7 +48,8 @@ var wgmmaFinishes = []struct {
 	{"narrow-pipe-last-block", -1, -1, cudatune.WGMMANarrowPipe, 0, 0}, {"narrow-pipe-cluster", 8, -1, cudatune.WGMMANarrowPipe, 0, 0},
 	{"wide-pipe-cluster", 8, -1, cudatune.WGMMAWidePipe, 0, 0},
 	{"wcast-4", 8, -1, 0, 4, 0}, {"narrow-wcast-4", -1, -1, cudatune.WGMMANarrow, 4, 4},
-	{"narrow-pipe-wcast-4", 8, -1, cudatune.WGMMANarrowPipe, 4, 4}, {"narrow-pipe-wcast-2", 8, -1, cudatune.WGMMANarrowPipe, 2, 0}}
+	{"narrow-pipe-wcast-4", 8, -1, cudatune.WGMMANarrowPipe, 4, 4}, {"narrow-pipe-wcast-2", 8, -1, cudatune.WGMMANarrowPipe, 2, 0},
+	{"narrow-pipe-wcast-4-mc-2", 8, 2, cudatune.WGMMANarrowPipe, 4, 4}}
 
 // wgmmaBackend is a backend whose every FP8 GEMM runs the sm_90a wgmma
 // kernel (Options.GEMMWGMMA, cuBLASLt not loaded) with split finish f of
@@ -168,7 +170,7 @@ func TestCUDAWGMMAGEMM(t *testing.T) {
 			before := b.WGMMACount()
 			ran := 0
 			cases := wgmmaCases()
-			if fin.multicast > 1 {
+			if fin.multicast > 1 && fin.wcast == 0 {
 				cases = wgmmaMulticastCases()
 			}
 
@@ -197,7 +199,7 @@ func TestCUDAWGMMANarrowGEMM(t *testing.T) {
 		name string
 		fin  int // of wgmmaFinishes
 	}{{"wide", 1}, {"narrow", 5}, {"narrow-pipe", 7}, {"wide-pipe", 8}, {"narrow-wcast-4", 10}, {"narrow-pipe-wcast-4", 11},
-		{"narrow-pipe-wcast-2", 12}} {
+		{"narrow-pipe-wcast-2", 12}, {"narrow-pipe-wcast-4-mc-2", 13}} {
 		t.Run(f.name, func(t *testing.T) {
 			b := wgmmaBackend(t, f.fin)
 			before := b.WGMMACount()
