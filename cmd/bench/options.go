@@ -35,7 +35,8 @@ import (
 // wgmma kernel family of every GEMM it runs: cudatune.WGMMAKernel 1 wide, 2 narrow, 3 narrow-pipe, 4 wide-pipe),
 // wgnarrow=N (GEMMs of at most 8192 outputs at up to 128 rows on wgmma family N), wgstages=N (the
 // narrow families' deepest ring), wgchunks=N (the narrow planner's most token chunks), wgsplits=N (the most K
-// splits, 1: none), wgwcast=N (clusters of up to N token-chunk blocks sharing the weight tile). A zero
+// splits, 1: none), wgwcast=N (clusters of up to N token-chunk blocks sharing the weight tile), wgsms=N
+// (the wgmma GEMM planned for at most N multiprocessors). A zero
 // number keeps the backend's default.
 type variant struct {
 	Name                    string // the text it was parsed from
@@ -78,6 +79,7 @@ type variant struct {
 	WGMMANarrowChunks       int  // the narrow planner's most token chunks
 	WGMMAMaxSplits          int  // the wgmma GEMM's most K splits
 	WGMMAWeightMulticast    int  // clusters of up to N token-chunk blocks sharing the weight tile
+	WGMMAMaxSMs             int  // the wgmma GEMM planned for at most N multiprocessors
 }
 
 // field returns where key's value goes: a number or a switch (nil, nil for
@@ -170,6 +172,8 @@ func (v *variant) field(key string) (*int, *bool) {
 		return &v.WGMMAMaxSplits, nil
 	case "wgwcast":
 		return &v.WGMMAWeightMulticast, nil
+	case "wgsms":
+		return &v.WGMMAMaxSMs, nil
 	}
 	return nil, nil
 }
@@ -208,7 +212,7 @@ func parseVariant(text string) (variant, error) {
 			*sw = true
 			continue
 		}
-		return variant{}, fmt.Errorf("variant %q: unknown option %q (known: warps=N kvd=N qd=N qchunk=N bpsm=N maxblocks=N direct=N directbf16=N dmin=N dwarps=N dhalf=N qrows=N dminb=N ikeys=N iquery=N iwide=N ilane=N istream=N tkscore=N tknarrow=N ltsplitk=N lth=N lthbf=N iqbpsm=N bfwg=N bfwgfin=N bfwgs=N bfwgt=N bfwgr=N bfwgpf=N nodirect nopdl separate wgmma nowgmma wgcluster=N wgmc=N wgkernel=N wgnarrow=N wgstages=N wgchunks=N wgsplits=N wgwcast=N)", text, key)
+		return variant{}, fmt.Errorf("variant %q: unknown option %q (known: warps=N kvd=N qd=N qchunk=N bpsm=N maxblocks=N direct=N directbf16=N dmin=N dwarps=N dhalf=N qrows=N dminb=N ikeys=N iquery=N iwide=N ilane=N istream=N tkscore=N tknarrow=N ltsplitk=N lth=N lthbf=N iqbpsm=N bfwg=N bfwgfin=N bfwgs=N bfwgt=N bfwgr=N bfwgpf=N nodirect nopdl separate wgmma nowgmma wgcluster=N wgmc=N wgkernel=N wgnarrow=N wgstages=N wgchunks=N wgsplits=N wgwcast=N wgsms=N)", text, key)
 	}
 	return v, nil
 }
@@ -249,6 +253,7 @@ func (v variant) options(verbose bool) (cuda.Options, cudatune.Knobs) {
 		WGMMANarrowChunks:       v.WGMMANarrowChunks,
 		WGMMAMaxSplits:          v.WGMMAMaxSplits,
 		WGMMAWeightMulticast:    v.WGMMAWeightMulticast,
+		WGMMAMaxSMs:             v.WGMMAMaxSMs,
 		Warps:                   v.Warps,
 		KVDepth:                 v.KVDepth,
 		QDepth:                  v.QDepth,

@@ -110,6 +110,11 @@ type WGMMAArch struct {
 	// largest power of two dividing the chunks, no cluster split finish.
 	// 0: off.
 	WeightMulticast int
+	// MaxSMs > 0: the planner plans every wgmma GEMM for at most that many
+	// multiprocessors (its persistent grid no larger), leaving the rest to
+	// a kernel on another stream (the compressor's projection GEMM beside
+	// the chain's [wq_a; wkv]); 0: all.
+	MaxSMs int
 	// Use: the first rule whose MaxN is at least N names N's rules (it and
 	// the rules right after it with the same MaxN); the first of them
 	// whose MaxM is at least M decides, the kernel family its Kernel (0:

@@ -160,6 +160,9 @@ type Knobs struct {
 	// FP8.WGMMA.WeightMulticast; negative: never; 2, 4 or 8: clusters of
 	// up to that many).
 	WGMMAWeightMulticast int
+	// WGMMAMaxSMs > 0 caps the multiprocessors the wgmma GEMM is planned
+	// for (0: FP8.WGMMA.MaxSMs).
+	WGMMAMaxSMs int
 	// WGMMAKernel makes every GEMM the wgmma kernel runs use that family
 	// of its kernels (0: the one the architecture description's
 	// FP8.WGMMA.Use rule names).

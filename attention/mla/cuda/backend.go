@@ -197,6 +197,9 @@ func NewTuned(opts Options, k cudatune.Knobs) (*Backend, error) {
 	if s := k.WGMMAMaxSplits; s > 0 {
 		b.arch.FP8.WGMMA.MaxSplits = s
 	}
+	if s := k.WGMMAMaxSMs; s > 0 {
+		b.arch.FP8.WGMMA.MaxSMs = s
+	}
 	b.arch.FP8.WGMMA.Multicast = override(b.arch.FP8.WGMMA.Multicast, k.WGMMAMulticast)
 	b.arch.FP8.WGMMA.WeightMulticast = override(b.arch.FP8.WGMMA.WeightMulticast, k.WGMMAWeightMulticast)
 	b.arch.FP8.WGMMA.ClusterSplits = override(b.arch.FP8.WGMMA.ClusterSplits, k.WGMMAClusterSplits)

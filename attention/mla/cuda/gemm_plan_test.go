@@ -311,6 +311,12 @@ func TestPlanWGMMANarrow(t *testing.T) {
 			require.Zero(t, p.chunks%p.wcast, "every cluster's blocks have one tile")
 		}
 	}
+	// Planned for at most 66 multiprocessors: 48 blocks of 64 tokens.
+	aw := a
+	aw.WeightMulticast, aw.NarrowMaxChunks, aw.MaxSMs = 4, 4, 66
+	p, err = planWGMMAKernel(aw, cudatune.WGMMANarrowPipe, 128, 1536, 4096, 132, optin, gemmPartBytes)
+	require.NoError(t, err)
+	require.Equal(t, wgmmaPlan{bn: 64, chunks: 2, splits: 1, kbPerSplit: 32, grid: 48, stages: 13, smem: wgmmaSmemBytesRows(64, 64, 13), wcast: 2}, p, "flash A m128 on 66 SMs")
 	// The wide pipelined family: up to 64 tokens, two chunks at 128 rows.
 	p, err = planWGMMAKernel(a, cudatune.WGMMAWidePipe, 128, 32768, 1024, 132, optin, gemmPartBytes)
 	require.NoError(t, err)

@@ -158,6 +158,9 @@ func planWGMMAKernel(a cudatune.WGMMAArch, kern cudatune.WGMMAKernel, m, n, k, s
 	if n%sh.rows != 0 {
 		return p, fmt.Errorf("cuda: wgmma GEMM: N = %d is not a multiple of the %v kernel's %d rows", n, kern, sh.rows)
 	}
+	if a.MaxSMs > 0 {
+		sms = min(sms, a.MaxSMs)
+	}
 	ti := len(sh.tiles) - 1
 	for i, t := range sh.tiles {
 		if t >= m {
