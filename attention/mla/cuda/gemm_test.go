@@ -172,7 +172,10 @@ var (
 	gemmTimesRows = flag.String("gemm.times.rows", "1,8,32,128,256,512,1024,4096", "TestGEMMTimes: the batch sizes, comma-separated")
 	// A profiler run wants one shape and one path, not all of them.
 	gemmTimesShapes = flag.String("gemm.times.shapes", "", "TestGEMMTimes: a regexp the shape names must match (empty: every shape)")
-	gemmTimesPaths  = flag.String("gemm.times.paths", "own,cublaslt,wgmma,wgmma-cluster,wgmma-mc2,wgmma-mc4", "TestGEMMTimes: the implementations, comma-separated")
+	// Shapes beside the models' (name:N:K, comma-separated): K sweeps that
+	// split a kernel's time into a fixed cost and a cost a K block.
+	gemmTimesExtra = flag.String("gemm.times.extra", "", "TestGEMMTimes: more shapes, name:N:K comma-separated")
+	gemmTimesPaths = flag.String("gemm.times.paths", "own,cublaslt,wgmma,wgmma-cluster,wgmma-mc2,wgmma-mc4", "TestGEMMTimes: the implementations, comma-separated")
 )
 
 // TestGEMMTimes prints device times of the GEMM at V4-Flash and V4-Pro
@@ -200,6 +203,21 @@ func TestGEMMTimes(t *testing.T) {
 	shapes := append(slices.Clone(mlatest.FlashGEMMs), mlatest.ProGEMMs...)
 	// The ratio-4 layers' indexer wq_b (64 heads x 128 from q_lora_rank).
 	shapes = append(shapes, mlatest.GEMMShape{Name: "flash-idx-wqb", N: 8192, K: 1024}, mlatest.GEMMShape{Name: "pro-idx-wqb", N: 8192, K: 1536})
+	for _, f := range strings.Split(*gemmTimesExtra, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		var s mlatest.GEMMShape
+		var err error
+		parts := strings.Split(f, ":")
+		require.Len(t, parts, 3, "-gemm.times.extra %q: want name:N:K", f)
+		s.Name = parts[0]
+		s.N, err = strconv.Atoi(parts[1])
+		require.NoError(t, err, "-gemm.times.extra %q", f)
+		s.K, err = strconv.Atoi(parts[2])
+		require.NoError(t, err, "-gemm.times.extra %q", f)
+		shapes = append(shapes, s)
+	}
 	shapeRe, err := regexp.Compile(*gemmTimesShapes)
 	require.NoError(t, err, "-gemm.times.shapes")
 	shapes = slices.DeleteFunc(shapes, func(s mlatest.GEMMShape) bool { return !shapeRe.MatchString(s.Name) })
@@ -236,6 +254,8 @@ func TestGEMMTimes(t *testing.T) {
 		{"wgmma-wpipe", wg, cudatune.Knobs{WGMMAClusterSplits: 8, WGMMAMulticast: -1, WGMMAKernel: cudatune.WGMMAWidePipe}},
 		// The token chunks of a weight tile in clusters sharing it (TMA multicast of the weights).
 		{"npipe-c4", wg, cudatune.Knobs{WGMMAClusterSplits: 8, WGMMAMulticast: -1, WGMMAKernel: cudatune.WGMMANarrowPipe, WGMMANarrowChunks: 4}},
+		{"npipe-c4-st4", wg, cudatune.Knobs{WGMMAClusterSplits: 8, WGMMAMulticast: -1, WGMMAKernel: cudatune.WGMMANarrowPipe, WGMMANarrowChunks: 4, WGMMANarrowStages: 4}},
+		{"npipe-c4-st8", wg, cudatune.Knobs{WGMMAClusterSplits: 8, WGMMAMulticast: -1, WGMMAKernel: cudatune.WGMMANarrowPipe, WGMMANarrowChunks: 4, WGMMANarrowStages: 8}},
 		{"npipe-wc4", wg, cudatune.Knobs{WGMMAClusterSplits: 8, WGMMAMulticast: -1, WGMMAKernel: cudatune.WGMMANarrowPipe, WGMMANarrowChunks: 4, WGMMAWeightMulticast: 4}},
 		{"npipe-wc2", wg, cudatune.Knobs{WGMMAClusterSplits: 8, WGMMAMulticast: -1, WGMMAKernel: cudatune.WGMMANarrowPipe, WGMMANarrowChunks: 4, WGMMAWeightMulticast: 2}},
 		{"npipe-c2-wc2", wg, cudatune.Knobs{WGMMAClusterSplits: 8, WGMMAMulticast: -1, WGMMAKernel: cudatune.WGMMANarrowPipe, WGMMAWeightMulticast: 2}},
