@@ -20,7 +20,7 @@ import (
 // largest launch in Q rows with whole blocks (larger: half), Q rows a warp,
 // __launch_bounds__ minimum of blocks a multiprocessor, and off), ikeys=N iquery=N (the indexer's kernels:
 // cudatune.IndexerKeys 1 split, 2 fused; cudatune.IndexerQuery 1 late, 2 early, 3 lean, 4 wide, 5 stream,
-// 6 lane; iwide=N: the wide query kernel from N token rows on; ilane=N: the lane query kernel from N token
+// 6 lane, 7 tok; iwide=N: the wide query kernel from N token rows on; ilane=N: the lane query kernel from N token
 // rows on (before iwide's rule); istream=N: cudatune.IndexerStream 1 main, 2 the third
 // stream; iqbpsm=N: the query's grid at most N blocks a multiprocessor), tkscore=N (the top-k score kernel: cudatune.TopKScore 1 mma4q, 2 mma4t, 3 mma4u, 4 mma4v,
 // 5 mma4w, 6 mma4x; tknarrow=N: its select in 256-thread blocks from N rows on), ltsplitk=N (cuBLASLt's split-K

@@ -492,7 +492,8 @@ var SM90 = Arch{
 		// indexer_query_lane: never (bit-exact, 14:15 call above; slower
 		// than indexer_query_stream at every size of the 13:35 call but 2K
 		// rows on 1584 blocks, 19.99 against 22.93 us).
-		IndexerQueryLaneMinRows: -1,
+		IndexerQueryLaneMinRows:    -1,
+		IndexerQueryTokBlocksPerSM: 2,
 	},
 }
 

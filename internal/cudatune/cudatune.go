@@ -146,6 +146,10 @@ type Knobs struct {
 	// multiprocessor (0: SM90.Knobs.IndexerQueryBlocksPerSM; 0 there too:
 	// the chain kernels' cap of 16; MaxBlocks overrides).
 	IndexerQueryBlocksPerSM int
+	// IndexerQueryTokBlocksPerSM is indexer_query_tok's grid, blocks a
+	// multiprocessor (one wave; 0: SM90.Knobs.IndexerQueryTokBlocksPerSM;
+	// MaxBlocks overrides).
+	IndexerQueryTokBlocksPerSM int
 	// WGMMAClusterSplits overrides how the wgmma FP8 GEMM finishes a split
 	// K (0: the architecture description's FP8.WGMMA.ClusterSplits;
 	// negative: the tile's last block from global partials; n > 0:
@@ -250,6 +254,7 @@ func (k Knobs) Defaults() Knobs {
 	def(&k.CuBLASLtFP8Heuristic, d.CuBLASLtFP8Heuristic)
 	def(&k.CuBLASLtBF16Heuristic, d.CuBLASLtBF16Heuristic)
 	def(&k.IndexerQueryBlocksPerSM, d.IndexerQueryBlocksPerSM)
+	def(&k.IndexerQueryTokBlocksPerSM, d.IndexerQueryTokBlocksPerSM)
 	return k
 }
 
@@ -331,6 +336,11 @@ const (
 	// Hadamard in the lane), 32 rows of a token a warp through shared
 	// memory, the stream kernel's MXFP4 tail.
 	IndexerQueryLane
+	// IndexerQueryTok: indexer_query_tok, the stream kernel over a
+	// contiguous run of units a warp in one wave (IndexerQueryTokBlocksPerSM
+	// blocks a multiprocessor), a token's position and RoPE pairs resolved
+	// once, the next row loaded before its metadata.
+	IndexerQueryTok
 )
 
 // IndexerQueryAt is the query kernel of a launch of rows token rows under k

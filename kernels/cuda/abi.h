@@ -443,5 +443,6 @@ static_assert(sizeof(IndexerQueryParams) == 24, "IndexerQueryParams differs from
 //   indexer_query_wide
 //   indexer_query_stream
 //   indexer_query_lane
+//   indexer_query_tok
 
 #endif // DSV4_PROLOGUE_ABI_H

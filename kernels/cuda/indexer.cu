@@ -919,8 +919,8 @@ __device__ __forceinline__ u32 mxfp4_word(const u32 (&P)[4], const u32 (&Y)[4]) 
 // mxfp4_word. The grid-stride loop converts and rotates the unit's row,
 // then issues the next unit's metadata, RoPE pairs, row and head-weight
 // loads before the transform. The FP8 layout as the wide kernel.
-extern "C" __global__ void __launch_bounds__(32 * IQ_WARPS)
-    indexer_query_stream(const Params p0, const IndexerQueryParams args) {
+template <bool TOK>
+__device__ __forceinline__ void query_stream_body(const Params& p0, const IndexerQueryParams& args) {
     constexpr int UPT = INDEXER_HEADS / IQ_WIDE_ROWS;
     void* w_out = args.w_out;
     const int w_stride = args.w_stride, fp8 = args.fp8;
@@ -937,9 +937,18 @@ extern "C" __global__ void __launch_bounds__(32 * IQ_WARPS)
             cs[4 * k] = c.x, cs[4 * k + 1] = c.y, cs[4 * k + 2] = c.z, cs[4 * k + 3] = c.w;
         }
     };
-    int unit = blockIdx.x * IQ_WARPS + threadIdx.x / 32;
+    // The stream kernel: warp w's units w, w + warps, ... The token-major
+    // kernel (TOK): a contiguous run of units [unit, end), the token's
+    // position and RoPE pairs resolved once a token.
+    const int wid = blockIdx.x * IQ_WARPS + threadIdx.x / 32;
+    int unit = wid, end = units;
+    if (TOK) {
+        const int per = units / warps, extra = units % warps;
+        unit = wid * per + min(wid, extra);
+        end = unit + per + (wid < extra ? 1 : 0);
+    }
     bool ok = false;
-    if (unit < units) {
+    if (unit < end) {
         int b, pos;
         ok = resolve(p, unit / UPT, b, pos);
         if (ok) load_cs(pos);
@@ -957,8 +966,11 @@ extern "C" __global__ void __launch_bounds__(32 * IQ_WARPS)
         for (int k = 0; k < 4; k++) raw[k] = *reinterpret_cast<const uint4*>(src + 128 * (k >> 1) + 16 * (k & 1));
         wv = q == 0 ? ld_dep_f32(weight + (size_t)t * w_stride + h) : 0.f;
     };
-    if (unit < units && ok) load_row(unit);
-    for (; unit < units; unit += warps) {
+    // The token-major kernel loads a row whatever its position says (the
+    // address depends on the unit only, every launch row is in the
+    // buffer), so the load does not wait for the metadata.
+    if (unit < end && (TOK || ok)) load_row(unit);
+    for (; unit < end; unit += TOK ? 1 : warps) {
         const int local = unit / UPT, h = unit % UPT * IQ_WIDE_ROWS + r;
         const int t = p.row_begin + local;
         const size_t row = (size_t)t * INDEXER_HEADS + h;
@@ -980,14 +992,26 @@ extern "C" __global__ void __launch_bounds__(32 * IQ_WARPS)
             for (int m = 0; m < 8; m++) rope_pair(v[16 + 2 * m], v[16 + 2 * m + 1], cs[2 * m], cs[2 * m + 1]);
         }
         // The next unit's loads, under this one's arithmetic.
-        const int next = unit + warps;
-        ok = false;
-        if (next < units) {
-            int b, pos;
-            ok = resolve(p, next / UPT, b, pos);
-            if (ok) {
-                load_cs(pos);
+        if (TOK) {
+            const int next = unit + 1;
+            if (next < end) {
                 load_row(next);
+                if (next / UPT != local) {
+                    int b, pos;
+                    ok = resolve(p, next / UPT, b, pos);
+                    if (ok) load_cs(pos);
+                }
+            }
+        } else {
+            const int next = unit + warps;
+            ok = false;
+            if (next < units) {
+                int b, pos;
+                ok = resolve(p, next / UPT, b, pos);
+                if (ok) {
+                    load_cs(pos);
+                    load_row(next);
+                }
             }
         }
         if (!cur_ok) {
@@ -1105,6 +1129,23 @@ extern "C" __global__ void __launch_bounds__(32 * IQ_WARPS)
             static_cast<u16*>(w_out)[row] = (u16)(bf16x2_rn(__fmul_rn(__uint_as_float(wr), wscale), 0.f) & 0xffffu);
         }
     }
+}
+
+extern "C" __global__ void __launch_bounds__(32 * IQ_WARPS)
+    indexer_query_stream(const Params p0, const IndexerQueryParams args) {
+    query_stream_body<false>(p0, args);
+}
+
+// indexer_query_tok: indexer_query_stream's lanes and arithmetic over a
+// contiguous run of units a warp (the host launches one wave), so that the
+// eight units of a token share its position and RoPE pairs (resolved once
+// a token), and the next unit's row is loaded before its metadata is
+// known (its address does not depend on it): at prefill the stream
+// kernel's warps each ran one or two units, every first one behind its
+// metadata's dependent loads. The same bytes.
+extern "C" __global__ void __launch_bounds__(32 * IQ_WARPS)
+    indexer_query_tok(const Params p0, const IndexerQueryParams args) {
+    query_stream_body<true>(p0, args);
 }
 
 // indexer_query_lane: the same bytes as indexer_query_wide, one lane a

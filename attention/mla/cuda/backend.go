@@ -161,7 +161,7 @@ func NewTuned(opts Options, k cudatune.Knobs) (*Backend, error) {
 	if k.IndexerKeys != cudatune.IndexerKeysSplit && k.IndexerKeys != cudatune.IndexerKeysFused {
 		return nil, fmt.Errorf("cuda: Knobs.IndexerKeys = %d names no kernels", k.IndexerKeys)
 	}
-	if k.IndexerQuery < cudatune.IndexerQueryLate || k.IndexerQuery > cudatune.IndexerQueryLane {
+	if k.IndexerQuery < cudatune.IndexerQueryLate || k.IndexerQuery > cudatune.IndexerQueryTok {
 		return nil, fmt.Errorf("cuda: Knobs.IndexerQuery = %d names no kernel", k.IndexerQuery)
 	}
 	if k.TopKScore < cudatune.TopKScoreMMA4Q || k.TopKScore > cudatune.TopKScoreMMA4X {

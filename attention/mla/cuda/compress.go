@@ -42,6 +42,7 @@ type compressState struct {
 	iqwide  *driver.Function // indexer_query_wide
 	iqstrm  *driver.Function // indexer_query_stream
 	iqlane  *driver.Function // indexer_query_lane
+	iqtok   *driver.Function // indexer_query_tok
 	err     error            // a failed load, returned by every later call
 	scratch mla.Buffer       // jobs then candidate codes of CompressEntries
 }
@@ -242,7 +243,7 @@ func (b *Backend) LoadCompressor() error {
 	c.mod, c.fn, c.step, c.finish = mod, fns["compress_entries"], fns["compress_step"], fns["compress_step_finish"]
 	c.ifinish, c.istep = fns["indexer_step_finish"], fns["indexer_step"]
 	c.iquery, c.iqearly, c.iqlean, c.iqwide = fns["indexer_query"], fns["indexer_query_early"], fns["indexer_query_lean"], fns["indexer_query_wide"]
-	c.iqstrm, c.iqlane = fns["indexer_query_stream"], fns["indexer_query_lane"]
+	c.iqstrm, c.iqlane, c.iqtok = fns["indexer_query_stream"], fns["indexer_query_lane"], fns["indexer_query_tok"]
 	return nil
 }
 
@@ -426,7 +427,7 @@ func (b *Backend) closeCompress() error {
 	if b.comp.mod != nil {
 		errs = append(errs, b.comp.mod.Unload())
 		b.comp.mod, b.comp.fn, b.comp.step, b.comp.finish = nil, nil, nil, nil
-		b.comp.ifinish, b.comp.istep, b.comp.iquery, b.comp.iqearly, b.comp.iqlean, b.comp.iqwide, b.comp.iqstrm, b.comp.iqlane = nil, nil, nil, nil, nil, nil, nil, nil
+		b.comp.ifinish, b.comp.istep, b.comp.iquery, b.comp.iqearly, b.comp.iqlean, b.comp.iqwide, b.comp.iqstrm, b.comp.iqlane, b.comp.iqtok = nil, nil, nil, nil, nil, nil, nil, nil, nil
 	}
 	return errors.Join(errs...)
 }

@@ -207,6 +207,10 @@ func TestCUDAIndexerKernels(t *testing.T) {
 		{"query=stream,maxblocks=2", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryStream, IndexerQueryWideMinRows: -1, MaxBlocks: 2}},
 		{"query=lane", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryLane, IndexerQueryWideMinRows: -1}},
 		{"query=lane,maxblocks=2", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryLane, IndexerQueryWideMinRows: -1, MaxBlocks: 2}},
+		// Its own grid (one wave), and two blocks: runs across tokens.
+		{"query=tok", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryTok, IndexerQueryWideMinRows: -1}},
+		{"query=tok,maxblocks=2", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryTok, IndexerQueryWideMinRows: -1, MaxBlocks: 2}},
+		{"query=tok,maxblocks=3", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryTok, IndexerQueryWideMinRows: -1, MaxBlocks: 3}},
 	} {
 		t.Run(v.name, func(t *testing.T) {
 			b, err := cuda.NewTuned(cuda.Options{}, v.k)

@@ -53,6 +53,17 @@ func (b *Backend) IndexerQuery(ctx context.Context, l mla.Launch, a *mla.Indexer
 		fn, rowsWarp = b.comp.iqwide, abi.IndexerQueryWideRows
 	case cudatune.IndexerQueryStream:
 		fn, rowsWarp = b.comp.iqstrm, abi.IndexerQueryWideRows
+	case cudatune.IndexerQueryTok:
+		// One wave, each warp a contiguous run of units (MaxBlocks
+		// overrides).
+		units := l.Rows * (mla.IndexerHeads / abi.IndexerQueryWideRows)
+		limit := b.ctx.Props().SMCount * max(b.knobs.IndexerQueryTokBlocksPerSM, 1)
+		if b.knobs.MaxBlocks > 0 {
+			limit = b.knobs.MaxBlocks
+		}
+		blocks := min((units+abi.IndexerQueryWarps-1)/abi.IndexerQueryWarps, limit)
+		return b.launchShared(b.comp.iqtok, driver.Dim3{uint32(max(blocks, 1)), 1, 1}, driver.Dim3{32 * abi.IndexerQueryWarps, 1, 1}, 0,
+			driver.Bytes(p), driver.Bytes(iq))
 	case cudatune.IndexerQueryLane:
 		// 32 rows a warp; one wave of the blocks its launch bounds promise
 		// a multiprocessor, each warp looping over units (MaxBlocks

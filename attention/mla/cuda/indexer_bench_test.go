@@ -55,6 +55,12 @@ func BenchmarkCUDAIndexer(bm *testing.B) {
 		{"stream-g6", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryStream, IndexerQueryWideMinRows: -1, MaxBlocks: 792}},
 		{"stream-g8", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryStream, IndexerQueryWideMinRows: -1, MaxBlocks: 1056}},
 		{"lane", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryLane, IndexerQueryWideMinRows: -1}},
+		// The token-major kernel on its one wave of 2 blocks a
+		// multiprocessor, and 1, 3, 4.
+		{"tok", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryTok, IndexerQueryWideMinRows: -1}},
+		{"tok-g1", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryTok, IndexerQueryWideMinRows: -1, IndexerQueryTokBlocksPerSM: 1}},
+		{"tok-g3", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryTok, IndexerQueryWideMinRows: -1, IndexerQueryTokBlocksPerSM: 3}},
+		{"tok-g4", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryTok, IndexerQueryWideMinRows: -1, IndexerQueryTokBlocksPerSM: 4}},
 		// The lane kernel on 3 and 12 blocks a multiprocessor (its own
 		// grid is 6, one wave: fewer, or the waves the driver places).
 		{"lane-g3", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryLane, IndexerQueryWideMinRows: -1, MaxBlocks: 396}},

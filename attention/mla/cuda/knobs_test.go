@@ -29,7 +29,7 @@ func TestNewTunedRefusesShapes(t *testing.T) {
 		{"direct occupancy", cudatune.Knobs{DirectWarps: 8, DirectMinBlocks: 9}, "Knobs.DirectMinBlocks = 9"},
 		{"bf16 MMA depth", cudatune.Knobs{BF16MMADepth: 3}, "Knobs.BF16MMADepth = 3"},
 		{"top-k score kernel", cudatune.Knobs{TopKScore: 7}, "Knobs.TopKScore = 7"},
-		{"indexer query kernel", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryLane + 1}, "Knobs.IndexerQuery = 7"},
+		{"indexer query kernel", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryTok + 1}, "Knobs.IndexerQuery = 8"},
 		{"bf16 MMA reduce", cudatune.Knobs{BF16MMAReduce: 3}, "Knobs.BF16MMAReduce = 3"},
 		{"indexer stream", cudatune.Knobs{IndexerStream: 3}, "Knobs.IndexerStream = 3"},
 		{"cuBLASLt split K", cudatune.Knobs{CuBLASLtSplitK: 4}, "Knobs.CuBLASLtSplitK = 4"},
@@ -48,7 +48,7 @@ func TestNewTunedRefusesShapes(t *testing.T) {
 // TestNewTunedAcceptsIndexerQueries: every named query kernel passes the
 // knob checks (without a device NewTuned fails later, opening it).
 func TestNewTunedAcceptsIndexerQueries(t *testing.T) {
-	for q := cudatune.IndexerQueryLate; q <= cudatune.IndexerQueryLane; q++ {
+	for q := cudatune.IndexerQueryLate; q <= cudatune.IndexerQueryTok; q++ {
 		b, err := cuda.NewTuned(cuda.Options{}, cudatune.Knobs{IndexerQuery: q, IndexerQueryWideMinRows: -1})
 		if err == nil {
 			require.NoError(t, b.Close())

@@ -145,7 +145,7 @@ const IndexerStepThreads = 128
 // compressor's module (compress.cu and indexer.cu, kernels/cuda.CompressSource).
 var CompressKernels = []string{"compress_entries", "compress_step", "compress_step_finish", "indexer_step_finish", "indexer_step",
 	"indexer_query", "indexer_query_early", "indexer_query_lean", "indexer_query_wide",
-	"indexer_query_stream", "indexer_query_lane"}
+	"indexer_query_stream", "indexer_query_lane", "indexer_query_tok"}
 
 // CompressStepTilesDim is the blocks (channel tiles) of one entry of a
 // ratio whose pooled rows have dim channels (512, or 128 for the indexer).
