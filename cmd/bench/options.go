@@ -22,7 +22,8 @@ import (
 // cudatune.IndexerKeys 1 split, 2 fused; cudatune.IndexerQuery 1 late, 2 early, 3 lean, 4 wide, 5 stream,
 // 6 lane, 7 tok; iwide=N: the wide query kernel from N token rows on; ilane=N: the lane query kernel from N token
 // rows on (before iwide's rule); istream=N: cudatune.IndexerStream 1 main, 2 the third
-// stream; iqbpsm=N: the query's grid at most N blocks a multiprocessor), tkscore=N (the top-k score kernel: cudatune.TopKScore 1 mma4q, 2 mma4t, 3 mma4u, 4 mma4v,
+// stream; iqbpsm=N: the query's grid at most N blocks a multiprocessor;
+// itok=N: indexer_query_tok from N token rows on; itokbpsm=N: its grid, N blocks a multiprocessor), tkscore=N (the top-k score kernel: cudatune.TopKScore 1 mma4q, 2 mma4t, 3 mma4u, 4 mma4v,
 // 5 mma4w, 6 mma4x; tknarrow=N: its select in 256-thread blocks from N rows on), ltsplitk=N (cuBLASLt's split-K
 // reductions: cudatune.CuBLASLtSplitK 1 any, 2 through the workspace, 3 none), lth=N (the FP8 GEMMs on
 // cuBLASLt run its heuristic's N-th result: cudatune.Knobs.CuBLASLtFP8Heuristic; lthbf=N the bf16 GEMMs), bfwg=N bfwgfin=N bfwgs=N
@@ -61,6 +62,8 @@ type variant struct {
 	CuBLASLtFP8Heuristic    int
 	CuBLASLtBF16Heuristic   int
 	IndexerQueryBlocksPerSM int
+	IndexerQueryTokMinRows  int
+	IndexerQueryTokBlocks   int
 	BF16WGMMAMaxRows        int // the projection GEMM on the sm_90a wgmma kernel up to N rows
 	BF16WGMMAFinish         int // its split K finished by 1 the reduction, 2 the last block, 3 clusters
 	BF16WGMMAMaxSplits      int // its split K at most N ways
@@ -134,6 +137,10 @@ func (v *variant) field(key string) (*int, *bool) {
 		return &v.CuBLASLtBF16Heuristic, nil
 	case "iqbpsm":
 		return &v.IndexerQueryBlocksPerSM, nil
+	case "itok":
+		return &v.IndexerQueryTokMinRows, nil
+	case "itokbpsm":
+		return &v.IndexerQueryTokBlocks, nil
 	case "bfwg":
 		return &v.BF16WGMMAMaxRows, nil
 	case "bfwgfin":
@@ -212,7 +219,7 @@ func parseVariant(text string) (variant, error) {
 			*sw = true
 			continue
 		}
-		return variant{}, fmt.Errorf("variant %q: unknown option %q (known: warps=N kvd=N qd=N qchunk=N bpsm=N maxblocks=N direct=N directbf16=N dmin=N dwarps=N dhalf=N qrows=N dminb=N ikeys=N iquery=N iwide=N ilane=N istream=N tkscore=N tknarrow=N ltsplitk=N lth=N lthbf=N iqbpsm=N bfwg=N bfwgfin=N bfwgs=N bfwgt=N bfwgr=N bfwgpf=N nodirect nopdl separate wgmma nowgmma wgcluster=N wgmc=N wgkernel=N wgnarrow=N wgstages=N wgchunks=N wgsplits=N wgwcast=N wgsms=N)", text, key)
+		return variant{}, fmt.Errorf("variant %q: unknown option %q (known: warps=N kvd=N qd=N qchunk=N bpsm=N maxblocks=N direct=N directbf16=N dmin=N dwarps=N dhalf=N qrows=N dminb=N ikeys=N iquery=N iwide=N ilane=N istream=N tkscore=N tknarrow=N ltsplitk=N lth=N lthbf=N iqbpsm=N itok=N itokbpsm=N bfwg=N bfwgfin=N bfwgs=N bfwgt=N bfwgr=N bfwgpf=N nodirect nopdl separate wgmma nowgmma wgcluster=N wgmc=N wgkernel=N wgnarrow=N wgstages=N wgchunks=N wgsplits=N wgwcast=N wgsms=N)", text, key)
 	}
 	return v, nil
 }
@@ -245,46 +252,48 @@ func (v variant) options(verbose bool) (cuda.Options, cudatune.Knobs) {
 		direct, directBF16 = -1, -1
 	}
 	return cuda.Options{NoPDL: v.NoPDL, GEMMWGMMA: v.WGMMA, NoWGMMA: v.NoWGMMA}, cudatune.Knobs{
-		WGMMAClusterSplits:      v.WGMMAClusterSplits,
-		WGMMAMulticast:          v.WGMMAMulticast,
-		WGMMAKernel:             cudatune.WGMMAKernel(v.WGMMAKernel),
-		WGMMANarrow:             cudatune.WGMMAKernel(v.WGMMANarrow),
-		WGMMANarrowStages:       v.WGMMANarrowStages,
-		WGMMANarrowChunks:       v.WGMMANarrowChunks,
-		WGMMAMaxSplits:          v.WGMMAMaxSplits,
-		WGMMAWeightMulticast:    v.WGMMAWeightMulticast,
-		WGMMAMaxSMs:             v.WGMMAMaxSMs,
-		Warps:                   v.Warps,
-		KVDepth:                 v.KVDepth,
-		QDepth:                  v.QDepth,
-		QChunk:                  v.QChunk,
-		BlocksPerSM:             v.BlocksPerSM,
-		MaxBlocks:               v.MaxBlocks,
-		DirectMaxRows:           direct,
-		DirectMaxRowsBF16:       directBF16,
-		DirectMinRows:           v.DirectMinRows,
-		DirectWarps:             v.DirectWarps,
-		DirectQRows:             v.DirectQRows,
-		DirectHalfBlockRows:     v.DirectHalfBlockRows,
-		DirectMinBlocks:         v.DirectMinBlocks,
-		IndexerKeys:             cudatune.IndexerKeys(v.IndexerKeys),
-		IndexerQuery:            cudatune.IndexerQuery(v.IndexerQuery),
-		IndexerStream:           cudatune.IndexerStream(v.IndexerStream),
-		CuBLASLtSplitK:          cudatune.CuBLASLtSplitK(v.CuBLASLtSplitK),
-		CuBLASLtFP8Heuristic:    v.CuBLASLtFP8Heuristic,
-		CuBLASLtBF16Heuristic:   v.CuBLASLtBF16Heuristic,
-		IndexerQueryBlocksPerSM: v.IndexerQueryBlocksPerSM,
-		BF16WGMMAMaxRows:        v.BF16WGMMAMaxRows,
-		BF16WGMMAFinish:         v.BF16WGMMAFinish,
-		BF16WGMMAMaxSplits:      v.BF16WGMMAMaxSplits,
-		BF16WGMMAMaxTile:        v.BF16WGMMAMaxTile,
-		BF16WGMMAMaxStages:      v.BF16WGMMAMaxStages,
-		BF16WGMMAL2Prefetch:     v.BF16WGMMAL2Prefetch,
-		IndexerQueryWideMinRows: v.IndexerQueryWideMinRows,
-		TopKSelectNarrowMinRows: v.TopKSelectNarrowMinRows,
-		IndexerQueryLaneMinRows: v.IndexerQueryLaneMinRows,
-		TopKScore:               cudatune.TopKScore(v.TopKScore),
-		SeparateLaunches:        v.SeparateLaunches,
-		Verbose:                 verbose,
+		WGMMAClusterSplits:         v.WGMMAClusterSplits,
+		WGMMAMulticast:             v.WGMMAMulticast,
+		WGMMAKernel:                cudatune.WGMMAKernel(v.WGMMAKernel),
+		WGMMANarrow:                cudatune.WGMMAKernel(v.WGMMANarrow),
+		WGMMANarrowStages:          v.WGMMANarrowStages,
+		WGMMANarrowChunks:          v.WGMMANarrowChunks,
+		WGMMAMaxSplits:             v.WGMMAMaxSplits,
+		WGMMAWeightMulticast:       v.WGMMAWeightMulticast,
+		WGMMAMaxSMs:                v.WGMMAMaxSMs,
+		Warps:                      v.Warps,
+		KVDepth:                    v.KVDepth,
+		QDepth:                     v.QDepth,
+		QChunk:                     v.QChunk,
+		BlocksPerSM:                v.BlocksPerSM,
+		MaxBlocks:                  v.MaxBlocks,
+		DirectMaxRows:              direct,
+		DirectMaxRowsBF16:          directBF16,
+		DirectMinRows:              v.DirectMinRows,
+		DirectWarps:                v.DirectWarps,
+		DirectQRows:                v.DirectQRows,
+		DirectHalfBlockRows:        v.DirectHalfBlockRows,
+		DirectMinBlocks:            v.DirectMinBlocks,
+		IndexerKeys:                cudatune.IndexerKeys(v.IndexerKeys),
+		IndexerQuery:               cudatune.IndexerQuery(v.IndexerQuery),
+		IndexerStream:              cudatune.IndexerStream(v.IndexerStream),
+		CuBLASLtSplitK:             cudatune.CuBLASLtSplitK(v.CuBLASLtSplitK),
+		CuBLASLtFP8Heuristic:       v.CuBLASLtFP8Heuristic,
+		CuBLASLtBF16Heuristic:      v.CuBLASLtBF16Heuristic,
+		IndexerQueryBlocksPerSM:    v.IndexerQueryBlocksPerSM,
+		IndexerQueryTokMinRows:     v.IndexerQueryTokMinRows,
+		IndexerQueryTokBlocksPerSM: v.IndexerQueryTokBlocks,
+		BF16WGMMAMaxRows:           v.BF16WGMMAMaxRows,
+		BF16WGMMAFinish:            v.BF16WGMMAFinish,
+		BF16WGMMAMaxSplits:         v.BF16WGMMAMaxSplits,
+		BF16WGMMAMaxTile:           v.BF16WGMMAMaxTile,
+		BF16WGMMAMaxStages:         v.BF16WGMMAMaxStages,
+		BF16WGMMAL2Prefetch:        v.BF16WGMMAL2Prefetch,
+		IndexerQueryWideMinRows:    v.IndexerQueryWideMinRows,
+		TopKSelectNarrowMinRows:    v.TopKSelectNarrowMinRows,
+		IndexerQueryLaneMinRows:    v.IndexerQueryLaneMinRows,
+		TopKScore:                  cudatune.TopKScore(v.TopKScore),
+		SeparateLaunches:           v.SeparateLaunches,
+		Verbose:                    verbose,
 	}
 }

@@ -494,6 +494,7 @@ var SM90 = Arch{
 		// rows on 1584 blocks, 19.99 against 22.93 us).
 		IndexerQueryLaneMinRows:    -1,
 		IndexerQueryTokBlocksPerSM: 2,
+		IndexerQueryTokMinRows:     -1,
 	},
 }
 

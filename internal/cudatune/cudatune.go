@@ -126,6 +126,11 @@ type Knobs struct {
 	// IndexerQueryWideMinRows say (0: SM90.Knobs.IndexerQueryLaneMinRows;
 	// negative: never; IndexerQueryAt).
 	IndexerQueryLaneMinRows int
+	// IndexerQueryTokMinRows: a query launch of at least this many token
+	// rows runs indexer_query_tok whatever IndexerQuery says (before the
+	// lane and wide rules; 0: SM90.Knobs.IndexerQueryTokMinRows; negative:
+	// never; IndexerQueryAt).
+	IndexerQueryTokMinRows int
 	// IndexerStream says where a ratio-4 layer's indexer query path (its
 	// wq_b GEMM and query step) runs (mla.AuxRunner; 0:
 	// SM90.Knobs.IndexerStream).
@@ -236,6 +241,7 @@ func (k Knobs) Defaults() Knobs {
 	threshold(&k.IndexerQueryWideMinRows, d.IndexerQueryWideMinRows)
 	threshold(&k.TopKSelectNarrowMinRows, d.TopKSelectNarrowMinRows)
 	threshold(&k.IndexerQueryLaneMinRows, d.IndexerQueryLaneMinRows)
+	threshold(&k.IndexerQueryTokMinRows, d.IndexerQueryTokMinRows)
 	if k.IndexerKeys == 0 {
 		k.IndexerKeys = d.IndexerKeys
 	}
@@ -344,10 +350,14 @@ const (
 )
 
 // IndexerQueryAt is the query kernel of a launch of rows token rows under k
-// (with its defaults applied): IndexerQueryLane from
-// IndexerQueryLaneMinRows rows on, else IndexerQueryWide from
-// IndexerQueryWideMinRows rows on, IndexerQuery below.
+// (with its defaults applied): IndexerQueryTok from IndexerQueryTokMinRows
+// rows on, else IndexerQueryLane from IndexerQueryLaneMinRows rows on,
+// else IndexerQueryWide from IndexerQueryWideMinRows rows on, IndexerQuery
+// below.
 func (k Knobs) IndexerQueryAt(rows int) IndexerQuery {
+	if k.IndexerQueryTokMinRows > 0 && rows >= k.IndexerQueryTokMinRows {
+		return IndexerQueryTok
+	}
 	if k.IndexerQueryLaneMinRows > 0 && rows >= k.IndexerQueryLaneMinRows {
 		return IndexerQueryLane
 	}
