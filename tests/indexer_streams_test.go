@@ -25,12 +25,15 @@ import (
 // (every FP8 GEMM on the own kernels, no programmatic dependent launch, no
 // wgmma kernel), the -ltws and -ltnone ones with cuBLASLt's split K only
 // through its workspace or not at all (cudatune.CuBLASLtSplitK), on the
-// tiny model only.
+// tiny model only; -tok the third stream with indexer_query_tok at every
+// size (cudatune.IndexerQueryTok), on the tiny model and V4-Flash decode.
 var cudaStreams = map[string]struct {
 	stream cudatune.IndexerStream
 	opts   cuda.Options
 	split  cudatune.CuBLASLtSplitK
+	query  cudatune.IndexerQuery
 }{
+	"cuda-istream-aux-tok":     {stream: cudatune.IndexerStreamAux, query: cudatune.IndexerQueryTok},
 	"cuda-istream-aux-ltws":    {stream: cudatune.IndexerStreamAux, split: cudatune.CuBLASLtSplitKWorkspace},
 	"cuda-istream-aux-ltnone":  {stream: cudatune.IndexerStreamAux, split: cudatune.CuBLASLtSplitKNone},
 	"cuda-istream-main-ltnone": {stream: cudatune.IndexerStreamMain, split: cudatune.CuBLASLtSplitKNone},
@@ -46,7 +49,7 @@ func init() {
 		engine.RegisterBackend(name, func(o engine.Options) (mla.Backend, error) {
 			opts := s.opts
 			opts.Device, opts.Logger = o.Device, o.Logger
-			b, err := cuda.NewTuned(opts, cudatune.Knobs{IndexerStream: s.stream, CuBLASLtSplitK: s.split})
+			b, err := cuda.NewTuned(opts, cudatune.Knobs{IndexerStream: s.stream, CuBLASLtSplitK: s.split, IndexerQuery: s.query})
 			if err != nil {
 				return nil, err
 			}
@@ -83,6 +86,9 @@ func TestChainCUDAIndexerStreams(t *testing.T) {
 	st := trace.Summarize(chain)
 	for _, model := range []string{"tiny", "flash", "flash-decode", "pro-decode"} {
 		backends := []string{"cuda-istream-main", "cuda-istream-aux"}
+		if model == "tiny" || model == "flash-decode" {
+			backends = append(backends, "cuda-istream-aux-tok")
+		}
 		if model == "tiny" {
 			backends = append(backends, "cuda-istream-aux-nolt", "cuda-istream-aux-nopdl", "cuda-istream-aux-nowgmma",
 				"cuda-istream-aux-ltws", "cuda-istream-aux-ltnone", "cuda-istream-main-ltnone")
