@@ -85,6 +85,10 @@ type config struct {
 	// IndexerNoTopK leaves the selection's modes out (the prologue's
 	// figures in less device time).
 	IndexerNoTopK bool
+	// IndexerPrologueOnly times only (a), (b), (b-q) and the query step
+	// alone of the indexer's modes (repeated A/B runs of one knob).
+	IndexerPrologueOnly bool
+	IndexerPrologueReps int
 
 	HostCost bool // the engine's Begin/End host cost
 	HostReps int
@@ -154,6 +158,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	indexerCtx := fs.String("indexer-ctx-tokens", defaultIndexerCtxTokens, "context batch sizes of the indexer in tokens ('none' for none)")
 	indexerContexts := fs.String("indexer-contexts", "0", "contexts of the indexer's generation shapes: 0 for random lengths below "+strconv.Itoa(maxGenCached)+" (the chain's), N for every sequence ending just below position N")
 	fs.BoolVar(&c.IndexerNoTopK, "indexer-no-topk", false, "leave the indexer's top-k modes (c) and top-k alone out")
+	fs.IntVar(&c.IndexerPrologueReps, "indexer-prologue-reps", 1, "with --indexer-prologue-only: capture (a) and (b) this many times in turn and keep their medians")
+	fs.BoolVar(&c.IndexerPrologueOnly, "indexer-prologue-only", false, "time only the indexer's modes (a), (b), (b-q) and the query step alone: the layer without it, with its prologue, without the query step")
 	fs.BoolVar(&c.HostCost, "host-cost", true, "measure the engine's Begin/End host cost on the CUDA backend")
 	fs.IntVar(&c.HostReps, "host-reps", 30, "iterations per batch size of the host-cost measurement")
 	fs.IntVar(&c.HostPrefill, "host-prefill", 2048, "tokens each host-cost sequence holds before its generation steps")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"time"
 
@@ -389,7 +390,19 @@ func indexerShape(c *config, d *device, md model, w *chainWeights, s shape, rep 
 			fmt.Println("bench: saving the report:", err)
 		}
 	}
-	for _, mode := range idxModes {
+	modes := idxModes
+	if c.IndexerPrologueOnly {
+		// (a) and (b) captured IndexerPrologueReps times in turn (graphs of
+		// the same layers differ by tens of microseconds at prefill), their
+		// medians kept; then (b-q) and the query step alone.
+		modes = nil
+		for range max(c.IndexerPrologueReps, 1) {
+			modes = append(modes, idxOff, idxPrologue)
+		}
+		modes = append(modes, idxNoQuery, idxQueryAlone)
+	}
+	samples := map[idxMode][]float64{}
+	for _, mode := range modes {
 		if c.IndexerNoTopK && (mode == idxTopK || mode == idxTopKAlone) {
 			continue
 		}
@@ -439,7 +452,11 @@ func indexerShape(c *config, d *device, md model, w *chainWeights, s shape, rep 
 			return err
 		}
 		*r.modeUs(mode) = us
+		samples[mode] = append(samples[mode], us)
 		cold := r.coldUs(mode)
+		if c.IndexerPrologueOnly {
+			cold = nil // the repeated graphs, not one layer alone
+		}
 		if cold != nil {
 			if *cold, err = graphN(mode.String()+", one layer", 1, layer); err != nil {
 				return err
@@ -451,6 +468,17 @@ func indexerShape(c *config, d *device, md model, w *chainWeights, s shape, rep 
 		} else {
 			trace("%v: %.2f us/layer", mode, us)
 		}
+	}
+	for m, v := range samples {
+		if len(v) > 1 {
+			slices.Sort(v)
+			*r.modeUs(m) = v[len(v)/2]
+		}
+	}
+	if len(samples[idxPrologue]) > 1 {
+		keep()
+		fmt.Printf("  indexer %s %s tokens=%d: medians of %d graphs: (a) %.2f, (b) %.2f us/layer (%+.1f%%)\n", md.Name, s.Phase, s.Tokens,
+			len(samples[idxPrologue]), r.BaseUs, r.PrologueUs, r.AddedPct)
 	}
 	fmt.Println(r.line())
 	return nil
