@@ -162,7 +162,14 @@ func TestCompressorChunkInvariance(t *testing.T) {
 		requireSameCompressed(t, e, ref, seq, what)
 		requireSameLive(t, e, ref, seq, what)
 	}
+	// Under the race detector three of the five splits (the map's order
+	// is random, so a different three each run).
+	ran := 0
 	for name, chunks := range splits {
+		if race.Enabled && ran == 3 {
+			break
+		}
+		ran++
 		for _, backend := range []string{engine.BackendCPU} {
 			e := newEngine(t, compConfig())
 			done := 0

@@ -138,7 +138,7 @@ func TestVerifyChainFaults(t *testing.T) {
 	t.Logf("seed %d", seed)
 	steps, err := trace.Parse(strings.NewReader(verifyTrace))
 	require.NoError(t, err)
-	for _, c := range []struct {
+	for i, c := range []struct {
 		fault  string
 		target int // GEMM (two per layer) or act_quant (one per layer) to corrupt, counting every layer
 		gemm   string
@@ -152,6 +152,9 @@ func TestVerifyChainFaults(t *testing.T) {
 		{"gemm-scale", 7, "wq_b", 1, 1},
 		{"act-quant", 2, "", 1, 0},
 	} {
+		if !raceSample(i, seed) {
+			continue
+		}
 		faulty.Lock()
 		faulty.target, faulty.seed = c.target, seed
 		faulty.Unlock()

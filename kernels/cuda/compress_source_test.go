@@ -14,6 +14,7 @@ import (
 // for the H200's architecture where NVRTC is installed (no GPU needed):
 // the module defines compress_entries and none of prologue.cu's kernels.
 func TestCompressSourceCompiles(t *testing.T) {
+	skipCompileUnderRace(t)
 	if err := driver.NVRTCAvailable(); err != nil {
 		t.Skipf("no NVRTC: %v", err)
 	}

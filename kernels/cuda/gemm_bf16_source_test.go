@@ -14,6 +14,7 @@ import (
 // for the H200's architecture where NVRTC is installed (no GPU needed), as
 // the backend does, without warnings.
 func TestBF16GEMMSourceCompiles(t *testing.T) {
+	skipCompileUnderRace(t)
 	if err := driver.NVRTCAvailable(); err != nil {
 		t.Skipf("no NVRTC: %v", err)
 	}
@@ -28,6 +29,7 @@ func TestBF16GEMMSourceCompiles(t *testing.T) {
 // does, without warnings, and checks ptxas's report: no spills (the
 // kernel's pipeline lives in registers).
 func TestBF16MMAGEMMSourceCompiles(t *testing.T) {
+	skipCompileUnderRace(t)
 	if err := driver.NVRTCAvailable(); err != nil {
 		t.Skipf("no NVRTC: %v", err)
 	}

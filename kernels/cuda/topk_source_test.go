@@ -13,6 +13,7 @@ import (
 // TestTopKSourceCompiles compiles the top-k module with NVRTC for the
 // H200's architecture where NVRTC is installed (no GPU needed).
 func TestTopKSourceCompiles(t *testing.T) {
+	skipCompileUnderRace(t)
 	if err := driver.NVRTCAvailable(); err != nil {
 		t.Skipf("no NVRTC: %v", err)
 	}

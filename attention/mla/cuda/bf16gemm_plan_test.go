@@ -148,13 +148,14 @@ func TestPlanBF16MMAKernels(t *testing.T) {
 		{16, 64}, {48, 192}, {80, 4096}, {64, 64}, {64, 448},
 	}
 	// Under the race detector (the planner is plain arithmetic, the same
-	// under it) the row counts around each tile edge only.
-	rows, smsList := []int{1, 2, 7, 8, 9, 31, 32, 33, 63, 64, 65, 127, 128, 129, 4096}, []int{1, 132}
+	// under it) the row counts around each tile edge only, and two of the
+	// four residencies (one without a split cap, one with).
+	rows, smsList, perSMs := []int{1, 2, 7, 8, 9, 31, 32, 33, 63, 64, 65, 127, 128, 129, 4096}, []int{1, 132}, []int{1, 2, 3, 4}
 	if race.Enabled {
-		rows, smsList = []int{1, 9, 33, 128, 129, 4096}, []int{132}
+		rows, smsList, perSMs = []int{1, 9, 33, 128, 129, 4096}, []int{132}, []int{1, 4}
 	}
 	for _, kn := range bf16MMAKernels {
-		for _, perSM := range []int{1, 2, 3, 4} {
+		for _, perSM := range perSMs {
 			maxSplits := []int{0, 16, 0, 5}[perSM-1]
 			for _, s := range shapes {
 				for _, m := range rows {

@@ -503,6 +503,7 @@ func TestCUDAExp32Exhaustive(t *testing.T) {
 // TestExp32TestKernelsCompile compiles testdata/exp32.cu after the
 // compressor's program with NVRTC where it is installed (no GPU needed).
 func TestExp32TestKernelsCompile(t *testing.T) {
+	cuda.SkipCompileUnderRace(t)
 	if err := driver.NVRTCAvailable(); err != nil {
 		t.Skipf("no NVRTC: %v", err)
 	}

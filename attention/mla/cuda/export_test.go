@@ -432,3 +432,6 @@ func (b *Backend) LoadWGMMA() error {
 	}
 	return b.loadWGMMA()
 }
+
+// SkipCompileUnderRace is skipCompileUnderRace for the external tests.
+var SkipCompileUnderRace = skipCompileUnderRace

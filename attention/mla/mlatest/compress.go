@@ -170,8 +170,9 @@ func TestCompressStep(t *testing.T, b mla.Backend) {
 	if _, ok := b.(mla.CompressStepper); !ok {
 		t.Skipf("backend %s does not implement mla.CompressStepper", b.Name())
 	}
-	for _, s := range CompressScenarios() {
+	for i, s := range CompressScenarios() {
 		t.Run(s.Name, func(t *testing.T) {
+			skipUnderRace(t, i)
 			seed := Seed(t)
 			if err := CheckCompressStep(b, s, seed); err != nil {
 				t.Fatal(err)
@@ -179,8 +180,9 @@ func TestCompressStep(t *testing.T, b mla.Backend) {
 		})
 	}
 	t.Run("refusals", func(t *testing.T) { checkCompressStepRefusals(t, b) })
-	for _, c := range CompressChunkings() {
+	for i, c := range CompressChunkings() {
 		t.Run("chunks/"+c.Name, func(t *testing.T) {
+			skipUnderRace(t, i)
 			seed := Seed(t)
 			if err := CheckCompressChunking(b, c, seed); err != nil {
 				t.Fatal(err)

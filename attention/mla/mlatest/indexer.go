@@ -259,9 +259,12 @@ func TestIndexerQuery(t *testing.T, b mla.Backend) {
 	if _, ok := b.(mla.IndexerQuerier); !ok {
 		t.Skipf("backend %s does not implement mla.IndexerQuerier", b.Name())
 	}
-	for _, s := range Scenarios() {
-		for _, f := range []mla.IndexerQueryFormat{mla.IndexerQueryMXFP4, mla.IndexerQueryFP8} {
-			t.Run(s.Name+"/"+f.String(), func(t *testing.T) { testIndexerQuery(t, b, s, f) })
+	for i, s := range Scenarios() {
+		for j, f := range []mla.IndexerQueryFormat{mla.IndexerQueryMXFP4, mla.IndexerQueryFP8} {
+			t.Run(s.Name+"/"+f.String(), func(t *testing.T) {
+				skipUnderRace(t, 2*i+j)
+				testIndexerQuery(t, b, s, f)
+			})
 		}
 	}
 }
