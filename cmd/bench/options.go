@@ -23,8 +23,7 @@ import (
 // 6 lane, 7 tok; iwide=N: the wide query kernel from N token rows on; ilane=N: the lane query kernel from N token
 // rows on (before iwide's rule); istream=N: cudatune.IndexerStream 1 main, 2 the third
 // stream; iqbpsm=N: the query's grid at most N blocks a multiprocessor;
-// itok=N: indexer_query_tok from N token rows on; itokbpsm=N: its grid, N blocks a multiprocessor), tkscore=N (the top-k score kernel: cudatune.TopKScore 1 mma4q, 2 mma4t, 3 mma4u, 4 mma4v,
-// 5 mma4w, 6 mma4x; tknarrow=N: its select in 256-thread blocks from N rows on), ltsplitk=N (cuBLASLt's split-K
+// itok=N: indexer_query_tok from N token rows on; itokbpsm=N: its grid, N blocks a multiprocessor), tknarrow=N (the top-k select in 256-thread blocks from N rows on), ltsplitk=N (cuBLASLt's split-K
 // reductions: cudatune.CuBLASLtSplitK 1 any, 2 through the workspace, 3 none), lth=N (the FP8 GEMMs on
 // cuBLASLt run its heuristic's N-th result: cudatune.Knobs.CuBLASLtFP8Heuristic; lthbf=N the bf16 GEMMs), bfwg=N bfwgfin=N bfwgs=N
 // bfwgt=N bfwgr=N bfwgpf=N (the compressor's bf16 projection GEMM on the sm_90a wgmma kernel up to N rows; its split K finished
@@ -53,7 +52,6 @@ type variant struct {
 	DirectMinBlocks         int
 	IndexerKeys             int
 	IndexerQuery            int
-	TopKScore               int
 	IndexerQueryWideMinRows int
 	TopKSelectNarrowMinRows int
 	IndexerQueryLaneMinRows int
@@ -119,8 +117,6 @@ func (v *variant) field(key string) (*int, *bool) {
 		return &v.IndexerKeys, nil
 	case "iquery":
 		return &v.IndexerQuery, nil
-	case "tkscore":
-		return &v.TopKScore, nil
 	case "iwide":
 		return &v.IndexerQueryWideMinRows, nil
 	case "tknarrow":
@@ -219,7 +215,7 @@ func parseVariant(text string) (variant, error) {
 			*sw = true
 			continue
 		}
-		return variant{}, fmt.Errorf("variant %q: unknown option %q (known: warps=N kvd=N qd=N qchunk=N bpsm=N maxblocks=N direct=N directbf16=N dmin=N dwarps=N dhalf=N qrows=N dminb=N ikeys=N iquery=N iwide=N ilane=N istream=N tkscore=N tknarrow=N ltsplitk=N lth=N lthbf=N iqbpsm=N itok=N itokbpsm=N bfwg=N bfwgfin=N bfwgs=N bfwgt=N bfwgr=N bfwgpf=N nodirect nopdl separate wgmma nowgmma wgcluster=N wgmc=N wgkernel=N wgnarrow=N wgstages=N wgchunks=N wgsplits=N wgwcast=N wgsms=N)", text, key)
+		return variant{}, fmt.Errorf("variant %q: unknown option %q (known: warps=N kvd=N qd=N qchunk=N bpsm=N maxblocks=N direct=N directbf16=N dmin=N dwarps=N dhalf=N qrows=N dminb=N ikeys=N iquery=N iwide=N ilane=N istream=N tknarrow=N ltsplitk=N lth=N lthbf=N iqbpsm=N itok=N itokbpsm=N bfwg=N bfwgfin=N bfwgs=N bfwgt=N bfwgr=N bfwgpf=N nodirect nopdl separate wgmma nowgmma wgcluster=N wgmc=N wgkernel=N wgnarrow=N wgstages=N wgchunks=N wgsplits=N wgwcast=N wgsms=N)", text, key)
 	}
 	return v, nil
 }
@@ -292,7 +288,6 @@ func (v variant) options(verbose bool) (cuda.Options, cudatune.Knobs) {
 		IndexerQueryWideMinRows:    v.IndexerQueryWideMinRows,
 		TopKSelectNarrowMinRows:    v.TopKSelectNarrowMinRows,
 		IndexerQueryLaneMinRows:    v.IndexerQueryLaneMinRows,
-		TopKScore:                  cudatune.TopKScore(v.TopKScore),
 		SeparateLaunches:           v.SeparateLaunches,
 		Verbose:                    verbose,
 	}

@@ -26,7 +26,6 @@ func TestParseVariant(t *testing.T) {
 		{"direct=100 directbf16=200", variant{Name: "direct=100 directbf16=200", DirectMaxRows: 100, DirectMaxRowsBF16: 200}, ""},
 		{"nodirect", variant{Name: "nodirect", NoDirect: true}, ""},
 		{"ikeys=2 iquery=2", variant{Name: "ikeys=2 iquery=2", IndexerKeys: 2, IndexerQuery: 2}, ""},
-		{"tkscore=2", variant{Name: "tkscore=2", TopKScore: 2}, ""},
 		{"istream=2", variant{Name: "istream=2", IndexerStream: 2}, ""},
 		{"bfwg=128 bfwgfin=2 bfwgs=4 bfwgt=64 bfwgr=4", variant{Name: "bfwg=128 bfwgfin=2 bfwgs=4 bfwgt=64 bfwgr=4", BF16WGMMAMaxRows: 128,
 			BF16WGMMAFinish: 2, BF16WGMMAMaxSplits: 4, BF16WGMMAMaxTile: 64, BF16WGMMAMaxStages: 4}, ""},
@@ -80,12 +79,12 @@ func TestParseVariants(t *testing.T) {
 
 func TestVariantOptions(t *testing.T) {
 	v := variant{Warps: 3, KVDepth: 5, QDepth: 7, QChunk: 4, BlocksPerSM: 2, MaxBlocks: 11, DirectMaxRows: 99, DirectMaxRowsBF16: 98, DirectWarps: 2,
-		DirectHalfBlockRows: 17, DirectQRows: 3, DirectMinBlocks: 6, IndexerKeys: 2, IndexerQuery: 1, IndexerStream: 2, IndexerQueryWideMinRows: 64, IndexerQueryLaneMinRows: 1024, TopKScore: 3, NoPDL: true, SeparateLaunches: true}
+		DirectHalfBlockRows: 17, DirectQRows: 3, DirectMinBlocks: 6, IndexerKeys: 2, IndexerQuery: 1, IndexerStream: 2, IndexerQueryWideMinRows: 64, IndexerQueryLaneMinRows: 1024, NoPDL: true, SeparateLaunches: true}
 	opts, knobs := v.options(true)
 	assert.Equal(t, cuda.Options{NoPDL: true}, opts)
 	assert.Equal(t, cudatune.Knobs{Warps: 3, KVDepth: 5, QDepth: 7, QChunk: 4, BlocksPerSM: 2, MaxBlocks: 11,
 		DirectMaxRows: 99, DirectMaxRowsBF16: 98, DirectWarps: 2, DirectHalfBlockRows: 17, DirectQRows: 3, DirectMinBlocks: 6,
-		IndexerKeys: cudatune.IndexerKeysFused, IndexerQuery: cudatune.IndexerQueryLate, IndexerStream: cudatune.IndexerStreamAux, TopKScore: cudatune.TopKScoreMMA4U,
+		IndexerKeys: cudatune.IndexerKeysFused, IndexerQuery: cudatune.IndexerQueryLate, IndexerStream: cudatune.IndexerStreamAux,
 		IndexerQueryWideMinRows: 64, IndexerQueryLaneMinRows: 1024,
 		SeparateLaunches: true, Verbose: true}, knobs)
 	_, knobs = variant{DirectMaxRows: 99, DirectMaxRowsBF16: 98, NoDirect: true}.options(false)

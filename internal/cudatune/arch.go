@@ -443,18 +443,6 @@ var SM90 = Arch{
 		// at 16384). Before it: lean below 128 rows, wide from 128 on
 		// (IndexerQueryWideMinRows; the measurements below).
 		IndexerKeys: IndexerKeysFused, IndexerQuery: IndexerQueryStream,
-		// The top-k score kernel: topk_score_mma4x, bit-exact with the CPU
-		// backend in every top-k test (conformance, graph, large with the
-		// 1M-token scenarios; compute-sanitizer memcheck and racecheck over
-		// the conformance in bench/results/2026-12-02-h200-j/tscore/call2)
-		// and faster than topk_score_mma4u (the default before) at every
-		// shape measured in the same call (.../tscore/call1, decode b=32
-		// MTP 3, index_topk 512, score alone, us, mma4x against mma4u:
-		// 23.2-23.6 / 29.8 at 8K, 142.0-144.5 / 154.2-154.4 at 64K, 276.0 /
-		// 296.6-297.7 at 128K; with narrow scales 20.0-20.4 / 25.6-26.1,
-		// 84.6-85.4 / 105.3-105.7, 155.0-155.9 / 192.6-193.1; prefill 16K
-		// 2128-2130 / 2229-2249).
-		TopKScore: TopKScoreMMA4X,
 		// The indexer's query path on the third stream (its wq_b GEMM and
 		// query step under the main stream's wq_b GEMM and Q prologue),
 		// faster than on the main stream at every shape below. (Its one

@@ -108,9 +108,6 @@ type Knobs struct {
 	// IndexerQuery picks the indexer query's kernel (IndexerQuery; 0:
 	// SM90.Knobs.IndexerQuery).
 	IndexerQuery IndexerQuery
-	// TopKScore picks the indexer top-k selection's score kernel
-	// (IndexerTopK; 0: SM90.Knobs.TopKScore).
-	TopKScore TopKScore
 	// TopKSelectNarrowMinRows: a top-k select launch of at least this many
 	// rows, each of at most TopKSelectNarrowMaxKeys keys (the shape's block
 	// table), runs the select in blocks of 256 threads (topk_select4n), so
@@ -247,9 +244,6 @@ func (k Knobs) Defaults() Knobs {
 	}
 	if k.IndexerQuery == 0 {
 		k.IndexerQuery = d.IndexerQuery
-	}
-	if k.TopKScore == 0 {
-		k.TopKScore = d.TopKScore
 	}
 	if k.IndexerStream == 0 {
 		k.IndexerStream = d.IndexerStream
@@ -394,33 +388,6 @@ const (
 	// (the GEMM's input), the query step after the side stream's
 	// projection GEMM (its head weights' input), joined at the layer's end.
 	IndexerStreamAux
-)
-
-// TopKScore names the top-k selection's score kernel; every one writes
-// the same keys (kernels/cuda/topk.cu).
-type TopKScore int
-
-const (
-	// TopKScoreMMA4Q: topk_score_mma4q, four rows of a sequence a block on
-	// the int8 mma, its loads pipelined.
-	TopKScoreMMA4Q TopKScore = iota + 1
-	// TopKScoreMMA4T: topk_score_mma4t, topk_score_mma4q whose exact path
-	// chains its block dots two head pairs a step, with no copies of C.
-	TopKScoreMMA4T
-	// TopKScoreMMA4U: topk_score_mma4t with four head pairs a step, and its
-	// fast path block by block.
-	TopKScoreMMA4U
-	// TopKScoreMMA4V: topk_score_mma4t with mma4u's fast path, a tile's
-	// entries copied in 16-byte chunks where they are one run, and the
-	// query's fragments built a block at a time.
-	TopKScoreMMA4V
-	// TopKScoreMMA4W: topk_score_mma4v with a block's values permuted along
-	// the mma's k, query and key alike, so that a key word is decoded once.
-	TopKScoreMMA4W
-	// TopKScoreMMA4X: topk_score_mma4w in blocks of 8 warps (the pass's
-	// setup half as often a multiprocessor), two blocks' B fragments a
-	// 16-byte load, the exact path's weight products set once a pass.
-	TopKScoreMMA4X
 )
 
 // DirectBlockWarps is the warps a block of a direct launch of qRows Q rows

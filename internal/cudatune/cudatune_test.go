@@ -11,13 +11,13 @@ func TestDefaults(t *testing.T) {
 	// The H200's shapes, as they were before they moved into SM90.
 	h200 := Knobs{Warps: 8, KVDepth: 4, QDepth: 4, QChunk: 8, BlocksPerSM: 2,
 		DirectMaxRows: 1 << 19, DirectMaxRowsBF16: math.MaxInt32, DirectMinRows: 1, DirectWarps: 4, DirectHalfBlockRows: 8192, DirectQRows: 2, DirectMinBlocks: 1,
-		BF16MMAMaxRows: -1, BF16MMADepth: 2, BF16MMAReduce: 1, BF16MMAWarpRows: 16, IndexerKeys: IndexerKeysFused, IndexerQuery: IndexerQueryStream, IndexerQueryWideMinRows: -1, IndexerQueryLaneMinRows: -1, IndexerStream: IndexerStreamAux, TopKScore: TopKScoreMMA4X, CuBLASLtSplitK: CuBLASLtSplitKAny,
+		BF16MMAMaxRows: -1, BF16MMADepth: 2, BF16MMAReduce: 1, BF16MMAWarpRows: 16, IndexerKeys: IndexerKeysFused, IndexerQuery: IndexerQueryStream, IndexerQueryWideMinRows: -1, IndexerQueryLaneMinRows: -1, IndexerStream: IndexerStreamAux, CuBLASLtSplitK: CuBLASLtSplitKAny,
 		TopKSelectNarrowMinRows: 1024, IndexerQueryTokBlocksPerSM: 2, IndexerQueryTokMinRows: -1}
 	require.Equal(t, h200, Knobs{}.Defaults())
 	require.Equal(t, h200, SM90.Knobs)
 	set := Knobs{Warps: 3, KVDepth: 1, QDepth: 5, QChunk: 3, BlocksPerSM: 2, MaxBlocks: 1, DirectMaxRows: 7, DirectMaxRowsBF16: 8, DirectMinRows: 2, DirectWarps: 2, DirectHalfBlockRows: 5,
 		DirectQRows: 3, DirectMinBlocks: 6, BF16MMAMaxRows: 9, BF16MMADepth: 8, BF16MMABlocksPerSM: 3, BF16MMAReduce: 2, BF16MMAWarpRows: 32, BF16MMAMaxSplits: 16, IndexerKeys: IndexerKeysSplit, IndexerQuery: IndexerQueryEarly, IndexerQueryWideMinRows: 512, IndexerQueryLaneMinRows: 2048, IndexerStream: IndexerStreamMain,
-		TopKScore: TopKScoreMMA4T, TopKSelectNarrowMinRows: 300, CuBLASLtSplitK: CuBLASLtSplitKNone, WGMMAClusterSplits: 4, WGMMAMulticast: 2, IndexerQueryTokBlocksPerSM: 3, IndexerQueryTokMinRows: 700, SeparateLaunches: true, Verbose: true}
+		TopKSelectNarrowMinRows: 300, CuBLASLtSplitK: CuBLASLtSplitKNone, WGMMAClusterSplits: 4, WGMMAMulticast: 2, IndexerQueryTokBlocksPerSM: 3, IndexerQueryTokMinRows: 700, SeparateLaunches: true, Verbose: true}
 	require.Equal(t, set, set.Defaults(), "set fields stay")
 	require.Equal(t, 8, Knobs{Warps: -1}.Defaults().Warps)
 	require.Equal(t, -1, Knobs{DirectMaxRows: -5}.Defaults().DirectMaxRows, "negative: never direct")

@@ -132,11 +132,10 @@ enum {
     TOPK_SEQ_STRIDE       = 4,       // scratch entries between rows
     TOPK_SEQ_WORDS        = 8,
     TOPK_SCORE_THREADS    = 256,     // threads of a topk_score block, one entry each
-    TOPK_SCORE4_THREADS   = 128,     // threads of a topk_score_mma4 block, 32 entries a warp
-    TOPK_SCORE4_ROWS      = 4,       // rows of a topk_score_mma4 block: the mma's four column pairs
+    TOPK_SCORE4_ROWS      = 4,       // rows of a topk_score_mma4x block: the mma's four column pairs
     TOPK_SELECT_THREADS   = 1024,    // threads of a topk_select block, one row
     TOPK_SELECT4N_THREADS = 256,     // threads of a topk_select4n block, one row
-    TOPK_SCORE4P_SHARED   = 55808,   // dynamic shared memory of a topk_score_mma4p block, bytes
+    TOPK_SELECT5H_THREADS = 512,     // threads of a topk_select5h block, one row
     TOPK_SCORE4X_THREADS  = 256,     // threads of a topk_score_mma4x block, 32 entries a warp
     TOPK_SCORE4X_SHARED   = 74240,   // dynamic shared memory of a topk_score_mma4x block, bytes
 };

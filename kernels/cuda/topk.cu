@@ -5,36 +5,26 @@
 //                x, x + gridDim.y, ... of row r's visible entries, one
 //                entry a thread, and writes each score's key
 //                (mla.TopKKey) to the row's keys in the scratch space.
-//   topk_score_mma  topk_score with the block dots on the int8 tensor
-//                cores: the same keys.
-//   topk_score_mma4  grid (row groups of 4, tile blocks): topk_score_mma
-//                for four rows of a sequence at a time (decode's 1+MTP
-//                tokens), each entry read once for them: the same keys.
-//   topk_score_mma4p, topk_score_mma4q  topk_score_mma4 with its loads
-//                pipelined (and, q, a shorter nibble decode): the same keys.
-//   topk_score_mma4t, topk_score_mma4u, topk_score_mma4v  topk_score_mma4q
-//                with the exact path's mma chains interleaved and no
-//                copies of C (v: fewer instructions a tile): the same keys.
-//   topk_score_mma4w  topk_score_mma4v with a key word decoded once.
-//   topk_score_mma4x  topk_score_mma4w in blocks of 8 warps, fewer loads
-//                and multiplies a head pair: the same keys.
-//   topk_select  grid (rows): block r finds the threshold key by a radix
+//   topk_score_mma4x  grid (row groups of 4, tile blocks): the block dots
+//                on the int8 tensor cores (mma.sync) for four rows of a
+//                sequence at a time (decode's 1+MTP tokens), each entry
+//                read once for them, in blocks of 8 warps: the same keys.
+//   topk_select4n  grid (rows): block r finds the threshold key by a radix
 //                select over row r's keys (4 passes of 8 bits from the
-//                top), then writes the entries above it and the first
-//                ones equal to it in ascending index order.
-//   topk_select2 topk_select with the keys in shared memory where they
-//                fit: the same indices.
-//   topk_select3 topk_select2 with one sampled candidate sweep where they
-//                do not: the same indices.
-//   topk_select4 topk_select3 with a row's fixed cost cut (the plan
-//                resolved before the wait, two barriers a radix pass):
-//                the same indices.
-//   topk_select4n topk_select4 in blocks of 256 threads: the same indices.
-//   topk_select5 topk_select4 with three radix passes of 11, 11 and 10 bits
-//                where a row's keys fit shared memory: the same indices.
-//   topk_select5n topk_select5 in blocks of 256 threads.
-//   topk_select6 topk_select5 with a row of up to 4 keys a thread in
-//                registers: the same indices.
+//                top, the keys in shared memory where they fit, else one
+//                sampled candidate sweep), then writes the entries above it
+//                and the first ones equal to it in ascending index order;
+//                blocks of 256 threads, for launches of many short rows.
+//   topk_select5 the same indices in blocks of 1024 threads, with three
+//                radix passes of 11, 11 and 10 bits where a row's keys fit
+//                shared memory.
+//   topk_select5e, topk_select5h  topk_select5 ending its radix select
+//                after a pass whose bin's keys are all taken (h: in
+//                blocks of 512 threads): the same indices.
+// (The variants before these, topk_score_mma, topk_score_mma4..mma4w,
+// topk_select..topk_select4, topk_select5n, topk_select6 and
+// topk_score_mma4xs (the select in the score kernel's clusters), are in the
+// history up to 2026-12-02; BENCHMARKS.md has their measurements.)
 //
 // The score is exact by construction: e2m1 values doubled are small
 // integers, so a 32-value block's dot product is an exact int32 (dp4a);
@@ -211,542 +201,12 @@ extern "C" __global__ void __launch_bounds__(TOPK_SCORE_THREADS) topk_score(cons
     }
 }
 
-// The decoded word w (0..7) of block b of a row as topk_score_mma
-// orders a block's 32 values: word w holds the even (w even) or odd
-// elements of raw nibble word 4b + w/2. Query and key use the same order,
-// so the MMA's k index pairs the same elements.
-__device__ __forceinline__ u32 tk_word(u32 raw, int w) {
-    return tk_nib4((raw >> ((w & 1) * 4)) & 0x0F0F0F0Fu);
-}
-
-// D = A . B over one 32-value block: 16 heads x 8 entries, exact int32.
-__device__ __forceinline__ void tk_mma(int d[4], const uint4 a, u32 b0, u32 b1) {
-    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%11,%12,%13};\n"
-                 : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
-                 : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1), "r"(0), "r"(0), "r"(0), "r"(0));
-}
-
-#define TK_TW 17 // floats a row of a warp's term buffer (16 heads, padded)
-
-// tk_scale_fast is tk_scale for x in [-149, 104], given mb, the bits of
-// M = 1.5 * 2^(x+23) (exponent field x+150, mantissa 0x400000): the bits
-// mb + d are the float M + d * 2^x exactly (|d| <= 4608 stays inside the
-// mantissa), and subtracting M, in the same binade, is exact too, so the
-// result is d * 2^x, which tk_scale rounds to itself (a multiple of 2^-149
-// below 2^117). Two integer adds and one float add instead of a
-// conversion (a quarter-rate instruction) and a multiply.
-__device__ __forceinline__ float tk_scale_fast(int d, u32 mb) {
-    return __fsub_rn(__uint_as_float(mb + (u32)d), __uint_as_float(mb));
-}
-
-// topk_score_mma is topk_score with the block dot products on the int8
-// tensor cores (mma.sync m16n8k32: 16 heads x 8 entries x one block), the
-// same keys out. A warp takes 32 entries of the tile; for each group of
-// 16 heads it scales and sums each (head, entry)'s four block partials in
-// order, and each lane then adds its entry's 16 terms to its running sum
-// in ascending h. A warp whose entries' scales keep every x = eq + ek -
-// 256 of the row in [-149, 104] (every practical case) scales by
-// tk_scale_fast, others by tk_scale.
-extern "C" __global__ void __launch_bounds__(TOPK_SCORE_THREADS) topk_score_mma(const TopKParams p) {
-    __shared__ uint4 qf[16 * 32];     // A fragments: (head group, block) x lane
-    __shared__ u32 qbase[INDEXER_HEADS * 4]; // query scale byte << 23, per (head, block)
-    __shared__ int qmn[4], qmx[4];    // the row's least and largest query scale byte per block
-    __shared__ float qw[INDEXER_HEADS];    // head weights
-    __shared__ u32 ks[TOPK_SCORE_THREADS * TK_KW];
-    __shared__ float terms[TOPK_SCORE_THREADS / 32][32 * TK_TW];
-    pdl_wait();
-    pdl_trigger();
-    const int r = blockIdx.x;
-    if (r >= p.rows) return;
-    const TkRow t = tk_resolve(p, r);
-    if (!t.valid || t.visible <= p.top_k) return;
-    const int n = t.visible;
-    const int ntiles = (n + TOPK_SCORE_THREADS - 1) / TOPK_SCORE_THREADS;
-    if ((int)blockIdx.y >= ntiles) return;
-    const int* table = p.plan + TOPK_PLAN_HDR_WORDS + p.max_seqs * TOPK_SEQ_WORDS + (long long)t.seq * p.page_stride;
-    const u8* qrow = p.q + (size_t)r * (INDEXER_HEADS * MXFP4_ROW_BYTES);
-    if (threadIdx.x < 4) {
-        qmn[threadIdx.x] = 255;
-        qmx[threadIdx.x] = 0;
-    }
-    for (int i = threadIdx.x; i < 16 * 32; i += TOPK_SCORE_THREADS) {
-        const int hg = i >> 7, b = (i >> 5) & 3, ln = i & 31, g = ln >> 2, tig = ln & 3;
-        const u8* h0 = qrow + (hg * 16 + g) * MXFP4_ROW_BYTES + 16 * b;
-        const u8* h1 = h0 + 8 * MXFP4_ROW_BYTES;
-        uint4 a;
-        a.x = tk_word(*(const u32*)(h0 + 4 * (tig >> 1)), tig);
-        a.y = tk_word(*(const u32*)(h1 + 4 * (tig >> 1)), tig);
-        a.z = tk_word(*(const u32*)(h0 + 4 * (2 + (tig >> 1))), tig);
-        a.w = tk_word(*(const u32*)(h1 + 4 * (2 + (tig >> 1))), tig);
-        qf[i] = a;
-    }
-    for (int i = threadIdx.x; i < INDEXER_HEADS; i += TOPK_SCORE_THREADS) qw[i] = __uint_as_float((u32)p.w[(size_t)r * INDEXER_HEADS + i] << 16);
-    __syncthreads(); // qmn, qmx initialized
-    for (int i = threadIdx.x; i < INDEXER_HEADS * 4; i += TOPK_SCORE_THREADS) {
-        const int e = qrow[(i >> 2) * MXFP4_ROW_BYTES + 64 + (i & 3)];
-        qbase[i] = (u32)e << 23;
-        atomicMin(&qmn[i & 3], e);
-        atomicMax(&qmx[i & 3], e);
-    }
-    u32* keys = p.scratch + t.keys;
-    const size_t page_bytes = (size_t)p.page_size * MXFP4_ROW_BYTES;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tig = lane & 3;
-    float* tw = terms[warp];
-    for (int tile = blockIdx.y; tile < ntiles; tile += gridDim.y) {
-        const int s0 = tile * TOPK_SCORE_THREADS;
-        const int cnt = min(TOPK_SCORE_THREADS, n - s0);
-        __syncthreads(); // the previous tile's entries are read (and, first, the query is in place)
-        for (int i = threadIdx.x; i < TOPK_SCORE_THREADS * TK_KW; i += TOPK_SCORE_THREADS) {
-            int e = i / TK_KW, wd = i - e * TK_KW;
-            int s = s0 + e;
-            u32 v = 0;
-            if (e < cnt) {
-                int pg = tk_page(p, table, s);
-                if (pg >= 0) v = *(const u32*)(p.cache + (size_t)pg * page_bytes + (size_t)(s % p.page_size) * MXFP4_ROW_BYTES + 4 * wd);
-            }
-            ks[i] = v;
-        }
-        __syncthreads();
-        if (warp * 32 >= cnt) continue; // warp-uniform; the next barrier is the next tile's
-        const u32* wk = ks + warp * 32 * TK_KW;
-        // B fragments (entry nt*8 + g) and, for the entries 2*tig and
-        // 2*tig + 1 of each n-tile this lane's D elements hold, the key
-        // half of tk_scale_fast's mb per block: (ek - 106) << 23 | 0x400000.
-        u32 bf[4][4][2], kb[4][2][4];
-#pragma unroll
-        for (int nt = 0; nt < 4; nt++) {
-            const u32* kw = wk + (nt * 8 + g) * TK_KW;
-#pragma unroll
-            for (int b = 0; b < 4; b++) {
-                bf[nt][b][0] = tk_word(kw[4 * b + (tig >> 1)], tig);
-                bf[nt][b][1] = tk_word(kw[4 * b + 2 + (tig >> 1)], tig);
-            }
-#pragma unroll
-            for (int c = 0; c < 2; c++) {
-                const u32 sc = wk[(nt * 8 + 2 * tig + c) * TK_KW + 16];
-#pragma unroll
-                for (int b = 0; b < 4; b++) kb[nt][c][b] = ((((sc >> (8 * b)) & 0xFFu) - 106u) << 23) | 0x400000u;
-            }
-        }
-        bool ok = warp * 32 + lane >= cnt; // an entry past the tile's does not count
-        {
-            const u32 sc = wk[lane * TK_KW + 16];
-            bool in = true;
-#pragma unroll
-            for (int b = 0; b < 4; b++) {
-                const int ke = (int)((sc >> (8 * b)) & 0xFFu);
-                in = in && ke + qmn[b] >= 107 && ke + qmx[b] <= 360;
-            }
-            ok = ok || in;
-        }
-        const bool fast = __all_sync(0xFFFFFFFFu, ok);
-        float run = 0.f;
-        for (int hg = 0; hg < 4; hg++) {
-            u32 qb[2][4];
-#pragma unroll
-            for (int b = 0; b < 4; b++) {
-                qb[0][b] = qbase[(hg * 16 + g) * 4 + b];
-                qb[1][b] = qbase[(hg * 16 + g + 8) * 4 + b];
-            }
-            const float wa = qw[hg * 16 + g], wb = qw[hg * 16 + g + 8];
-#pragma unroll
-            for (int nt = 0; nt < 4; nt++) {
-                int d[4][4];
-#pragma unroll
-                for (int b = 0; b < 4; b++) tk_mma(d[b], qf[(hg * 4 + b) * 32 + lane], bf[nt][b][0], bf[nt][b][1]);
-#pragma unroll
-                for (int i = 0; i < 4; i++) { // D element i: head g (+8 for i >= 2), entry 2*tig + (i & 1)
-                    float dot = 0.f;
-#pragma unroll
-                    for (int b = 0; b < 4; b++) {
-                        const u32 qv = qb[i >> 1][b], kv = kb[nt][i & 1][b];
-                        const float pb = fast ? tk_scale_fast(d[b][i], qv + kv)
-                                              : tk_scale(d[b][i], (int)(qv >> 23) + ((int)kv >> 23) - 150);
-                        dot = b == 0 ? pb : __fadd_rn(dot, pb);
-                    }
-                    const float rl = dot > 0.f ? dot : 0.f;
-                    tw[(nt * 8 + 2 * tig + (i & 1)) * TK_TW + g + (i >= 2 ? 8 : 0)] = __fmul_rn(i < 2 ? wa : wb, rl);
-                }
-            }
-            __syncwarp();
-#pragma unroll
-            for (int j = 0; j < 16; j++) run = __fadd_rn(run, tw[lane * TK_TW + j]);
-            __syncwarp();
-        }
-        const int e = warp * 32 + lane, s = s0 + e;
-        if (e < cnt) keys[s] = tk_page(p, table, s) >= 0 ? tk_key(run) : 0u;
-    }
-}
-
 // 2^e as a float32, e in [-149, 127] (subnormal below -126).
 __device__ __forceinline__ float tk_pow2(int e) {
     return e >= -126 ? __int_as_float((e + 127) << 23) : __int_as_float(1 << (e + 149));
 }
 
-// The four int8 of x times 2^s (s in [0, 3], every |byte| * 2^s <= 127):
-// the word shifted, less the bits each byte pushed into the next.
-__device__ __forceinline__ u32 tk_shl4(u32 x, int s) {
-    return (x << s) & (((0xFFu << s) & 0xFFu) * 0x01010101u);
-}
-
-// D = A . B + C over one 32-value block: A 16 entries, B 8 columns (four
-// rows, two heads each), C {c.x, c.y} for the two heads; exact int32.
-__device__ __forceinline__ void tk_mma_c(int d[4], const uint4 a, const uint2 b, const uint2 c) {
-    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%11,%12,%13};\n"
-                 : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
-                 : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b.x), "r"(b.y), "r"(c.x), "r"(c.y), "r"(c.x), "r"(c.y));
-}
-
-// D += A . B over one 32-value block, exact int32.
-__device__ __forceinline__ void tk_mma_acc(int d[4], const uint4 a, const uint2 b) {
-    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
-                 : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b.x), "r"(b.y));
-}
-
 #define TK4_QC 264 // words between the rows of qc: 4 x 64 and 8, so the rows' LDS.64 hit distinct banks
-#define TK4_QW 72  // floats between the rows of qw, likewise
-
-// topk_score_mma4 is topk_score_mma for TOPK_SCORE4_ROWS consecutive rows
-// of one sequence at a time, the same keys out. Block (x, y) takes rows
-// 4x..4x+3 (a pass for each sequence among them: one in decode with MTP
-// 3) and the tiles y, y + gridDim.y, ... of TOPK_SCORE4_THREADS entries,
-// each entry read from the cache once for all the rows; a warp scores 32
-// of them. The mma (m16n8k32) has the entries as M and (row, head) pairs
-// as N: column 2t + c of n-tile j is row t's head 2j + c, so lane (g, t)
-// holds row t's heads in ascending pairs for its entries g and g + 8 and
-// runs their head sums itself, in order, with no exchange.
-//
-// A head's query values are stored times 2^(eq_b - E_b), E_b its least
-// scale byte where its four lie within 3 of it (every block's |value| * 8
-// fits an int8), else E_b = eq_b; the mma's C is the bits of M_b = 1.5 *
-// 2^(E_b - 104), so D's bits are the float M_b + d_b * 2^(eq_b - 127)
-// exactly (|d_b| * 8 stays inside the mantissa), whatever the path:
-//
-// - exact (a warp whose every (head, entry) has both sides' block scales
-//   within 3 of their least, E and ek_min, and the ranges below): the four
-//   blocks accumulate in one int32 D = C + sum_b d_b 2^(sq_b + sk_b), the
-//   key values shifted likewise. The contract's ordered block sum is then
-//   exact (the partial sums are multiples of 2^x, x = E + ek_min - 256 in
-//   [-149, 106], below 2^(x+21)), so dot = (D - C) 2^x. relu is max(D, C)
-//   on the integers, and with dot' = dot / 2^(ek_min - 129) the term
-//   fl(w dot') is one fma(w, float(D), -w M) (w M exact); the head sum runs
-//   in that scale and is scaled back once, exact wherever every term and
-//   sum keeps its bits in both scales: |w| * 2^E's exponent in [1, 225]
-//   and ek_min in [130 - that, 354 - that]. Three instructions a (pair,
-//   head).
-// - fast (every eq_b <= 231 and eq_b + ek_b in [107, 371]): per block,
-//   float(D) - M_b is d_b * 2^(eq_b - 127) exactly and fma(that,
-//   2^(ek_b - 129), dot) is fl(P_b + dot), P_b exact; then relu, the term
-//   and the sum as the contract writes them. Eleven a (pair, head).
-// - otherwise tk_scale on D - C, as topk_score_mma does.
-extern "C" __global__ void __launch_bounds__(TOPK_SCORE4_THREADS, 4) topk_score_mma4(const TopKParams p) {
-    __shared__ uint2 qf[32 * 4 * 32];         // B fragments: (head pair j, block b) x lane
-    __shared__ __align__(16) u32 qc[TOPK_SCORE4_ROWS * TK4_QC];   // C: row t, block b, head h at t*TK4_QC + b*64 + h; 0 where E_b > 231
-    __shared__ __align__(16) float qw[TOPK_SCORE4_ROWS * TK4_QW]; // head weights: row t, head h at t*TK4_QW + h
-    __shared__ u32 ks[TOPK_SCORE4_THREADS * TK_KW]; // the tile's entries as stored
-    __shared__ long long eoff[TOPK_SCORE4_THREADS]; // the tile's entries' byte offsets in the cache, -1 without a page
-    __shared__ u8 qbase[TOPK_SCORE4_ROWS * INDEXER_HEADS]; // row t, head h: E where its blocks are shifted, else 255
-    __shared__ int rseq[TOPK_SCORE4_ROWS], rvis[TOPK_SCORE4_ROWS];
-    __shared__ long long rkeys[TOPK_SCORE4_ROWS];
-    __shared__ int qmn[4], qmx[4]; // the pass's least and largest query scale byte per block
-    __shared__ int klo, khi, xbad;  // the exact path: ek_min's range, and whether some query head rules it out
-    pdl_wait();
-    pdl_trigger();
-    const int r0 = blockIdx.x * TOPK_SCORE4_ROWS;
-    if (r0 >= p.rows) return;
-    if (threadIdx.x < TOPK_SCORE4_ROWS) {
-        const int r = r0 + threadIdx.x;
-        TkRow t = {0, 0, 0, 0};
-        if (r < p.rows) t = tk_resolve(p, r);
-        const bool scored = t.valid && t.visible > p.top_k; // else topk_select needs no keys
-        rseq[threadIdx.x] = scored ? t.seq : -1;
-        rvis[threadIdx.x] = scored ? t.visible : 0;
-        rkeys[threadIdx.x] = t.keys;
-    }
-    __syncthreads();
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tq = lane & 3;
-    const size_t page_bytes = (size_t)p.page_size * MXFP4_ROW_BYTES;
-    int done = 0; // rows of earlier passes (bit t)
-    for (;;) {
-        // The pass: the first row left with keys to write, and every other
-        // one of its sequence.
-        int seq = -1;
-        for (int t = 0; t < TOPK_SCORE4_ROWS; t++)
-            if (!((done >> t) & 1) && rseq[t] >= 0) {
-                seq = rseq[t];
-                break;
-            }
-        if (seq < 0) break;
-        int act = 0, n = 0;
-        for (int t = 0; t < TOPK_SCORE4_ROWS; t++)
-            if (rseq[t] == seq) {
-                act |= 1 << t;
-                n = max(n, rvis[t]);
-            }
-        done |= act;
-        const int ntiles = (n + TOPK_SCORE4_THREADS - 1) / TOPK_SCORE4_THREADS;
-        if ((int)blockIdx.y >= ntiles) continue; // block-uniform
-        __syncthreads(); // the previous pass is done with the query arrays
-        if (threadIdx.x < 4) {
-            qmn[threadIdx.x] = 255;
-            qmx[threadIdx.x] = 0;
-        }
-        if (threadIdx.x == 0) {
-            klo = -1024;
-            khi = 1024;
-            xbad = 0;
-        }
-        for (int i = threadIdx.x; i < TOPK_SCORE4_ROWS * INDEXER_HEADS; i += TOPK_SCORE4_THREADS) {
-            const int t = i >> 6, h = i & 63;
-            qw[t * TK4_QW + h] = (act >> t) & 1 ? __uint_as_float((u32)p.w[(size_t)(r0 + t) * INDEXER_HEADS + h] << 16) : 0.f;
-        }
-        __syncthreads(); // qmn, qmx, klo, khi, xbad initialized
-        for (int i = threadIdx.x; i < TOPK_SCORE4_ROWS * INDEXER_HEADS; i += TOPK_SCORE4_THREADS) {
-            const int t = i >> 6, h = i & 63;
-            int base = 255;
-            if ((act >> t) & 1) {
-                const u8* row = p.q + ((size_t)(r0 + t) * INDEXER_HEADS + h) * MXFP4_ROW_BYTES;
-                int eq[4], mn = 255, mx = 0;
-#pragma unroll
-                for (int b = 0; b < 4; b++) {
-                    eq[b] = row[64 + b];
-                    mn = min(mn, eq[b]);
-                    mx = max(mx, eq[b]);
-                    atomicMin(&qmn[b], eq[b]);
-                    atomicMax(&qmx[b], eq[b]);
-                }
-                const bool shifted = mx - mn <= 3 && mx <= 231;
-#pragma unroll
-                for (int b = 0; b < 4; b++) {
-                    const int e = shifted ? mn : eq[b];
-                    qc[t * TK4_QC + b * 64 + h] = e <= 231 ? ((u32)(e + 23) << 23) | 0x400000u : 0u;
-                }
-                if (shifted) base = mn;
-                // The exact path's ranges: a zero weight's terms are zeros in
-                // any scale; a subnormal, Inf or NaN one rules the path out.
-                const u32 wb = p.w[(size_t)(r0 + t) * INDEXER_HEADS + h];
-                const int ef = (int)((wb >> 7) & 0xFFu);
-                const bool wzero = (wb & 0x7FFFu) == 0u;
-                bool bad = !shifted || ef == 255 || (ef == 0 && !wzero);
-                int lo = 107 - mn, hi = 362 - mn;
-                if (!bad && !wzero) {
-                    const int we = ef - 127 + mn;
-                    bad = we < 1 || we > 225;
-                    lo = max(lo, 130 - we);
-                    hi = min(hi, 354 - we);
-                }
-                if (bad) atomicMax(&xbad, 1);
-                atomicMax(&klo, lo);
-                atomicMin(&khi, hi);
-            } else {
-#pragma unroll
-                for (int b = 0; b < 4; b++) qc[t * TK4_QC + b * 64 + h] = 0u;
-            }
-            qbase[i] = (u8)base;
-        }
-        __syncthreads(); // qbase written
-        for (int i = threadIdx.x; i < 32 * 4 * 32; i += TOPK_SCORE4_THREADS) {
-            const int j = i >> 7, b = (i >> 5) & 3, ln = i & 31, gg = ln >> 2, tt = ln & 3;
-            const int t = gg >> 1, h = 2 * j + (gg & 1); // B column gg
-            uint2 v = make_uint2(0u, 0u);
-            if ((act >> t) & 1) {
-                const u8* raw = p.q + ((size_t)(r0 + t) * INDEXER_HEADS + h) * MXFP4_ROW_BYTES;
-                const int base = qbase[t * INDEXER_HEADS + h];
-                const int sh = base == 255 ? 0 : raw[64 + b] - base;
-                v.x = tk_shl4(tk_word(*(const u32*)(raw + 16 * b + 4 * (tt >> 1)), tt), sh);
-                v.y = tk_shl4(tk_word(*(const u32*)(raw + 16 * b + 4 * (2 + (tt >> 1))), tt), sh);
-            }
-            qf[i] = v;
-        }
-        const int* table = p.plan + TOPK_PLAN_HDR_WORDS + p.max_seqs * TOPK_SEQ_WORDS + (long long)seq * p.page_stride;
-        const bool mine = (act >> tq) & 1; // this lane's row is in the pass
-        const int vis = rvis[tq];
-        u32* keys = p.scratch + rkeys[tq];
-        const u8* qrow = p.q + (size_t)(r0 + tq) * (INDEXER_HEADS * MXFP4_ROW_BYTES);
-        const u32* qcr = qc + tq * TK4_QC;
-        const float* qwr = qw + tq * TK4_QW;
-        for (int tile = blockIdx.y; tile < ntiles; tile += gridDim.y) {
-            const int s0 = tile * TOPK_SCORE4_THREADS;
-            const int cnt = min(TOPK_SCORE4_THREADS, n - s0);
-            __syncthreads(); // the previous tile's entries are read (first: the pass's query is in place)
-            {
-                const int e = threadIdx.x, s = s0 + e;
-                long long o = -1;
-                if (e < cnt) {
-                    const int pg = tk_page(p, table, s);
-                    if (pg >= 0) o = (long long)pg * (long long)page_bytes + (long long)(s % p.page_size) * MXFP4_ROW_BYTES;
-                }
-                eoff[e] = o;
-            }
-            __syncthreads();
-            for (int i = threadIdx.x; i < TOPK_SCORE4_THREADS * TK_KW; i += TOPK_SCORE4_THREADS) {
-                const int e = i / TK_KW;
-                const long long o = eoff[e];
-                ks[i] = o >= 0 ? *(const u32*)(p.cache + o + 4 * (i - e * TK_KW)) : 0u;
-            }
-            __syncthreads();
-            const int wb = warp * 32;
-            if (wb >= cnt) continue; // warp-uniform; the next barrier is the next tile's
-            // The paths entry wb + lane allows (one without a page, or past
-            // the tile, allows any: its key is not computed from the score).
-            bool fok = true, xok = true;
-            if (wb + lane < cnt && eoff[wb + lane] >= 0) {
-                const u32 sc = ks[(wb + lane) * TK_KW + 16];
-                int mn = 255, mx = 0;
-#pragma unroll
-                for (int b = 0; b < 4; b++) {
-                    const int ek = (int)((sc >> (8 * b)) & 0xFFu);
-                    fok = fok && qmx[b] <= 231 && ek + qmn[b] >= 107 && ek + qmx[b] <= 371;
-                    mn = min(mn, ek);
-                    mx = max(mx, ek);
-                }
-                xok = mx - mn <= 3 && mn >= klo && mn <= khi;
-            }
-            const bool exact = __all_sync(0xFFFFFFFFu, xok) && xbad == 0;
-            const bool fast = __all_sync(0xFFFFFFFFu, fok);
-            // A fragments of the m-tiles (entries wb + 16 mt + m), shifted by
-            // sk_b on the exact path, and this lane's entries' scale words
-            // (c: entry g, g + 8).
-            uint4 a[2][4];
-            u32 ksc[2][2];
-#pragma unroll
-            for (int mt = 0; mt < 2; mt++) {
-                const u32* k0 = ks + (wb + mt * 16 + g) * TK_KW;
-                const u32* k1 = k0 + 8 * TK_KW;
-                ksc[mt][0] = k0[16];
-                ksc[mt][1] = k1[16];
-                int m0 = 0, m1 = 0;
-                if (exact) {
-                    m0 = 255;
-                    m1 = 255;
-#pragma unroll
-                    for (int b = 0; b < 4; b++) {
-                        m0 = min(m0, (int)((ksc[mt][0] >> (8 * b)) & 0xFFu));
-                        m1 = min(m1, (int)((ksc[mt][1] >> (8 * b)) & 0xFFu));
-                    }
-                }
-#pragma unroll
-                for (int b = 0; b < 4; b++) {
-                    const int s0b = exact ? (int)((ksc[mt][0] >> (8 * b)) & 0xFFu) - m0 : 0;
-                    const int s1b = exact ? (int)((ksc[mt][1] >> (8 * b)) & 0xFFu) - m1 : 0;
-                    a[mt][b].x = tk_shl4(tk_word(k0[4 * b + (tq >> 1)], tq), s0b);
-                    a[mt][b].y = tk_shl4(tk_word(k1[4 * b + (tq >> 1)], tq), s1b);
-                    a[mt][b].z = tk_shl4(tk_word(k0[4 * b + 2 + (tq >> 1)], tq), s0b);
-                    a[mt][b].w = tk_shl4(tk_word(k1[4 * b + 2 + (tq >> 1)], tq), s1b);
-                }
-            }
-            float acc[2][2] = {{0.f, 0.f}, {0.f, 0.f}}; // the head sums of (m-tile, entry c)
-            if (exact) {
-#pragma unroll 2 // two head pairs: four independent mma chains a warp
-                for (int j = 0; j < 32; j++) {
-                    const uint2 cm = *(const uint2*)(qcr + 2 * j); // a shifted head's C, one for its four blocks
-                    int d[2][4];
-#pragma unroll
-                    for (int mt = 0; mt < 2; mt++) {
-                        d[mt][0] = (int)cm.x;
-                        d[mt][1] = (int)cm.y;
-                        d[mt][2] = (int)cm.x;
-                        d[mt][3] = (int)cm.y;
-                    }
-#pragma unroll
-                    for (int b = 0; b < 4; b++) {
-                        const uint2 bq = qf[(j * 4 + b) * 32 + lane];
-#pragma unroll
-                        for (int mt = 0; mt < 2; mt++) tk_mma_acc(d[mt], a[mt][b], bq);
-                    }
-                    const float2 wq = *(const float2*)(qwr + 2 * j);
-                    const float nmx = __fmul_rn(-wq.x, __uint_as_float(cm.x)), nmy = __fmul_rn(-wq.y, __uint_as_float(cm.y));
-#pragma unroll
-                    for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-                        for (int i = 0; i < 4; i++) { // D element i: entry c = i >> 1, head 2j + (i & 1)
-                            const int c = i >> 1, hp = i & 1;
-                            const float f = __int_as_float(max(d[mt][i], (int)(hp ? cm.y : cm.x)));
-                            acc[mt][c] = __fadd_rn(acc[mt][c], __fmaf_rn(hp ? wq.y : wq.x, f, hp ? nmy : nmx));
-                        }
-                }
-#pragma unroll
-                for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-                    for (int c = 0; c < 2; c++) {
-                        int mn = 255;
-#pragma unroll
-                        for (int b = 0; b < 4; b++) mn = min(mn, (int)((ksc[mt][c] >> (8 * b)) & 0xFFu));
-                        acc[mt][c] = __fmul_rn(acc[mt][c], tk_pow2(mn - 129));
-                    }
-            } else {
-                float sk[2][2][4]; // 2^(ek_b - 129) of this lane's entries
-#pragma unroll
-                for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-                    for (int c = 0; c < 2; c++)
-#pragma unroll
-                        for (int b = 0; b < 4; b++) sk[mt][c][b] = tk_pow2((int)((ksc[mt][c] >> (8 * b)) & 0xFFu) - 129);
-#pragma unroll 1
-                for (int j = 0; j < 32; j++) {
-                    uint2 cq[4];
-                    int d[2][4][4];
-#pragma unroll
-                    for (int b = 0; b < 4; b++) {
-                        const uint2 bq = qf[(j * 4 + b) * 32 + lane];
-                        cq[b] = *(const uint2*)(qcr + b * 64 + 2 * j);
-#pragma unroll
-                        for (int mt = 0; mt < 2; mt++) tk_mma_c(d[mt][b], a[mt][b], bq, cq[b]);
-                    }
-                    const float2 wq = *(const float2*)(qwr + 2 * j);
-                    // D element i: entry c = i >> 1 (g, g + 8), head 2j + (i & 1);
-                    // each (mt, c) sum takes head 2j, then 2j + 1.
-                    if (fast) {
-#pragma unroll
-                        for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-                            for (int i = 0; i < 4; i++) {
-                                const int c = i >> 1, hp = i & 1;
-                                float dot = 0.f;
-#pragma unroll
-                                for (int b = 0; b < 4; b++) {
-                                    const float pq = __fsub_rn(__int_as_float(d[mt][b][i]), __uint_as_float(hp ? cq[b].y : cq[b].x));
-                                    dot = b == 0 ? __fmul_rn(pq, sk[mt][c][b]) : __fmaf_rn(pq, sk[mt][c][b], dot);
-                                }
-                                // fmaxf may keep a -0 dot as -0: w * -0 is a zero (or
-                                // NaN, as w * +0), and a head sum is never -0, so
-                                // adding it is adding +0.
-                                acc[mt][c] = __fadd_rn(acc[mt][c], __fmul_rn(hp ? wq.y : wq.x, fmaxf(dot, 0.f)));
-                            }
-                    } else {
-#pragma unroll
-                        for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-                            for (int i = 0; i < 4; i++) {
-                                const int c = i >> 1, hp = i & 1, h = 2 * j + hp;
-                                float dot = 0.f;
-#pragma unroll
-                                for (int b = 0; b < 4; b++) {
-                                    // D - C is d_b 2^(eq_b - E_b); C = 0 where E_b = eq_b > 231.
-                                    const u32 cb = hp ? cq[b].y : cq[b].x;
-                                    const int dd = d[mt][b][i] - (int)cb;
-                                    const int e = cb != 0u ? (int)(cb >> 23) - 23 : (mine ? (int)qrow[h * MXFP4_ROW_BYTES + 64 + b] : 0);
-                                    const int ek = (int)((ksc[mt][c] >> (8 * b)) & 0xFFu);
-                                    const float pb = tk_scale(dd, e + ek - 256);
-                                    dot = b == 0 ? pb : __fadd_rn(dot, pb);
-                                }
-                                const float rl = dot > 0.f ? dot : 0.f;
-                                acc[mt][c] = __fadd_rn(acc[mt][c], __fmul_rn(hp ? wq.y : wq.x, rl));
-                            }
-                    }
-                }
-            }
-#pragma unroll
-            for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-                for (int c = 0; c < 2; c++) {
-                    const int e = wb + mt * 16 + c * 8 + g, s = s0 + e;
-                    if (mine && s < vis) keys[s] = eoff[e] >= 0 ? tk_key(acc[mt][c]) : 0u; // an entry without a page scores NaN
-                }
-        }
-    }
-}
 
 // tk_dec4's tables: the doubled e2m1 magnitudes {0, 1, 2, 3, 4, 6, 8, 12}
 // by magnitude code, bytes 0-3 and 4-7 (each times 2^s for a shift s <= 3:
@@ -778,38 +238,8 @@ __device__ __forceinline__ void tk_cp_commit() { asm volatile("cp.async.commit_g
 template <int N>
 __device__ __forceinline__ void tk_cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 
-// topk_score_mma4p's dynamic shared memory (bytes): mma4's query arrays,
-// then two tile buffers a warp (its 32 entries as stored), which first
-// hold the pass's query rows as stored, then the query's base bytes.
-#define TK4P_WARPS (TOPK_SCORE4_THREADS / 32)
-#define TK4P_WBUF (32 * TK_KW) // words of a warp's tile buffer
-#define TK4P_QF 0
-#define TK4P_QC (TK4P_QF + 32 * 4 * 32 * 8)
-#define TK4P_QW (TK4P_QC + TOPK_SCORE4_ROWS * TK4_QC * 4)
-#define TK4P_KS (TK4P_QW + TOPK_SCORE4_ROWS * TK4_QW * 4)
-#define TK4P_QB (TK4P_KS + TK4P_WARPS * 2 * TK4P_WBUF * 4)
-static_assert(TK4P_QB + TOPK_SCORE4_ROWS * INDEXER_HEADS == TOPK_SCORE4P_SHARED, "TOPK_SCORE4P_SHARED is topk_score_mma4p's layout");
-static_assert(TOPK_SCORE4_ROWS * INDEXER_HEADS * MXFP4_ROW_BYTES <= TK4P_QB - TK4P_KS, "the pass's query rows fit the tile buffers");
-static_assert(TK4P_KS % 16 == 0, "cp.async destinations aligned");
-
-// tk_score4p's variant bits V (JG > 0):
-// TK4_FB: the fast path block by block, two head pairs a step (a block's
-//   D alone live).
-// TK4_CI: a warp's 32 entries of a tile, where they are one run of 2176
-//   bytes in a page (the usual case), copied as 136 aligned 16-byte chunks
-//   (5 cp.async a lane, no shuffles) instead of 17 words a lane; a page
-//   size that is a power of two divided by a shift; the pass's B fragments
-//   built one (row, head, block) a thread item (its 16 bytes read once)
-//   instead of one fragment word pair an item; the exact and fast loops'
-//   shared-memory pointers advanced a step (immediate offsets).
-// TK4_KP (with TK4_CI): the block's 32 values permuted along the mma's k
-// for query and key alike (the integer dots are the same): lane t takes
-// word t's low half as k 4t..4t+3 and its high half as k 16+4t..16+4t+3,
-// so that a key word is loaded and decoded once for both (two loads and
-// two shifts a (m-tile, block) instead of four).
-#define TK4_FB 1
-#define TK4_CI 2
-#define TK4_KP 4
+// A warp's tile buffer (its 32 entries as stored), words.
+#define TK4P_WBUF (32 * TK_KW)
 
 // 16 bytes copied to shared memory asynchronously (cp.async, L2 only);
 // both addresses 16-byte aligned.
@@ -817,7 +247,7 @@ __device__ __forceinline__ void tk_cp16(void* dst, const void* src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((u32)__cvta_generic_to_shared(dst)), "l"(src) : "memory");
 }
 
-// The word of qc (topk_score_mma4p's C words) of row t, block b, head h:
+// The word of qc (the query's C words) of row t, block b, head h:
 // [t][b][h] for JG 0; [t][h / 2][b][h % 2] otherwise, a head pair's words
 // for its four blocks in 8 consecutive words, so that one 16-byte load
 // gives blocks 0 and 1, {c0, c1, c0', c1'}: the pair's C quad itself on
@@ -828,8 +258,10 @@ __device__ __forceinline__ int tk4_qc(int t, int b, int h) {
     return JG == 0 ? t * TK4_QC + b * 64 + h : t * TK4_QC + (h >> 1) * 8 + b * 2 + (h & 1);
 }
 
-// tk_mma_c and tk_mma_acc as plain asm (no side effect, so the compiler
-// may interleave independent ones), C a register quad.
+// D = A . B + C over one 32-value block (A 16 entries, B 8 columns: four
+// rows, two heads each; C a register quad), exact int32, and D += A . B:
+// plain asm (no side effect, so the compiler may interleave independent
+// ones).
 __device__ __forceinline__ void tk_mma_q(int d[4], const uint4 a, const uint2 b, const uint4 c) {
     asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%11,%12,%13};\n"
         : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
@@ -841,665 +273,9 @@ __device__ __forceinline__ void tk_mma_accq(int d[4], const uint4 a, const uint2
         : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b.x), "r"(b.y));
 }
 
-// topk_score_mma4p is topk_score_mma4 with its loads pipelined, the same
-// keys out (the arithmetic is mma4's, line for line). mma4 loads each
-// tile with the whole block (the entries' offsets, a barrier, the words,
-// a barrier) and stalls on them, and decodes the pass's query from global
-// memory word by word. Here the pass's query rows are first copied to
-// shared memory at once (cp.async), and each warp streams its own 32
-// entries of every tile through two buffers with cp.async, the next
-// tile's copies in flight (and the page-table reads of the one after)
-// while it scores the current one: the tile loop has no block barrier.
-// The three paths run as three loops, so that the general one's
-// registers do not weigh on the others'.
-//
-// NAT (topk_score_mma4q): the nibbles decoded in their stored order (the
-// block's values in ascending index, query and key alike) by tk_dec4, a
-// third of tk_shl4(tk_word()) 's instructions; the same integer dots.
-//
-// JG > 0 (topk_score_mma4t, 2; topk_score_mma4u, 4 and TK4_FB;
-// topk_score_mma4v, 2, TK4_FB and TK4_CI): qc laid out by head
-// pair (tk4_qc), and the exact path takes JG head pairs a step, block by
-// block: the first block's mma of each (pair, m-tile) adds the C quad
-// that one 16-byte load gave (no copies of C into the accumulators), the
-// other three accumulate, and 2 JG independent chains of mma stand
-// between two dependent ones. The other paths load their four blocks' C
-// words with two 16-byte loads (V: further variants, below). The rows are resolved before the wait for
-// the previous kernel (the plan is the launch's input, written by a copy
-// before it). The same keys.
-template <bool NAT, int JG, int V = 0>
-__device__ __forceinline__ void tk_score4p(const TopKParams& p) {
-    extern __shared__ __align__(16) u8 tk4p_smem[];
-    uint2* qf = (uint2*)(tk4p_smem + TK4P_QF); // B fragments: (head pair j, block b) x lane
-    u32* qc = (u32*)(tk4p_smem + TK4P_QC);     // C: row t, block b, head h at t*TK4_QC + b*64 + h; 0 where E_b > 231
-    float* qw = (float*)(tk4p_smem + TK4P_QW); // head weights: row t, head h at t*TK4_QW + h
-    u8* qraw = tk4p_smem + TK4P_KS;            // the pass's query rows as stored, [t][h][MXFP4_ROW_BYTES]
-    u8* qbase = tk4p_smem + TK4P_QB;           // row t, head h: E where its blocks are shifted, else 255
-    __shared__ int rseq[TOPK_SCORE4_ROWS], rvis[TOPK_SCORE4_ROWS];
-    __shared__ long long rkeys[TOPK_SCORE4_ROWS];
-    __shared__ int qmn[4], qmx[4]; // the pass's least and largest query scale byte per block
-    __shared__ int klo, khi, xbad;  // the exact path: ek_min's range, and whether some query head rules it out
-    if (JG == 0) {
-        pdl_wait();
-        pdl_trigger();
-    }
-    const int r0 = blockIdx.x * TOPK_SCORE4_ROWS;
-    if (r0 >= p.rows) return;
-    if (threadIdx.x < TOPK_SCORE4_ROWS) {
-        const int r = r0 + threadIdx.x;
-        TkRow t = {0, 0, 0, 0};
-        if (r < p.rows) t = tk_resolve(p, r);
-        const bool scored = t.valid && t.visible > p.top_k; // else topk_select needs no keys
-        rseq[threadIdx.x] = scored ? t.seq : -1;
-        rvis[threadIdx.x] = scored ? t.visible : 0;
-        rkeys[threadIdx.x] = t.keys;
-    }
-    __syncthreads();
-    if (JG > 0) { // the rows resolved before the wait, as topk_select4 does: no kernel writes the plan
-        pdl_wait();
-        pdl_trigger();
-    }
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tq = lane & 3;
-    const size_t page_bytes = (size_t)p.page_size * MXFP4_ROW_BYTES;
-    u32* wks = (u32*)(tk4p_smem + TK4P_KS) + warp * 2 * TK4P_WBUF; // this warp's two tile buffers
-    int done = 0; // rows of earlier passes (bit t)
-    for (;;) {
-        int seq = -1;
-        for (int t = 0; t < TOPK_SCORE4_ROWS; t++)
-            if (!((done >> t) & 1) && rseq[t] >= 0) {
-                seq = rseq[t];
-                break;
-            }
-        if (seq < 0) break;
-        int act = 0, n = 0;
-        for (int t = 0; t < TOPK_SCORE4_ROWS; t++)
-            if (rseq[t] == seq) {
-                act |= 1 << t;
-                n = max(n, rvis[t]);
-            }
-        done |= act;
-        const int ntiles = (n + TOPK_SCORE4_THREADS - 1) / TOPK_SCORE4_THREADS;
-        if ((int)blockIdx.y >= ntiles) continue; // block-uniform
-        __syncthreads(); // the previous pass is done with the query arrays and the tile buffers
-        for (int i = threadIdx.x; i < TOPK_SCORE4_ROWS * INDEXER_HEADS * TK_KW; i += TOPK_SCORE4_THREADS) {
-            const int t = i / (INDEXER_HEADS * TK_KW);
-            if ((act >> t) & 1) tk_cp4(qraw + 4 * i, p.q + (size_t)r0 * (INDEXER_HEADS * MXFP4_ROW_BYTES) + 4 * (size_t)i, true);
-        }
-        tk_cp_commit();
-        if (threadIdx.x < 4) {
-            qmn[threadIdx.x] = 255;
-            qmx[threadIdx.x] = 0;
-        }
-        if (threadIdx.x == 0) {
-            klo = -1024;
-            khi = 1024;
-            xbad = 0;
-        }
-        for (int i = threadIdx.x; i < TOPK_SCORE4_ROWS * INDEXER_HEADS; i += TOPK_SCORE4_THREADS) {
-            const int t = i >> 6, h = i & 63;
-            qw[t * TK4_QW + h] = (act >> t) & 1 ? __uint_as_float((u32)p.w[(size_t)(r0 + t) * INDEXER_HEADS + h] << 16) : 0.f;
-        }
-        tk_cp_wait<0>();
-        __syncthreads(); // the query rows, qw, qmn, qmx, klo, khi, xbad in place
-        // Each thread's share of the ranges, then one atomic a warp for each.
-        int tmn[4] = {255, 255, 255, 255}, tmx[4] = {0, 0, 0, 0}, tbad = 0, tlo = -1024, thi = 1024;
-        for (int i = threadIdx.x; i < TOPK_SCORE4_ROWS * INDEXER_HEADS; i += TOPK_SCORE4_THREADS) {
-            const int t = i >> 6, h = i & 63;
-            int base = 255;
-            if ((act >> t) & 1) {
-                const u8* row = qraw + (t * INDEXER_HEADS + h) * MXFP4_ROW_BYTES;
-                int eq[4], mn = 255, mx = 0;
-#pragma unroll
-                for (int b = 0; b < 4; b++) {
-                    eq[b] = row[64 + b];
-                    mn = min(mn, eq[b]);
-                    mx = max(mx, eq[b]);
-                    tmn[b] = min(tmn[b], eq[b]);
-                    tmx[b] = max(tmx[b], eq[b]);
-                }
-                const bool shifted = mx - mn <= 3 && mx <= 231;
-#pragma unroll
-                for (int b = 0; b < 4; b++) {
-                    const int e = shifted ? mn : eq[b];
-                    qc[tk4_qc<JG>(t, b, h)] = e <= 231 ? ((u32)(e + 23) << 23) | 0x400000u : 0u;
-                }
-                if (shifted) base = mn;
-                const u32 wb = __float_as_uint(qw[t * TK4_QW + h]) >> 16; // the bf16 weight
-                const int ef = (int)((wb >> 7) & 0xFFu);
-                const bool wzero = (wb & 0x7FFFu) == 0u;
-                bool bad = !shifted || ef == 255 || (ef == 0 && !wzero);
-                int lo = 107 - mn, hi = 362 - mn;
-                if (!bad && !wzero) {
-                    const int we = ef - 127 + mn;
-                    bad = we < 1 || we > 225;
-                    lo = max(lo, 130 - we);
-                    hi = min(hi, 354 - we);
-                }
-                tbad |= bad;
-                tlo = max(tlo, lo);
-                thi = min(thi, hi);
-            } else {
-#pragma unroll
-                for (int b = 0; b < 4; b++) qc[tk4_qc<JG>(t, b, h)] = 0u;
-            }
-            qbase[i] = (u8)base;
-        }
-#pragma unroll
-        for (int b = 0; b < 4; b++) {
-            tmn[b] = __reduce_min_sync(0xFFFFFFFFu, tmn[b]);
-            tmx[b] = __reduce_max_sync(0xFFFFFFFFu, tmx[b]);
-        }
-        tbad = __reduce_or_sync(0xFFFFFFFFu, (unsigned)tbad);
-        tlo = __reduce_max_sync(0xFFFFFFFFu, tlo);
-        thi = __reduce_min_sync(0xFFFFFFFFu, thi);
-        if (lane == 0) {
-#pragma unroll
-            for (int b = 0; b < 4; b++) {
-                atomicMin(&qmn[b], tmn[b]);
-                atomicMax(&qmx[b], tmx[b]);
-            }
-            if (tbad) atomicMax(&xbad, 1);
-            atomicMax(&klo, tlo);
-            atomicMin(&khi, thi);
-        }
-        __syncthreads(); // qbase, qmn, qmx, klo, khi, xbad written
-        if (NAT && (V & TK4_CI)) {
-            // Item (t, h, b): B column gg = 2 (t) + h % 2 of fragment (h / 2,
-            // b), the words of lanes 4 gg .. 4 gg + 3 (tt): tk_dec4 of the
-            // block's word tt / 2 (x) and 2 + tt / 2 (y), half tt % 2.
-            for (int i = threadIdx.x; i < TOPK_SCORE4_ROWS * INDEXER_HEADS * 4; i += TOPK_SCORE4_THREADS) {
-                const int b = i & 3, th = i >> 2, t = th >> 6, h = th & 63, gg = 2 * t + (h & 1);
-                uint4 lo = make_uint4(0u, 0u, 0u, 0u), hi = lo; // lanes 4 gg, +1 | +2, +3: {x, y, x, y}
-                if ((act >> t) & 1) {
-                    const u8* raw = qraw + th * MXFP4_ROW_BYTES;
-                    const int base = qbase[th];
-                    const int sh = base == 255 ? 0 : raw[64 + b] - base;
-                    const u32 tlo = TK_DEC_LO << sh, thi = TK_DEC_HI << sh;
-                    const u32* w = (const u32*)(raw + 16 * b);
-                    const u32 w0 = w[0], w1 = w[1], w2 = w[2], w3 = w[3];
-                    if (V & TK4_KP) { // lane tt: word tt, low half (x) and high half (y)
-                        lo = make_uint4(tk_dec4(w0, tlo, thi), tk_dec4(w0 >> 16, tlo, thi), tk_dec4(w1, tlo, thi), tk_dec4(w1 >> 16, tlo, thi));
-                        hi = make_uint4(tk_dec4(w2, tlo, thi), tk_dec4(w2 >> 16, tlo, thi), tk_dec4(w3, tlo, thi), tk_dec4(w3 >> 16, tlo, thi));
-                    } else {
-                        lo = make_uint4(tk_dec4(w0, tlo, thi), tk_dec4(w2, tlo, thi), tk_dec4(w0 >> 16, tlo, thi), tk_dec4(w2 >> 16, tlo, thi));
-                        hi = make_uint4(tk_dec4(w1, tlo, thi), tk_dec4(w3, tlo, thi), tk_dec4(w1 >> 16, tlo, thi), tk_dec4(w3 >> 16, tlo, thi));
-                    }
-                }
-                uint4* dst = (uint4*)(qf + ((h >> 1) * 4 + b) * 32 + 4 * gg);
-                dst[0] = lo;
-                dst[1] = hi;
-            }
-        } else {
-            for (int i = threadIdx.x; i < 32 * 4 * 32; i += TOPK_SCORE4_THREADS) {
-                const int j = i >> 7, b = (i >> 5) & 3, ln = i & 31, gg = ln >> 2, tt = ln & 3;
-                const int t = gg >> 1, h = 2 * j + (gg & 1); // B column gg
-                uint2 v = make_uint2(0u, 0u);
-                if ((act >> t) & 1) {
-                    const u8* raw = qraw + (t * INDEXER_HEADS + h) * MXFP4_ROW_BYTES;
-                    const int base = qbase[t * INDEXER_HEADS + h];
-                    const int sh = base == 255 ? 0 : raw[64 + b] - base;
-                    if (NAT) {
-                        const u32 tlo = TK_DEC_LO << sh, thi = TK_DEC_HI << sh;
-                        v.x = tk_dec4(*(const u32*)(raw + 16 * b + 4 * (tt >> 1)) >> (16 * (tt & 1)), tlo, thi);
-                        v.y = tk_dec4(*(const u32*)(raw + 16 * b + 4 * (2 + (tt >> 1))) >> (16 * (tt & 1)), tlo, thi);
-                    } else {
-                        v.x = tk_shl4(tk_word(*(const u32*)(raw + 16 * b + 4 * (tt >> 1)), tt), sh);
-                        v.y = tk_shl4(tk_word(*(const u32*)(raw + 16 * b + 4 * (2 + (tt >> 1))), tt), sh);
-                    }
-                }
-                qf[i] = v;
-            }
-        }
-        __syncthreads(); // the query arrays in place; the query rows are read: the tile buffers are free
-        const int* table = p.plan + TOPK_PLAN_HDR_WORDS + p.max_seqs * TOPK_SEQ_WORDS + (long long)seq * p.page_stride;
-        const bool mine = (act >> tq) & 1; // this lane's row is in the pass
-        const int vis = rvis[tq];
-        u32* keys = p.scratch + rkeys[tq];
-        const u8* qrow = p.q + (size_t)(r0 + tq) * (INDEXER_HEADS * MXFP4_ROW_BYTES);
-        const u32* qcr = qc + tq * TK4_QC;
-        const float* qwr = qw + tq * TK4_QW;
-        const int gy = gridDim.y;
-        // The byte offset of this lane's entry of tile x in the cache, -1
-        // past the pass's entries or without a page.
-        // log2 of the page size where it is a power of two, else -1.
-        const int pshift = (V & TK4_CI) && (p.page_size & (p.page_size - 1)) == 0 ? __ffs(p.page_size) - 1 : -1;
-        auto entry_off = [&](int x) -> long long {
-            const int s = x * TOPK_SCORE4_THREADS + warp * 32 + lane;
-            if (x >= ntiles || s >= n) return -1;
-            if (V & TK4_CI) { // tk_page, the division a shift where it can be
-                const int j = pshift >= 0 ? s >> pshift : s / p.page_size;
-                const int pg = j < p.page_stride ? table[j] : -1;
-                return pg >= 0 && pg < p.num_pages ? (long long)pg * (long long)page_bytes + (long long)(s - j * p.page_size) * MXFP4_ROW_BYTES : -1;
-            }
-            const int pg = tk_page(p, table, s);
-            return pg >= 0 ? (long long)pg * (long long)page_bytes + (long long)(s % p.page_size) * MXFP4_ROW_BYTES : -1;
-        };
-        // The warp's 32 entries of a tile into buffer buf, lane l's offset
-        // o: word i of the buffer is word i % TK_KW of entry i / TK_KW.
-        auto issue = [&](int buf, long long o) {
-            u32* dst = wks + buf * TK4P_WBUF;
-            if (V & TK4_CI) {
-                const long long o0 = __shfl_sync(0xFFFFFFFFu, o, 0);
-                const u8* src = p.cache + o0;
-                if (__all_sync(0xFFFFFFFFu, o >= 0 && o == o0 + (long long)MXFP4_ROW_BYTES * lane) && ((size_t)src & 15u) == 0) {
-#pragma unroll
-                    for (int c = lane; c < TK4P_WBUF / 4; c += 32) tk_cp16(dst + 4 * c, src + 16 * c);
-                    return;
-                }
-            }
-#pragma unroll
-            for (int m = 0; m < TK_KW; m++) {
-                const int i = m * 32 + lane, el = i / TK_KW, wd = i - el * TK_KW;
-                const long long oe = __shfl_sync(0xFFFFFFFFu, o, el);
-                tk_cp4(dst + i, p.cache + (oe >= 0 ? oe + 4 * wd : 0), oe >= 0);
-            }
-        };
-        int tile = blockIdx.y;
-        long long ocur = entry_off(tile);
-        issue(0, ocur);
-        tk_cp_commit();
-        long long onxt = entry_off(tile + gy);
-        for (int it = 0; tile < ntiles; it++, tile += gy) {
-            if (tile + gy < ntiles) issue((it + 1) & 1, onxt); // warp-uniform
-            tk_cp_commit();
-            const long long onn = entry_off(tile + 2 * gy); // its table read overlaps this tile's scoring
-            tk_cp_wait<1>();
-            __syncwarp(); // every lane's copies of this tile landed
-            const u32* ks = wks + (it & 1) * TK4P_WBUF;
-            const int sw = tile * TOPK_SCORE4_THREADS + warp * 32; // the entry of ks's first
-            const unsigned have = __ballot_sync(0xFFFFFFFFu, ocur >= 0); // entries with a page
-            if (sw < n) { // warp-uniform
-                bool fok = true, xok = true;
-                if (ocur >= 0) {
-                    const u32 sc = ks[lane * TK_KW + 16];
-                    int mn = 255, mx = 0;
-#pragma unroll
-                    for (int b = 0; b < 4; b++) {
-                        const int ek = (int)((sc >> (8 * b)) & 0xFFu);
-                        fok = fok && qmx[b] <= 231 && ek + qmn[b] >= 107 && ek + qmx[b] <= 371;
-                        mn = min(mn, ek);
-                        mx = max(mx, ek);
-                    }
-                    xok = mx - mn <= 3 && mn >= klo && mn <= khi;
-                }
-                const bool exact = __all_sync(0xFFFFFFFFu, xok) && xbad == 0;
-                const bool fast = __all_sync(0xFFFFFFFFu, fok);
-                uint4 a[2][4];
-                u32 ksc[2][2];
-#pragma unroll
-                for (int mt = 0; mt < 2; mt++) {
-                    const u32* k0 = ks + (mt * 16 + g) * TK_KW;
-                    const u32* k1 = k0 + 8 * TK_KW;
-                    ksc[mt][0] = k0[16];
-                    ksc[mt][1] = k1[16];
-                    int m0 = 0, m1 = 0;
-                    if (exact) {
-                        m0 = 255;
-                        m1 = 255;
-#pragma unroll
-                        for (int b = 0; b < 4; b++) {
-                            m0 = min(m0, (int)((ksc[mt][0] >> (8 * b)) & 0xFFu));
-                            m1 = min(m1, (int)((ksc[mt][1] >> (8 * b)) & 0xFFu));
-                        }
-                    }
-#pragma unroll
-                    for (int b = 0; b < 4; b++) {
-                        const int s0b = exact ? (int)((ksc[mt][0] >> (8 * b)) & 0xFFu) - m0 : 0;
-                        const int s1b = exact ? (int)((ksc[mt][1] >> (8 * b)) & 0xFFu) - m1 : 0;
-                        if (NAT && (V & TK4_KP)) {
-                            const u32 t0l = TK_DEC_LO << s0b, t0h = TK_DEC_HI << s0b, t1l = TK_DEC_LO << s1b, t1h = TK_DEC_HI << s1b;
-                            const u32 w0 = k0[4 * b + tq], w1 = k1[4 * b + tq];
-                            a[mt][b].x = tk_dec4(w0, t0l, t0h);
-                            a[mt][b].y = tk_dec4(w1, t1l, t1h);
-                            a[mt][b].z = tk_dec4(w0 >> 16, t0l, t0h);
-                            a[mt][b].w = tk_dec4(w1 >> 16, t1l, t1h);
-                        } else if (NAT) {
-                            const int hs = 16 * (tq & 1);
-                            const u32 t0l = TK_DEC_LO << s0b, t0h = TK_DEC_HI << s0b, t1l = TK_DEC_LO << s1b, t1h = TK_DEC_HI << s1b;
-                            a[mt][b].x = tk_dec4(k0[4 * b + (tq >> 1)] >> hs, t0l, t0h);
-                            a[mt][b].y = tk_dec4(k1[4 * b + (tq >> 1)] >> hs, t1l, t1h);
-                            a[mt][b].z = tk_dec4(k0[4 * b + 2 + (tq >> 1)] >> hs, t0l, t0h);
-                            a[mt][b].w = tk_dec4(k1[4 * b + 2 + (tq >> 1)] >> hs, t1l, t1h);
-                        } else {
-                            a[mt][b].x = tk_shl4(tk_word(k0[4 * b + (tq >> 1)], tq), s0b);
-                            a[mt][b].y = tk_shl4(tk_word(k1[4 * b + (tq >> 1)], tq), s1b);
-                            a[mt][b].z = tk_shl4(tk_word(k0[4 * b + 2 + (tq >> 1)], tq), s0b);
-                            a[mt][b].w = tk_shl4(tk_word(k1[4 * b + 2 + (tq >> 1)], tq), s1b);
-                        }
-                    }
-                }
-                float acc[2][2] = {{0.f, 0.f}, {0.f, 0.f}}; // the head sums of (m-tile, entry c)
-                if (exact && JG > 0 && (V & TK4_CI)) {
-                    // mma4t's loop with its shared-memory pointers advanced a
-                    // step (the loads take immediate offsets).
-                    const uint2* qfp = qf + lane;
-                    const u32* qcp = qcr;
-                    const float* qwp = qwr;
-#pragma unroll 1
-                    for (int j0 = 0; j0 < 32; j0 += (JG > 0 ? JG : 1), qfp += (JG > 0 ? JG : 1) * 4 * 32, qcp += (JG > 0 ? JG : 1) * 8, qwp += 2 * (JG > 0 ? JG : 1)) {
-                        constexpr int G = JG > 0 ? JG : 1;
-                        uint4 cm[G]; // {c0, c1, c0, c1}: pair j0 + jj's C quad
-                        int d[G][2][4];
-#pragma unroll
-                        for (int jj = 0; jj < G; jj++) cm[jj] = *(const uint4*)(qcp + jj * 8);
-#pragma unroll
-                        for (int b = 0; b < 4; b++)
-#pragma unroll
-                            for (int jj = 0; jj < G; jj++) {
-                                const uint2 bq = qfp[(jj * 4 + b) * 32];
-#pragma unroll
-                                for (int mt = 0; mt < 2; mt++) {
-                                    if (b == 0)
-                                        tk_mma_q(d[jj][mt], a[mt][0], bq, cm[jj]);
-                                    else
-                                        tk_mma_accq(d[jj][mt], a[mt][b], bq);
-                                }
-                            }
-#pragma unroll
-                        for (int jj = 0; jj < G; jj++) {
-                            const float2 wq = *(const float2*)(qwp + 2 * jj);
-                            const float nmx = __fmul_rn(-wq.x, __uint_as_float(cm[jj].x)), nmy = __fmul_rn(-wq.y, __uint_as_float(cm[jj].y));
-#pragma unroll
-                            for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-                                for (int i = 0; i < 4; i++) {
-                                    const int c = i >> 1, hp = i & 1;
-                                    const float f = __int_as_float(max(d[jj][mt][i], (int)(hp ? cm[jj].y : cm[jj].x)));
-                                    acc[mt][c] = __fadd_rn(acc[mt][c], __fmaf_rn(hp ? wq.y : wq.x, f, hp ? nmy : nmx));
-                                }
-                        }
-                    }
-#pragma unroll
-                    for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-                        for (int c = 0; c < 2; c++) {
-                            int mn = 255;
-#pragma unroll
-                            for (int b = 0; b < 4; b++) mn = min(mn, (int)((ksc[mt][c] >> (8 * b)) & 0xFFu));
-                            acc[mt][c] = __fmul_rn(acc[mt][c], tk_pow2(mn - 129));
-                        }
-                } else if (exact && JG > 0) {
-#pragma unroll 1
-                    for (int j0 = 0; j0 < 32; j0 += (JG > 0 ? JG : 1)) {
-                        constexpr int G = JG > 0 ? JG : 1;
-                        uint4 cm[G]; // {c0, c1, c0, c1}: pair j0 + jj's C quad
-                        int d[G][2][4];
-#pragma unroll
-                        for (int jj = 0; jj < G; jj++) cm[jj] = *(const uint4*)(qcr + (j0 + jj) * 8);
-#pragma unroll
-                        for (int b = 0; b < 4; b++)
-#pragma unroll
-                            for (int jj = 0; jj < G; jj++) {
-                                const uint2 bq = qf[((j0 + jj) * 4 + b) * 32 + lane];
-#pragma unroll
-                                for (int mt = 0; mt < 2; mt++) {
-                                    if (b == 0)
-                                        tk_mma_q(d[jj][mt], a[mt][0], bq, cm[jj]);
-                                    else
-                                        tk_mma_accq(d[jj][mt], a[mt][b], bq);
-                                }
-                            }
-#pragma unroll
-                        for (int jj = 0; jj < G; jj++) {
-                            const float2 wq = *(const float2*)(qwr + 2 * (j0 + jj));
-                            const float nmx = __fmul_rn(-wq.x, __uint_as_float(cm[jj].x)), nmy = __fmul_rn(-wq.y, __uint_as_float(cm[jj].y));
-#pragma unroll
-                            for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-                                for (int i = 0; i < 4; i++) {
-                                    const int c = i >> 1, hp = i & 1;
-                                    const float f = __int_as_float(max(d[jj][mt][i], (int)(hp ? cm[jj].y : cm[jj].x)));
-                                    acc[mt][c] = __fadd_rn(acc[mt][c], __fmaf_rn(hp ? wq.y : wq.x, f, hp ? nmy : nmx));
-                                }
-                        }
-                    }
-#pragma unroll
-                    for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-                        for (int c = 0; c < 2; c++) {
-                            int mn = 255;
-#pragma unroll
-                            for (int b = 0; b < 4; b++) mn = min(mn, (int)((ksc[mt][c] >> (8 * b)) & 0xFFu));
-                            acc[mt][c] = __fmul_rn(acc[mt][c], tk_pow2(mn - 129));
-                        }
-                } else if (exact) {
-#pragma unroll 2 // two head pairs: four independent mma chains a warp
-                    for (int j = 0; j < 32; j++) {
-                        const uint2 cm = *(const uint2*)(qcr + 2 * j);
-                        int d[2][4];
-#pragma unroll
-                        for (int mt = 0; mt < 2; mt++) {
-                            d[mt][0] = (int)cm.x;
-                            d[mt][1] = (int)cm.y;
-                            d[mt][2] = (int)cm.x;
-                            d[mt][3] = (int)cm.y;
-                        }
-#pragma unroll
-                        for (int b = 0; b < 4; b++) {
-                            const uint2 bq = qf[(j * 4 + b) * 32 + lane];
-#pragma unroll
-                            for (int mt = 0; mt < 2; mt++) tk_mma_acc(d[mt], a[mt][b], bq);
-                        }
-                        const float2 wq = *(const float2*)(qwr + 2 * j);
-                        const float nmx = __fmul_rn(-wq.x, __uint_as_float(cm.x)), nmy = __fmul_rn(-wq.y, __uint_as_float(cm.y));
-#pragma unroll
-                        for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-                            for (int i = 0; i < 4; i++) {
-                                const int c = i >> 1, hp = i & 1;
-                                const float f = __int_as_float(max(d[mt][i], (int)(hp ? cm.y : cm.x)));
-                                acc[mt][c] = __fadd_rn(acc[mt][c], __fmaf_rn(hp ? wq.y : wq.x, f, hp ? nmy : nmx));
-                            }
-                    }
-#pragma unroll
-                    for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-                        for (int c = 0; c < 2; c++) {
-                            int mn = 255;
-#pragma unroll
-                            for (int b = 0; b < 4; b++) mn = min(mn, (int)((ksc[mt][c] >> (8 * b)) & 0xFFu));
-                            acc[mt][c] = __fmul_rn(acc[mt][c], tk_pow2(mn - 129));
-                        }
-                } else if (fast && (V & TK4_FB) && (V & TK4_CI)) {
-                    float sk[2][2][4]; // 2^(ek_b - 129) of this lane's entries
-#pragma unroll
-                    for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-                        for (int c = 0; c < 2; c++)
-#pragma unroll
-                            for (int b = 0; b < 4; b++) sk[mt][c][b] = tk_pow2((int)((ksc[mt][c] >> (8 * b)) & 0xFFu) - 129);
-                    // Block by block, each block's dots folded into the
-                    // (pair, head) sums at once: a block's D alone is live,
-                    // so that two head pairs a step fit the registers.
-                    const uint2* qfp = qf + lane;
-                    const u32* qcp = qcr;
-                    const float* qwp = qwr;
-#pragma unroll 2
-                    for (int j = 0; j < 32; j++, qfp += 4 * 32, qcp += 8, qwp += 2) {
-                        const uint4 c01 = *(const uint4*)qcp, c23 = *(const uint4*)(qcp + 4);
-                        const uint2 cq[4] = {make_uint2(c01.x, c01.y), make_uint2(c01.z, c01.w), make_uint2(c23.x, c23.y), make_uint2(c23.z, c23.w)};
-                        float dot[2][4];
-#pragma unroll
-                        for (int b = 0; b < 4; b++) {
-                            const uint2 bq = qfp[b * 32];
-                            int d[2][4];
-#pragma unroll
-                            for (int mt = 0; mt < 2; mt++) tk_mma_q(d[mt], a[mt][b], bq, make_uint4(cq[b].x, cq[b].y, cq[b].x, cq[b].y));
-#pragma unroll
-                            for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-                                for (int i = 0; i < 4; i++) {
-                                    const int c = i >> 1, hp = i & 1;
-                                    const float pq = __fsub_rn(__int_as_float(d[mt][i]), __uint_as_float(hp ? cq[b].y : cq[b].x));
-                                    dot[mt][i] = b == 0 ? __fmul_rn(pq, sk[mt][c][b]) : __fmaf_rn(pq, sk[mt][c][b], dot[mt][i]);
-                                }
-                        }
-                        const float2 wq = *(const float2*)qwp;
-#pragma unroll
-                        for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-                            for (int i = 0; i < 4; i++) {
-                                const int c = i >> 1, hp = i & 1;
-                                acc[mt][c] = __fadd_rn(acc[mt][c], __fmul_rn(hp ? wq.y : wq.x, fmaxf(dot[mt][i], 0.f)));
-                            }
-                    }
-                } else if (fast && (V & TK4_FB)) {
-                    float sk[2][2][4]; // 2^(ek_b - 129) of this lane's entries
-#pragma unroll
-                    for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-                        for (int c = 0; c < 2; c++)
-#pragma unroll
-                            for (int b = 0; b < 4; b++) sk[mt][c][b] = tk_pow2((int)((ksc[mt][c] >> (8 * b)) & 0xFFu) - 129);
-                    // Block by block, each block's dots folded into the
-                    // (pair, head) sums at once: a block's D alone is live,
-                    // so that two head pairs a step fit the registers.
-#pragma unroll 2
-                    for (int j = 0; j < 32; j++) {
-                        const uint4 c01 = *(const uint4*)(qcr + j * 8), c23 = *(const uint4*)(qcr + j * 8 + 4);
-                        const uint2 cq[4] = {make_uint2(c01.x, c01.y), make_uint2(c01.z, c01.w), make_uint2(c23.x, c23.y), make_uint2(c23.z, c23.w)};
-                        float dot[2][4];
-#pragma unroll
-                        for (int b = 0; b < 4; b++) {
-                            const uint2 bq = qf[(j * 4 + b) * 32 + lane];
-                            int d[2][4];
-#pragma unroll
-                            for (int mt = 0; mt < 2; mt++) tk_mma_q(d[mt], a[mt][b], bq, make_uint4(cq[b].x, cq[b].y, cq[b].x, cq[b].y));
-#pragma unroll
-                            for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-                                for (int i = 0; i < 4; i++) {
-                                    const int c = i >> 1, hp = i & 1;
-                                    const float pq = __fsub_rn(__int_as_float(d[mt][i]), __uint_as_float(hp ? cq[b].y : cq[b].x));
-                                    dot[mt][i] = b == 0 ? __fmul_rn(pq, sk[mt][c][b]) : __fmaf_rn(pq, sk[mt][c][b], dot[mt][i]);
-                                }
-                        }
-                        const float2 wq = *(const float2*)(qwr + 2 * j);
-#pragma unroll
-                        for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-                            for (int i = 0; i < 4; i++) {
-                                const int c = i >> 1, hp = i & 1;
-                                acc[mt][c] = __fadd_rn(acc[mt][c], __fmul_rn(hp ? wq.y : wq.x, fmaxf(dot[mt][i], 0.f)));
-                            }
-                    }
-                } else if (fast) {
-                    float sk[2][2][4]; // 2^(ek_b - 129) of this lane's entries
-#pragma unroll
-                    for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-                        for (int c = 0; c < 2; c++)
-#pragma unroll
-                            for (int b = 0; b < 4; b++) sk[mt][c][b] = tk_pow2((int)((ksc[mt][c] >> (8 * b)) & 0xFFu) - 129);
-#pragma unroll 1
-                    for (int j = 0; j < 32; j++) {
-                        uint2 cq[4];
-                        int d[2][4][4];
-                        if (JG > 0) {
-                            const uint4 c01 = *(const uint4*)(qcr + j * 8), c23 = *(const uint4*)(qcr + j * 8 + 4);
-                            cq[0] = make_uint2(c01.x, c01.y);
-                            cq[1] = make_uint2(c01.z, c01.w);
-                            cq[2] = make_uint2(c23.x, c23.y);
-                            cq[3] = make_uint2(c23.z, c23.w);
-                        }
-#pragma unroll
-                        for (int b = 0; b < 4; b++) {
-                            const uint2 bq = qf[(j * 4 + b) * 32 + lane];
-                            if (JG > 0) {
-#pragma unroll
-                                for (int mt = 0; mt < 2; mt++) tk_mma_q(d[mt][b], a[mt][b], bq, make_uint4(cq[b].x, cq[b].y, cq[b].x, cq[b].y));
-                            } else {
-                                cq[b] = *(const uint2*)(qcr + b * 64 + 2 * j);
-#pragma unroll
-                                for (int mt = 0; mt < 2; mt++) tk_mma_c(d[mt][b], a[mt][b], bq, cq[b]);
-                            }
-                        }
-                        const float2 wq = *(const float2*)(qwr + 2 * j);
-#pragma unroll
-                        for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-                            for (int i = 0; i < 4; i++) {
-                                const int c = i >> 1, hp = i & 1;
-                                float dot = 0.f;
-#pragma unroll
-                                for (int b = 0; b < 4; b++) {
-                                    const float pq = __fsub_rn(__int_as_float(d[mt][b][i]), __uint_as_float(hp ? cq[b].y : cq[b].x));
-                                    dot = b == 0 ? __fmul_rn(pq, sk[mt][c][b]) : __fmaf_rn(pq, sk[mt][c][b], dot);
-                                }
-                                acc[mt][c] = __fadd_rn(acc[mt][c], __fmul_rn(hp ? wq.y : wq.x, fmaxf(dot, 0.f)));
-                            }
-                    }
-                } else {
-#pragma unroll 1
-                    for (int j = 0; j < 32; j++) {
-                        uint2 cq[4];
-                        int d[2][4][4];
-                        if (JG > 0) {
-                            const uint4 c01 = *(const uint4*)(qcr + j * 8), c23 = *(const uint4*)(qcr + j * 8 + 4);
-                            cq[0] = make_uint2(c01.x, c01.y);
-                            cq[1] = make_uint2(c01.z, c01.w);
-                            cq[2] = make_uint2(c23.x, c23.y);
-                            cq[3] = make_uint2(c23.z, c23.w);
-                        }
-#pragma unroll
-                        for (int b = 0; b < 4; b++) {
-                            const uint2 bq = qf[(j * 4 + b) * 32 + lane];
-                            if (JG > 0) {
-#pragma unroll
-                                for (int mt = 0; mt < 2; mt++) tk_mma_q(d[mt][b], a[mt][b], bq, make_uint4(cq[b].x, cq[b].y, cq[b].x, cq[b].y));
-                            } else {
-                                cq[b] = *(const uint2*)(qcr + b * 64 + 2 * j);
-#pragma unroll
-                                for (int mt = 0; mt < 2; mt++) tk_mma_c(d[mt][b], a[mt][b], bq, cq[b]);
-                            }
-                        }
-                        const float2 wq = *(const float2*)(qwr + 2 * j);
-#pragma unroll
-                        for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-                            for (int i = 0; i < 4; i++) {
-                                const int c = i >> 1, hp = i & 1, h = 2 * j + hp;
-                                float dot = 0.f;
-#pragma unroll
-                                for (int b = 0; b < 4; b++) {
-                                    const u32 cb = hp ? cq[b].y : cq[b].x;
-                                    const int dd = d[mt][b][i] - (int)cb;
-                                    const int e = cb != 0u ? (int)(cb >> 23) - 23 : (mine ? (int)qrow[h * MXFP4_ROW_BYTES + 64 + b] : 0);
-                                    const int ek = (int)((ksc[mt][c] >> (8 * b)) & 0xFFu);
-                                    const float pb = tk_scale(dd, e + ek - 256);
-                                    dot = b == 0 ? pb : __fadd_rn(dot, pb);
-                                }
-                                const float rl = dot > 0.f ? dot : 0.f;
-                                acc[mt][c] = __fadd_rn(acc[mt][c], __fmul_rn(hp ? wq.y : wq.x, rl));
-                            }
-                    }
-                }
-#pragma unroll
-                for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-                    for (int c = 0; c < 2; c++) {
-                        const int l = mt * 16 + c * 8 + g, s = sw + l;
-                        if (mine && s < vis) keys[s] = (have >> l) & 1u ? tk_key(acc[mt][c]) : 0u; // an entry without a page scores NaN
-                    }
-            }
-            __syncwarp(); // the buffer is read before the next tile but one is copied into it
-            ocur = onxt;
-            onxt = onn;
-        }
-        tk_cp_wait<0>(); // nothing in flight into the buffers the next pass's query rows take
-    }
-}
-
-extern "C" __global__ void __launch_bounds__(TOPK_SCORE4_THREADS, 4) topk_score_mma4p(const TopKParams p) { tk_score4p<false, 0>(p); }
-extern "C" __global__ void __launch_bounds__(TOPK_SCORE4_THREADS, 4) topk_score_mma4q(const TopKParams p) { tk_score4p<true, 0>(p); }
-extern "C" __global__ void __launch_bounds__(TOPK_SCORE4_THREADS, 4) topk_score_mma4t(const TopKParams p) { tk_score4p<true, 2>(p); }
-extern "C" __global__ void __launch_bounds__(TOPK_SCORE4_THREADS, 4) topk_score_mma4u(const TopKParams p) { tk_score4p<true, 4, TK4_FB>(p); }
-extern "C" __global__ void __launch_bounds__(TOPK_SCORE4_THREADS, 4) topk_score_mma4v(const TopKParams p) { tk_score4p<true, 2, TK4_FB | TK4_CI>(p); }
-extern "C" __global__ void __launch_bounds__(TOPK_SCORE4_THREADS, 4) topk_score_mma4w(const TopKParams p) { tk_score4p<true, 2, TK4_FB | TK4_CI | TK4_KP>(p); }
-
-// topk_score_mma4x's dynamic shared memory (bytes): mma4w's B fragments
-// and C words, the head weights as quads {w0, w1, nm0, nm1} a head pair
-// (wn: mma4w's qw and the exact path's products), two tile buffers a warp
+// topk_score_mma4x's dynamic shared memory (bytes): the query's B
+// fragments and C words, the head weights as quads {w0, w1, nm0, nm1} a
+// head pair (wn: the weights and the exact path's products), two tile buffers a warp
 // (first the pass's query rows as stored), the query's base bytes.
 #define TK4X_WN 34 // float4 between the rows of wn: 32 and 2, so the rows' LDS.128 hit distinct banks
 #define TK4X_QF 0
@@ -1518,26 +294,23 @@ static_assert((INDEXER_HEADS * MXFP4_ROW_BYTES) % 16 == 0, "a query row is whole
 // bytes (no bank conflict).
 __device__ __forceinline__ int tk4x_qf(int j, int bp, int l) { return (j * 2 + bp) * 32 + l; }
 
-// topk_score_mma4x is topk_score_mma4w (the same integer dots, the same
-// float32 instructions in the same order for every (row, entry, head), so
-// the same keys) with fewer instructions around its loops and in them:
-// - blocks of NT = TOPK_SCORE4X_THREADS threads (8 warps), two a
-//   multiprocessor (the same 16 warps as mma4w's four blocks of 4): the
-//   pass's setup (the query copied, its scales resolved, its B fragments
-//   decoded) is done half as many times a multiprocessor and by twice the
-//   threads, much of the time of a block at 8K context, where each block
-//   scores one tile;
-// - the pass's query rows copied as 16-byte chunks (272 a row);
-// - the B fragments of two blocks in one 16-byte load (tk4x_qf): 2 loads a
-//   (head pair, m-tile pair) instead of 4, on every path;
-// - on the exact path, a head pair's weights with their products
-//   nm = fl(-w M) (mma4w computes them in the loop, two multiplies a pair)
-//   in one float4 {w0, w1, nm0, nm1} of wn, set once a pass: a pair's loop
-//   body loads its C quad and that quad, 4 loads and no multiply besides
-//   the mma and the contract's three instructions a (pair, head).
-// (H200, bench/results/2026-12-02-h200-j/tscore/call1: the same in blocks
-// of 4 warps, its exact loop software-pipelined, or with a pass's first
-// tile copied before its setup was no faster.)
+// topk_score_mma4x: block (x, y) takes rows 4x..4x+3, a pass for each sequence among them
+// (one in decode with MTP 3). A pass copies the rows' queries to shared
+// memory in 16-byte chunks, resolves their scales (an exact integer path
+// where a row's four block scales lie within 3 of their least, the
+// general one otherwise) and decodes the mma's B fragments (two blocks'
+// in one 16-byte load, tk4x_qf); then it scores tiles y, y + gridDim.y,
+// ... of TOPK_SCORE4X_THREADS entries, each warp streaming its own 32
+// entries through two cp.async buffers: the block dots on the int8 mma
+// (the entries its M, the (row, head) pairs its N), each block partial
+// scaled and summed with the head weights in the contract's float32
+// order, the exact path's weights and products fl(-w M) set once a pass
+// in one float4 a head pair. Blocks of 8 warps, two a multiprocessor (the
+// registers). (Its predecessors topk_score_mma4..mma4w, with the same
+// integer dots and float32 instructions in the same order, and what each
+// step bought: BENCHMARKS.md, bench/results/2026-12-02-h200-j/tscore; in
+// blocks of 4 warps, with its exact loop software-pipelined, or with a
+// pass's first tile copied before its setup it was no faster.)
 extern "C" __global__ void __launch_bounds__(TOPK_SCORE4X_THREADS, 2) topk_score_mma4x(const TopKParams p) {
     constexpr int NT = TOPK_SCORE4X_THREADS;
     extern __shared__ __align__(16) u8 tk4x_smem[];
@@ -1558,13 +331,13 @@ extern "C" __global__ void __launch_bounds__(TOPK_SCORE4X_THREADS, 2) topk_score
         const int r = r0 + threadIdx.x;
         TkRow t = {0, 0, 0, 0};
         if (r < p.rows) t = tk_resolve(p, r);
-        const bool scored = t.valid && t.visible > p.top_k; // else topk_select needs no keys
+        const bool scored = t.valid && t.visible > p.top_k; // else the select needs no keys
         rseq[threadIdx.x] = scored ? t.seq : -1;
         rvis[threadIdx.x] = scored ? t.visible : 0;
         rkeys[threadIdx.x] = t.keys;
     }
     __syncthreads();
-    pdl_wait(); // the rows resolved before the wait, as topk_select4 does: no kernel writes the plan
+    pdl_wait(); // the rows resolved before the wait, as the selects do: no kernel writes the plan
     pdl_trigger();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tq = lane & 3;
     const size_t page_bytes = (size_t)p.page_size * MXFP4_ROW_BYTES;
@@ -1713,7 +486,7 @@ extern "C" __global__ void __launch_bounds__(TOPK_SCORE4X_THREADS, 2) topk_score
         __syncthreads(); // qc, qbase, qmn, qmx, klo, khi, xbad written
         // Item (t, h, bp): B column gg = 2 t + h % 2 of fragments (h / 2,
         // 2 bp) and (h / 2, 2 bp + 1), lanes 4 gg + tt: tk_dec4 of the
-        // block's word tt, low half (x) and high half (y), as mma4w's.
+        // block's word tt, low half (x) and high half (y).
         for (int i = threadIdx.x; i < TOPK_SCORE4_ROWS * INDEXER_HEADS * 2; i += NT) {
             const int bp = i & 1, th = i >> 1, t = th >> 6, h = th & 63, gg = 2 * t + (h & 1);
             uint4 v[4] = {}; // lane 4 gg + tt: {block 2 bp: x, y, block 2 bp + 1: x, y}
@@ -1744,7 +517,7 @@ extern "C" __global__ void __launch_bounds__(TOPK_SCORE4X_THREADS, 2) topk_score
             for (int tt = 0; tt < 4; tt++) qf[tk4x_qf(h >> 1, bp, 4 * gg + tt)] = v[tt];
         }
         // The exact path's products nm = fl(-w M), M block 0's C (inactive
-        // rows: w = 0, M = 0), as mma4w computes them in its loop.
+        // rows: w = 0, M = 0).
         for (int i = threadIdx.x; i < TOPK_SCORE4_ROWS * INDEXER_HEADS; i += NT) {
             const int t = i >> 6, h = i & 63;
             wnf[wq(t, h) + 2] = __fmul_rn(-wnf[wq(t, h)], __uint_as_float(qc[tk4_qc<2>(t, 0, h)]));
@@ -1818,7 +591,7 @@ extern "C" __global__ void __launch_bounds__(TOPK_SCORE4X_THREADS, 2) topk_score
                 float acc[2][2] = {{0.f, 0.f}, {0.f, 0.f}}; // the head sums of (m-tile, entry c)
                 const uint4* qfp = qf + lane;
                 if (exact) {
-                    // mma4w's exact loop, two head pairs a step; its nm from wn.
+                    // The exact loop, two head pairs a step; its nm from wn.
                     const u32* qcp = qcr;
                     const float4* wnp = wnr;
 #pragma unroll 1
@@ -1877,7 +650,7 @@ extern "C" __global__ void __launch_bounds__(TOPK_SCORE4X_THREADS, 2) topk_score
                         for (int c = 0; c < 2; c++)
 #pragma unroll
                             for (int b = 0; b < 4; b++) sk[mt][c][b] = tk_pow2((int)((ksc[mt][c] >> (8 * b)) & 0xFFu) - 129);
-                    // mma4w's fast path: block by block, each block's dots
+                    // The fast path: block by block, each block's dots
                     // folded into the (pair, head) sums at once.
                     const u32* qcp = qcr;
                     const float4* wnp = wnr;
@@ -1960,111 +733,6 @@ extern "C" __global__ void __launch_bounds__(TOPK_SCORE4X_THREADS, 2) topk_score
     }
 }
 
-// Block-wide exclusive prefix sum of v over TOPK_SELECT_THREADS threads;
-// *total receives the sum. Every thread must call it.
-__device__ __forceinline__ int tk_scan(int v, int* warp_sums, int* total) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int x = v;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        int y = __shfl_up_sync(0xFFFFFFFFu, x, o);
-        if (lane >= o) x += y;
-    }
-    if (lane == 31) warp_sums[warp] = x;
-    __syncthreads();
-    if (warp == 0) {
-        int w = lane < TOPK_SELECT_THREADS / 32 ? warp_sums[lane] : 0;
-        int wx = w;
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            int y = __shfl_up_sync(0xFFFFFFFFu, wx, o);
-            if (lane >= o) wx += y;
-        }
-        warp_sums[lane] = wx - w; // exclusive, per warp
-        if (lane == 31) warp_sums[32] = wx;
-    }
-    __syncthreads();
-    int r = warp_sums[warp] + x - v;
-    *total = warp_sums[32];
-    __syncthreads(); // warp_sums is reused by the next call
-    return r;
-}
-
-extern "C" __global__ void __launch_bounds__(TOPK_SELECT_THREADS) topk_select(const TopKParams p) {
-    __shared__ u32 hist[256];
-    __shared__ u32 s_prefix, s_remain;
-    __shared__ int warp_sums[33];
-    pdl_wait();
-    pdl_trigger();
-    const int r = blockIdx.x;
-    if (r >= p.rows) return;
-    int* out = p.out + (size_t)r * p.top_k;
-    const TkRow t = tk_resolve(p, r);
-    const int n = t.valid ? t.visible : 0;
-    if (n <= p.top_k) {
-        for (int i = threadIdx.x; i < p.top_k; i += TOPK_SELECT_THREADS) out[i] = i < n ? i : -1;
-        return;
-    }
-    const u32* keys = p.scratch + t.keys;
-    u32 prefix = 0u, mask = 0u, remain = (u32)p.top_k;
-    for (int shift = 24; shift >= 0; shift -= 8) {
-        for (int i = threadIdx.x; i < 256; i += TOPK_SELECT_THREADS) hist[i] = 0u;
-        __syncthreads();
-        for (int i = threadIdx.x; i < n; i += TOPK_SELECT_THREADS) {
-            u32 k = keys[i];
-            if ((k & mask) == prefix) atomicAdd(&hist[(k >> shift) & 0xFFu], 1u);
-        }
-        __syncthreads();
-        if (threadIdx.x < 32) {
-            // Lane l holds bins 255-8l down to 248-8l; the first lane whose
-            // running count from the top reaches remain holds the bin.
-            const int lane = threadIdx.x;
-            u32 c[8], sum = 0u;
-#pragma unroll
-            for (int j = 0; j < 8; j++) {
-                c[j] = hist[255 - (lane * 8 + j)];
-                sum += c[j];
-            }
-            u32 incl = sum;
-#pragma unroll
-            for (int o = 1; o < 32; o <<= 1) {
-                u32 y = __shfl_up_sync(0xFFFFFFFFu, incl, o);
-                if (lane >= o) incl += y;
-            }
-            unsigned ballot = __ballot_sync(0xFFFFFFFFu, incl >= remain);
-            int first = __ffs(ballot) - 1;
-            if (lane == first) {
-                u32 acc = incl - sum;
-                int j = 0;
-                for (; j < 7 && acc + c[j] < remain; j++) acc += c[j];
-                s_prefix = prefix | ((u32)(255 - (lane * 8 + j)) << shift);
-                s_remain = remain - acc;
-            }
-        }
-        __syncthreads();
-        prefix = s_prefix;
-        remain = s_remain;
-        mask |= 0xFFu << shift;
-        __syncthreads(); // s_prefix and hist are rewritten by the next pass
-    }
-    // prefix is the threshold key; remain of the keys equal to it are taken,
-    // the lowest indices first, with every key above it.
-    int placed = 0;
-    int eq_left = (int)remain;
-    for (int base = 0; base < n && placed < p.top_k; base += TOPK_SELECT_THREADS) {
-        const int i = base + threadIdx.x;
-        const u32 k = i < n ? keys[i] : 0u;
-        const int gt = i < n && k > prefix, eq = i < n && k == prefix;
-        int eq_total, take_total;
-        const int eq_rank = tk_scan(eq, warp_sums, &eq_total);
-        const int take = gt || (eq && eq_rank < eq_left);
-        const int pos = tk_scan(take, warp_sums, &take_total);
-        if (take) out[placed + pos] = i;
-        placed += take_total;
-        eq_left -= min(eq_total, eq_left);
-    }
-}
-
 // Key i of a row: from shared memory (SH) or, read-only, from global.
 template <bool SH>
 __device__ __forceinline__ u32 tk_key_at(const u32* sk, const u32* gk, int i) {
@@ -2072,12 +740,12 @@ __device__ __forceinline__ u32 tk_key_at(const u32* sk, const u32* gk, int i) {
     return __ldg(gk + i);
 }
 
-// The radix select of topk_select over n keys (in shared memory if SH,
+// The radix select over n keys (in shared memory if SH,
 // else read-only global memory): *th receives the want-th largest key and
 // *take how many of the keys equal to it are among the want largest. Every
 // thread must call it.
 //
-// PP (per-pass arrays, topk_select4): two barriers a pass instead of four.
+// PP (per-pass arrays): two barriers a pass instead of four.
 // hist holds four histograms (4 x 256 words, 16-byte aligned), one a pass,
 // zeroed at once, and s_pick a pair a pass (8 words), so that nothing is
 // rewritten while a warp may still read it; the caller puts a barrier
@@ -2136,7 +804,7 @@ __device__ __forceinline__ void tk_radix(const u32* sk, const u32* gk, int n, u3
         }
         if (PP && lane == 0 && rcnt != 0u) atomicAdd(&h[run], rcnt);
         __syncthreads();
-        if (warp == 0) { // topk_select's choice of the bin
+        if (warp == 0) { // the choice of the bin
             u32 c[8], sum = 0u;
             if (PP) { // bins 255 - 8 lane down to 248 - 8 lane, two vector loads
                 const uint4 hi = *reinterpret_cast<const uint4*>(h + 252 - 8 * lane);
@@ -2174,7 +842,7 @@ __device__ __forceinline__ void tk_radix(const u32* sk, const u32* gk, int n, u3
     *take = remain;
 }
 
-// topk_select's output given the threshold key prefix: the keys above it
+// The select's output given the threshold key prefix: the keys above it
 // and the first remain keys equal to it, in ascending index. Warp w
 // gathers keys [w*seg, w*seg + seg) in order: a taken key's place is the
 // keys above the threshold before it plus min(remain, the keys equal to it
@@ -2212,7 +880,7 @@ __device__ __forceinline__ void tk_gather(const u32* sk, const u32* gk, int n, u
     }
 }
 
-// topk_select2's work on a row's n keys (SH: staged in shared memory; PP:
+// The select of a row's n keys (SH: staged in shared memory; PP:
 // tk_radix's per-pass arrays).
 template <bool SH, bool PP = false, int NT = TOPK_SELECT_THREADS>
 __device__ __forceinline__ void tk_select2(const TopKParams& p, const u32* sk, const u32* gk, int n, int* out, u32* hist,
@@ -2220,42 +888,6 @@ __device__ __forceinline__ void tk_select2(const TopKParams& p, const u32* sk, c
     u32 th, take;
     tk_radix<SH, PP, NT>(sk, gk, n, (u32)p.top_k, hist, s_pick, &th, &take);
     tk_gather<SH, NT>(sk, gk, n, th, take, out, wsum);
-}
-
-// topk_select2 is topk_select (the same radix select, the same indices)
-// with the row's keys first copied to shared memory where they fit (its
-// dynamic shared memory: the host gives the most keys a row of the launch
-// can have, up to a cap; a row past it reads them from global memory each
-// pass), histogram atomics added once a bin a warp in the usual case, and
-// the indices gathered by warp ballots with one barrier instead of two
-// block scans a 1024 keys.
-extern "C" __global__ void __launch_bounds__(TOPK_SELECT_THREADS) topk_select2(const TopKParams p) {
-    extern __shared__ u32 tks2_keys[];
-    __shared__ u32 hist[256];
-    __shared__ u32 s_pick[2];
-    __shared__ int wsum[2][32];
-    pdl_wait();
-    pdl_trigger();
-    const int r = blockIdx.x;
-    if (r >= p.rows) return;
-    int* out = p.out + (size_t)r * p.top_k;
-    const TkRow t = tk_resolve(p, r);
-    const int n = t.valid ? t.visible : 0;
-    if (n <= p.top_k) {
-        for (int i = threadIdx.x; i < p.top_k; i += TOPK_SELECT_THREADS) out[i] = i < n ? i : -1;
-        return;
-    }
-    const u32* keys = p.scratch + t.keys;
-    u32 cap;
-    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(cap));
-    if ((u32)n <= cap / 4u) {
-        for (int i = threadIdx.x; i < n; i += TOPK_SELECT_THREADS) tk_cp4(tks2_keys + i, keys + i, true);
-        tk_cp_commit();
-        tk_cp_wait<0>(); // and the first pass's barrier makes every thread's copies visible
-        tk_select2<true>(p, tks2_keys, keys, n, out, hist, s_pick, wsum);
-    } else {
-        tk_select2<false>(p, tks2_keys, keys, n, out, hist, s_pick, wsum);
-    }
 }
 
 // tk_gather over the m entry indices at ol (ascending, each key at least
@@ -2293,19 +925,18 @@ __device__ __forceinline__ void tk_gather_list(const u32* ol, int m, const u32* 
     }
 }
 
-// topk_select3 is topk_select2 (the same indices) but for a row whose
-// keys do not fit its shared memory (a long context), which topk_select2
-// reads from global memory six times (four radix passes, two gather
-// sweeps). Here: a sample (8 keys of every 128) in shared memory gives, by
+// tk_select3 selects row r (t resolved) with the kernel's shared memory
+// (tks3 the dynamic part; hist and s_pick as tk_radix<PP> takes them):
+// with the row's keys copied there where they fit (tk_select2). For a row
+// whose keys do not (a long context), which tk_select2 would read from
+// global memory six times (four radix passes, two gather sweeps): a sample (8 keys of every 128) in shared memory gives, by
 // its radix select, a key L that about twice index_topk keys reach; one
 // sweep copies the keys >= L with their indices to shared memory; the
 // radix select over them finds the threshold (the row's own, as every key
 // above it is among them); the indices of the keys at or above it are
 // sorted (bitonic) and gathered. Where L lets fewer than index_topk keys
 // or more than the room through, or the room is short, the row takes
-// topk_select2's way.
-// (tk_select3 is that work on row r, t resolved, with the kernel's shared
-// memory: tks3 the dynamic part; hist and s_pick as tk_radix<PP> takes them.)
+// tk_select2's way from global memory.
 template <bool PP, int NT = TOPK_SELECT_THREADS>
 __device__ __forceinline__ void tk_select3(const TopKParams& p, int r, const TkRow& t, u32* tks3, u32* hist, u32* s_pick,
                                            int (*wsum)[32], int& s_cnt) {
@@ -2406,32 +1037,18 @@ __device__ __forceinline__ void tk_select3(const TopKParams& p, int r, const TkR
     if (!ok) tk_select2<false, PP, NT>(p, tks3, keys, n, out, hist, s_pick, wsum);
 }
 
-extern "C" __global__ void __launch_bounds__(TOPK_SELECT_THREADS) topk_select3(const TopKParams p) {
-    extern __shared__ u32 tks3[];
-    __shared__ u32 hist[256];
-    __shared__ u32 s_pick[2];
-    __shared__ int wsum[2][32];
-    __shared__ int s_cnt;
-    pdl_wait();
-    pdl_trigger();
-    const int r = blockIdx.x;
-    if (r >= p.rows) return;
-    const TkRow t = tk_resolve(p, r);
-    tk_select3<false>(p, r, t, tks3, hist, s_pick, wsum, s_cnt);
-}
-
-// TK_RSEQS: the sequences whose first rows topk_select4 copies to shared
+// TK_RSEQS: the sequences whose first rows a select kernel copies to shared
 // memory to find its row's there (a plan of more searches global memory).
 #define TK_RSEQS 256
 
-// topk_select4 is topk_select3 (the same indices) with the fixed cost of a
-// row cut, the whole of a short row's select (8K context: 2048 keys). The
-// row is resolved before waiting for the score kernel (the plan is the
+// tk_select4 is topk_select4n's body (tk_select3 on the block's row) with
+// the fixed cost of a row cut, the whole of a short row's select. The row
+// is resolved before waiting for the score kernel (the plan is the
 // launch's input, written before it, and a dependent grid starts only
 // after every block of the score kernel has passed its own wait),
 // searching a copy of the sequences' first rows made at once (two reads
 // of global memory, not the binary search's six dependent ones);
-// tk_radix's passes take two barriers each (eight in all instead of
+// tk_radix's passes take two barriers each (PP: eight in all instead of
 // sixteen), and a warp's histogram atomics are carried over its
 // iterations while their bin stays the same.
 template <int NT>
@@ -2460,9 +1077,7 @@ __device__ __forceinline__ void tk_select4(const TopKParams& p) {
     tk_select3<true, NT>(p, r, t, tks4, hist, s_pick, wsum, s_cnt);
 }
 
-extern "C" __global__ void __launch_bounds__(TOPK_SELECT_THREADS) topk_select4(const TopKParams p) { tk_select4<TOPK_SELECT_THREADS>(p); }
-
-// topk_select4n is topk_select4 in blocks of TOPK_SELECT4N_THREADS, for
+// topk_select4n is tk_select4 in blocks of TOPK_SELECT4N_THREADS, for
 // launches of many short rows (a prefill's: a row of 4,096 keys leaves most
 // of 1,024 threads idle and holds a multiprocessor alone; here four or more
 // rows share one). The same indices.
@@ -2480,7 +1095,14 @@ extern "C" __global__ void __launch_bounds__(TOPK_SELECT4N_THREADS) topk_select4
 // lane's), so that no third barrier hands a choice over. Every thread must
 // call it; the keys must be visible to every thread before (its first
 // barrier orders the histograms' zeroing only).
-template <int NT>
+//
+// EARLY: where a pass's bin holds exactly the keys still wanted (every key
+// of it is taken: at decode 8K, after the second pass, where the bin is
+// one key), the select ends there with *th = that prefix less 1 and *take
+// = 0: the keys above *th are the keys at or above the prefix, the same
+// want keys (tk_gather's output is the same). Every warp reads the same
+// bins, so all of them end at the same pass.
+template <int NT, bool EARLY = false>
 __device__ __forceinline__ void tk_radix11(const u32* sk, int n, u32 want, u32* hist, u32* wtot, u32* th, u32* take) {
     constexpr int NW = NT / 32;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -2495,7 +1117,7 @@ __device__ __forceinline__ void tk_radix11(const u32* sk, int n, u32 want, u32* 
         const int seg = nb / NW, q = seg / 32; // bins a warp's segment, a lane's
         u32* h = hist + pass * 2048;
         u32* wt = wtot + pass * 32;
-        // topk_select2's aggregation: the first active lane adds its bin's
+        // tk_radix's aggregation: the first active lane adds its bin's
         // count for the warp, the others one each.
 #pragma unroll 4
         for (int b0 = warp * 32; b0 < n; b0 += NT) { // warp-uniform
@@ -2542,16 +1164,22 @@ __device__ __forceinline__ void tk_radix11(const u32* sk, int n, u32 want, u32* 
         prefix |= (u32)bin << shift;
         remain -= acc;
         mask |= (u32)(nb - 1) << shift;
+        if (EARLY && pass < 2 && h[bin] == remain && prefix != 0u) { // block-uniform
+            *th = prefix - 1u;
+            *take = 0u;
+            return;
+        }
     }
     *th = prefix;
     *take = remain;
 }
 
-// topk_select5 is topk_select4 (the same indices) with a row whose keys
-// fit its shared memory selected by tk_radix11: three passes of two
-// barriers instead of four (decode at 8K: a row's select is its fixed
-// cost). Rows past the shared memory take topk_select4's way.
-template <int NT>
+// topk_select5 is tk_select4 (the same indices) in blocks of 1024 threads
+// with a row whose keys fit its shared memory selected by tk_radix11:
+// three passes of two barriers instead of four (decode at 8K: a row's
+// select is its fixed cost). Rows past the shared memory take tk_select3's
+// sweep.
+template <int NT, bool EARLY = false>
 __device__ __forceinline__ void tk_select5(const TopKParams& p) {
     extern __shared__ u32 tks5[];
     __shared__ __align__(16) u32 hist[3 * 2048]; // tk_radix11's; tk_select3 uses the first 4 x 256
@@ -2587,190 +1215,16 @@ __device__ __forceinline__ void tk_select5(const TopKParams& p) {
     tk_cp_commit();
     tk_cp_wait<0>(); // tk_radix11's first barrier makes every thread's copies visible
     u32 th, take;
-    tk_radix11<NT>(tks5, n, (u32)p.top_k, hist, wtot, &th, &take);
+    tk_radix11<NT, EARLY>(tks5, n, (u32)p.top_k, hist, wtot, &th, &take);
     tk_gather<true, NT>(tks5, keys, n, th, take, p.out + (size_t)r * p.top_k, wsum);
 }
 
 extern "C" __global__ void __launch_bounds__(TOPK_SELECT_THREADS) topk_select5(const TopKParams p) { tk_select5<TOPK_SELECT_THREADS>(p); }
 
-// topk_select5n is topk_select5 in blocks of TOPK_SELECT4N_THREADS (a
-// prefill's short rows), as topk_select4n is topk_select4's.
-extern "C" __global__ void __launch_bounds__(TOPK_SELECT4N_THREADS) topk_select5n(const TopKParams p) { tk_select5<TOPK_SELECT4N_THREADS>(p); }
+// topk_select5e is topk_select5 (the same indices) ending its radix select
+// at the first pass whose bin's keys are all taken (tk_radix11's EARLY: at
+// decode 8K two passes of the three); topk_select5h is topk_select5e in
+// blocks of TOPK_SELECT5H_THREADS (fewer warps a barrier and a scan).
+extern "C" __global__ void __launch_bounds__(TOPK_SELECT_THREADS) topk_select5e(const TopKParams p) { tk_select5<TOPK_SELECT_THREADS, true>(p); }
+extern "C" __global__ void __launch_bounds__(TOPK_SELECT5H_THREADS) topk_select5h(const TopKParams p) { tk_select5<TOPK_SELECT5H_THREADS, true>(p); }
 
-// tk_radix11 over keys held in registers: thread t's key j is key
-// t + j*NT of the row (kr[j]; R a thread, n <= R*NT). The same result.
-template <int NT, int R>
-__device__ __forceinline__ void tk_radix11r(const u32 (&kr)[R], int n, u32 want, u32* hist, u32* wtot, u32* th, u32* take) {
-    constexpr int NW = NT / 32;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const unsigned full = 0xFFFFFFFFu;
-    u32 prefix = 0u, mask = 0u, remain = want;
-#pragma unroll
-    for (int pass = 0; pass < 3; pass++) {
-        const int shift = pass == 0 ? 21 : pass == 1 ? 10 : 0;
-        const int nb = pass < 2 ? 2048 : 1024;
-        const int seg = nb / NW, q = seg / 32;
-        u32* h = hist + pass * 2048;
-        u32* wt = wtot + pass * 32;
-#pragma unroll
-        for (int j = 0; j < R; j++) {
-            if (warp * 32 + j * NT >= n) break; // warp-uniform
-            const int i = threadIdx.x + j * NT;
-            const u32 k = kr[j];
-            const bool in = i < n && (k & mask) == prefix;
-            const u32 bin = (k >> shift) & (u32)(nb - 1);
-            const unsigned act = __ballot_sync(full, in);
-            if (act == 0u) continue;
-            const int ld = __ffs(act) - 1;
-            const u32 lbin = __shfl_sync(full, bin, ld);
-            const unsigned same = __ballot_sync(full, in && bin == lbin);
-            if (lane == ld) atomicAdd(&h[lbin], (u32)__popc(same));
-            else if (in && bin != lbin) atomicAdd(&h[bin], 1u);
-        }
-        __syncthreads();
-        u32 s = 0u;
-        for (int j = 0, b = nb - 1 - (warp * seg + lane * q); j < q; j++) s += h[b - j];
-        s = __reduce_add_sync(full, s);
-        if (lane == 0) wt[warp] = s;
-        __syncthreads();
-        const u32 wv = lane < NW ? wt[lane] : 0u;
-        u32 wi = wv;
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            const u32 y = __shfl_up_sync(full, wi, o);
-            if (lane >= o) wi += y;
-        }
-        const int sg = __ffs(__ballot_sync(full, wi >= remain)) - 1;
-        const u32 before = __shfl_sync(full, wi - wv, sg);
-        u32 c = 0u;
-        for (int j = 0, b = nb - 1 - (sg * seg + lane * q); j < q; j++) c += h[b - j];
-        u32 ci = c;
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            const u32 y = __shfl_up_sync(full, ci, o);
-            if (lane >= o) ci += y;
-        }
-        const int fl = __ffs(__ballot_sync(full, before + ci >= remain)) - 1;
-        u32 acc = before + __shfl_sync(full, ci - c, fl);
-        int bin = nb - 1 - (sg * seg + fl * q);
-        for (int j = 0; j < q - 1 && acc + h[bin] < remain; j++) acc += h[bin--];
-        prefix |= (u32)bin << shift;
-        remain -= acc;
-        mask |= (u32)(nb - 1) << shift;
-    }
-    *th = prefix;
-    *take = remain;
-}
-
-// tk_gather over keys in registers as tk_radix11r holds them: the index
-// order is (j, warp, lane), so each (j, warp)'s counts of keys above and
-// equal to the threshold go to shared memory (cnt: 2 x R*32 words), and
-// every warp scans all R*NW of them for its own places. The same output.
-template <int NT, int R>
-__device__ __forceinline__ void tk_gather_r(const u32 (&kr)[R], int n, u32 prefix, u32 remain, int* out, u32* cnt) {
-    constexpr int NW = NT / 32, E = R * NW, PL = (E + 31) / 32; // (j, warp) entries, a lane's share
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const unsigned full = 0xFFFFFFFFu, below = (1u << lane) - 1u;
-    unsigned gm[R], em[R];
-#pragma unroll
-    for (int j = 0; j < R; j++) {
-        const int i = threadIdx.x + j * NT;
-        gm[j] = __ballot_sync(full, i < n && kr[j] > prefix);
-        em[j] = __ballot_sync(full, i < n && kr[j] == prefix);
-        if (lane == 0) {
-            cnt[j * NW + warp] = (u32)__popc(gm[j]);
-            cnt[E + j * NW + warp] = (u32)__popc(em[j]);
-        }
-    }
-    __syncthreads();
-    // Lane l sums entries [l*PL, l*PL + PL); an exclusive scan over lanes.
-    u32 g = 0u, e = 0u;
-#pragma unroll
-    for (int x = 0; x < PL; x++) {
-        const int en = lane * PL + x;
-        if (en < E) {
-            g += cnt[en];
-            e += cnt[E + en];
-        }
-    }
-    u32 gi = g, ei = e;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        const u32 y = __shfl_up_sync(full, gi, o), z = __shfl_up_sync(full, ei, o);
-        if (lane >= o) gi += y, ei += z;
-    }
-    gi -= g, ei -= e; // exclusive: the entries before lane's first
-#pragma unroll
-    for (int j = 0; j < R; j++) {
-        const int en = j * NW + warp, ol = en / PL;
-        u32 gs = __shfl_sync(full, gi, ol), es = __shfl_sync(full, ei, ol);
-        for (int x = ol * PL; x < en; x++) gs += cnt[x], es += cnt[E + x]; // warp-uniform
-        const int i = threadIdx.x + j * NT;
-        const bool gt = i < n && kr[j] > prefix, eq = i < n && kr[j] == prefix;
-        const int er = (int)es + __popc(em[j] & below);
-        if (gt || (eq && er < (int)remain)) out[gs + __popc(gm[j] & below) + min(er, (int)remain)] = i;
-    }
-}
-
-// topk_select6 is topk_select5 (the same indices) with a row of at most
-// TK6_R keys a thread held in registers: no copy to shared memory, the
-// radix passes and the gather read the registers (decode at 8K: 2048
-// keys, two a thread). Longer rows take topk_select5's way.
-#define TK6_R 4
-extern "C" __global__ void __launch_bounds__(TOPK_SELECT_THREADS) topk_select6(const TopKParams p) {
-    constexpr int NT = TOPK_SELECT_THREADS;
-    extern __shared__ u32 tks6[];
-    __shared__ __align__(16) u32 hist[3 * 2048];
-    __shared__ u32 wtot[3 * 32];
-    __shared__ u32 gcnt[2 * TK6_R * 32]; // tk_gather_r's counts
-    __shared__ u32 s_pick[8];
-    __shared__ int wsum[2][32];
-    __shared__ int s_cnt;
-    __shared__ int s_rows[1 + TK_RSEQS];
-    const int r = blockIdx.x;
-    TkRow t = {0, 0, 0, 0};
-    if (r < p.rows) {
-        if (p.max_seqs <= TK_RSEQS) {
-            for (int i = threadIdx.x; i <= p.max_seqs; i += NT)
-                s_rows[i] = i == 0 ? p.plan[TOPK_PLAN_HDR_SEQS] : p.plan[TOPK_PLAN_HDR_WORDS + (i - 1) * TOPK_SEQ_WORDS + TOPK_SEQ_ROW];
-            __syncthreads();
-            t = tk_resolve_in(p, s_rows[0], s_rows + 1, 1, r);
-        } else {
-            t = tk_resolve(p, r);
-        }
-    }
-    // The histograms zeroed before the wait (the rows' keys come after it).
-    for (int i = threadIdx.x; i < 3 * 2048; i += NT) hist[i] = 0u;
-    pdl_wait();
-    pdl_trigger();
-    if (r >= p.rows) return;
-    const int n = t.valid ? t.visible : 0;
-    u32 dsm;
-    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dsm));
-    if (n <= p.top_k || n > TK6_R * NT) {
-        __syncthreads(); // the zeroing above before tk_select3's own use of hist
-        if (n <= p.top_k || n > (int)(dsm / 4u)) {
-            tk_select3<true, NT>(p, r, t, tks6, hist, s_pick, wsum, s_cnt);
-            return;
-        }
-        const u32* keys = p.scratch + t.keys;
-        for (int i = threadIdx.x; i < n; i += NT) tk_cp4(tks6 + i, keys + i, true);
-        tk_cp_commit();
-        tk_cp_wait<0>();
-        u32 th, take;
-        tk_radix11<NT>(tks6, n, (u32)p.top_k, hist, wtot, &th, &take);
-        tk_gather<true, NT>(tks6, keys, n, th, take, p.out + (size_t)r * p.top_k, wsum);
-        return;
-    }
-    const u32* keys = p.scratch + t.keys;
-    u32 kr[TK6_R];
-#pragma unroll
-    for (int j = 0; j < TK6_R; j++) {
-        const int i = threadIdx.x + j * NT;
-        kr[j] = i < n ? keys[i] : 0u;
-    }
-    __syncthreads(); // the histograms' zeroing
-    u32 th, take;
-    tk_radix11r<NT, TK6_R>(kr, n, (u32)p.top_k, hist, wtot, &th, &take);
-    tk_gather_r<NT, TK6_R>(kr, n, th, take, p.out + (size_t)r * p.top_k, gcnt);
-}

@@ -7,42 +7,22 @@ var topkSource string
 
 // TopK kernels the host loads from TopKSource.
 const (
-	TopKScoreKernel     = "topk_score"
-	TopKScoreMMAKernel  = "topk_score_mma"
-	TopKScoreMMA4Kernel = "topk_score_mma4"
-	// TopKScoreMMA4PKernel, TopKScoreMMA4QKernel, TopKScoreMMA4TKernel,
-	// TopKScoreMMA4UKernel, TopKScoreMMA4VKernel and TopKScoreMMA4WKernel need
-	// abi.TopKScore4PShared bytes of dynamic shared memory;
-	// TopKScoreMMA4XKernel (blocks of abi.TopKScore4XThreads)
-	// abi.TopKScore4XShared.
-	TopKScoreMMA4PKernel = "topk_score_mma4p"
-	TopKScoreMMA4QKernel = "topk_score_mma4q"
-	TopKScoreMMA4TKernel = "topk_score_mma4t"
-	TopKScoreMMA4UKernel = "topk_score_mma4u"
-	TopKScoreMMA4VKernel = "topk_score_mma4v"
-	TopKScoreMMA4WKernel = "topk_score_mma4w"
+	TopKScoreKernel = "topk_score"
+	// TopKScoreMMA4XKernel (blocks of abi.TopKScore4XThreads) needs
+	// abi.TopKScore4XShared bytes of dynamic shared memory.
 	TopKScoreMMA4XKernel = "topk_score_mma4x"
-	TopKSelectKernel     = "topk_select"
-	// TopKSelect2Kernel takes the row's keys in dynamic shared memory
-	// where they fit.
-	TopKSelect2Kernel = "topk_select2"
-	// TopKSelect3Kernel is topk_select2 with a sampled candidate sweep for
-	// the rows whose keys do not fit.
-	TopKSelect3Kernel = "topk_select3"
-	// TopKSelect4Kernel is topk_select3 with a row's fixed cost cut.
-	TopKSelect4Kernel = "topk_select4"
-	// TopKSelect4NKernel is topk_select4 in blocks of
-	// abi.TopKSelect4NThreads.
+	// TopKSelect4NKernel is the radix select (four passes of 8 bits) in
+	// blocks of abi.TopKSelect4NThreads, the row's keys in dynamic shared
+	// memory where they fit.
 	TopKSelect4NKernel = "topk_select4n"
-	// TopKSelect5Kernel is topk_select4 with three radix passes (11, 11
-	// and 10 bits) where a row's keys fit shared memory.
+	// TopKSelect5Kernel: three radix passes (11, 11 and 10 bits) where a
+	// row's keys fit shared memory, in blocks of abi.TopKSelectThreads.
 	TopKSelect5Kernel = "topk_select5"
-	// TopKSelect5NKernel is topk_select5 in blocks of
-	// abi.TopKSelect4NThreads.
-	TopKSelect5NKernel = "topk_select5n"
-	// TopKSelect6Kernel is topk_select5 with a short row's keys in
-	// registers.
-	TopKSelect6Kernel = "topk_select6"
+	// TopKSelect5EKernel is topk_select5 ending its radix select at the
+	// first pass whose bin's keys are all taken; TopKSelect5HKernel is it
+	// in blocks of abi.TopKSelect5HThreads.
+	TopKSelect5EKernel = "topk_select5e"
+	TopKSelect5HKernel = "topk_select5h"
 )
 
 // TopKSource returns the compilable source of the indexer's top-k module

@@ -164,9 +164,6 @@ func NewTuned(opts Options, k cudatune.Knobs) (*Backend, error) {
 	if k.IndexerQuery < cudatune.IndexerQueryLate || k.IndexerQuery > cudatune.IndexerQueryTok {
 		return nil, fmt.Errorf("cuda: Knobs.IndexerQuery = %d names no kernel", k.IndexerQuery)
 	}
-	if k.TopKScore < cudatune.TopKScoreMMA4Q || k.TopKScore > cudatune.TopKScoreMMA4X {
-		return nil, fmt.Errorf("cuda: Knobs.TopKScore = %d names no kernel", k.TopKScore)
-	}
 	if k.IndexerStream != cudatune.IndexerStreamMain && k.IndexerStream != cudatune.IndexerStreamAux {
 		return nil, fmt.Errorf("cuda: Knobs.IndexerStream = %d names no stream", k.IndexerStream)
 	}

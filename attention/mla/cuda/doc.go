@@ -110,29 +110,15 @@
 // scores a row's visible entries a thread each (block dot products of
 // doubled e2m1 values as exact int32 by dp4a, scaled and summed in the
 // contract's float32 order) into the scratch space as order-preserving
-// keys, and topk_select radix-selects each row's threshold key and writes
-// the indices ascending. topk_score_mma and topk_score_mma4 (four rows of a
-// sequence a block) compute the same keys on the int8 tensor cores, and
-// topk_score_mma4p/q are topk_score_mma4 with its loads pipelined
-// (cp.async, a warp's own double buffer) and a shorter decode;
-// topk_score_mma4t/u are mma4q with the exact path's block dots chained
-// two or four head pairs a step with no copies of C (and u's fast path
-// block by block), and topk_score_mma4v is t with u's fast path and fewer
-// instructions around each tile (its entries copied in 16-byte chunks),
-// mma4w v with a block's values permuted along the mma's k, and mma4x w
-// in blocks of 8 warps with fewer loads and multiplies a head pair.
-// cudatune.Knobs.TopKScore picks one (mma4x by default).
-// topk_select2 keeps a row's keys in shared memory where they fit,
-// and topk_select3 adds a sampled candidate sweep for the rows
-// whose keys do not; topk_select4 is topk_select3 with a
-// row's fixed cost cut (the row resolved before the wait, two barriers a
-// radix pass instead of four); topk_select4n is topk_select4 in blocks of
-// 256 threads (a prefill's short rows several a multiprocessor; a launch
-// cudatune.Knobs.TopKSelectNarrowAt names runs it), topk_select5 /
-// topk_select5n topk_select4 / 4n with three radix passes of 11, 11 and
-// 10 bits where a row's keys fit shared memory (topk_select5 the default;
-// topk_select4n from cudatune's 1024 rows of up to 8,192 keys), and topk_select6
-// topk_select5 with a row of up to 4,096 keys in registers. All read the plan from
+// keys; topk_score_mma4x (the one IndexerTopK launches) computes the same
+// keys on the int8 tensor cores, four rows of a sequence a block (decode's
+// 1+MTP tokens). topk_select5 (the default select) radix-selects each row's
+// threshold key in three passes where its keys fit shared memory (a
+// sampled candidate sweep where they do not) and writes the indices
+// ascending (topk_select5e and 5h end the select at the first pass whose
+// bin's keys are all taken, 5h in blocks of 512 threads); topk_select4n,
+// four passes in blocks of 256 threads, takes a
+// launch of many short rows (cudatune.Knobs.TopKSelectNarrowAt). All read the plan from
 // device memory, so a CUDA graph replays them for any batch of the shape.
 //
 // Options hold what a user chooses (device, logger, PDL); the launch-shape

@@ -133,66 +133,25 @@ func (b *Backend) KernelSharedBytes(name string) (int, error) {
 }
 
 // SetTopKScore picks the top-k kernels: a score kernel, "dp4a"
-// (topk_score), "mma" (topk_score_mma), "mma4" (topk_score_mma4), "mma4p"
-// (topk_score_mma4p), "mma4q", "mma4t", "mma4u", "mma4v", "mma4w", "mma4x"
-// (topk_score_mma4q, _mma4t, _mma4u, _mma4v, _mma4w, _mma4x) or "default", optionally followed by "+" and a
-// select kernel: "radix" (topk_select), "select2" (topk_select2) or
-// "select2g" (topk_select2 reading every row's keys from global memory),
-// "select3" (topk_select3) or "select3s" (topk_select3 with 40 KiB of
-// shared memory: a 64K context's rows take its candidate sweep),
-// "select4", "select4s" (likewise) or "select4g" (topk_select4 without
-// shared memory: its rows take topk_select2's way from global memory),
-// "select4n", "select4ns", "select4ng" (topk_select4n likewise);
-// "select5", "select5s" (topk_select5, and with the small shared memory:
-// its rows of 16K keys take topk_select4's sweep), "select5n", "select6";
-// without one, the default select.
+// (topk_score), "mma4x" (topk_score_mma4x) or "default" (mma4x),
+// optionally followed by "+" and a select kernel: "select4n", "select4ns"
+// (topk_select4n with 40 KiB of shared memory: a 64K context's rows take
+// its candidate sweep), "select4ng" (without shared memory: its rows read
+// their keys from global memory), "select5", "select5s", "select5e",
+// "select5es" (likewise), "select5h"; without one, the default select.
 func (b *Backend) SetTopKScore(kernel string) {
 	score, sel, _ := strings.Cut(kernel, "+")
 	switch score {
-	case "default":
-		b.topk.kernel = topkScoreDefault
+	case "default", "mma4x":
+		b.topk.kernel = topkScoreMMA4X
 	case "dp4a":
 		b.topk.kernel = topkScoreDP4A
-	case "mma":
-		b.topk.kernel = topkScoreMMA
-	case "mma4":
-		b.topk.kernel = topkScoreMMA4
-	case "mma4p":
-		b.topk.kernel = topkScoreMMA4P
-	case "mma4q":
-		b.topk.kernel = topkScoreMMA4Q
-	case "mma4t":
-		b.topk.kernel = topkScoreMMA4T
-	case "mma4u":
-		b.topk.kernel = topkScoreMMA4U
-	case "mma4v":
-		b.topk.kernel = topkScoreMMA4V
-	case "mma4w":
-		b.topk.kernel = topkScoreMMA4W
-	case "mma4x":
-		b.topk.kernel = topkScoreMMA4X
 	default:
 		panic("cuda: SetTopKScore(" + kernel + ")")
 	}
 	switch sel {
 	case "":
 		b.topk.sel = topkSelectDefault
-	case "radix":
-		b.topk.sel = topkSelectRadix
-	case "select2":
-		b.topk.sel = topkSelect2
-	case "select2g":
-		b.topk.sel = topkSelect2Global
-	case "select3":
-		b.topk.sel = topkSelect3
-	case "select3s":
-		b.topk.sel = topkSelect3Small
-	case "select4":
-		b.topk.sel = topkSelect4
-	case "select4s":
-		b.topk.sel = topkSelect4Small
-	case "select4g":
-		b.topk.sel = topkSelect4Global
 	case "select4n":
 		b.topk.sel = topkSelect4N
 	case "select4ns":
@@ -203,10 +162,12 @@ func (b *Backend) SetTopKScore(kernel string) {
 		b.topk.sel = topkSelect5
 	case "select5s":
 		b.topk.sel = topkSelect5Small
-	case "select5n":
-		b.topk.sel = topkSelect5N
-	case "select6":
-		b.topk.sel = topkSelect6
+	case "select5e":
+		b.topk.sel = topkSelect5E
+	case "select5es":
+		b.topk.sel = topkSelect5ESmall
+	case "select5h":
+		b.topk.sel = topkSelect5H
 	default:
 		panic("cuda: SetTopKScore(" + kernel + ")")
 	}
@@ -219,8 +180,8 @@ func (b *Backend) TopKKernelResources(kernel string) string {
 	if err := b.LoadTopK(); err != nil {
 		return err.Error()
 	}
-	fn := map[string]*driver.Function{"dp4a": b.topk.score, "mma": b.topk.scoreMMA, "mma4": b.topk.scoreMMA4,
-		"mma4p": b.topk.scoreMMA4P, "mma4q": b.topk.scoreMMA4Q, "mma4t": b.topk.scoreMMA4T, "mma4u": b.topk.scoreMMA4U, "mma4v": b.topk.scoreMMA4V, "mma4w": b.topk.scoreMMA4W, "mma4x": b.topk.scoreMMA4X, "select": b.topk.select_, "select2": b.topk.select2, "select3": b.topk.select3, "select4": b.topk.select4, "select4n": b.topk.select4n, "select5": b.topk.select5, "select5n": b.topk.select5n, "select6": b.topk.select6}[kernel]
+	fn := map[string]*driver.Function{"dp4a": b.topk.score, "mma4x": b.topk.mma4x,
+		"select4n": b.topk.select4n, "select5": b.topk.select5, "select5e": b.topk.select5e, "select5h": b.topk.select5h}[kernel]
 	if fn == nil {
 		return "no such kernel"
 	}
@@ -231,7 +192,8 @@ func (b *Backend) TopKKernelResources(kernel string) string {
 			return err.Error()
 		}
 	}
-	return fmt.Sprintf("%s: %d registers, %d bytes local (spills), %d bytes static shared, %d dynamic allowed", fn.Name, v[0], v[1], v[2], v[3])
+	res := fmt.Sprintf("%s: %d registers, %d bytes local (spills), %d bytes static shared, %d dynamic allowed", fn.Name, v[0], v[1], v[2], v[3])
+	return res
 }
 
 // TopKStage runs the selection's score kernel or its select kernel alone.

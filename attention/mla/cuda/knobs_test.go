@@ -28,7 +28,6 @@ func TestNewTunedRefusesShapes(t *testing.T) {
 		{"direct Q rows", cudatune.Knobs{DirectQRows: 9}, "Knobs.DirectQRows = 9"},
 		{"direct occupancy", cudatune.Knobs{DirectWarps: 8, DirectMinBlocks: 9}, "Knobs.DirectMinBlocks = 9"},
 		{"bf16 MMA depth", cudatune.Knobs{BF16MMADepth: 3}, "Knobs.BF16MMADepth = 3"},
-		{"top-k score kernel", cudatune.Knobs{TopKScore: 7}, "Knobs.TopKScore = 7"},
 		{"indexer query kernel", cudatune.Knobs{IndexerQuery: cudatune.IndexerQueryTok + 1}, "Knobs.IndexerQuery = 8"},
 		{"bf16 MMA reduce", cudatune.Knobs{BF16MMAReduce: 3}, "Knobs.BF16MMAReduce = 3"},
 		{"indexer stream", cudatune.Knobs{IndexerStream: 3}, "Knobs.IndexerStream = 3"},

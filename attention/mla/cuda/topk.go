@@ -6,28 +6,23 @@ import (
 	"fmt"
 
 	"github.com/dsv4mla/prologue/attention/mla"
-	"github.com/dsv4mla/prologue/internal/cudatune"
 	kernels "github.com/dsv4mla/prologue/kernels/cuda"
 	"github.com/dsv4mla/prologue/kernels/cuda/abi"
 	"github.com/dsv4mla/prologue/kernels/cuda/driver"
 )
 
 // The indexer's top-k selection on the device (DESIGN.md section 9,
-// "Selection"): topk_score then topk_select of kernels/cuda/topk.cu,
+// "Selection"): a score kernel then a select kernel of kernels/cuda/topk.cu,
 // bit-identical to the CPU backend's IndexerTopK. The module is compiled
 // and loaded at first use (LoadTopK).
 
 // topkState is the top-k module.
 type topkState struct {
-	mod                                 *driver.Module
-	score, scoreMMA, scoreMMA4, select_ *driver.Function
-	scoreMMA4P, scoreMMA4Q              *driver.Function
-	scoreMMA4T, scoreMMA4U, scoreMMA4V  *driver.Function
-	scoreMMA4W, scoreMMA4X              *driver.Function
-	select2, select3, select4           *driver.Function
-	select4n, select5, select5n         *driver.Function
-	select6                             *driver.Function
-	err                                 error // a failed load, returned by every later call
+	mod                *driver.Module
+	score, mma4x       *driver.Function
+	select4n, select5  *driver.Function
+	select5e, select5h *driver.Function
+	err                error // a failed load, returned by every later call
 	// kernel is the score kernel the backend launches; every one writes
 	// the same keys.
 	kernel topkScore
@@ -35,110 +30,82 @@ type topkState struct {
 	sel topkSelect
 }
 
-// topkSelect names a select kernel of topk.cu.
+// topkSelect names a select kernel of topk.cu (and, for tests, a shared
+// memory that sends its rows another way).
 type topkSelect int
 
 const (
-	topkSelectDefault  topkSelect = iota // topkDefaultSelect
-	topkSelectRadix                      // topk_select
-	topkSelect2                          // topk_select2, the keys in shared memory where they fit
-	topkSelect2Global                    // topk_select2 without shared memory: every row reads its keys from global memory
-	topkSelect3                          // topk_select3: topk_select2, a sampled candidate sweep where the keys do not fit
-	topkSelect3Small                     // topk_select3 with topkSelect3SmallBytes: the rows of a 64K context take the sweep
-	topkSelect4                          // topk_select4: topk_select3 with a row's fixed cost cut
-	topkSelect4Small                     // topk_select4 with topkSelect3SmallBytes
-	topkSelect4Global                    // topk_select4 without shared memory: every row reads its keys from global memory
-	topkSelect4N                         // topk_select4n: topk_select4 in blocks of abi.TopKSelect4NThreads
-	topkSelect4NSmall                    // topk_select4n with topkSelect3SmallBytes
-	topkSelect4NGlobal                   // topk_select4n without shared memory
-	topkSelect5                          // topk_select5: topk_select4 with three radix passes where the keys fit
-	topkSelect5Small                     // topk_select5 with topkSelect3SmallBytes
-	topkSelect5N                         // topk_select5n: topk_select5 in blocks of abi.TopKSelect4NThreads
-	topkSelect6                          // topk_select6: topk_select5 with a short row's keys in registers
+	topkSelectDefault  topkSelect = iota // topkDefaultSelect, or topkNarrowSelect by Knobs.TopKSelectNarrowAt
+	topkSelect4N                         // topk_select4n: a radix select of 4 passes in blocks of abi.TopKSelect4NThreads
+	topkSelect4NSmall                    // topk_select4n with topkSelectSmallBytes: the rows of a 64K context take its candidate sweep
+	topkSelect4NGlobal                   // topk_select4n without shared memory: every row reads its keys from global memory
+	topkSelect5                          // topk_select5: three radix passes where the keys fit, in blocks of abi.TopKSelectThreads
+	topkSelect5Small                     // topk_select5 with topkSelectSmallBytes
+	topkSelect5E                         // topk_select5e: topk_select5 ending at the first pass whose bin's keys are all taken
+	topkSelect5ESmall                    // topk_select5e with topkSelectSmallBytes
+	topkSelect5H                         // topk_select5h: topk_select5e in blocks of abi.TopKSelect5HThreads
 )
 
 // topkDefaultSelect is the select kernel IndexerTopK launches unless a
 // test picks another or Knobs.TopKSelectNarrowAt sends the launch to
-// topkNarrowSelect: topk_select5, the same indices as topk_select4 on the
-// H200 in every top-k test (conformance, graph, large with the 1M-token
-// scenarios and its candidate sweep) and, with topk_score_mma4u at decode
-// b=32 MTP 3, faster at 8K (us a layer: 36.0-36.4 against 36.8-37.1; the
-// select alone 6.9-7.1 against 7.6-7.7) and 64K (170.1-170.2 against
-// 174.3-174.5; alone 16.6-16.9 against 21.2-21.9;
-// bench/results/2026-12-02-h200-i/topkp/call1). Its rows past shared memory
-// (past 128K context) take topk_select4's way. topk_select6 (the keys in
-// registers) was no faster (7.1-7.2 and 17.0 alone).
+// topkNarrowSelect: topk_select5, the same indices as topk_select4 (its
+// four radix passes of 8 bits) on the H200 in every top-k test and, with
+// topk_score_mma4u at decode b=32 MTP 3, faster at 8K (us a layer:
+// 36.0-36.4 against 36.8-37.1; the select alone 6.9-7.1 against 7.6-7.7)
+// and 64K (170.1-170.2 against 174.3-174.5; alone 16.6-16.9 against
+// 21.2-21.9; bench/results/2026-12-02-h200-i/topkp/call1). Its rows past
+// shared memory (past 128K context) take topk_select4's candidate sweep.
 const topkDefaultSelect = topkSelect5
 
 // topkNarrowSelect is the select kernel of a launch that
 // Knobs.TopKSelectNarrowAt sends to blocks of abi.TopKSelect4NThreads:
 // topk_select4n, which at prefill 16K (16,384 rows of up to 4,096 keys)
-// takes 295.9-298.8 us against topk_select4's 755.2-755.3, and
-// topk_select5n's 306.8-308.5 (its histograms' 24 KiB keep fewer blocks a
-// multiprocessor; bench/results/2026-12-02-h200-i/topkp/call1).
+// takes 295.9-298.8 us against topk_select4's 755.2-755.3 (the same kernel
+// in blocks of 1024), and topk_select5n's 306.8-308.5 (its histograms' 24
+// KiB keep fewer blocks a multiprocessor;
+// bench/results/2026-12-02-h200-i/topkp/call1).
 const topkNarrowSelect = topkSelect4N
 
-// topkSelect2Keys caps topk_select2's dynamic shared memory: the keys of
-// a row at 128K context (32,768 entries, 128 KiB); a row with more reads
-// its keys from global memory.
-const topkSelect2Keys = 32768
+// topkSelectKeys caps a select kernel's dynamic shared memory: the keys of
+// a row at 128K context (32,768 entries, 128 KiB); a row with more takes
+// the candidate sweep.
+const topkSelectKeys = 32768
 
-// topkSelect3SmallBytes is the shared memory a test gives topk_select3 so
-// that a row of 16K keys (64K context) takes its candidate sweep, with
+// topkSelectSmallBytes is the shared memory a test gives a select kernel
+// so that a row of 16K keys (64K context) takes its candidate sweep, with
 // room for 3,072 candidates (twice V4-Pro's index_topk and more).
-const topkSelect3SmallBytes = 40 << 10
+const topkSelectSmallBytes = 40 << 10
 
 // topkScore names a score kernel of topk.cu.
 type topkScore int
 
 const (
-	topkScoreDefault topkScore = iota // topkKnobScore(Knobs.TopKScore)
-	topkScoreMMA                      // topk_score_mma: one row a block, int8 mma.sync block dots
-	topkScoreDP4A                     // topk_score: one row a block, one entry a thread, dp4a
-	topkScoreMMA4                     // topk_score_mma4: four rows of a sequence a block, mma.sync
-	topkScoreMMA4P                    // topk_score_mma4p: topk_score_mma4 with its loads pipelined
-	topkScoreMMA4Q                    // topk_score_mma4q: topk_score_mma4p with a shorter nibble decode
-	topkScoreMMA4T                    // topk_score_mma4t: topk_score_mma4q, its exact path two head pairs a step block by block, no C copies
-	topkScoreMMA4U                    // topk_score_mma4u: topk_score_mma4t with four head pairs a step
-	topkScoreMMA4V                    // topk_score_mma4v: topk_score_mma4t with mma4u's fast path, a tile's entries copied in 16-byte chunks
-	topkScoreMMA4W                    // topk_score_mma4w: topk_score_mma4v with the block's values permuted along k (a key word decoded once)
-	topkScoreMMA4X                    // topk_score_mma4x: topk_score_mma4w in blocks of 8 warps, fewer loads and multiplies a head pair
+	// topkScoreMMA4X is topk_score_mma4x, the default: bit-exact with the
+	// CPU backend in every top-k test (conformance, graph, large with the
+	// 1M-token scenarios; compute-sanitizer memcheck and racecheck over
+	// the conformance in bench/results/2026-12-02-h200-j/tscore/call2) and
+	// faster than every kernel before it at every shape measured
+	// (.../tscore/call1, decode b=32 MTP 3, index_topk 512, score alone,
+	// us, against topk_score_mma4u: 23.2-23.6 / 29.8 at 8K, 142.0-144.5 /
+	// 154.2-154.4 at 64K, 276.0 / 296.6-297.7 at 128K; with narrow scales
+	// 20.0-20.4 / 25.6-26.1, 84.6-85.4 / 105.3-105.7, 155.0-155.9 /
+	// 192.6-193.1; prefill 16K 2128-2130 / 2229-2249).
+	topkScoreMMA4X topkScore = iota
+	// topkScoreDP4A is topk_score: one row a block, one entry a thread,
+	// dp4a (no tensor cores); the tests' second implementation.
+	topkScoreDP4A
 )
 
-// topkKnobScore is the score kernel IndexerTopK launches unless a test
-// picks another: the one cudatune.Knobs.TopKScore names (SM90.Knobs says
-// why it is the default). Every one computes the same keys.
-func topkKnobScore(k cudatune.TopKScore) topkScore {
-	switch k {
-	case cudatune.TopKScoreMMA4T:
-		return topkScoreMMA4T
-	case cudatune.TopKScoreMMA4U:
-		return topkScoreMMA4U
-	case cudatune.TopKScoreMMA4V:
-		return topkScoreMMA4V
-	case cudatune.TopKScoreMMA4W:
-		return topkScoreMMA4W
-	case cudatune.TopKScoreMMA4X:
-		return topkScoreMMA4X
-	}
-	return topkScoreMMA4Q
-}
-
-// topkTileBlocksPerSM sets topk_score's and topk_score_mma's grid: about
-// this many blocks a multiprocessor over the launch's rows (each block
-// loops over the tiles of its row), so that a decode batch fills the
-// device whatever its context and a prefill batch's many rows take one
-// block each.
+// topkTileBlocksPerSM sets topk_score's grid: about this many blocks a
+// multiprocessor over the launch's rows (each block loops over the tiles
+// of its row), so that a decode batch fills the device whatever its
+// context and a prefill batch's many rows take one block each.
 const topkTileBlocksPerSM = 16
 
-// topkMMA4BlocksPerSM is topk_score_mma4's resident blocks a
+// topkMMA4XBlocksPerSM is topk_score_mma4x's resident blocks a
 // multiprocessor (its __launch_bounds__ minimum): its grid is at most one
 // wave of them over the launch's row groups, so that each block scores
 // many tiles for the one decoding of its rows' queries.
-const topkMMA4BlocksPerSM = 4
-
-// topkMMA4XBlocksPerSM is topk_score_mma4x's (blocks of
-// abi.TopKScore4XThreads).
 const topkMMA4XBlocksPerSM = 2
 
 // LoadTopK compiles (or loads from the cache) the top-k module if it is
@@ -154,65 +121,26 @@ func (b *Backend) LoadTopK() error {
 		s.err = fmt.Errorf("cuda: top-k kernels: %w", err)
 		return s.err
 	}
-	score, err := mod.Function(kernels.TopKScoreKernel)
-	if err != nil {
-		s.err = errors.Join(fmt.Errorf("cuda: top-k kernels: %w", err), mod.Unload())
-		return s.err
-	}
-	scoreMMA, err := mod.Function(kernels.TopKScoreMMAKernel)
-	if err != nil {
-		s.err = errors.Join(fmt.Errorf("cuda: top-k kernels: %w", err), mod.Unload())
-		return s.err
-	}
-	scoreMMA4, err := mod.Function(kernels.TopKScoreMMA4Kernel)
-	if err != nil {
-		s.err = errors.Join(fmt.Errorf("cuda: top-k kernels: %w", err), mod.Unload())
-		return s.err
-	}
-	var pipelined [7]*driver.Function
-	for i, name := range []string{kernels.TopKScoreMMA4PKernel, kernels.TopKScoreMMA4QKernel, kernels.TopKScoreMMA4TKernel, kernels.TopKScoreMMA4UKernel,
-		kernels.TopKScoreMMA4VKernel, kernels.TopKScoreMMA4WKernel, kernels.TopKScoreMMA4XKernel} {
+	var fns [6]*driver.Function
+	for i, name := range []string{kernels.TopKScoreKernel, kernels.TopKScoreMMA4XKernel,
+		kernels.TopKSelect4NKernel, kernels.TopKSelect5Kernel, kernels.TopKSelect5EKernel, kernels.TopKSelect5HKernel} {
 		fn, err := mod.Function(name)
-		if err == nil {
-			// Their dynamic shared memory is past the default 48 KiB; four
-			// blocks a multiprocessor (mma4x: two) need the whole carveout
-			// as shared memory.
-			shared := abi.TopKScore4PShared
-			if name == kernels.TopKScoreMMA4XKernel {
-				shared = abi.TopKScore4XShared
-			}
-			err = errors.Join(fn.SetAttribute(driver.FuncMaxDynamicSharedSizeBytes, shared),
+		if err == nil && i == 1 {
+			// Past the default 48 KiB of dynamic shared memory; two blocks
+			// a multiprocessor need the whole carveout as shared memory.
+			err = errors.Join(fn.SetAttribute(driver.FuncMaxDynamicSharedSizeBytes, abi.TopKScore4XShared),
 				fn.SetAttribute(driver.FuncPreferredSharedCarveout, 100))
+		} else if err == nil && i > 1 {
+			err = fn.SetAttribute(driver.FuncMaxDynamicSharedSizeBytes, 4*topkSelectKeys)
 		}
 		if err != nil {
 			s.err = errors.Join(fmt.Errorf("cuda: top-k kernels: %w", err), mod.Unload())
 			return s.err
 		}
-		pipelined[i] = fn
+		fns[i] = fn
 	}
-	sel, err := mod.Function(kernels.TopKSelectKernel)
-	if err != nil {
-		s.err = errors.Join(fmt.Errorf("cuda: top-k kernels: %w", err), mod.Unload())
-		return s.err
-	}
-	var sels [7]*driver.Function
-	for i, name := range []string{kernels.TopKSelect2Kernel, kernels.TopKSelect3Kernel, kernels.TopKSelect4Kernel, kernels.TopKSelect4NKernel,
-		kernels.TopKSelect5Kernel, kernels.TopKSelect5NKernel, kernels.TopKSelect6Kernel} {
-		fn, err := mod.Function(name)
-		if err == nil {
-			err = fn.SetAttribute(driver.FuncMaxDynamicSharedSizeBytes, 4*topkSelect2Keys)
-		}
-		if err != nil {
-			s.err = errors.Join(fmt.Errorf("cuda: top-k kernels: %w", err), mod.Unload())
-			return s.err
-		}
-		sels[i] = fn
-	}
-	sel2 := sels[0]
-	s.mod, s.score, s.scoreMMA, s.scoreMMA4, s.select_, s.select2 = mod, score, scoreMMA, scoreMMA4, sel, sel2
-	s.scoreMMA4P, s.scoreMMA4Q, s.select3, s.select4 = pipelined[0], pipelined[1], sels[1], sels[2]
-	s.scoreMMA4T, s.scoreMMA4U, s.scoreMMA4V, s.scoreMMA4W, s.scoreMMA4X = pipelined[2], pipelined[3], pipelined[4], pipelined[5], pipelined[6]
-	s.select4n, s.select5, s.select5n, s.select6 = sels[3], sels[4], sels[5], sels[6]
+	s.mod = mod
+	s.score, s.mma4x, s.select4n, s.select5, s.select5e, s.select5h = fns[0], fns[1], fns[2], fns[3], fns[4], fns[5]
 	return nil
 }
 
@@ -223,29 +151,23 @@ func topkGrid(sms, rows int) int {
 	return max(1, min(maxTiles, (topkTileBlocksPerSM*sms+rows-1)/max(rows, 1)))
 }
 
-// topkGrid4 is topk_score_mma4's grid for a launch of rows rows: a block
+// topkGrid4X is topk_score_mma4x's grid for a launch of rows rows: a block
 // for each group of TopKScore4Rows rows, and tile blocks a group so that
 // all of them are resident at once (at least 1, at most the tiles of a row
 // at MaxTopKEntries).
-func topkGrid4(sms, rows int) (groups, tiles int) {
-	return topkGrid4For(sms, rows, abi.TopKScore4Threads, topkMMA4BlocksPerSM)
-}
-
-// topkGrid4For is topkGrid4 for a kernel of threads entries a tile and
-// perSM resident blocks a multiprocessor.
-func topkGrid4For(sms, rows, threads, perSM int) (groups, tiles int) {
+func topkGrid4X(sms, rows int) (groups, tiles int) {
 	groups = (rows + abi.TopKScore4Rows - 1) / abi.TopKScore4Rows
-	maxTiles := (mla.MaxTopKEntries + threads - 1) / threads
-	return groups, max(1, min(maxTiles, perSM*sms/max(groups, 1)))
+	maxTiles := (mla.MaxTopKEntries + abi.TopKScore4XThreads - 1) / abi.TopKScore4XThreads
+	return groups, max(1, min(maxTiles, topkMMA4XBlocksPerSM*sms/max(groups, 1)))
 }
 
-// IndexerTopK implements mla.TopKSelector: a score kernel
-// (the one Knobs.TopKScore names unless a test picks another) then a select kernel
-// (topkDefaultSelect) on the backend's current stream, with programmatic
-// dependent launch like the other kernels. The grids and shared memory
-// depend on the shape only (Rows, PageStride, PageSize, and MaxRowKeys
-// where given), so a CUDA graph captures them once for every plan; the
-// kernels read the rows' sequences, positions and tables from the plan.
+// IndexerTopK implements mla.TopKSelector: topk_score_mma4x (unless a
+// test picks topk_score) then a select kernel (topkDefaultSelect, or
+// topkNarrowSelect by the knobs' rule) on the backend's current stream,
+// with programmatic dependent launch like the other kernels. The grids and shared memory depend on the shape only (Rows,
+// PageStride, PageSize, and MaxRowKeys where given), so a CUDA graph
+// captures them once for every plan; the kernels read the rows' sequences,
+// positions and tables from the plan.
 func (b *Backend) IndexerTopK(ctx context.Context, a *mla.TopKArgs) error {
 	return b.indexerTopK(ctx, a, true, true)
 }
@@ -311,44 +233,6 @@ func (b *Backend) indexerTopK(ctx context.Context, a *mla.TopKArgs, scoring, sel
 	if err != nil {
 		return err
 	}
-	if scoring {
-		sms := b.ctx.Props().SMCount
-		kernel := b.topk.kernel
-		if kernel == topkScoreDefault {
-			kernel = topkKnobScore(b.knobs.TopKScore)
-		}
-		fn, grid, block, shared := b.topk.scoreMMA, driver.Dim3{uint32(a.Rows), uint32(topkGrid(sms, a.Rows)), 1}, uint32(abi.TopKScoreThreads), 0
-		switch kernel {
-		case topkScoreDP4A:
-			fn = b.topk.score
-		case topkScoreMMA4X:
-			groups, tiles := topkGrid4For(sms, a.Rows, abi.TopKScore4XThreads, topkMMA4XBlocksPerSM)
-			fn, grid, block, shared = b.topk.scoreMMA4X, driver.Dim3{uint32(groups), uint32(tiles), 1}, abi.TopKScore4XThreads, abi.TopKScore4XShared
-		case topkScoreMMA4, topkScoreMMA4P, topkScoreMMA4Q, topkScoreMMA4T, topkScoreMMA4U, topkScoreMMA4V, topkScoreMMA4W:
-			groups, tiles := topkGrid4(sms, a.Rows)
-			fn, grid, block = b.topk.scoreMMA4, driver.Dim3{uint32(groups), uint32(tiles), 1}, abi.TopKScore4Threads
-			switch kernel {
-			case topkScoreMMA4P:
-				fn, shared = b.topk.scoreMMA4P, abi.TopKScore4PShared
-			case topkScoreMMA4Q:
-				fn, shared = b.topk.scoreMMA4Q, abi.TopKScore4PShared
-			case topkScoreMMA4T:
-				fn, shared = b.topk.scoreMMA4T, abi.TopKScore4PShared
-			case topkScoreMMA4U:
-				fn, shared = b.topk.scoreMMA4U, abi.TopKScore4PShared
-			case topkScoreMMA4V:
-				fn, shared = b.topk.scoreMMA4V, abi.TopKScore4PShared
-			case topkScoreMMA4W:
-				fn, shared = b.topk.scoreMMA4W, abi.TopKScore4PShared
-			}
-		}
-		if err := b.launchShared(fn, grid, driver.Dim3{block, 1, 1}, shared, driver.Bytes(params)); err != nil {
-			return fmt.Errorf("cuda: top-k score: %w", err)
-		}
-	}
-	if !selecting {
-		return nil
-	}
 	// The most keys a row of the launch can have: the block table's
 	// entries, or the plan's own bound where the caller gives one (a
 	// select kernel takes a row past its shared memory the global way, so
@@ -357,6 +241,22 @@ func (b *Backend) indexerTopK(ctx context.Context, a *mla.TopKArgs, scoring, sel
 	if a.MaxRowKeys > 0 {
 		keys = min(keys, a.MaxRowKeys)
 	}
+	sms := b.ctx.Props().SMCount
+	if scoring {
+		fn, grid, block, shared := b.topk.mma4x, driver.Dim3{}, uint32(abi.TopKScore4XThreads), abi.TopKScore4XShared
+		if b.topk.kernel == topkScoreDP4A {
+			fn, grid, block, shared = b.topk.score, driver.Dim3{uint32(a.Rows), uint32(topkGrid(sms, a.Rows)), 1}, abi.TopKScoreThreads, 0
+		} else {
+			groups, tiles := topkGrid4X(sms, a.Rows)
+			grid = driver.Dim3{uint32(groups), uint32(tiles), 1}
+		}
+		if err := b.launchShared(fn, grid, driver.Dim3{block, 1, 1}, shared, driver.Bytes(params)); err != nil {
+			return fmt.Errorf("cuda: top-k score: %w", err)
+		}
+	}
+	if !selecting {
+		return nil
+	}
 	sel := b.topk.sel
 	if sel == topkSelectDefault {
 		sel = topkDefaultSelect
@@ -364,36 +264,22 @@ func (b *Backend) indexerTopK(ctx context.Context, a *mla.TopKArgs, scoring, sel
 			sel = topkNarrowSelect
 		}
 	}
-	fn, shared, threads := b.topk.select_, 0, abi.TopKSelectThreads
+	fn, shared, threads := b.topk.select5, 4*min(topkSelectKeys, keys), abi.TopKSelectThreads
 	switch sel {
-	case topkSelect2:
-		fn, shared = b.topk.select2, 4*min(topkSelect2Keys, keys)
-	case topkSelect2Global:
-		fn = b.topk.select2
-	case topkSelect3:
-		fn, shared = b.topk.select3, 4*min(topkSelect2Keys, keys)
-	case topkSelect3Small:
-		fn, shared = b.topk.select3, topkSelect3SmallBytes
-	case topkSelect4:
-		fn, shared = b.topk.select4, 4*min(topkSelect2Keys, keys)
-	case topkSelect4Small:
-		fn, shared = b.topk.select4, topkSelect3SmallBytes
-	case topkSelect4Global:
-		fn = b.topk.select4
 	case topkSelect4N:
-		fn, shared, threads = b.topk.select4n, 4*min(topkSelect2Keys, keys), abi.TopKSelect4NThreads
-	case topkSelect4NSmall:
-		fn, shared, threads = b.topk.select4n, topkSelect3SmallBytes, abi.TopKSelect4NThreads
-	case topkSelect4NGlobal:
 		fn, threads = b.topk.select4n, abi.TopKSelect4NThreads
-	case topkSelect5:
-		fn, shared = b.topk.select5, 4*min(topkSelect2Keys, keys)
+	case topkSelect4NSmall:
+		fn, shared, threads = b.topk.select4n, topkSelectSmallBytes, abi.TopKSelect4NThreads
+	case topkSelect4NGlobal:
+		fn, shared, threads = b.topk.select4n, 0, abi.TopKSelect4NThreads
 	case topkSelect5Small:
-		fn, shared = b.topk.select5, topkSelect3SmallBytes
-	case topkSelect5N:
-		fn, shared, threads = b.topk.select5n, 4*min(topkSelect2Keys, keys), abi.TopKSelect4NThreads
-	case topkSelect6:
-		fn, shared = b.topk.select6, 4*min(topkSelect2Keys, keys)
+		shared = topkSelectSmallBytes
+	case topkSelect5E:
+		fn = b.topk.select5e
+	case topkSelect5ESmall:
+		fn, shared = b.topk.select5e, topkSelectSmallBytes
+	case topkSelect5H:
+		fn, threads = b.topk.select5h, abi.TopKSelect5HThreads
 	}
 	if err := b.launchShared(fn, driver.Dim3{uint32(a.Rows), 1, 1}, driver.Dim3{uint32(threads), 1, 1}, shared, driver.Bytes(params)); err != nil {
 		return fmt.Errorf("cuda: %s: %w", fn.Name, err)

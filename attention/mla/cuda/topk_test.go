@@ -19,8 +19,9 @@ import (
 
 // topkKernels are the score kernels (and select kernels, after a "+"),
 // each test run with every one (the shared backend is left on the
-// default).
-var topkKernels = []string{"mma", "dp4a", "mma4", "mma4p", "mma4q", "mma4t", "mma4u", "mma4v", "mma4w", "mma4x", "mma4+select2", "mma4+select2g", "mma4+select3", "mma4+select3s", "mma4q+select4", "mma4+select4s", "mma4+select4g", "mma4u+select4n", "mma4+select4ns", "mma4+select4ng", "mma4u+select5", "mma4+select5s", "mma4u+select5n", "mma4u+select6"}
+// default): the sweep and global-memory ways of each select through its
+// small shared memory ("s", "g").
+var topkKernels = []string{"dp4a", "mma4x", "mma4x+select4n", "mma4x+select4ns", "mma4x+select4ng", "mma4x+select5", "mma4x+select5s", "mma4x+select5e", "mma4x+select5es", "mma4x+select5h"}
 
 func TestCUDATopKConformance(t *testing.T) {
 	b := backend(t)
@@ -65,12 +66,14 @@ func TestCUDATopKLarge(t *testing.T) {
 		{Name: "prefill-1024-at-2k/flash", TopK: 512, PageSize: 64, Seqs: []mlatest.TopKSeqSpec{{Start: 2100 + r.IntN(100), Rows: 1024}}},
 		{Name: "mixed/flash", TopK: 512, PageSize: 64, PadRows: 5,
 			Seqs: append([]mlatest.TopKSeqSpec{{Start: 3000, Rows: 100}, {Start: 0, Rows: 64}}, topkDecode(r, 8, 1, 6000)...)},
+		// Rows of 8K and 64K context in one launch.
+		{Name: "decode-8k-and-64k/flash", TopK: 512, PageSize: 64, Seqs: append(topkDecode(r, 4, 3, 8192), topkDecode(r, 4, 3, 65536)...)},
 		{Name: "decode-b32-mtp3-8k-narrow/flash", TopK: 512, PageSize: 64, Keys: mlatest.KeysNarrow, Seqs: topkDecode(r, 32, 3, 8192)},
 		// At 64K each block of the four-row kernels scores several tiles
 		// (8K and the small cases take one a block): the tile pipeline.
 		{Name: "decode-b32-mtp3-64k/flash", TopK: 512, PageSize: 64, Seqs: topkDecode(r, 32, 3, 65536)},
 		{Name: "decode-b32-mtp3-64k-narrow/pro", TopK: 1024, PageSize: 64, Keys: mlatest.KeysNarrow, Seqs: topkDecode(r, 32, 3, 65536)},
-		// More sequences than topk_select4 copies to shared memory (its
+		// More sequences than topk_select4n and 5 copy to shared memory (its
 		// plan's MaxSeqs 301 > 256): the rows resolved in global memory.
 		{Name: "decode-b300/flash", TopK: 512, PageSize: 64, Seqs: topkDecode(r, 300, 0, 2400)},
 		{Name: "1M/pro", TopK: 1024, PageSize: 64, Seqs: []mlatest.TopKSeqSpec{{Start: mla.MaxTopKPositions - 2, Rows: 2}}},
@@ -191,14 +194,13 @@ func testTopKGraph(t *testing.T, b *cuda.Backend) {
 // bytes drawn in [124, 130], and V4-Flash's with the narrow scales of
 // rotated vectors), prefill from position 0 at 16K and 4K and a 1K chunk
 // at 3K, V4-Flash's and V4-Pro's index_topk, each score kernel (the dp4a
-// one at 8K and 64K only; "+radix" names topk_select, the default select
-// before topk_select3, "+select2" topk_select2, "+select3" topk_select3,
-// "+select4" topk_select4, the default before topk_select5; a name without
-// "+" the default select, cudatune's rule included): the device time per
-// call, the score and select kernels alone, and two floors: the indexer cache bytes
-// the batch reads at the device-to-device copy rate measured here, and
-// the score's multiply-adds at the H200's nominal dense int8 tensor-core
-// rate (1979 TOPS, not measured).
+// one at 8K and 64K only; "+select4n", "+select5" name a select kernel, a
+// name without "+" the default select, cudatune's rule included): the
+// device time per call, the score and
+// select kernels alone, and two floors: the indexer cache bytes the batch
+// reads at the device-to-device copy rate measured here, and the score's
+// multiply-adds at the H200's nominal dense int8 tensor-core rate (1979
+// TOPS, not measured).
 func BenchmarkCUDATopK(bm *testing.B) {
 	if err := cuda.Available(); err != nil {
 		bm.Skipf("CUDA backend unavailable: %v", err)
@@ -218,9 +220,9 @@ func BenchmarkCUDATopK(bm *testing.B) {
 	}
 	var cases []benchCase
 	for _, ctxLen := range []int{8 << 10, 64 << 10, 128 << 10, 1 << 20} {
-		kernels := []string{"mma+radix", "dp4a+radix", "mma4+radix", "mma4p", "mma4q", "mma4t", "mma4u", "mma4v", "mma4w", "mma4x", "mma4q+select2", "mma4q+select3", "mma4q+select4", "mma4u+select4", "mma4u+select4n", "mma4u+select5", "mma4u+select6", "mma4u+select5n", "mma4w+select4n", "mma4w+select5n"}
+		kernels := []string{"dp4a", "mma4x", "mma4x+select5e", "mma4x+select5h"}
 		if ctxLen > 64<<10 {
-			kernels = []string{"mma+radix", "mma4+radix", "mma4p", "mma4q", "mma4t", "mma4u", "mma4v", "mma4w", "mma4x", "mma4q+select2", "mma4q+select3", "mma4q+select4", "mma4u+select4", "mma4u+select4n", "mma4u+select5", "mma4u+select6", "mma4u+select5n", "mma4w+select4n", "mma4w+select5n"}
+			kernels = []string{"mma4x", "mma4x+select5e", "mma4x+select5h"}
 		}
 		for _, topk := range []int{512, 1024} {
 			cases = append(cases, benchCase{fmt.Sprintf("decode-b32-mtp3/ctx=%dK/topk=%d", ctxLen>>10, topk), topk, kernels,
@@ -228,7 +230,7 @@ func BenchmarkCUDATopK(bm *testing.B) {
 		}
 		// The scales of rotated vectors (each row's four within 2), which
 		// topk_score_mma4's exact path takes.
-		cases = append(cases, benchCase{fmt.Sprintf("decode-b32-mtp3-narrow/ctx=%dK/topk=512", ctxLen>>10), 512, []string{"mma+radix", "mma4+radix", "mma4p", "mma4q", "mma4t", "mma4u", "mma4v", "mma4w", "mma4x", "mma4q+select2", "mma4q+select3", "mma4q+select4", "mma4u+select4", "mma4u+select4n", "mma4u+select5", "mma4u+select6", "mma4u+select5n", "mma4w+select4n", "mma4w+select5n"},
+		cases = append(cases, benchCase{fmt.Sprintf("decode-b32-mtp3-narrow/ctx=%dK/topk=512", ctxLen>>10), 512, []string{"mma4x", "mma4x+select5e", "mma4x+select5h"},
 			func(r *rand.Rand) []mlatest.TopKSeqSpec { return topkDecode(r, 32, 3, ctxLen) }, mlatest.KeysNarrow})
 	}
 	// Prefill from 0 and a chunk at a cached offset: launches of 16,384,
@@ -239,7 +241,7 @@ func BenchmarkCUDATopK(bm *testing.B) {
 		start, rows int
 	}{{"prefill=16K", 0, 16 << 10}, {"prefill=4K", 0, 4 << 10}, {"chunk=1K-at-3K", 3 << 10, 1 << 10}} {
 		for _, topk := range []int{512, 1024} {
-			cases = append(cases, benchCase{fmt.Sprintf("%s/topk=%d", pc.name, topk), topk, []string{"mma+radix", "mma4+radix", "mma4p", "mma4q", "mma4t", "mma4u", "mma4v", "mma4w", "mma4x", "mma4q+select2", "mma4q+select3", "mma4q+select4", "mma4u+select4", "mma4u+select4n", "mma4u+select5", "mma4u+select6", "mma4u+select5n", "mma4w+select4n", "mma4w+select5n"},
+			cases = append(cases, benchCase{fmt.Sprintf("%s/topk=%d", pc.name, topk), topk, []string{"mma4x", "mma4x+select5", "mma4x+select5e", "mma4x+select4n"},
 				func(*rand.Rand) []mlatest.TopKSeqSpec { return []mlatest.TopKSeqSpec{{Start: pc.start, Rows: pc.rows}} }, mlatest.KeysRandom})
 		}
 	}
@@ -255,9 +257,15 @@ func BenchmarkCUDATopK(bm *testing.B) {
 	for _, hint := range []bool{false, true} {
 		name := fmt.Sprintf("prefill=16K-table=1M/rowkeys=%t/topk=1024", hint)
 		tables[name] = tableCase{(mla.MaxTopKPositions/mla.TopKRatio+63)/64 + 1, hint}
-		cases = append(cases, benchCase{name, 1024, []string{"mma4u"},
+		cases = append(cases, benchCase{name, 1024, []string{"mma4x", "mma4x+select5e"},
 			func(*rand.Rand) []mlatest.TopKSeqSpec { return []mlatest.TopKSeqSpec{{Start: 0, Rows: 16 << 10}} }, mlatest.KeysRandom})
 	}
+	// Decode b=32 MTP 3 at 8K in that table, as a graph captures it (no
+	// MaxRowKeys).
+	name := "decode-b32-mtp3-table=1M/ctx=8K/topk=512"
+	tables[name] = tableCase{(mla.MaxTopKPositions/mla.TopKRatio+63)/64 + 1, false}
+	cases = append(cases, benchCase{name, 512, []string{"mma4x", "mma4x+select5e"},
+		func(r *rand.Rand) []mlatest.TopKSeqSpec { return topkDecode(r, 32, 3, 8192) }, mlatest.KeysRandom})
 	ctx := context.Background()
 	for _, bc := range cases {
 		// The case is drawn inside its sub-benchmark, so that -test.bench
@@ -302,7 +310,7 @@ func BenchmarkCUDATopK(bm *testing.B) {
 					score, sel, _ := strings.Cut(kernel, "+")
 					// (The parent benchmark's log is not printed.)
 					bm.Logf("kernel %s: %s", score, b.TopKKernelResources(score))
-					if sel != "" && sel != "radix" {
+					if sel != "" {
 						bm.Logf("kernel %s: %s", sel, b.TopKKernelResources(sel))
 					}
 					b.SetTopKScore(kernel)

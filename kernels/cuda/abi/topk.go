@@ -46,28 +46,24 @@ var topkFields = [numTopKFields]Field{
 
 // Launch shapes of the top-k kernels: a topk_score block scores
 // TopKScoreThreads entries of one row at a time (a thread each), a
-// topk_score_mma4 block TopKScore4Threads entries (32 a warp) of
+// topk_score_mma4x block TopKScore4XThreads entries (32 a warp) of
 // TopKScore4Rows consecutive rows at a time, a topk_select block selects
 // one row.
 const (
 	TopKScoreThreads  = 256
-	TopKScore4Threads = 128
 	TopKScore4Rows    = 4
 	TopKSelectThreads = 1024
 	// TopKSelect4NThreads is topk_select4n's block: several short rows a
 	// multiprocessor.
 	TopKSelect4NThreads = 256
-	// TopKScore4PShared is topk_score_mma4p's dynamic shared memory:
-	// topk_score_mma4's query arrays (32768 + 4224 + 1152 bytes), two
-	// buffers of 32 entries a warp, the query's base bytes; four blocks a
-	// multiprocessor (one more KiB each) fit the H200's 228 KiB.
-	TopKScore4PShared = 32768 + 4224 + 1152 + TopKScore4Threads/32*2*32*mla.IndexerEntryBytes + TopKScore4Rows*mla.IndexerHeads
+	// TopKSelect5HThreads is topk_select5h's block.
+	TopKSelect5HThreads = 512
 	// TopKScore4XThreads is topk_score_mma4x's block: TopKScore4Rows rows
 	// and TopKScore4XThreads entries a tile, 32 a warp, two blocks a
 	// multiprocessor.
 	TopKScore4XThreads = 256
 	// TopKScore4XShared is topk_score_mma4x's dynamic shared memory (two
-	// blocks a multiprocessor): topk_score_mma4p's B fragments and C words
+	// blocks a multiprocessor): the query's B fragments and C words
 	// (32768 + 4224 bytes), the head weights with the exact path's products
 	// (4 rows of 34 x 16 bytes), two buffers of 32 entries a warp, the
 	// query's base bytes.
@@ -89,11 +85,10 @@ func topkConstants() []ConstGroup {
 			{"TOPK_SEQ_STRIDE", mla.TopKPlanSeqStride, "scratch entries between rows"},
 			{"TOPK_SEQ_WORDS", mla.TopKPlanSeqWords, ""},
 			{"TOPK_SCORE_THREADS", TopKScoreThreads, "threads of a topk_score block, one entry each"},
-			{"TOPK_SCORE4_THREADS", TopKScore4Threads, "threads of a topk_score_mma4 block, 32 entries a warp"},
-			{"TOPK_SCORE4_ROWS", TopKScore4Rows, "rows of a topk_score_mma4 block: the mma's four column pairs"},
+			{"TOPK_SCORE4_ROWS", TopKScore4Rows, "rows of a topk_score_mma4x block: the mma's four column pairs"},
 			{"TOPK_SELECT_THREADS", TopKSelectThreads, "threads of a topk_select block, one row"},
 			{"TOPK_SELECT4N_THREADS", TopKSelect4NThreads, "threads of a topk_select4n block, one row"},
-			{"TOPK_SCORE4P_SHARED", TopKScore4PShared, "dynamic shared memory of a topk_score_mma4p block, bytes"},
+			{"TOPK_SELECT5H_THREADS", TopKSelect5HThreads, "threads of a topk_select5h block, one row"},
 			{"TOPK_SCORE4X_THREADS", TopKScore4XThreads, "threads of a topk_score_mma4x block, 32 entries a warp"},
 			{"TOPK_SCORE4X_SHARED", TopKScore4XShared, "dynamic shared memory of a topk_score_mma4x block, bytes"},
 		}},
