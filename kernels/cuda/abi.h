@@ -135,7 +135,6 @@ enum {
     TOPK_SCORE4_ROWS      = 4,       // rows of a topk_score_mma4x block: the mma's four column pairs
     TOPK_SELECT_THREADS   = 1024,    // threads of a topk_select block, one row
     TOPK_SELECT4N_THREADS = 256,     // threads of a topk_select4n block, one row
-    TOPK_SELECT5H_THREADS = 512,     // threads of a topk_select5h block, one row
     TOPK_SCORE4X_THREADS  = 256,     // threads of a topk_score_mma4x block, 32 entries a warp
     TOPK_SCORE4X_SHARED   = 74240,   // dynamic shared memory of a topk_score_mma4x block, bytes
 };

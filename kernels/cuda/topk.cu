@@ -15,14 +15,12 @@
 //                sampled candidate sweep), then writes the entries above it
 //                and the first ones equal to it in ascending index order;
 //                blocks of 256 threads, for launches of many short rows.
-//   topk_select5 the same indices in blocks of 1024 threads, with three
-//                radix passes of 11, 11 and 10 bits where a row's keys fit
-//                shared memory.
-//   topk_select5e, topk_select5h  topk_select5 ending its radix select
-//                after a pass whose bin's keys are all taken (h: in
-//                blocks of 512 threads): the same indices.
+//   topk_select5e the same indices in blocks of 1024 threads, with up to
+//                three radix passes of 11, 11 and 10 bits where a row's
+//                keys fit shared memory, ending after the first pass whose
+//                bin's keys are all taken.
 // (The variants before these, topk_score_mma, topk_score_mma4..mma4w,
-// topk_select..topk_select4, topk_select5n, topk_select6 and
+// topk_select..topk_select5 (5 without the early end), topk_select5n, topk_select6 and
 // topk_score_mma4xs (the select in the score kernel's clusters), are in the
 // history up to 2026-12-02; BENCHMARKS.md has their measurements.)
 //
@@ -1174,7 +1172,7 @@ __device__ __forceinline__ void tk_radix11(const u32* sk, int n, u32 want, u32* 
     *take = remain;
 }
 
-// topk_select5 is tk_select4 (the same indices) in blocks of 1024 threads
+// tk_select5 is tk_select4 (the same indices) in blocks of NT threads
 // with a row whose keys fit its shared memory selected by tk_radix11:
 // three passes of two barriers instead of four (decode at 8K: a row's
 // select is its fixed cost). Rows past the shared memory take tk_select3's
@@ -1219,12 +1217,11 @@ __device__ __forceinline__ void tk_select5(const TopKParams& p) {
     tk_gather<true, NT>(tks5, keys, n, th, take, p.out + (size_t)r * p.top_k, wsum);
 }
 
-extern "C" __global__ void __launch_bounds__(TOPK_SELECT_THREADS) topk_select5(const TopKParams p) { tk_select5<TOPK_SELECT_THREADS>(p); }
 
-// topk_select5e is topk_select5 (the same indices) ending its radix select
-// at the first pass whose bin's keys are all taken (tk_radix11's EARLY: at
-// decode 8K two passes of the three); topk_select5h is topk_select5e in
-// blocks of TOPK_SELECT5H_THREADS (fewer warps a barrier and a scan).
+// topk_select5e is tk_select5 ending its radix select at the first pass
+// whose bin's keys are all taken (tk_radix11's EARLY: at decode 8K two
+// passes of the three). (Without EARLY, topk_select5, the default select
+// until 2026-12-02, the same indices; in blocks of 512 threads it was
+// slower: bench/results/2026-12-02-h200-k/tsel/call2.)
 extern "C" __global__ void __launch_bounds__(TOPK_SELECT_THREADS) topk_select5e(const TopKParams p) { tk_select5<TOPK_SELECT_THREADS, true>(p); }
-extern "C" __global__ void __launch_bounds__(TOPK_SELECT5H_THREADS) topk_select5h(const TopKParams p) { tk_select5<TOPK_SELECT5H_THREADS, true>(p); }
 

@@ -15,14 +15,10 @@ const (
 	// blocks of abi.TopKSelect4NThreads, the row's keys in dynamic shared
 	// memory where they fit.
 	TopKSelect4NKernel = "topk_select4n"
-	// TopKSelect5Kernel: three radix passes (11, 11 and 10 bits) where a
-	// row's keys fit shared memory, in blocks of abi.TopKSelectThreads.
-	TopKSelect5Kernel = "topk_select5"
-	// TopKSelect5EKernel is topk_select5 ending its radix select at the
-	// first pass whose bin's keys are all taken; TopKSelect5HKernel is it
-	// in blocks of abi.TopKSelect5HThreads.
+	// TopKSelect5EKernel: up to three radix passes (11, 11 and 10 bits)
+	// where a row's keys fit shared memory, ending at the first pass whose
+	// bin's keys are all taken, in blocks of abi.TopKSelectThreads.
 	TopKSelect5EKernel = "topk_select5e"
-	TopKSelect5HKernel = "topk_select5h"
 )
 
 // TopKSource returns the compilable source of the indexer's top-k module

@@ -26,7 +26,7 @@ func TestTopKSourceCompiles(t *testing.T) {
 	c, err := driver.CompileDetailed(kernels.TopKSource(), "topk.cu", driver.CompileOptions{Arch: "sm_90", NoFMAD: true, NoCache: true, Headers: kernels.Headers()})
 	require.NoError(t, err)
 	t.Logf("NVRTC log: %q", c.Log)
-	for _, k := range []string{kernels.TopKScoreKernel, kernels.TopKScoreMMA4XKernel, kernels.TopKSelect4NKernel, kernels.TopKSelect5Kernel, kernels.TopKSelect5EKernel, kernels.TopKSelect5HKernel} {
+	for _, k := range []string{kernels.TopKScoreKernel, kernels.TopKScoreMMA4XKernel, kernels.TopKSelect4NKernel, kernels.TopKSelect5EKernel} {
 		require.True(t, bytes.Contains(c.Cubin, []byte(k)), "the cubin has no %s", k)
 	}
 }
@@ -36,7 +36,7 @@ func TestTopKSourceCompiles(t *testing.T) {
 func TestTopKSourceLayout(t *testing.T) {
 	src := kernels.TopKSource()
 	require.Contains(t, src, "\n#include \"common.cuh\"\n")
-	for _, k := range []string{kernels.TopKScoreKernel, kernels.TopKScoreMMA4XKernel, kernels.TopKSelect4NKernel, kernels.TopKSelect5Kernel, kernels.TopKSelect5EKernel, kernels.TopKSelect5HKernel} {
+	for _, k := range []string{kernels.TopKScoreKernel, kernels.TopKScoreMMA4XKernel, kernels.TopKSelect4NKernel, kernels.TopKSelect5EKernel} {
 		require.Contains(t, src, `extern "C" __global__ void __launch_bounds__`)
 		require.Regexp(t, `\) `+k+`\(const TopKParams p\)`, src)
 	}

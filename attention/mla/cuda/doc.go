@@ -112,14 +112,14 @@
 // contract's float32 order) into the scratch space as order-preserving
 // keys; topk_score_mma4x (the one IndexerTopK launches) computes the same
 // keys on the int8 tensor cores, four rows of a sequence a block (decode's
-// 1+MTP tokens). topk_select5 (the default select) radix-selects each row's
-// threshold key in three passes where its keys fit shared memory (a
-// sampled candidate sweep where they do not) and writes the indices
-// ascending (topk_select5e and 5h end the select at the first pass whose
-// bin's keys are all taken, 5h in blocks of 512 threads); topk_select4n,
-// four passes in blocks of 256 threads, takes a
-// launch of many short rows (cudatune.Knobs.TopKSelectNarrowAt). All read the plan from
-// device memory, so a CUDA graph replays them for any batch of the shape.
+// 1+MTP tokens). topk_select5e (the default select) radix-selects each row's
+// threshold key in up to three passes where its keys fit shared memory
+// (ending at the first pass whose bin's keys are all taken; a sampled
+// candidate sweep where they do not) and writes the indices ascending;
+// topk_select4n, four passes in blocks of 256 threads, takes a launch of
+// many short rows (cudatune.Knobs.TopKSelectNarrowAt). All read the plan
+// from device memory, so a CUDA graph replays them for any batch of the
+// shape.
 //
 // Options hold what a user chooses (device, logger, PDL); the launch-shape
 // knobs the tests and cmd/bench vary live in internal/cudatune (NewTuned),

@@ -137,8 +137,8 @@ func (b *Backend) KernelSharedBytes(name string) (int, error) {
 // optionally followed by "+" and a select kernel: "select4n", "select4ns"
 // (topk_select4n with 40 KiB of shared memory: a 64K context's rows take
 // its candidate sweep), "select4ng" (without shared memory: its rows read
-// their keys from global memory), "select5", "select5s", "select5e",
-// "select5es" (likewise), "select5h"; without one, the default select.
+// their keys from global memory), "select5e", "select5es" (likewise);
+// without one, the default select.
 func (b *Backend) SetTopKScore(kernel string) {
 	score, sel, _ := strings.Cut(kernel, "+")
 	switch score {
@@ -158,16 +158,10 @@ func (b *Backend) SetTopKScore(kernel string) {
 		b.topk.sel = topkSelect4NSmall
 	case "select4ng":
 		b.topk.sel = topkSelect4NGlobal
-	case "select5":
-		b.topk.sel = topkSelect5
-	case "select5s":
-		b.topk.sel = topkSelect5Small
 	case "select5e":
 		b.topk.sel = topkSelect5E
 	case "select5es":
 		b.topk.sel = topkSelect5ESmall
-	case "select5h":
-		b.topk.sel = topkSelect5H
 	default:
 		panic("cuda: SetTopKScore(" + kernel + ")")
 	}
@@ -181,7 +175,7 @@ func (b *Backend) TopKKernelResources(kernel string) string {
 		return err.Error()
 	}
 	fn := map[string]*driver.Function{"dp4a": b.topk.score, "mma4x": b.topk.mma4x,
-		"select4n": b.topk.select4n, "select5": b.topk.select5, "select5e": b.topk.select5e, "select5h": b.topk.select5h}[kernel]
+		"select4n": b.topk.select4n, "select5e": b.topk.select5e}[kernel]
 	if fn == nil {
 		return "no such kernel"
 	}

@@ -20,8 +20,7 @@ import (
 type topkState struct {
 	mod                *driver.Module
 	score, mma4x       *driver.Function
-	select4n, select5  *driver.Function
-	select5e, select5h *driver.Function
+	select4n, select5e *driver.Function
 	err                error // a failed load, returned by every later call
 	// kernel is the score kernel the backend launches; every one writes
 	// the same keys.
@@ -39,23 +38,28 @@ const (
 	topkSelect4N                         // topk_select4n: a radix select of 4 passes in blocks of abi.TopKSelect4NThreads
 	topkSelect4NSmall                    // topk_select4n with topkSelectSmallBytes: the rows of a 64K context take its candidate sweep
 	topkSelect4NGlobal                   // topk_select4n without shared memory: every row reads its keys from global memory
-	topkSelect5                          // topk_select5: three radix passes where the keys fit, in blocks of abi.TopKSelectThreads
-	topkSelect5Small                     // topk_select5 with topkSelectSmallBytes
-	topkSelect5E                         // topk_select5e: topk_select5 ending at the first pass whose bin's keys are all taken
+	topkSelect5E                         // topk_select5e: up to three radix passes where the keys fit, in blocks of abi.TopKSelectThreads
 	topkSelect5ESmall                    // topk_select5e with topkSelectSmallBytes
-	topkSelect5H                         // topk_select5h: topk_select5e in blocks of abi.TopKSelect5HThreads
 )
 
 // topkDefaultSelect is the select kernel IndexerTopK launches unless a
 // test picks another or Knobs.TopKSelectNarrowAt sends the launch to
-// topkNarrowSelect: topk_select5, the same indices as topk_select4 (its
-// four radix passes of 8 bits) on the H200 in every top-k test and, with
-// topk_score_mma4u at decode b=32 MTP 3, faster at 8K (us a layer:
-// 36.0-36.4 against 36.8-37.1; the select alone 6.9-7.1 against 7.6-7.7)
-// and 64K (170.1-170.2 against 174.3-174.5; alone 16.6-16.9 against
-// 21.2-21.9; bench/results/2026-12-02-h200-i/topkp/call1). Its rows past
-// shared memory (past 128K context) take topk_select4's candidate sweep.
-const topkDefaultSelect = topkSelect5
+// topkNarrowSelect: topk_select5e, topk_select5 (three radix passes of 11,
+// 11 and 10 bits where the keys fit shared memory; a candidate sweep past
+// 128K context) ending at the first pass whose bin's keys are all taken:
+// the same indices on the H200 in every top-k test (conformance, graph,
+// large with the 1M-token scenarios; memcheck 0 errors, racecheck 0
+// hazards) and, with topk_score_mma4x, faster at decode 8K (b=32 MTP 3,
+// us a layer: 29.2-29.4 against topk_select5's 29.9-30.4; the select alone
+// 6.6-6.7 against 7.1-8.2; narrow scales 25.1-25.2 against 25.8-26.1;
+// index_topk 1024 29.3-29.6 against 30.1-30.5; in a 1M-token block table
+// 29.2-29.3 against 30.0-30.8) and at prefill 16K in a 1M-token table
+// (2574.7-2588.0 against 2664.1-2664.8), the same from 64K to 1M (64K
+// 157.8-158.3 against 158.1-158.8, 1M 2264.9-2283.5 against
+// 2284.1-2285.3; bench/results/2026-12-02-h200-k/tsel/call2). topk_select5
+// was the default since 2026-12-02-h200-i/topkp (faster than topk_select4,
+// its four passes of 8 bits, at 8K and 64K).
+const topkDefaultSelect = topkSelect5E
 
 // topkNarrowSelect is the select kernel of a launch that
 // Knobs.TopKSelectNarrowAt sends to blocks of abi.TopKSelect4NThreads:
@@ -121,9 +125,8 @@ func (b *Backend) LoadTopK() error {
 		s.err = fmt.Errorf("cuda: top-k kernels: %w", err)
 		return s.err
 	}
-	var fns [6]*driver.Function
-	for i, name := range []string{kernels.TopKScoreKernel, kernels.TopKScoreMMA4XKernel,
-		kernels.TopKSelect4NKernel, kernels.TopKSelect5Kernel, kernels.TopKSelect5EKernel, kernels.TopKSelect5HKernel} {
+	var fns [4]*driver.Function
+	for i, name := range []string{kernels.TopKScoreKernel, kernels.TopKScoreMMA4XKernel, kernels.TopKSelect4NKernel, kernels.TopKSelect5EKernel} {
 		fn, err := mod.Function(name)
 		if err == nil && i == 1 {
 			// Past the default 48 KiB of dynamic shared memory; two blocks
@@ -140,7 +143,7 @@ func (b *Backend) LoadTopK() error {
 		fns[i] = fn
 	}
 	s.mod = mod
-	s.score, s.mma4x, s.select4n, s.select5, s.select5e, s.select5h = fns[0], fns[1], fns[2], fns[3], fns[4], fns[5]
+	s.score, s.mma4x, s.select4n, s.select5e = fns[0], fns[1], fns[2], fns[3]
 	return nil
 }
 
@@ -264,7 +267,7 @@ func (b *Backend) indexerTopK(ctx context.Context, a *mla.TopKArgs, scoring, sel
 			sel = topkNarrowSelect
 		}
 	}
-	fn, shared, threads := b.topk.select5, 4*min(topkSelectKeys, keys), abi.TopKSelectThreads
+	fn, shared, threads := b.topk.select5e, 4*min(topkSelectKeys, keys), abi.TopKSelectThreads
 	switch sel {
 	case topkSelect4N:
 		fn, threads = b.topk.select4n, abi.TopKSelect4NThreads
@@ -272,14 +275,8 @@ func (b *Backend) indexerTopK(ctx context.Context, a *mla.TopKArgs, scoring, sel
 		fn, shared, threads = b.topk.select4n, topkSelectSmallBytes, abi.TopKSelect4NThreads
 	case topkSelect4NGlobal:
 		fn, shared, threads = b.topk.select4n, 0, abi.TopKSelect4NThreads
-	case topkSelect5Small:
-		shared = topkSelectSmallBytes
-	case topkSelect5E:
-		fn = b.topk.select5e
 	case topkSelect5ESmall:
-		fn, shared = b.topk.select5e, topkSelectSmallBytes
-	case topkSelect5H:
-		fn, threads = b.topk.select5h, abi.TopKSelect5HThreads
+		shared = topkSelectSmallBytes
 	}
 	if err := b.launchShared(fn, driver.Dim3{uint32(a.Rows), 1, 1}, driver.Dim3{uint32(threads), 1, 1}, shared, driver.Bytes(params)); err != nil {
 		return fmt.Errorf("cuda: %s: %w", fn.Name, err)

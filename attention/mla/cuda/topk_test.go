@@ -21,7 +21,7 @@ import (
 // each test run with every one (the shared backend is left on the
 // default): the sweep and global-memory ways of each select through its
 // small shared memory ("s", "g").
-var topkKernels = []string{"dp4a", "mma4x", "mma4x+select4n", "mma4x+select4ns", "mma4x+select4ng", "mma4x+select5", "mma4x+select5s", "mma4x+select5e", "mma4x+select5es", "mma4x+select5h"}
+var topkKernels = []string{"dp4a", "mma4x", "mma4x+select4n", "mma4x+select4ns", "mma4x+select4ng", "mma4x+select5e", "mma4x+select5es"}
 
 func TestCUDATopKConformance(t *testing.T) {
 	b := backend(t)
@@ -194,7 +194,7 @@ func testTopKGraph(t *testing.T, b *cuda.Backend) {
 // bytes drawn in [124, 130], and V4-Flash's with the narrow scales of
 // rotated vectors), prefill from position 0 at 16K and 4K and a 1K chunk
 // at 3K, V4-Flash's and V4-Pro's index_topk, each score kernel (the dp4a
-// one at 8K and 64K only; "+select4n", "+select5" name a select kernel, a
+// one at 8K and 64K only; "+select4n", "+select5e" name a select kernel, a
 // name without "+" the default select, cudatune's rule included): the
 // device time per call, the score and
 // select kernels alone, and two floors: the indexer cache bytes the batch
@@ -220,9 +220,9 @@ func BenchmarkCUDATopK(bm *testing.B) {
 	}
 	var cases []benchCase
 	for _, ctxLen := range []int{8 << 10, 64 << 10, 128 << 10, 1 << 20} {
-		kernels := []string{"dp4a", "mma4x", "mma4x+select5e", "mma4x+select5h"}
+		kernels := []string{"dp4a", "mma4x", "mma4x+select4n"}
 		if ctxLen > 64<<10 {
-			kernels = []string{"mma4x", "mma4x+select5e", "mma4x+select5h"}
+			kernels = []string{"mma4x", "mma4x+select4n"}
 		}
 		for _, topk := range []int{512, 1024} {
 			cases = append(cases, benchCase{fmt.Sprintf("decode-b32-mtp3/ctx=%dK/topk=%d", ctxLen>>10, topk), topk, kernels,
@@ -230,7 +230,7 @@ func BenchmarkCUDATopK(bm *testing.B) {
 		}
 		// The scales of rotated vectors (each row's four within 2), which
 		// topk_score_mma4's exact path takes.
-		cases = append(cases, benchCase{fmt.Sprintf("decode-b32-mtp3-narrow/ctx=%dK/topk=512", ctxLen>>10), 512, []string{"mma4x", "mma4x+select5e", "mma4x+select5h"},
+		cases = append(cases, benchCase{fmt.Sprintf("decode-b32-mtp3-narrow/ctx=%dK/topk=512", ctxLen>>10), 512, []string{"mma4x", "mma4x+select4n"},
 			func(r *rand.Rand) []mlatest.TopKSeqSpec { return topkDecode(r, 32, 3, ctxLen) }, mlatest.KeysNarrow})
 	}
 	// Prefill from 0 and a chunk at a cached offset: launches of 16,384,
@@ -241,7 +241,7 @@ func BenchmarkCUDATopK(bm *testing.B) {
 		start, rows int
 	}{{"prefill=16K", 0, 16 << 10}, {"prefill=4K", 0, 4 << 10}, {"chunk=1K-at-3K", 3 << 10, 1 << 10}} {
 		for _, topk := range []int{512, 1024} {
-			cases = append(cases, benchCase{fmt.Sprintf("%s/topk=%d", pc.name, topk), topk, []string{"mma4x", "mma4x+select5", "mma4x+select5e", "mma4x+select4n"},
+			cases = append(cases, benchCase{fmt.Sprintf("%s/topk=%d", pc.name, topk), topk, []string{"mma4x", "mma4x+select5e", "mma4x+select4n"},
 				func(*rand.Rand) []mlatest.TopKSeqSpec { return []mlatest.TopKSeqSpec{{Start: pc.start, Rows: pc.rows}} }, mlatest.KeysRandom})
 		}
 	}
@@ -257,14 +257,14 @@ func BenchmarkCUDATopK(bm *testing.B) {
 	for _, hint := range []bool{false, true} {
 		name := fmt.Sprintf("prefill=16K-table=1M/rowkeys=%t/topk=1024", hint)
 		tables[name] = tableCase{(mla.MaxTopKPositions/mla.TopKRatio+63)/64 + 1, hint}
-		cases = append(cases, benchCase{name, 1024, []string{"mma4x", "mma4x+select5e"},
+		cases = append(cases, benchCase{name, 1024, []string{"mma4x"},
 			func(*rand.Rand) []mlatest.TopKSeqSpec { return []mlatest.TopKSeqSpec{{Start: 0, Rows: 16 << 10}} }, mlatest.KeysRandom})
 	}
 	// Decode b=32 MTP 3 at 8K in that table, as a graph captures it (no
 	// MaxRowKeys).
 	name := "decode-b32-mtp3-table=1M/ctx=8K/topk=512"
 	tables[name] = tableCase{(mla.MaxTopKPositions/mla.TopKRatio+63)/64 + 1, false}
-	cases = append(cases, benchCase{name, 512, []string{"mma4x", "mma4x+select5e"},
+	cases = append(cases, benchCase{name, 512, []string{"mma4x"},
 		func(r *rand.Rand) []mlatest.TopKSeqSpec { return topkDecode(r, 32, 3, 8192) }, mlatest.KeysRandom})
 	ctx := context.Background()
 	for _, bc := range cases {

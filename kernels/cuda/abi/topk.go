@@ -56,8 +56,6 @@ const (
 	// TopKSelect4NThreads is topk_select4n's block: several short rows a
 	// multiprocessor.
 	TopKSelect4NThreads = 256
-	// TopKSelect5HThreads is topk_select5h's block.
-	TopKSelect5HThreads = 512
 	// TopKScore4XThreads is topk_score_mma4x's block: TopKScore4Rows rows
 	// and TopKScore4XThreads entries a tile, 32 a warp, two blocks a
 	// multiprocessor.
@@ -88,7 +86,6 @@ func topkConstants() []ConstGroup {
 			{"TOPK_SCORE4_ROWS", TopKScore4Rows, "rows of a topk_score_mma4x block: the mma's four column pairs"},
 			{"TOPK_SELECT_THREADS", TopKSelectThreads, "threads of a topk_select block, one row"},
 			{"TOPK_SELECT4N_THREADS", TopKSelect4NThreads, "threads of a topk_select4n block, one row"},
-			{"TOPK_SELECT5H_THREADS", TopKSelect5HThreads, "threads of a topk_select5h block, one row"},
 			{"TOPK_SCORE4X_THREADS", TopKScore4XThreads, "threads of a topk_score_mma4x block, 32 entries a warp"},
 			{"TOPK_SCORE4X_SHARED", TopKScore4XShared, "dynamic shared memory of a topk_score_mma4x block, bytes"},
 		}},
