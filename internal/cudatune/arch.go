@@ -482,7 +482,13 @@ var SM90 = Arch{
 		// rows on 1584 blocks, 19.99 against 22.93 us).
 		IndexerQueryLaneMinRows:    -1,
 		IndexerQueryTokBlocksPerSM: 2,
-		IndexerQueryTokMinRows:     -1,
+		// indexer_query_tok from 4096 token rows, the same bytes: 34.22 /
+		// 129.42 us against indexer_query_stream's 39.65 / 141.72 alone at
+		// 4K / 16K rows (bench/results/2026-12-02-h200-k/iqp/call1/query.txt);
+		// V4-Flash's ratio-4 layer 863.6-863.9 against 871.4-878.9 us at 4K,
+		// 3568.8-3572.2 against 3607.1-3629.9 at 16K (iqp/call2/ab-*.json).
+		// Smaller batches not measured.
+		IndexerQueryTokMinRows: 4096,
 	},
 }
 

@@ -12,7 +12,7 @@ func TestDefaults(t *testing.T) {
 	h200 := Knobs{Warps: 8, KVDepth: 4, QDepth: 4, QChunk: 8, BlocksPerSM: 2,
 		DirectMaxRows: 1 << 19, DirectMaxRowsBF16: math.MaxInt32, DirectMinRows: 1, DirectWarps: 4, DirectHalfBlockRows: 8192, DirectQRows: 2, DirectMinBlocks: 1,
 		BF16MMAMaxRows: -1, BF16MMADepth: 2, BF16MMAReduce: 1, BF16MMAWarpRows: 16, IndexerKeys: IndexerKeysFused, IndexerQuery: IndexerQueryStream, IndexerQueryWideMinRows: -1, IndexerQueryLaneMinRows: -1, IndexerStream: IndexerStreamAux, CuBLASLtSplitK: CuBLASLtSplitKAny,
-		TopKSelectNarrowMinRows: 1024, IndexerQueryTokBlocksPerSM: 2, IndexerQueryTokMinRows: -1}
+		TopKSelectNarrowMinRows: 1024, IndexerQueryTokBlocksPerSM: 2, IndexerQueryTokMinRows: 4096}
 	require.Equal(t, h200, Knobs{}.Defaults())
 	require.Equal(t, h200, SM90.Knobs)
 	set := Knobs{Warps: 3, KVDepth: 1, QDepth: 5, QChunk: 3, BlocksPerSM: 2, MaxBlocks: 1, DirectMaxRows: 7, DirectMaxRowsBF16: 8, DirectMinRows: 2, DirectWarps: 2, DirectHalfBlockRows: 5,
@@ -194,18 +194,19 @@ func TestIndexerQueryAt(t *testing.T) {
 	}{
 		{"default, b=1 MTP 3", Knobs{}, 4, IndexerQueryStream},
 		{"default, b=32 MTP 3", Knobs{}, 128, IndexerQueryStream},
-		{"default, prefill", Knobs{}, 16384, IndexerQueryStream},
+		{"default, prefill", Knobs{}, 16384, IndexerQueryTok},
+		{"default, below the tok rule", Knobs{}, 4095, IndexerQueryStream},
 		{"the wide rule over the default", Knobs{IndexerQueryWideMinRows: 128}, 128, IndexerQueryWide},
-		{"named kernel", Knobs{IndexerQuery: IndexerQueryEarly, IndexerQueryWideMinRows: -1}, 4096, IndexerQueryEarly},
+		{"named kernel", Knobs{IndexerQueryTokMinRows: -1, IndexerQuery: IndexerQueryEarly, IndexerQueryWideMinRows: -1}, 4096, IndexerQueryEarly},
 		{"wide everywhere", Knobs{IndexerQuery: IndexerQueryWide, IndexerQueryWideMinRows: -1}, 4, IndexerQueryWide},
 		{"below the threshold", Knobs{IndexerQuery: IndexerQueryLean, IndexerQueryWideMinRows: 512}, 511, IndexerQueryLean},
 		{"at the threshold", Knobs{IndexerQuery: IndexerQueryLean, IndexerQueryWideMinRows: 512}, 512, IndexerQueryWide},
-		{"negative: never", Knobs{IndexerQuery: IndexerQueryLate, IndexerQueryWideMinRows: -7}, 1 << 20, IndexerQueryLate},
-		{"stream everywhere", Knobs{IndexerQuery: IndexerQueryStream, IndexerQueryWideMinRows: -1}, 1 << 14, IndexerQueryStream},
+		{"negative: never", Knobs{IndexerQueryTokMinRows: -1, IndexerQuery: IndexerQueryLate, IndexerQueryWideMinRows: -7}, 1 << 20, IndexerQueryLate},
+		{"stream everywhere", Knobs{IndexerQuery: IndexerQueryStream, IndexerQueryWideMinRows: -1, IndexerQueryTokMinRows: -1}, 1 << 14, IndexerQueryStream},
 		{"below the lane threshold", Knobs{IndexerQueryLaneMinRows: 1024}, 1023, IndexerQueryStream},
-		{"lane from its threshold", Knobs{IndexerQueryLaneMinRows: 1024}, 1024, IndexerQueryLane},
-		{"lane before the wide rule", Knobs{IndexerQueryWideMinRows: 512, IndexerQueryLaneMinRows: 512}, 4096, IndexerQueryLane},
-		{"lane negative: never", Knobs{IndexerQueryLaneMinRows: -3}, 1 << 20, IndexerQueryStream},
+		{"lane from its threshold", Knobs{IndexerQueryTokMinRows: -1, IndexerQueryLaneMinRows: 1024}, 1024, IndexerQueryLane},
+		{"lane before the wide rule", Knobs{IndexerQueryTokMinRows: -1, IndexerQueryWideMinRows: 512, IndexerQueryLaneMinRows: 512}, 4096, IndexerQueryLane},
+		{"lane negative: never", Knobs{IndexerQueryTokMinRows: -1, IndexerQueryLaneMinRows: -3}, 1 << 20, IndexerQueryStream},
 		{"below the tok threshold", Knobs{IndexerQueryTokMinRows: 512}, 511, IndexerQueryStream},
 		{"tok from its threshold", Knobs{IndexerQueryTokMinRows: 512}, 512, IndexerQueryTok},
 		{"tok before the lane rule", Knobs{IndexerQueryLaneMinRows: 256, IndexerQueryTokMinRows: 512}, 4096, IndexerQueryTok},

@@ -90,6 +90,11 @@
 // (two buffers a warp) and the outputs out through it in 16-byte pieces,
 // the whole Hadamard and each block maximum inside the lane, the stream
 // kernel's tail; one wave of blocks, each warp looping over units.
+// IndexerQueryTok (or IndexerQueryTokMinRows, the H200's rule from 4096
+// rows) selects indexer_query_tok: the stream kernel's lanes and
+// arithmetic over a contiguous run of units a warp in one wave
+// (IndexerQueryTokBlocksPerSM), a token's position and RoPE pairs resolved
+// once for its eight units, the next row loaded before its metadata.
 //
 // The backend has a third stream beside the side stream (mla.AuxRunner:
 // Aux, MarkSide, AwaitSide; JoinKV joins it), with its own GEMM workspaces
