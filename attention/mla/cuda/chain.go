@@ -32,8 +32,15 @@ func (b *Backend) loadChain() error {
 
 // chainGrid caps a grid-stride launch's blocks (cudatune.Knobs.MaxBlocks, when
 // set, caps it instead, so tests can make a few warps loop).
-func (b *Backend) chainGrid(blocks int) uint32 {
-	limit := b.ctx.Props().SMCount * 16
+func (b *Backend) chainGrid(blocks int) uint32 { return b.waveGrid(blocks, chainBlocksPerSM) }
+
+// chainBlocksPerSM is chainGrid's cap, blocks a multiprocessor.
+const chainBlocksPerSM = 16
+
+// waveGrid is a grid of blocks blocks, at most perSM a multiprocessor
+// (Knobs.MaxBlocks, where set, instead), at least one.
+func (b *Backend) waveGrid(blocks, perSM int) uint32 {
+	limit := b.ctx.Props().SMCount * perSM
 	if b.knobs.MaxBlocks > 0 {
 		limit = b.knobs.MaxBlocks
 	}

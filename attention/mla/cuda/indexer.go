@@ -43,7 +43,14 @@ func (b *Backend) IndexerQuery(ctx context.Context, l mla.Launch, a *mla.Indexer
 	if err != nil {
 		return err
 	}
-	fn, rowsWarp := b.comp.iquery, abi.IndexerQueryRows
+	// rowsWarp (token, head) rows a warp, warpsBlock warps a block, at most
+	// perSM blocks a multiprocessor (MaxBlocks overrides): the warp
+	// kernels loop over their units, so a smaller grid writes the same
+	// bytes.
+	fn, rowsWarp, warpsBlock, perSM := b.comp.iquery, abi.IndexerQueryRows, abi.IndexerQueryWarps, chainBlocksPerSM
+	if n := b.knobs.IndexerQueryBlocksPerSM; n > 0 {
+		perSM = min(perSM, n)
+	}
 	switch b.knobs.IndexerQueryAt(l.Rows) {
 	case cudatune.IndexerQueryEarly:
 		fn = b.comp.iqearly
@@ -54,37 +61,16 @@ func (b *Backend) IndexerQuery(ctx context.Context, l mla.Launch, a *mla.Indexer
 	case cudatune.IndexerQueryStream:
 		fn, rowsWarp = b.comp.iqstrm, abi.IndexerQueryWideRows
 	case cudatune.IndexerQueryTok:
-		// One wave, each warp a contiguous run of units (MaxBlocks
-		// overrides).
-		units := l.Rows * (mla.IndexerHeads / abi.IndexerQueryWideRows)
-		limit := b.ctx.Props().SMCount * max(b.knobs.IndexerQueryTokBlocksPerSM, 1)
-		if b.knobs.MaxBlocks > 0 {
-			limit = b.knobs.MaxBlocks
-		}
-		blocks := min((units+abi.IndexerQueryWarps-1)/abi.IndexerQueryWarps, limit)
-		return b.launchShared(b.comp.iqtok, driver.Dim3{uint32(max(blocks, 1)), 1, 1}, driver.Dim3{32 * abi.IndexerQueryWarps, 1, 1}, 0,
-			driver.Bytes(p), driver.Bytes(iq))
+		// One wave, each warp a contiguous run of units.
+		fn, rowsWarp, perSM = b.comp.iqtok, abi.IndexerQueryWideRows, max(b.knobs.IndexerQueryTokBlocksPerSM, 1)
 	case cudatune.IndexerQueryLane:
 		// 32 rows a warp; one wave of the blocks its launch bounds promise
-		// a multiprocessor, each warp looping over units (MaxBlocks
-		// overrides).
-		units := l.Rows * (mla.IndexerHeads / 32)
-		limit := b.ctx.Props().SMCount * abi.IndexerQueryLaneBlocksPerSM
-		if b.knobs.MaxBlocks > 0 {
-			limit = b.knobs.MaxBlocks
-		}
-		blocks := min((units+abi.IndexerQueryLaneWarps-1)/abi.IndexerQueryLaneWarps, limit)
-		return b.launchShared(b.comp.iqlane, driver.Dim3{uint32(max(blocks, 1)), 1, 1}, driver.Dim3{32 * abi.IndexerQueryLaneWarps, 1, 1}, 0,
-			driver.Bytes(p), driver.Bytes(iq))
+		// a multiprocessor, each warp looping over units.
+		fn, rowsWarp, warpsBlock, perSM = b.comp.iqlane, 32, abi.IndexerQueryLaneWarps, abi.IndexerQueryLaneBlocksPerSM
 	}
 	warps := l.Rows * mla.IndexerHeads / rowsWarp
-	blocks := b.chainGrid((warps + abi.IndexerQueryWarps - 1) / abi.IndexerQueryWarps)
-	if n := b.knobs.IndexerQueryBlocksPerSM; n > 0 && b.knobs.MaxBlocks <= 0 {
-		// Fewer blocks, each warp looping over more units (the kernels'
-		// grid-stride loops): the same bytes.
-		blocks = min(blocks, uint32(max(1, n*b.ctx.Props().SMCount)))
-	}
-	return b.launchShared(fn, driver.Dim3{blocks, 1, 1}, driver.Dim3{32 * abi.IndexerQueryWarps, 1, 1}, 0,
+	blocks := b.waveGrid((warps+warpsBlock-1)/warpsBlock, perSM)
+	return b.launchShared(fn, driver.Dim3{blocks, 1, 1}, driver.Dim3{32 * uint32(warpsBlock), 1, 1}, 0,
 		driver.Bytes(p), driver.Bytes(iq))
 }
 

@@ -69,7 +69,8 @@ func TestRewriteSourceCompiles(t *testing.T) {
 // detector: the compiler is native code the detector does not watch, and
 // it took half of the package's time under -race (25 of 57 CPU seconds,
 // 2026-12-02). .ci/run's second step (no detector, the invariants tag)
-// compiles every program.
+// compiles every program. (kernels/cuda's tests have the same helper: a
+// test helper does not cross packages.)
 func skipCompileUnderRace(t *testing.T) {
 	t.Helper()
 	if raceEnabled {
